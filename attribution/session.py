@@ -1,0 +1,48 @@
+"""The SparkSession the jobs run in: master, connector jars and state store come from the caller's settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def build_spark(
+    app_name: str,
+    master: str,
+    jars: Sequence[Path],
+    shuffle_partitions: int,
+    local_dir: Path | None = None,
+    driver_memory: str = "2g",
+    rocksdb_state: bool = True,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """A session with the Kafka and Avro connectors on the classpath and UTC everywhere."""
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.jars", ",".join(str(jar) for jar in jars))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
+    )
+    if rocksdb_state:
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).config(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
+        )
+    if local_dir is not None:
+        builder = builder.config("spark.local.dir", str(local_dir))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

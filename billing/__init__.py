@@ -1,0 +1,1 @@
+"""adbill billing."""

@@ -1,0 +1,94 @@
+"""The two event types of the contract, as plain values.
+
+Times are epoch milliseconds, UTC. Nothing here knows about Kafka, Avro or Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+EventType = Literal["impression", "click"]
+
+TOPIC_OF: dict[str, str] = {"impression": "impressions", "click": "clicks"}
+"""The Kafka topic each event type is published to."""
+
+
+@dataclass(frozen=True, slots=True)
+class Impression:
+    """An ad was shown to a user at `event_time` (epoch ms, UTC)."""
+
+    impression_id: str
+    ad_id: str
+    user_id: str
+    event_time: int
+
+    @property
+    def event_id(self) -> str:
+        return self.impression_id
+
+    @property
+    def type(self) -> EventType:
+        return "impression"
+
+    def to_record(self) -> dict[str, Any]:
+        """The Avro record: the schema's fields and nothing else."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    """A user clicked an ad at `event_time` (epoch ms, UTC)."""
+
+    click_id: str
+    ad_id: str
+    user_id: str
+    event_time: int
+
+    @property
+    def event_id(self) -> str:
+        return self.click_id
+
+    @property
+    def type(self) -> EventType:
+        return "click"
+
+    def to_record(self) -> dict[str, Any]:
+        """The Avro record: the schema's fields and nothing else."""
+        return asdict(self)
+
+
+Event = Impression | Click
+
+
+def event_from_record(event_type: EventType, record: dict[str, Any]) -> Event:
+    """Build an event from a decoded record; raises KeyError/TypeError on a missing or wrong field."""
+    if event_type == "impression":
+        return Impression(
+            impression_id=_str(record, "impression_id"),
+            ad_id=_str(record, "ad_id"),
+            user_id=_str(record, "user_id"),
+            event_time=_int(record, "event_time"),
+        )
+    if event_type == "click":
+        return Click(
+            click_id=_str(record, "click_id"),
+            ad_id=_str(record, "ad_id"),
+            user_id=_str(record, "user_id"),
+            event_time=_int(record, "event_time"),
+        )
+    raise ValueError(f"unknown event type {event_type!r}")
+
+
+def _str(record: dict[str, Any], name: str) -> str:
+    value = record[name]
+    if not isinstance(value, str):
+        raise TypeError(f"field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _int(record: dict[str, Any], name: str) -> int:
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"field {name!r} must be an integer (epoch ms), got {type(value).__name__}")
+    return value

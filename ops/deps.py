@@ -1,0 +1,145 @@
+"""Everything the product needs that pip does not install: Kafka's jars, Spark's connectors, redis-server.
+
+Each `ensure_*` is idempotent and quick once done: jars are fetched from Maven Central with Maven into
+`.deps/` (git-ignored) and marked complete only after Maven succeeded, so an interrupted fetch is redone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+MAVEN_DIR = Path(__file__).resolve().parent / "maven"
+KAFKA_POM = MAVEN_DIR / "kafka-broker.xml"
+SPARK_POM = MAVEN_DIR / "spark-connectors.xml"
+MAVEN_SETTINGS = MAVEN_DIR / "settings.xml"
+_COMPLETE = ".complete"
+
+
+class DependencyError(RuntimeError):
+    """A dependency could not be had; the message names the command that failed and its output."""
+
+
+def pom_property(pom: Path, name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
+    if not match:
+        raise DependencyError(f"{pom} has no <{name}> property")
+    return match.group(1).strip()
+
+
+def kafka_version() -> str:
+    return pom_property(KAFKA_POM, "kafka.version")
+
+
+def spark_version() -> str:
+    """The installed pyspark's version: the connectors must match it exactly."""
+    import pyspark
+
+    return pyspark.__version__
+
+
+def ensure_kafka_jars(deps_dir: Path) -> Path:
+    """The folder with Kafka's broker and tools jars, fetched on first use."""
+    target = deps_dir.resolve() / f"kafka-{kafka_version()}"
+    _copy_dependencies(KAFKA_POM, target, {})
+    return target
+
+
+def ensure_spark_connector_jars(deps_dir: Path) -> list[Path]:
+    """spark-sql-kafka-0-10 and spark-avro jars of the installed pyspark's version, minus what pyspark ships."""
+    version = spark_version()
+    target = deps_dir.resolve() / f"spark-connectors-{version}"
+    _copy_dependencies(SPARK_POM, target, {"spark.version": version})
+    shipped = {_artifact_name(jar.name) for jar in _pyspark_jars_dir().glob("*.jar")}
+    return sorted(jar for jar in target.glob("*.jar") if _artifact_name(jar.name) not in shipped)
+
+
+def kafka_classpath(deps_dir: Path) -> str:
+    return os.pathsep.join(str(jar) for jar in sorted(ensure_kafka_jars(deps_dir).glob("*.jar")))
+
+
+def ensure_redis_server() -> str:
+    """Path of redis-server, installing Debian's package when it is missing and we may."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise DependencyError(
+            "redis-server is not installed; install Debian's package with: "
+            "sudo apt-get update && sudo apt-get install -y redis-server"
+        )
+    print("installing Debian's redis-server package ...", file=sys.stderr, flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"], env=env)
+    found = shutil.which("redis-server")
+    if not found:
+        raise DependencyError("apt-get installed redis-server but it is not on PATH")
+    return found
+
+
+def java_binary() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise DependencyError("java is not on PATH: install a JDK 17 (Debian: openjdk-17-jdk-headless)")
+    return found
+
+
+def ensure_all(deps_dir: Path) -> None:
+    """Fetch or check every external dependency, printing one line for each."""
+    print(f"kafka jars: {ensure_kafka_jars(deps_dir)}")
+    jars = ensure_spark_connector_jars(deps_dir)
+    print(f"spark connectors ({spark_version()}): {', '.join(jar.name for jar in jars)}")
+    print(f"redis-server: {ensure_redis_server()}")
+    print(f"java: {java_binary()}")
+
+
+def _copy_dependencies(pom: Path, target: Path, properties: dict[str, str]) -> None:
+    if (target / _COMPLETE).exists():
+        return
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise DependencyError("Maven (mvn) is not on PATH: install Debian's maven package")
+    target.mkdir(parents=True, exist_ok=True)
+    print(f"fetching {pom.stem} jars from Maven Central into {target} ...", file=sys.stderr, flush=True)
+    command = [
+        mvn,
+        "-q",
+        "-B",
+        "-s",
+        str(MAVEN_SETTINGS),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={target}",
+        "-DincludeScope=runtime",
+        *(f"-D{key}={value}" for key, value in properties.items()),
+    ]
+    _run(command)
+    (target / _COMPLETE).write_text(" ".join(command) + "\n")
+
+
+def _run(command: list[str], env: dict[str, str] | None = None) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()[-4000:]
+        raise DependencyError(f"`{' '.join(command)}` failed with exit code {result.returncode}:\n{output}")
+
+
+def _pyspark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def _artifact_name(jar_name: str) -> str:
+    """`kafka-clients-3.9.0.jar` -> `kafka-clients`: the name without version."""
+    match = re.match(r"^(.+)-\d+(?:\.\d+)+(?:[-.]\w+)*\.jar$", jar_name)
+    return match.group(1) if match else jar_name

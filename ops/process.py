@@ -1,0 +1,154 @@
+"""Child processes the local stack owns: started with a log file and a pid file, waited for, stopped cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServiceError(RuntimeError):
+    """A service did not start or stop; the message carries the end of its log."""
+
+
+@dataclass
+class ManagedProcess:
+    """One long-running child: `name` names its pid file (`run_dir/NAME.pid`) and log (`log_dir/NAME.log`)."""
+
+    name: str
+    command: list[str]
+    run_dir: Path
+    log_dir: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.log_dir / f"{self.name}.log"
+
+    def running_pid(self) -> int | None:
+        """The pid of a live process recorded in the pid file, whoever started it."""
+        return pid_alive(self.pid_file)
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} start\n".encode())
+            log.flush()
+            # A session of its own: Ctrl-C in the terminal reaches `adbill up`, which stops children in order.
+            self.popen = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(self.popen.pid))
+
+    def exited(self) -> int | None:
+        """The exit code if the child started here has ended, else None."""
+        return None if self.popen is None else self.popen.poll()
+
+    def wait_ready(self, check: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Poll `check` until it is true; fail early, with the log's tail, when the child dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exited()
+            if code is not None:
+                raise ServiceError(f"{self.name} exited with code {code} before {what}:\n{self.log_tail()}")
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise ServiceError(f"{self.name}: {what} not reached within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`; removes the pid file."""
+        pid = self.popen.pid if self.popen is not None else self.running_pid()
+        if pid is not None:
+            stop_pid(pid, timeout_s)
+        if self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=1)
+        self.pid_file.unlink(missing_ok=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    # A zombie is not alive; /proc tells.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return None
+    return pid
+
+
+def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
+    """Stop a process group led by `pid` (or the process alone), SIGTERM first."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0

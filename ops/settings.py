@@ -1,0 +1,176 @@
+"""One typed settings object per process, read from `ADBILL_*` environment variables.
+
+Every default works on a fresh machine: the local stack on loopback, data under `./var`. `adbill settings` prints
+the table below with the values in force; the README lists the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFIX = "ADBILL_"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setting(default: Any, doc: str, env: str | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "env": env})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where everything is and how the pipeline behaves. Build it with `Settings.from_env()`."""
+
+    home: Path = _setting(Path("var"), "Folder for local data: Kafka and Redis data, ledger, archive, exports, logs.")
+    deps_dir: Path = _setting(PROJECT_ROOT / ".deps", "Folder the Kafka and Spark jars are fetched into.")
+
+    kafka_bootstrap: str = _setting(
+        "127.0.0.1:9092", "Kafka bootstrap servers. The local stack starts a broker here when it is on loopback."
+    )
+    kafka_controller_port: int = _setting(9093, "Port of the local broker's KRaft controller listener.")
+    topic_impressions: str = _setting("impressions", "Topic of impression events.")
+    topic_clicks: str = _setting("clicks", "Topic of click events.")
+    topic_quarantine: str = _setting("quarantine", "Dead-letter topic of bad input.")
+    topic_partitions: int = _setting(4, "Partitions of the impressions and clicks topics (the same for both).")
+    topic_replication: int = _setting(1, "Replication factor of the topics (3 on a multi-broker cluster).")
+    schema_registry: str = _setting(
+        "", "Schema registry: an http(s) URL of a Confluent-compatible registry, or a file (default HOME/schemas.json)."
+    )
+
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis for live totals and health records.")
+    redis_prefix: str = _setting("adbill", "Prefix of every Redis key the product writes.")
+
+    spark_master: str = _setting("local[2]", "Spark master URL: local[N] or spark://host:7077.")
+    shuffle_partitions: int = _setting(4, "spark.sql.shuffle.partitions; fixed by the first checkpoint.")
+    impression_watermark_ms: int = _setting(30_000, "Watermark delay of the impressions stream, in ms.")
+    click_watermark_ms: int = _setting(30_000, "Watermark delay of the clicks stream, in ms.")
+    trigger_ms: int = _setting(1_000, "Micro-batch trigger interval of the streaming job, in ms.")
+    period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
+
+    catalog_path: Path | None = _setting(None, "The ad catalog JSON file (default HOME/catalog.json).", "CATALOG")
+
+    web_host: str = _setting("127.0.0.1", "Address the web UI listens on.")
+    web_port: int = _setting(8000, "Port of the web UI.")
+
+    traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
+    traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every `ADBILL_*` variable; unknown `ADBILL_*` names are refused, so a typo is not ignored."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        known = {}
+        for f in dataclasses.fields(cls):
+            name = env_name(f)
+            known[name] = f
+            if name in environ:
+                values[f.name] = _parse(f, environ[name])
+        unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known and k not in _NOT_SETTINGS)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)}; `adbill settings` lists the known ones")
+        values.update(overrides)
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.topic_partitions < 1:
+            raise ValueError("ADBILL_TOPIC_PARTITIONS must be at least 1")
+        if self.period_ms < 60_000 or 86_400_000 % self.period_ms:
+            raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
+        for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ADBILL_{name.upper()} must not be negative")
+
+    # Derived locations: one place decides the layout of HOME.
+    @property
+    def root(self) -> Path:
+        return self.home.resolve()
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.root / "kafka"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.root / "redis"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def catalog_file(self) -> Path:
+        return self.catalog_path or self.root / "catalog.json"
+
+    @property
+    def registry_location(self) -> str:
+        return self.schema_registry or str(self.root / "schemas.json")
+
+    @property
+    def topics(self) -> dict[str, str]:
+        """Event type to topic."""
+        return {"impression": self.topic_impressions, "click": self.topic_clicks}
+
+    @property
+    def kafka_port(self) -> int:
+        return int(self.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
+
+    @property
+    def kafka_is_local(self) -> bool:
+        """True when the brokers are this machine's own, for the local stack to start."""
+        hosts = [server.rsplit(":", 1)[0] for server in self.kafka_bootstrap.split(",")]
+        return len(hosts) == 1 and hosts[0] in ("127.0.0.1", "localhost")
+
+    @property
+    def redis_port(self) -> int:
+        from urllib.parse import urlparse
+
+        return urlparse(self.redis_url).port or 6379
+
+    @property
+    def redis_is_local(self) -> bool:
+        from urllib.parse import urlparse
+
+        return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost")
+
+    def with_(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+# Variables with the prefix that are not settings of the pipeline but of the tools around it.
+_NOT_SETTINGS = {"ADBILL_NO_PROGRESS"}
+
+
+def env_name(f: dataclasses.Field[Any]) -> str:
+    return PREFIX + (f.metadata.get("env") or f.name.upper())
+
+
+def setting_names() -> set[str]:
+    """Every environment variable the project reads as a setting."""
+    return {env_name(f) for f in dataclasses.fields(Settings)} | _NOT_SETTINGS
+
+
+def describe(settings: Settings) -> list[tuple[str, str, str]]:
+    """(variable, value in force, what it is) for every setting."""
+    return [
+        (env_name(f), "" if getattr(settings, f.name) is None else str(getattr(settings, f.name)), f.metadata["doc"])
+        for f in dataclasses.fields(settings)
+    ]
+
+
+def _parse(f: dataclasses.Field[Any], raw: str) -> Any:
+    parsers: dict[str, Callable[[str], Any]] = {
+        "int": int,
+        "str": str,
+        "Path": Path,
+        "Path | None": lambda s: Path(s) if s else None,
+    }
+    parser = parsers[str(f.type)]
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise ValueError(f"{env_name(f)}={raw!r} is not a valid {f.type}: {exc}") from None
