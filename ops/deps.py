@@ -92,12 +92,13 @@ def java_binary() -> str:
     return found
 
 
-def ensure_all(deps_dir: Path) -> None:
+def ensure_all(deps_dir: Path, redis: bool = True) -> None:
     """Fetch or check every external dependency, printing one line for each."""
     print(f"kafka jars: {ensure_kafka_jars(deps_dir)}")
     jars = ensure_spark_connector_jars(deps_dir)
     print(f"spark connectors ({spark_version()}): {', '.join(jar.name for jar in jars)}")
-    print(f"redis-server: {ensure_redis_server()}")
+    if redis:
+        print(f"redis-server: {ensure_redis_server()}")
     print(f"java: {java_binary()}")
 
 

@@ -38,9 +38,7 @@ class LocalKafka:
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
-        self.process = ManagedProcess(
-            name="kafka", command=[], run_dir=self.run_dir, log_dir=self.data_dir / "logs"
-        )
+        self.process = ManagedProcess(name="kafka", command=[], run_dir=self.run_dir, log_dir=self.data_dir / "logs")
 
     @property
     def bootstrap(self) -> str:
@@ -104,8 +102,14 @@ class LocalKafka:
         formatter = ManagedProcess(
             name="kafka-format",
             command=self._java(
-                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_file),
-                "--ignore-formatted", heap="256m",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self.config_file),
+                "--ignore-formatted",
+                heap="256m",
             ),
             run_dir=self.run_dir,
             log_dir=self.data_dir / "logs",

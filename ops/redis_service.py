@@ -36,14 +36,22 @@ class LocalRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process.command = [
             deps.ensure_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.data_dir),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--daemonize", "no",
-            "--protected-mode", "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
         ]
         self.process.start()
         self.process.wait_ready(self.ready, timeout_s, f"Redis answering PING on port {self.port}")

@@ -29,7 +29,8 @@ class Settings:
     deps_dir: Path = _setting(PROJECT_ROOT / ".deps", "Folder the Kafka and Spark jars are fetched into.")
 
     kafka_bootstrap: str = _setting(
-        "127.0.0.1:9092", "Kafka bootstrap servers. The local stack starts a broker here when it is on loopback."
+        "127.0.0.1:9092",
+        "Kafka bootstrap servers. The local stack starts a broker here when it is on loopback.",
     )
     kafka_controller_port: int = _setting(9093, "Port of the local broker's KRaft controller listener.")
     topic_impressions: str = _setting("impressions", "Topic of impression events.")
@@ -38,7 +39,8 @@ class Settings:
     topic_partitions: int = _setting(4, "Partitions of the impressions and clicks topics (the same for both).")
     topic_replication: int = _setting(1, "Replication factor of the topics (3 on a multi-broker cluster).")
     schema_registry: str = _setting(
-        "", "Schema registry: an http(s) URL of a Confluent-compatible registry, or a file (default HOME/schemas.json)."
+        "",
+        "Schema registry: an http(s) URL of a Confluent-compatible registry, or a file (default HOME/schemas.json).",
     )
 
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis for live totals and health records.")
@@ -99,6 +101,10 @@ class Settings:
         return self.root / "redis"
 
     @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
 
@@ -157,7 +163,11 @@ def setting_names() -> set[str]:
 def describe(settings: Settings) -> list[tuple[str, str, str]]:
     """(variable, value in force, what it is) for every setting."""
     return [
-        (env_name(f), "" if getattr(settings, f.name) is None else str(getattr(settings, f.name)), f.metadata["doc"])
+        (
+            env_name(f),
+            "" if getattr(settings, f.name) is None else str(getattr(settings, f.name)),
+            f.metadata["doc"],
+        )
         for f in dataclasses.fields(settings)
     ]
 

@@ -1,0 +1,17 @@
+# One image for every adbill process of the cluster deployment (docker-compose.yml): the streaming job (Spark driver),
+# the Spark master and workers (so executors import the same code), the web UI and the traffic producers.
+FROM python:3.11-slim-bookworm
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven procps \
+ && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 PYTHONUNBUFFERED=1 ADBILL_HOME=/data ADBILL_DEPS_DIR=/opt/adbill/.deps
+WORKDIR /opt/adbill
+COPY pyproject.toml README.md ./
+COPY attribution attribution
+COPY billing billing
+COPY producers producers
+COPY web web
+COPY ops ops
+RUN pip install --no-cache-dir . && adbill deps --jars-only
+VOLUME /data
+ENTRYPOINT ["adbill"]

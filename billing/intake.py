@@ -1,0 +1,142 @@
+"""Validation and de-duplication of decoded events, in arrival order: what the pipeline does before the rule.
+
+Decoding (Confluent framing, schema ids, required fields) happens in the adapters; they report those failures
+with `Intake.reject`. An event id claims its slot only once an event with it is accepted: a quarantined event
+does not make a later, valid copy a conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from billing.catalog import Catalog
+from billing.events import Click, Event, EventType, Impression
+from billing.rule import BillableClick, attribute
+
+MIN_EVENT_TIME_MS = 946_684_800_000
+"""2000-01-01T00:00:00Z: an earlier event_time is refused."""
+
+MAX_FUTURE_MS = 3_600_000
+"""An event_time more than this far after the moment the event was received is refused."""
+
+
+class QuarantineReason(StrEnum):
+    """Why an event went to quarantine instead of the rule."""
+
+    UNDECODABLE = "undecodable"
+    """The bytes are not Confluent-framed Avro."""
+    UNKNOWN_SCHEMA = "unknown_schema"
+    """The schema id in the frame is not known to the registry."""
+    MISSING_FIELD = "missing_field"
+    """The Avro body decoded, but a required field is missing, null or of the wrong type."""
+    TIME_OUT_OF_RANGE = "time_out_of_range"
+    """event_time is before 2000-01-01 or more than one hour after the event was received."""
+    UNKNOWN_AD = "unknown_ad"
+    """The catalog does not know the ad (impressions and clicks alike)."""
+    ID_CONFLICT = "id_conflict"
+    """An event of this type and id, with other content, was accepted earlier; the first copy stands."""
+
+
+class Admission(StrEnum):
+    """What happened to an arriving event."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of admitting one event; `reason` is set exactly when the event was quarantined."""
+
+    kind: Admission
+    reason: QuarantineReason | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind == Admission.QUARANTINED) != (self.reason is not None):
+            raise ValueError("a verdict carries a reason exactly when it quarantines")
+
+    @property
+    def accepted(self) -> bool:
+        return self.kind == Admission.ACCEPTED
+
+    @property
+    def quarantined(self) -> bool:
+        return self.kind == Admission.QUARANTINED
+
+    @classmethod
+    def quarantine(cls, reason: QuarantineReason) -> Verdict:
+        return cls(Admission.QUARANTINED, reason)
+
+
+ACCEPTED = Verdict(Admission.ACCEPTED)
+DUPLICATE = Verdict(Admission.DUPLICATE)
+
+
+def check_event(event: Event, received_at_ms: int, catalog: Catalog) -> QuarantineReason | None:
+    """Why a decoded event must be quarantined (time range first, then unknown ad), or None if valid."""
+    if not MIN_EVENT_TIME_MS <= event.event_time <= received_at_ms + MAX_FUTURE_MS:
+        return QuarantineReason.TIME_OUT_OF_RANGE
+    if event.ad_id not in catalog:
+        return QuarantineReason.UNKNOWN_AD
+    return None
+
+
+class Intake:
+    """Stateful admission of decoded events in arrival order.
+
+    Order of the checks for one event: an identical copy of an accepted event is a DUPLICATE (whatever its
+    receive time); otherwise `check_event` may quarantine it; otherwise an accepted event with the same type
+    and id makes it an ID_CONFLICT; otherwise it is ACCEPTED.
+    """
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.impressions: list[Impression] = []
+        self.clicks: list[Click] = []
+        self.counts: dict[str, int] = {kind.value: 0 for kind in (Admission.ACCEPTED, Admission.DUPLICATE)}
+        self.counts.update({reason.value: 0 for reason in QuarantineReason})
+        self._accepted: dict[tuple[EventType, str], Event] = {}
+
+    def admit(self, event: Event, received_at_ms: int) -> Verdict:
+        """Admit one decoded event received at `received_at_ms` (epoch ms, UTC)."""
+        key = (event.type, event.event_id)
+        earlier = self._accepted.get(key)
+        if earlier is not None and earlier == event:
+            return self._count(DUPLICATE)
+        reason = check_event(event, received_at_ms, self.catalog)
+        if reason is not None:
+            return self.reject(reason)
+        if earlier is not None:
+            return self.reject(QuarantineReason.ID_CONFLICT)
+        self._accepted[key] = event
+        if isinstance(event, Impression):
+            self.impressions.append(event)
+        else:
+            self.clicks.append(event)
+        return self._count(ACCEPTED)
+
+    def reject(self, reason: QuarantineReason) -> Verdict:
+        """Count an event quarantined for `reason`, such as one that failed to decode before `admit`."""
+        return self._count(Verdict.quarantine(reason))
+
+    @property
+    def quarantined(self) -> int:
+        """How many events went to quarantine, all reasons together."""
+        return sum(self.counts[reason.value] for reason in QuarantineReason)
+
+    def _count(self, verdict: Verdict) -> Verdict:
+        self.counts[(verdict.reason or verdict.kind).value] += 1
+        return verdict
+
+
+def billable_from_arrivals(
+    arrivals: Iterable[tuple[Event, int]], catalog: Catalog
+) -> tuple[list[BillableClick], Intake]:
+    """Admit (event, received_at_ms) pairs in order, then apply the rule to what was accepted."""
+    intake = Intake(catalog)
+    for event, received_at_ms in arrivals:
+        intake.admit(event, received_at_ms)
+    return attribute(intake.impressions, intake.clicks, catalog), intake

@@ -1,0 +1,36 @@
+"""The Avro schemas of the two event types, shipped as `.avsc` files in this package, and their registry
+subjects.
+
+Subjects follow the Confluent TopicNameStrategy: `<topic>-value`.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from billing.events import TOPIC_OF, EventType
+
+SUBJECTS: dict[str, str] = {"impressions": "impressions-value", "clicks": "clicks-value"}
+"""The Schema Registry subject of each topic's values."""
+
+EVENT_TYPE_OF_TOPIC: dict[str, EventType] = {"impressions": "impression", "clicks": "click"}
+"""The event type carried by each topic (the inverse of `billing.events.TOPIC_OF`)."""
+
+SCHEMA_FILES: dict[str, str] = {"impression": "impression.avsc", "click": "click.avsc"}
+"""The `.avsc` file of each event type, in this package."""
+
+
+def schema_text(event_type: str) -> str:
+    """The Avro schema (JSON text) of `impression` or `click`, as shipped with the package."""
+    try:
+        name = SCHEMA_FILES[event_type]
+    except KeyError:
+        raise ValueError(f"unknown event type {event_type!r}; expected one of {sorted(SCHEMA_FILES)}") from None
+    return files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def subject_of(event_type: str) -> str:
+    """The registry subject under which `impression` or `click` schemas are registered."""
+    if event_type not in TOPIC_OF:
+        raise ValueError(f"unknown event type {event_type!r}; expected one of {sorted(TOPIC_OF)}")
+    return SUBJECTS[TOPIC_OF[event_type]]

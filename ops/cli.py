@@ -1,0 +1,298 @@
+"""`adbill`: the one command-line entry point. Each subcommand is a thin translation into a call."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ops.settings import Settings, describe
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    # `adbill down` and the stack stop children with SIGTERM: let them end as cleanly as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return int(args.run(settings, args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the CLI's last line of defence: one clear line, not a traceback
+        if os.environ.get("ADBILL_DEBUG"):
+            raise
+        from ops.deps import DependencyError
+        from ops.process import ServiceError
+
+        kind = "error" if isinstance(exc, DependencyError | ServiceError | ValueError | OSError) else "unexpected error"
+        print(f"adbill {args.command}: {kind}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adbill", description="Ad-attribution billing on Kafka, Spark and Redis.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", help="start the local stack in the foreground; Ctrl-C stops it")
+    p.add_argument("--detach", action="store_true", help="start, print where everything is, and return")
+    p.add_argument("--no-traffic", action="store_true", help="do not start the traffic simulator")
+    p.set_defaults(run=cmd_up)
+
+    p = sub.add_parser("down", help="stop a local stack left in the background")
+    p.set_defaults(run=cmd_down)
+
+    p = sub.add_parser("deps", help="fetch Kafka's jars and Spark's connectors, install redis-server if missing")
+    p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
+    p.set_defaults(run=cmd_deps)
+
+    p = sub.add_parser("settings", help="list the ADBILL_* settings and the values in force")
+    p.set_defaults(run=cmd_settings)
+
+    p = sub.add_parser("topics", help="create the impressions, clicks and quarantine topics (idempotent)")
+    p.set_defaults(run=cmd_topics)
+
+    p = sub.add_parser("catalog", help="write or show the ad catalog")
+    p.add_argument("action", choices=["generate", "show"])
+    p.add_argument("--advertisers", type=int, default=5)
+    p.add_argument("--campaigns", type=int, default=3, help="campaigns per advertiser")
+    p.add_argument("--ads", type=int, default=4, help="ads per campaign")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--force", action="store_true", help="replace an existing catalog file")
+    p.set_defaults(run=cmd_catalog)
+
+    p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--events", type=int, help="number of events to send")
+    size.add_argument("--duration", type=float, help="seconds of event time to simulate")
+    p.add_argument("--rate", type=float, default=None, help="events per second offered (default: as fast as possible)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--run-dir", type=Path, default=None, help="where the ground truth goes (default HOME/runs/...)")
+    p.add_argument("--users", type=int, default=1_000)
+    p.add_argument("--impression-rate", type=float, default=None, help="impressions per second of event time")
+    p.add_argument("--ctr", type=float, default=0.1, help="click-through rate")
+    p.add_argument("--beyond-window", type=float, default=0.05, help="fraction of clicks later than 10 s")
+    p.add_argument("--out-of-order", type=float, default=0.05, help="fraction of events out of order")
+    p.add_argument("--late", type=float, default=0.01, help="fraction of events arriving past the watermark")
+    p.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
+    p.add_argument("--bad", type=float, default=0.002, help="fraction of bad records")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=cmd_produce)
+
+    p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
+    p.add_argument("file", type=Path)
+    p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=cmd_replay)
+
+    p = sub.add_parser(
+        "kafka",
+        help="run one of Kafka's own tools with the fetched jars, e.g. `adbill kafka console-consumer ...`",
+    )
+    p.add_argument("tool", help="console-consumer, console-producer, topics, consumer-groups, get-offsets, ...")
+    p.add_argument("tool_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=cmd_kafka)
+    return parser
+
+
+def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.stack import Stack, print_where
+
+    stack = Stack(settings)
+    try:
+        stack.start_services()
+        if not args.no_traffic and settings.traffic_rate > 0:
+            stack.start_child("traffic", _traffic_args(settings))
+    except BaseException:
+        stack.stop()
+        raise
+    print_where(settings)
+    if args.detach:
+        return 0
+    stack.watch()
+    return 0
+
+
+def _traffic_args(settings: Settings) -> list[str]:
+    """The simulator of the local stack: a steady, realistic mix at ADBILL_TRAFFIC_RATE for a day."""
+    run_dir = settings.root / "runs" / f"stack-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    return [
+        "produce",
+        "--duration",
+        "86400",
+        "--rate",
+        str(settings.traffic_rate),
+        "--impression-rate",
+        f"{settings.traffic_rate / 1.15:.3f}",
+        "--seed",
+        str(settings.traffic_seed),
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+    ]
+
+
+def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.stack import down
+
+    stopped = down(settings)
+    print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running (run folder {settings.run_dir})")
+    return 0
+
+
+def cmd_deps(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.deps import ensure_all
+
+    ensure_all(settings.deps_dir, redis=not args.jars_only)
+    return 0
+
+
+def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
+    rows = describe(settings)
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, doc in rows:
+        print(f"{name:<{width}}  {value or '(default)'}\n{'':<{width}}  {doc}")
+    return 0
+
+
+def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.kafka_service import ensure_topics
+
+    names = [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine]
+    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication)
+    print(f"topics ready on {settings.kafka_bootstrap}: {', '.join(names)} ({settings.topic_partitions} partitions)")
+    return 0
+
+
+def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.catalog import Catalog, generate_catalog
+    from billing.money import format_micros
+
+    path = settings.catalog_file
+    if args.action == "generate":
+        if path.exists() and not args.force:
+            raise ValueError(f"{path} exists; pass --force to replace it")
+        catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
+        catalog.save(path)
+        print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
+        return 0
+    catalog = Catalog.load(path)
+    for ad in catalog:
+        print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{format_micros(ad.cpc_micros, ad.currency)}")
+    return 0
+
+
+def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.catalog import Catalog
+    from billing.schema_registry import open_registry
+    from producers.publisher import simulate_to_kafka
+    from producers.simulator import SimulationConfig
+
+    shape: dict[str, Any] = (
+        _catalog_shape(Catalog.load(settings.catalog_file)) if settings.catalog_file.exists() else {}
+    )
+    config = SimulationConfig(
+        **shape,
+        users=args.users,
+        impression_rate=args.impression_rate or (args.rate / 1.15 if args.rate else 10_000.0),
+        click_through_rate=args.ctr,
+        beyond_window_fraction=args.beyond_window,
+        out_of_order_fraction=args.out_of_order,
+        late_fraction=args.late,
+        duplicate_fraction=args.duplicates,
+        bad_fraction=args.bad,
+        seed=args.seed,
+        events=args.events,
+        duration_s=args.duration,
+    )
+    _check_catalog(settings, config.catalog(), args.seed)
+    run_dir = (
+        args.run_dir or settings.root / "runs" / f"seed{args.seed}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    )
+    summary = simulate_to_kafka(
+        config,
+        bootstrap_servers=settings.kafka_bootstrap,
+        registry=open_registry(settings.registry_location),
+        run_dir=run_dir,
+        topics=settings.topics,
+        rate=args.rate,
+        progress=_progress(args),
+    )
+    print(f"ground truth in {run_dir}")
+    return 1 if summary.delivery_failures else 0
+
+
+def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.schema_registry import open_registry
+    from producers.publisher import replay_to_kafka
+
+    summary = replay_to_kafka(
+        args.file,
+        bootstrap_servers=settings.kafka_bootstrap,
+        registry=open_registry(settings.registry_location),
+        topics=settings.topics,
+        rate=args.rate,
+        progress=_progress(args),
+    )
+    return 1 if summary.publish.delivery_failures else 0
+
+
+def cmd_kafka(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.kafka_service import TOOLS
+
+    if args.tool not in TOOLS:
+        raise ValueError(f"unknown Kafka tool {args.tool!r}; one of {', '.join(TOOLS)}")
+    from ops.stack import local_kafka
+
+    command = local_kafka(settings).tool_command(args.tool, *args.tool_args)
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
+def _catalog_shape(catalog: object) -> dict[str, int]:
+    """The simulator draws ads from the catalog the stack uses, so every simulated ad is known."""
+    from billing.catalog import Catalog
+
+    assert isinstance(catalog, Catalog)
+    advertisers = catalog.advertiser_ids
+    campaigns = {ad.campaign_id for ad in catalog}
+    return {
+        "advertisers": len(advertisers),
+        "campaigns_per_advertiser": max(1, len(campaigns) // max(1, len(advertisers))),
+        "ads_per_campaign": max(1, len(catalog) // max(1, len(campaigns))),
+    }
+
+
+def _check_catalog(settings: Settings, simulated: object, seed: int) -> None:
+    """The simulator bills from the catalog of its seed: the pipeline must read that same catalog."""
+    from billing.catalog import Catalog
+
+    assert isinstance(simulated, Catalog)
+    path = settings.catalog_file
+    if not path.exists():
+        simulated.save(path)
+        print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
+    elif Catalog.load(path).to_json() != simulated.to_json():
+        raise ValueError(
+            f"the catalog in {path} is not the one the simulator derives from --seed {seed} "
+            "and its shape; use the seed it was generated with, or remove the file to start afresh"
+        )
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not (args.no_progress or os.environ.get("ADBILL_NO_PROGRESS"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Reading a recorded capture: JSON Lines, one event a line, in arrival order (DOMAIN.md "Recorded traffic").
+
+    {"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}
+    {"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225605000}
+    {"type": "raw", "topic": "clicks", "bytes_b64": "AAAAAAE="}
+
+A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on:
+no line is dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
+ignored, so a capture may carry annotations. Whether an event is valid for billing (time range, known ad, id
+conflicts) is not decided here: such events are sent, and the pipeline quarantines them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from billing.events import Click, Event, Impression
+from producers.wire import RawRecord
+
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_ID_FIELD = {"impression": "impression_id", "click": "click_id"}
+_RAW_TEXT_LIMIT = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureError:
+    """A capture line that is not a valid line: where it is, what is wrong, and (the start of) its text."""
+
+    line_number: int
+    message: str
+    raw_text: str
+
+    def __str__(self) -> str:
+        return f"line {self.line_number}: {self.message}"
+
+
+CaptureLine = Event | RawRecord | CaptureError
+"""What reading one non-blank line gives."""
+
+
+def capture_line(item: Event | RawRecord) -> str:
+    """One line of a capture for an event or a raw record, without the newline.
+
+    The format has no key: a raw record read back from a capture has none, and is sent without one.
+    """
+    if isinstance(item, RawRecord):
+        record: dict[str, Any] = {"type": "raw", "topic": item.topic, "bytes_b64": _b64(item.value)}
+    else:
+        record = {"type": item.type, **item.to_record()}
+    return json.dumps(record, ensure_ascii=False)
+
+
+def read_capture(path: str | os.PathLike[str]) -> Iterator[CaptureLine]:
+    """The capture's lines in order (line numbers from 1); bad lines come out as `CaptureError`."""
+    with open(path, "rb") as source:
+        for line_number, data in enumerate(source, start=1):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield CaptureError(line_number, f"not UTF-8: {exc}", _excerpt(data.decode("utf-8", "replace")))
+                continue
+            if not text.strip():
+                continue
+            yield parse_capture_line(text, line_number)
+
+
+def parse_capture_line(text: str, line_number: int = 1) -> CaptureLine:
+    """One line of a capture (with or without its newline) as an event, a raw record or a CaptureError."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return CaptureError(line_number, f"not JSON: {exc.msg} at column {exc.colno}", _excerpt(text))
+    if not isinstance(data, dict):
+        return CaptureError(line_number, f"a line is a JSON object, got {type(data).__name__}", _excerpt(text))
+    try:
+        return _item(data)
+    except _LineProblem as problem:
+        return CaptureError(line_number, str(problem), _excerpt(text))
+
+
+class _LineProblem(Exception):
+    pass
+
+
+def _item(data: dict[str, Any]) -> Event | RawRecord:
+    kind = data.get("type")
+    if kind == "raw":
+        topic = _string(data, "topic")
+        if not topic:
+            raise _LineProblem("field 'topic' must not be empty")
+        encoded = _string(data, "bytes_b64")
+        try:
+            value = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _LineProblem(f"field 'bytes_b64' is not base64: {exc}") from None
+        return RawRecord(topic, None, value)
+    if kind in _ID_FIELD:
+        event_id = _string(data, _ID_FIELD[kind])
+        ad_id, user_id = _string(data, "ad_id"), _string(data, "user_id")
+        event_time = _long(data, "event_time")
+        if kind == "impression":
+            return Impression(event_id, ad_id, user_id, event_time)
+        return Click(event_id, ad_id, user_id, event_time)
+    if "type" not in data:
+        raise _LineProblem("missing field 'type' (impression, click or raw)")
+    raise _LineProblem(f"unknown type {kind!r}: expected impression, click or raw")
+
+
+def _string(data: dict[str, Any], name: str) -> str:
+    if name not in data:
+        raise _LineProblem(f"missing field {name!r}")
+    value = data[name]
+    if not isinstance(value, str):
+        raise _LineProblem(f"field {name!r} must be a string, got {_json_type(value)}")
+    return value
+
+
+def _long(data: dict[str, Any], name: str) -> int:
+    if name not in data:
+        raise _LineProblem(f"missing field {name!r}")
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _LineProblem(f"field {name!r} must be an integer (epoch ms), got {_json_type(value)}")
+    if not _LONG_MIN <= value <= _LONG_MAX:
+        raise _LineProblem(f"field {name!r} does not fit an Avro long: {value}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _excerpt(text: str) -> str:
+    text = text.rstrip("\r\n")
+    return text if len(text) <= _RAW_TEXT_LIMIT else text[:_RAW_TEXT_LIMIT] + "…"

@@ -1,0 +1,438 @@
+"""Publishing events to Kafka with confluent_kafka: the simulator's runs and recorded captures.
+
+The Kafka client is created on first use, never at import. Values are framed Avro (`producers.wire`), keys the
+ad_id in UTF-8; the `murmur2_random` partitioner is the Java client's, so an ad's impressions and clicks land
+in partitions of the same number when both topics have the same partition count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from tqdm import tqdm
+
+from billing.events import TOPIC_OF, Event
+from billing.schema_registry import SchemaRegistry, open_registry
+from producers.capture import CaptureError, read_capture
+from producers.simulator import (
+    Arrival,
+    Clock,
+    GroundTruth,
+    SimulationConfig,
+    Simulator,
+    system_clock_ms,
+    write_run,
+)
+from producers.wire import EventSerializer, RawRecord
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 10,
+    "batch.size": 1_000_000,
+    "batch.num.messages": 100_000,
+    "compression.type": "lz4",
+    "partitioner": "murmur2_random",
+    "queue.buffering.max.messages": 500_000,
+}
+"""Producer settings; `extra_config` overrides any of them."""
+
+MAX_FAILURE_EXAMPLES = 20
+MAX_REPORTED_LINES = 1_000
+
+
+@dataclass
+class PublishSummary:
+    """What a publisher sent and what the broker acknowledged."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    """Events handed to the client, by event type."""
+    raw: int = 0
+    delivered: int = 0
+    delivery_failures: int = 0
+    failure_examples: list[str] = field(default_factory=list)
+    undelivered: int = 0
+    """Messages still queued when the final flush timed out."""
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def total(self) -> int:
+        """Events and raw records sent."""
+        return sum(self.sent.values()) + self.raw
+
+    @property
+    def rate_per_s(self) -> float:
+        """Records sent per second of the run."""
+        return self.total / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the total and rate."""
+        return {
+            "sent": dict(self.sent),
+            "raw": self.raw,
+            "total": self.total,
+            "delivered": self.delivered,
+            "delivery_failures": self.delivery_failures,
+            "failure_examples": list(self.failure_examples),
+            "undelivered": self.undelivered,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "rate_per_s": round(self.rate_per_s, 1),
+            "interrupted": self.interrupted,
+        }
+
+    def line(self) -> str:
+        """One human line, for the end of a run."""
+        by_type = ", ".join(f"{count} {kind}s" for kind, count in sorted(self.sent.items()))
+        text = (
+            f"sent {self.total} records ({by_type or 'no events'}, {self.raw} raw) "
+            f"in {self.elapsed_s:.1f} s, {self.rate_per_s:,.0f}/s; "
+            f"delivered {self.delivered}, failed {self.delivery_failures}"
+        )
+        if self.undelivered:
+            text += f", {self.undelivered} still queued at the flush timeout"
+        if self.interrupted:
+            text += " (interrupted)"
+        return text
+
+
+class EventPublisher:
+    """Sends events and raw records to Kafka; delivery failures are counted and reported, never raised.
+
+    `topics` maps event types to topic names (default `billing.events.TOPIC_OF`). Raw records name a topic; a
+    contract topic name (`impressions`, `clicks`) goes to the topic configured for that event type, any other
+    name is used as given.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        serializer: EventSerializer,
+        topics: Mapping[str, str] | None = None,
+        extra_config: Mapping[str, Any] | None = None,
+        producer_factory: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        self.topics = dict(TOPIC_OF if topics is None else topics)
+        missing = set(TOPIC_OF) - set(self.topics)
+        if missing:
+            raise ValueError(f"no topic given for event type(s) {sorted(missing)}")
+        self.serializer = serializer
+        self.config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            **PRODUCER_DEFAULTS,
+            **(extra_config or {}),
+        }
+        self._factory = producer_factory
+        self._producer: Any = None
+        self._raw_topics = {TOPIC_OF[kind]: topic for kind, topic in self.topics.items() if kind in TOPIC_OF}
+        self._sent: Counter[str] = Counter()
+        self._raw = 0
+        self._delivered = 0
+        self._failures = 0
+        self._examples: list[str] = []
+        self._undelivered = 0
+        self._unpolled = 0
+        self._started = time.monotonic()
+
+    @property
+    def producer(self) -> Any:
+        """The Kafka client, created on first use."""
+        if self._producer is None:
+            factory = self._factory or Producer
+            self._producer = factory(dict(self.config, on_delivery=self._on_delivery))
+            self._started = time.monotonic()
+        return self._producer
+
+    def publish(self, item: Arrival | Event | RawRecord) -> None:
+        """Send one simulator arrival, event or raw record."""
+        if isinstance(item, Arrival):
+            item = item.item
+        if isinstance(item, RawRecord):
+            self.publish_raw(item.topic, item.key, item.value)
+        else:
+            self.publish_event(item)
+
+    def publish_event(self, event: Event) -> None:
+        """Send one event to its type's topic, keyed by its ad_id."""
+        self._produce(self.topics[event.type], self.serializer.serialize(event), event.ad_id.encode("utf-8"))
+        self._sent[event.type] += 1
+
+    def publish_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Send bytes as they are (bad input, to show the quarantine) to `topic`, mapped as the class says."""
+        self._produce(self._raw_topics.get(topic, topic), value, key)
+        self._raw += 1
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports."""
+        if self._producer is not None:
+            self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float = 60.0) -> int:
+        """Wait for every queued message to be delivered or failed; returns how many are still queued."""
+        if self._producer is None:
+            return 0
+        self._undelivered = self._producer.flush(timeout_s)
+        return self._undelivered
+
+    def summary(self) -> PublishSummary:
+        """The counts so far; call after `flush` for final delivery figures."""
+        return PublishSummary(
+            sent=dict(sorted(self._sent.items())),
+            raw=self._raw,
+            delivered=self._delivered,
+            delivery_failures=self._failures,
+            failure_examples=list(self._examples),
+            undelivered=self._undelivered,
+            elapsed_s=time.monotonic() - self._started,
+        )
+
+    def _produce(self, topic: str, value: bytes, key: bytes | None) -> None:
+        producer = self.producer
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                # The local queue is full: let the client send and serve delivery reports, then try again.
+                producer.poll(0.05)
+            except KafkaException as exc:
+                self._failed(topic, exc.args[0] if exc.args else exc)
+                break
+        self._unpolled += 1
+        if self._unpolled >= 100:
+            self._unpolled = 0
+            producer.poll(0)
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self._delivered += 1
+        else:
+            self._failed(message.topic(), error)
+
+    def _failed(self, topic: str | None, error: Any) -> None:
+        self._failures += 1
+        if len(self._examples) < MAX_FAILURE_EXAMPLES:
+            self._examples.append(f"{topic}: {error}")
+
+
+class Pacer:
+    """Holds a fixed offered rate by sleeping in small batches; `Pacer(None)` never sleeps.
+
+    Behind schedule (a slow broker), it catches up by at most `max_burst_s` worth of records, so a stall does
+    not turn into an unbounded burst.
+    """
+
+    def __init__(
+        self,
+        rate_per_s: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        max_burst_s: float = 1.0,
+    ) -> None:
+        if rate_per_s is not None and not rate_per_s > 0:
+            raise ValueError("a rate is a positive number of records per second (or None: no pacing)")
+        self.rate_per_s = rate_per_s
+        self._clock, self._sleep = clock, sleep
+        self._max_burst_s = max_burst_s
+        # Check the clock about every 5 ms of schedule: cheap, and smooth enough for a broker.
+        self._batch = 1 if rate_per_s is None else max(1, int(rate_per_s / 200))
+        self._count = 0
+        self._unchecked = 0
+        self._base: float | None = None
+        self._base_count = 0
+
+    def pace(self, count: int = 1) -> None:
+        """Account for `count` records just sent; sleep if they went out ahead of the schedule."""
+        if self.rate_per_s is None:
+            return
+        if self._base is None:
+            self._base = self._clock()
+        self._count += count
+        self._unchecked += count
+        if self._unchecked < self._batch:
+            return
+        self._unchecked = 0
+        due = self._base + (self._count - self._base_count) / self.rate_per_s
+        now = self._clock()
+        if now < due:
+            self._sleep(due - now)
+        elif now - due > self._max_burst_s:
+            self._base, self._base_count = now - self._max_burst_s, self._count
+
+
+class _Progress:
+    """A tqdm bar on a terminal (or nothing when not a TTY or not wanted), updated in batches."""
+
+    def __init__(self, enabled: bool, total: int | None, description: str) -> None:
+        show = enabled and sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=description, unit="rec", unit_scale=True, disable=not show)
+        self._pending = 0
+
+    def advance(self) -> None:
+        self._pending += 1
+        if self._pending >= 1000:
+            self.bar.update(self._pending)
+            self._pending = 0
+
+    def close(self) -> None:
+        self.bar.update(self._pending)
+        self._pending = 0
+        self.bar.close()
+
+
+def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
+    return open_registry(registry) if isinstance(registry, str) else registry
+
+
+def simulate_to_kafka(
+    config: SimulationConfig,
+    bootstrap_servers: str,
+    registry: SchemaRegistry | str,
+    run_dir: str | os.PathLike[str],
+    topics: Mapping[str, str] | None = None,
+    rate: float | None = None,
+    progress: bool = True,
+    clock: Clock = system_clock_ms,
+    extra_config: Mapping[str, Any] | None = None,
+    flush_timeout_s: float = 120.0,
+) -> PublishSummary:
+    """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
+
+    `catalog.json` is written before the first record, so the pipeline can load it. The ground truth assumes
+    every record sent was received: check the summary's delivery failures. On Ctrl-C the run stops, what was
+    sent is flushed and its ground truth written, with `"complete": false` in `summary.json`.
+    """
+    serializer = EventSerializer(_registry(registry))
+    simulator = Simulator(config, clock, rate)
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    simulator.catalog.save(folder / "catalog.json")
+    spill = folder / ".ground-truth-work"
+    truth = GroundTruth.for_config(config, simulator.catalog, str(spill))
+    publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)
+    pacer = Pacer(rate)
+    bar = _Progress(progress, config.expected_arrivals(), "simulate")
+    interrupted = False
+    try:
+        try:
+            for arrival in simulator.arrivals():
+                publisher.publish(arrival)
+                truth.observe(arrival)
+                pacer.pace()
+                bar.advance()
+        except KeyboardInterrupt:
+            interrupted = True
+        publisher.flush(flush_timeout_s)
+        summary = publisher.summary()
+        summary.interrupted = interrupted
+        write_run(folder, config, simulator.start_ms, truth, simulator.catalog, complete=not interrupted)
+        _write_json(folder / "publish.json", summary.to_dict())
+    finally:
+        truth.close()
+        shutil.rmtree(spill, ignore_errors=True)
+        bar.close()
+    if progress:
+        print(summary.line(), file=sys.stderr)
+    return summary
+
+
+@dataclass
+class ReplaySummary:
+    """What a replay read and sent; `errors` holds the first bad lines (all are counted in `bad_lines`)."""
+
+    publish: PublishSummary
+    lines: int = 0
+    events: int = 0
+    raw: int = 0
+    bad_lines: int = 0
+    errors: list[CaptureError] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "lines": self.lines,
+            "events": self.events,
+            "raw": self.raw,
+            "bad_lines": self.bad_lines,
+            "errors": [
+                {"line_number": e.line_number, "message": e.message, "raw_text": e.raw_text} for e in self.errors
+            ],
+            "publish": self.publish.to_dict(),
+        }
+
+    def line(self) -> str:
+        """One human line, for the end of a replay."""
+        text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.bad_lines} bad; "
+        return text + self.publish.line()
+
+
+def replay_to_kafka(
+    path: str | os.PathLike[str],
+    bootstrap_servers: str,
+    registry: SchemaRegistry | str,
+    topics: Mapping[str, str] | None = None,
+    rate: float | None = None,
+    progress: bool = True,
+    extra_config: Mapping[str, Any] | None = None,
+    flush_timeout_s: float = 120.0,
+) -> ReplaySummary:
+    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent.
+
+    A raw line's topic is mapped like `EventPublisher.publish_raw` does: `clicks` and `impressions` go to the
+    topics configured for those event types.
+    """
+    serializer = EventSerializer(_registry(registry))
+    publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)
+    pacer = Pacer(rate)
+    bar = _Progress(progress, _count_lines(path), "replay")
+    result = ReplaySummary(PublishSummary())
+    interrupted = False
+    try:
+        for item in read_capture(path):
+            bar.advance()
+            if isinstance(item, CaptureError):
+                result.bad_lines += 1
+                if len(result.errors) < MAX_REPORTED_LINES:
+                    result.errors.append(item)
+                continue
+            publisher.publish(item)
+            if isinstance(item, RawRecord):
+                result.raw += 1
+            else:
+                result.events += 1
+            pacer.pace()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    publisher.flush(flush_timeout_s)
+    result.publish = publisher.summary()
+    result.publish.interrupted = interrupted
+    result.lines = result.events + result.raw + result.bad_lines
+    if progress:
+        print(result.line(), file=sys.stderr)
+        for error in result.errors[:20]:
+            print(f"  {error}", file=sys.stderr)
+    return result
+
+
+def _count_lines(path: str | os.PathLike[str]) -> int | None:
+    try:
+        with open(path, "rb") as source:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
+    except OSError:
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

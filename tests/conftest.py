@@ -1,0 +1,85 @@
+"""Fixtures that start the real services on free loopback ports: Kafka (KRaft), Redis and local Spark.
+
+They start on first use, once per test session, and stop at its end. Each test gets its own topics, schema
+registry file and Redis key prefix, so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ops import deps
+from ops.kafka_service import LocalKafka, ensure_topics
+from ops.process import free_port
+from ops.redis_service import LocalRedis
+from ops.settings import PROJECT_ROOT, Settings
+
+DEPS_DIR = PROJECT_ROOT / ".deps"
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A real single-node Kafka broker on free ports, for the whole test session."""
+    home = tmp_path_factory.mktemp("kafka")
+    broker = LocalKafka(
+        data_dir=home, port=free_port(), controller_port=free_port(), deps_dir=DEPS_DIR, run_dir=home / "run"
+    )
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    """A real redis-server on a free port, for the whole test session."""
+    home = tmp_path_factory.mktemp("redis")
+    server = LocalRedis(data_dir=home, port=free_port(), run_dir=home / "run", appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_jars() -> list[Path]:
+    return deps.ensure_spark_connector_jars(DEPS_DIR)
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    impressions: str
+    clicks: str
+    quarantine: str
+
+    @property
+    def by_type(self) -> dict[str, str]:
+        return {"impression": self.impressions, "click": self.clicks}
+
+
+@pytest.fixture
+def topics(kafka: LocalKafka) -> TopicNames:
+    """Fresh impressions, clicks and quarantine topics (4 partitions each) for one test."""
+    tag = uuid.uuid4().hex[:10]
+    names = TopicNames(f"impressions-{tag}", f"clicks-{tag}", f"quarantine-{tag}")
+    ensure_topics(kafka.bootstrap, [names.impressions, names.clicks, names.quarantine], partitions=4)
+    return names
+
+
+@pytest.fixture
+def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
+    """Settings of one test: the session's services, the test's own topics, data folder and key prefix."""
+    return Settings.from_env(
+        {},
+        home=tmp_path / "home",
+        deps_dir=DEPS_DIR,
+        kafka_bootstrap=kafka.bootstrap,
+        topic_impressions=topics.impressions,
+        topic_clicks=topics.clicks,
+        topic_quarantine=topics.quarantine,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
+    )
