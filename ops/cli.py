@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start the local stack in the foreground; Ctrl-C stops it")
     p.add_argument("--detach", action="store_true", help="start, print where everything is, and return")
     p.add_argument("--no-traffic", action="store_true", help="do not start the traffic simulator")
+    p.add_argument("--no-job", action="store_true", help="do not start the streaming job")
     p.set_defaults(run=cmd_up)
 
     p = sub.add_parser("down", help="stop a local stack left in the background")
@@ -90,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce)
 
+    p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
+    p.set_defaults(run=cmd_stream)
+
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
     p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
@@ -112,6 +116,8 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     stack = Stack(settings)
     try:
         stack.start_services()
+        if not args.no_job:
+            stack.start_child("stream", ["stream"])
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
     except BaseException:
@@ -231,6 +237,12 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(f"ground truth in {run_dir}")
     return 1 if summary.delivery_failures else 0
+
+
+def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.streaming import run_stream
+
+    return run_stream(settings)
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

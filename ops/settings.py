@@ -52,6 +52,10 @@ class Settings:
     click_watermark_ms: int = _setting(30_000, "Watermark delay of the clicks stream, in ms.")
     trigger_ms: int = _setting(1_000, "Micro-batch trigger interval of the streaming job, in ms.")
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
+    max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
+    state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
+    driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
+    metrics_port: int = _setting(9464, "Port of the job's Prometheus /metrics (0: off).")
 
     catalog_path: Path | None = _setting(None, "The ad catalog JSON file (default HOME/catalog.json).", "CATALOG")
 
@@ -83,6 +87,8 @@ class Settings:
             raise ValueError("ADBILL_TOPIC_PARTITIONS must be at least 1")
         if self.period_ms < 60_000 or 86_400_000 % self.period_ms:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
+        if self.state_store not in ("rocksdb", "hdfs"):
+            raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
         for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")

@@ -341,8 +341,7 @@ def simulate_to_kafka(
         truth.close()
         shutil.rmtree(spill, ignore_errors=True)
         bar.close()
-    if progress:
-        print(summary.line(), file=sys.stderr)
+    print(summary.line(), file=sys.stderr)
     return summary
 
 
@@ -419,10 +418,9 @@ def replay_to_kafka(
     result.publish = publisher.summary()
     result.publish.interrupted = interrupted
     result.lines = result.events + result.raw + result.bad_lines
-    if progress:
-        print(result.line(), file=sys.stderr)
-        for error in result.errors[:20]:
-            print(f"  {error}", file=sys.stderr)
+    print(result.line(), file=sys.stderr)
+    for error in result.errors[:20]:
+        print(f"  {error}", file=sys.stderr)
     return result
 
 

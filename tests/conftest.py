@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
+from attribution.session import build_spark
 from ops import deps
 from ops.kafka_service import LocalKafka, ensure_topics
 from ops.process import free_port
@@ -47,6 +49,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedi
 @pytest.fixture(scope="session")
 def spark_jars() -> list[Path]:
     return deps.ensure_spark_connector_jars(DEPS_DIR)
+
+
+@pytest.fixture(scope="session")
+def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One local Spark (2 cores, 2 shuffle partitions) with the Kafka and Avro connectors, for the session."""
+    session = build_spark(
+        "adbill-tests",
+        "local[2]",
+        spark_jars,
+        shuffle_partitions=2,
+        local_dir=tmp_path_factory.mktemp("spark-local"),
+    )
+    yield session
+    session.stop()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,172 @@
+"""The attribution rule on DataFrames: de-duplication, the impression-click join and pricing, written once
+for the streaming job and for reconciliation.
+
+In: valid decoded events (`attribution.decode.split`), with `event_ts` watermarked by the caller on a stream.
+Out: billable clicks, one row per click (`BILLABLE_COLUMNS`), priced from the catalog in integer micros.
+The exact reference is `billing.rule.attribute`; the batch path here returns the same rows.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.window import WindowSpec
+
+from attribution.decode import to_quarantine
+from billing.catalog import Catalog
+from billing.intake import QuarantineReason
+from billing.rule import ATTRIBUTION_WINDOW_MS
+
+BILLABLE_COLUMNS = (
+    "click_id",
+    "impression_id",
+    "ad_id",
+    "campaign_id",
+    "advertiser_id",
+    "user_id",
+    "click_time",
+    "impression_time",
+    "amount_micros",
+    "currency",
+    "click_ts",
+)
+"""The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp."""
+
+CATALOG_SCHEMA = StructType(
+    [
+        StructField("ad_id", StringType(), nullable=False),
+        StructField("campaign_id", StringType(), nullable=False),
+        StructField("advertiser_id", StringType(), nullable=False),
+        StructField("cpc_micros", LongType(), nullable=False),
+        StructField("currency", StringType(), nullable=False),
+    ]
+)
+
+_CONTENT = ("ad_id", "user_id", "event_time")
+"""An event's content besides its id: two copies that agree on these are duplicates, else a conflict."""
+
+
+def catalog_frame(spark: SparkSession, catalog: Catalog) -> DataFrame:
+    """The ad catalog as a small static DataFrame (`CATALOG_SCHEMA`), to broadcast into joins."""
+    rows = [(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.cpc_micros, ad.currency) for ad in catalog]
+    return spark.createDataFrame(rows, CATALOG_SCHEMA)
+
+
+def dedupe(events: DataFrame, id_col: str) -> DataFrame:
+    """One copy of each event id: the first to arrive.
+
+    On a stream: `dropDuplicatesWithinWatermark([id_col])`; the caller has set the watermark on `event_ts`.
+    The first copy processed is kept while its id stays in state (until the watermark passes `event_ts` + the
+    watermark delay); later copies are dropped, identical or not: the stream cannot tell a conflict from a
+    duplicate, and reconciliation quarantines the conflicts with `conflicts`.
+    In a batch: the first copy by arrival (`received_ms`, then `partition`, `offset`), as `billing.intake`.
+    """
+    if events.isStreaming:
+        return events.dropDuplicatesWithinWatermark([id_col])
+    ranked = events.withColumn("_arrival", F.row_number().over(_arrival(id_col)))
+    return ranked.filter(F.col("_arrival") == 1).drop("_arrival")
+
+
+def conflicts(events: DataFrame, id_col: str) -> DataFrame:
+    """The later copies of an event id whose content differs from the first copy, as quarantine rows
+    (`reason` `id_conflict`, `QUARANTINE_COLUMNS`). Batch only.
+
+    Pass valid events (after `split`): a quarantined copy does not claim its id, so a valid copy arriving
+    after it is no conflict, as in `billing.intake`. Later identical copies are duplicates, not returned here.
+    """
+    if events.isStreaming:
+        raise ValueError("conflicts() needs every copy of an id at once: use it on a batch DataFrame")
+    arrival = _arrival(id_col)
+    first_of = {name: F.first(name).over(arrival) for name in _CONTENT}
+    differs = [~F.col(name).eqNullSafe(first_of[name]) for name in _CONTENT]
+    later = events.select(
+        "*",
+        F.row_number().over(arrival).alias("_arrival"),
+        (differs[0] | differs[1] | differs[2]).alias("_differs"),
+    ).filter((F.col("_arrival") > 1) & F.col("_differs"))
+    return to_quarantine(later, F.lit(QuarantineReason.ID_CONFLICT.value), id_col)
+
+
+def attribute(
+    impressions: DataFrame, clicks: DataFrame, catalog: DataFrame, window_ms: int = ATTRIBUTION_WINDOW_MS
+) -> DataFrame:
+    """Billable clicks: THE rule, on two streaming or two batch DataFrames of valid, de-duplicated events.
+
+    A click is matched to the impressions of the same `ad_id` and `user_id` with
+    `imp_ts <= click_ts <= imp_ts + window_ms`, both bounds inclusive to the millisecond (`event_ts` is
+    exactly `event_time`, and the interval is exact in Spark's microsecond timestamps). One row per click:
+
+    - batch: the latest qualifying impression, ties to the smallest `impression_id` (a window function), which
+      is `billing.rule.attribute` exactly; repeated copies of a click or an impression change nothing;
+    - stream: window functions are not allowed, so the first match the join emits is kept
+      (`dropDuplicatesWithinWatermark(["click_id"])`); the amount does not depend on the impression and
+      reconciliation carries the latest one. Only `click_ts` leaves the join as a timestamp column: with both
+      event-time columns in its input the de-duplication fails at run time ("More than one event time
+      columns are available").
+
+    The catalog (`catalog_frame`) is broadcast for `campaign_id`, `advertiser_id`, `amount_micros` (the long
+    `cpc_micros`) and `currency`; clicks on ads it does not know are not billed (the intake quarantined them).
+
+    State of the streaming join, with watermarks on both inputs' `event_ts` (Spark's global watermark is the
+    minimum of the two, `spark.sql.streaming.multipleWatermarkPolicy=min`), join keys `ad_id, user_id`:
+
+    - a click waits in state for impressions until the watermark passes `click_ts` (no later impression can
+      precede it), so roughly the larger watermark delay;
+    - an impression waits for clicks until the watermark passes `imp_ts + window_ms`: window plus delay;
+    - input rows older than the watermark are dropped by the join (the engine's "late rows"), and a pair whose
+      other half arrives after that half left state is never emitted: the stream misses those clicks and
+      reconciliation books them (`late_click`, `late_impression`). Both watermark delays must cover the lag
+      between the two topics, or clicks are missed routinely;
+    - the first-match de-duplication keeps each `click_id` until the watermark passes `click_ts` + the click
+      delay, which outlives the click's join state, so a click can never be billed twice by the stream.
+    """
+    streaming = clicks.isStreaming
+    if impressions.isStreaming != streaming:
+        raise ValueError("attribute() joins two streams or two batches, not one of each")
+    imps = impressions.select(
+        F.col("ad_id").alias("imp_ad_id"),
+        F.col("user_id").alias("imp_user_id"),
+        F.col("impression_id"),
+        F.col("event_time").alias("impression_time"),
+        F.col("event_ts").alias("imp_ts"),
+    )
+    clks = clicks.select(
+        F.col("ad_id"),
+        F.col("user_id"),
+        F.col("click_id"),
+        F.col("event_time").alias("click_time"),
+        F.col("event_ts").alias("click_ts"),
+    )
+    window = F.expr(f"INTERVAL {int(window_ms)} MILLISECONDS")
+    # ad_id first: both topics are keyed by ad_id, and the join shuffles by its keys in this order.
+    condition = (
+        (clks["ad_id"] == imps["imp_ad_id"])
+        & (clks["user_id"] == imps["imp_user_id"])
+        & (imps["imp_ts"] <= clks["click_ts"])
+        & (clks["click_ts"] <= imps["imp_ts"] + window)
+    )
+    matches = clks.join(imps, condition, "inner").select(
+        "click_id", "impression_id", "ad_id", "user_id", "click_time", "impression_time", "click_ts"
+    )
+    if streaming:
+        one_per_click = matches.dropDuplicatesWithinWatermark(["click_id"])
+    else:
+        latest = Window.partitionBy("click_id").orderBy(F.col("impression_time").desc(), F.col("impression_id"))
+        ranked = matches.withColumn("_rank", F.row_number().over(latest))
+        one_per_click = ranked.filter(F.col("_rank") == 1).drop("_rank")
+    prices = F.broadcast(
+        catalog.select(
+            F.col("ad_id").alias("cat_ad_id"),
+            "campaign_id",
+            "advertiser_id",
+            F.col("cpc_micros").cast("long").alias("amount_micros"),
+            "currency",
+        )
+    )
+    priced = one_per_click.join(prices, one_per_click["ad_id"] == prices["cat_ad_id"], "inner")
+    return priced.select(*BILLABLE_COLUMNS)
+
+
+def _arrival(id_col: str) -> WindowSpec:
+    return Window.partitionBy(id_col).orderBy("received_ms", "partition", "offset")

@@ -1,0 +1,132 @@
+"""What the running job reports about itself: a StreamingQueryListener that keeps each batch's progress in Redis
+(for the UI) and in Prometheus gauges (for scrapers).
+
+Per batch and query: input rows and rates, batch duration, the query's watermark and each stream's own watermark
+(its largest event time seen, less its delay), state rows and memory, and rows dropped by the watermark.
+
+Redis keys: `PREFIX:health:query:NAME` (hash, the latest batch), `PREFIX:health:history:NAME` (list of JSON, newest
+first, capped at `HISTORY`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import redis
+from prometheus_client import Gauge
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger(__name__)
+
+HISTORY = 720
+
+_INPUT_ROWS = Gauge("adbill_batch_input_rows", "Rows read by the last micro-batch", ["query"])
+_INPUT_RATE = Gauge("adbill_input_rows_per_second", "Input rate of the last micro-batch", ["query"])
+_PROCESSED_RATE = Gauge("adbill_processed_rows_per_second", "Processing rate of the last micro-batch", ["query"])
+_DURATION = Gauge("adbill_batch_duration_ms", "Wall time of the last micro-batch", ["query"])
+_WATERMARK = Gauge("adbill_watermark_ms", "Event-time watermark (epoch ms)", ["query", "stream"])
+_STATE_ROWS = Gauge("adbill_state_rows", "Rows held in state, all operators", ["query"])
+_STATE_BYTES = Gauge("adbill_state_memory_bytes", "Memory used by state, all operators", ["query"])
+_DROPPED = Gauge("adbill_rows_dropped_by_watermark", "Rows the watermark kept out, last batch", ["query"])
+_BATCH = Gauge("adbill_batch_id", "Id of the last completed micro-batch", ["query"])
+
+
+def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_max: dict[str, int]) -> dict[str, Any]:
+    """The health record of one batch, from Spark's progress JSON. `seen_max` carries each stream's largest
+    event time across batches (updated here), since a batch only reports its own."""
+    state = progress.get("stateOperators") or []
+    watermarks: dict[str, int | None] = {}
+    for stream, delay in delays_ms.items():
+        observed = (progress.get("observedMetrics") or {}).get(stream) or {}
+        latest = observed.get("max_event_time")
+        if latest is not None:
+            seen_max[stream] = max(seen_max.get(stream, latest), int(latest))
+        watermarks[stream] = seen_max[stream] - delay if stream in seen_max else None
+    return {
+        "query": progress.get("name"),
+        "batch_id": progress.get("batchId"),
+        "timestamp": progress.get("timestamp"),
+        "input_rows": progress.get("numInputRows", 0),
+        "input_rows_per_second": round(float(progress.get("inputRowsPerSecond") or 0.0), 1),
+        "processed_rows_per_second": round(float(progress.get("processedRowsPerSecond") or 0.0), 1),
+        "batch_duration_ms": (progress.get("durationMs") or {}).get("triggerExecution", 0),
+        "watermark_ms": _epoch_ms((progress.get("eventTime") or {}).get("watermark")),
+        "stream_watermarks_ms": watermarks,
+        "state_rows": sum(op.get("numRowsTotal", 0) for op in state),
+        "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in state),
+        "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in state),
+        "sources": [
+            {"description": s.get("description"), "end_offset": s.get("endOffset"), "input_rows": s.get("numInputRows")}
+            for s in progress.get("sources") or []
+        ],
+    }
+
+
+class HealthListener(StreamingQueryListener):
+    """Records every batch's health in Redis and Prometheus; never lets a reporting failure stop the job."""
+
+    def __init__(self, redis_url: str, prefix: str, delays_ms: Mapping[str, int]) -> None:
+        self.redis_url = redis_url
+        self.prefix = prefix
+        self.delays_ms = dict(delays_ms)
+        self.seen_max: dict[str, int] = {}
+        self._client: redis.Redis | None = None
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("query %s started (id %s)", event.name, event.id)
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            progress = json.loads(event.progress.json)
+            record = summarize(progress, self.delays_ms, self.seen_max)
+            self._export(record)
+            client = self._redis()
+            name = record["query"]
+            pipe = client.pipeline()
+            pipe.hset(
+                f"{self.prefix}:health:query:{name}",
+                mapping={k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in record.items()},
+            )
+            pipe.lpush(f"{self.prefix}:health:history:{name}", json.dumps(record))
+            pipe.ltrim(f"{self.prefix}:health:history:{name}", 0, HISTORY - 1)
+            pipe.execute()
+        except Exception:  # reporting must never take the billing job down
+            log.exception("could not record query progress")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("query %s terminated with: %s", event.id, event.exception)
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        return self._client
+
+    def _export(self, record: Mapping[str, Any]) -> None:
+        name = record["query"] or "unnamed"
+        _INPUT_ROWS.labels(name).set(record["input_rows"])
+        _INPUT_RATE.labels(name).set(record["input_rows_per_second"])
+        _PROCESSED_RATE.labels(name).set(record["processed_rows_per_second"])
+        _DURATION.labels(name).set(record["batch_duration_ms"])
+        _STATE_ROWS.labels(name).set(record["state_rows"])
+        _STATE_BYTES.labels(name).set(record["state_memory_bytes"])
+        _DROPPED.labels(name).set(record["rows_dropped_by_watermark"])
+        _BATCH.labels(name).set(record["batch_id"] or 0)
+        if record["watermark_ms"] is not None:
+            _WATERMARK.labels(name, "query").set(record["watermark_ms"])
+        for stream, value in record["stream_watermarks_ms"].items():
+            if value is not None:
+                _WATERMARK.labels(name, stream).set(value)
+
+
+def _epoch_ms(iso: str | None) -> int | None:
+    if not iso:
+        return None
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)

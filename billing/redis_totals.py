@@ -1,0 +1,167 @@
+"""Live totals in Redis: clicks and micros per advertiser, campaign and ad, per period, applied exactly once.
+
+Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
+
+| key | type | holds |
+| --- | --- | --- |
+| `PREFIX:totals:PERIOD:adv:ADVERTISER` | hash | `clicks`, `micros` (provisional, from the stream) |
+| `PREFIX:totals:PERIOD:cmp:CAMPAIGN` | hash | the same per campaign, plus `advertiser` |
+| `PREFIX:totals:PERIOD:ad:AD` | hash | the same per ad, plus `advertiser`, `campaign` |
+| `PREFIX:periods` | sorted set | period keys with totals, scored by period start |
+| `PREFIX:period:PERIOD:advertisers` | set | advertisers with totals in that period |
+| `PREFIX:period:PERIOD:campaigns:ADVERTISER`, `...:ads:ADVERTISER` | set | an advertiser's campaigns and ads |
+| `PREFIX:applied:SINK` | string | the last micro-batch id applied by SINK |
+| `PREFIX:quarantine:REASON` | hash | quarantined records per topic |
+
+A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
+replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+_APPLY_BATCH = """
+local marker = KEYS[1]
+local batch_id = tonumber(ARGV[1])
+local last = tonumber(redis.call('GET', marker) or '-1')
+if batch_id <= last then return 0 end
+local ops = cjson.decode(ARGV[2])
+for _, op in ipairs(ops) do
+  if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
+  elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
+  elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
+  elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
+  end
+end
+redis.call('SET', marker, batch_id)
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TotalsRow:
+    """Billed clicks and micros of one ad in one period, as the stream aggregates a micro-batch."""
+
+    period: str
+    period_start_ms: int
+    advertiser_id: str
+    campaign_id: str
+    ad_id: str
+    clicks: int
+    micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    clicks: int = 0
+    micros: int = 0
+
+
+class RedisTotals:
+    """Reads and writes the live totals under one key prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._apply = client.register_script(_APPLY_BATCH)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str) -> RedisTotals:
+        return cls(redis.Redis.from_url(url, decode_responses=True), prefix)
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def apply_batch(self, sink: str, batch_id: int, rows: Iterable[TotalsRow]) -> bool:
+        """Add a micro-batch's totals once; False when that batch (or a later one) was already applied."""
+        ops: list[list[Any]] = []
+        for row in rows:
+            adv = self.key("totals", row.period, "adv", row.advertiser_id)
+            cmp = self.key("totals", row.period, "cmp", row.campaign_id)
+            ad = self.key("totals", row.period, "ad", row.ad_id)
+            for key in (adv, cmp, ad):
+                # Numbers travel as strings: Lua's doubles would print large integers in exponent form.
+                ops.append(["hincrby", key, "clicks", str(row.clicks)])
+                ops.append(["hincrby", key, "micros", str(row.micros)])
+            ops += [
+                ["hset", cmp, "advertiser", row.advertiser_id],
+                ["hset", ad, "advertiser", row.advertiser_id],
+                ["hset", ad, "campaign", row.campaign_id],
+                ["zadd", self.key("periods"), str(row.period_start_ms), row.period],
+                ["sadd", self.key("period", row.period, "advertisers"), row.advertiser_id],
+                ["sadd", self.key("period", row.period, "campaigns", row.advertiser_id), row.campaign_id],
+                ["sadd", self.key("period", row.period, "ads", row.advertiser_id), row.ad_id],
+            ]
+        return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
+
+    def add_quarantined(self, sink: str, batch_id: int, counts: Mapping[tuple[str, str], int]) -> bool:
+        """Add quarantine counts per (reason, topic) once per batch."""
+        ops = [["hincrby", self.key("quarantine", reason), topic, str(n)] for (reason, topic), n in counts.items()]
+        return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
+
+    def last_applied(self, sink: str) -> int | None:
+        value = self.client.get(self.key("applied", sink))
+        return None if value is None else int(value)
+
+    def periods(self) -> list[str]:
+        return [_text(v) for v in self.client.zrange(self.key("periods"), 0, -1)]  # type: ignore[arg-type]
+
+    def advertisers(self, period: str) -> list[str]:
+        return _texts(self.client.smembers(self.key("period", period, "advertisers")))
+
+    def advertiser(self, period: str, advertiser_id: str) -> Totals:
+        return self._totals(self.key("totals", period, "adv", advertiser_id))
+
+    def campaign(self, period: str, campaign_id: str) -> Totals:
+        return self._totals(self.key("totals", period, "cmp", campaign_id))
+
+    def ad(self, period: str, ad_id: str) -> Totals:
+        return self._totals(self.key("totals", period, "ad", ad_id))
+
+    def ads(self, period: str, advertiser_id: str) -> list[str]:
+        return _texts(self.client.smembers(self.key("period", period, "ads", advertiser_id)))
+
+    def campaigns(self, period: str, advertiser_id: str) -> list[str]:
+        return _texts(self.client.smembers(self.key("period", period, "campaigns", advertiser_id)))
+
+    def quarantined(self) -> dict[str, dict[str, int]]:
+        """Quarantined records: reason -> topic -> count."""
+        out: dict[str, dict[str, int]] = {}
+        for key in self.client.scan_iter(match=self.key("quarantine", "*")):
+            reason = _text(key).rsplit(":", 1)[1]
+            out[reason] = {_text(topic): int(n) for topic, n in self.client.hgetall(key).items()}
+        return out
+
+    def all_ad_totals(self) -> dict[tuple[str, str], Totals]:
+        """(period, ad_id) -> totals, over every period: for checks and rebuilds."""
+        out = {}
+        for period in self.periods():
+            for advertiser in self.advertisers(period):
+                for ad in self.ads(period, advertiser):
+                    out[(period, ad)] = self.ad(period, ad)
+        return out
+
+    def clear(self) -> int:
+        """Delete every key under the prefix; returns how many."""
+        keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
+        for start in range(0, len(keys), 1000):
+            self.client.delete(*keys[start : start + 1000])
+        return len(keys)
+
+    def _totals(self, key: str) -> Totals:
+        values = self.client.hmget(key, "clicks", "micros")
+        return Totals(int(values[0] or 0), int(values[1] or 0))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _texts(values: Iterable[bytes | str]) -> list[str]:
+    return sorted(_text(v) for v in values)

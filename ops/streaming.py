@@ -1,0 +1,98 @@
+"""Wiring of the streaming job: settings -> StreamConfig, SparkSession, listener, metrics; run until stopped."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ops import deps
+from ops.settings import Settings
+
+
+def stream_config(settings: Settings):  # -> attribution.job.StreamConfig
+    """The job's sources and sinks, with every registered version of each event schema."""
+    from attribution.job import StreamConfig
+    from billing.schema_registry import open_registry
+    from billing.schemas import subject_of
+
+    registry = open_registry(settings.registry_location)
+
+    def versions(event_type: str) -> dict[int, str]:
+        return {schema_id: registry.schema_by_id(schema_id) for schema_id in registry.ids(subject_of(event_type))}
+
+    return StreamConfig(
+        kafka_bootstrap=settings.kafka_bootstrap,
+        topic_impressions=settings.topic_impressions,
+        topic_clicks=settings.topic_clicks,
+        topic_quarantine=settings.topic_quarantine,
+        impression_schemas=versions("impression"),
+        click_schemas=versions("click"),
+        data_dir=settings.root,
+        redis_url=settings.redis_url,
+        redis_prefix=settings.redis_prefix,
+        impression_watermark_ms=settings.impression_watermark_ms,
+        click_watermark_ms=settings.click_watermark_ms,
+        trigger_ms=settings.trigger_ms,
+        period_ms=settings.period_ms,
+        max_offsets_per_trigger=settings.max_offsets_per_trigger,
+    )
+
+
+def run_stream(settings: Settings) -> int:
+    """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails."""
+    from prometheus_client import start_http_server
+
+    from attribution.job import start
+    from attribution.progress import HealthListener
+    from attribution.session import build_spark
+    from billing.catalog import Catalog
+    from ops.kafka_service import ensure_topics
+    from ops.stack import ensure_catalog, ensure_schemas
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ensure_topics(
+        settings.kafka_bootstrap,
+        [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine],
+        settings.topic_partitions,
+        settings.topic_replication,
+    )
+    ensure_catalog(settings)
+    ensure_schemas(settings)
+    config = stream_config(settings)
+    spark = build_spark(
+        app_name="adbill-stream",
+        master=settings.spark_master,
+        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
+        shuffle_partitions=settings.shuffle_partitions,
+        local_dir=settings.root / "spark-tmp",
+        driver_memory=settings.driver_memory,
+        rocksdb_state=settings.state_store == "rocksdb",
+    )
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
+    spark.streams.addListener(
+        HealthListener(
+            settings.redis_url,
+            settings.redis_prefix,
+            {"impressions": settings.impression_watermark_ms, "clicks": settings.click_watermark_ms},
+        )
+    )
+    queries = start(spark, config, Catalog.load(settings.catalog_file))
+    print(
+        f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
+        f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
+        flush=True,
+    )
+    try:
+        spark.streams.awaitAnyTermination()
+    except KeyboardInterrupt:
+        print("stopping the streaming queries ...", flush=True)
+    finally:
+        for query in queries:
+            query.stop()
+        failed = [q for q in queries if q.exception() is not None]
+        for query in failed:
+            print(f"query {query.name} failed: {query.exception()}", file=sys.stderr)
+        spark.stop()
+    return 1 if failed else 0

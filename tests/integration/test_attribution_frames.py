@@ -1,0 +1,500 @@
+"""The Spark side of the rule, on real local Spark without Kafka: decode, quarantine, dedupe and attribute.
+
+Kafka-shaped DataFrames are built by hand (the value is a Confluent frame of a fastavro-encoded record). Every
+case gets its own user ids and event ids, so all cases run through Spark together once, and each case checks
+its own rows. The batch result is held to the plain-Python rule (`billing.intake` + `billing.rule`), and a
+streaming run over the same records, several micro-batches, to the batch result.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+from pyspark.testing import assertDataFrameEqual
+
+from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
+from attribution.join import BILLABLE_COLUMNS, attribute, catalog_frame, conflicts, dedupe
+from billing.catalog import Ad, Catalog
+from billing.events import Click, Event, Impression
+from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, billable_from_arrivals
+from billing.schemas import schema_text
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+S = 1_000  # one second in ms
+RECEIVED = T0 + 60 * S  # records arrive from here on, one millisecond apart, in the order of the table
+
+IMPRESSION_SCHEMA_ID = 10
+CLICK_SCHEMA_ID = 11
+CLICK_NULLABLE_USER_SCHEMA_ID = 12  # an evolved click writer whose user_id may be null
+UNKNOWN_SCHEMA_ID = 99
+
+CATALOG = Catalog(
+    [
+        Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"),
+        Ad("ad-2", "cmp-2", "adv-2", 1_000_000, "USD"),
+    ]
+)
+
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
+
+
+def _nullable_user_click_schema() -> str:
+    schema = json.loads(schema_text("click"))
+    for f in schema["fields"]:
+        if f["name"] == "user_id":
+            f["type"] = ["null", "string"]
+    return json.dumps(schema)
+
+
+WRITER_SCHEMAS: dict[str, dict[int, str]] = {
+    "impression": {IMPRESSION_SCHEMA_ID: schema_text("impression")},
+    "click": {
+        CLICK_SCHEMA_ID: schema_text("click"),
+        CLICK_NULLABLE_USER_SCHEMA_ID: _nullable_user_click_schema(),
+    },
+}
+_PARSED = {
+    schema_id: fastavro.parse_schema(json.loads(text)) for w in WRITER_SCHEMAS.values() for schema_id, text in w.items()
+}
+
+
+def encode(schema_id: int, record: dict[str, Any], frame_id: int | None = None, magic: int = 0) -> bytes:
+    """A Confluent frame (magic, big-endian schema id, Avro body) of `record` written with `schema_id`."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, _PARSED[schema_id], record)
+    header = bytes([magic]) + (schema_id if frame_id is None else frame_id).to_bytes(4, "big")
+    return header + body.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table. Ids and users are local to a case; `Case.scoped` makes them unique across cases.
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One Kafka record of a case: an event (framed Avro) or raw bytes on a topic."""
+
+    event: Event | None = None
+    raw: bytes | None = None
+    topic: str = "clicks"
+    received_ms: int | None = None  # the Kafka timestamp; default: RECEIVED + the place in the table
+    schema_id: int | None = None  # the writer schema of an event; default: the shipped one of its type
+
+
+def imp(impression_id: str, at: int, ad: str = "ad-1", user: str = "u1") -> Sent:
+    return Sent(Impression(impression_id, ad, user, at), topic="impressions")
+
+
+def click(
+    click_id: str,
+    at: int,
+    ad: str = "ad-1",
+    user: str = "u1",
+    received_ms: int | None = None,
+    schema_id: int | None = None,
+) -> Sent:
+    return Sent(Click(click_id, ad, user, at), received_ms=received_ms, schema_id=schema_id)
+
+
+def raw(value: bytes, topic: str = "clicks") -> Sent:
+    return Sent(raw=value, topic=topic)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    sent: list[Sent]
+    billed: dict[str, str]  # click id -> impression id
+    quarantined: list[tuple[str, str | None]] = field(default_factory=list)  # (reason, event id or None)
+    stream_exact: bool = True  # the stream's first match is the latest match
+
+    def scope(self, local_id: str) -> str:
+        return f"{self.name}/{local_id}"
+
+    def scoped(self) -> list[Sent]:
+        """The case's records with ids and users prefixed by the case name."""
+        out = []
+        for sent in self.sent:
+            if sent.event is None:
+                out.append(sent)
+                continue
+            event = sent.event
+            id_field = "impression_id" if isinstance(event, Impression) else "click_id"
+            scoped_event = replace(
+                event, **{id_field: self.scope(event.event_id), "user_id": self.scope(event.user_id)}
+            )
+            out.append(replace(sent, event=scoped_event))
+        return out
+
+
+CLICK_OK = {"click_id": "c1", "ad_id": "ad-1", "user_id": "u1", "event_time": T0}
+
+CASES = [
+    # The upper edge of the window is inclusive: a click exactly 10 s after its impression is billed.
+    Case("exactly-10s", [imp("i1", T0), click("c1", T0 + 10 * S)], {"c1": "i1"}),
+    # One millisecond past the window is not billed.
+    Case("10s-plus-1ms", [imp("i1", T0), click("c1", T0 + 10 * S + 1)], {}),
+    # The lower edge is inclusive too: a click in the impression's millisecond is billed.
+    Case("same-millisecond", [imp("i1", T0), click("c1", T0)], {"c1": "i1"}),
+    # A click one millisecond before its impression is not billed.
+    Case("click-before-impression", [imp("i1", T0), click("c1", T0 - 1)], {}),
+    # Two qualifying impressions: billed once, to the latest (the stream may bill the first match it sees).
+    Case(
+        "latest-of-two",
+        [imp("i1", T0), imp("i2", T0 + 3 * S), click("c1", T0 + 5 * S)],
+        {"c1": "i2"},
+        stream_exact=False,
+    ),
+    # An impression after the click does not qualify, even when it is the latest one.
+    Case(
+        "later-impression-ignored",
+        [imp("i1", T0), imp("i2", T0 + 6 * S), click("c1", T0 + 5 * S)],
+        {"c1": "i1"},
+    ),
+    # Qualifying impressions in the same millisecond: the smallest impression id wins.
+    Case(
+        "tie-smallest-id",
+        [imp("i9", T0 + 2 * S), imp("i3", T0 + 2 * S), imp("i5", T0 + 2 * S), click("c1", T0 + 4 * S)],
+        {"c1": "i3"},
+        stream_exact=False,
+    ),
+    # The same user saw another ad: no impression of the clicked ad, not billed.
+    Case("same-user-other-ad", [imp("i1", T0, ad="ad-2"), click("c1", T0 + S, ad="ad-1")], {}),
+    # Another user saw the ad: not billed.
+    Case("other-user", [imp("i1", T0, user="u2"), click("c1", T0 + S, user="u1")], {}),
+    # The same click received twice with the same content: a duplicate, billed once, not quarantined.
+    Case("duplicate-click", [imp("i1", T0), click("c1", T0 + S), click("c1", T0 + S)], {"c1": "i1"}),
+    # A duplicated impression does not bill its click twice.
+    Case("duplicate-impression", [imp("i1", T0), imp("i1", T0), click("c1", T0 + S)], {"c1": "i1"}),
+    # The same click id with other content: the first copy stands and is billed, the later one is a conflict.
+    Case(
+        "conflicting-click",
+        [imp("i1", T0), click("c1", T0 + S), click("c1", T0 + 2 * S, user="u2")],
+        {"c1": "i1"},
+        [("id_conflict", "c1")],
+    ),
+    # A conflicting copy that arrives first stands: the later, matching copy is the conflict; nothing bills.
+    Case(
+        "conflict-first-copy-stands",
+        [imp("i1", T0), click("c1", T0 - 5 * S), click("c1", T0 + S)],
+        {},
+        [("id_conflict", "c1")],
+    ),
+    # Two clicks on two ads, each priced from its own ad (ad-2 is in USD).
+    Case(
+        "two-ads",
+        [
+            imp("i1", T0, ad="ad-2"),
+            imp("i2", T0, ad="ad-1"),
+            click("c1", T0 + S, ad="ad-2"),
+            click("c2", T0 + S),
+        ],
+        {"c1": "i1", "c2": "i2"},
+    ),
+    # A click written with the older writer schema (nullable user_id) decodes and bills like any other.
+    Case(
+        "older-writer-schema",
+        [imp("i1", T0), click("c1", T0 + S, schema_id=CLICK_NULLABLE_USER_SCHEMA_ID)],
+        {"c1": "i1"},
+    ),
+    # A click on an ad the catalog does not know is quarantined, not billed; so is its impression.
+    Case(
+        "unknown-ad",
+        [imp("i1", T0, ad="ad-x"), click("c1", T0 + S, ad="ad-x")],
+        {},
+        [("unknown_ad", "i1"), ("unknown_ad", "c1")],
+    ),
+    # event_time before 2000-01-01 is out of range; exactly 2000-01-01 is not.
+    Case(
+        "before-2000",
+        [click("c1", MIN_EVENT_TIME_MS - 1), click("c2", MIN_EVENT_TIME_MS)],
+        {},
+        [("time_out_of_range", "c1")],
+    ),
+    # More than one hour after the Kafka timestamp is out of range; exactly one hour after is not.
+    Case(
+        "too-far-in-future",
+        [
+            click("c1", T0 + MAX_FUTURE_MS + 1, received_ms=T0),
+            click("c2", T0 + MAX_FUTURE_MS, received_ms=T0),
+        ],
+        {},
+        [("time_out_of_range", "c1")],
+    ),
+    # Bytes that are not a frame: too short, empty, or a wrong magic byte.
+    Case(
+        "not-framed",
+        [raw(b"\x00\x00"), raw(b""), raw(encode(CLICK_SCHEMA_ID, CLICK_OK, magic=1), topic="impressions")],
+        {},
+        [("undecodable", None)] * 3,
+    ),
+    # A frame naming a schema id that the registry does not know.
+    Case(
+        "unknown-schema-id",
+        [raw(encode(CLICK_SCHEMA_ID, CLICK_OK, frame_id=UNKNOWN_SCHEMA_ID))],
+        {},
+        [("unknown_schema", None)],
+    ),
+    # A known schema id with a body that is not Avro of it (a string length running past the end).
+    Case(
+        "garbage-body",
+        [raw(bytes([0]) + CLICK_SCHEMA_ID.to_bytes(4, "big") + b"\xfe\xff\xff\xff\x07abc")],
+        {},
+        [("undecodable", None)],
+    ),
+    # A record whose writer schema allows a null user_id, with a null user_id: missing field. (Raw bytes, so
+    # the id is scoped by hand; the plain-Python intake never sees it as an event.)
+    Case(
+        "null-field",
+        [raw(encode(CLICK_NULLABLE_USER_SCHEMA_ID, {**CLICK_OK, "click_id": "null-field/c1", "user_id": None}))],
+        {},
+        [("missing_field", "c1")],
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One Kafka record of the whole table, with the case it belongs to."""
+
+    case: Case
+    sent: Sent
+    topic: str
+    offset: int
+    received_ms: int
+
+    @property
+    def value(self) -> bytes:
+        if self.sent.event is None:
+            assert self.sent.raw is not None
+            return self.sent.raw
+        schema_id = self.sent.schema_id
+        if schema_id is None:
+            schema_id = IMPRESSION_SCHEMA_ID if isinstance(self.sent.event, Impression) else CLICK_SCHEMA_ID
+        return encode(schema_id, self.sent.event.to_record())
+
+    def row(self) -> tuple[Any, ...]:
+        received = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=self.received_ms)
+        return (None, self.value, self.topic, 0, self.offset, received, 0)
+
+
+def _records() -> list[Record]:
+    records: list[Record] = []
+    offsets: Counter[str] = Counter()
+    for case in CASES:
+        for sent in case.scoped():
+            received_ms = RECEIVED + len(records) if sent.received_ms is None else sent.received_ms
+            records.append(Record(case, sent, sent.topic, offsets[sent.topic], received_ms))
+            offsets[sent.topic] += 1
+    return records
+
+
+RECORDS = _records()
+CASE_OF = {(r.topic, r.offset): r.case.name for r in RECORDS}
+
+
+@dataclass
+class PipelineOutput:
+    billed: list[Row]
+    quarantined: list[Row]
+
+
+def kafka_frame(spark: SparkSession, topic: str) -> DataFrame:
+    """The table's records of one topic as the Kafka source would give them, in a batch DataFrame."""
+    return spark.createDataFrame([r.row() for r in RECORDS if r.topic == topic], KAFKA_SCHEMA)
+
+
+def pipeline(spark: SparkSession, impressions: DataFrame, clicks: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """decode -> split -> (watermark on a stream) -> dedupe -> attribute; plus the quarantine of both topics.
+
+    On a batch, id conflicts are found with `conflicts()`; a stream cannot see them (see the streaming test).
+    """
+    catalog = catalog_frame(spark, CATALOG)
+    ad_ids = catalog.select("ad_id")
+    valid_imps, bad_imps = split(decode_events(impressions, "impression", WRITER_SCHEMAS["impression"], ad_ids))
+    valid_clicks, bad_clicks = split(decode_events(clicks, "click", WRITER_SCHEMAS["click"], ad_ids))
+    quarantined = bad_imps.unionByName(bad_clicks)
+    if impressions.isStreaming:
+        # A watermark far behind the table's times: nothing here is late, so the stream sees what the batch sees.
+        valid_imps = valid_imps.withWatermark("event_ts", "1 hour")
+        valid_clicks = valid_clicks.withWatermark("event_ts", "1 hour")
+    else:
+        quarantined = quarantined.unionByName(conflicts(valid_imps, "impression_id")).unionByName(
+            conflicts(valid_clicks, "click_id")
+        )
+    billed = attribute(dedupe(valid_imps, "impression_id"), dedupe(valid_clicks, "click_id"), catalog)
+    return billed, quarantined
+
+
+# ----------------------------------------------------------------------------------------------------
+# Spark
+
+
+@pytest.fixture(scope="module")
+def batch(spark: SparkSession) -> PipelineOutput:
+    billed, quarantined = pipeline(spark, kafka_frame(spark, "impressions"), kafka_frame(spark, "clicks"))
+    assert tuple(billed.columns) == BILLABLE_COLUMNS
+    assert tuple(quarantined.columns) == QUARANTINE_COLUMNS
+    return PipelineOutput(billed.collect(), quarantined.collect())
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
+def test_batch_case(case: Case, batch: PipelineOutput) -> None:
+    billed = {row.click_id: row.impression_id for row in batch.billed if row.click_id.startswith(f"{case.name}/")}
+    assert billed == {case.scope(c): case.scope(i) for c, i in case.billed.items()}
+    quarantined = Counter(
+        (row.reason, row.event_id) for row in batch.quarantined if CASE_OF[(row.topic, row.offset)] == case.name
+    )
+    expected = Counter((reason, None if eid is None else case.scope(eid)) for reason, eid in case.quarantined)
+    assert quarantined == expected
+
+
+def test_batch_rows_equal_the_plain_python_rule(spark: SparkSession, batch: PipelineOutput) -> None:
+    """The same records through `billing.intake` and `billing.rule`: the same rows, to the micro."""
+    arrivals = [(r.sent.event, r.received_ms) for r in RECORDS if r.sent.event is not None]
+    reference, intake = billable_from_arrivals(arrivals, CATALOG)
+    actual = spark.createDataFrame(batch.billed).drop("click_ts")
+    assertDataFrameEqual(actual, [Row(**b.to_dict()) for b in reference])
+    # The intake sees decoded events only: it decides the event-level reasons, the same way.
+    event_reasons = ("time_out_of_range", "unknown_ad", "id_conflict")
+    spark_counts = Counter(row.reason for row in batch.quarantined if row.reason in event_reasons)
+    assert spark_counts == Counter({reason: intake.counts[reason] for reason in event_reasons})
+    assert intake.quarantined == sum(spark_counts.values())
+
+
+def test_billed_rows_have_the_contract_types(batch: PipelineOutput) -> None:
+    row = next(r for r in batch.billed if r.click_id == "two-ads/c1")
+    assert row.amount_micros == 1_000_000 and isinstance(row.amount_micros, int)
+    assert (row.campaign_id, row.advertiser_id, row.currency) == ("cmp-2", "adv-2", "USD")
+    assert row.click_time == T0 + S and row.impression_time == T0
+    assert row.click_ts == datetime(2026, 1, 1, 0, 0, 1)  # naive UTC: the session time zone is UTC
+
+
+def test_quarantine_rows_keep_the_raw_bytes_and_coordinates(batch: PipelineOutput) -> None:
+    by_offset = {(r.topic, r.offset): r for r in RECORDS}
+    for row in batch.quarantined:
+        record = by_offset[(row.topic, row.offset)]
+        assert bytes(row.value) == record.value
+        assert row.received_ms == record.received_ms
+
+
+# ----------------------------------------------------------------------------------------------------
+# Streaming: the same records, as Parquet files read a few at a time, through the same functions.
+
+
+def _write_parquet_files(folder: Path, records: list[Record], files: int) -> None:
+    folder.mkdir(parents=True)
+    schema = pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("timestampType", pa.int32()),
+        ]
+    )
+    size = -(-len(records) // files)
+    for n in range(files):
+        chunk = records[n * size : (n + 1) * size]
+        table = pa.Table.from_pylist(
+            [
+                {
+                    "key": None,
+                    "value": r.value,
+                    "topic": r.topic,
+                    "partition": 0,
+                    "offset": r.offset,
+                    "timestamp": r.received_ms,
+                    "timestampType": 0,
+                }
+                for r in chunk
+            ],
+            schema=schema,
+        )
+        path = folder / f"part-{n:03d}.parquet"
+        pq.write_table(table, path)
+        # The file source takes files in modification-time order: make it the order of arrival.
+        stamp = 1_700_000_000 + n
+        os.utime(path, (stamp, stamp))
+
+
+def test_stream_bills_what_the_batch_bills(spark: SparkSession, batch: PipelineOutput, tmp_path: Path) -> None:
+    streams = {}
+    for topic in ("impressions", "clicks"):
+        folder = tmp_path / topic
+        _write_parquet_files(folder, [r for r in RECORDS if r.topic == topic], files=3)
+        streams[topic] = spark.readStream.schema(KAFKA_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    billed, quarantined = pipeline(spark, streams["impressions"], streams["clicks"])
+    assert billed.isStreaming
+
+    queries = [
+        billed.writeStream.format("memory")
+        .queryName("test_billed")
+        .outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "checkpoints" / "billed"))
+        .start(),
+        quarantined.writeStream.format("memory")
+        .queryName("test_quarantined")
+        .outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "checkpoints" / "quarantined"))
+        .start(),
+    ]
+    try:
+        for query in queries:
+            query.processAllAvailable()
+        assert queries[0].lastProgress is not None and queries[0].lastProgress["batchId"] >= 2
+        stream_billed = spark.table("test_billed").collect()
+        stream_quarantined = spark.table("test_quarantined").collect()
+    finally:
+        for query in queries:
+            query.stop()
+
+    # Every click billed once, at the same amount: the amount does not depend on the impression.
+    assert sorted((r.click_id, r.amount_micros) for r in stream_billed) == sorted(
+        (r.click_id, r.amount_micros) for r in batch.billed
+    )
+    exact = {c.name for c in CASES if c.stream_exact}
+    assertDataFrameEqual(
+        spark.createDataFrame([r for r in stream_billed if r.click_id.split("/")[0] in exact]),
+        [r for r in batch.billed if r.click_id.split("/")[0] in exact],
+    )
+    # The stream quarantines what the batch does, except id conflicts: dropDuplicatesWithinWatermark keeps the
+    # first copy and drops the later ones, conflicting or not, and reconciliation quarantines the conflicts.
+    assert sorted(tuple(r) for r in stream_quarantined) == sorted(
+        tuple(r) for r in batch.quarantined if r.reason != "id_conflict"
+    )
