@@ -149,6 +149,14 @@ class Settings:
 
         return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost")
 
+    def to_env(self) -> dict[str, str]:
+        """These settings as the `ADBILL_*` variables that would give them, for a child process."""
+        return {
+            env_name(f): str(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
     def with_(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
