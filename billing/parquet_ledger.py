@@ -50,3 +50,15 @@ _TYPES = {
     "period_start_ms": pa.int64(),
     "batch_id": pa.int64(),
 }
+
+
+def ledger_totals(table: pa.Table) -> list[dict[str, object]]:
+    """Clicks and micros per (period, advertiser, campaign, ad) of a ledger table."""
+    if table.num_rows == 0:
+        return []
+    keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"]
+    grouped = table.group_by(keys).aggregate([("click_id", "count"), ("amount_micros", "sum")])
+    return [
+        {**{k: row[k] for k in keys}, "clicks": row["click_id_count"], "micros": row["amount_micros_sum"]}
+        for row in grouped.to_pylist()
+    ]

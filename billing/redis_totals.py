@@ -147,6 +147,22 @@ class RedisTotals:
                     out[(period, ad)] = self.ad(period, ad)
         return out
 
+    def rebuild(self, sink: str, last_batch_id: int, rows: Iterable[TotalsRow]) -> None:
+        """Replace the billed totals with `rows` (aggregated from the ledger), as applied up to `last_batch_id`.
+
+        Quarantine counts and health records are left as they are. Stop the job first: a batch it applies while
+        this runs would be lost from, or counted twice in, the rebuilt totals.
+        """
+        doomed = [
+            key
+            for pattern in ("totals:*", "period:*", "periods")
+            for key in self.client.scan_iter(match=self.key(pattern), count=1000)
+        ]
+        for start in range(0, len(doomed), 1000):
+            self.client.delete(*doomed[start : start + 1000])
+        self.client.delete(self.key("applied", sink))
+        self.apply_batch(sink, last_batch_id, rows)
+
     def clear(self) -> int:
         """Delete every key under the prefix; returns how many."""
         keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))

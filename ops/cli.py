@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
     p.set_defaults(run=cmd_stream)
 
+    p = sub.add_parser("rebuild-totals", help="rebuild the Redis totals from the Parquet ledger (stop the job first)")
+    p.set_defaults(run=cmd_rebuild_totals)
+
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
     p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
@@ -243,6 +246,14 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from ops.streaming import run_stream
 
     return run_stream(settings)
+
+
+def cmd_rebuild_totals(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.streaming import rebuild_totals
+
+    pairs, clicks, micros, last_batch = rebuild_totals(settings)
+    print(f"rebuilt totals of {pairs} (period, ad) pairs: {clicks} clicks, {micros} micros, up to batch {last_batch}")
+    return 0
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

@@ -96,3 +96,16 @@ def run_stream(settings: Settings) -> int:
             print(f"query {query.name} failed: {query.exception()}", file=sys.stderr)
         spark.stop()
     return 1 if failed else 0
+
+
+def rebuild_totals(settings: Settings) -> tuple[int, int, int, int]:
+    """Replace the Redis totals with the ledger's; returns (period-ad pairs, clicks, micros, last batch id)."""
+    from attribution.job import BILLING_QUERY
+    from billing.parquet_ledger import ledger_totals, read_ledger
+    from billing.redis_totals import RedisTotals, TotalsRow
+
+    table = read_ledger(settings.root / "ledger")
+    rows = [TotalsRow(**row) for row in ledger_totals(table)]  # type: ignore[arg-type]
+    last_batch = max(table.column("batch_id").to_pylist(), default=-1)
+    RedisTotals.from_url(settings.redis_url, settings.redis_prefix).rebuild(BILLING_QUERY, last_batch, rows)
+    return len(rows), sum(r.clicks for r in rows), sum(r.micros for r in rows), last_batch

@@ -28,7 +28,7 @@ from billing.redis_totals import RedisTotals
 from billing.schema_registry import open_registry
 from ops.settings import Settings
 from ops.stack import ensure_schemas
-from ops.streaming import stream_config
+from ops.streaming import rebuild_totals, stream_config
 from producers.publisher import EventPublisher, simulate_to_kafka
 from producers.simulator import SimulationConfig
 from producers.wire import EventSerializer
@@ -241,6 +241,15 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     rows = ledger_rows(settings)
     assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click"
     assert {row["click_id"]: row["amount_micros"] for row in rows} == truth
+    assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+
+    # Redis can be rebuilt from the ledger alone: wipe the totals, rebuild, and they are the same again.
+    for query in queries:
+        query.stop()
+    RedisTotals.from_url(settings.redis_url, settings.redis_prefix).rebuild("billing", 0, [])
+    assert redis_ad_totals(settings) == {}
+    pairs, clicks, micros, _ = rebuild_totals(settings)
+    assert (clicks, micros) == (len(truth), sum(truth.values()))
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 
