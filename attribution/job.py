@@ -13,6 +13,7 @@ settings, so the same job runs in local mode and against a Spark cluster.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +136,12 @@ class LedgerSink:
         self.redis_prefix = config.redis_prefix
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch = batch.drop("click_ts").withColumn("batch_id", F.lit(batch_id)).persist()
+        batch = (
+            batch.drop("click_ts")
+            .withColumn("billed_at_ms", F.lit(int(time.time() * 1000)))
+            .withColumn("batch_id", F.lit(batch_id))
+            .persist()
+        )
         try:
             totals = (
                 batch.groupBy("period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id")

@@ -29,9 +29,11 @@ BILLABLE_COLUMNS = (
     "impression_time",
     "amount_micros",
     "currency",
+    "click_received_ms",
     "click_ts",
 )
-"""The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp."""
+"""The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp.
+`click_received_ms` is when Kafka received the click (its record timestamp), for latency figures."""
 
 CATALOG_SCHEMA = StructType(
     [
@@ -136,6 +138,7 @@ def attribute(
         F.col("user_id"),
         F.col("click_id"),
         F.col("event_time").alias("click_time"),
+        F.col("received_ms").alias("click_received_ms"),
         F.col("event_ts").alias("click_ts"),
     )
     window = F.expr(f"INTERVAL {int(window_ms)} MILLISECONDS")
@@ -147,7 +150,14 @@ def attribute(
         & (clks["click_ts"] <= imps["imp_ts"] + window)
     )
     matches = clks.join(imps, condition, "inner").select(
-        "click_id", "impression_id", "ad_id", "user_id", "click_time", "impression_time", "click_ts"
+        "click_id",
+        "impression_id",
+        "ad_id",
+        "user_id",
+        "click_time",
+        "impression_time",
+        "click_received_ms",
+        "click_ts",
     )
     if streaming:
         one_per_click = matches.dropDuplicatesWithinWatermark(["click_id"])

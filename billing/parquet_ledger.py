@@ -22,6 +22,8 @@ LEDGER_COLUMNS = (
     "impression_time",
     "amount_micros",
     "currency",
+    "click_received_ms",
+    "billed_at_ms",
     "period_start_ms",
     "period",
     "batch_id",
@@ -47,6 +49,8 @@ _TYPES = {
     "click_time": pa.int64(),
     "impression_time": pa.int64(),
     "amount_micros": pa.int64(),
+    "click_received_ms": pa.int64(),
+    "billed_at_ms": pa.int64(),
     "period_start_ms": pa.int64(),
     "batch_id": pa.int64(),
 }

@@ -103,3 +103,9 @@ def test_the_image_installs_the_project_and_its_jars() -> None:
     for package in ("attribution", "billing", "producers", "web", "ops"):
         assert f"COPY {package} {package}" in dockerfile
     assert Path(PROJECT_ROOT / "ops" / "maven" / "kafka-broker.xml").exists()
+
+
+def test_the_readme_documents_every_setting() -> None:
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    undocumented = {name for name in setting_names() if name not in readme}
+    assert not undocumented, f"settings missing from README.md: {sorted(undocumented)}"
