@@ -37,8 +37,10 @@ test-unit: venv ## run the pure tests only (no services)
 test-integration: deps ## run the integration tests only
 	$(BIN)/pytest tests/integration -m "not slow" $(PYTEST_ARGS)
 
-test-slow: deps ## run the long tests (restarts, soak)
-	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+RATE ?= 20000
+DURATION ?= 60
+bench-stream: deps ## offered traffic through Kafka and the job: throughput, click-to-Redis latency, CPU, memory (RATE=, DURATION=)
+	$(BIN)/python -m ops.bench_stream --rate $(RATE) --duration $(DURATION)
 
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
@@ -52,4 +54,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration test-slow lint format clean
+.PHONY: help venv deps up down test test-unit test-integration bench-stream lint format clean

@@ -54,6 +54,7 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
         "input_rows_per_second": round(float(progress.get("inputRowsPerSecond") or 0.0), 1),
         "processed_rows_per_second": round(float(progress.get("processedRowsPerSecond") or 0.0), 1),
         "batch_duration_ms": (progress.get("durationMs") or {}).get("triggerExecution", 0),
+        "durations_ms": progress.get("durationMs") or {},
         "watermark_ms": _epoch_ms((progress.get("eventTime") or {}).get("watermark")),
         "stream_watermarks_ms": watermarks,
         "state_rows": sum(op.get("numRowsTotal", 0) for op in state),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,11 +180,19 @@ def ensure_topics(
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise ServiceError(f"cannot create topic {name}: {exc}") from exc
-    metadata = admin.list_topics(timeout=timeout_s).topics
-    for name in names:
-        found = len(metadata[name].partitions) if name in metadata else 0
-        if found != partitions:
+    # A topic just created may take a moment to show in the metadata: wait for it, with a deadline.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = admin.list_topics(timeout=timeout_s).topics
+        found = {name: len(metadata[name].partitions) if name in metadata else 0 for name in names}
+        wrong = {name: n for name, n in found.items() if n and n != partitions}
+        if wrong:
             raise ServiceError(
-                f"topic {name} has {found} partitions, expected {partitions}: impressions and clicks must have "
-                "the same count so one ad's events share a partition number"
+                f"topics {wrong} do not have {partitions} partitions: impressions and clicks must have the same "
+                "count so one ad's events share a partition number"
             )
+        if all(found.values()):
+            return
+        if time.monotonic() > deadline:
+            raise ServiceError(f"topics {[n for n, c in found.items() if not c]} did not appear within {timeout_s} s")
+        time.sleep(0.2)
