@@ -204,22 +204,18 @@ class QuarantineSink:
 
 def start(spark: SparkSession, config: StreamConfig, catalog: Catalog) -> list[StreamingQuery]:
     """Start both queries; they run until stopped."""
-    catalog_df = F.broadcast(catalog_frame(spark, catalog)).cache()
-    trigger = f"{config.trigger_ms} milliseconds"
-    billing = (
-        billable_stream(spark, config, catalog_df)
-        .writeStream.queryName(BILLING_QUERY)
-        .foreachBatch(LedgerSink(config))
-        .option("checkpointLocation", str(config.checkpoint(BILLING_QUERY)))
-        .trigger(processingTime=trigger)
+    catalog_df = catalog_frame(spark, catalog).cache()
+    return [
+        _run_query(billable_stream(spark, config, catalog_df), BILLING_QUERY, LedgerSink(config), config),
+        _run_query(quarantine_stream(spark, config, catalog_df), INTAKE_QUERY, QuarantineSink(config), config),
+    ]
+
+
+def _run_query(stream: DataFrame, name: str, sink: LedgerSink | QuarantineSink, config: StreamConfig) -> StreamingQuery:
+    return (
+        stream.writeStream.queryName(name)
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(config.checkpoint(name)))
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
-    intake = (
-        quarantine_stream(spark, config, catalog_df)
-        .writeStream.queryName(INTAKE_QUERY)
-        .foreachBatch(QuarantineSink(config))
-        .option("checkpointLocation", str(config.checkpoint(INTAKE_QUERY)))
-        .trigger(processingTime=trigger)
-        .start()
-    )
-    return [billing, intake]

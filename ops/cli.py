@@ -176,10 +176,9 @@ def cmd_settings(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
-    from ops.kafka_service import ensure_topics
+    from ops.stack import ensure_stack_topics
 
-    names = [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine]
-    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication)
+    names = ensure_stack_topics(settings)
     print(f"topics ready on {settings.kafka_bootstrap}: {', '.join(names)} ({settings.topic_partitions} partitions)")
     return 0
 

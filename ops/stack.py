@@ -32,6 +32,13 @@ def local_redis(settings: Settings) -> LocalRedis:
     return LocalRedis(data_dir=settings.redis_dir, port=settings.redis_port, run_dir=settings.run_dir)
 
 
+def ensure_stack_topics(settings: Settings) -> list[str]:
+    """The impressions, clicks and quarantine topics, created if missing (idempotent); returns their names."""
+    names = [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine]
+    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication)
+    return names
+
+
 def ensure_catalog(settings: Settings) -> Catalog:
     """The catalog file, generated (small and deterministic) when there is none yet."""
     if settings.catalog_file.exists():
@@ -81,12 +88,7 @@ class Stack:
                 _say(f"redis    started   {s.redis_url}  (AOF in {s.redis_dir})")
             else:
                 _say(f"redis    running   {s.redis_url}  (already up, left as it is)")
-        ensure_topics(
-            s.kafka_bootstrap,
-            [s.topic_impressions, s.topic_clicks, s.topic_quarantine],
-            s.topic_partitions,
-            s.topic_replication,
-        )
+        ensure_stack_topics(s)
         _say(
             f"topics   ready     {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine} "
             f"({s.topic_partitions} partitions)"

@@ -46,17 +46,11 @@ def run_stream(settings: Settings) -> int:
     from attribution.progress import HealthListener
     from attribution.session import build_spark
     from billing.catalog import Catalog
-    from ops.kafka_service import ensure_topics
-    from ops.stack import ensure_catalog, ensure_schemas
+    from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    ensure_topics(
-        settings.kafka_bootstrap,
-        [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine],
-        settings.topic_partitions,
-        settings.topic_replication,
-    )
+    ensure_stack_topics(settings)
     ensure_catalog(settings)
     ensure_schemas(settings)
     config = stream_config(settings)
