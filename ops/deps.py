@@ -16,7 +16,6 @@ from pathlib import Path
 MAVEN_DIR = Path(__file__).resolve().parent / "maven"
 KAFKA_POM = MAVEN_DIR / "kafka-broker.xml"
 SPARK_POM = MAVEN_DIR / "spark-connectors.xml"
-MAVEN_SETTINGS = MAVEN_DIR / "settings.xml"
 _COMPLETE = ".complete"
 
 
@@ -114,8 +113,6 @@ def _copy_dependencies(pom: Path, target: Path, properties: dict[str, str]) -> N
         mvn,
         "-q",
         "-B",
-        "-s",
-        str(MAVEN_SETTINGS),
         "-f",
         str(pom),
         "dependency:copy-dependencies",
