@@ -135,7 +135,9 @@ def decode_events(
         F.col(f"{_RECORD}.{DECODED_MARKER}").alias(DECODED_MARKER),
     )
 
-    known_ads = F.broadcast(ad_ids_df.select(F.col("ad_id").alias(_KNOWN_AD)).distinct())
+    # A catalog's ad ids are unique (`Catalog` refuses repeats), so this left join adds no rows; no per-batch
+    # distinct() on top of it.
+    known_ads = F.broadcast(ad_ids_df.select(F.col("ad_id").alias(_KNOWN_AD)))
     checked = decoded.join(known_ads, decoded["ad_id"] == known_ads[_KNOWN_AD], "left")
 
     event_time = F.col("event_time")

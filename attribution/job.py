@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -135,6 +136,11 @@ class LedgerSink:
         self.redis_url = config.redis_url
         self.redis_prefix = config.redis_prefix
 
+    @cached_property
+    def totals(self) -> RedisTotals:
+        """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
+        return RedisTotals.from_url(self.redis_url, self.redis_prefix)
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch = (
             batch.drop("click_ts")
@@ -155,9 +161,7 @@ class LedgerSink:
                     .partitionBy("period", "batch_id")
                     .parquet(self.ledger_dir)
                 )
-            RedisTotals.from_url(self.redis_url, self.redis_prefix).apply_batch(
-                BILLING_QUERY, batch_id, [TotalsRow(**row.asDict()) for row in totals]
-            )
+            self.totals.apply_batch(BILLING_QUERY, batch_id, [TotalsRow(**row.asDict()) for row in totals])
         finally:
             batch.unpersist()
 
@@ -171,6 +175,11 @@ class QuarantineSink:
         self.topic = config.topic_quarantine
         self.redis_url = config.redis_url
         self.redis_prefix = config.redis_prefix
+
+    @cached_property
+    def totals(self) -> RedisTotals:
+        """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
+        return RedisTotals.from_url(self.redis_url, self.redis_prefix)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch = batch.withColumn("batch_id", F.lit(batch_id)).persist()
@@ -195,7 +204,7 @@ class QuarantineSink:
                     .option("topic", self.topic)
                     .save()
                 )
-            RedisTotals.from_url(self.redis_url, self.redis_prefix).add_quarantined(
+            self.totals.add_quarantined(
                 INTAKE_QUERY, batch_id, {(row["reason"], row["topic"]): row["count"] for row in counts}
             )
         finally:

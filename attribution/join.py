@@ -16,22 +16,9 @@ from pyspark.sql.window import WindowSpec
 from attribution.decode import to_quarantine
 from billing.catalog import Catalog
 from billing.intake import QuarantineReason
-from billing.rule import ATTRIBUTION_WINDOW_MS
+from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS
 
-BILLABLE_COLUMNS = (
-    "click_id",
-    "impression_id",
-    "ad_id",
-    "campaign_id",
-    "advertiser_id",
-    "user_id",
-    "click_time",
-    "impression_time",
-    "amount_micros",
-    "currency",
-    "click_received_ms",
-    "click_ts",
-)
+BILLABLE_COLUMNS = (*BILLABLE_FIELDS, "click_received_ms", "click_ts")
 """The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp.
 `click_received_ms` is when Kafka received the click (its record timestamp), for latency figures."""
 

@@ -11,17 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from billing.rule import BILLABLE_FIELDS
+
 LEDGER_COLUMNS = (
-    "click_id",
-    "impression_id",
-    "ad_id",
-    "campaign_id",
-    "advertiser_id",
-    "user_id",
-    "click_time",
-    "impression_time",
-    "amount_micros",
-    "currency",
+    *BILLABLE_FIELDS,
     "click_received_ms",
     "billed_at_ms",
     "period_start_ms",

@@ -163,13 +163,6 @@ class RedisTotals:
         self.client.delete(self.key("applied", sink))
         self.apply_batch(sink, last_batch_id, rows)
 
-    def clear(self) -> int:
-        """Delete every key under the prefix; returns how many."""
-        keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
-        for start in range(0, len(keys), 1000):
-            self.client.delete(*keys[start : start + 1000])
-        return len(keys)
-
     def _totals(self, key: str) -> Totals:
         values = self.client.hmget(key, "clicks", "micros")
         return Totals(int(values[0] or 0), int(values[1] or 0))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from billing.catalog import Catalog
@@ -59,6 +59,10 @@ class _ImpressionTimes:
         latest = self.times[last]
         # Ids are sorted within equal times, so the first impression at `latest` has the smallest id.
         return latest, self.ids[bisect_left(self.times, latest)]
+
+
+BILLABLE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(BillableClick))
+"""The columns of a bill, in order: what the rule produces, in plain Python and on DataFrames alike."""
 
 
 def attribute(impressions: Iterable[Impression], clicks: Iterable[Click], catalog: Catalog) -> list[BillableClick]:

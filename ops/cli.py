@@ -8,9 +8,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ops.settings import Settings, describe
+
+if TYPE_CHECKING:
+    from billing.catalog import Catalog
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,11 +285,8 @@ def cmd_kafka(settings: Settings, args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
-def _catalog_shape(catalog: object) -> dict[str, int]:
+def _catalog_shape(catalog: Catalog) -> dict[str, int]:
     """The simulator draws ads from the catalog the stack uses, so every simulated ad is known."""
-    from billing.catalog import Catalog
-
-    assert isinstance(catalog, Catalog)
     advertisers = catalog.advertiser_ids
     campaigns = {ad.campaign_id for ad in catalog}
     return {
@@ -296,11 +296,10 @@ def _catalog_shape(catalog: object) -> dict[str, int]:
     }
 
 
-def _check_catalog(settings: Settings, simulated: object, seed: int) -> None:
+def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     """The simulator bills from the catalog of its seed: the pipeline must read that same catalog."""
     from billing.catalog import Catalog
 
-    assert isinstance(simulated, Catalog)
     path = settings.catalog_file
     if not path.exists():
         simulated.save(path)

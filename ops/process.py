@@ -94,21 +94,12 @@ class ManagedProcess:
 
 
 def pid_alive(pid_file: Path) -> int | None:
+    """The pid in `pid_file` if that process is alive, else None."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid
-    # A zombie is not alive; /proc tells.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return None
-    return pid
+    return pid if _alive(pid) else None
 
 
 def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
@@ -127,6 +118,7 @@ def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # Reap our own child if it has ended; another process's pid is only probed.
     with contextlib.suppress(ChildProcessError):
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
@@ -135,6 +127,9 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
+    # A zombie is not alive; /proc tells.
     with contextlib.suppress(OSError):
         if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
             return False

@@ -157,9 +157,6 @@ class Settings:
             if getattr(self, f.name) is not None
         }
 
-    def with_(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
-
 
 # Variables with the prefix that are not settings of the pipeline but of the tools around it.
 _NOT_SETTINGS = {"ADBILL_NO_PROGRESS"}

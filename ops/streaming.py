@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from ops import deps
 from ops.settings import Settings
 
+if TYPE_CHECKING:
+    from attribution.job import StreamConfig
 
-def stream_config(settings: Settings):  # -> attribution.job.StreamConfig
+
+def stream_config(settings: Settings) -> StreamConfig:
     """The job's sources and sinks, with every registered version of each event schema."""
     from attribution.job import StreamConfig
     from billing.schema_registry import open_registry

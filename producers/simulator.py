@@ -32,7 +32,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
@@ -40,7 +40,7 @@ from typing import IO, Any
 from billing.catalog import Catalog, generate_catalog
 from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
-from billing.rule import ATTRIBUTION_WINDOW_MS, BillableClick, attribute
+from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS, BillableClick, attribute
 from billing.schemas import schema_text
 from producers.capture import capture_line
 from producers.wire import RawRecord, encode_body, event_record, frame, parse_avro_schema
@@ -432,7 +432,6 @@ class _Generation:
 EVENTS_PER_TRUTH_PARTITION = 500_000
 """Events the ground truth holds in memory at a time; a longer run is partitioned on disk."""
 
-_BILLABLE_FIELDS = tuple(f.name for f in fields(BillableClick))
 
 RECEIVED_TIME = "arrival_ms: the simulated receive time (event time + arrival delay), never before event_time"
 
@@ -576,7 +575,7 @@ class GroundTruth:
             for row in rows:  # `attribute` returns rows by click_id
                 totals.add(row)
                 # `BillableClick.to_dict()` goes through `asdict`, which is slow; this is the same dict.
-                out.write(json.dumps({name: getattr(row, name) for name in _BILLABLE_FIELDS}) + "\n")
+                out.write(json.dumps({name: getattr(row, name) for name in BILLABLE_FIELDS}) + "\n")
         return path
 
 
