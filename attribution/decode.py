@@ -51,8 +51,8 @@ HEADER_SIZE = 5
 DECODED_MARKER = "adbill_decoded"
 """The reader-only field that tells a decoded record from a PERMISSIVE null row."""
 
-QUARANTINE_COLUMNS = ("reason", "topic", "partition", "offset", "received_ms", "value", "event_id")
-"""The columns of a quarantine row, in order; `event_id` is null when the id could not be read."""
+QUARANTINE_COLUMNS = ("reason", "topic", "partition", "offset", "received_ms", "value", "event_id", "ad_id")
+"""The columns of a quarantine row, in order; `event_id` and `ad_id` are null when they could not be read."""
 
 _RECORD = "_record"
 _KNOWN_AD = "_known_ad_id"
@@ -183,6 +183,7 @@ def to_quarantine(rows: DataFrame, reason: Column, id_col: str) -> DataFrame:
         F.col("received_ms"),
         F.col("value"),
         F.col(id_col).alias("event_id"),
+        F.col("ad_id"),
     )
 
 

@@ -1,10 +1,20 @@
-"""The streaming attribution job: Kafka impressions and clicks in, billed clicks to the Parquet ledger and Redis.
+"""The streaming attribution job: Kafka impressions and clicks in; billed clicks, the event archive and quarantine
+out, to Parquet and Redis, exactly once.
 
-Two named queries, each with its own checkpoint folder:
+One named query, `billing`, with one checkpoint folder. Each micro-batch carries three kinds of rows, one
+union of three branches over the same two Kafka sources, so that everything a batch read is written under
+that batch's id, together:
 
-- `billing`: decode -> valid -> watermark per stream -> de-duplicate by event id -> `attribute()` -> one row per
-  click -> the ledger (Parquet, by period and micro-batch) and the Redis totals, exactly once.
-- `intake`: decode -> bad input -> the quarantine table (Parquet), the quarantine topic and Redis counts.
+- `bill`: decode -> valid -> watermark per stream -> `attribute()` (the stream-stream join by `ad_id`,
+  `user_id`, first match per click) -> priced, with its period;
+- `event`: every valid event received, for the archive that reconciliation reads, flagged `late` when the
+  watermark kept it out of the join;
+- `bad`: bad input with its reason, for the quarantine table and topic.
+
+The sink (`BatchSink`) writes the ledger, the archive and the quarantine table as Parquet under
+`.../batch_id=N/` with dynamic partition overwrite (a replayed batch replaces its own files and nothing else),
+sends bad records to the quarantine topic, and then applies the batch's totals, late counts and quarantine
+counts to Redis in one Lua script that skips a batch id it has already applied.
 
 The job receives its sources' addresses and its sinks' places in a `StreamConfig`; `ops` builds that from the
 settings, so the same job runs in local mode and against a Spark cluster.
@@ -12,25 +22,47 @@ settings, so the same job runs in local mode and against a Spark cluster.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from attribution.decode import decode_events, split
-from attribution.join import attribute, catalog_frame, dedupe
+from attribution.join import attribute, catalog_frame
 from billing.catalog import Catalog
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
+from billing.rule import ATTRIBUTION_WINDOW_MS
 
 log = logging.getLogger(__name__)
 
 BILLING_QUERY = "billing"
-INTAKE_QUERY = "intake"
+
+KIND = "kind"
+"""Which branch a row of the job's output comes from: `bill`, `event` or `bad`."""
+
+ARCHIVE_COLUMNS = (
+    "event_type",
+    "event_id",
+    "ad_id",
+    "user_id",
+    "event_time",
+    "received_ms",
+    "topic",
+    "partition",
+    "offset",
+    "late",
+    "period_start_ms",
+    "period",
+    "batch_id",
+)
+"""One row per valid event received (`period` is the event time's); partitioned by event_type, period, batch_id."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +89,10 @@ class StreamConfig:
     @property
     def ledger_dir(self) -> Path:
         return self.data_dir / "ledger"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archive"
 
     @property
     def quarantine_dir(self) -> Path:
@@ -86,145 +122,230 @@ def period_columns(time_ms: Column, period_ms: int) -> list[Column]:
     return [start.alias("period_start_ms"), key.alias("period")]
 
 
-def billable_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
-    """The provisional bills: one row per billable click, priced, with its period."""
+def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
+    """The job's output: provisional bills, archived events and bad input, told apart by `KIND`."""
     ad_ids = catalog.select("ad_id")
-    impressions, _ = split(
+    impressions, bad_impressions = split(
         decode_events(
             kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas, ad_ids
         )
     )
-    clicks, _ = split(
+    clicks, bad_clicks = split(
         decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas, ad_ids)
     )
-    impressions = dedupe(
-        impressions.withWatermark("event_ts", f"{config.impression_watermark_ms} milliseconds"), "impression_id"
-    ).observe("impressions", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows"))
-    clicks = dedupe(clicks.withWatermark("event_ts", f"{config.click_watermark_ms} milliseconds"), "click_id").observe(
-        "clicks", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
+    bills = attribute(
+        impressions.withWatermark("event_ts", f"{config.impression_watermark_ms} milliseconds").observe(
+            "impressions", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
+        ),
+        clicks.withWatermark("event_ts", f"{config.click_watermark_ms} milliseconds").observe(
+            "clicks", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
+        ),
+        catalog,
     )
-    billed = attribute(impressions, clicks, catalog)
-    return billed.select("*", *period_columns(F.col("click_time"), config.period_ms))
-
-
-def quarantine_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
-    """Bad input of both topics, with its reason and where it came from."""
-    ad_ids = catalog.select("ad_id")
-    raw = kafka_stream(spark, config, [config.topic_impressions, config.topic_clicks])
-    _, bad_impressions = split(
-        decode_events(
-            raw.where(F.col("topic") == config.topic_impressions), "impression", config.impression_schemas, ad_ids
-        )
+    bills = bills.select("*", *period_columns(F.col("click_time"), config.period_ms)).drop("click_ts")
+    events = _as_archived(impressions, "impression", "impression_id").unionByName(
+        _as_archived(clicks, "click", "click_id")
     )
-    _, bad_clicks = split(
-        decode_events(raw.where(F.col("topic") == config.topic_clicks), "click", config.click_schemas, ad_ids)
+    bad = bad_impressions.unionByName(bad_clicks)
+    return (
+        bills.withColumn(KIND, F.lit("bill"))
+        .unionByName(events.withColumn(KIND, F.lit("event")), allowMissingColumns=True)
+        .unionByName(bad.withColumn(KIND, F.lit("bad")), allowMissingColumns=True)
     )
-    return bad_impressions.unionByName(bad_clicks)
 
 
-class LedgerSink:
-    """Writes one micro-batch of bills: Parquet first, then Redis; both idempotent per batch id.
+def _as_archived(events: DataFrame, event_type: str, id_col: str) -> DataFrame:
+    return events.select(
+        F.lit(event_type).alias("event_type"),
+        F.col(id_col).alias("event_id"),
+        "ad_id",
+        "user_id",
+        "event_time",
+        "received_ms",
+        "topic",
+        "partition",
+        "offset",
+    )
 
-    The Parquet files of batch N live in `ledger/period=P/batch_id=N/`, written with dynamic partition overwrite:
-    a batch replayed after a crash replaces its own files and nothing else. Redis applies batch N only if N is
-    above the last batch it applied, in one Lua script, so a crash between the two writes, or after both and
-    before Spark commits the batch, bills nothing twice and loses nothing.
+
+def late_event(watermark_ms: int, window_ms: int = ATTRIBUTION_WINDOW_MS) -> Column:
+    """True for an archived event the streaming join kept out, given the watermark it used for late rows.
+
+    The join drops an input row whose event time is at or below its side's state watermark: for a click
+    the watermark itself; for an impression the watermark less the attribution window, since a click up to
+    `window_ms` after it could still arrive (Spark derives both from the join's time-range condition).
+    """
+    is_click = F.col("event_type") == F.lit("click")
+    return F.when(is_click, F.col("event_time") <= F.lit(watermark_ms)).otherwise(
+        F.col("event_time") <= F.lit(watermark_ms - window_ms)
+    )
+
+
+class BatchSink:
+    """Writes one micro-batch: the Parquet ledger, archive and quarantine, the quarantine topic, then Redis.
+
+    Parquet files of batch N live in `.../batch_id=N/`, written with dynamic partition overwrite, so a batch
+    replayed after a crash replaces its own files and nothing else. Redis applies batch N only if N is above
+    the last batch it applied, in one Lua script, so a crash between the writes, or after them and before
+    Spark commits the batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once
+    (a replayed batch is sent again); the quarantine table is exact.
     """
 
-    def __init__(self, config: StreamConfig) -> None:
-        self.ledger_dir = str(config.ledger_dir)
-        self.redis_url = config.redis_url
-        self.redis_prefix = config.redis_prefix
+    def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
+        self.config = config
+        self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
 
     @cached_property
     def totals(self) -> RedisTotals:
         """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
-        return RedisTotals.from_url(self.redis_url, self.redis_prefix)
+        return RedisTotals.from_url(self.config.redis_url, self.config.redis_prefix)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch = (
-            batch.drop("click_ts")
-            .withColumn("billed_at_ms", F.lit(int(time.time() * 1000)))
-            .withColumn("batch_id", F.lit(batch_id))
-            .persist()
-        )
-        try:
-            totals = (
-                batch.groupBy("period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id")
-                .agg(F.count(F.lit(1)).alias("clicks"), F.sum("amount_micros").alias("micros"))
-                .collect()
-            )
-            if totals:
-                (
-                    batch.write.mode("overwrite")
-                    .option("partitionOverwriteMode", "dynamic")
-                    .partitionBy("period", "batch_id")
-                    .parquet(self.ledger_dir)
-                )
-            self.totals.apply_batch(BILLING_QUERY, batch_id, [TotalsRow(**row.asDict()) for row in totals])
-        finally:
-            batch.unpersist()
-
-
-class QuarantineSink:
-    """Writes one micro-batch of bad input: the Parquet table, the dead-letter topic, then Redis counts."""
-
-    def __init__(self, config: StreamConfig) -> None:
-        self.quarantine_dir = str(config.quarantine_dir)
-        self.kafka_bootstrap = config.kafka_bootstrap
-        self.topic = config.topic_quarantine
-        self.redis_url = config.redis_url
-        self.redis_prefix = config.redis_prefix
-
-    @cached_property
-    def totals(self) -> RedisTotals:
-        """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
-        return RedisTotals.from_url(self.redis_url, self.redis_prefix)
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        watermark = late_watermark_ms(spark, self.config.checkpoint(BILLING_QUERY), batch_id)
         batch = batch.withColumn("batch_id", F.lit(batch_id)).persist()
         try:
-            counts = batch.groupBy("reason", "topic").count().collect()
-            if counts:
-                (
-                    batch.write.mode("overwrite")
-                    .option("partitionOverwriteMode", "dynamic")
-                    .partitionBy("batch_id")
-                    .parquet(self.quarantine_dir)
-                )
-                # The dead-letter topic is at-least-once (a replayed batch is sent again); the table is exact.
-                header = [
-                    F.struct(F.lit(name).alias("key"), F.col(name).cast("string").cast("binary").alias("value"))
-                    for name in ("reason", "topic", "partition", "offset")
-                ]
-                (
-                    batch.select(F.col("value"), F.array(*header).alias("headers"))
-                    .write.format("kafka")
-                    .option("kafka.bootstrap.servers", self.kafka_bootstrap)
-                    .option("topic", self.topic)
-                    .save()
-                )
-            self.totals.add_quarantined(
-                INTAKE_QUERY, batch_id, {(row["reason"], row["topic"]): row["count"] for row in counts}
+            bills = batch.filter(F.col(KIND) == "bill").select(
+                *_ledger_columns(), F.lit(int(time.time() * 1000)).alias("billed_at_ms"), "batch_id"
+            )
+            events = batch.filter(F.col(KIND) == "event").select(
+                *ARCHIVE_COLUMNS[:9],
+                late_event(watermark).alias("late"),
+                *period_columns(F.col("event_time"), self.config.period_ms),
+                "batch_id",
+            )
+            bad = batch.filter(F.col(KIND) == "bad").select(
+                "reason", "topic", "partition", "offset", "received_ms", "value", "event_id", "ad_id", "batch_id"
+            )
+            summary = self._summary(bills, events, bad)
+            if summary["bill"]:
+                self._write(bills, self.config.ledger_dir, "period", "batch_id")
+            if summary["event"]:
+                self._write(events, self.config.archive_dir, "event_type", "period", "batch_id")
+            if summary["bad"]:
+                self._write(bad, self.config.quarantine_dir, "batch_id")
+                self._send_dead_letters(bad)
+            self.totals.apply_batch(
+                BILLING_QUERY,
+                batch_id,
+                summary["bill"],
+                late=summary["late"],
+                quarantined=summary["quarantined"],
             )
         finally:
             batch.unpersist()
+
+    def _summary(self, bills: DataFrame, events: DataFrame, bad: DataFrame) -> dict[str, list]:  # type: ignore[type-arg]
+        """The batch's Redis figures, in one Spark job: totals per ad, late events per ad, bad input per reason."""
+        totals = bills.groupBy("period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id").agg(
+            F.count(F.lit(1)).alias("n"), F.sum("amount_micros").alias("micros")
+        )
+        archived = events.groupBy("late", "period", "period_start_ms", "ad_id", "event_type").agg(
+            F.count(F.lit(1)).alias("n")
+        )
+        rejected = bad.groupBy("reason", "topic", "ad_id").agg(F.count(F.lit(1)).alias("n"))
+        rows = (
+            totals.select(F.lit("bill").alias("what"), F.to_json(F.struct(*totals.columns)).alias("row"))
+            .unionByName(
+                archived.select(F.lit("event").alias("what"), F.to_json(F.struct(*archived.columns)).alias("row"))
+            )
+            .unionByName(
+                rejected.select(F.lit("bad").alias("what"), F.to_json(F.struct(*rejected.columns)).alias("row"))
+            )
+            .collect()
+        )
+        out: dict[str, list] = {"bill": [], "event": [], "bad": [], "late": [], "quarantined": []}  # type: ignore[type-arg]
+        for what, text in rows:
+            row = json.loads(text)
+            out[what].append(row)
+        out["bill"] = [
+            TotalsRow(
+                row["period"],
+                row["period_start_ms"],
+                row["advertiser_id"],
+                row["campaign_id"],
+                row["ad_id"],
+                row["n"],
+                row["micros"],
+            )
+            for row in out["bill"]
+        ]
+        out["late"] = [
+            LateCount(
+                row["period"],
+                row["period_start_ms"],
+                self.advertiser_of[row["ad_id"]],
+                row["ad_id"],
+                row["event_type"],
+                row["n"],
+            )
+            for row in out["event"]
+            if row["late"]
+        ]
+        out["quarantined"] = [
+            QuarantineCount(row["reason"], row["topic"], self.advertiser_of.get(row.get("ad_id") or ""), row["n"])
+            for row in out["bad"]
+        ]
+        return out
+
+    @staticmethod
+    def _write(frame: DataFrame, path: Path, *partitions: str) -> None:
+        (
+            frame.write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy(*partitions)
+            .parquet(str(path))
+        )
+
+    def _send_dead_letters(self, bad: DataFrame) -> None:
+        header = [
+            F.struct(F.lit(name).alias("key"), F.col(name).cast("string").cast("binary").alias("value"))
+            for name in ("reason", "topic", "partition", "offset")
+        ]
+        (
+            bad.select(F.col("value"), F.array(*header).alias("headers"))
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", self.config.kafka_bootstrap)
+            .option("topic", self.config.topic_quarantine)
+            .save()
+        )
+
+
+def _ledger_columns() -> list[str]:
+    from billing.parquet_ledger import LEDGER_COLUMNS
+
+    return [name for name in LEDGER_COLUMNS if name not in ("billed_at_ms", "batch_id")]
+
+
+def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> int:
+    """The event-time watermark the query's stateful operators use to drop late rows in `batch_id`: the one
+    the previous batch ran with (Spark keeps it in the offset log, `offsets/N`, as `batchWatermarkMs`)."""
+    if batch_id == 0:
+        return 0
+    jvm: Any = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(str(checkpoint / "offsets" / str(batch_id - 1)))
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    if not fs.exists(path):
+        return 0
+    stream = fs.open(path)
+    try:
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        reader.readLine()  # the log's version line, such as v1
+        metadata = json.loads(reader.readLine())
+    finally:
+        stream.close()
+    return int(metadata.get("batchWatermarkMs", 0))
 
 
 def start(spark: SparkSession, config: StreamConfig, catalog: Catalog) -> list[StreamingQuery]:
-    """Start both queries; they run until stopped."""
+    """Start the job's query; it runs until stopped."""
     catalog_df = catalog_frame(spark, catalog).cache()
-    return [
-        _run_query(billable_stream(spark, config, catalog_df), BILLING_QUERY, LedgerSink(config), config),
-        _run_query(quarantine_stream(spark, config, catalog_df), INTAKE_QUERY, QuarantineSink(config), config),
-    ]
-
-
-def _run_query(stream: DataFrame, name: str, sink: LedgerSink | QuarantineSink, config: StreamConfig) -> StreamingQuery:
-    return (
-        stream.writeStream.queryName(name)
-        .foreachBatch(sink)
-        .option("checkpointLocation", str(config.checkpoint(name)))
+    query = (
+        attribution_stream(spark, config, catalog_df)
+        .writeStream.queryName(BILLING_QUERY)
+        .foreachBatch(BatchSink(config, catalog))
+        .option("checkpointLocation", str(config.checkpoint(BILLING_QUERY)))
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
+    return [query]

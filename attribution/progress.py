@@ -61,7 +61,12 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
         "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in state),
         "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in state),
         "sources": [
-            {"description": s.get("description"), "end_offset": s.get("endOffset"), "input_rows": s.get("numInputRows")}
+            {
+                "description": s.get("description"),
+                "end_offset": _offsets(s.get("endOffset")),
+                "latest_offset": _offsets(s.get("latestOffset")),
+                "input_rows": s.get("numInputRows"),
+            }
             for s in progress.get("sources") or []
         ],
     }
@@ -125,6 +130,20 @@ class HealthListener(StreamingQueryListener):
         for stream, value in record["stream_watermarks_ms"].items():
             if value is not None:
                 _WATERMARK.labels(name, stream).set(value)
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
+    """A Kafka source's offsets, {topic: {partition: offset}}, whether Spark reports them as JSON text or not."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict):
+        return None
+    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in value.items() if isinstance(parts, dict)}
 
 
 def _epoch_ms(iso: str | None) -> int | None:

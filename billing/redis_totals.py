@@ -12,6 +12,9 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 | `PREFIX:period:PERIOD:campaigns:ADVERTISER`, `...:ads:ADVERTISER` | set | an advertiser's campaigns and ads |
 | `PREFIX:applied:SINK` | string | the last micro-batch id applied by SINK |
 | `PREFIX:quarantine:REASON` | hash | quarantined records per topic |
+| `PREFIX:quarantined:adv:ADVERTISER` | hash | quarantined records on that advertiser's ads, per reason |
+| `PREFIX:late:PERIOD:ad:AD`, `...:adv:ADVERTISER` | hash | `impressions`, `clicks` the watermark kept out of the join |
+| `PREFIX:late-periods` | sorted set | event periods with late events, scored by period start |
 
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
@@ -20,7 +23,7 @@ replayed after a crash (between the ledger write and this one, or after it) is n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +61,29 @@ class TotalsRow:
 
 
 @dataclass(frozen=True, slots=True)
+class LateCount:
+    """Events of one type on one ad and period that the watermark kept out of the streaming join."""
+
+    period: str
+    period_start_ms: int
+    advertiser_id: str
+    ad_id: str
+    event_type: str
+    """`impression` or `click`."""
+    events: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineCount:
+    """Quarantined records of one reason from one topic (and one advertiser when the ad is known)."""
+
+    reason: str
+    topic: str
+    advertiser_id: str | None
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
 class Totals:
     clicks: int = 0
     micros: int = 0
@@ -78,8 +104,16 @@ class RedisTotals:
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
-    def apply_batch(self, sink: str, batch_id: int, rows: Iterable[TotalsRow]) -> bool:
-        """Add a micro-batch's totals once; False when that batch (or a later one) was already applied."""
+    def apply_batch(
+        self,
+        sink: str,
+        batch_id: int,
+        rows: Iterable[TotalsRow],
+        late: Iterable[LateCount] = (),
+        quarantined: Iterable[QuarantineCount] = (),
+    ) -> bool:
+        """Add a micro-batch's totals, late and quarantine counts once; False when that batch (or a later one)
+        was already applied."""
         ops: list[list[Any]] = []
         for row in rows:
             adv = self.key("totals", row.period, "adv", row.advertiser_id)
@@ -98,11 +132,17 @@ class RedisTotals:
                 ["sadd", self.key("period", row.period, "campaigns", row.advertiser_id), row.campaign_id],
                 ["sadd", self.key("period", row.period, "ads", row.advertiser_id), row.ad_id],
             ]
-        return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
-
-    def add_quarantined(self, sink: str, batch_id: int, counts: Mapping[tuple[str, str], int]) -> bool:
-        """Add quarantine counts per (reason, topic) once per batch."""
-        ops = [["hincrby", self.key("quarantine", reason), topic, str(n)] for (reason, topic), n in counts.items()]
+        for count in late:
+            field = f"{count.event_type}s"
+            ops += [
+                ["hincrby", self.key("late", count.period, "ad", count.ad_id), field, str(count.events)],
+                ["hincrby", self.key("late", count.period, "adv", count.advertiser_id), field, str(count.events)],
+                ["zadd", self.key("late-periods"), str(count.period_start_ms), count.period],
+            ]
+        for q in quarantined:
+            ops.append(["hincrby", self.key("quarantine", q.reason), q.topic, str(q.records)])
+            if q.advertiser_id is not None:
+                ops.append(["hincrby", self.key("quarantined", "adv", q.advertiser_id), q.reason, str(q.records)])
         return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
 
     def last_applied(self, sink: str) -> int | None:
@@ -129,6 +169,16 @@ class RedisTotals:
 
     def campaigns(self, period: str, advertiser_id: str) -> list[str]:
         return _texts(self.client.smembers(self.key("period", period, "campaigns", advertiser_id)))
+
+    def late(self, period: str, level: str, item_id: str) -> dict[str, int]:
+        """Late events of an ad (`level` `ad`) or an advertiser (`adv`) in a period: event type -> count."""
+        values = self.client.hgetall(self.key("late", period, level, item_id))
+        return {_text(k).removesuffix("s"): int(v) for k, v in values.items()}  # type: ignore[union-attr]
+
+    def quarantined_for(self, advertiser_id: str) -> dict[str, int]:
+        """Quarantined records on an advertiser's ads: reason -> count."""
+        values = self.client.hgetall(self.key("quarantined", "adv", advertiser_id))
+        return {_text(k): int(v) for k, v in values.items()}  # type: ignore[union-attr]
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         """Quarantined records: reason -> topic -> count."""

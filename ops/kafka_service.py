@@ -105,8 +105,8 @@ class LocalKafka:
             command=self._java(
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # `=`: a random id may begin with "-", which the tool would take for an option.
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(self.config_file),
                 "--ignore-formatted",
