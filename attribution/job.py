@@ -1,15 +1,14 @@
 """The streaming attribution job: Kafka impressions and clicks in; billed clicks, the event archive and quarantine
 out, to Parquet and Redis, exactly once.
 
-One named query, `billing`, with one checkpoint folder. Each micro-batch carries three kinds of rows, one
-union of three branches over the same two Kafka sources, so that everything a batch read is written under
-that batch's id, together:
+One named query, `billing`, with one checkpoint folder. Each micro-batch carries two kinds of rows, a union
+of two branches over the same two Kafka sources, so that everything a batch read is written under that
+batch's id, together:
 
 - `bill`: decode -> valid -> watermark per stream -> `attribute()` (the stream-stream join by `ad_id`,
   `user_id`, first match per click) -> priced, with its period;
-- `event`: every valid event received, for the archive that reconciliation reads, flagged `late` when the
-  watermark kept it out of the join;
-- `bad`: bad input with its reason, for the quarantine table and topic.
+- `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
+  when the watermark kept them out of the join; bad input goes to the quarantine table and topic.
 
 The sink (`BatchSink`) writes the ledger, the archive and the quarantine table as Parquet under
 `.../batch_id=N/` with dynamic partition overwrite (a replayed batch replaces its own files and nothing else),
@@ -38,7 +37,6 @@ from attribution.decode import decode_events, split
 from attribution.join import attribute, catalog_frame
 from billing.catalog import Catalog
 from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
-from billing.rule import ATTRIBUTION_WINDOW_MS
 
 log = logging.getLogger(__name__)
 
@@ -123,39 +121,37 @@ def period_columns(time_ms: Column, period_ms: int) -> list[Column]:
 
 
 def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
-    """The job's output: provisional bills, archived events and bad input, told apart by `KIND`."""
+    """The job's output: provisional bills (`KIND` `bill`) and every record received (`KIND` `intake`: valid
+    events with a null `reason`, bad input with its reason)."""
     ad_ids = catalog.select("ad_id")
-    impressions, bad_impressions = split(
-        decode_events(
-            kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas, ad_ids
-        )
+    impressions = decode_events(
+        kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas, ad_ids
     )
-    clicks, bad_clicks = split(
-        decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas, ad_ids)
-    )
+    clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas, ad_ids)
+    valid_impressions, _ = split(impressions)
+    valid_clicks, _ = split(clicks)
     bills = attribute(
-        impressions.withWatermark("event_ts", f"{config.impression_watermark_ms} milliseconds").observe(
+        valid_impressions.withWatermark("event_ts", f"{config.impression_watermark_ms} milliseconds").observe(
             "impressions", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
         ),
-        clicks.withWatermark("event_ts", f"{config.click_watermark_ms} milliseconds").observe(
+        valid_clicks.withWatermark("event_ts", f"{config.click_watermark_ms} milliseconds").observe(
             "clicks", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
         ),
         catalog,
     )
     bills = bills.select("*", *period_columns(F.col("click_time"), config.period_ms)).drop("click_ts")
-    events = _as_archived(impressions, "impression", "impression_id").unionByName(
-        _as_archived(clicks, "click", "click_id")
+    # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
+    # not three times.
+    intake = _as_received(impressions, "impression", "impression_id").unionByName(
+        _as_received(clicks, "click", "click_id")
     )
-    bad = bad_impressions.unionByName(bad_clicks)
-    return (
-        bills.withColumn(KIND, F.lit("bill"))
-        .unionByName(events.withColumn(KIND, F.lit("event")), allowMissingColumns=True)
-        .unionByName(bad.withColumn(KIND, F.lit("bad")), allowMissingColumns=True)
+    return bills.withColumn(KIND, F.lit("bill")).unionByName(
+        intake.withColumn(KIND, F.lit("intake")), allowMissingColumns=True
     )
 
 
-def _as_archived(events: DataFrame, event_type: str, id_col: str) -> DataFrame:
-    return events.select(
+def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
+    return decoded.select(
         F.lit(event_type).alias("event_type"),
         F.col(id_col).alias("event_id"),
         "ad_id",
@@ -165,20 +161,15 @@ def _as_archived(events: DataFrame, event_type: str, id_col: str) -> DataFrame:
         "topic",
         "partition",
         "offset",
+        "value",
+        F.col("quarantine_reason").alias("reason"),
     )
 
 
-def late_event(watermark_ms: int, window_ms: int = ATTRIBUTION_WINDOW_MS) -> Column:
-    """True for an archived event the streaming join kept out, given the watermark it used for late rows.
-
-    The join drops an input row whose event time is at or below its side's state watermark: for a click
-    the watermark itself; for an impression the watermark less the attribution window, since a click up to
-    `window_ms` after it could still arrive (Spark derives both from the join's time-range condition).
-    """
-    is_click = F.col("event_type") == F.lit("click")
-    return F.when(is_click, F.col("event_time") <= F.lit(watermark_ms)).otherwise(
-        F.col("event_time") <= F.lit(watermark_ms - window_ms)
-    )
+def late_event(watermark_ms: int) -> Column:
+    """True for a received event that the streaming join kept out, given the watermark it used for late rows:
+    the join drops an input row of either side whose event time is at or below that watermark."""
+    return F.col("event_time") <= F.lit(watermark_ms)
 
 
 class BatchSink:
@@ -208,13 +199,14 @@ class BatchSink:
             bills = batch.filter(F.col(KIND) == "bill").select(
                 *_ledger_columns(), F.lit(int(time.time() * 1000)).alias("billed_at_ms"), "batch_id"
             )
-            events = batch.filter(F.col(KIND) == "event").select(
+            intake = batch.filter(F.col(KIND) == "intake")
+            events = intake.filter(F.col("reason").isNull()).select(
                 *ARCHIVE_COLUMNS[:9],
                 late_event(watermark).alias("late"),
                 *period_columns(F.col("event_time"), self.config.period_ms),
                 "batch_id",
             )
-            bad = batch.filter(F.col(KIND) == "bad").select(
+            bad = intake.filter(F.col("reason").isNotNull()).select(
                 "reason", "topic", "partition", "offset", "received_ms", "value", "event_id", "ad_id", "batch_id"
             )
             summary = self._summary(bills, events, bad)

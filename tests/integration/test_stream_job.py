@@ -203,6 +203,46 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     assert json.loads(health["stream_watermarks_ms"])["clicks"] == T0 + 12 * S - 30_000
 
 
+def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
+    CATALOG.save(settings.catalog_file)
+    # Both streams reach T0 + 100 s; with 30 s delays the watermark becomes T0 + 70 s.
+    send(
+        settings,
+        [Impression("i-front", "ad-1", "u-front", T0 + 100 * S), Click("c-front", "ad-1", "u-x", T0 + 100 * S)],
+    )
+    queries = job()
+    process(queries)
+    send(
+        settings,
+        [
+            # Events at or below the watermark (T0 + 70 s) are late: kept out of the join, so never billed by
+            # the stream (reconciliation books this click as a late click).
+            Impression("i-late", "ad-1", "u-late", T0 + 65 * S),
+            Click("c-late", "ad-1", "u-late", T0 + 70 * S),
+            # A late impression with a click above the watermark: the click finds nothing to join.
+            Impression("i-late-2", "ad-2", "u-late-2", T0 + 69 * S),
+            Click("c-orphan", "ad-2", "u-late-2", T0 + 75 * S),
+            # 1 ms above the watermark: joined and billed.
+            Impression("i-edge", "ad-3", "u-edge", T0 + 70 * S + 1),
+            Click("c-edge", "ad-3", "u-edge", T0 + 75 * S),
+        ],
+    )
+    process(queries)
+
+    assert {row["click_id"] for row in ledger_rows(settings)} == {"c-edge"}
+    archive = ds.dataset(settings.root / "archive", format="parquet", partitioning="hive").to_table().to_pylist()
+    late = {row["event_id"] for row in archive if row["late"]}
+    assert late == {"c-late", "i-late", "i-late-2"}
+    assert len(archive) == 8, "every valid event is archived, late or not"
+    # Our flag agrees with the engine's own count of the rows its watermark dropped.
+    dropped = sum(op["numRowsDroppedByWatermark"] for p in queries[0].recentProgress for op in p["stateOperators"])
+    assert dropped == 3
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    assert totals.late("20260101T0000Z", "ad", "ad-1") == {"click": 1, "impression": 1}
+    assert totals.late("20260101T0000Z", "ad", "ad-2") == {"impression": 1}
+    assert totals.late("20260101T0000Z", "adv", "adv-2") == {"impression": 1}
+
+
 def consume(bootstrap: str, topic: str, expected: int, deadline_s: float = 30.0) -> list:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{topic}", "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
