@@ -14,7 +14,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the project with its pinned dependencies
@@ -28,8 +28,8 @@ up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-
 down: venv ## stop a local stack left in the background
 	$(BIN)/adbill down
 
-test: deps ## run the unit and integration tests (real Kafka, Redis and Spark, started by fixtures)
-	$(BIN)/pytest -m "not slow and not e2e" $(PYTEST_ARGS)
+test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 test-unit: venv ## run the pure tests only (no services)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -37,10 +37,27 @@ test-unit: venv ## run the pure tests only (no services)
 test-integration: deps ## run the integration tests only
 	$(BIN)/pytest tests/integration -m "not slow" $(PYTEST_ARGS)
 
+test-e2e: deps ## run the browser tests only (Debian's headless Chromium; screenshots in var/test-output/screens/)
+	$(BIN)/pytest tests/e2e -m "e2e and not slow" $(PYTEST_ARGS)
+
 RATE ?= 20000
 DURATION ?= 60
 bench-stream: deps ## offered traffic through Kafka and the job: throughput, click-to-Redis latency, CPU, memory (RATE=, DURATION=)
 	$(BIN)/python -m ops.bench_stream --rate $(RATE) --duration $(DURATION)
+
+BENCH_RATES ?= 5000,10000,20000,40000
+BENCH_DURATION ?= 30
+bench: deps ## ceiling, textbook baseline and pipeline side by side up to the knee; report in var/bench/<time>/ (BENCH_RATES=, BENCH_DURATION=)
+	$(BIN)/python -m ops.bench --rates $(BENCH_RATES) --duration $(BENCH_DURATION)
+
+SOAK_MINUTES ?= 30
+bench-soak: deps ## the pipeline at RATE for SOAK_MINUTES: memory, state and latency over time, flat or not
+	$(BIN)/python -m ops.bench --soak-minutes $(SOAK_MINUTES) --rate $(RATE)
+
+CLIENTS ?= 50
+WEB_DURATION ?= 20
+bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
+	$(BIN)/python -m web.bench --clients $(CLIENTS) --duration $(WEB_DURATION)
 
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
@@ -54,4 +71,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration bench-stream lint format clean
+.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-web lint format clean

@@ -55,12 +55,14 @@ ARCHIVE_COLUMNS = (
     "topic",
     "partition",
     "offset",
+    "value",
     "late",
     "period_start_ms",
     "period",
     "batch_id",
 )
-"""One row per valid event received (`period` is the event time's); partitioned by event_type, period, batch_id."""
+"""One row per valid event received, with its raw bytes (`period` is the event time's); partitioned by
+event_type, period, batch_id."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ class BatchSink:
             )
             intake = batch.filter(F.col(KIND) == "intake")
             events = intake.filter(F.col("reason").isNull()).select(
-                *ARCHIVE_COLUMNS[:9],
+                *ARCHIVE_COLUMNS[:10],
                 late_event(watermark).alias("late"),
                 *period_columns(F.col("event_time"), self.config.period_ms),
                 "batch_id",

@@ -15,15 +15,23 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 | `PREFIX:quarantined:adv:ADVERTISER` | hash | quarantined records on that advertiser's ads, per reason |
 | `PREFIX:late:PERIOD:ad:AD`, `...:adv:ADVERTISER` | hash | `impressions`, `clicks` the watermark kept out of the join |
 | `PREFIX:late-periods` | sorted set | event periods with late events, scored by period start |
+| `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
+| `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
+| `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
+| `PREFIX:periods:closed` | sorted set | closed periods, scored by period start |
+| `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
+| `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
 
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
+Reconciliation applies each correction once (a Lua script adds it only if its id is new to
+`corrections:applied`), so a run repeated or resumed after a crash changes nothing twice.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +52,27 @@ for _, op in ipairs(ops) do
 end
 redis.call('SET', marker, batch_id)
 return 1
+"""
+
+
+_APPLY_ONCE = """
+local seen = KEYS[1]
+local items = cjson.decode(ARGV[1])
+local applied = 0
+for _, item in ipairs(items) do
+  if redis.call('SADD', seen, item[1]) == 1 then
+    applied = applied + 1
+    for _, op in ipairs(item[2]) do
+      if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
+      elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
+      elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
+      elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
+      elseif op[1] == 'lpush' then redis.call('LPUSH', op[2], op[3])
+      end
+    end
+  end
+end
+return applied
 """
 
 
@@ -96,6 +125,7 @@ class RedisTotals:
         self.client = client
         self.prefix = prefix
         self._apply = client.register_script(_APPLY_BATCH)
+        self._apply_once = client.register_script(_APPLY_ONCE)
 
     @classmethod
     def from_url(cls, url: str, prefix: str) -> RedisTotals:
@@ -144,6 +174,72 @@ class RedisTotals:
             if q.advertiser_id is not None:
                 ops.append(["hincrby", self.key("quarantined", "adv", q.advertiser_id), q.reason, str(q.records)])
         return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
+
+    def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
+        """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in
+        (the corrected period while that is open; the open period for an adjustment of a closed one) and to its
+        advertiser's list, once per correction id; returns how many were new. `period_start_ms` maps each
+        booked period to its start, for the period index."""
+        items = []
+        for c in corrections:
+            keys = {
+                "adv": self.key("corrections", c.booked_period, "adv", c.advertiser_id),
+                "cmp": self.key("corrections", c.booked_period, "cmp", c.campaign_id),
+                "ad": self.key("corrections", c.booked_period, "ad", c.ad_id),
+            }
+            ops: list[list[Any]] = []
+            for key in keys.values():
+                ops.append(["hincrby", key, "clicks", str(c.clicks)])
+                ops.append(["hincrby", key, "micros", str(c.amount_micros)])
+            period = c.booked_period
+            ops += [
+                ["zadd", self.key("periods"), str(period_start_ms[period]), period],
+                ["sadd", self.key("period", period, "advertisers"), c.advertiser_id],
+                ["sadd", self.key("period", period, "campaigns", c.advertiser_id), c.campaign_id],
+                ["sadd", self.key("period", period, "ads", c.advertiser_id), c.ad_id],
+                ["hset", self.key("totals", period, "cmp", c.campaign_id), "advertiser", c.advertiser_id],
+                ["hset", self.key("totals", period, "ad", c.ad_id), "advertiser", c.advertiser_id],
+                ["hset", self.key("totals", period, "ad", c.ad_id), "campaign", c.campaign_id],
+                ["lpush", self.key("correction-list", c.advertiser_id), json.dumps(c.to_dict(), sort_keys=True)],
+            ]
+            items.append([c.correction_id, ops])
+        return self._apply_items(self.key("corrections", "applied"), items)
+
+    def add_conflicts(self, conflicts: Iterable[tuple[str, str, str | None]]) -> int:
+        """Count quarantined id conflicts, each (`topic/partition/offset`, topic, advertiser) once."""
+        items = []
+        for coordinates, topic, advertiser in conflicts:
+            ops = [["hincrby", self.key("quarantine", "id_conflict"), topic, "1"]]
+            if advertiser is not None:
+                ops.append(["hincrby", self.key("quarantined", "adv", advertiser), "id_conflict", "1"])
+            items.append([coordinates, ops])
+        return self._apply_items(self.key("conflicts", "applied"), items)
+
+    def _apply_items(self, seen_key: str, items: list[list[Any]]) -> int:
+        applied = 0
+        for start in range(0, len(items), 2000):  # keeps each script call short
+            applied += int(self._apply_once(keys=[seen_key], args=[json.dumps(items[start : start + 2000])]))
+        return applied
+
+    def close_period(self, period: str, period_start_ms: int) -> None:
+        self.client.zadd(self.key("periods", "closed"), {period: period_start_ms})
+
+    def closed_periods(self) -> list[str]:
+        return [_text(v) for v in self.client.zrange(self.key("periods", "closed"), 0, -1)]  # type: ignore[union-attr,arg-type]
+
+    def record_reconciliation(self, record: Mapping[str, Any]) -> None:
+        """The last reconciliation run, for the health page (values as text; lists as JSON)."""
+        mapping: dict[str | bytes, str | bytes] = {
+            k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in record.items()
+        }
+        pipe = self.client.pipeline()
+        pipe.delete(self.key("reconcile", "last"))
+        pipe.hset(self.key("reconcile", "last"), mapping=mapping)  # type: ignore[arg-type]
+        pipe.execute()
+
+    def corrections_of(self, period: str, level: str, item_id: str) -> Totals:
+        """Signed sums of a period's corrections for an advertiser (`adv`), campaign (`cmp`) or ad (`ad`)."""
+        return self._totals(self.key("corrections", period, level, item_id))
 
     def last_applied(self, sink: str) -> int | None:
         value = self.client.get(self.key("applied", sink))

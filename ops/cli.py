@@ -52,12 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="start, print where everything is, and return")
     p.add_argument("--no-traffic", action="store_true", help="do not start the traffic simulator")
     p.add_argument("--no-job", action="store_true", help="do not start the streaming job")
+    p.add_argument("--no-web", action="store_true", help="do not start the web UI")
     p.set_defaults(run=cmd_up)
 
     p = sub.add_parser("down", help="stop a local stack left in the background")
     p.set_defaults(run=cmd_down)
 
-    p = sub.add_parser("deps", help="fetch Kafka's jars and Spark's connectors, install redis-server if missing")
+    p = sub.add_parser(
+        "deps", help="fetch Kafka's jars and Spark's connectors; install redis-server and chromium if missing"
+    )
     p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
     p.set_defaults(run=cmd_deps)
 
@@ -97,6 +100,40 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
     p.set_defaults(run=cmd_stream)
 
+    p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
+    p.set_defaults(run=cmd_web)
+
+    p = sub.add_parser("users", help="manage the web UI's accounts: add, list, disable, enable, reset-password")
+    users = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    u = users.add_parser("add", help="add an account (the password is prompted for, or read from stdin)")
+    u.add_argument("username")
+    u.add_argument("--role", required=True, choices=["advertiser", "finance", "admin"])
+    u.add_argument("--advertiser", help="the advertiser an advertiser account sees (required for that role)")
+    u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    users.add_parser("list", help="list the accounts")
+    for action, what in (("disable", "refuse logins and end the account's sessions"), ("enable", "allow logins")):
+        u = users.add_parser(action, help=what)
+        u.add_argument("username")
+    u = users.add_parser("reset-password", help="set a new password; the account's sessions end")
+    u.add_argument("username")
+    u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    p.set_defaults(run=cmd_users)
+
+    p = sub.add_parser("reconcile", help="reconcile the periods past their lateness horizon, close them, export them")
+    p.add_argument(
+        "--until",
+        metavar="TIME",
+        help="also reconcile and close every period that ends by TIME (ISO-8601 UTC or epoch ms): back-fills, tests",
+    )
+    p.add_argument("--every", type=int, metavar="SECONDS", help="run again every SECONDS until stopped")
+    p.set_defaults(run=cmd_reconcile)
+
+    p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
+    p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
+    p.add_argument("--to", metavar="PERIOD", help="the last period of the range (inclusive)")
+    p.add_argument("--out", type=Path, required=True, help="folder to copy PERIOD/ folders into")
+    p.set_defaults(run=cmd_export)
+
     p = sub.add_parser("rebuild-totals", help="rebuild the Redis totals from the Parquet ledger (stop the job first)")
     p.set_defaults(run=cmd_rebuild_totals)
 
@@ -124,6 +161,10 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
         stack.start_services()
         if not args.no_job:
             stack.start_child("stream", ["stream"])
+            if settings.reconcile_interval_s > 0:
+                stack.start_child("reconcile", ["reconcile", "--every", str(settings.reconcile_interval_s)])
+        if not args.no_web:
+            stack.start_child("web", ["web"])
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
     except BaseException:
@@ -166,7 +207,7 @@ def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_deps(settings: Settings, args: argparse.Namespace) -> int:
     from ops.deps import ensure_all
 
-    ensure_all(settings.deps_dir, redis=not args.jars_only)
+    ensure_all(settings.deps_dir, redis=not args.jars_only, browser=not args.jars_only)
     return 0
 
 
@@ -248,6 +289,64 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from ops.streaming import run_stream
 
     return run_stream(settings)
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    from web.server import serve
+
+    return serve(settings)
+
+
+def cmd_users(settings: Settings, args: argparse.Namespace) -> int:
+    from web.access import Role
+    from web.accounts import AccountsFile
+
+    accounts = AccountsFile(settings.users_file)
+    if args.action == "list":
+        rows = sorted(accounts.all().values(), key=lambda a: a.username)
+        for a in rows:
+            state = "disabled" if a.disabled else "enabled"
+            print(f"{a.username}\t{a.role.value}\t{a.advertiser_id or '-'}\t{state}")
+        if not rows:
+            print(f"no accounts yet in {settings.users_file}; add one with `adbill users add`", file=sys.stderr)
+        return 0
+    if args.action == "add":
+        role = Role(args.role)
+        if (role is Role.ADVERTISER) != bool(args.advertiser):
+            raise ValueError("--advertiser is required for an advertiser account, and only for one")
+        account = accounts.add(args.username, role, _new_password(args.password_stdin), args.advertiser)
+        print(f"added {account.username} ({account.role.value}) to {settings.users_file}")
+    elif args.action == "reset-password":
+        account = accounts.reset_password(args.username, _new_password(args.password_stdin))
+        print(f"new password for {account.username}; its sessions have ended")
+    else:
+        account = accounts.set_disabled(args.username, args.action == "disable")
+        print(f"{account.username} {args.action}d")
+    return 0
+
+
+def _new_password(from_stdin: bool) -> str:
+    """A password from stdin's first line, or prompted for twice; never from the command line."""
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    import getpass
+
+    first = getpass.getpass("password: ")
+    if getpass.getpass("again: ") != first:
+        raise ValueError("the two passwords differ")
+    return first
+
+
+def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.reconciling import parse_time, run_reconcile
+
+    return run_reconcile(settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every)
+
+
+def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.reconciling import export_periods
+
+    return export_periods(settings, args.period, args.to, args.out)
 
 
 def cmd_rebuild_totals(settings: Settings, args: argparse.Namespace) -> int:

@@ -81,6 +81,34 @@ def ensure_redis_server() -> str:
     return found
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def ensure_browser() -> tuple[Path, Path]:
+    """Debian's `chromium` and `chromium-driver` (for the browser tests), installed with apt when missing and we may.
+
+    Returns (browser, driver). The tests point Selenium at this driver: no browser is ever downloaded.
+    """
+    wanted = {"chromium": CHROMIUM, "chromium-driver": CHROMEDRIVER}
+    missing = [package for package, path in wanted.items() if not path.exists()]
+    if missing:
+        if os.geteuid() != 0:
+            raise DependencyError(
+                f"{', '.join(missing)} not installed; install Debian's packages with: "
+                f"sudo apt-get update && sudo apt-get install -y {' '.join(missing)}"
+            )
+        print(f"installing Debian's {', '.join(missing)} ...", file=sys.stderr, flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        _run(["apt-get", "update", "-qq"], env=env)
+        # Fonts so that screenshots show text; recommends left out to keep the install small.
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, "fonts-dejavu-core"], env=env)
+        still = [package for package, path in wanted.items() if not path.exists()]
+        if still:
+            raise DependencyError(f"apt-get installed {', '.join(still)} but {CHROMIUM} or {CHROMEDRIVER} is missing")
+    return CHROMIUM, CHROMEDRIVER
+
+
 def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
@@ -91,13 +119,15 @@ def java_binary() -> str:
     return found
 
 
-def ensure_all(deps_dir: Path, redis: bool = True) -> None:
+def ensure_all(deps_dir: Path, redis: bool = True, browser: bool = True) -> None:
     """Fetch or check every external dependency, printing one line for each."""
     print(f"kafka jars: {ensure_kafka_jars(deps_dir)}")
     jars = ensure_spark_connector_jars(deps_dir)
     print(f"spark connectors ({spark_version()}): {', '.join(jar.name for jar in jars)}")
     if redis:
         print(f"redis-server: {ensure_redis_server()}")
+    if browser:
+        print("chromium, chromedriver (browser tests): {}, {}".format(*ensure_browser()))
     print(f"java: {java_binary()}")
 
 

@@ -56,11 +56,28 @@ class Settings:
     state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
     driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
     metrics_port: int = _setting(9464, "Port of the job's Prometheus /metrics (0: off).")
+    lateness_horizon_ms: int = _setting(
+        900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
+    )
+    reconcile_interval_s: int = _setting(300, "Seconds between reconciliation runs inside `adbill up` (0: off).")
 
     catalog_path: Path | None = _setting(None, "The ad catalog JSON file (default HOME/catalog.json).", "CATALOG")
 
     web_host: str = _setting("127.0.0.1", "Address the web UI listens on.")
     web_port: int = _setting(8000, "Port of the web UI.")
+    web_workers: int = _setting(2, "Worker processes of the web UI's WSGI server (gunicorn).")
+    web_threads: int = _setting(4, "Threads per web worker process.")
+    users_path: Path | None = _setting(
+        None,
+        "The web UI's accounts, hashed passwords, managed by `adbill users` (default HOME/users.json).",
+        "USERS_FILE",
+    )
+    web_secret_path: Path | None = _setting(
+        None, "The web UI's secret key, generated once with mode 0600 (default HOME/web-secret.key).", "WEB_SECRET_FILE"
+    )
+    web_secure_cookies: int = _setting(0, "1: session cookies always Secure (behind HTTPS); 0: only on HTTPS requests.")
+    web_session_hours: int = _setting(12, "Hours a web session lasts after login.")
+    web_login_limit: int = _setting(100, "Failed logins an account may have in an hour; further logins are refused.")
 
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
@@ -117,6 +134,14 @@ class Settings:
     @property
     def catalog_file(self) -> Path:
         return self.catalog_path or self.root / "catalog.json"
+
+    @property
+    def users_file(self) -> Path:
+        return self.users_path or self.root / "users.json"
+
+    @property
+    def web_secret_file(self) -> Path:
+        return self.web_secret_path or self.root / "web-secret.key"
 
     @property
     def registry_location(self) -> str:

@@ -178,6 +178,7 @@ def print_where(settings: Settings) -> None:
     _say("adbill local stack")
     _say(f"  kafka       {s.kafka_bootstrap}   topics {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine}")
     _say(f"  redis       {s.redis_url}")
+    _say(f"  web         http://{s.web_host}:{s.web_port}/   accounts: adbill users add NAME --role admin")
     _say(f"  data        {s.root}")
     _say(f"  logs        {s.logs_dir}  (kafka: {s.kafka_dir / 'logs'})")
     _say(

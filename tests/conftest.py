@@ -99,3 +99,15 @@ def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
+
+
+@pytest.fixture
+def redis_settings(tmp_path: Path, redis_server: LocalRedis) -> Settings:
+    """Settings of one test that needs Redis but not Kafka: the session's Redis, its own data folder and key prefix."""
+    return Settings.from_env(
+        {},
+        home=tmp_path / "home",
+        deps_dir=DEPS_DIR,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
+    )

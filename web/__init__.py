@@ -1,1 +1,1 @@
-"""adbill web."""
+"""adbill web: the admin UI for advertisers, finance and admins (see README.md)."""

@@ -1,0 +1,320 @@
+"""Reconciliation: the rule applied to every event received, compared with the stream's ledger, as corrections;
+closed periods and their finance exports.
+
+A Spark batch job over the archive the stream writes (`ARCHIVE/event_type=T/period=P/batch_id=N/`). For each
+due period (`billing.closing.due_periods`), oldest first:
+
+1. the final bill: the archived impressions of the period and of the one before it (a click may be attributed
+   to an impression up to 10 s earlier) and the clicks of the period, de-duplicated by first arrival, through
+   the same `attribute()` as the stream (`attribution.join`); id conflicts are quarantined;
+2. the new corrections (`billing.corrections.reconcile_period`) against the period's ledger and earlier
+   corrections, written as one Parquet file per period and run (`CORRECTIONS/period=P/run-ID.parquet`, renamed
+   into place), then applied to Redis once per correction id; the invariant is checked before anything is
+   written (`check_reconciled`);
+3. an open period is closed: its export is written (`billing.export.write_export`, never rewritten after), the
+   period is marked closed in the state file and in Redis. A closed period that got new data gets adjustments
+   booked in the current open period instead.
+
+Running it again with no new data writes nothing: corrections have deterministic ids and `reconcile_period`
+returns only what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from attribution.job import period_columns
+from attribution.join import attribute, catalog_frame, conflicts, dedupe
+from billing.catalog import Catalog
+from billing.closing import PeriodState, due_periods, load_states, open_period, save_states
+from billing.corrections import (
+    ArrivalFacts,
+    Correction,
+    check_reconciled,
+    corrections_from_arrow,
+    corrections_to_arrow,
+    reconcile_period,
+)
+from billing.export import build_export, export_folder, write_export
+from billing.parquet_ledger import read_ledger
+from billing.periods import Periods
+from billing.redis_totals import RedisTotals
+from billing.rule import BILLABLE_FIELDS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    """Where reconciliation reads and writes, and its clock rules."""
+
+    data_dir: Path
+    redis_url: str
+    redis_prefix: str
+    period_ms: int = 3_600_000
+    horizon_ms: int = 900_000
+    """How long after a period's end late data is waited for before the period is reconciled and closed."""
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archive"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.data_dir / "ledger"
+
+    @property
+    def corrections_dir(self) -> Path:
+        return self.data_dir / "corrections"
+
+    @property
+    def conflicts_dir(self) -> Path:
+        return self.data_dir / "conflicts"
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "reconcile" / "periods.json"
+
+
+@dataclass
+class RunReport:
+    """What one run did."""
+
+    run_id: str
+    started_at_ms: int
+    periods: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    additions: int = 0
+    retractions: int = 0
+    net_micros: int = 0
+    conflicts: int = 0
+    final_clicks: int = 0
+    events: int = 0
+    finished_at_ms: int = 0
+
+    @property
+    def duration_ms(self) -> int:
+        return self.finished_at_ms - self.started_at_ms
+
+    def record(self) -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "started_at_ms": self.started_at_ms,
+            "finished_at_ms": self.finished_at_ms,
+            "duration_ms": self.duration_ms,
+            "periods": self.periods,
+            "closed": self.closed,
+            "additions": self.additions,
+            "retractions": self.retractions,
+            "net_micros": self.net_micros,
+            "conflicts": self.conflicts,
+            "final_clicks": self.final_clicks,
+            "events": self.events,
+        }
+
+
+def data_versions(config: ReconcileConfig, periods: Periods) -> dict[str, int]:
+    """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
+    impressions, the impressions of the period before it, and its ledger."""
+    newest: dict[tuple[str, str], int] = defaultdict(lambda: -1)
+    bases = {
+        "click": config.archive_dir / "event_type=click",
+        "impression": config.archive_dir / "event_type=impression",
+        "ledger": config.ledger_dir,
+    }
+    for kind, base in bases.items():
+        for period_dir in base.glob("period=*") if base.exists() else []:
+            period = period_dir.name.removeprefix("period=")
+            for batch_dir in period_dir.glob("batch_id=*"):
+                batch = int(batch_dir.name.removeprefix("batch_id="))
+                newest[(kind, period)] = max(newest[(kind, period)], batch)
+    versions: dict[str, int] = {}
+    for (kind, period), batch in newest.items():
+        touched = [period]
+        if kind == "impression":
+            touched.append(periods.key(periods.parse_key(period) + periods.length_ms))
+        for p in touched:
+            if kind == "impression" and p != period and (("click", p) not in newest and ("ledger", p) not in newest):
+                continue  # impressions alone do not make the next period exist
+            versions[p] = max(versions.get(p, -1), batch)
+    return versions
+
+
+def final_bills(
+    spark: SparkSession, config: ReconcileConfig, due: list[str], catalog: DataFrame
+) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """(final billable clicks of the due periods with their `period`, id-conflict quarantine rows with their
+    `event_type` and event `period`, late events' `event_type` and `event_id`)."""
+    periods = Periods(config.period_ms)
+    previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
+    archive = spark.read.option("basePath", str(config.archive_dir)).parquet(str(config.archive_dir))
+    events = archive.filter(
+        ((F.col("event_type") == "click") & F.col("period").isin(*due))
+        | ((F.col("event_type") == "impression") & F.col("period").isin(*(set(due) | previous)))
+    ).withColumn("event_ts", F.timestamp_millis(F.col("event_time")))
+    columns = ["ad_id", "user_id", "event_time", "event_ts", "received_ms", "topic", "partition", "offset", "value"]
+    impressions = events.filter(F.col("event_type") == "impression").select(
+        F.col("event_id").alias("impression_id"), *columns
+    )
+    clicks = events.filter(F.col("event_type") == "click").select(F.col("event_id").alias("click_id"), *columns)
+    quarantined = (
+        conflicts(impressions, "impression_id")
+        .withColumn("event_type", F.lit("impression"))
+        .unionByName(conflicts(clicks, "click_id").withColumn("event_type", F.lit("click")))
+        .join(events.select("topic", "partition", "offset", "period"), ["topic", "partition", "offset"])
+        .filter(F.col("period").isin(*due))
+    )
+    final = attribute(dedupe(impressions, "impression_id"), dedupe(clicks, "click_id"), catalog)
+    final = final.select("*", period_columns(F.col("click_time"), config.period_ms)[1]).filter(
+        F.col("period").isin(*due)
+    )
+    late = events.filter(F.col("late")).select("event_type", "event_id")
+    return final.select(*BILLABLE_FIELDS, "period"), quarantined, late
+
+
+def reconcile(
+    spark: SparkSession,
+    config: ReconcileConfig,
+    catalog: Catalog,
+    until_ms: int | None = None,
+    clock: Callable[[], int] = lambda: int(time.time() * 1000),
+    progress: Callable[[str], None] = lambda message: None,
+) -> RunReport:
+    """One reconciliation run (see the module's docstring)."""
+    periods = Periods(config.period_ms)
+    now_ms = clock()
+    report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
+    states = load_states(config.state_file)
+    versions = data_versions(config, periods)
+    for corrections_of_booked in _booked_periods(config):
+        versions.setdefault(corrections_of_booked, -1)
+    due = due_periods(versions, states, periods, now_ms, config.horizon_ms, until_ms)
+    report.periods = due
+    totals = RedisTotals.from_url(config.redis_url, config.redis_prefix)
+    if not due:
+        report.finished_at_ms = clock()
+        totals.record_reconciliation(report.record())
+        return report
+    progress(f"reconciling {len(due)} period(s): {due[0]} .. {due[-1]}")
+    final_df, quarantined_df, late_df = final_bills(spark, config, due, catalog_frame(spark, catalog))
+    final_all = final_df.toArrow()
+    late = late_df.toArrow()
+    quarantined = quarantined_df.toArrow()
+    report.final_clicks = final_all.num_rows
+    facts = ArrivalFacts(
+        late_click_ids=_ids_of(late, "click"),
+        late_impression_ids=_ids_of(late, "impression"),
+        conflicting_click_ids=_ids_of(quarantined, "click"),
+        conflicting_impression_ids=_ids_of(quarantined, "impression"),
+    )
+    ledger = read_ledger(config.ledger_dir)
+    every_correction = _read_corrections(config)
+    booked_in = open_period(periods, now_ms, until_ms)
+    closed = {p for p, s in states.items() if s.closed}
+    if booked_in in closed:
+        raise RuntimeError(f"the open period {booked_in} is already closed: is the clock behind the data?")
+    report.conflicts = _quarantine_conflicts(config, due, quarantined, totals, catalog)
+    for period in due:
+        progress(f"period {period}")
+        final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
+        ledger_rows = ledger.filter(pc.equal(ledger["period"], period))
+        earlier = [c for c in every_correction if c.corrects_period == period]
+        booked = booked_in if period in closed else period
+        new = reconcile_period(period, final, ledger_rows, earlier, booked_period=booked, now_ms=now_ms, facts=facts)
+        problems = check_reconciled(final, ledger_rows, earlier + new)
+        if problems:
+            raise RuntimeError(f"reconciliation of {period} does not balance: {problems[:5]}")
+        if new:
+            _write_corrections(config, period, report.run_id, new)
+            every_correction += new
+        # Earlier ones too: a run that stopped between its file and Redis is completed (each id applies once).
+        totals.apply_corrections(earlier + new, _starts(periods, earlier + new))
+        report.additions += sum(1 for c in new if c.kind == "addition")
+        report.retractions += sum(1 for c in new if c.kind == "retraction")
+        report.net_micros += sum(c.amount_micros for c in new)
+        if period not in closed:
+            export = build_export(
+                period,
+                final,
+                ledger_rows,
+                [c for c in every_correction if c.corrects_period == period],
+                [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
+            )
+            if not export_folder(config.data_dir, period).exists():
+                start = periods.parse_key(period)
+                write_export(config.data_dir, period, export, start, start + periods.length_ms, now_ms)
+            states[period] = PeriodState(version=versions[period], closed_at_ms=now_ms)
+            closed.add(period)
+            totals.close_period(period, periods.parse_key(period))
+            report.closed.append(period)
+        else:
+            states[period] = PeriodState(version=versions[period], closed_at_ms=states[period].closed_at_ms)
+        save_states(config.state_file, states)
+    report.finished_at_ms = clock()
+    totals.record_reconciliation(report.record())
+    return report
+
+
+def _ids_of(table: pa.Table, event_type: str) -> set[str]:
+    return set(pc.filter(table["event_id"], pc.equal(table["event_type"], event_type)).to_pylist())
+
+
+def _starts(periods: Periods, corrections: Iterable[Correction]) -> dict[str, int]:
+    return {c.booked_period: periods.parse_key(c.booked_period) for c in corrections}
+
+
+def _read_corrections(config: ReconcileConfig) -> list[Correction]:
+    if not config.corrections_dir.exists() or not any(config.corrections_dir.glob("period=*/*.parquet")):
+        return []
+    table = ds.dataset(config.corrections_dir, format="parquet", partitioning="hive").to_table()
+    return corrections_from_arrow(table)
+
+
+def _booked_periods(config: ReconcileConfig) -> set[str]:
+    return {c.booked_period for c in _read_corrections(config)}
+
+
+def _write_corrections(config: ReconcileConfig, period: str, run_id: str, corrections: list[Correction]) -> None:
+    folder = config.corrections_dir / f"period={period}"
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".run-{run_id}.parquet.tmp"
+    pq.write_table(corrections_to_arrow(corrections), temporary)
+    with temporary.open("rb") as written:
+        os.fsync(written.fileno())
+    temporary.replace(folder / f"run-{run_id}.parquet")
+
+
+def _quarantine_conflicts(
+    config: ReconcileConfig, due: list[str], quarantined: pa.Table, totals: RedisTotals, catalog: Catalog
+) -> int:
+    """Id conflicts found in the archive: the Parquet file of each period (`CONFLICTS/period=P.parquet`, all of
+    its conflicts, replaced whole) and Redis counts (each record counted once); returns the new ones."""
+    advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+    config.conflicts_dir.mkdir(parents=True, exist_ok=True)
+    for period in due:
+        rows = quarantined.filter(pc.equal(quarantined["period"], period))
+        if rows.num_rows:
+            temporary = config.conflicts_dir / f".period={period}.parquet.tmp"
+            pq.write_table(
+                rows.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]), temporary
+            )
+            temporary.replace(config.conflicts_dir / f"period={period}.parquet")
+    keyed = [
+        (f"{r['topic']}/{r['partition']}/{r['offset']}", r["topic"], advertiser_of.get(r["ad_id"] or ""))
+        for r in quarantined.select(["topic", "partition", "offset", "ad_id"]).to_pylist()
+    ]
+    return totals.add_conflicts(keyed)

@@ -1,0 +1,123 @@
+"""Wiring of reconciliation and the finance exports: settings -> ReconcileConfig, a Spark session, the schedule."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ops import deps
+from ops.settings import Settings
+
+if TYPE_CHECKING:
+    from attribution.reconcile import ReconcileConfig, RunReport
+
+
+def parse_time(text: str) -> int:
+    """Epoch ms from `1767225600000` or an ISO-8601 time (UTC unless it says otherwise)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise SystemExit(
+            f"--until: {text!r} is neither epoch ms nor an ISO-8601 time such as 2026-01-01T10:00Z"
+        ) from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def reconcile_config(settings: Settings) -> ReconcileConfig:
+    from attribution.reconcile import ReconcileConfig
+
+    return ReconcileConfig(
+        data_dir=settings.root,
+        redis_url=settings.redis_url,
+        redis_prefix=settings.redis_prefix,
+        period_ms=settings.period_ms,
+        horizon_ms=settings.lateness_horizon_ms,
+    )
+
+
+def run_reconcile(settings: Settings, until_ms: int | None = None, every_s: int | None = None) -> int:
+    """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did."""
+    from attribution.reconcile import reconcile
+    from attribution.session import build_spark
+    from billing.catalog import Catalog
+    from ops.stack import ensure_catalog
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ensure_catalog(settings)
+    spark = build_spark(
+        app_name="adbill-reconcile",
+        master=settings.spark_master,
+        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
+        shuffle_partitions=settings.shuffle_partitions,
+        local_dir=settings.root / "spark-tmp-reconcile",
+        driver_memory=settings.driver_memory,
+        rocksdb_state=False,
+    )
+    config = reconcile_config(settings)
+    try:
+        while True:
+            report = reconcile(
+                spark,
+                config,
+                Catalog.load(settings.catalog_file),
+                until_ms=until_ms,
+                progress=lambda message: print(f"reconcile: {message}", flush=True),
+            )
+            print(describe_run(report), flush=True)
+            if not every_s:
+                return 0
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        spark.stop()
+
+
+def describe_run(report: RunReport) -> str:
+    if not report.periods:
+        return "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data)"
+    return (
+        f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
+        f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
+        f"{report.retractions} retraction(s), net {report.net_micros:+,} micros; "
+        f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
+    )
+
+
+def export_periods(settings: Settings, first: str, last: str | None, out: Path) -> int:
+    """Copy the exports of closed periods `first`..`last` to `out/PERIOD/`; an open period is an error."""
+    from billing.export import copy_export, export_folder
+    from billing.periods import Periods
+
+    periods = Periods(settings.period_ms)
+    try:
+        start = periods.parse_key(first)
+        end = periods.parse_key(last) if last else start
+    except ValueError as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    if end < start:
+        print(f"export: --to {last} is before {first}", file=sys.stderr)
+        return 2
+    wanted = periods.range_keys(start, end + periods.length_ms)
+    missing = [p for p in wanted if not export_folder(settings.root, p).exists()]
+    if missing:
+        print(
+            f"export: not closed yet (no export): {', '.join(missing)}; run `adbill reconcile` after the "
+            "lateness horizon, or `adbill reconcile --until TIME` to close periods by hand",
+            file=sys.stderr,
+        )
+        return 1
+    for period in wanted:
+        copied = copy_export(settings.root, period, out)
+        print(f"export: {period} -> {copied}")
+    return 0

@@ -1,0 +1,265 @@
+"""The web UI in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven by Selenium), served by
+`adbill web` (gunicorn) as a child process, over real Redis and real export files.
+
+An advertiser logs in, sees totals equal to Redis, the chart drawn, the figures refreshing live when a new batch is
+billed, and its corrections; finance downloads a closed period's export and reads it back with pyarrow; an admin
+sees the pipeline's health. Every page is kept as a screenshot under the test's folder and `var/test-output/screens/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from billing.redis_totals import RedisTotals, TotalsRow
+from ops import deps
+from ops.process import ManagedProcess, free_port, port_open
+from ops.redis_service import LocalRedis
+from ops.settings import Settings
+from tests.conftest import DEPS_DIR
+from tests.web_support import OTHER, OWN, PASSWORD, Seeded, seed, web_screens_dir
+from web import display
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass(frozen=True)
+class Served:
+    base_url: str
+    seeded: Seeded
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) -> Iterator[Served]:
+    """Seeded data and `adbill web` on a free port, for the module."""
+    home = tmp_path_factory.mktemp("web-e2e")
+    settings = Settings.from_env(
+        {},
+        home=home / "data",
+        deps_dir=DEPS_DIR,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
+        web_port=free_port(),
+    )
+    seeded = seed(settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}
+    env.update(settings.to_env())
+    env["ADBILL_WEB_WORKERS"] = "1"
+    server = ManagedProcess(
+        name="web",
+        command=[sys.executable, "-m", "ops.cli", "web"],
+        run_dir=home / "run",
+        log_dir=home / "logs",
+        env=env,
+    )
+    server.start()
+    try:
+        server.wait_ready(lambda: port_open("127.0.0.1", settings.web_port), 30, "the web UI listening")
+        yield Served(f"http://127.0.0.1:{settings.web_port}", seeded)
+    finally:
+        server.stop()
+        seeded.client.close()
+
+
+@pytest.fixture
+def downloads(tmp_path: Path) -> Path:
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def browser(downloads: Path) -> Iterator[WebDriver]:
+    """Debian's Chromium, headless, through Debian's chromedriver named explicitly (Selenium Manager never runs)."""
+    chromium, chromedriver = deps.ensure_browser()
+    options = Options()
+    options.binary_location = str(chromium)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1360,1800"):
+        options.add_argument(argument)
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+    )
+    driver = webdriver.Chrome(service=Service(executable_path=str(chromedriver)), options=options)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def screens(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[WebDriver, str], Path]:
+    """Save a screenshot under the test's folder and copy it to var/test-output/screens/."""
+    folder = tmp_path / "screens"
+    folder.mkdir()
+    test_name = request.node.name.removeprefix("test_")
+
+    def shoot(driver: WebDriver, name: str) -> Path:
+        path = folder / f"{test_name}--{name}.png"
+        driver.save_screenshot(str(path))
+        assert path.stat().st_size > 10_000, "a screenshot of a page with content"
+        shutil.copy(path, web_screens_dir() / path.name)
+        return path
+
+    return shoot
+
+
+def log_in(
+    driver: WebDriver, base_url: str, username: str, start: str, shoot: Callable[[WebDriver, str], Path] | None = None
+) -> None:
+    """Go to `start`, land on the login form, log in there and wait to be sent back."""
+    driver.get(base_url + start)
+    wait(driver, lambda d: "/login" in d.current_url)
+    if shoot:
+        shoot(driver, "login")
+    driver.find_element(By.ID, "username").send_keys(username)
+    driver.find_element(By.ID, "password").send_keys(PASSWORD)
+    driver.find_element(By.ID, "login-submit").click()
+    wait(driver, lambda d: "/login" not in d.current_url)
+
+
+def wait(driver: WebDriver, until: Callable[[WebDriver], object], timeout_s: float = 15) -> None:
+    WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(until)
+
+
+def corrected(seeded: Seeded, period: str, level: str, ident: str) -> tuple[int, int]:
+    """(clicks, micros) as Redis holds them: the stream's totals plus the corrections of that period."""
+    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    provisional = {"adv": totals.advertiser, "cmp": totals.campaign, "ad": totals.ad}[level](period, ident)
+    fixes = seeded.client.hmget(
+        f"{seeded.settings.redis_prefix}:corrections:{period}:{level}:{ident}", "clicks", "micros"
+    )
+    return provisional.clicks + int(fixes[0] or 0), provisional.micros + int(fixes[1] or 0)  # type: ignore[index]
+
+
+def test_advertiser_sees_its_totals_the_chart_live_updates_and_corrections(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    seeded = served.seeded
+    log_in(browser, served.base_url, "alice", f"/advertisers/{OWN}", screens)
+    assert browser.current_url.endswith(f"/advertisers/{OWN}")
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+
+    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    periods = totals.periods()
+    latest = periods[-1]
+    clicks, micros = corrected(seeded, latest, "adv", OWN)
+    assert browser.find_element(By.ID, "corrected-spend").text == display.money(micros, "EUR")
+    assert browser.find_element(By.ID, "corrected-clicks").text == display.count(clicks)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#campaigns tbody tr")
+    assert len(rows) == len(totals.campaigns(latest, OWN)) == 2
+    for row in rows:
+        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        campaign_clicks, campaign_micros = corrected(seeded, latest, "cmp", cells[0])
+        assert cells[6] == display.money(campaign_micros, "EUR") and cells[5] == display.count(campaign_clicks)
+    assert OTHER not in browser.page_source
+
+    chart = browser.find_element(By.ID, "spend-chart")
+    bars = chart.find_elements(By.CSS_SELECTOR, "rect.bar")
+    assert chart.get_attribute("data-points") == str(len(periods)) and len(bars) == len(periods)
+    assert chart.find_element(By.CSS_SELECTOR, "polyline.provisional-line").get_attribute("points")
+    assert [int(b.get_attribute("data-micros") or "") for b in bars] == [
+        corrected(seeded, p, "adv", OWN)[1] for p in periods
+    ]
+    assert max(b.size["height"] for b in bars) > 50, "the chart is drawn, with visible bars"
+    screens(browser, "dashboard")
+
+    # The stream bills a new micro-batch: the open page shows it within a refresh or two, without reloading.
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    start_ms = int(seeded.client.zscore(f"{seeded.settings.redis_prefix}:periods", latest) or 0)
+    totals.apply_batch(
+        "billing", 1_000, [TotalsRow(latest, start_ms, OWN, ad.campaign_id, ad.ad_id, 7, 7 * ad.cpc_micros)]
+    )
+    expected = display.money(micros + 7 * ad.cpc_micros, "EUR")
+    wait(browser, lambda d: d.find_element(By.ID, "corrected-spend").text == expected, timeout_s=12)
+    assert browser.find_element(By.ID, "corrected-clicks").text == display.count(clicks + 7)
+    screens(browser, "dashboard-after-new-batch")
+
+    browser.find_element(By.ID, "all-corrections").click()
+    wait(browser, lambda d: d.current_url.endswith(f"/advertisers/{OWN}/corrections"))
+    newest = json.loads(seeded.client.lindex(f"{seeded.settings.redis_prefix}:correction-list:{OWN}", 0) or "{}")
+    listed = seeded.client.llen(f"{seeded.settings.redis_prefix}:correction-list:{OWN}")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#corrections tbody tr")
+    assert len(rows) == min(50, int(listed)) > 0  # type: ignore[arg-type]
+    first = [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")]
+    assert first[0] == newest["correction_id"]
+    assert first[2] == display.signed_money(newest["amount_micros"], "EUR")
+    assert first[3] == newest["click_id"]
+    screens(browser, "corrections")
+
+    rows[0].find_element(By.TAG_NAME, "a").click()
+    wait(browser, lambda d: d.current_url.endswith(f"/corrections/{newest['correction_id']}"))
+    assert browser.find_element(By.ID, "amount").text == display.signed_money(newest["amount_micros"], "EUR")
+    screens(browser, "correction")
+
+    browser.get(f"{served.base_url}/advertisers/{OTHER}")
+    assert "404" in browser.find_element(By.TAG_NAME, "h1").text
+    assert OTHER not in browser.find_element(By.TAG_NAME, "main").text
+    screens(browser, "another-advertiser-404")
+
+
+def _downloaded(folder: Path, name: str) -> Path:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        done = [p for p in folder.iterdir() if p.name == name]
+        if done and not list(folder.glob("*.crdownload")):
+            return done[0]
+        time.sleep(0.1)
+    raise AssertionError(f"{name} was not downloaded; the folder holds {sorted(p.name for p in folder.iterdir())}")
+
+
+def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
+    served: Served, browser: WebDriver, downloads: Path, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    log_in(browser, served.base_url, "fiona", "/finance")
+    assert browser.current_url.endswith("/finance")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#exports tbody tr[data-period]")
+    assert len(rows) == 2
+    period = rows[0].get_attribute("data-period")
+    manifest = json.loads((served.seeded.settings.root / "exports" / str(period) / "manifest.json").read_text())
+    assert rows[0].find_elements(By.TAG_NAME, "td")[1].text == display.count(manifest["rows"])
+    advertisers = [
+        r.find_element(By.TAG_NAME, "a").text for r in browser.find_elements(By.CSS_SELECTOR, "#advertisers tbody tr")
+    ]
+    assert advertisers == ["adv-0000", "adv-0001", "adv-0002"]
+    screens(browser, "finance")
+
+    for name in ("billing.parquet", "billing.csv"):
+        rows[0].find_element(By.CSS_SELECTOR, f"a[href$='/{period}/{name}']").click()
+        path = _downloaded(downloads, f"adbill-{period}-{name}")
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == manifest["files"][name]["sha256"]
+        table = pq.read_table(path) if name.endswith(".parquet") else pacsv.read_csv(path)
+        assert table.num_rows == manifest["rows"]
+        assert sum(table.column("net_micros").to_pylist()) == manifest["total_micros"]
+        assert set(table.column("status").to_pylist()) <= {"billed", "added", "retracted"}
+
+
+def test_admin_sees_the_pipelines_health(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    log_in(browser, served.base_url, "ada", "/health")
+    assert browser.current_url.endswith("/health")
+    # The sample's progress record: 120 impressions and 80 clicks behind the latest offsets.
+    assert browser.find_element(By.ID, "billing-lag-impressions").text == "120"
+    assert browser.find_element(By.ID, "billing-lag-clicks").text == "80"
+    assert browser.find_element(By.ID, "billing-state-rows").text == "52,000"
+    assert "UTC" in browser.find_element(By.ID, "billing-watermark-clicks").text
+    assert browser.find_element(By.ID, "reconcile-finished").text
+    screens(browser, "health")

@@ -1,0 +1,201 @@
+"""Reconciliation on the real stack: simulated traffic with late events of both kinds, out-of-order events,
+duplicates and conflicts through Kafka and the streaming job, then `reconcile`, held to the DuckDB oracle over
+the records read back from Kafka."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from pyspark.sql import SparkSession
+
+from attribution.job import start
+from attribution.reconcile import reconcile
+from billing.catalog import Catalog
+from billing.corrections import corrections_from_arrow
+from billing.events import Click, Impression
+from billing.export import export_folder, read_export, verify_export
+from billing.parquet_ledger import read_ledger
+from billing.periods import Periods
+from billing.redis_totals import RedisTotals
+from billing.schema_registry import open_registry
+from ops.reconciling import reconcile_config
+from ops.settings import Settings
+from ops.stack import ensure_schemas
+from ops.streaming import stream_config
+from producers.publisher import EventPublisher, simulate_to_kafka
+from producers.simulator import SimulationConfig
+from producers.wire import EventDeserializer, EventSerializer
+from tests import oracle
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_767_229_170_000  # 2026-01-01T00:59:30Z: the traffic's event time crosses into the 01:00 period
+UNTIL = 1_767_236_400_000  # 2026-01-01T03:00Z: reconcile and close everything before it
+P0, P1 = "20260101T0000Z", "20260101T0100Z"
+
+
+def read_back(settings: Settings, expected: int) -> list[dict]:
+    """Every record of both topics as the oracle wants it: decoded events with their Kafka coordinates."""
+    deserializer = EventDeserializer(open_registry(settings.registry_location))
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "oracle", "enable.auto.commit": False}
+    )
+    topics = {settings.topic_impressions: "impression", settings.topic_clicks: "click"}
+    consumer.assign([TopicPartition(t, p, 0) for t in topics for p in range(settings.topic_partitions)])
+    rows, seen, deadline = [], 0, time.monotonic() + 60
+    try:
+        while seen < expected and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                if message.error() is not None:
+                    continue
+                seen += 1
+                event_type = topics[message.topic()]
+                try:
+                    event = deserializer.deserialize(event_type, message.value())  # type: ignore[arg-type]
+                except Exception:
+                    continue  # bytes that never decode to an event never reach the rule
+                rows.append(
+                    {
+                        "type": event_type,
+                        "id": event.event_id,
+                        "ad_id": event.ad_id,
+                        "user_id": event.user_id,
+                        "event_time": event.event_time,
+                        "received_ms": message.timestamp()[1],
+                        "partition": message.partition(),
+                        "offset": message.offset(),
+                    }
+                )
+    finally:
+        consumer.close()
+    assert seen == expected, f"read back {seen} of {expected} records"
+    return rows
+
+
+def final_ledger(settings: Settings) -> dict[str, int]:
+    """Provisional ledger plus every correction: click id -> net micros, for clicks that net to one bill."""
+    clicks: Counter[str] = Counter()
+    micros: Counter[str] = Counter()
+    for row in read_ledger(settings.root / "ledger").to_pylist():
+        clicks[row["click_id"]] += 1
+        micros[row["click_id"]] += row["amount_micros"]
+    for c in corrections(settings):
+        clicks[c.click_id] += c.clicks
+        micros[c.click_id] += c.amount_micros
+    assert set(clicks.values()) <= {0, 1}, "a click nets to one bill or none"
+    return {click: micros[click] for click, n in clicks.items() if n == 1}
+
+
+def corrections(settings: Settings) -> list:
+    folder = settings.root / "corrections"
+    if not folder.exists():
+        return []
+    return corrections_from_arrow(ds.dataset(folder, format="parquet", partitioning="hive").to_table())
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never_change(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    # Small micro-batches, so that the watermark moves while the backlog is read and late arrivals miss the join.
+    settings = dataclasses.replace(settings, max_offsets_per_trigger=2_000)
+    config = SimulationConfig(
+        events=16_000,
+        seed=21,
+        users=200,
+        start_ms=T0,
+        late_fraction=0.05,
+        out_of_order_fraction=0.05,
+        duplicate_fraction=0.02,
+        bad_fraction=0.01,
+    )
+    catalog = config.catalog()
+    catalog.save(settings.catalog_file)
+    ensure_schemas(settings)
+    summary = simulate_to_kafka(
+        config, settings.kafka_bootstrap, settings.registry_location, tmp_path / "run", settings.topics, progress=False
+    )
+    queries = start(spark, stream_config(settings), Catalog.load(settings.catalog_file))
+    try:
+        queries[0].processAllAvailable()
+        expected = {
+            row["click_id"]: row["amount_micros"]
+            for row in oracle.billable(read_back(settings, summary.delivered), catalog)
+        }
+        ledger = {row["click_id"] for row in read_ledger(settings.root / "ledger").to_pylist()}
+        assert ledger != set(expected), "the stream should have missed late clicks, or the test proves nothing"
+
+        rc = reconcile_config(settings)
+        report = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        assert report.closed == [P0, P1]
+        reasons = Counter(c.reason for c in corrections(settings))
+        assert reasons["late_click"] + reasons["late_impression"] > 0, reasons
+
+        # Provisional ledger + corrections = final ledger = oracle: the same click ids and micros.
+        assert final_ledger(settings) == expected
+        # The exports say the same.
+        exported: dict[str, int] = {}
+        for period in (P0, P1):
+            folder = export_folder(settings.root, period)
+            assert verify_export(folder) == []
+            for row in read_export(folder).to_pylist():
+                if row["record_type"] == "click" and row["status"] != "retracted":
+                    exported[row["click_id"]] = row["amount_micros"]
+        assert exported == expected
+        # Redis: provisional + corrections per ad = the final ledger per ad.
+        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        by_ad: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for (period, ad), t in totals.all_ad_totals().items():
+            fix = totals.corrections_of(period, "ad", ad)
+            by_ad[ad][0] += t.clicks + fix.clicks
+            by_ad[ad][1] += t.micros + fix.micros
+        want: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        ad_of = {
+            row["click_id"]: row["ad_id"] for row in oracle.billable(read_back(settings, summary.delivered), catalog)
+        }
+        for click, amount in expected.items():
+            want[ad_of[click]][0] += 1
+            want[ad_of[click]][1] += amount
+        assert {ad: v for ad, v in by_ad.items() if v != [0, 0]} == dict(want)
+        assert totals.closed_periods() == [P0, P1]
+
+        # A second run writes nothing new.
+        files = sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet"))
+        again = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        assert again.periods == [] and again.additions == again.retractions == 0
+        assert sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet")) == files
+
+        # Late data for a closed period: its export is byte-for-byte unchanged; an adjustment is booked in the
+        # open period, pointing at the period it corrects.
+        before = folder_digest(export_folder(settings.root, P0))
+        ad = next(iter(catalog))
+        publisher = EventPublisher(
+            settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+        )
+        publisher.publish_event(Impression("very-late-i", ad.ad_id, "very-late-user", T0 + 5_000))
+        publisher.publish_event(Click("very-late-c", ad.ad_id, "very-late-user", T0 + 6_000))
+        assert publisher.flush(30) == 0
+        queries[0].processAllAvailable()
+        late = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        # P1 is checked again too (an impression of P0 may qualify a click of P1), and gets nothing.
+        assert late.periods == [P0, P1] and late.closed == [] and (late.additions, late.retractions) == (1, 0)
+        assert folder_digest(export_folder(settings.root, P0)) == before
+        adjustment = [c for c in corrections(settings) if c.click_id == "very-late-c"]
+        open_period = Periods().key_of(max(UNTIL, int(time.time() * 1000)))
+        assert [(c.corrects_period, c.booked_period, c.amount_micros, c.reason) for c in adjustment] == [
+            (P0, open_period, ad.cpc_micros, "late_click")
+        ]
+        assert totals.corrections_of(open_period, "adv", ad.advertiser_id).micros == ad.cpc_micros
+    finally:
+        for query in queries:
+            query.stop()

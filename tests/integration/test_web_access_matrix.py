@@ -1,0 +1,253 @@
+"""The access matrix: every route of the web UI, for each role, another advertiser and an anonymous visitor.
+
+Real Redis (the session's server, a key prefix of this module), real export files, the real accounts file; requests
+go through the Flask test client. The data is only read here, so one seeded app serves the whole module.
+
+Targets are adv-0000's campaign, ad, correction and export; `alice` is adv-0000's advertiser, `bob` another
+advertiser's. Expected: alice, finance and admin see adv-0000 (200), bob gets 404, as for an id that exists
+nowhere; pages send the anonymous visitor to the login form, the API answers 401; finance pages and exports are for
+finance and admin, health for admin only. No response to an advertiser ever holds another advertiser's id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from ops.redis_service import LocalRedis
+from ops.settings import Settings
+from tests.conftest import DEPS_DIR
+from tests.web_support import ACCOUNTS, CLOSED, OTHER, OWN, Seeded, form_token, login, seed
+from web.app import create_app
+from web.sample_data import SampleCorrection
+
+pytestmark = pytest.mark.integration
+
+THIRD = "adv-0002"
+ACTORS = ["alice", "bob", "fiona", "ada", "anonymous"]
+
+
+@dataclass(frozen=True)
+class World:
+    app: Flask
+    seeded: Seeded
+    clients: dict[str, FlaskClient]
+    ids: dict[str, dict[str, str]]  # advertiser -> {campaign, ad, correction}
+    export_period: str
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) -> Iterator[World]:
+    home = tmp_path_factory.mktemp("web-access")
+    settings = Settings.from_env(
+        {}, home=home, deps_dir=DEPS_DIR, redis_url=redis_server.url, redis_prefix=f"t{uuid.uuid4().hex[:10]}"
+    )
+    seeded = seed(settings)
+    ids: dict[str, dict[str, str]] = {}
+    for advertiser in (OWN, OTHER, THIRD):
+        ad = next(a for a in seeded.catalog if a.advertiser_id == advertiser)
+        correction_id = f"matrix-{advertiser}"
+        seeded.writer.corrections(
+            [
+                SampleCorrection(
+                    correction_id, f"click-{correction_id}", None, ad.ad_id, ad.campaign_id, advertiser,
+                    -ad.cpc_micros, "duplicate", "20260101T0000Z", "20260101T0000Z", 1_767_230_000_000,
+                )
+            ]
+        )  # fmt: skip
+        ids[advertiser] = {"campaign": ad.campaign_id, "ad": ad.ad_id, "correction": correction_id}
+    app = create_app(settings)
+    clients = {"anonymous": app.test_client()}
+    for name in ACCOUNTS:
+        clients[name] = app.test_client()
+        assert login(clients[name], name).status_code == 302
+    exports = sorted(p.name for p in (settings.root / "exports").iterdir())
+    assert len(exports) == 2
+    yield World(app, seeded, clients, ids, exports[-1])
+    seeded.client.close()
+
+
+# The URL of each GET route for advertiser `adv`'s things; `None` for routes that are not an advertiser's.
+def get_routes(world: World, adv: str) -> dict[str, str]:
+    ids = world.ids[adv]
+    return {
+        "/": "/",
+        "/login": "/login",
+        "/advertisers/<advertiser_id>": f"/advertisers/{adv}",
+        "/advertisers/<advertiser_id>/campaigns/<campaign_id>": f"/advertisers/{adv}/campaigns/{ids['campaign']}",
+        "/advertisers/<advertiser_id>/ads/<ad_id>": f"/advertisers/{adv}/ads/{ids['ad']}",
+        "/advertisers/<advertiser_id>/corrections": f"/advertisers/{adv}/corrections",
+        "/advertisers/<advertiser_id>/corrections/<correction_id>": (
+            f"/advertisers/{adv}/corrections/{ids['correction']}"
+        ),
+        "/finance": "/finance",
+        "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
+        "/health": "/health",
+        "/static/<path:filename>": "/static/adbill.js",
+        "/api/v1/openapi.json": "/api/v1/openapi.json",
+        "/api/v1/me": "/api/v1/me",
+        "/api/v1/periods": "/api/v1/periods",
+        "/api/v1/advertisers": "/api/v1/advertisers",
+        "/api/v1/advertisers/<advertiser_id>/dashboard": f"/api/v1/advertisers/{adv}/dashboard",
+        "/api/v1/advertisers/<advertiser_id>/campaigns/<campaign_id>": (
+            f"/api/v1/advertisers/{adv}/campaigns/{ids['campaign']}"
+        ),
+        "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
+        "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
+        "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
+            f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
+        ),
+        "/api/v1/finance": "/api/v1/finance",
+        "/api/v1/exports": "/api/v1/exports",
+        "/api/v1/health": "/api/v1/health",
+    }
+
+
+PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json"}
+FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
+HEALTH = {"/health", "/api/v1/health"}
+POST_ROUTES = {"/login", "/logout"}
+
+
+def expected_status(actor: str, rule: str) -> int:
+    """The access rules of DOMAIN.md, route by route, for adv-0000's things."""
+    if rule in PUBLIC:
+        return 200
+    if actor == "anonymous":
+        return 401 if rule.startswith("/api/") else 302
+    if rule == "/":
+        return 302
+    if rule in HEALTH:
+        return 200 if actor == "ada" else 404
+    if rule in FINANCE:
+        return 200 if actor in ("fiona", "ada") else 404
+    if "<advertiser_id>" in rule:
+        return 404 if actor == "bob" else 200
+    return 200  # /api/v1/me, /periods, /advertisers: any logged-in person, each sees its own view
+
+
+def test_the_matrix_covers_every_route(world: World) -> None:
+    rules = {rule.rule for rule in world.app.url_map.iter_rules()}
+    assert rules == set(get_routes(world, OWN)) | POST_ROUTES
+
+
+@pytest.mark.parametrize("actor", ACTORS)
+def test_every_get_route_for_every_actor(world: World, actor: str) -> None:
+    client = world.clients[actor]
+    failures = []
+    for rule, url in get_routes(world, OWN).items():
+        response = client.get(url)
+        want = expected_status(actor, rule)
+        if response.status_code != want:
+            failures.append(f"{url}: {response.status_code}, expected {want}")
+            continue
+        if want == 302 and actor == "anonymous":
+            assert response.headers["Location"].startswith("/login"), url
+        if want == 401:
+            assert response.json == {"error": "login required", "status": 401}, url
+        if want == 200 and "<advertiser_id>" in rule:
+            assert OWN in response.text, f"{url} answered without adv-0000's data"
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("actor", ["alice", "bob"])
+def test_no_response_to_an_advertiser_holds_another_advertisers_data(world: World, actor: str) -> None:
+    client = world.clients[actor]
+    own = ACCOUNTS[actor][1]
+    others = [a for a in (OWN, OTHER, THIRD) if a != own]
+    urls = [*get_routes(world, OWN).values(), *get_routes(world, OTHER).values(), *get_routes(world, THIRD).values()]
+    for url in urls:
+        response = client.get(url, follow_redirects=True)
+        body = response.get_data(as_text=True)
+        for other in others:
+            assert other not in body, f"{actor} got {other}'s data from {url}"
+
+
+def test_advertiser_sees_its_own_things_and_gets_404_for_the_same_kind_of_another(world: World) -> None:
+    bob = world.clients["bob"]
+    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r]
+    assert all(bob.get(u).status_code == 200 for u in mine)
+    assert all(world.clients["alice"].get(u).status_code == 404 for u in mine)
+
+
+def test_a_forbidden_id_answers_exactly_like_an_id_that_does_not_exist(world: World) -> None:
+    alice = world.clients["alice"]
+    for forbidden, missing in [
+        (f"/advertisers/{OTHER}", "/advertisers/adv-9999"),
+        (f"/api/v1/advertisers/{OTHER}/dashboard", "/api/v1/advertisers/adv-9999/dashboard"),
+        (f"/api/v1/advertisers/{OTHER}/corrections", "/api/v1/advertisers/adv-9999/corrections"),
+    ]:
+        a, b = alice.get(forbidden), alice.get(missing)
+        assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404
+
+
+@pytest.mark.parametrize("actor", ["alice", "fiona", "ada"])
+def test_another_advertisers_campaign_ad_or_correction_under_ones_own_id_is_404(world: World, actor: str) -> None:
+    client = world.clients[actor]
+    theirs = world.ids[OTHER]
+    for url in [
+        f"/advertisers/{OWN}/campaigns/{theirs['campaign']}",
+        f"/advertisers/{OWN}/ads/{theirs['ad']}",
+        f"/advertisers/{OWN}/corrections/{theirs['correction']}",
+        f"/api/v1/advertisers/{OWN}/campaigns/{theirs['campaign']}",
+        f"/api/v1/advertisers/{OWN}/ads/{theirs['ad']}",
+        f"/api/v1/advertisers/{OWN}/corrections/{theirs['correction']}",
+    ]:
+        response = client.get(url)
+        assert response.status_code == 404, url
+        assert OTHER not in response.get_data(as_text=True)
+
+
+def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> None:
+    alice = world.clients["alice"]
+    for url in [
+        f"/api/v1/advertisers/{OWN}/dashboard?advertiser_id={OTHER}",
+        f"/advertisers/{OWN}?advertiser={OTHER}",
+        f"/api/v1/advertisers?advertiser_id={OTHER}",
+    ]:
+        response = alice.get(url)
+        assert response.status_code == 200 and OTHER not in response.get_data(as_text=True), url
+    assert alice.get("/api/v1/advertisers").json == {"advertisers": [{"advertiser_id": OWN, "currency": "EUR"}]}
+    assert alice.get(f"/advertisers/{OWN}?period=../../etc").status_code == 404
+    assert alice.get(f"/advertisers/{OWN}?period=20990101T0000Z").status_code == 404
+
+
+def test_finance_and_admin_list_every_advertiser(world: World) -> None:
+    for actor in ("fiona", "ada"):
+        listed = [a["advertiser_id"] for a in world.clients[actor].get("/api/v1/advertisers").json["advertisers"]]
+        assert listed == [OWN, OTHER, THIRD]
+
+
+def test_exports_only_by_name_of_a_closed_periods_folder(world: World) -> None:
+    fiona = world.clients["fiona"]
+    assert fiona.get(f"/exports/{world.export_period}/manifest.json").json["period"] == world.export_period
+    for url in [
+        f"/exports/{world.export_period}/../users.json",
+        f"/exports/{world.export_period}/users.json",
+        "/exports/..%2F..%2Fusers.json/billing.csv",
+        "/exports/20260101T0000Z/billing.csv",  # closed but not exported in this sample
+    ]:
+        assert fiona.get(url).status_code == 404, url
+    assert CLOSED == 4
+
+
+@pytest.mark.parametrize("actor", ["alice", "bob", "fiona", "ada"])
+def test_logout_and_login_posts_for_every_actor(world: World, actor: str) -> None:
+    client = world.app.test_client()
+    assert login(client, actor).status_code == 302
+    token = form_token(client.get("/", follow_redirects=True).text)
+    assert client.post("/logout", data={"csrf_token": token}).status_code == 302
+    assert client.get("/api/v1/me").status_code == 401
+    wrong = login(client, actor, password="not the password at all")
+    assert wrong.status_code == 200 and "Wrong username or password" in wrong.text
+
+
+def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
+    anonymous = world.app.test_client()
+    assert anonymous.post("/logout").status_code == 400
+    assert anonymous.post("/login", data={"username": "alice", "password": "x"}).status_code == 400

@@ -1,0 +1,171 @@
+"""What the pages and the API show equals what Redis and the export folder hold, written as the contract says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from flask import Flask
+
+from billing.catalog import generate_catalog
+from billing.redis_totals import RedisTotals, TotalsRow
+from ops.settings import Settings
+from tests.web_support import OWN, Seeded, login, seed
+from web.app import create_app, exports_dir
+from web.sample_data import SampleCorrection, SampleWriter, health_record
+
+pytestmark = pytest.mark.integration
+
+P0, P0_MS = "20260101T0000Z", 1_767_225_600_000
+P1, P1_MS = "20260101T0100Z", 1_767_229_200_000
+
+
+@pytest.fixture
+def seeded(redis_settings: Settings) -> Seeded:
+    return seed(redis_settings)
+
+
+def _client(settings: Settings) -> object:
+    app = create_app(settings, cache_s=0)
+    client = app.test_client()
+    assert login(client, "ada").status_code == 302
+    return client
+
+
+def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings) -> None:
+    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    from web.access import Role
+    from web.accounts import AccountsFile
+
+    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    client = _client(redis_settings)
+    for url in ("/advertisers/adv-0000", "/finance", "/health", "/advertisers/adv-0000/corrections"):
+        response = client.get(url)  # type: ignore[attr-defined]
+        assert response.status_code == 200, url
+    assert "No billed clicks yet" in client.get("/advertisers/adv-0000").text  # type: ignore[attr-defined]
+    assert "No progress records yet" in client.get("/health").text  # type: ignore[attr-defined]
+    dashboard = client.get("/api/v1/advertisers/adv-0000/dashboard").json  # type: ignore[attr-defined]
+    assert dashboard["period"] is None and dashboard["series"] == [] and dashboard["campaigns"] == []
+    assert client.get("/api/v1/health").json == {  # type: ignore[attr-defined]
+        "queries": [],
+        "quarantined": {},
+        "late": [],
+        "last_reconciliation": None,
+    }
+
+
+def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: Seeded) -> None:
+    client = _client(seeded.settings)
+    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    prefix = seeded.settings.redis_prefix
+    for period in totals.periods():
+        doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={period}").json  # type: ignore[attr-defined]
+        assert doc["period"]["period"] == period
+        checks = [("adv", OWN, doc["totals"])]
+        checks += [("cmp", c["campaign_id"], c) for c in doc["campaigns"]]
+        checks += [("ad", a["ad_id"], a) for a in doc["ads"]]
+        assert {c["campaign_id"] for c in doc["campaigns"]} == set(totals.campaigns(period, OWN))
+        for level, ident, shown in checks:
+            provisional = {"adv": totals.advertiser, "cmp": totals.campaign, "ad": totals.ad}[level](period, ident)
+            fix = seeded.client.hmget(f"{prefix}:corrections:{period}:{level}:{ident}", "clicks", "micros")
+            assert shown["provisional"] == {"clicks": provisional.clicks, "micros": provisional.micros}
+            assert shown["corrections"] == {"clicks": int(fix[0] or 0), "micros": int(fix[1] or 0)}  # type: ignore[index]
+            assert shown["corrected"]["micros"] == provisional.micros + int(fix[1] or 0)  # type: ignore[index]
+        late = seeded.client.hmget(f"{prefix}:late:{period}:adv:{OWN}", "impressions", "clicks")
+        assert doc["late"] == {"late_impressions": int(late[0] or 0), "late_clicks": int(late[1] or 0)}  # type: ignore[index]
+    quarantined = seeded.client.hgetall(f"{prefix}:quarantined:adv:{OWN}")
+    assert doc["quarantined"] == {k: int(v) for k, v in quarantined.items()}  # type: ignore[union-attr]
+
+
+def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_settings: Settings) -> None:
+    catalog = generate_catalog(1, 1, 2, seed=1)
+    catalog.save(redis_settings.catalog_file)
+    billed_ad, missed_ad = list(catalog)
+    client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
+    writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
+    writer.bill(1, [TotalsRow(P0, P0_MS, OWN, billed_ad.campaign_id, billed_ad.ad_id, 2, 2 * billed_ad.cpc_micros)])
+    writer.corrections(
+        [
+            SampleCorrection("c1", "k1", "i1", missed_ad.ad_id, missed_ad.campaign_id, OWN, missed_ad.cpc_micros,
+                             "late_click", P0, P1, P1_MS + 1),
+            SampleCorrection("c2", "k2", "i2", billed_ad.ad_id, billed_ad.campaign_id, OWN, -billed_ad.cpc_micros,
+                             "duplicate", P0, P1, P1_MS + 2),
+        ]
+    )  # fmt: skip
+    writer.close(P0, P0_MS)
+    from web.access import Role
+    from web.accounts import AccountsFile
+
+    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    client = _client(redis_settings)
+    doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard").json  # type: ignore[attr-defined]
+    assert doc["period"] == {"period": P0, "start_ms": P0_MS, "closed": True}
+    ads = {a["ad_id"]: a for a in doc["ads"]}
+    assert ads[missed_ad.ad_id]["provisional"] == {"clicks": 0, "micros": 0}
+    assert ads[missed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": missed_ad.cpc_micros}
+    assert ads[billed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": billed_ad.cpc_micros}
+    assert doc["totals"]["corrected"] == {"clicks": 2, "micros": missed_ad.cpc_micros + billed_ad.cpc_micros}
+    listed = client.get(f"/api/v1/advertisers/{OWN}/corrections").json  # type: ignore[attr-defined]
+    assert [c["correction_id"] for c in listed["corrections"]] == ["c2", "c1"], "newest first"
+    assert listed["corrections"][0]["amount_micros"] == -billed_ad.cpc_micros
+    page = client.get(f"/advertisers/{OWN}/corrections/c1")  # type: ignore[attr-defined]
+    assert page.status_code == 200 and "late click" in page.text and "k1" in page.text
+
+
+def test_health_shows_lag_watermarks_and_the_last_reconciliation(seeded: Seeded) -> None:
+    client = _client(seeded.settings)
+    doc = client.get("/api/v1/health").json  # type: ignore[attr-defined]
+    (billing,) = doc["queries"]
+    assert billing["name"] == "billing" and billing["consumer_lag"] == {"clicks": 80, "impressions": 120}
+    assert billing["state_rows"] == 52_000 and len(billing["recent_batch_durations_ms"]) == 30
+    assert set(billing["stream_watermarks_ms"]) == {"impressions", "clicks"}
+    assert doc["last_reconciliation"]["closed"] == ["20260101T0300Z"]
+    # A record written before the job reported latest offsets: the lag is unknown, and the page says so.
+    record = health_record("billing", batch_id=99, now_ms=P1_MS)
+    for source in record["sources"]:
+        del source["latest_offset"]
+    seeded.writer.health(record)
+    assert client.get("/api/v1/health").json["queries"][0]["consumer_lag"] == {  # type: ignore[attr-defined]
+        "clicks": None,
+        "impressions": None,
+    }
+    assert "unknown (no latest offsets reported)" in client.get("/health").text  # type: ignore[attr-defined]
+
+
+def test_an_export_is_offered_only_once_its_manifest_is_written(seeded: Seeded) -> None:
+    client = _client(seeded.settings)
+    listed = [e["period"] for e in client.get("/api/v1/exports").json["exports"]]  # type: ignore[attr-defined]
+    assert listed == ["20260101T0300Z", "20260101T0200Z"]
+    unfinished = exports_dir(seeded.settings) / "20260101T0100Z"
+    unfinished.mkdir()
+    (unfinished / "billing.csv").write_text("click_id\n")
+    assert [e["period"] for e in client.get("/api/v1/exports").json["exports"]] == listed  # type: ignore[attr-defined]
+    assert client.get("/exports/20260101T0100Z/billing.csv").status_code == 404  # type: ignore[attr-defined]
+    manifest = json.loads((exports_dir(seeded.settings) / "20260101T0300Z" / "manifest.json").read_text())
+    export = client.get("/api/v1/exports").json["exports"][0]  # type: ignore[attr-defined]
+    assert export["rows"] == manifest["rows"] and export["total_micros"] == manifest["total_micros"]
+    assert {f["name"]: f["sha256"] for f in export["files"]} == {
+        name: info["sha256"] for name, info in manifest["files"].items()
+    }
+    download = client.get(export["files"][0]["url"])  # type: ignore[attr-defined]
+    assert download.status_code == 200
+    assert "attachment" in download.headers["Content-Disposition"]
+
+
+def test_the_dashboard_is_kept_a_second_per_worker_and_then_fresh(seeded: Seeded) -> None:
+    app: Flask = create_app(seeded.settings, cache_s=60)
+    client = app.test_client()
+    login(client, "alice")
+    before = client.get(f"/api/v1/advertisers/{OWN}/dashboard").json["totals"]["provisional"]["clicks"]
+    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    period = totals.periods()[-1]
+    start = int(seeded.client.zscore(f"{seeded.settings.redis_prefix}:periods", period) or 0)
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    totals.apply_batch("billing", 10_000, [TotalsRow(period, start, OWN, ad.campaign_id, ad.ad_id, 5, 5)])
+    kept = client.get(f"/api/v1/advertisers/{OWN}/dashboard").json["totals"]["provisional"]["clicks"]
+    assert kept == before, "within the cache's time, the same document"
+    fresh_app = create_app(seeded.settings, cache_s=0)
+    fresh = fresh_app.test_client()
+    login(fresh, "alice")
+    assert fresh.get(f"/api/v1/advertisers/{OWN}/dashboard").json["totals"]["provisional"]["clicks"] == before + 5

@@ -1,0 +1,310 @@
+"""CSRF, sessions, cookies, security headers and the failed-login limit, on real Redis through the Flask test client."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from flask import Flask
+
+from ops.settings import Settings
+from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
+from web.access import Role
+from web.accounts import AccountsFile
+from web.app import create_app
+from web.security import CONTENT_SECURITY_POLICY
+
+pytestmark = pytest.mark.integration
+
+
+class Clock:
+    """Epoch milliseconds the test moves by hand."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def seeded(redis_settings: Settings) -> Seeded:
+    return seed(redis_settings)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(1_767_300_000_000)
+
+
+@pytest.fixture
+def app(seeded: Seeded, clock: Clock) -> Flask:
+    return create_app(seeded.settings, clock=clock)
+
+
+# CSRF ---------------------------------------------------------------------------------------------------------------
+def test_login_without_or_with_a_wrong_token_is_refused_with_400(app: Flask) -> None:
+    client = app.test_client()
+    good = form_token(client.get("/login").text)
+    for data in (
+        {"username": "alice", "password": PASSWORD},
+        {"username": "alice", "password": PASSWORD, "csrf_token": ""},
+        {"username": "alice", "password": PASSWORD, "csrf_token": good[:-2] + "00"},
+    ):
+        response = client.post("/login", data=data)
+        assert response.status_code == 400 and session_cookie(client) is None
+    # A token is bound to its browser's login cookie: another browser's token does not work here.
+    other = app.test_client()
+    other_token = form_token(other.get("/login").text)
+    assert (
+        client.post("/login", data={"username": "alice", "password": PASSWORD, "csrf_token": other_token}).status_code
+        == 400
+    )
+    assert (
+        client.post("/login", data={"username": "alice", "password": PASSWORD, "csrf_token": good}).status_code == 302
+    )
+
+
+def test_logout_needs_the_sessions_token_in_the_form_or_the_header(app: Flask) -> None:
+    client = app.test_client()
+    login(client, "alice")
+    token = form_token(client.get("/advertisers/adv-0000").text)
+    assert client.post("/logout").status_code == 400
+    assert client.post("/logout", data={"csrf_token": "x" * len(token)}).status_code == 400
+    assert client.post("/logout", headers={"X-CSRF-Token": "nope"}).status_code == 400
+    assert client.get("/api/v1/me").status_code == 200, "a refused logout leaves the session as it was"
+    assert client.post("/logout", headers={"X-CSRF-Token": token}).status_code == 302
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_a_sessions_token_does_not_work_for_another_session(app: Flask) -> None:
+    alice, bob = app.test_client(), app.test_client()
+    login(alice, "alice")
+    login(bob, "bob")
+    alice_token = form_token(alice.get("/advertisers/adv-0000").text)
+    assert bob.post("/logout", data={"csrf_token": alice_token}).status_code == 400
+
+
+def test_the_refusal_says_why(app: Flask) -> None:
+    response = app.test_client().post("/logout")
+    assert response.status_code == 400 and "This form has expired" in response.text
+
+
+# Sessions ------------------------------------------------------------------------------------------------------------
+def test_login_always_starts_a_new_session_and_ends_the_old_one(app: Flask) -> None:
+    client = app.test_client()
+    assert login(client, "alice").status_code == 302
+    first = session_cookie(client)
+    assert first and client.get("/api/v1/me").json["username"] == "alice"
+    assert login(client, "alice").status_code == 302
+    second = session_cookie(client)
+    assert second and second != first
+    replay = app.test_client()
+    replay.set_cookie("adbill_session", first)
+    assert replay.get("/api/v1/me").status_code == 401, "the session before login no longer opens anything"
+
+
+def test_a_session_cookie_set_before_login_is_not_kept(app: Flask) -> None:
+    """Session fixation: a cookie planted before login is never the one that is logged in."""
+    client = app.test_client()
+    planted = "A" * 43
+    client.set_cookie("adbill_session", planted)
+    login(client, "alice")
+    assert session_cookie(client) not in (None, planted)
+
+
+def test_after_logout_the_old_cookie_gives_no_access(app: Flask, seeded: Seeded) -> None:
+    client = app.test_client()
+    login(client, "fiona")
+    cookie = session_cookie(client)
+    token = form_token(client.get("/finance").text)
+    sessions_before = len(list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*")))
+    response = client.post("/logout", data={"csrf_token": token})
+    assert response.status_code == 302 and response.headers["Location"] == "/login"
+    assert session_cookie(client) is None
+    assert len(list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))) == sessions_before - 1
+    replay = app.test_client()
+    replay.set_cookie("adbill_session", cookie or "")
+    assert replay.get("/api/v1/finance").status_code == 401
+    page = replay.get("/finance")
+    assert page.status_code == 302 and page.headers["Location"].startswith("/login")
+
+
+def test_redis_holds_no_usable_session_id(app: Flask, seeded: Seeded) -> None:
+    client = app.test_client()
+    login(client, "alice")
+    cookie = session_cookie(client)
+    assert cookie
+    keys = list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))
+    assert keys and not any(cookie in key for key in keys)
+    assert 0 < seeded.client.ttl(keys[0]) <= seeded.settings.web_session_hours * 3600
+
+
+def test_disabling_an_account_or_resetting_its_password_ends_its_sessions(app: Flask, seeded: Seeded) -> None:
+    accounts = AccountsFile(seeded.settings.users_file)
+    alice, fiona = app.test_client(), app.test_client()
+    login(alice, "alice")
+    login(fiona, "fiona")
+    accounts.set_disabled("alice", True)
+    accounts.reset_password("fiona", "a whole new passphrase")
+    assert alice.get("/api/v1/me").status_code == 401
+    assert fiona.get("/api/v1/me").status_code == 401
+    assert "Wrong username or password" in login(alice, "alice").text, "a disabled account cannot log in"
+    assert login(fiona, "fiona", "a whole new passphrase").status_code == 302
+    accounts.set_disabled("alice", False)
+    assert login(alice, "alice").status_code == 302
+
+
+def test_after_login_the_person_goes_back_where_they_were_but_never_to_another_site(app: Flask) -> None:
+    client = app.test_client()
+    bounced = client.get("/advertisers/adv-0000/corrections?limit=5")
+    assert bounced.status_code == 302
+    assert bounced.headers["Location"] == "/login?next=/advertisers/adv-0000/corrections?limit%3D5"
+    assert login(client, "alice", next_url="/advertisers/adv-0000/corrections").headers["Location"] == (
+        "/advertisers/adv-0000/corrections"
+    )
+    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
+        client = app.test_client()
+        assert login(client, "alice", next_url=target).headers["Location"] == "/advertisers/adv-0000"
+
+
+# Cookies and headers -----------------------------------------------------------------------------------------------
+def _set_cookie_header(response: object, name: str) -> str:
+    headers = [h for h in response.headers.getlist("Set-Cookie") if h.startswith(name + "=")]  # type: ignore[attr-defined]
+    assert len(headers) == 1, headers
+    return headers[0]
+
+
+def test_session_cookie_is_httponly_samesite_and_secure_on_https(app: Flask) -> None:
+    plain = app.test_client()
+    form = plain.get("/login")
+    login_cookie = _set_cookie_header(form, "adbill_login")
+    assert "HttpOnly" in login_cookie and "SameSite=Strict" in login_cookie and "Path=/login" in login_cookie
+    response = login(plain, "alice")
+    cookie = _set_cookie_header(response, "adbill_session")
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie and "Secure" not in cookie
+
+    secure = app.test_client()
+    page = secure.get("/login", base_url="https://localhost")
+    response = secure.post(
+        "/login",
+        data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)},
+        base_url="https://localhost",
+    )
+    cookie = _set_cookie_header(response, "adbill_session")
+    assert "Secure" in cookie and "HttpOnly" in cookie
+    assert response.headers["Strict-Transport-Security"].startswith("max-age=")
+
+
+def test_the_secure_setting_makes_cookies_secure_behind_a_proxy(seeded: Seeded, clock: Clock) -> None:
+    from dataclasses import replace
+
+    app = create_app(replace(seeded.settings, web_secure_cookies=1), clock=clock)
+    client = app.test_client()
+    page = client.get("/login")
+    assert "Secure" in _set_cookie_header(page, "adbill_login")
+    response = client.post(
+        "/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)}
+    )
+    assert "Secure" in _set_cookie_header(response, "adbill_session")
+
+
+@pytest.mark.parametrize(
+    "url, status",
+    [
+        ("/login", 200),
+        ("/advertisers/adv-0000", 200),
+        ("/api/v1/advertisers/adv-0000/dashboard", 200),
+        ("/advertisers/adv-0001", 404),
+        ("/api/v1/nothing", 404),
+        ("/static/adbill.css", 200),
+    ],
+)
+def test_security_headers_on_every_kind_of_response(app: Flask, url: str, status: int) -> None:
+    client = app.test_client()
+    login(client, "alice")
+    response = client.get(url)
+    assert response.status_code == status
+    assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY and "script-src 'self'" in CONTENT_SECURITY_POLICY
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["Referrer-Policy"] == "same-origin"
+    if not url.startswith("/static/"):
+        assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_pages_have_no_inline_script_or_style(app: Flask) -> None:
+    client = app.test_client()
+    login(client, "ada")
+    for url in ("/login", "/advertisers/adv-0000", "/finance", "/health", "/advertisers/adv-0000/corrections"):
+        html = client.get(url).text
+        assert "<script>" not in html and "<script " not in html.replace('<script src="/static/adbill.js" defer>', "")
+        assert " style=" not in html and "<style" not in html and "javascript:" not in html
+        assert " on" + "click=" not in html and " on" + "load=" not in html
+
+
+def test_the_secret_key_file_is_created_once_and_private(seeded: Seeded, clock: Clock) -> None:
+    path = seeded.settings.web_secret_file
+    assert not path.exists()
+    create_app(seeded.settings, clock=clock)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o600
+    before = path.read_text()
+    create_app(seeded.settings, clock=clock)
+    assert path.read_text() == before
+
+
+# The failed-login limit --------------------------------------------------------------------------------------------
+def test_the_101st_login_in_an_hour_is_refused_even_with_the_right_password(app: Flask, clock: Clock) -> None:
+    client = app.test_client()
+    for attempt in range(100):
+        clock.now_ms += 1000
+        response = login(client, "alice", password=f"wrong guess {attempt}")
+        assert response.status_code == 200 and "Wrong username or password" in response.text
+    clock.now_ms += 1000
+    refused = login(client, "alice")
+    assert refused.status_code == 429
+    assert "Too many failed logins" in refused.text
+    assert session_cookie(client) is None
+    # Failures at +1 s ... +100 s, refused at +101 s: the first failure leaves the hour 3500 s from now.
+    assert refused.headers["Retry-After"] == "3500"
+
+    # Other accounts are not affected.
+    assert login(app.test_client(), "bob").status_code == 302
+
+    # One second early it is still refused; once the oldest failure is an hour old, one attempt more is allowed.
+    clock.now_ms += 3499 * 1000
+    assert login(client, "alice").status_code == 429
+    clock.now_ms += 1000
+    assert login(client, "alice").status_code == 302
+
+
+def test_failures_for_unknown_names_are_counted_too(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    from web.access import LoginLimit
+    from web.sessions import LoginLimiter
+
+    client = app.test_client()
+    for _ in range(3):
+        login(client, "nobody-here", password="guess guess guess")
+    limiter = LoginLimiter(seeded.client, seeded.settings.redis_prefix, LoginLimit())
+    assert limiter.failures("nobody-here", clock()) == 3
+    assert limiter.failures("NOBODY-HERE", clock()) == 3, "names are counted case-insensitively"
+    assert limiter.failures("alice", clock()) == 0
+
+
+def test_the_limit_is_a_setting(seeded: Seeded, clock: Clock) -> None:
+    from dataclasses import replace
+
+    app = create_app(replace(seeded.settings, web_login_limit=2), clock=clock)
+    client = app.test_client()
+    login(client, "ada", password="wrong one here")
+    login(client, "ada", password="wrong two here")
+    assert login(client, "ada").status_code == 429
+
+
+def test_a_new_account_added_while_serving_can_log_in(app: Flask, seeded: Seeded) -> None:
+    AccountsFile(seeded.settings.users_file).add("carol", Role.ADVERTISER, PASSWORD, "adv-0002")
+    client = app.test_client()
+    assert login(client, "carol").headers["Location"] == "/advertisers/adv-0002"

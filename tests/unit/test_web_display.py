@@ -1,0 +1,60 @@
+"""Formatting for people: money from integer micros, exactly, never through a float."""
+
+from __future__ import annotations
+
+import pytest
+
+from web import display
+
+
+@pytest.mark.parametrize(
+    "micros, currency, text",
+    [
+        (0, "EUR", "0.000000 EUR"),
+        (1, "EUR", "0.000001 EUR"),
+        (1_230_000, "EUR", "1.230000 EUR"),
+        (-50_000, "USD", "-0.050000 USD"),
+        (12_345_678_900, "EUR", "12,345.678900 EUR"),
+        (-1_000_000_000_000_001, "", "-1,000,000,000.000001"),
+        # Past 2**53 a float would already be wrong in the last digit; integers are exact.
+        (9_007_199_254_740_993, "EUR", "9,007,199,254.740993 EUR"),
+    ],
+)
+def test_money(micros: int, currency: str, text: str) -> None:
+    assert display.money(micros, currency) == text
+
+
+def test_money_refuses_anything_but_integers() -> None:
+    for bad in (1.5, True, "1", None):
+        with pytest.raises(TypeError):
+            display.money(bad)  # type: ignore[arg-type]
+
+
+def test_signed_figures_for_corrections() -> None:
+    assert display.signed_money(250_000, "EUR") == "+0.250000 EUR"
+    assert display.signed_money(-250_000, "EUR") == "-0.250000 EUR"
+    assert display.signed_money(0, "EUR") == "0.000000 EUR"
+    assert display.signed_count(3) == "+3"
+    assert display.signed_count(-1200) == "-1,200"
+    assert display.count(1234567) == "1,234,567"
+
+
+def test_times_and_periods() -> None:
+    assert display.utc(1_767_225_605_123) == "2026-01-01 00:00:05 UTC"
+    assert display.utc(None) == "\u2014"
+    assert display.period_label("20260101T1500Z") == "2026-01-01 15:00 UTC"
+    assert display.period_label("odd") == "odd"
+    now = 1_767_225_600_000
+    assert display.age(now - 42_000, now) == "42 s"
+    assert display.age(now - 7 * 60_000, now) == "7 min"
+    assert display.age(now - 3 * 3_600_000, now) == "3 h"
+    assert display.age(now + 5000, now) == "0 s"
+
+
+def test_sizes_and_durations() -> None:
+    assert display.size(512) == "512 B"
+    assert display.size(1536) == "1.5 KiB"
+    assert display.size(48_000_000) == "45.8 MiB"
+    assert display.duration_ms(4400) == "4,400 ms"
+    assert display.duration_ms(12_500) == "12.5 s"
+    assert display.duration_ms(None) == "\u2014"

@@ -1,0 +1,93 @@
+"""What the web tests share: a seeded data folder and Redis prefix, the accounts, and logging in with the form."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from flask.testing import FlaskClient
+from werkzeug.test import TestResponse
+
+from billing.catalog import Catalog, generate_catalog
+from ops.settings import Settings
+from web.access import Role
+from web.accounts import AccountsFile
+from web.app import exports_dir
+from web.sample_data import SampleWriter, seed_sample
+
+PASSWORD = "correct horse battery staple"
+FIRST_PERIOD_MS = 1_767_225_600_000  # 2026-01-01T00:00Z
+PERIODS = 6
+CLOSED = 4
+OWN = "adv-0000"
+OTHER = "adv-0001"
+
+# username -> (role, advertiser)
+ACCOUNTS: dict[str, tuple[Role, str | None]] = {
+    "alice": (Role.ADVERTISER, OWN),
+    "bob": (Role.ADVERTISER, OTHER),
+    "fiona": (Role.FINANCE, None),
+    "ada": (Role.ADMIN, None),
+}
+
+
+@dataclass(frozen=True)
+class Seeded:
+    settings: Settings
+    catalog: Catalog
+    client: redis.Redis
+
+    @property
+    def writer(self) -> SampleWriter:
+        return SampleWriter(self.client, self.settings.redis_prefix, exports_dir(self.settings))
+
+
+def seed(settings: Settings, accounts: dict[str, tuple[Role, str | None]] | None = None) -> Seeded:
+    """Three advertisers (2 campaigns x 2 ads each), six hourly periods, four closed and two exported, the accounts."""
+    catalog = generate_catalog(advertisers=3, campaigns_per_advertiser=2, ads_per_campaign=2, seed=7)
+    catalog.save(settings.catalog_file)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    seed_sample(
+        SampleWriter(client, settings.redis_prefix, exports_dir(settings)),
+        catalog,
+        FIRST_PERIOD_MS,
+        PERIODS,
+        closed=CLOSED,
+        exports=2,
+    )
+    store = AccountsFile(settings.users_file)
+    for name, (role, advertiser) in (ACCOUNTS if accounts is None else accounts).items():
+        store.add(name, role, PASSWORD, advertiser)
+    return Seeded(settings, catalog, client)
+
+
+def form_token(html: str) -> str:
+    """The CSRF token of the page's first form (on the login page: the login form's, after the logout form)."""
+    if 'id="login-form"' in html:
+        html = html[html.index('id="login-form"') :]
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the page has no CSRF token field"
+    return match.group(1)
+
+
+def login(client: FlaskClient, username: str, password: str = PASSWORD, next_url: str | None = None) -> TestResponse:
+    """Log in through the form, as a browser does: fetch it for its token, then post."""
+    page = client.get("/login")
+    url = "/login" if next_url is None else f"/login?next={next_url}"
+    return client.post(url, data={"username": username, "password": password, "csrf_token": form_token(page.text)})
+
+
+def session_cookie(client: FlaskClient) -> str | None:
+    cookie = client.get_cookie("adbill_session")
+    return None if cookie is None else cookie.value
+
+
+def web_screens_dir() -> Path:
+    """Where screenshots are copied for people to look at: var/test-output/screens/."""
+    from ops.settings import PROJECT_ROOT
+
+    folder = PROJECT_ROOT / "var" / "test-output" / "screens"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,0 +1,304 @@
+"""The JSON API under `/api/v1`: the pages' data for scripts, with the pages' access rules (`web.guards`).
+
+Authentication is the session cookie of a login (see `web/README.md`); without one every route but the OpenAPI
+document answers 401. Money is integer micros; every document names its currency where one is known.
+The routes are described in `web/openapi.json`, which a unit test keeps equal to the routes below.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Response, abort, jsonify, request, url_for
+
+from web.access import visible_advertisers
+from web.guards import advertiser_or_404, finance_or_404, health_or_404, logged_in, paging_args, period_arg
+from web.model import (
+    AdLine,
+    Billed,
+    Correction,
+    Export,
+    Figures,
+    LateCounts,
+    Period,
+    PeriodBill,
+)
+from web.services import current_principal, services
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+
+OPENAPI_FILE = Path(__file__).resolve().parent / "openapi.json"
+
+
+@bp.before_request
+def require_login() -> tuple[Response, int] | None:
+    """401 for anonymous requests; only the OpenAPI document is public."""
+    if current_principal() is None and request.endpoint != "api.openapi":
+        return jsonify({"error": "login required", "status": 401}), 401
+    return None
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3 description of this API (public: it holds no data)."""
+    return Response(_openapi_text(), mimetype="application/json")
+
+
+@bp.get("/me")
+def me() -> Response:
+    principal = logged_in()
+    return jsonify(
+        {"username": principal.username, "role": principal.role.value, "advertiser_id": principal.advertiser_id}
+    )
+
+
+@bp.get("/periods")
+def periods() -> Response:
+    logged_in()
+    return jsonify({"periods": [_period(p) for p in services().reader.periods()]})
+
+
+@bp.get("/advertisers")
+def advertisers() -> Response:
+    principal = logged_in()
+    reader = services().reader
+    known = reader.known_advertisers() if principal.advertiser_id is None else []
+    return jsonify(
+        {
+            "advertisers": [
+                {"advertiser_id": a, "currency": reader.currency(a)} for a in visible_advertisers(principal, known)
+            ]
+        }
+    )
+
+
+@bp.get("/advertisers/<advertiser_id>/dashboard")
+def dashboard(advertiser_id: str) -> Response:
+    """What the dashboard polls: kept a second per worker (`web.cache`), like the page."""
+    advertiser_or_404(advertiser_id)
+    period = period_arg()
+    body = services().recent.get(("dashboard.json", advertiser_id, period), lambda: _dashboard(advertiser_id, period))
+    if body is None:
+        abort(404)
+    return Response(body, mimetype="application/json")
+
+
+def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
+    d = services().reader.dashboard(advertiser_id, period)
+    if d is None:
+        return None
+    document = {
+        "advertiser_id": d.advertiser_id,
+        "currency": d.currency,
+        "period": _period(d.period) if d.period else None,
+        "totals": _billed(d.billed),
+        "late": _late(d.late),
+        "campaigns": [{"campaign_id": c.campaign_id, **_billed(c.billed)} for c in d.campaigns],
+        "ads": [_ad_line(a) for a in d.ads],
+        "series": [_period_bill(b) for b in d.series],
+        "quarantined": d.quarantined,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+@bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
+def campaign(advertiser_id: str, campaign_id: str) -> Response:
+    advertiser_or_404(advertiser_id)
+    c = services().reader.campaign(advertiser_id, campaign_id, period_arg())
+    if c is None:
+        abort(404)
+    return jsonify(
+        {
+            "advertiser_id": c.advertiser_id,
+            "campaign_id": c.campaign_id,
+            "currency": c.currency,
+            "period": _period(c.period) if c.period else None,
+            "series": [_period_bill(b) for b in c.series],
+            "ads": [_ad_line(a) for a in c.ads],
+        }
+    )
+
+
+@bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
+def ad(advertiser_id: str, ad_id: str) -> Response:
+    advertiser_or_404(advertiser_id)
+    a = services().reader.ad(advertiser_id, ad_id)
+    if a is None:
+        abort(404)
+    return jsonify(
+        {
+            "advertiser_id": a.advertiser_id,
+            "campaign_id": a.campaign_id,
+            "ad_id": a.ad_id,
+            "currency": a.currency,
+            "series": [_period_bill(b) for b in a.series],
+        }
+    )
+
+
+@bp.get("/advertisers/<advertiser_id>/corrections")
+def corrections(advertiser_id: str) -> Response:
+    advertiser_or_404(advertiser_id)
+    offset, limit = paging_args()
+    page = services().reader.corrections(advertiser_id, offset, limit)
+    return jsonify(
+        {
+            "advertiser_id": page.advertiser_id,
+            "currency": page.currency,
+            "total": page.total,
+            "offset": page.offset,
+            "limit": page.limit,
+            "corrections": [_correction(c) for c in page.items],
+        }
+    )
+
+
+@bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
+def correction(advertiser_id: str, correction_id: str) -> Response:
+    advertiser_or_404(advertiser_id)
+    found = services().reader.correction(advertiser_id, correction_id)
+    if found is None:
+        abort(404)
+    return jsonify({**_correction(found), "currency": services().reader.currency(advertiser_id)})
+
+
+@bp.get("/finance")
+def finance() -> Response:
+    finance_or_404()
+    f = services().reader.finance(period_arg())
+    if f is None:
+        abort(404)
+    return jsonify(
+        {
+            "period": _period(f.period) if f.period else None,
+            "periods": [_period(p) for p in f.periods],
+            "advertisers": [
+                {"advertiser_id": a.advertiser_id, "currency": a.currency, **_billed(a.billed)} for a in f.advertisers
+            ],
+            "exports": [_export(e) for e in f.exports],
+        }
+    )
+
+
+@bp.get("/exports")
+def exports() -> Response:
+    finance_or_404()
+    return jsonify({"exports": [_export(e) for e in services().reader.exports()]})
+
+
+@bp.get("/health")
+def health() -> Response:
+    health_or_404()
+    h = services().reader.health()
+    return jsonify(
+        {
+            "queries": [
+                {
+                    "name": q.name,
+                    "batch_id": q.batch_id,
+                    "timestamp": q.timestamp,
+                    "input_rows": q.input_rows,
+                    "input_rows_per_second": q.input_rows_per_second,
+                    "processed_rows_per_second": q.processed_rows_per_second,
+                    "batch_duration_ms": q.batch_duration_ms,
+                    "durations_ms": q.durations_ms,
+                    "recent_batch_durations_ms": q.recent_durations_ms,
+                    "watermark_ms": q.watermark_ms,
+                    "stream_watermarks_ms": q.stream_watermarks_ms,
+                    "state_rows": q.state_rows,
+                    "state_memory_bytes": q.state_memory_bytes,
+                    "rows_dropped_by_watermark": q.rows_dropped_by_watermark,
+                    "consumer_lag": q.lag,
+                }
+                for q in h.queries
+            ],
+            "quarantined": h.quarantined,
+            "late": [{"period": b.period.key, **_late(b.late)} for b in h.late],
+            "last_reconciliation": None
+            if h.reconciliation is None
+            else {
+                "run_id": h.reconciliation.run_id,
+                "started_at_ms": h.reconciliation.started_at_ms,
+                "finished_at_ms": h.reconciliation.finished_at_ms,
+                "duration_ms": h.reconciliation.duration_ms,
+                "periods": h.reconciliation.periods,
+                "closed": h.reconciliation.closed,
+                "additions": h.reconciliation.additions,
+                "retractions": h.reconciliation.retractions,
+                "net_micros": h.reconciliation.net_micros,
+            },
+        }
+    )
+
+
+@cache
+def _openapi_text() -> str:
+    return json.dumps(json.loads(OPENAPI_FILE.read_text()), indent=1)
+
+
+def _figures(f: Figures) -> dict[str, int]:
+    return {"clicks": f.clicks, "micros": f.micros}
+
+
+def _billed(b: Billed) -> dict[str, Any]:
+    return {
+        "provisional": _figures(b.provisional),
+        "corrections": _figures(b.corrections),
+        "corrected": _figures(b.corrected),
+    }
+
+
+def _late(late: LateCounts) -> dict[str, int]:
+    return {"late_impressions": late.impressions, "late_clicks": late.clicks}
+
+
+def _period(p: Period) -> dict[str, Any]:
+    return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed}
+
+
+def _period_bill(b: PeriodBill) -> dict[str, Any]:
+    return {**_period(b.period), **_billed(b.billed), **_late(b.late)}
+
+
+def _ad_line(a: AdLine) -> dict[str, Any]:
+    return {"ad_id": a.ad_id, "campaign_id": a.campaign_id, **_billed(a.billed), **_late(a.late)}
+
+
+def _correction(c: Correction) -> dict[str, Any]:
+    return {
+        "correction_id": c.correction_id,
+        "click_id": c.click_id,
+        "impression_id": c.impression_id,
+        "ad_id": c.ad_id,
+        "campaign_id": c.campaign_id,
+        "advertiser_id": c.advertiser_id,
+        "amount_micros": c.amount_micros,
+        "reason": c.reason,
+        "corrects_period": c.corrects_period,
+        "booked_period": c.booked_period,
+        "created_at_ms": c.created_at_ms,
+    }
+
+
+def _export(e: Export) -> dict[str, Any]:
+    return {
+        "period": e.period,
+        "period_start_ms": e.period_start_ms,
+        "period_end_ms": e.period_end_ms,
+        "closed_at_ms": e.closed_at_ms,
+        "rows": e.rows,
+        "total_micros": e.total_micros,
+        "total_micros_by_currency": e.total_micros_by_currency,
+        "files": [
+            {
+                "name": f.name,
+                "bytes": f.bytes,
+                "sha256": f.sha256,
+                "url": url_for("pages.export_file", period=e.period, name=f.name),
+            }
+            for f in e.files
+        ],
+    }

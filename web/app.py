@@ -1,0 +1,124 @@
+"""`create_app(settings)`: the Flask app of the admin UI, wired to Redis, the accounts file and the export folder.
+
+`settings` is the project's settings object (`ops.settings.Settings`); this package only needs the attributes of
+`WebSettings`, so that it does not import `ops` (the arrows of ARCHITECTURE.md point down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import redis
+from flask import Flask, Response, jsonify, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import HTTPException
+
+from web import api, auth, display, pages
+from web.access import LoginLimit, Role, may_see_finance, may_see_health
+from web.accounts import AccountsFile
+from web.cache import RecentResults
+from web.readers import BillingReader, CatalogFile
+from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
+from web.services import Services, current_principal, now_ms
+from web.sessions import LoginLimiter, SessionStore
+
+REFRESH_MS = 3000
+"""How often an advertiser's open dashboard asks the API for fresh figures."""
+
+CACHE_S = 1.0
+"""How long a worker keeps an advertiser's dashboard (see `web.cache`)."""
+
+
+class WebSettings(Protocol):
+    """What the web UI reads from the settings."""
+
+    @property
+    def redis_url(self) -> str: ...
+    @property
+    def redis_prefix(self) -> str: ...
+    @property
+    def root(self) -> Path: ...
+    @property
+    def catalog_file(self) -> Path: ...
+    @property
+    def users_file(self) -> Path: ...
+    @property
+    def web_secret_file(self) -> Path: ...
+    @property
+    def web_secure_cookies(self) -> int: ...
+    @property
+    def web_session_hours(self) -> int: ...
+    @property
+    def web_login_limit(self) -> int: ...
+
+
+def exports_dir(settings: WebSettings) -> Path:
+    """Where reconciliation writes each closed period's export: `HOME/exports/PERIOD/`."""
+    return settings.root / "exports"
+
+
+def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s: float = CACHE_S) -> Flask:
+    """The app. `clock` (epoch ms) is injected for tests of the login limit, `cache_s` for tests that change Redis
+    and look at once; nothing connects until a request."""
+    app = Flask(__name__)
+    secret = load_or_create_secret(settings.web_secret_file)
+    app.secret_key = secret
+    app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False, TEMPLATES_AUTO_RELOAD=False)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
+    app.extensions["adbill"] = Services(
+        reader=BillingReader(client, settings.redis_prefix, exports_dir(settings), CatalogFile(settings.catalog_file)),
+        accounts=AccountsFile(settings.users_file),
+        sessions=SessionStore(client, settings.redis_prefix, secret, settings.web_session_hours * 3600),
+        limiter=LoginLimiter(client, settings.redis_prefix, LoginLimit(max_failures=settings.web_login_limit)),
+        secret=secret,
+        secure_cookies=bool(settings.web_secure_cookies),
+        session_ttl_s=settings.web_session_hours * 3600,
+        refresh_ms=REFRESH_MS,
+        recent=RecentResults(cache_s),
+        clock=clock,
+    )
+
+    app.before_request(auth.load_principal)
+    app.before_request(auth.check_csrf)
+    app.register_blueprint(auth.bp)
+    app.register_blueprint(pages.bp)
+    app.register_blueprint(api.bp)
+
+    @app.after_request
+    def headers(response: Response) -> Response:
+        return add_security_headers(response, wants_secure_cookies(request, bool(settings.web_secure_cookies)))
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException) -> ResponseReturnValue:
+        status = error.code or 500
+        if request.path.startswith("/api/"):
+            message = "login required" if status == 401 else (error.description or error.name)
+            if status == 404:
+                message = "not found"
+            return jsonify({"error": message, "status": status}), status
+        if status == 401:
+            return redirect(url_for("auth.login_form"))
+        return render_template("error.html", status=status, name=error.name, error=error), status
+
+    app.jinja_env.globals.update(
+        csrf_token=auth.csrf_token,
+        login_csrf_token=auth.login_csrf_token,
+        principal=current_principal,
+        may_see_finance=may_see_finance,
+        may_see_health=may_see_health,
+        Role=Role,
+        age=display.age,
+    )
+    app.jinja_env.filters.update(
+        money=display.money,
+        signed_money=display.signed_money,
+        count=display.count,
+        signed_count=display.signed_count,
+        utc=display.utc,
+        period_label=display.period_label,
+        size=display.size,
+        duration=display.duration_ms,
+    )
+    return app

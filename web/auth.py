@@ -1,0 +1,168 @@
+"""Logging in and out, and the two checks every request goes through: who is it, and does an unsafe request carry
+its CSRF token.
+
+Login: the form's CSRF token, then the failed-login limit (refused with 429, even with the right password), then the
+password. A successful login always opens a new session (a new random id, a new CSRF token) and closes the one the
+browser had; logout closes it on the server, so its cookie opens nothing afterwards.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from flask import Blueprint, abort, g, make_response, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response
+
+from web.access import Principal, Role
+from web.security import (
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    UNSAFE_METHODS,
+    login_form_token,
+    submitted_token,
+    tokens_match,
+    wants_secure_cookies,
+)
+from web.services import current_session, services
+
+bp = Blueprint("auth", __name__)
+
+_MAX_USERNAME = 128
+
+
+def load_principal() -> None:
+    """Find the session of the request's cookie and its account; a stale session is closed on the way."""
+    g.principal = None
+    g.session = None
+    if request.endpoint == "static":
+        return
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if not session_id:
+        return
+    svc = services()
+    record = svc.sessions.get(session_id)
+    if record is None:
+        return
+    account = svc.accounts.get(record.username)
+    if account is None or account.disabled or account.generation != record.generation:
+        svc.sessions.close(session_id)  # the account was removed, disabled or its password reset
+        return
+    g.principal = account.principal
+    g.session = (session_id, record)
+
+
+def check_csrf() -> None:
+    """Refuse (400) an unsafe request without the token of its session, or of the login form."""
+    if request.method not in UNSAFE_METHODS:
+        return
+    given = submitted_token(request)
+    if request.endpoint == "auth.login":
+        nonce = request.cookies.get(LOGIN_COOKIE, "")
+        expected = login_form_token(services().secret, nonce) if nonce else None
+    else:
+        session = current_session()
+        expected = session[1].csrf if session else None
+    if not tokens_match(expected, given):
+        abort(400, description="This form has expired or did not come from this site. Reload the page and try again.")
+
+
+def csrf_token() -> str:
+    """The session's token, for the forms of the page being rendered (empty when not logged in)."""
+    session = current_session()
+    return session[1].csrf if session else ""
+
+
+def login_csrf_token() -> str:
+    """The login form's token, bound to the nonce in this browser's login cookie."""
+    return str(g.get("login_token", ""))
+
+
+def home_for(principal: Principal) -> str:
+    """Where a person lands after login: their advertiser, finance's overview, or the pipeline's health."""
+    if principal.role is Role.ADVERTISER:
+        return url_for("pages.advertiser", advertiser_id=principal.advertiser_id)
+    if principal.role is Role.FINANCE:
+        return url_for("pages.finance")
+    return url_for("pages.health")
+
+
+def safe_next(target: str | None) -> str | None:
+    """A local path to go back to after login, or None: never another site."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    return target
+
+
+@bp.get("/login")
+def login_form() -> Response:
+    """The form, also when logged in already: logging in again replaces the session (another account, say)."""
+    return _login_page("", 200)
+
+
+@bp.post("/login")
+def login() -> Response:
+    svc = services()
+    username = request.form.get("username", "").strip()[:_MAX_USERNAME]
+    password = request.form.get("password", "")
+    now = svc.clock()
+    wait_s = svc.limiter.refusal(username, now)
+    if wait_s is not None:
+        minutes = -(-wait_s // 60)
+        response = _login_page(
+            f"Too many failed logins for this account in the last hour. Logins are refused for about {minutes} "
+            "minute(s); ask an administrator if you need access sooner.",
+            429,
+        )
+        response.headers["Retry-After"] = str(wait_s)
+        return response
+    account = svc.accounts.authenticate(username, password)
+    if account is None:
+        svc.limiter.record_failure(username, now)
+        return _login_page("Wrong username or password.", 200)
+
+    old = request.cookies.get(SESSION_COOKIE)
+    if old:
+        svc.sessions.close(old)
+    session_id, _ = svc.sessions.open(account.username, account.generation, now)
+    target = safe_next(request.args.get("next")) or home_for(account.principal)
+    response = redirect(target)
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_id,
+        max_age=svc.session_ttl_s,
+        httponly=True,
+        samesite="Lax",
+        secure=wants_secure_cookies(request, svc.secure_cookies),
+        path="/",
+    )
+    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    return response
+
+
+@bp.post("/logout")
+def logout() -> Response:
+    session = current_session()
+    if session:
+        services().sessions.close(session[0])
+    response = redirect(url_for("auth.login_form"))
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Lax")
+    return response
+
+
+def _login_page(error: str, status: int) -> Response:
+    """The login form, with a fresh double-submit CSRF pair (the nonce in a cookie, its HMAC in the form)."""
+    svc = services()
+    nonce = secrets.token_urlsafe(32)
+    g.login_token = login_form_token(svc.secret, nonce)
+    body = render_template("login.html", error=error, username=request.form.get("username", "")[:_MAX_USERNAME])
+    response = make_response(body, status)
+    response.set_cookie(
+        LOGIN_COOKIE,
+        nonce,
+        max_age=3600,
+        httponly=True,
+        samesite="Strict",
+        secure=wants_secure_cookies(request, svc.secure_cookies),
+        path="/login",
+    )
+    return response

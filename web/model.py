@@ -1,0 +1,322 @@
+"""What the web UI shows, as plain values: billed figures, periods, corrections, exports and the pipeline's health.
+
+Pure: no Flask, no Redis. `web.readers` fills these from Redis and the export folder; the views and the JSON API
+turn them into pages and documents. Money is integer micros throughout; `web.display` formats it for people.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Clicks and their amount in micros (either may be negative for corrections)."""
+
+    clicks: int = 0
+    micros: int = 0
+
+    def __add__(self, other: Figures) -> Figures:
+        return Figures(self.clicks + other.clicks, self.micros + other.micros)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.clicks == 0 and self.micros == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Billed:
+    """One advertiser, campaign or ad in one period: what the stream billed and what reconciliation corrected.
+
+    The corrected figure is the provisional one plus the (signed) corrections, as the contract defines it.
+    """
+
+    provisional: Figures = Figures()
+    corrections: Figures = Figures()
+
+    @property
+    def corrected(self) -> Figures:
+        return self.provisional + self.corrections
+
+    @property
+    def is_zero(self) -> bool:
+        return self.provisional.is_zero and self.corrections.is_zero
+
+
+@dataclass(frozen=True, slots=True)
+class LateCounts:
+    """Events the watermark kept out of the streaming join, for reconciliation to bill."""
+
+    impressions: int = 0
+    clicks: int = 0
+
+    def __add__(self, other: LateCounts) -> LateCounts:
+        return LateCounts(self.impressions + other.impressions, self.clicks + other.clicks)
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """A billing period: its key (`20260101T0000Z`), start and whether reconciliation closed it."""
+
+    key: str
+    start_ms: int
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignLine:
+    campaign_id: str
+    billed: Billed
+
+
+@dataclass(frozen=True, slots=True)
+class AdLine:
+    ad_id: str
+    campaign_id: str
+    billed: Billed
+    late: LateCounts
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodBill:
+    """One period's line of a series: the chart of spend over time and the per-period tables."""
+
+    period: Period
+    billed: Billed
+    late: LateCounts = LateCounts()
+
+
+@dataclass(frozen=True, slots=True)
+class Dashboard:
+    """An advertiser's page: the selected period in detail, and every period's totals for the chart."""
+
+    advertiser_id: str
+    currency: str
+    period: Period | None
+    periods: list[Period]
+    billed: Billed
+    late: LateCounts
+    campaigns: list[CampaignLine]
+    ads: list[AdLine]
+    series: list[PeriodBill]
+    quarantined: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignDetail:
+    advertiser_id: str
+    campaign_id: str
+    currency: str
+    period: Period | None
+    series: list[PeriodBill]
+    ads: list[AdLine]
+
+
+@dataclass(frozen=True, slots=True)
+class AdDetail:
+    advertiser_id: str
+    campaign_id: str
+    ad_id: str
+    currency: str
+    series: list[PeriodBill]
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """One correction written by reconciliation: a signed amount for one click, with its reason."""
+
+    correction_id: str
+    click_id: str
+    impression_id: str | None
+    ad_id: str
+    campaign_id: str
+    advertiser_id: str
+    amount_micros: int
+    reason: str
+    corrects_period: str
+    booked_period: str
+    created_at_ms: int
+
+    @property
+    def is_retraction(self) -> bool:
+        return self.amount_micros < 0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Correction:
+        return cls(
+            correction_id=str(data["correction_id"]),
+            click_id=str(data["click_id"]),
+            impression_id=None if data.get("impression_id") is None else str(data["impression_id"]),
+            ad_id=str(data["ad_id"]),
+            campaign_id=str(data.get("campaign_id") or ""),
+            advertiser_id=str(data["advertiser_id"]),
+            amount_micros=int(data["amount_micros"]),
+            reason=str(data["reason"]),
+            corrects_period=str(data["corrects_period"]),
+            booked_period=str(data["booked_period"]),
+            created_at_ms=int(data.get("created_at_ms") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectionPage:
+    advertiser_id: str
+    currency: str
+    total: int
+    offset: int
+    limit: int
+    items: list[Correction]
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertiserLine:
+    advertiser_id: str
+    currency: str
+    billed: Billed
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFile:
+    name: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """A closed period's reconciled export, as its manifest describes it."""
+
+    period: str
+    period_start_ms: int
+    period_end_ms: int
+    closed_at_ms: int
+    rows: int
+    total_micros: int
+    total_micros_by_currency: dict[str, int]
+    files: list[ExportFile]
+
+    @property
+    def currency(self) -> str:
+        """The one currency of the export, or empty when it holds several (see `total_micros_by_currency`)."""
+        return next(iter(self.total_micros_by_currency)) if len(self.total_micros_by_currency) == 1 else ""
+
+    @classmethod
+    def from_manifest(cls, data: Mapping[str, Any]) -> Export:
+        return cls(
+            period=str(data["period"]),
+            period_start_ms=int(data["period_start_ms"]),
+            period_end_ms=int(data["period_end_ms"]),
+            closed_at_ms=int(data["closed_at_ms"]),
+            rows=int(data["rows"]),
+            total_micros=int(data["total_micros"]),
+            total_micros_by_currency={
+                str(c): int(m) for c, m in sorted(dict(data.get("total_micros_by_currency") or {}).items())
+            },
+            files=[
+                ExportFile(name, int(info["bytes"]), str(info["sha256"]))
+                for name, info in sorted(dict(data.get("files") or {}).items())
+            ],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finance:
+    """Finance's page: every advertiser in one period, the periods, the exports."""
+
+    period: Period | None
+    periods: list[Period]
+    advertisers: list[AdvertiserLine]
+    exports: list[Export]
+
+
+@dataclass(frozen=True, slots=True)
+class QueryHealth:
+    """The latest micro-batch of one streaming query, from its health record."""
+
+    name: str
+    batch_id: int | None
+    timestamp: str
+    input_rows: int
+    input_rows_per_second: float
+    processed_rows_per_second: float
+    batch_duration_ms: int
+    durations_ms: dict[str, int]
+    watermark_ms: int | None
+    stream_watermarks_ms: dict[str, int | None]
+    state_rows: int
+    state_memory_bytes: int
+    rows_dropped_by_watermark: int
+    lag: dict[str, int | None]
+    recent_durations_ms: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """The last reconciliation run."""
+
+    run_id: str
+    started_at_ms: int
+    finished_at_ms: int
+    duration_ms: int
+    periods: list[str]
+    closed: list[str]
+    additions: int
+    retractions: int
+    net_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The admin's page."""
+
+    queries: list[QueryHealth]
+    quarantined: dict[str, dict[str, int]]
+    late: list[PeriodBill]
+    reconciliation: Reconciliation | None
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(sum(topics.values()) for topics in self.quarantined.values())
+
+
+def consumer_lag(sources: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
+    """Records not yet read, per topic: latest offset minus end offset, summed over partitions.
+
+    `end_offset` and `latest_offset` are `{topic: {partition: offset}}`, as objects or JSON text. A topic whose
+    latest offsets are not reported maps to None (unknown), never to 0.
+    """
+    lag: dict[str, int | None] = {}
+    for source in sources:
+        end = _offsets(source.get("end_offset"))
+        latest = _offsets(source.get("latest_offset"))
+        for topic, partitions in end.items():
+            if topic not in latest:
+                lag.setdefault(topic, None)
+                continue
+            # Partitions missing from either side are left out: their lag is not known.
+            behind = sum(max(0, latest[topic][p] - offset) for p, offset in partitions.items() if p in latest[topic])
+            previous = lag.get(topic)
+            lag[topic] = behind + (previous or 0)
+        for topic in latest.keys() - end.keys():
+            lag.setdefault(topic, None)
+    return dict(sorted(lag.items()))
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, Mapping):
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for topic, partitions in value.items():
+        if isinstance(partitions, Mapping):
+            out[str(topic)] = {str(p): int(o) for p, o in partitions.items() if isinstance(o, int | str)}
+    return out

@@ -1,0 +1,516 @@
+"""The web UI's adapter: reads Redis and the export folder into the plain values of `web.model`.
+
+Reads only, never writes. Each page costs one or two Redis round trips (pipelines), whatever the number of periods
+and ads; nothing is computed here that the streaming job or reconciliation did not already write.
+
+Keys read (PREFIX is `ADBILL_REDIS_PREFIX`; the layout is the contract of `billing/redis_totals.py` and of
+reconciliation):
+
+| key | written by | read for |
+| --- | --- | --- |
+| `PREFIX:periods`, `PREFIX:periods:closed` | stream, reconciliation | the periods, open or closed |
+| `PREFIX:period:P:advertisers`, `...:campaigns:ADV`, `...:ads:ADV` | stream | who has totals in a period |
+| `PREFIX:totals:P:{adv,cmp,ad}:ID` | stream | provisional clicks and micros |
+| `PREFIX:corrections:P:{adv,cmp,ad}:ID` | reconciliation | signed sums of the corrections of period P |
+| `PREFIX:correction-list:ADV` | reconciliation | an advertiser's corrections, newest first |
+| `PREFIX:late:P:{adv,ad}:ID`, `PREFIX:late-periods` | stream | events the watermark kept out, and in which periods |
+| `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
+| `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
+| `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
+
+Exports: `EXPORTS/PERIOD/{billing.parquet,billing.csv,manifest.json}`; a folder counts once its manifest exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from billing.catalog import Catalog
+from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE
+from billing.intake import QuarantineReason
+from web.model import (
+    AdDetail,
+    AdLine,
+    AdvertiserLine,
+    Billed,
+    CampaignDetail,
+    CampaignLine,
+    Correction,
+    CorrectionPage,
+    Dashboard,
+    Export,
+    Figures,
+    Finance,
+    Health,
+    LateCounts,
+    Period,
+    PeriodBill,
+    QueryHealth,
+    Reconciliation,
+    consumer_lag,
+)
+
+EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE)
+"""The files of an export folder, the only names a download may ask for."""
+
+SERIES_PERIODS = 72
+"""Periods in the chart and the per-period tables: three days of hours."""
+
+QUERY_NAMES = ("billing",)
+"""The streaming job's named queries (`attribution.job`), whose health records the admin sees."""
+
+HEALTH_HISTORY = 60
+"""Batches of each query whose durations the health page shows."""
+
+_PERIOD_KEY = re.compile(r"\d{8}T\d{4}Z", re.ASCII)
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}", re.ASCII)
+
+
+def is_period_key(text: str) -> bool:
+    return bool(_PERIOD_KEY.fullmatch(text))
+
+
+def is_id(text: str) -> bool:
+    """Plausible advertiser, campaign, ad or correction id: anything else is not looked up at all."""
+    return bool(_ID.fullmatch(text))
+
+
+class CatalogFile:
+    """The ad catalog, for currencies and which ad or campaign belongs to whom; re-read when the file changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._catalog = Catalog([])
+
+    def get(self) -> Catalog:
+        if self.path is None:
+            return self._catalog
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return self._catalog
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            try:
+                self._catalog = Catalog.load(self.path)
+            except ValueError:
+                return self._catalog  # half-written or broken: keep the last good one
+            self._stamp = stamp
+        return self._catalog
+
+
+class BillingReader:
+    """Everything the pages show, read from Redis (under one key prefix) and the export folder."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        exports_dir: Path,
+        catalog: CatalogFile,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.exports_dir = exports_dir
+        self.catalog = catalog
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    # Periods and advertisers ---------------------------------------------------------------------------------
+    def periods(self) -> list[Period]:
+        """Every period with totals or closed by reconciliation, oldest first."""
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_periods(pipe)
+        return self._periods_of(pipe.execute())
+
+    def known_advertisers(self) -> list[str]:
+        """Advertisers with totals in any period, or in the catalog."""
+        periods = self.periods()
+        keys = [self.key("period", p.key, "advertisers") for p in periods]
+        found: set[str] = set(self.client.sunion(keys)) if keys else set()  # type: ignore[arg-type]
+        return sorted(found | set(self.catalog.get().advertiser_ids))
+
+    def currency(self, advertiser_id: str) -> str:
+        """The advertiser's currency from the catalog; empty when unknown or mixed."""
+        currencies = {ad.currency for ad in self.catalog.get() if ad.advertiser_id == advertiser_id}
+        return currencies.pop() if len(currencies) == 1 else ""
+
+    # An advertiser's pages -------------------------------------------------------------------------------------
+    def dashboard(self, advertiser_id: str, period_key: str | None) -> Dashboard | None:
+        """The advertiser's selected period (default: the latest) in detail, and its recent periods.
+
+        None when `period_key` names no period. Two round trips: periods and who has totals, then every figure.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_periods(pipe)
+        if period_key is not None:
+            pipe.smembers(self.key("period", period_key, "campaigns", advertiser_id))
+            pipe.smembers(self.key("period", period_key, "ads", advertiser_id))
+        first = pipe.execute()
+        periods = self._periods_of(first[:2])
+        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
+        if period_key is not None and period is None:
+            return None
+        if period is not None and period_key is None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.smembers(self.key("period", period.key, "campaigns", advertiser_id))
+            pipe.smembers(self.key("period", period.key, "ads", advertiser_id))
+            first += pipe.execute()
+        campaign_ids, ad_ids = (set(first[2]), set(first[3])) if period is not None else (set(), set())
+
+        catalog = self.catalog.get()
+        ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog if ad.advertiser_id == advertiser_id}
+        campaign_ids |= set(ad_campaign.values())
+        ad_ids |= set(ad_campaign)
+        campaigns, ads = sorted(campaign_ids), sorted(ad_ids)
+        series_periods = periods[-SERIES_PERIODS:]
+
+        pipe = self.client.pipeline(transaction=False)
+        for p in series_periods:
+            self._queue_billed(pipe, p.key, "adv", advertiser_id)
+            pipe.hmget(self.key("late", p.key, "adv", advertiser_id), "impressions", "clicks")
+        if period is not None:
+            for campaign_id in campaigns:
+                self._queue_billed(pipe, period.key, "cmp", campaign_id)
+            for ad_id in ads:
+                pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+                pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
+                pipe.hmget(self.key("late", period.key, "ad", ad_id), "impressions", "clicks")
+        pipe.hgetall(self.key("quarantined", "adv", advertiser_id))
+        results = iter(pipe.execute())
+
+        series = [
+            PeriodBill(p, Billed(_figures(next(results)), _figures(next(results))), _late(next(results)))
+            for p in series_periods
+        ]
+        campaign_lines: list[CampaignLine] = []
+        ad_lines: list[AdLine] = []
+        if period is not None:
+            for campaign_id in campaigns:
+                billed = Billed(_figures(next(results)), _figures(next(results)))
+                campaign_lines.append(CampaignLine(campaign_id, billed))
+            for ad_id in ads:
+                totals, corrections, late = next(results), next(results), next(results)
+                if totals[3] not in (None, advertiser_id):
+                    continue  # an ad of another advertiser must never show here, whatever a set says
+                line = AdLine(
+                    ad_id,
+                    ad_campaign.get(ad_id) or totals[2] or "",
+                    Billed(_figures(totals), _figures(corrections)),
+                    _late(late),
+                )
+                ad_lines.append(line)
+        quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
+
+        selected = next((bill for bill in series if period is not None and bill.period == period), None)
+        if selected is None and period is not None:  # an old period, outside the chart's window
+            selected = self._period_bill(period, "adv", advertiser_id)
+        return Dashboard(
+            advertiser_id=advertiser_id,
+            currency=self.currency(advertiser_id),
+            period=period,
+            periods=periods,
+            billed=selected.billed if selected else Billed(),
+            late=selected.late if selected else LateCounts(),
+            campaigns=[c for c in campaign_lines if not c.billed.is_zero],
+            ads=[a for a in ad_lines if not (a.billed.is_zero and a.late == LateCounts())],
+            series=series,
+            quarantined=quarantined,
+        )
+
+    def campaign(self, advertiser_id: str, campaign_id: str, period_key: str | None) -> CampaignDetail | None:
+        """A campaign of the advertiser, per period, with its ads in the selected period; None if not its own."""
+        if not is_id(campaign_id):
+            return None
+        periods = self.periods()
+        series_periods = periods[-SERIES_PERIODS:]
+        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
+        if period_key is not None and period is None:
+            return None
+        catalog = self.catalog.get()
+        ad_ids = {ad.ad_id for ad in catalog if ad.campaign_id == campaign_id and ad.advertiser_id == advertiser_id}
+        owned = bool(ad_ids)
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.sismember(self.key("period", p.key, "campaigns", advertiser_id), campaign_id)
+        if period is not None:
+            pipe.smembers(self.key("period", period.key, "ads", advertiser_id))
+        first = pipe.execute()
+        owned = owned or any(first[: len(periods)])
+        if not owned:
+            return None
+        if period is not None:
+            ad_ids |= set(first[-1])
+        ads = sorted(ad_ids)
+
+        pipe = self.client.pipeline(transaction=False)
+        for p in series_periods:
+            self._queue_billed(pipe, p.key, "cmp", campaign_id)
+        if period is not None:
+            for ad_id in ads:
+                pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+                pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
+                pipe.hmget(self.key("late", period.key, "ad", ad_id), "impressions", "clicks")
+        results = iter(pipe.execute())
+        series = [PeriodBill(p, Billed(_figures(next(results)), _figures(next(results)))) for p in series_periods]
+        lines = []
+        if period is not None:
+            ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}
+            for ad_id in ads:
+                totals, corrections, late = next(results), next(results), next(results)
+                if (ad_campaign.get(ad_id) or totals[2]) != campaign_id or totals[3] not in (None, advertiser_id):
+                    continue
+                line = AdLine(ad_id, campaign_id, Billed(_figures(totals), _figures(corrections)), _late(late))
+                if not (line.billed.is_zero and line.late == LateCounts()):
+                    lines.append(line)
+        return CampaignDetail(advertiser_id, campaign_id, self.currency(advertiser_id), period, series, lines)
+
+    def ad(self, advertiser_id: str, ad_id: str) -> AdDetail | None:
+        """An ad of the advertiser, per period, with its late events; None if it is not the advertiser's."""
+        if not is_id(ad_id):
+            return None
+        periods = self.periods()[-SERIES_PERIODS:]
+        known = self.catalog.get().get(ad_id)
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.hmget(self.key("totals", p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+            pipe.hmget(self.key("corrections", p.key, "ad", ad_id), "clicks", "micros")
+            pipe.hmget(self.key("late", p.key, "ad", ad_id), "impressions", "clicks")
+        results = pipe.execute()
+        owners = {totals[3] for totals in results[0::3] if totals[3] is not None}
+        if known is not None:
+            owners.add(known.advertiser_id)
+        if owners != {advertiser_id}:
+            return None
+        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::3] if t[2]), "")
+        series = [
+            PeriodBill(p, Billed(_figures(results[3 * i]), _figures(results[3 * i + 1])), _late(results[3 * i + 2]))
+            for i, p in enumerate(periods)
+        ]
+        return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
+
+    def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
+        """One page of the advertiser's corrections, newest first."""
+        key = self.key("correction-list", advertiser_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(key)
+        pipe.lrange(key, offset, offset + limit - 1)
+        total, raw = pipe.execute()
+        items = [c for c in (_correction(text) for text in raw) if c and c.advertiser_id == advertiser_id]
+        return CorrectionPage(advertiser_id, self.currency(advertiser_id), int(total), offset, limit, items)
+
+    def correction(self, advertiser_id: str, correction_id: str, chunk: int = 1000) -> Correction | None:
+        """The advertiser's correction of this id, or None (reading the list in chunks, newest first)."""
+        if not is_id(correction_id):
+            return None
+        key = self.key("correction-list", advertiser_id)
+        start = 0
+        while True:
+            raw = self.client.lrange(key, start, start + chunk - 1)
+            for text in raw:  # type: ignore[union-attr]
+                found = _correction(str(text))
+                if found and found.correction_id == correction_id and found.advertiser_id == advertiser_id:
+                    return found
+            if len(raw) < chunk:  # type: ignore[arg-type]
+                return None
+            start += chunk
+
+    # Finance ---------------------------------------------------------------------------------------------------
+    def finance(self, period_key: str | None) -> Finance | None:
+        """Every advertiser's figures in the selected period (default: the latest), the periods and exports."""
+        periods = self.periods()
+        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
+        if period_key is not None and period is None:
+            return None
+        lines: list[AdvertiserLine] = []
+        if period is not None:
+            members = self.client.smembers(self.key("period", period.key, "advertisers"))
+            advertisers = sorted({str(m) for m in members} | set(self.catalog.get().advertiser_ids))  # type: ignore[union-attr]
+            pipe = self.client.pipeline(transaction=False)
+            for advertiser_id in advertisers:
+                self._queue_billed(pipe, period.key, "adv", advertiser_id)
+            results = iter(pipe.execute())
+            for advertiser_id in advertisers:
+                billed = Billed(_figures(next(results)), _figures(next(results)))
+                if not billed.is_zero:
+                    lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
+        return Finance(period, periods, lines, self.exports())
+
+    def exports(self) -> list[Export]:
+        """Every finished export (its manifest written), newest period first."""
+        if not self.exports_dir.is_dir():
+            return []
+        found = []
+        for folder in sorted(self.exports_dir.iterdir(), reverse=True):
+            manifest = folder / MANIFEST_FILE
+            if not (is_period_key(folder.name) and manifest.is_file()):
+                continue
+            try:
+                found.append(Export.from_manifest(json.loads(manifest.read_text())))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a manifest we can read: not offered for download
+        return found
+
+    def export_file(self, period_key: str, name: str) -> Path | None:
+        """The file of a finished export, or None; only the known names of a period-named folder."""
+        if not is_period_key(period_key) or name not in EXPORT_FILES:
+            return None
+        folder = self.exports_dir / period_key
+        path = folder / name
+        return path if (folder / MANIFEST_FILE).is_file() and path.is_file() else None
+
+    # Admin -----------------------------------------------------------------------------------------------------
+    def health(self) -> Health:
+        """The job's latest progress per query, recent batch durations, late and quarantined counts, and the last
+        reconciliation. One round trip."""
+        advertisers = self.known_advertisers()
+        late_periods: list[tuple[str, float]] = self.client.zrange(  # type: ignore[assignment]
+            self.key("late-periods"), -SERIES_PERIODS, -1, withscores=True
+        )
+        periods = [Period(key, int(start), False) for key, start in late_periods]
+        reasons = [r.value for r in QuarantineReason]
+        pipe = self.client.pipeline(transaction=False)
+        for name in QUERY_NAMES:
+            pipe.hgetall(self.key("health", "query", name))
+            pipe.lrange(self.key("health", "history", name), 0, HEALTH_HISTORY - 1)
+        for reason in reasons:
+            pipe.hgetall(self.key("quarantine", reason))
+        for p in periods:
+            for advertiser_id in advertisers:
+                pipe.hmget(self.key("late", p.key, "adv", advertiser_id), "impressions", "clicks")
+        pipe.hgetall(self.key("reconcile", "last"))
+        results = iter(pipe.execute())
+
+        queries = []
+        for name in QUERY_NAMES:
+            record, history = next(results), next(results)
+            if record:
+                queries.append(_query_health(name, record, history))
+        quarantined = {}
+        for reason in reasons:
+            topics = next(results)
+            if topics:
+                quarantined[reason] = {topic: int(n) for topic, n in sorted(topics.items())}
+        late = []
+        for p in periods:
+            total = LateCounts()
+            for _ in advertisers:
+                total += _late(next(results))
+            late.append(PeriodBill(p, Billed(), total))
+        last = next(results)
+        return Health(queries, quarantined, late, _reconciliation(last) if last else None)
+
+    # Pieces ----------------------------------------------------------------------------------------------------
+    def _queue_periods(self, pipe: Any) -> None:
+        pipe.zrange(self.key("periods"), 0, -1, withscores=True)
+        pipe.zrange(self.key("periods", "closed"), 0, -1, withscores=True)
+
+    def _periods_of(self, results: Sequence[Any]) -> list[Period]:
+        billed, closed = results[0], results[1]
+        closed_keys = {key for key, _ in closed}
+        starts = {key: int(score) for key, score in (*billed, *closed)}
+        return [Period(key, start, key in closed_keys) for key, start in sorted(starts.items(), key=lambda kv: kv[1])]
+
+    def _queue_billed(self, pipe: Any, period: str, level: str, ident: str) -> None:
+        pipe.hmget(self.key("totals", period, level, ident), "clicks", "micros")
+        pipe.hmget(self.key("corrections", period, level, ident), "clicks", "micros")
+
+    def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_billed(pipe, period.key, level, ident)
+        pipe.hmget(self.key("late", period.key, level, ident), "impressions", "clicks")
+        totals, corrections, late = pipe.execute()
+        return PeriodBill(period, Billed(_figures(totals), _figures(corrections)), _late(late))
+
+
+def _find(periods: list[Period], key: str | None) -> Period | None:
+    return next((p for p in periods if p.key == key), None)
+
+
+def _figures(values: Sequence[str | None]) -> Figures:
+    return Figures(int(values[0] or 0), int(values[1] or 0))
+
+
+def _late(values: Sequence[str | None]) -> LateCounts:
+    return LateCounts(int(values[0] or 0), int(values[1] or 0))
+
+
+def _correction(text: str) -> Correction | None:
+    try:
+        return Correction.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError):
+        return None  # a line we cannot read is not shown rather than failing the page
+
+
+def _json_field(value: str | None, default: Any) -> Any:
+    if value is None or value == "None":
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        return default
+
+
+def _int_field(value: str | None) -> int | None:
+    if value is None or value in ("", "None", "null"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _float_field(value: str | None) -> float:
+    try:
+        return float(value or 0.0)
+    except ValueError:
+        return 0.0
+
+
+def _query_health(name: str, record: dict[str, str], history: list[str]) -> QueryHealth:
+    recent = []
+    for line in history:
+        try:
+            recent.append(int(json.loads(line).get("batch_duration_ms") or 0))
+        except (ValueError, AttributeError):
+            continue
+    watermarks = _json_field(record.get("stream_watermarks_ms"), {})
+    return QueryHealth(
+        name=name,
+        batch_id=_int_field(record.get("batch_id")),
+        timestamp=record.get("timestamp", ""),
+        input_rows=_int_field(record.get("input_rows")) or 0,
+        input_rows_per_second=_float_field(record.get("input_rows_per_second")),
+        processed_rows_per_second=_float_field(record.get("processed_rows_per_second")),
+        batch_duration_ms=_int_field(record.get("batch_duration_ms")) or 0,
+        durations_ms={str(k): int(v) for k, v in _json_field(record.get("durations_ms"), {}).items()},
+        watermark_ms=_int_field(record.get("watermark_ms")),
+        stream_watermarks_ms={str(k): None if v is None else int(v) for k, v in watermarks.items()},
+        state_rows=_int_field(record.get("state_rows")) or 0,
+        state_memory_bytes=_int_field(record.get("state_memory_bytes")) or 0,
+        rows_dropped_by_watermark=_int_field(record.get("rows_dropped_by_watermark")) or 0,
+        lag=consumer_lag(_json_field(record.get("sources"), [])),
+        recent_durations_ms=list(reversed(recent)),
+    )
+
+
+def _reconciliation(data: dict[str, str]) -> Reconciliation:
+    return Reconciliation(
+        run_id=data.get("run_id", ""),
+        started_at_ms=_int_field(data.get("started_at_ms")) or 0,
+        finished_at_ms=_int_field(data.get("finished_at_ms")) or 0,
+        duration_ms=_int_field(data.get("duration_ms")) or 0,
+        periods=[str(p) for p in _json_field(data.get("periods"), [])],
+        closed=[str(p) for p in _json_field(data.get("closed"), [])],
+        additions=_int_field(data.get("additions")) or 0,
+        retractions=_int_field(data.get("retractions")) or 0,
+        net_micros=_int_field(data.get("net_micros")) or 0,
+    )

@@ -1,0 +1,284 @@
+"""A realistic sample of what the pipeline writes and the web UI reads, for the benchmark, the tests and demos.
+
+The provisional totals, late and quarantined counts go through the streaming job's own adapter
+(`RedisTotals.apply_batch`), the exports through the finance export's writer (`billing.export.write_export`). The
+rest follows the contract between reconciliation and the web UI, key for key (see `web.readers`): corrections and
+their list, closed periods, the last reconciliation, the job's health records. This module writes what the real
+writers write; it decides nothing they decide.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import redis
+
+from billing.catalog import Ad, Catalog
+from billing.export import EXPORT_SCHEMA, write_export
+from billing.periods import Periods, format_utc
+from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
+
+ADDITION_REASONS = ("late_click", "late_impression", "missed_match")
+RETRACTION_REASONS = ("duplicate", "id_conflict", "not_billable")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCorrection:
+    """One correction, in the contract's fields."""
+
+    correction_id: str
+    click_id: str
+    impression_id: str | None
+    ad_id: str
+    campaign_id: str
+    advertiser_id: str
+    amount_micros: int
+    reason: str
+    corrects_period: str
+    booked_period: str
+    created_at_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class SampleWriter:
+    """Writes under one prefix through the stream's own adapter where one exists, and the contract's keys elsewhere;
+    exports through `billing.export.write_export`."""
+
+    def __init__(self, client: redis.Redis, prefix: str, exports_dir: Path) -> None:
+        self.client = client
+        self.prefix = prefix
+        if exports_dir.name != "exports":
+            raise ValueError(f"exports live in ROOT/exports, not in {exports_dir}")
+        self.exports_dir = exports_dir
+        self.totals = RedisTotals(client, prefix)
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def bill(
+        self,
+        batch_id: int,
+        rows: Iterable[TotalsRow],
+        late: Iterable[LateCount] = (),
+        quarantined: Iterable[QuarantineCount] = (),
+    ) -> bool:
+        """Provisional totals, late and quarantine counts, exactly as the streaming job applies a micro-batch."""
+        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined)
+
+    def corrections(self, items: Sequence[SampleCorrection]) -> None:
+        """Signed sums per corrected period (advertiser, campaign, ad) and each advertiser's list, newest first."""
+        pipe = self.client.pipeline()
+        for c in sorted(items, key=lambda c: c.created_at_ms):
+            for level, ident in (("adv", c.advertiser_id), ("cmp", c.campaign_id), ("ad", c.ad_id)):
+                key = self.key("corrections", c.corrects_period, level, ident)
+                pipe.hincrby(key, "clicks", 1 if c.amount_micros > 0 else -1)
+                pipe.hincrby(key, "micros", c.amount_micros)
+            pipe.lpush(self.key("correction-list", c.advertiser_id), json.dumps(c.to_json()))
+        pipe.execute()
+
+    def close(self, period: str, start_ms: int) -> None:
+        self.client.zadd(self.key("periods", "closed"), {period: start_ms})
+
+    def reconciliation(self, record: dict[str, Any]) -> None:
+        self.client.hset(
+            self.key("reconcile", "last"),
+            mapping={k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in record.items()},
+        )
+
+    def health(self, record: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> None:
+        """A query's latest progress record after the earlier ones of `history` (newest first), kept as the job's
+        listener keeps them: the record in a hash, every record pushed on the history list."""
+        name = record["query"]
+        pipe = self.client.pipeline()
+        for item in [*reversed(history), record]:
+            pipe.lpush(self.key("health", "history", name), json.dumps(item))
+        pipe.hset(
+            self.key("health", "query", name),
+            mapping={k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in record.items()},
+        )
+        pipe.execute()
+
+    def export(self, period: str, start_ms: int, end_ms: int, closed_at_ms: int, rows: list[dict[str, Any]]) -> Path:
+        """A closed period's export folder (Parquet, CSV, manifest), written by the finance export's own writer."""
+        write_export(
+            self.exports_dir.parent,
+            period,
+            pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA),
+            start_ms,
+            end_ms,
+            closed_at_ms,
+        )
+        return self.exports_dir / period
+
+
+def seed_sample(
+    writer: SampleWriter,
+    catalog: Catalog,
+    first_period_ms: int,
+    periods: int,
+    seed: int = 1,
+    closed: int | None = None,
+    exports: int = 2,
+) -> dict[str, Any]:
+    """Fill Redis and the export folder with `periods` hours of billing of every ad of `catalog`.
+
+    The oldest periods up to `closed` (default: all but the last two) are closed and corrected, and the newest
+    `exports` of the closed ones get an export folder whose total is the period's corrected total. Returns what was
+    written, for a caller to print.
+    """
+    rng = random.Random(f"sample-{seed}")
+    hours = Periods()
+    closed = max(0, periods - 2) if closed is None else closed
+    starts = [hours.start_of(first_period_ms) + i * hours.length_ms for i in range(periods)]
+    ads = list(catalog)
+    n_corrections = 0
+    for index, start in enumerate(starts):
+        period = hours.key(start)
+        clicks = {ad.ad_id: rng.randint(0, 40) for ad in ads}
+        rows = [
+            TotalsRow(period, start, ad.advertiser_id, ad.campaign_id, ad.ad_id, clicks[ad.ad_id],
+                      clicks[ad.ad_id] * ad.cpc_micros)
+            for ad in ads
+            if clicks[ad.ad_id]
+        ]  # fmt: skip
+        touched = rng.sample(ads, k=min(len(ads), 6))
+        late = [
+            LateCount(period, start, ad.advertiser_id, ad.ad_id, event_type, rng.randint(0, 3))
+            for ad in touched
+            for event_type in ("impression", "click")
+        ]
+        quarantined = [
+            QuarantineCount(reason, topic, advertiser_id, rng.randint(0, 2))
+            for advertiser_id in catalog.advertiser_ids
+            for reason, topic in (("id_conflict", "clicks"), ("time_out_of_range", "impressions"))
+        ]
+        writer.bill(index, rows, [c for c in late if c.events], [q for q in quarantined if q.records])
+        corrections = [_sample_correction(rng, ad, period, start, clicks[ad.ad_id]) for ad in touched]
+        corrections = corrections if index < closed else []
+        writer.corrections(corrections)
+        n_corrections += len(corrections)
+        if index < closed:
+            writer.close(period, start)
+            if index >= closed - exports:
+                export_rows = _export_rows(catalog, period, clicks, corrections)
+                writer.export(period, start, start + hours.length_ms, start + 2 * hours.length_ms, export_rows)
+    last = starts[-1]
+    writer.health(
+        health_record("billing", batch_id=len(starts) * 10, now_ms=last + 1_800_000, lag=(120, 80)),
+        [
+            health_record("billing", batch_id=len(starts) * 10 - i, now_ms=last + 1_800_000 - i * 5000, lag=(0, 0))
+            for i in range(1, 30)
+        ],
+    )
+    if closed:
+        writer.reconciliation(
+            {
+                "run_id": f"reconcile-{hours.key(starts[closed - 1])}",
+                "started_at_ms": last + 1_700_000,
+                "finished_at_ms": last + 1_760_000,
+                "duration_ms": 60_000,
+                "periods": [hours.key(s) for s in starts[:closed]][-3:],
+                "closed": [hours.key(starts[closed - 1])],
+                "additions": 4,
+                "retractions": 2,
+                "net_micros": 1_230_000,
+            }
+        )
+    return {"periods": len(starts), "closed": closed, "ads": len(ads), "corrections": n_corrections}
+
+
+def _sample_correction(rng: random.Random, ad: Ad, period: str, start: int, billed: int) -> SampleCorrection:
+    """An addition of a click the stream missed, or the retraction of one the stream billed (when it billed any)."""
+    retract = billed > 0 and rng.random() < 0.5
+    reason = rng.choice(RETRACTION_REASONS if retract else ADDITION_REASONS)
+    click_id = f"click-{period}-{ad.ad_id}-0" if retract else f"click-{period}-{ad.ad_id}-late"
+    return SampleCorrection(
+        correction_id=f"corr-{period}-{ad.ad_id}",
+        click_id=click_id,
+        impression_id=None if reason == "not_billable" else f"imp-{click_id}",
+        ad_id=ad.ad_id,
+        campaign_id=ad.campaign_id,
+        advertiser_id=ad.advertiser_id,
+        amount_micros=(-1 if retract else 1) * ad.cpc_micros,
+        reason=reason,
+        corrects_period=period,
+        booked_period=period,
+        created_at_ms=start + 3_600_000 + 600_000,
+    )
+
+
+def _export_rows(
+    catalog: Catalog, period: str, clicks: dict[str, int], corrections: list[SampleCorrection]
+) -> list[dict[str, Any]]:
+    """The export's click rows: every billed click, retracted ones at net 0, added ones at their amount."""
+    by_click = {c.click_id: c for c in corrections}
+    rows = []
+    for ad in catalog:
+        ids = [f"click-{period}-{ad.ad_id}-{k}" for k in range(clicks[ad.ad_id])]
+        ids += [c.click_id for c in corrections if c.ad_id == ad.ad_id and c.amount_micros > 0]
+        for click_id in ids:
+            correction = by_click.get(click_id)
+            status = "billed" if correction is None else ("added" if correction.amount_micros > 0 else "retracted")
+            rows.append(
+                {
+                    "record_type": "click",
+                    "click_id": click_id,
+                    "impression_id": f"imp-{click_id}",
+                    "ad_id": ad.ad_id,
+                    "campaign_id": ad.campaign_id,
+                    "advertiser_id": ad.advertiser_id,
+                    "user_id": f"user-{click_id}",
+                    "click_time": None,
+                    "impression_time": None,
+                    "amount_micros": ad.cpc_micros,
+                    "net_micros": 0 if status == "retracted" else ad.cpc_micros,
+                    "currency": ad.currency,
+                    "status": status,
+                    "reason": None if correction is None else correction.reason,
+                    "correction_id": None if correction is None else correction.correction_id,
+                    "corrects_period": period,
+                    "booked_period": period,
+                }
+            )
+    return sorted(rows, key=lambda r: r["click_id"])
+
+
+def health_record(query: str, batch_id: int, now_ms: int, lag: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """A progress record in the shape of `attribution.progress.summarize`, with the latest offsets of each source."""
+    end = {"impressions": {"0": 1000, "1": 1200}, "clicks": {"0": 100, "1": 130}}
+    latest = {
+        "impressions": {"0": 1000 + lag[0], "1": 1200},
+        "clicks": {"0": 100 + lag[1], "1": 130},
+    }
+    return {
+        "query": query,
+        "batch_id": batch_id,
+        "timestamp": format_utc(now_ms),
+        "input_rows": 2300,
+        "input_rows_per_second": 460.0,
+        "processed_rows_per_second": 520.5,
+        "batch_duration_ms": 4400 + batch_id % 7 * 100,
+        "durations_ms": {"triggerExecution": 4400, "addBatch": 3900, "walCommit": 120},
+        "watermark_ms": now_ms - 30_000,
+        "stream_watermarks_ms": {"impressions": now_ms - 30_000, "clicks": now_ms - 31_000},
+        "state_rows": 52_000,
+        "state_memory_bytes": 48_000_000,
+        "rows_dropped_by_watermark": 3,
+        "sources": [
+            {
+                "description": f"KafkaV2[Subscribe[{topic}]]",
+                "end_offset": json.dumps({topic: end[topic]}),
+                "latest_offset": json.dumps({topic: latest[topic]}),
+                "input_rows": 1000,
+            }
+            for topic in ("impressions", "clicks")
+        ],
+    }

@@ -1,0 +1,51 @@
+"""The adapters one web app uses, wired once by `create_app`, and how a view reaches them and the logged-in person."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flask import current_app, g
+
+from web.access import Principal
+from web.accounts import AccountsFile
+from web.cache import RecentResults
+from web.readers import BillingReader
+from web.sessions import LoginLimiter, SessionRecord, SessionStore
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything a request may need, built once per process."""
+
+    reader: BillingReader
+    accounts: AccountsFile
+    sessions: SessionStore
+    limiter: LoginLimiter
+    secret: bytes
+    secure_cookies: bool
+    session_ttl_s: int
+    refresh_ms: int
+    recent: RecentResults
+    clock: Callable[[], int] = now_ms
+
+
+def services() -> Services:
+    """The app's services (inside a request or app context)."""
+    found: Services = current_app.extensions["adbill"]
+    return found
+
+
+def current_principal() -> Principal | None:
+    """Who is logged in for this request, or None."""
+    return g.get("principal")
+
+
+def current_session() -> tuple[str, SessionRecord] | None:
+    """(session id, record) of this request's session, or None."""
+    return g.get("session")

@@ -1,0 +1,166 @@
+// adbill's only script: live refresh of an advertiser's dashboard and its spend chart, from the JSON API.
+// Loaded from this origin (the Content-Security-Policy allows no inline script). Money arrives as integer micros
+// and is formatted with integer arithmetic (BigInt), as web/display.py does on the server.
+"use strict";
+
+const MICROS = 1000000n;
+
+function money(micros, currency) {
+  const value = BigInt(micros);
+  const abs = value < 0n ? -value : value;
+  const units = (abs / MICROS).toLocaleString("en-US");
+  const fraction = (abs % MICROS).toString().padStart(6, "0");
+  const text = (value < 0n ? "-" : "") + units + "." + fraction;
+  return currency ? text + " " + currency : text;
+}
+
+function signedMoney(micros, currency) {
+  return (BigInt(micros) > 0n ? "+" : "") + money(micros, currency);
+}
+
+function count(n) {
+  return BigInt(n).toLocaleString("en-US");
+}
+
+function signedCount(n) {
+  return (BigInt(n) > 0n ? "+" : "") + count(n);
+}
+
+function periodLabel(key) {
+  if (key.length !== 14) return key;
+  return key.slice(0, 4) + "-" + key.slice(4, 6) + "-" + key.slice(6, 8) + " " + key.slice(9, 11) + ":" + key.slice(11, 13) + " UTC";
+}
+
+function lookup(row, path) {
+  return path.split(".").reduce((value, part) => (value == null ? undefined : value[part]), row);
+}
+
+function render(value, format, currency) {
+  switch (format) {
+    case "money": return money(value, currency);
+    case "signed_money": return signedMoney(value, currency);
+    case "count": return count(value);
+    case "signed_count": return signedCount(value);
+    case "period": return periodLabel(value);
+    default: return value == null ? "" : String(value);
+  }
+}
+
+function statusBadge(closed) {
+  const span = document.createElement("span");
+  span.className = "badge " + (closed ? "closed" : "open");
+  span.textContent = closed ? "closed" : "open";
+  return span;
+}
+
+// A table's header cells say which value each column shows (data-k) and how (data-f); rows are rebuilt from them.
+function fillTable(table, rows, currency) {
+  const heads = Array.from(table.querySelectorAll("thead th"));
+  const body = document.createElement("tbody");
+  const ordered = table.dataset.reverse ? rows.slice().reverse() : rows;
+  for (const row of ordered) {
+    const tr = document.createElement("tr");
+    for (const th of heads) {
+      const td = document.createElement("td");
+      const value = lookup(row, th.dataset.k);
+      if (th.classList.contains("num")) td.className = "num";
+      if (th.dataset.f === "status") {
+        td.appendChild(statusBadge(value));
+      } else if (th.dataset.link) {
+        const a = document.createElement("a");
+        a.href = th.dataset.link.replace("__ID__", encodeURIComponent(value));
+        a.textContent = render(value, th.dataset.f, currency);
+        td.appendChild(a);
+      } else {
+        td.textContent = render(value, th.dataset.f, currency);
+      }
+      tr.appendChild(td);
+    }
+    body.appendChild(tr);
+  }
+  table.replaceChild(body, table.querySelector("tbody"));
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svgElement(name, attributes, text) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, String(value));
+  if (text !== undefined) element.textContent = text;
+  return element;
+}
+
+// Bars: corrected spend per period; line: provisional spend. Heights are proportional to micros.
+function drawChart(svg, series, currency) {
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const width = 760, height = 260, left = 110, right = 10, top = 12, bottom = 34;
+  const plotW = width - left - right, plotH = height - top - bottom;
+  svg.setAttribute("data-points", String(series.length));
+  if (series.length === 0) {
+    svg.appendChild(svgElement("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "axis" }, "No spend yet"));
+    return;
+  }
+  let max = 1;
+  for (const p of series) max = Math.max(max, p.corrected.micros, p.provisional.micros);
+  const step = plotW / series.length;
+  const y = (micros) => top + plotH - (Math.max(0, micros) / max) * plotH;
+  svg.appendChild(svgElement("line", { x1: left, y1: top + plotH, x2: width - right, y2: top + plotH, class: "axis-line" }));
+  svg.appendChild(svgElement("line", { x1: left, y1: top, x2: left, y2: top + plotH, class: "axis-line" }));
+  svg.appendChild(svgElement("text", { x: left - 6, y: top + 4, "text-anchor": "end", class: "axis" }, money(max, currency).replace(/\.\d+/, "")));
+  svg.appendChild(svgElement("text", { x: left - 6, y: top + plotH, "text-anchor": "end", class: "axis" }, "0"));
+  const bars = svgElement("g", { class: "bars" });
+  const points = [];
+  series.forEach((p, i) => {
+    const x = left + i * step;
+    const bar = svgElement("rect", {
+      x: (x + step * 0.15).toFixed(2), y: y(p.corrected.micros).toFixed(2),
+      width: Math.max(1, step * 0.7).toFixed(2), height: (top + plotH - y(p.corrected.micros)).toFixed(2),
+      class: "bar" + (p.closed ? " closed" : ""), "data-period": p.period, "data-micros": p.corrected.micros,
+    });
+    bar.appendChild(svgElement("title", {}, periodLabel(p.period) + ": " + money(p.corrected.micros, currency)));
+    bars.appendChild(bar);
+    points.push((x + step / 2).toFixed(2) + "," + y(p.provisional.micros).toFixed(2));
+  });
+  svg.appendChild(bars);
+  svg.appendChild(svgElement("polyline", { points: points.join(" "), class: "provisional-line" }));
+  svg.appendChild(svgElement("text", { x: left, y: height - 10, class: "axis" }, periodLabel(series[0].period)));
+  svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
+    periodLabel(series[series.length - 1].period)));
+}
+
+function refreshDashboard(root) {
+  const currency = root.dataset.currency;
+  return fetch(root.dataset.api, { credentials: "same-origin", headers: { Accept: "application/json" } })
+    .then((response) => {
+      if (response.status === 401) { window.location.reload(); throw new Error("logged out"); }
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      return response.json();
+    })
+    .then((data) => {
+      for (const cell of root.querySelectorAll("[data-k]:not(th)")) {
+        if (cell.closest("table[data-rows]")) continue;
+        const value = lookup(data, cell.dataset.k);
+        if (value !== undefined) cell.textContent = render(value, cell.dataset.f, currency);
+      }
+      for (const table of root.querySelectorAll("table[data-rows]")) {
+        fillTable(table, data[table.dataset.rows] || [], currency);
+      }
+      const chart = document.getElementById("spend-chart");
+      if (chart) drawChart(chart, data.series || [], currency);
+      root.dataset.refreshes = String(Number(root.dataset.refreshes || "0") + 1);
+      const status = document.getElementById("refresh-status");
+      if (status) status.textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";
+    })
+    .catch((error) => {
+      const status = document.getElementById("refresh-status");
+      if (status) status.textContent = "could not refresh: " + error.message;
+    });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const root = document.getElementById("dashboard");
+  if (!root) return;
+  const every = Number(root.dataset.refreshMs || "3000");
+  const tick = () => refreshDashboard(root).finally(() => window.setTimeout(tick, every));
+  tick();
+});
