@@ -1,0 +1,13 @@
+"""The load tests and the side-by-side benchmark report (`make bench`, `make bench-soak`, `make bench-stream`).
+
+| module | what |
+| --- | --- |
+| `traffic` | runs simulated before the timed window, pre-serialized with their ground truth; the paced sender |
+| `ceiling` | how fast the raw events are written to Kafka and read back (Kafka's own perf tool, a Python consumer) |
+| `baseline` | the textbook Spark stream-stream join of the same topics, with a no-op sink |
+| `systems` | one system (pipeline or baseline) through a backlog and increasing offered rates, up to its knee |
+| `measure` | CPU and memory from /proc, per-thread CPU, the health records in Redis |
+| `profile` | flight recordings of the job JVM and where their samples fall |
+| `analysis` | the pure arithmetic: rates, percentiles, the knee, flatness, batch cost, targets |
+| `report`, `plots` | report.json, report.md and the PNG plots |
+"""

@@ -1,0 +1,247 @@
+"""`python -m ops.bench` (`make bench`, `make bench-soak`): the side-by-side benchmark and the soak test.
+
+Benchmark, in one run on one machine: start Kafka and Redis on free ports; generate (or take from the cache)
+the traffic; measure the ceiling (write and read rates of the raw events); run the textbook baseline and then
+the full pipeline, each catching up on the same backlog and then at the same increasing offered rates until it
+no longer keeps up; write `report.md`, `report.json` and the plots to `OUT/<timestamp>/`.
+
+Soak: the full pipeline at one offered rate for `--soak-minutes`, with memory, state and latency over time and
+whether they stay flat; `OUT/soak-<timestamp>/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ops.bench import ceiling, report
+from ops.bench.measure import Sampler
+from ops.bench.systems import BASELINE, PIPELINE, LoadOptions, System, prepare_system, run_system, start_services
+from ops.bench.traffic import TrafficPlan, plan_traffic
+from ops.settings import Settings
+
+DEFAULT_RATES = "5000,10000,20000,40000"
+SIMULATOR_CEILING_EVENTS = 300_000
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", default=DEFAULT_RATES, help="offered events/s of the steps, comma-separated")
+    parser.add_argument("--duration", type=int, default=30, help="seconds each step offers traffic")
+    parser.add_argument("--backlog", type=int, default=100_000, help="events of the backlog (0: no catch-up)")
+    parser.add_argument("--systems", default=f"{BASELINE},{PIPELINE}", help="which systems run, in order")
+    parser.add_argument("--no-profile", action="store_true", help="no flight recording of the job JVM")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the write and read ceilings")
+    parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for a step's backlog")
+    parser.add_argument("--seed", type=int, default=7, help="simulator seed")
+    parser.add_argument("--soak-minutes", type=float, default=0.0, help="soak mode: minutes at --rate")
+    parser.add_argument("--rate", type=int, default=10_000, help="soak mode: offered events/s")
+    parser.add_argument("--out", type=Path, default=Path("var/bench"), help="parent folder of the report")
+    parser.add_argument("--keep-data", action="store_true", help="keep Kafka's data and the archive afterwards")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = "python -m ops.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.soak_minutes > 0:
+        return soak(args, command)
+    return bench(args, command)
+
+
+def bench(args: argparse.Namespace, command: str) -> int:
+    """The side-by-side benchmark (module doc)."""
+    rates = [int(r) for r in str(args.rates).split(",") if r.strip()]
+    names = [n.strip() for n in str(args.systems).split(",") if n.strip()]
+    if not rates or any(r <= 0 for r in rates) or set(names) - {BASELINE, PIPELINE}:
+        raise SystemExit("--rates are positive numbers; --systems names baseline and/or pipeline")
+    out = _folder(args.out, "")
+    started = time.time()
+    print(f"benchmark in {out}", flush=True)
+    plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0)
+    services, stack, sampler = start_services(out)
+    systems = [prepare_system(name, services, out, plan) for name in names]
+    options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=not args.no_profile)
+    results: dict[str, Any] = {}
+    ceiling_figures: dict[str, Any] = {}
+    try:
+        if not args.no_ceiling:
+            ceiling_figures = _ceiling(plan, services, out)
+        if plan.backlog is not None:
+            ceiling_figures["backlog_loads"] = _load_backlog(plan, systems, services, out)
+        for system in systems:
+            print(f"{system.name}: starting ({system.command[-1]}) ...", flush=True)
+            results[system.name] = run_system(system, plan, sampler, options)
+    finally:
+        sampler.stop()
+        stack.stop()
+    data = report.build(
+        kind="bench",
+        command=command,
+        started=started,
+        finished=time.time(),
+        settings=_settings_summary(services),
+        traffic={"rates": rates, "duration_s": args.duration, "backlog_events": args.backlog, **generation},
+        ceiling=ceiling_figures,
+        systems=results,
+        machine=_machine(sampler, started),
+    )
+    return _write(out, data, args.keep_data)
+
+
+def soak(args: argparse.Namespace, command: str) -> int:
+    """The soak test (module doc)."""
+    out = _folder(args.out, "soak-")
+    started = time.time()
+    print(f"soak in {out}", flush=True)
+    plan, generation = _plan(args.out / "traffic-cache", [args.rate], 0, 0, args.seed, 60)
+    template = plan.steps[0]
+    cycles = max(1, round(args.soak_minutes * 60 * args.rate / template.frames))
+    services, stack, sampler = start_services(out)
+    system = prepare_system(PIPELINE, services, out, plan)
+    options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=False, soak_cycles=cycles)
+    try:
+        print(f"pipeline: {cycles} cycles of {template.frames:,} events at {args.rate:,}/s ...", flush=True)
+        result = run_system(system, plan, sampler, options)
+    finally:
+        sampler.stop()
+        stack.stop()
+    data = report.build(
+        kind="soak",
+        command=command,
+        started=started,
+        finished=time.time(),
+        settings=_settings_summary(services),
+        traffic={"rates": [args.rate], "minutes": args.soak_minutes, "cycles": cycles, **generation},
+        ceiling={},
+        systems={PIPELINE: result},
+        machine=_machine(sampler, started),
+    )
+    return _write(out, data, args.keep_data)
+
+
+def _folder(parent: Path, prefix: str) -> Path:
+    out = (parent / f"{prefix}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
+    out.mkdir(parents=True)
+    return out
+
+
+def _plan(
+    cache: Path, rates: list[int], duration_s: int, backlog: int, seed: int, template_s: int
+) -> tuple[TrafficPlan, dict[str, Any]]:
+    began = time.monotonic()
+    print("traffic: generating (or reusing) the runs ...", flush=True)
+    plan = plan_traffic(cache.resolve(), rates, duration_s, backlog, seed, template_s)
+    seconds = round(time.monotonic() - began, 1)
+    summary = plan.steps[-1].summary()
+    mix = {k: summary.get(k) for k in ("sent", "duplicates", "bad", "billable") if k in summary}
+    print(f"traffic: {len(plan.datasets())} runs ready in {seconds} s ({plan.folder})", flush=True)
+    return plan, {"prepared_in_s": seconds, "cache": str(plan.folder), "mix_of_last_run": mix}
+
+
+def _ceiling(plan: TrafficPlan, services: Settings, out: Path) -> dict[str, Any]:
+    """Write the largest run to topics of its own as fast as possible (the write ceiling), read it back with
+    Kafka's tool and a Python consumer (the read ceiling), and time the simulator producing (`ops.bench.ceiling`)."""
+    from ops.stack import ensure_stack_topics, local_kafka
+
+    folder = out / "ceiling"
+    written = _scratch(services, folder / "write", "ceiling")
+    ensure_stack_topics(written)
+    largest = max(plan.datasets(), key=lambda d: d.frames)
+    write = ceiling.send_unpaced(largest, plan.registry_file, services.kafka_bootstrap, written.topics, folder)
+    print(f"ceiling: wrote {write['records']:,} pre-serialized events at {write['rate']:,}/s", flush=True)
+    counts = {t: sum(ceiling.end_offsets(services.kafka_bootstrap, t).values()) for t in written.topics.values()}
+    read_tool = ceiling.kafka_consumer_perf(local_kafka(services).tool_command, services.kafka_bootstrap, counts)
+    print(f"ceiling: Kafka's ConsumerPerformance read {read_tool['records']:,} at {read_tool['rate']:,}/s", flush=True)
+    read_python = ceiling.python_consumer(services.kafka_bootstrap, list(counts), sum(counts.values()))
+    print(f"ceiling: a Python consumer read {read_python['records']:,} at {read_python['rate']:,}/s", flush=True)
+    simulating = _scratch(services, folder / "simulator", "simulator")
+    ensure_stack_topics(simulating)
+    events = min(largest.frames, SIMULATOR_CEILING_EVENTS)
+    simulated = ceiling.simulator_producer(simulating.to_env(), events, folder / "simulator" / "run")
+    print(f"ceiling: adbill produce (simulating) wrote {simulated['records']:,} at {simulated['rate']:,}/s", flush=True)
+    return {
+        "write_preserialized": write,
+        "write_simulator": simulated,
+        "read_kafka_tool": read_tool,
+        "read_python": read_python,
+    }
+
+
+def _scratch(services: Settings, home: Path, name: str) -> Settings:
+    """Settings of the services with topics `NAME-*` and a HOME of their own."""
+    return Settings.from_env(
+        {},
+        **{
+            **_fields(services),
+            "home": home,
+            "topic_impressions": f"{name}-impressions",
+            "topic_clicks": f"{name}-clicks",
+            "topic_quarantine": f"{name}-quarantine",
+        },
+    )
+
+
+def _load_backlog(plan: TrafficPlan, systems: list[System], services: Settings, out: Path) -> list[dict[str, Any]]:
+    """The backlog into every system's topics, before its job starts."""
+    assert plan.backlog is not None
+    loads = []
+    for system in systems:
+        load = ceiling.send_unpaced(
+            plan.backlog, plan.registry_file, services.kafka_bootstrap, system.topics, out / system.name
+        )
+        loads.append({"system": system.name, "records": load["records"], "rate": load["rate"]})
+        print(f"backlog: {load['records']:,} events in {system.name}'s topics ({load['rate']:,}/s)", flush=True)
+    return loads
+
+
+def _settings_summary(settings: Settings) -> dict[str, Any]:
+    """The settings both systems run with, for the report."""
+    names = [
+        *("spark_master", "shuffle_partitions", "trigger_ms", "max_offsets_per_trigger", "state_store"),
+        *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
+    ]
+    return {name: getattr(settings, name) for name in names}
+
+
+def _fields(settings: Settings) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+
+
+def _machine(sampler: Sampler, started: float) -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "busy_cores_mean": round(sampler.machine_cores(started, time.time()), 2),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    }
+
+
+def _write(out: Path, data: dict[str, Any], keep_data: bool) -> int:
+    from ops.bench import plots
+
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    images = plots.draw(data, out)
+    (out / "report.md").write_text(report.render(data, images))
+    if not keep_data:
+        for heavy in (out / "services" / "kafka" / "data", out / PIPELINE / "archive", out / PIPELINE / "spark-tmp"):
+            shutil.rmtree(heavy, ignore_errors=True)
+        shutil.rmtree(out / BASELINE / "spark-tmp", ignore_errors=True)
+    print(report.console_summary(data), flush=True)
+    print(f"report: {out / 'report.md'}", flush=True)
+    return 0 if report.ledgers_exact(data) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The textbook baseline: a plain Spark stream-stream join of the same topics, nothing else.
+
+What a Structured Streaming tutorial writes for "bill a click that comes within 10 s after an impression":
+Kafka source per topic -> `from_avro` on the body after the 5-byte Confluent header, with the shipped writer
+schema (PERMISSIVE, so a bad record becomes nulls instead of failing the query) -> a watermark per stream with
+the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range as `attribution.join.attribute`
+-> a no-op sink (`format("noop")`). No intake checks, no de-duplication, no catalog, no Parquet, no Redis.
+
+It runs in its own Spark session built like the job's (`attribution.session.build_spark`: same master, shuffle
+partitions, state store, driver memory) with the same trigger and `maxOffsetsPerTrigger`, and records each
+batch's progress with the job's own listener (`attribution.progress.HealthListener`, query `baseline`), so the
+benchmark measures both systems from the same records.
+
+Run: `python -m ops.bench.baseline` with the `ADBILL_*` settings of the topics, Redis and Spark in the
+environment; it runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from ops.settings import Settings
+
+QUERY = "baseline"
+
+
+def decoded(spark: Any, settings: Settings, topic: str, event_type: str) -> Any:
+    """A topic's records as the event's fields, `event_time` a timestamp (the schema's timestamp-millis)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    from billing.schemas import schema_text
+
+    records = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        .load()
+    )
+    body = F.expr("substring(value, 6)")
+    event = from_avro(body, schema_text(event_type), {"mode": "PERMISSIVE"}).alias("event")
+    return records.select(event).select("event.*")
+
+
+def textbook_join(spark: Any, settings: Settings) -> Any:
+    """Billable click pairs: the inner stream-stream join with a watermark per stream (module doc)."""
+    from pyspark.sql import functions as F
+
+    from billing.rule import ATTRIBUTION_WINDOW_MS
+
+    impressions = (
+        decoded(spark, settings, settings.topic_impressions, "impression")
+        .select(
+            F.col("impression_id"),
+            F.col("ad_id").alias("imp_ad_id"),
+            F.col("user_id").alias("imp_user_id"),
+            F.col("event_time").alias("imp_ts"),
+        )
+        .withWatermark("imp_ts", f"{settings.impression_watermark_ms} milliseconds")
+    )
+    clicks = (
+        decoded(spark, settings, settings.topic_clicks, "click")
+        .select("click_id", "ad_id", "user_id", F.col("event_time").alias("click_ts"))
+        .withWatermark("click_ts", f"{settings.click_watermark_ms} milliseconds")
+    )
+    window = F.expr(f"INTERVAL {ATTRIBUTION_WINDOW_MS} MILLISECONDS")
+    condition = (
+        (clicks["ad_id"] == impressions["imp_ad_id"])
+        & (clicks["user_id"] == impressions["imp_user_id"])
+        & (impressions["imp_ts"] <= clicks["click_ts"])
+        & (clicks["click_ts"] <= impressions["imp_ts"] + window)
+    )
+    return clicks.join(impressions, condition, "inner")
+
+
+def main() -> int:
+    from attribution.progress import HealthListener
+    from attribution.session import build_spark
+    from ops import deps
+
+    settings = Settings.from_env()
+    spark = build_spark(
+        app_name="adbill-bench-baseline",
+        master=settings.spark_master,
+        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
+        shuffle_partitions=settings.shuffle_partitions,
+        local_dir=settings.root / "spark-tmp",
+        driver_memory=settings.driver_memory,
+        rocksdb_state=settings.state_store == "rocksdb",
+    )
+    spark.streams.addListener(HealthListener(settings.redis_url, settings.redis_prefix, {}))
+    query = (
+        textbook_join(spark, settings)
+        .writeStream.queryName(QUERY)
+        .format("noop")
+        .option("checkpointLocation", str(settings.root / "checkpoints" / QUERY))
+        .trigger(processingTime=f"{settings.trigger_ms} milliseconds")
+        .start()
+    )
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"baseline: query {QUERY} on {settings.spark_master}", flush=True)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        query.stop()
+        spark.stop()
+    return 0 if query.exception() is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
