@@ -51,8 +51,19 @@ HEADER_SIZE = 5
 DECODED_MARKER = "adbill_decoded"
 """The reader-only field that tells a decoded record from a PERMISSIVE null row."""
 
-QUARANTINE_COLUMNS = ("reason", "topic", "partition", "offset", "received_ms", "value", "event_id", "ad_id")
-"""The columns of a quarantine row, in order; `event_id` and `ad_id` are null when they could not be read."""
+QUARANTINE_COLUMNS = (
+    "reason",
+    "topic",
+    "partition",
+    "offset",
+    "received_ms",
+    "value",
+    "event_id",
+    "ad_id",
+    "event_time",
+)
+"""The columns of a quarantine row, in order; `event_id`, `ad_id` and `event_time` are null when they could not be
+read."""
 
 _RECORD = "_record"
 _KNOWN_AD = "_known_ad_id"
@@ -184,6 +195,7 @@ def to_quarantine(rows: DataFrame, reason: Column, id_col: str) -> DataFrame:
         F.col("value"),
         F.col(id_col).alias("event_id"),
         F.col("ad_id"),
+        F.col("event_time"),
     )
 
 

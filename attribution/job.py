@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from attribution.decode import decode_events, split
+from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
 from attribution.join import attribute, catalog_frame
 from billing.catalog import Catalog
 from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
@@ -208,9 +208,7 @@ class BatchSink:
                 *period_columns(F.col("event_time"), self.config.period_ms),
                 "batch_id",
             )
-            bad = intake.filter(F.col("reason").isNotNull()).select(
-                "reason", "topic", "partition", "offset", "received_ms", "value", "event_id", "ad_id", "batch_id"
-            )
+            bad = intake.filter(F.col("reason").isNotNull()).select(*QUARANTINE_COLUMNS, "batch_id")
             summary = self._summary(bills, events, bad)
             if summary["bill"]:
                 self._write(bills, self.config.ledger_dir, "period", "batch_id")

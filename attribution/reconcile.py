@@ -175,7 +175,7 @@ def final_bills(
         conflicts(impressions, "impression_id")
         .withColumn("event_type", F.lit("impression"))
         .unionByName(conflicts(clicks, "click_id").withColumn("event_type", F.lit("click")))
-        .join(events.select("topic", "partition", "offset", "period"), ["topic", "partition", "offset"])
+        .select("*", period_columns(F.col("event_time"), config.period_ms)[1])
         .filter(F.col("period").isin(*due))
     )
     final = attribute(dedupe(impressions, "impression_id"), dedupe(clicks, "click_id"), catalog)

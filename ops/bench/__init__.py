@@ -1,5 +1,9 @@
 """The load tests and the side-by-side benchmark report (`make bench`, `make bench-soak`, `make bench-stream`).
 
+One run, one machine: the ceiling (raw write and read rates of Kafka), then the textbook baseline, then the full
+pipeline, each on the same pre-generated traffic: a backlog it starts on, increasing offered rates up to its knee,
+and a burst; then `report.md`, `report.json` and the plots. The soak runs the pipeline at one rate for a long time.
+
 | module | what |
 | --- | --- |
 | `traffic` | runs simulated before the timed window, pre-serialized with their ground truth; the paced sender |

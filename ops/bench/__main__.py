@@ -29,6 +29,7 @@ from ops.settings import Settings
 
 DEFAULT_RATES = "5000,10000,20000,40000"
 SIMULATOR_CEILING_EVENTS = 300_000
+CACHED_PLANS = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rates", default=DEFAULT_RATES, help="offered events/s of the steps, comma-separated")
     parser.add_argument("--duration", type=int, default=30, help="seconds each step offers traffic")
-    parser.add_argument("--backlog", type=int, default=100_000, help="events of the backlog (0: no catch-up)")
+    parser.add_argument("--backlog", type=int, default=100_000, help="events the jobs start on (0: none)")
+    parser.add_argument("--burst", type=int, default=400_000, help="events sent at once after the steps (0: none)")
     parser.add_argument("--systems", default=f"{BASELINE},{PIPELINE}", help="which systems run, in order")
     parser.add_argument("--no-profile", action="store_true", help="no flight recording of the job JVM")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the write and read ceilings")
@@ -46,13 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--soak-minutes", type=float, default=0.0, help="soak mode: minutes at --rate")
     parser.add_argument("--rate", type=int, default=10_000, help="soak mode: offered events/s")
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="parent folder of the report")
-    parser.add_argument("--keep-data", action="store_true", help="keep Kafka's data and the archive afterwards")
+    parser.add_argument(
+        "--keep-data", action="store_true", help="keep Kafka's data, the checkpoints and the archive afterwards"
+    )
+    parser.add_argument("--render", type=Path, help="only write report.md and the plots again from FOLDER/report.json")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = "python -m ops.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.render:
+        return render_again(args.render)
     if args.soak_minutes > 0:
         return soak(args, command)
     return bench(args, command)
@@ -67,7 +74,7 @@ def bench(args: argparse.Namespace, command: str) -> int:
     out = _folder(args.out, "")
     started = time.time()
     print(f"benchmark in {out}", flush=True)
-    plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0)
+    plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0, args.burst)
     services, stack, sampler = start_services(out)
     systems = [prepare_system(name, services, out, plan) for name in names]
     options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=not args.no_profile)
@@ -90,7 +97,13 @@ def bench(args: argparse.Namespace, command: str) -> int:
         started=started,
         finished=time.time(),
         settings=_settings_summary(services),
-        traffic={"rates": rates, "duration_s": args.duration, "backlog_events": args.backlog, **generation},
+        traffic={
+            "rates": rates,
+            "duration_s": args.duration,
+            "backlog_events": args.backlog,
+            "burst_events": args.burst,
+            **generation,
+        },
         ceiling=ceiling_figures,
         systems=results,
         machine=_machine(sampler, started),
@@ -129,6 +142,17 @@ def soak(args: argparse.Namespace, command: str) -> int:
     return _write(out, data, args.keep_data)
 
 
+def render_again(folder: Path) -> int:
+    """report.md and the plots of a finished run, from its report.json (after a change to the report's code)."""
+    from ops.bench import plots
+
+    data = report.derive(json.loads((folder / "report.json").read_text()))
+    (folder / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    (folder / "report.md").write_text(report.render(data, plots.draw(data, folder)))
+    print(report.console_summary(data), flush=True)
+    return 0
+
+
 def _folder(parent: Path, prefix: str) -> Path:
     out = (parent / f"{prefix}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
     out.mkdir(parents=True)
@@ -136,12 +160,17 @@ def _folder(parent: Path, prefix: str) -> Path:
 
 
 def _plan(
-    cache: Path, rates: list[int], duration_s: int, backlog: int, seed: int, template_s: int
+    cache: Path, rates: list[int], duration_s: int, backlog: int, seed: int, template_s: int, burst: int = 0
 ) -> tuple[TrafficPlan, dict[str, Any]]:
     began = time.monotonic()
     print("traffic: generating (or reusing) the runs ...", flush=True)
-    plan = plan_traffic(cache.resolve(), rates, duration_s, backlog, seed, template_s)
+    plan = plan_traffic(cache.resolve(), rates, duration_s, backlog, seed, template_s, burst)
     seconds = round(time.monotonic() - began, 1)
+    # Keep the few plans used last; each takes tens to hundreds of MB.
+    others = sorted((f for f in cache.resolve().iterdir() if f != plan.folder), key=lambda f: f.stat().st_mtime)
+    for stale in others[:-CACHED_PLANS]:
+        shutil.rmtree(stale, ignore_errors=True)
+    os.utime(plan.folder)
     summary = plan.steps[-1].summary()
     mix = {k: summary.get(k) for k in ("sent", "duplicates", "bad", "billable") if k in summary}
     print(f"traffic: {len(plan.datasets())} runs ready in {seconds} s ({plan.folder})", flush=True)
@@ -235,12 +264,14 @@ def _write(out: Path, data: dict[str, Any], keep_data: bool) -> int:
     images = plots.draw(data, out)
     (out / "report.md").write_text(report.render(data, images))
     if not keep_data:
-        for heavy in (out / "services" / "kafka" / "data", out / PIPELINE / "archive", out / PIPELINE / "spark-tmp"):
-            shutil.rmtree(heavy, ignore_errors=True)
-        shutil.rmtree(out / BASELINE / "spark-tmp", ignore_errors=True)
+        heavy = [out / "services" / "kafka" / "data", out / PIPELINE / "archive"]
+        heavy += [out / name / part for name in (PIPELINE, BASELINE) for part in ("checkpoints", "spark-tmp")]
+        for folder in heavy:
+            shutil.rmtree(folder, ignore_errors=True)
     print(report.console_summary(data), flush=True)
     print(f"report: {out / 'report.md'}", flush=True)
-    return 0 if report.ledgers_exact(data) else 1
+    failed = [name for name, result in (data.get("systems") or {}).items() if result.get("error")]
+    return 0 if report.ledgers_exact(data) and not failed else 1
 
 
 if __name__ == "__main__":

@@ -220,9 +220,21 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def targets(
-    pipeline_rate: int, pipeline_p99_ms: int | None, ceiling_share: float | None, baseline_ratio: float | None
+    pipeline_rate: int,
+    pipeline_p99_ms: int | None,
+    ceiling_share: float | None,
+    baseline_ratio: float | None,
+    baseline_held_every_rate: bool = False,
+    baseline_held_a_rate_the_pipeline_did_not: bool = False,
 ) -> list[dict[str, Any]]:
-    """The issue's targets for the full pipeline, each with the measured value and whether it is met."""
+    """The issue's targets for the full pipeline, each with the measured value and whether it is met.
+
+    `baseline_ratio` compares what both sustained at the offered rates; when the baseline held every rate tried,
+    its own knee is higher still and the ratio an upper bound. A baseline that held a rate the pipeline did not
+    is faster, whatever the ratio."""
+    versus = "-" if baseline_ratio is None else f"{baseline_ratio:.2f}x the baseline"
+    if baseline_ratio is not None and baseline_held_every_rate:
+        versus = f"at most {versus} (it held every rate tried)"
     return [
         {
             "target": f"at least {TARGET_RATE:,} events/s sustained",
@@ -241,8 +253,10 @@ def targets(
         },
         {
             "target": f"no slower than the textbook baseline (within {BASELINE_TOLERANCE:.0%}, one run's noise)",
-            "measured": "-" if baseline_ratio is None else f"{baseline_ratio:.2f}x the baseline",
-            "met": baseline_ratio is not None and baseline_ratio >= 1.0 - BASELINE_TOLERANCE,
+            "measured": versus,
+            "met": baseline_ratio is not None
+            and baseline_ratio >= 1.0 - BASELINE_TOLERANCE
+            and not baseline_held_a_rate_the_pipeline_did_not,
         },
     ]
 

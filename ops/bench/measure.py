@@ -36,6 +36,8 @@ class ProcessStat:
     cpu_s: float
     """User plus system CPU seconds so far."""
     rss_bytes: int
+    layout: tuple[int, int, int] = (0, 0, 0)
+    """Start and end of the code and start of the stack: a child forked and not yet exec'd has its parent's."""
 
 
 def read_processes() -> dict[int, ProcessStat]:
@@ -65,9 +67,14 @@ def _read_stat(path: Path) -> ProcessStat | None:
             command=command,
             cpu_s=(int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
             rss_bytes=int(fields[21]) * PAGE_SIZE,
+            layout=(int(fields[23]), int(fields[24]), int(fields[25])),
         )
     except (IndexError, ValueError):
         return None
+
+
+def _forked_copy(child: ProcessStat, parent: ProcessStat) -> bool:
+    return child.layout == parent.layout and child.layout != (0, 0, 0)
 
 
 def descendants(processes: dict[int, ProcessStat], root: int) -> list[int]:
@@ -98,12 +105,12 @@ def machine_busy_cpu_s() -> float:
 
 @dataclass(frozen=True)
 class Sample:
-    """One sampling instant: per named tree its CPU seconds, resident bytes and CPU seconds by command."""
+    """One sampling instant: per named tree its CPU seconds and resident bytes, in all and by command."""
 
     time: float
     machine_cpu_s: float
     trees: dict[str, tuple[float, int]]
-    commands: dict[str, dict[str, float]]
+    commands: dict[str, dict[str, tuple[float, int]]]
 
 
 @dataclass
@@ -130,20 +137,21 @@ class Sampler:
     def sample(self) -> Sample:
         processes = read_processes()
         trees: dict[str, tuple[float, int]] = {}
-        commands: dict[str, dict[str, float]] = {}
+        commands: dict[str, dict[str, tuple[float, int]]] = {}
         with self._lock:
             roots = dict(self.roots)
         for name, root in roots.items():
             members = [processes[pid] for pid in descendants(processes, root)]
             if not members:
                 continue
-            # A child forked and not yet exec'd (the JVM running chmod, say) shares its parent's pages: counting
+            # A child forked and not yet exec'd (the JVM starting chmod, say) shares its parent's pages: counting
             # its resident memory would count the parent's twice.
-            resident = [p for p in members if not (p.pid != root and p.command == processes[p.ppid].command)]
-            trees[name] = (sum(p.cpu_s for p in members), sum(p.rss_bytes for p in resident))
-            by_command: dict[str, float] = {}
+            resident = {p.pid for p in members if p.pid == root or not _forked_copy(p, processes[p.ppid])}
+            trees[name] = (sum(p.cpu_s for p in members), sum(p.rss_bytes for p in members if p.pid in resident))
+            by_command: dict[str, tuple[float, int]] = {}
             for p in members:
-                by_command[p.command] = by_command.get(p.command, 0.0) + p.cpu_s
+                cpu, rss = by_command.get(p.command, (0.0, 0))
+                by_command[p.command] = (cpu + p.cpu_s, rss + (p.rss_bytes if p.pid in resident else 0))
             commands[name] = by_command
         return Sample(time.time(), machine_busy_cpu_s(), trees, commands)
 
@@ -170,7 +178,7 @@ class Sampler:
             return {}
         first, last = inside[0].commands[name], inside[-1].commands[name]
         span = inside[-1].time - inside[0].time
-        cores = {c: round((last[c] - first.get(c, 0.0)) / span, 2) for c in sorted(last)}
+        cores = {c: round((last[c][0] - first.get(c, (0.0, 0))[0]) / span, 2) for c in sorted(last)}
         return {c: value for c, value in cores.items() if value > 0}
 
     def machine_cores(self, start: float, end: float) -> float:
@@ -183,6 +191,14 @@ class Sampler:
     def peak_rss(self, name: str, start: float = 0.0, end: float = float("inf")) -> int:
         """The largest resident memory of the tree `name` seen between two instants, in bytes."""
         return max((s.trees[name][1] for s in self._inside(name, start, end)), default=0)
+
+    def peak_rss_by_command(self, name: str, start: float = 0.0, end: float = float("inf")) -> dict[str, int]:
+        """The largest resident memory of each command (`java`, `python`) of the tree `name`, in bytes."""
+        peaks: dict[str, int] = {}
+        for s in self._inside(name, start, end):
+            for command, (_, rss) in s.commands[name].items():
+                peaks[command] = max(peaks.get(command, 0), rss)
+        return peaks
 
     def series(self, name: str) -> list[tuple[float, float, int]]:
         """(time, CPU seconds, resident bytes) of the tree `name` at every sample."""

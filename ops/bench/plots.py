@@ -45,9 +45,9 @@ def _throughput(data: Mapping[str, Any], folder: Path) -> str:
             color=COLORS.get(name),
             label=f"{name}, end-to-end",
         )
-        catch_up = (result.get("catch_up") or {}).get("rate")
-        if catch_up:
-            ax.axhline(catch_up, color=COLORS.get(name), linestyle="--", linewidth=1, label=f"{name}, catch-up")
+        burst = result.get("burst") or {}
+        if burst.get("drained"):
+            ax.axhline(burst["rate"], color=COLORS.get(name), linestyle="--", linewidth=1, label=f"{name}, burst")
         offered.update(xs)
     if offered:
         low, high = min(offered) / 1.5, max(offered) * 1.5

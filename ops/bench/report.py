@@ -42,6 +42,13 @@ def build(
         "ceiling": dict(ceiling),
         "systems": dict(systems),
     }
+    return derive(data)
+
+
+def derive(data: dict[str, Any]) -> dict[str, Any]:
+    """Add to a report's measurements (or a saved `report.json`) what follows from them: the summary, the ratios,
+    the targets, what limits each system and the soak's verdict."""
+    kind, systems = data["kind"], data["systems"]
     data["summary"] = summary_rows(data)
     data["ratios"] = ratios(data)
     pipeline = systems.get(PIPELINE)
@@ -51,12 +58,21 @@ def build(
             knee["sustained_rate"],
             knee["latency_ms"]["p99"] if knee["kept_up_to"] else None,
             data["ratios"].get("pipeline_over_read_ceiling"),
-            data["ratios"].get("pipeline_over_baseline_catch_up") or data["ratios"].get("pipeline_over_baseline"),
+            data["ratios"].get("pipeline_over_baseline"),
+            bool(data["ratios"].get("baseline_kept_up_at_every_rate")),
+            _held_where_pipeline_failed(systems.get(BASELINE), knee["first_failed"]),
         )
     data["limits"] = {name: limits(result, data["machine"].get("cores") or 2) for name, result in systems.items()}
     if kind == "soak" and pipeline is not None:
         data["soak"] = soak_verdict(pipeline)
     return data
+
+
+def _held_where_pipeline_failed(baseline: Mapping[str, Any] | None, failed_rate: int | None) -> bool:
+    """Whether the baseline kept up at the offered rate where the pipeline first did not."""
+    if baseline is None or failed_rate is None:
+        return False
+    return any(s["offered_rate"] == failed_rate and analysis.keeps_up(s) for s in baseline.get("steps") or [])
 
 
 def _iso(epoch_s: float) -> str:
@@ -103,15 +119,16 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             )
     for name, result in (data.get("systems") or {}).items():
         step = knee_step(result)
-        catch_up = result.get("catch_up") or {}
-        checks = [s["ledger_check"] for s in result.get("steps") or [] if s.get("ledger_check") is not None]
+        burst = result.get("burst") or {}
+        phases = [result.get("catch_up") or {}, *(result.get("steps") or []), burst]
+        checks = [p["ledger_check"] for p in phases if p.get("ledger_check") is not None]
         rows.append(
             {
                 "what": name,
                 "sustained_rate": result["knee"]["sustained_rate"],
                 "kept_up_to": result["knee"]["kept_up_to"],
                 "first_failed": result["knee"]["first_failed"],
-                "catch_up_rate": catch_up.get("rate"),
+                "burst_rate": burst.get("rate") if burst.get("drained") else None,
                 "latency_ms": step["latency_ms"] if step else None,
                 "cpu_cores": step["job_cpu_cores"] if step else None,
                 "peak_rss_mb": result.get("peak_rss_mb"),
@@ -136,7 +153,7 @@ def read_ceiling(data: Mapping[str, Any]) -> int | None:
 
 
 def ratios(data: Mapping[str, Any]) -> dict[str, Any]:
-    """pipeline / read ceiling and pipeline / baseline, at the knee and catching up on the backlog."""
+    """pipeline / read ceiling and pipeline / baseline, sustained at the knee and reading a burst."""
     systems = data.get("systems") or {}
     read = read_ceiling(data)
     pipeline, baseline = systems.get(PIPELINE), systems.get(BASELINE)
@@ -144,14 +161,19 @@ def ratios(data: Mapping[str, Any]) -> dict[str, Any]:
     if pipeline is None:
         return out
     rate = pipeline["knee"]["sustained_rate"]
-    catch_up = (pipeline.get("catch_up") or {}).get("rate")
+    burst = _burst_rate(pipeline)
     out["pipeline_over_read_ceiling"] = analysis.ratio(rate, read)
-    out["pipeline_over_read_ceiling_catch_up"] = analysis.ratio(catch_up, read)
+    out["pipeline_over_read_ceiling_burst"] = analysis.ratio(burst, read)
     if baseline is not None:
         out["pipeline_over_baseline"] = analysis.ratio(rate, baseline["knee"]["sustained_rate"])
         out["baseline_kept_up_at_every_rate"] = baseline["knee"]["first_failed"] is None
-        out["pipeline_over_baseline_catch_up"] = analysis.ratio(catch_up, (baseline.get("catch_up") or {}).get("rate"))
+        out["pipeline_over_baseline_burst"] = analysis.ratio(burst, _burst_rate(baseline))
     return out
+
+
+def _burst_rate(result: Mapping[str, Any]) -> int | None:
+    burst = result.get("burst") or {}
+    return burst.get("rate") if burst.get("drained") else None
 
 
 def limits(result: Mapping[str, Any], cores: int) -> list[str]:
@@ -159,13 +181,17 @@ def limits(result: Mapping[str, Any], cores: int) -> list[str]:
     out = []
     batches = [b | {"batch_duration_ms": b["duration_ms"]} for b in result.get("batches") or []]
     cost = analysis.batch_cost(batches)
-    if cost["fixed_ms"] is not None:
-        capacity = f"{cost['capacity']:,} events/s" if cost["capacity"] else "no bound"
+    if cost["fixed_ms"] is not None and cost["capacity"]:
         out.append(
             f"Batch cost (least squares over {cost['batches']} batches that read records): a fixed "
             f"{cost['fixed_ms'] / 1000:.1f} s per batch plus {cost['per_event_us']} µs per event; the fastest batch "
             f"took {cost['min_ms'] / 1000:.1f} s. So latency cannot go much below the fixed part, and the "
-            f"per-event part alone caps the throughput at {capacity}."
+            f"per-event part alone caps the throughput at {cost['capacity']:,} events/s."
+        )
+    elif cost["fixed_ms"] is not None:
+        out.append(
+            f"Batch cost: over {cost['batches']} batches that read records, the duration did not grow with the "
+            f"batch's size (the fastest took {cost['min_ms'] / 1000:.1f} s): the fixed part per batch dominates."
         )
     step = limit_step(result)
     if step is None:
@@ -218,7 +244,8 @@ def soak_verdict(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     batches = [b for b in pipeline.get("batches") or [] if b["input_rows"] > 0]
     launched_ms = pipeline.get("launched", 0.0) * 1000
     state = [((b["end_ms"] - launched_ms) / 1000, b["state_rows"]) for b in batches]
-    minutes = step.get("latency_by_minute") or []
+    # Whole minutes of the send window only: the last ones drain what was left.
+    minutes = [m for m in step.get("latency_by_minute") or [] if (m["minute"] + 1) * 60 <= end - start]
     return {
         "memory": analysis.flatness([t for t, _ in memory], [m for _, m in memory], tolerance=0.10, floor=50),
         "state_rows": analysis.flatness([t for t, _ in state], [s for _, s in state], tolerance=0.10, floor=1_000),
@@ -310,7 +337,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
             [
                 f"**{row['what']}** ({knee})",
                 f"**{_rate(row['sustained_rate'])}**",
-                _rate(row.get("catch_up_rate")),
+                _rate(row.get("burst_rate")),
                 _latency(row.get("latency_ms")),
                 _rate(row.get("state_rows")),
                 row.get("cpu_cores"),
@@ -322,7 +349,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
         [
             "what",
             "sustained events/s",
-            "catch-up events/s",
+            "burst events/s",
             "latency p50 / p99 / max (s)",
             "state rows",
             "CPU cores",
@@ -337,16 +364,18 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
         out += ["## Ratios", ""]
         names = {
             "pipeline_over_read_ceiling": "pipeline / read ceiling (sustained at the knee; the faster reader)",
-            "pipeline_over_read_ceiling_catch_up": "pipeline / read ceiling (catching up on the backlog)",
+            "pipeline_over_read_ceiling_burst": "pipeline / read ceiling (reading the burst)",
             "pipeline_over_baseline": "pipeline / baseline (sustained at the knee)",
-            "pipeline_over_baseline_catch_up": "pipeline / baseline (catching up on the same backlog)",
+            "pipeline_over_baseline_burst": "pipeline / baseline (reading the same burst)",
         }
         out += _table(["ratio", "value"], [[label, ratio.get(key)] for key, label in names.items() if key in ratio])
         if ratio.get("baseline_kept_up_at_every_rate"):
             out += [
                 "",
-                "The baseline kept up at every rate tried, so its sustained figure is a lower bound of what it "
-                "holds; the catch-up ratio compares both at full speed on the same backlog.",
+                "The baseline kept up at every rate tried, so what it sustained is a lower bound of what it holds "
+                "and the ratio at the knee an upper bound. The burst ratio compares both reading the same 'sudden "
+                "backlog' as fast as they can, warm: batches then hit `maxOffsetsPerTrigger` and the state holds "
+                "the whole burst, a harder regime than the steps.",
             ]
         out.append("")
     if data.get("targets"):
@@ -362,19 +391,29 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
 
 def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
     out = [f"## {name}: `{result.get('command')}`", ""]
-    catch_up = result.get("catch_up")
-    if catch_up:
-        if catch_up.get("drained"):
+    if result.get("error"):
+        out += ["The run ended early:", "", "```", str(result["error"]), "```", ""]
+    if result.get("startup_s") is not None:
+        out += [f"Started in {result['startup_s']} s (to the end of its first micro-batch).", ""]
+    for key, what in (
+        ("catch_up", "Caught up on the backlog it started on, from a cold start (the JVM still compiling)"),
+        ("burst", "Read the burst sent at once after the steps, warm"),
+    ):
+        phase = result.get(key)
+        if not phase:
+            continue
+        if phase.get("drained"):
             out.append(
-                f"Started in {result.get('startup_s')} s. Caught up on the backlog of {catch_up['records']:,} events "
-                f"in {catch_up['seconds']} s: **{catch_up['rate']:,} events/s**, {catch_up['batches']} batches of "
-                f"{catch_up['batch_rows_mean']:,} events taking {catch_up['batch_duration_ms_mean'] / 1000:.1f} s "
-                f"on average, {catch_up['cpu_cores']} cores, peak {catch_up['peak_rss_mb']} MB."
+                f"{what}: {phase['records']:,} events in {phase['seconds']} s, **{phase['rate']:,} events/s**, "
+                f"{phase['batches']} batch{'es' if phase['batches'] != 1 else ''} of {phase['batch_rows_mean']:,} "
+                "events taking "
+                f"{phase['batch_duration_ms_mean'] / 1000:.1f} s on average; {phase['cpu_cores']} cores "
+                f"(machine {phase.get('machine_cpu_cores', '-')}), peak {phase['peak_rss_mb']:,} MB; ledger "
+                + _check_text(phase.get("ledger_check"))
+                + "."
             )
         else:
-            out.append(
-                f"Did not catch up on the backlog of {catch_up['records']:,} events (about {catch_up['rate']:,}/s)."
-            )
+            out.append(f"{what}: did not read all {phase['records']:,} events in time (about {phase['rate']:,}/s).")
         out.append("")
     rows = []
     for s in result.get("steps") or []:
@@ -394,7 +433,7 @@ def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
                 _rate(s["job_peak_rss_mb"]),
                 _rate(s["state_rows_max"]),
                 "yes" if analysis.keeps_up(s) else "**no**",
-                "n/a" if check is None else (f"exact ({check['billed']:,})" if check["equal"] else _differs(check)),
+                _check_text(check),
             ]
         )
     out += _table(
@@ -418,6 +457,12 @@ def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
     )
     out.append("")
     return out
+
+
+def _check_text(check: Mapping[str, Any] | None) -> str:
+    if check is None:
+        return "n/a"
+    return f"exact ({check['billed']:,} clicks)" if check["equal"] else _differs(check)
 
 
 def _differs(check: Mapping[str, Any]) -> str:
@@ -458,7 +503,13 @@ def _render_soak(data: Mapping[str, Any]) -> list[str]:
     out += _table(
         ["minute", "clicks billed", "p50 (s)", "p99 (s)", "max (s)"],
         [
-            [m["minute"], _rate(m["count"]), m["p50"] / 1000, m["p99"] / 1000, m["max"] / 1000]
+            [
+                m["minute"],
+                _rate(m["count"]),
+                f"{m['p50'] / 1000:.1f}",
+                f"{m['p99'] / 1000:.1f}",
+                f"{m['max'] / 1000:.1f}",
+            ]
             for m in step.get("latency_by_minute") or []
         ],
     )
@@ -511,10 +562,12 @@ def _render_method(data: Mapping[str, Any]) -> list[str]:
     )
     if "write_simulator" in ceiling:
         sim, pre = ceiling["write_simulator"], ceiling.get("write_preserialized") or {}
+        top = max(traffic.get("rates") or [0])
         out.append(
             f"- What producing costs: simulating while sending (`adbill produce`) reaches {sim['rate']:,} events/s on "
-            f"one core; sending pre-serialized frames reaches {pre.get('rate', 0):,}/s. At 40,000 events/s the "
-            "simulator would need most of a core of this 2-core machine, which is why it runs beforehand."
+            f"one core; sending pre-serialized frames reaches {pre.get('rate', 0):,}/s. At {top:,} events/s the "
+            f"simulator alone would take {top / max(1, sim['rate']):.2f} cores of this machine, the sender "
+            "the *sender cores* below; that is why the runs are made beforehand."
         )
     out += [
         "- Sustained: the slope of records read over the last 2/3 of each step's send window (what the job keeps "
@@ -540,11 +593,14 @@ def console_summary(data: Mapping[str, Any]) -> str:
         text = f"{row['what']}: {_rate(row['sustained_rate'])} events/s"
         if lat:
             text += f", p50/p99/max {_latency(lat)} s"
-        if row.get("catch_up_rate"):
-            text += f", catch-up {_rate(row['catch_up_rate'])}/s"
+        if row.get("burst_rate"):
+            text += f", burst {_rate(row['burst_rate'])}/s"
         if row.get("ledger_exact") is not None:
             text += f", ledger exact: {row['ledger_exact']}"
         lines.append(text)
+    for name, result in (data.get("systems") or {}).items():
+        if result.get("error"):
+            lines.append(f"{name} ended early: {str(result['error']).splitlines()[0]}")
     for key, value in (data.get("ratios") or {}).items():
         lines.append(f"{key}: {value}")
     if data.get("kind") == "soak":

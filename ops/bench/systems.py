@@ -6,10 +6,13 @@ micro-batch through `attribution.progress.HealthListener`, which `HealthRecorder
 the same way:
 
 1. catch-up: the job starts on topics that already hold the backlog; the rate is the backlog over the time from
-   the start of the first batch that read records to the end of the batch that read the last one;
+   the start of the first batch that read records to the end of the batch that read the last one (a cold start:
+   this also warms the JVM up for the steps);
 2. steps: for each offered rate, the sender sends that step's pre-generated frames at the rate; the harness waits
    until the job has read every record (or gives up after `drain_timeout_s`), then works out the step's figures
-   (`ops.bench.analysis.step_figures`) and stops after the first step that did not keep up.
+   (`ops.bench.analysis.step_figures`) and stops after the first step that did not keep up;
+3. burst: if the last step drained, a run sent as fast as possible; the rate it is read at, from its first send
+   to the end of the batch that read its last record, is what the warm system does with a sudden backlog.
 
 Latency per billable click, from its Kafka timestamp to the end of the micro-batch that billed it:
 - pipeline: the ledger row carries the click's Kafka timestamp and its batch id; the batch's end comes from its
@@ -171,15 +174,20 @@ def run_system(system: System, plan: TrafficPlan, sampler: Sampler, options: Loa
         read_so_far = 0
         if plan.backlog is not None:
             read_so_far = plan.backlog.frames
-            result["catch_up"] = _catch_up(system, recorder, sampler, read_so_far, options, job)
-        datasets = plan.steps
-        for number, dataset in enumerate(datasets, start=1):
+            result["catch_up"] = _catch_up(system, plan.backlog, recorder, sampler, options, job)
+        for number, dataset in enumerate(plan.steps, start=1):
             step = _step(system, plan, dataset, number, recorder, sampler, options, job, jvm, read_so_far)
             steps.append(step)
             read_so_far += step["events_sent"]
             print(_step_line(system.name, step), flush=True)
             if analysis.should_stop(step) and not options.soak_cycles:
                 break
+        if plan.burst is not None and steps and steps[-1]["drained"]:
+            result["burst"] = _burst(system, plan, plan.burst, recorder, sampler, options, job, read_so_far)
+    except Exception as exc:  # the report still shows what was measured, and why the run ended there
+        tail = (folder / "job.log").read_text(errors="replace").splitlines()[-15:]
+        result["error"] = f"{exc}; the job's log ends with:\n" + "\n".join(tail)
+        print(f"{system.name}: {exc} (see {folder / 'job.log'})", flush=True)
     finally:
         recorder.stop()
         stop_pid(job.pid, timeout_s=30)
@@ -197,40 +205,84 @@ def run_system(system: System, plan: TrafficPlan, sampler: Sampler, options: Loa
 
 def _catch_up(
     system: System,
+    dataset: Dataset,
     recorder: HealthRecorder,
     sampler: Sampler,
-    records: int,
     options: LoadOptions,
     job: subprocess.Popen[bytes],
 ) -> dict[str, Any]:
-    timeout = options.startup_timeout_s + records / 1000
-    done = wait_for(lambda: recorder.rows_read() >= records, timeout, "the backlog", job)
+    """The backlog the job starts on: read from a cold start (the JVM compiles as it goes), from the start of the
+    first batch that read records."""
+    records = dataset.frames
+    done = wait_for(lambda: recorder.rows_read() >= records, options.startup_timeout_s + records / 1000, "backlog", job)
     history = recorder.history()
     busy = [r for r in history if r["input_rows"] > 0]
+    since = analysis.batch_start_ms(busy[0]) if busy else int(time.time() * 1000)
+    figures = _read_figures(system, sampler, history, records, since, done)
+    print(f"{system.name}: caught up on the backlog at {figures['rate']:,}/s from a cold start", flush=True)
+    return figures | {"ledger_check": _ledger(system, dataset)}
+
+
+def _burst(
+    system: System,
+    plan: TrafficPlan,
+    dataset: Dataset,
+    recorder: HealthRecorder,
+    sampler: Sampler,
+    options: LoadOptions,
+    job: subprocess.Popen[bytes],
+    read_before: int,
+) -> dict[str, Any]:
+    """A run sent all at once after the steps, to a warm job: the rate it is read at is the system's capacity."""
+    folder = system.settings.root / "burst"
+    folder.mkdir(parents=True, exist_ok=True)
+    report = folder / "sent.json"
+    sender = run_sender(dataset.frames_file, plan.registry_file, system.settings.kafka_bootstrap, system.topics,
+                        None, report)  # fmt: skip
+    sent = finish_sender(sender, report, timeout_s=600)
+    total = read_before + sent["records"]
+    timeout = options.startup_timeout_s + sent["records"] / 1000
+    done = wait_for(lambda: recorder.rows_read() >= total, timeout, "the burst", job)
+    since = int(sent["first_send"] * 1000)
+    figures = _read_figures(
+        system, sampler, analysis.step_batches(recorder.history(), since), sent["records"], since, done
+    )
+    figures["send_s"] = round(sent["last_send"] - sent["first_send"], 1)
+    print(f"{system.name}: read a burst of {sent['records']:,} at {figures['rate']:,}/s", flush=True)
+    return figures | {"ledger_check": _ledger(system, dataset)}
+
+
+def _read_figures(
+    system: System, sampler: Sampler, history: list[Any], records: int, since_ms: int, done: bool
+) -> dict[str, Any]:
+    """How fast a system read `records` that were all there (or arriving at once) from `since_ms`."""
     drained = analysis.drained_at_ms(history, records)
-    if not busy:
-        return {"records": records, "drained": False, "rate": 0}
-    started = analysis.batch_start_ms(busy[0])
     if drained is None or not done:
-        return {
-            "records": records,
-            "drained": False,
-            "rate": round(analysis.sustained_rate(history, started, time.time() * 1000)),
-        }
-    used = [r for r in busy if analysis.batch_end_ms(r) <= drained]
+        rate = analysis.sustained_rate(history, since_ms, time.time() * 1000)
+        return {"records": records, "drained": False, "rate": round(rate)}
+    used = [r for r in history if r["input_rows"] > 0 and analysis.batch_end_ms(r) <= drained]
+    start, end = since_ms / 1000, drained / 1000
     return {
         "records": records,
         "drained": True,
-        "seconds": round((drained - started) / 1000, 1),
-        "rate": round(records * 1000 / (drained - started)),
+        "seconds": round(end - start, 1),
+        "rate": round(records / (end - start)),
         "batches": len(used),
         "batch_rows_mean": round(sum(r["input_rows"] for r in used) / len(used)),
         "batch_duration_ms_mean": round(sum(r["batch_duration_ms"] for r in used) / len(used)),
-        "cpu_cores": round(sampler.cores(system.name, started / 1000, drained / 1000), 2),
-        "peak_rss_mb": round(sampler.peak_rss(system.name, started / 1000, drained / 1000) / 2**20),
+        "cpu_cores": round(sampler.cores(system.name, start, end), 2),
+        "machine_cpu_cores": round(sampler.machine_cores(start, end), 2),
+        "peak_rss_mb": round(sampler.peak_rss(system.name, start, end) / 2**20),
         "state_rows_max": max(r.get("state_rows", 0) for r in used),
         "phase_ms_mean": analysis.phase_means(used),
     }
+
+
+def _ledger(system: System, dataset: Dataset) -> dict[str, Any] | None:
+    """The ledger check of one run (pipeline only)."""
+    if system.ledger_dir is None:
+        return None
+    return ledger_check(ledger_rows(system.ledger_dir, dataset.name), dataset.truth())
 
 
 def _step(
@@ -247,7 +299,10 @@ def _step(
 ) -> dict[str, Any]:
     folder = system.settings.root / f"step{number}"
     folder.mkdir(parents=True, exist_ok=True)
-    clicks_before = end_offsets(system.settings.kafka_bootstrap, system.topics["click"])
+    # The baseline has no ledger: its clicks are read back from this offset on, to find the batch of each.
+    clicks_before = (
+        end_offsets(system.settings.kafka_bootstrap, system.topics["click"]) if not system.ledger_dir else {}
+    )
     threads_before = thread_cpu(jvm) if jvm else {}
     recording = folder / "profile.jfr"
     profiling = options.profile and jvm is not None and profile.start_recording(jvm, f"step{number}", recording)

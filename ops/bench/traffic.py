@@ -110,11 +110,13 @@ class Dataset:
 
 @dataclass(frozen=True)
 class TrafficPlan:
-    """Every run a benchmark sends, with the schema registry their frames were framed with."""
+    """Every run a benchmark sends, with the schema registry their frames were framed with: a backlog the
+    systems start on, the steps at offered rates, and a burst sent at once after the steps."""
 
     folder: Path
     backlog: Dataset | None
     steps: list[Dataset]
+    burst: Dataset | None = None
 
     @property
     def registry_file(self) -> Path:
@@ -125,7 +127,7 @@ class TrafficPlan:
         return self.folder / "catalog.json"
 
     def datasets(self) -> list[Dataset]:
-        return ([self.backlog] if self.backlog else []) + self.steps
+        return [d for d in (self.backlog, *self.steps, self.burst) if d is not None]
 
 
 def arrivals_per_impression() -> float:
@@ -214,51 +216,61 @@ def plan_traffic(
     backlog_events: int,
     seed: int,
     template_s: int = 0,
+    burst_events: int = 0,
 ) -> TrafficPlan:
-    """The runs of a benchmark, generated once and cached: a backlog of `backlog_events` at the highest rate
-    (none if 0), then one run per offered rate of `duration_s` seconds; or, with `template_s`, one soak
-    template of that many seconds at `rates[0]` with its capture for cycling."""
-    key = _plan_key(rates, duration_s, backlog_events, seed, template_s)
+    """The runs of a benchmark, generated once and cached, in event-time order: a backlog of `backlog_events`,
+    one run per offered rate of `duration_s` seconds, a burst of `burst_events` (backlog and burst at the highest
+    rate's density; none when 0); or, with `template_s`, one soak template of that many seconds at `rates[0]`
+    with its capture for cycling."""
+    key = _plan_key([rates, duration_s, backlog_events, seed, template_s, burst_events])
     folder = cache_dir / key
     plan_file = folder / "plan.json"
     if plan_file.exists():
         data = json.loads(plan_file.read_text())
-        backlog = Dataset.from_dict(data["backlog"]) if data["backlog"] else None
-        return TrafficPlan(folder, backlog, [Dataset.from_dict(d) for d in data["steps"]])
+
+        def load(entry: dict[str, Any] | None) -> Dataset | None:
+            return Dataset.from_dict(entry) if entry else None
+
+        return TrafficPlan(
+            folder, load(data["backlog"]), [Dataset.from_dict(d) for d in data["steps"]], load(data.get("burst"))
+        )
     from billing.schema_registry import open_registry
-    from producers.simulator import write_capture
+    from producers.simulator import Simulator, write_capture
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     registry = open_registry(str(folder / "schemas.json"))
     started = time.monotonic()
     start_ms = BASE_START_MS
-    backlog = None
-    if backlog_events and not template_s:
-        backlog = generate(folder / "backlog", "backlog", max(rates), backlog_events, start_ms, seed, registry)
-        start_ms = backlog.last_event_ms + GAP_MS
+
+    def run(name: str, rate: int, events: int) -> Dataset:
+        nonlocal start_ms
+        dataset = generate(folder / name, name, rate, events, start_ms, seed, registry)
+        start_ms = dataset.last_event_ms + GAP_MS
+        return dataset
+
+    backlog = burst = None
     steps = []
     if template_s:
         rate = rates[0]
-        soak = generate(folder / "soak", "soak", rate, rate * template_s, start_ms, seed, registry)
-        from producers.simulator import Simulator
-
-        config = simulation_config("soak", rate, rate * template_s, start_ms, seed)
-        write_capture(Simulator(config).arrivals(), soak.capture_file)
-        steps.append(soak)
+        steps.append(run("soak", rate, rate * template_s))
+        config = simulation_config("soak", rate, rate * template_s, steps[0].start_ms, seed)
+        write_capture(Simulator(config).arrivals(), steps[0].capture_file)
     else:
-        for number, rate in enumerate(rates, start=1):
-            name = f"step{number}"
-            steps.append(generate(folder / name, name, rate, rate * duration_s, start_ms, seed, registry))
-            start_ms = steps[-1].last_event_ms + GAP_MS
+        if backlog_events:
+            backlog = run("backlog", max(rates), backlog_events)
+        steps = [run(f"step{number}", rate, rate * duration_s) for number, rate in enumerate(rates, start=1)]
+        if burst_events:
+            burst = run("burst", max(rates), burst_events)
     catalog = simulation_config("catalog", rates[0], 0, BASE_START_MS, seed).catalog()
     catalog.save(folder / "catalog.json")
-    plan = TrafficPlan(folder, backlog, steps)
+    plan = TrafficPlan(folder, backlog, steps, burst)
     plan_file.write_text(
         json.dumps(
             {
                 "backlog": backlog.to_dict() if backlog else None,
                 "steps": [s.to_dict() for s in steps],
+                "burst": burst.to_dict() if burst else None,
                 "generated_in_s": round(time.monotonic() - started, 1),
             },
             indent=1,
@@ -267,10 +279,10 @@ def plan_traffic(
     return plan
 
 
-def _plan_key(rates: list[int], duration_s: int, backlog_events: int, seed: int, template_s: int) -> str:
+def _plan_key(parameters: list[Any]) -> str:
     from ops.settings import PROJECT_ROOT
 
-    digest = hashlib.sha256(json.dumps([rates, duration_s, backlog_events, seed, template_s]).encode())
+    digest = hashlib.sha256(json.dumps(parameters).encode())
     for name in _CODE:
         digest.update((PROJECT_ROOT / name).read_bytes())
     return digest.hexdigest()[:16]
