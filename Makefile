@@ -54,6 +54,10 @@ SOAK_MINUTES ?= 30
 bench-soak: deps ## the pipeline at RATE for SOAK_MINUTES: memory, state and latency over time, flat or not
 	$(BIN)/python -m ops.bench --soak-minutes $(SOAK_MINUTES) --rate $(RATE)
 
+EVENTS ?= 10000000
+bench-reconcile: deps ## reconcile, close and export a synthetic day of EVENTS events (default 10 million) and print the time
+	$(BIN)/python -m ops.bench_reconcile --events $(EVENTS)
+
 CLIENTS ?= 50
 WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
@@ -71,4 +75,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-web lint format clean
+.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web lint format clean

@@ -156,14 +156,7 @@ def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
     return decoded.select(
         F.lit(event_type).alias("event_type"),
         F.col(id_col).alias("event_id"),
-        "ad_id",
-        "user_id",
-        "event_time",
-        "received_ms",
-        "topic",
-        "partition",
-        "offset",
-        "value",
+        *ARCHIVE_COLUMNS[2:10],  # ad_id .. value: the event as the archive keeps it
         F.col("quarantine_reason").alias("reason"),
     )
 
