@@ -1,10 +1,11 @@
 """A realistic sample of what the pipeline writes and the web UI reads, for the benchmark, the tests and demos.
 
 The provisional totals, late and quarantined counts go through the streaming job's own adapter
-(`RedisTotals.apply_batch`), the exports through the finance export's writer (`billing.export.write_export`). The
-rest follows the contract between reconciliation and the web UI, key for key (see `web.readers`): corrections and
-their list, closed periods, the last reconciliation, the job's health records. This module writes what the real
-writers write; it decides nothing they decide.
+(`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
+(`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
+export's writer (`billing.export.write_export`). Only the job's health records are written here, in the shape of
+`attribution.progress.summarize` (see `web.readers`). This module writes what the real writers write; it decides
+nothing they decide.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +20,13 @@ import pyarrow as pa
 import redis
 
 from billing.catalog import Ad, Catalog
+from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
 from billing.export import EXPORT_SCHEMA, write_export
 from billing.periods import Periods, format_utc
 from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
 
-ADDITION_REASONS = ("late_click", "late_impression", "missed_match")
-RETRACTION_REASONS = ("duplicate", "id_conflict", "not_billable")
-
-
-@dataclass(frozen=True, slots=True)
-class SampleCorrection:
-    """One correction, in the contract's fields."""
-
-    correction_id: str
-    click_id: str
-    impression_id: str | None
-    ad_id: str
-    campaign_id: str
-    advertiser_id: str
-    amount_micros: int
-    reason: str
-    corrects_period: str
-    booked_period: str
-    created_at_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+ADDITIONS = sorted(ADDITION_REASONS - RETRACTION_REASONS)
+RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
 
 
 class SampleWriter:
@@ -73,25 +54,17 @@ class SampleWriter:
         """Provisional totals, late and quarantine counts, exactly as the streaming job applies a micro-batch."""
         return self.totals.apply_batch("billing", batch_id, rows, late, quarantined)
 
-    def corrections(self, items: Sequence[SampleCorrection]) -> None:
-        """Signed sums per corrected period (advertiser, campaign, ad) and each advertiser's list, newest first."""
-        pipe = self.client.pipeline()
-        for c in sorted(items, key=lambda c: c.created_at_ms):
-            for level, ident in (("adv", c.advertiser_id), ("cmp", c.campaign_id), ("ad", c.ad_id)):
-                key = self.key("corrections", c.corrects_period, level, ident)
-                pipe.hincrby(key, "clicks", 1 if c.amount_micros > 0 else -1)
-                pipe.hincrby(key, "micros", c.amount_micros)
-            pipe.lpush(self.key("correction-list", c.advertiser_id), json.dumps(c.to_json()))
-        pipe.execute()
+    def corrections(self, items: Sequence[Correction]) -> None:
+        """Corrections as reconciliation applies them, oldest first (so each advertiser's list is newest first)."""
+        ordered = sorted(items, key=lambda c: c.created_at_ms)
+        starts = {c.booked_period: Periods().parse_key(c.booked_period) for c in ordered}
+        self.totals.apply_corrections(ordered, starts)
 
     def close(self, period: str, start_ms: int) -> None:
-        self.client.zadd(self.key("periods", "closed"), {period: start_ms})
+        self.totals.close_period(period, start_ms)
 
     def reconciliation(self, record: dict[str, Any]) -> None:
-        self.client.hset(
-            self.key("reconcile", "last"),
-            mapping={k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in record.items()},
-        )
+        self.totals.record_reconciliation(record)
 
     def health(self, record: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> None:
         """A query's latest progress record after the earlier ones of `history` (newest first), kept as the job's
@@ -195,19 +168,21 @@ def seed_sample(
     return {"periods": len(starts), "closed": closed, "ads": len(ads), "corrections": n_corrections}
 
 
-def _sample_correction(rng: random.Random, ad: Ad, period: str, start: int, billed: int) -> SampleCorrection:
+def _sample_correction(rng: random.Random, ad: Ad, period: str, start: int, billed: int) -> Correction:
     """An addition of a click the stream missed, or the retraction of one the stream billed (when it billed any)."""
     retract = billed > 0 and rng.random() < 0.5
-    reason = rng.choice(RETRACTION_REASONS if retract else ADDITION_REASONS)
+    reason = rng.choice(RETRACTIONS if retract else ADDITIONS)
     click_id = f"click-{period}-{ad.ad_id}-0" if retract else f"click-{period}-{ad.ad_id}-late"
-    return SampleCorrection(
+    return Correction(
         correction_id=f"corr-{period}-{ad.ad_id}",
+        kind=CorrectionKind.RETRACTION if retract else CorrectionKind.ADDITION,
         click_id=click_id,
         impression_id=None if reason == "not_billable" else f"imp-{click_id}",
         ad_id=ad.ad_id,
         campaign_id=ad.campaign_id,
         advertiser_id=ad.advertiser_id,
         amount_micros=(-1 if retract else 1) * ad.cpc_micros,
+        currency=ad.currency,
         reason=reason,
         corrects_period=period,
         booked_period=period,
@@ -216,7 +191,7 @@ def _sample_correction(rng: random.Random, ad: Ad, period: str, start: int, bill
 
 
 def _export_rows(
-    catalog: Catalog, period: str, clicks: dict[str, int], corrections: list[SampleCorrection]
+    catalog: Catalog, period: str, clicks: dict[str, int], corrections: list[Correction]
 ) -> list[dict[str, Any]]:
     """The export's click rows: every billed click, retracted ones at net 0, added ones at their amount."""
     by_click = {c.click_id: c for c in corrections}

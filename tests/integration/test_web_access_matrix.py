@@ -19,12 +19,12 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from billing.corrections import Correction, CorrectionKind
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
 from tests.web_support import ACCOUNTS, CLOSED, OTHER, OWN, Seeded, form_token, login, seed
 from web.app import create_app
-from web.sample_data import SampleCorrection
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +54,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         correction_id = f"matrix-{advertiser}"
         seeded.writer.corrections(
             [
-                SampleCorrection(
-                    correction_id, f"click-{correction_id}", None, ad.ad_id, ad.campaign_id, advertiser,
-                    -ad.cpc_micros, "duplicate", "20260101T0000Z", "20260101T0000Z", 1_767_230_000_000,
+                Correction(
+                    correction_id, CorrectionKind.RETRACTION, f"click-{correction_id}", None, ad.ad_id,
+                    ad.campaign_id, advertiser, -ad.cpc_micros, ad.currency, "duplicate", "20260101T0000Z",
+                    "20260101T0000Z", 1_767_230_000_000,
                 )
             ]
         )  # fmt: skip

@@ -9,11 +9,12 @@ import redis
 from flask import Flask
 
 from billing.catalog import generate_catalog
+from billing.corrections import Correction, CorrectionKind
 from billing.redis_totals import RedisTotals, TotalsRow
 from ops.settings import Settings
 from tests.web_support import OWN, Seeded, login, seed
 from web.app import create_app, exports_dir
-from web.sample_data import SampleCorrection, SampleWriter, health_record
+from web.sample_data import SampleWriter, health_record
 
 pytestmark = pytest.mark.integration
 
@@ -87,10 +88,11 @@ def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_se
     writer.bill(1, [TotalsRow(P0, P0_MS, OWN, billed_ad.campaign_id, billed_ad.ad_id, 2, 2 * billed_ad.cpc_micros)])
     writer.corrections(
         [
-            SampleCorrection("c1", "k1", "i1", missed_ad.ad_id, missed_ad.campaign_id, OWN, missed_ad.cpc_micros,
-                             "late_click", P0, P1, P1_MS + 1),
-            SampleCorrection("c2", "k2", "i2", billed_ad.ad_id, billed_ad.campaign_id, OWN, -billed_ad.cpc_micros,
-                             "duplicate", P0, P1, P1_MS + 2),
+            # Reconciliation of P0 while it was open: booked in P0 itself.
+            Correction("c1", CorrectionKind.ADDITION, "k1", "i1", missed_ad.ad_id, missed_ad.campaign_id, OWN,
+                       missed_ad.cpc_micros, missed_ad.currency, "late_click", P0, P0, P1_MS + 1),
+            Correction("c2", CorrectionKind.RETRACTION, "k2", "i2", billed_ad.ad_id, billed_ad.campaign_id, OWN,
+                       -billed_ad.cpc_micros, billed_ad.currency, "duplicate", P0, P0, P1_MS + 2),
         ]
     )  # fmt: skip
     writer.close(P0, P0_MS)
