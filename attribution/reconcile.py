@@ -200,8 +200,9 @@ def reconcile(
     report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
     states = load_states(config.state_file)
     versions = data_versions(config, periods)
-    for corrections_of_booked in _booked_periods(config):
-        versions.setdefault(corrections_of_booked, -1)
+    every_correction = _read_corrections(config)
+    for booked in {c.booked_period for c in every_correction}:
+        versions.setdefault(booked, -1)
     due = due_periods(versions, states, periods, now_ms, config.horizon_ms, until_ms)
     report.periods = due
     totals = RedisTotals.from_url(config.redis_url, config.redis_prefix)
@@ -222,7 +223,6 @@ def reconcile(
         conflicting_impression_ids=_ids_of(quarantined, "impression"),
     )
     ledger = read_ledger(config.ledger_dir)
-    every_correction = _read_corrections(config)
     booked_in = open_period(periods, now_ms, until_ms)
     closed = {p for p, s in states.items() if s.closed}
     if booked_in in closed:
@@ -282,10 +282,6 @@ def _read_corrections(config: ReconcileConfig) -> list[Correction]:
         return []
     table = ds.dataset(config.corrections_dir, format="parquet", partitioning="hive").to_table()
     return corrections_from_arrow(table)
-
-
-def _booked_periods(config: ReconcileConfig) -> set[str]:
-    return {c.booked_period for c in _read_corrections(config)}
 
 
 def _write_corrections(config: ReconcileConfig, period: str, run_id: str, corrections: list[Correction]) -> None:

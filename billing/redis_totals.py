@@ -37,43 +37,47 @@ from typing import Any
 
 import redis
 
-_APPLY_BATCH = """
+_RUN_OPS = """
+local function run(ops)
+  for _, op in ipairs(ops) do
+    if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
+    elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
+    elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
+    elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
+    elseif op[1] == 'lpush' then redis.call('LPUSH', op[2], op[3])
+    end
+  end
+end
+"""
+"""Runs a list of [command, key, args...] operations; the scripts below apply them once per batch or per id."""
+
+_APPLY_BATCH = (
+    _RUN_OPS
+    + """
 local marker = KEYS[1]
 local batch_id = tonumber(ARGV[1])
 local last = tonumber(redis.call('GET', marker) or '-1')
 if batch_id <= last then return 0 end
-local ops = cjson.decode(ARGV[2])
-for _, op in ipairs(ops) do
-  if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
-  elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
-  elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
-  elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
-  end
-end
+run(cjson.decode(ARGV[2]))
 redis.call('SET', marker, batch_id)
 return 1
 """
+)
 
-
-_APPLY_ONCE = """
+_APPLY_ONCE = (
+    _RUN_OPS
+    + """
 local seen = KEYS[1]
-local items = cjson.decode(ARGV[1])
 local applied = 0
-for _, item in ipairs(items) do
+for _, item in ipairs(cjson.decode(ARGV[1])) do
   if redis.call('SADD', seen, item[1]) == 1 then
     applied = applied + 1
-    for _, op in ipairs(item[2]) do
-      if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
-      elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
-      elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
-      elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
-      elseif op[1] == 'lpush' then redis.call('LPUSH', op[2], op[3])
-      end
-    end
+    run(item[2])
   end
 end
 return applied
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
