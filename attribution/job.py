@@ -36,6 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
 from attribution.join import attribute, catalog_frame
 from billing.catalog import Catalog
+from billing.parquet_ledger import LEDGER_COLUMNS
 from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
 
 log = logging.getLogger(__name__)
@@ -297,8 +298,6 @@ class BatchSink:
 
 
 def _ledger_columns() -> list[str]:
-    from billing.parquet_ledger import LEDGER_COLUMNS
-
     return [name for name in LEDGER_COLUMNS if name not in ("billed_at_ms", "batch_id")]
 
 
