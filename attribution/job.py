@@ -6,14 +6,14 @@ of two branches over the same two Kafka sources, so that everything a batch read
 batch's id, together:
 
 - `bill`: decode -> valid -> watermark per stream -> `attribute()` (the stream-stream join by `ad_id`,
-  `user_id`, first match per click) -> priced, with its period;
+  `user_id`, first match per click) -> priced;
 - `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
   when the watermark kept them out of the join; bad input goes to the quarantine table and topic.
 
-The sink (`BatchSink`) writes the ledger, the archive and the quarantine table as Parquet under
-`.../batch_id=N/` with dynamic partition overwrite (a replayed batch replaces its own files and nothing else),
-sends bad records to the quarantine topic, and then applies the batch's totals, late counts and quarantine
-counts to Redis in one Lua script that skips a batch id it has already applied.
+The sink (`BatchSink`) collects each batch to the driver as Arrow, writes the ledger, the archive and the
+quarantine table as Parquet under `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its
+own files and nothing else), sends bad records to the quarantine topic, and then applies the batch's totals,
+late counts and quarantine counts to Redis in one Lua script that skips a batch id it has already applied.
 
 The job receives its sources' addresses and its sinks' places in a `StreamConfig`; `ops` builds that from the
 settings, so the same job runs in local mode and against a Spark cluster.
@@ -29,41 +29,31 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from confluent_kafka import Producer
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from attribution.batch_output import (
+    KIND,
+    RECEIVED_COLUMNS,
+    bill_totals,
+    late_counts,
+    quarantine_counts,
+    split_batch,
+    write_batch_files,
+)
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
 from attribution.join import attribute, catalog_frame
 from billing.catalog import Catalog
 from billing.parquet_ledger import LEDGER_COLUMNS
-from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
+from billing.periods import Periods
+from billing.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
 
 BILLING_QUERY = "billing"
-
-KIND = "kind"
-"""Which branch a row of the job's output comes from: `bill`, `event` or `bad`."""
-
-ARCHIVE_COLUMNS = (
-    "event_type",
-    "event_id",
-    "ad_id",
-    "user_id",
-    "event_time",
-    "received_ms",
-    "topic",
-    "partition",
-    "offset",
-    "value",
-    "late",
-    "period_start_ms",
-    "period",
-    "batch_id",
-)
-"""One row per valid event received, with its raw bytes (`period` is the event time's); partitioned by
-event_type, period, batch_id."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +132,7 @@ def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataF
         ),
         catalog,
     )
-    bills = bills.select("*", *period_columns(F.col("click_time"), config.period_ms)).drop("click_ts")
+    bills = bills.drop("click_ts")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
     # not three times.
     intake = _as_received(impressions, "impression", "impression_id").unionByName(
@@ -157,21 +147,19 @@ def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
     return decoded.select(
         F.lit(event_type).alias("event_type"),
         F.col(id_col).alias("event_id"),
-        *ARCHIVE_COLUMNS[2:10],  # ad_id .. value: the event as the archive keeps it
+        *RECEIVED_COLUMNS[2:],  # ad_id .. value: the event as the archive keeps it
         F.col("quarantine_reason").alias("reason"),
     )
-
-
-def late_event(watermark_ms: int) -> Column:
-    """True for a received event that the streaming join kept out, given the watermark it used for late rows:
-    the join drops an input row of either side whose event time is at or below that watermark."""
-    return F.col("event_time") <= F.lit(watermark_ms)
 
 
 class BatchSink:
     """Writes one micro-batch: the Parquet ledger, archive and quarantine, the quarantine topic, then Redis.
 
-    Parquet files of batch N live in `.../batch_id=N/`, written with dynamic partition overwrite, so a batch
+    The batch is collected to the driver as Arrow (`DataFrame.toArrow()`: one Spark job per batch, the query's
+    own plan, with nothing cached and no literal of the batch in generated code, so Spark compiles the batch's
+    code once, not once per batch) and written there with pyarrow (`attribution.batch_output`).
+
+    Parquet files of batch N live in `.../batch_id=N/` under fixed names, each renamed into place, so a batch
     replayed after a crash replaces its own files and nothing else. Redis applies batch N only if N is above
     the last batch it applied, in one Lua script, so a crash between the writes, or after them and before
     Spark commits the batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once
@@ -180,6 +168,7 @@ class BatchSink:
 
     def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
         self.config = config
+        self.periods = Periods(config.period_ms)
         self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
 
     @cached_property
@@ -187,118 +176,103 @@ class BatchSink:
         """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
         return RedisTotals.from_url(self.config.redis_url, self.config.redis_prefix)
 
+    @cached_property
+    def dead_letters(self) -> DeadLetters:
+        return DeadLetters(self.config.kafka_bootstrap, self.config.topic_quarantine)
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        watermark = late_watermark_ms(spark, self.config.checkpoint(BILLING_QUERY), batch_id)
-        batch = batch.withColumn("batch_id", F.lit(batch_id)).persist()
-        try:
-            bills = batch.filter(F.col(KIND) == "bill").select(
-                *_ledger_columns(), F.lit(int(time.time() * 1000)).alias("billed_at_ms"), "batch_id"
-            )
-            intake = batch.filter(F.col(KIND) == "intake")
-            events = intake.filter(F.col("reason").isNull()).select(
-                *ARCHIVE_COLUMNS[:10],
-                late_event(watermark).alias("late"),
-                *period_columns(F.col("event_time"), self.config.period_ms),
-                "batch_id",
-            )
-            bad = intake.filter(F.col("reason").isNotNull()).select(*QUARANTINE_COLUMNS, "batch_id")
-            summary = self._summary(bills, events, bad)
-            if summary["bill"]:
-                self._write(bills, self.config.ledger_dir, "period", "batch_id")
-            if summary["event"]:
-                self._write(events, self.config.archive_dir, "event_type", "period", "batch_id")
-            if summary["bad"]:
-                self._write(bad, self.config.quarantine_dir, "batch_id")
-                self._send_dead_letters(bad)
-            self.totals.apply_batch(
-                BILLING_QUERY,
-                batch_id,
-                summary["bill"],
-                late=summary["late"],
-                quarantined=summary["quarantined"],
-            )
-        finally:
-            batch.unpersist()
-
-    def _summary(self, bills: DataFrame, events: DataFrame, bad: DataFrame) -> dict[str, list]:  # type: ignore[type-arg]
-        """The batch's Redis figures, in one Spark job: totals per ad, late events per ad, bad input per reason."""
-        totals = bills.groupBy("period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id").agg(
-            F.count(F.lit(1)).alias("n"), F.sum("amount_micros").alias("micros")
+        clock = _PhaseClock()
+        watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), batch_id)
+        collected = batch.toArrow()
+        clock.lap("query")
+        out = split_batch(
+            collected,
+            batch_id,
+            late_watermark_ms=watermark,
+            billed_at_ms=int(time.time() * 1000),
+            periods=self.periods,
+            ledger_columns=LEDGER_COLUMNS,
+            quarantine_columns=QUARANTINE_COLUMNS,
         )
-        archived = events.groupBy("late", "period", "period_start_ms", "ad_id", "event_type").agg(
-            F.count(F.lit(1)).alias("n")
+        write_batch_files(out.bills, self.config.ledger_dir, ("period", "batch_id"))
+        write_batch_files(out.events, self.config.archive_dir, ("event_type", "period", "batch_id"))
+        write_batch_files(out.bad, self.config.quarantine_dir, ("batch_id",))
+        clock.lap("files")
+        self.dead_letters.send(out.bad)
+        clock.lap("quarantine topic")
+        self.totals.apply_batch(
+            BILLING_QUERY,
+            batch_id,
+            bill_totals(out.bills),
+            late=late_counts(out.events, self.advertiser_of),
+            quarantined=quarantine_counts(out.bad, self.advertiser_of),
         )
-        rejected = bad.groupBy("reason", "topic", "ad_id").agg(F.count(F.lit(1)).alias("n"))
-        rows = (
-            totals.select(F.lit("bill").alias("what"), F.to_json(F.struct(*totals.columns)).alias("row"))
-            .unionByName(
-                archived.select(F.lit("event").alias("what"), F.to_json(F.struct(*archived.columns)).alias("row"))
-            )
-            .unionByName(
-                rejected.select(F.lit("bad").alias("what"), F.to_json(F.struct(*rejected.columns)).alias("row"))
-            )
-            .collect()
-        )
-        out: dict[str, list] = {"bill": [], "event": [], "bad": [], "late": [], "quarantined": []}  # type: ignore[type-arg]
-        for what, text in rows:
-            row = json.loads(text)
-            out[what].append(row)
-        out["bill"] = [
-            TotalsRow(
-                row["period"],
-                row["period_start_ms"],
-                row["advertiser_id"],
-                row["campaign_id"],
-                row["ad_id"],
-                row["n"],
-                row["micros"],
-            )
-            for row in out["bill"]
-        ]
-        out["late"] = [
-            LateCount(
-                row["period"],
-                row["period_start_ms"],
-                self.advertiser_of[row["ad_id"]],
-                row["ad_id"],
-                row["event_type"],
-                row["n"],
-            )
-            for row in out["event"]
-            if row["late"]
-        ]
-        out["quarantined"] = [
-            QuarantineCount(row["reason"], row["topic"], self.advertiser_of.get(row.get("ad_id") or ""), row["n"])
-            for row in out["bad"]
-        ]
-        return out
-
-    @staticmethod
-    def _write(frame: DataFrame, path: Path, *partitions: str) -> None:
-        (
-            frame.write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(*partitions)
-            .parquet(str(path))
-        )
-
-    def _send_dead_letters(self, bad: DataFrame) -> None:
-        header = [
-            F.struct(F.lit(name).alias("key"), F.col(name).cast("string").cast("binary").alias("value"))
-            for name in ("reason", "topic", "partition", "offset")
-        ]
-        (
-            bad.select(F.col("value"), F.array(*header).alias("headers"))
-            .write.format("kafka")
-            .option("kafka.bootstrap.servers", self.config.kafka_bootstrap)
-            .option("topic", self.config.topic_quarantine)
-            .save()
+        clock.lap("redis")
+        log.info(
+            "batch %d: %d rows, %d bills, %d events, %d bad; %s",
+            batch_id,
+            collected.num_rows,
+            out.bills.num_rows,
+            out.events.num_rows,
+            out.bad.num_rows,
+            clock,
         )
 
 
-def _ledger_columns() -> list[str]:
-    return [name for name in LEDGER_COLUMNS if name not in ("billed_at_ms", "batch_id")]
+class DeadLetters:
+    """Bad records to the quarantine topic, with the reason and the record's coordinates as headers."""
+
+    HEADERS = ("reason", "topic", "partition", "offset")
+
+    def __init__(self, bootstrap: str, topic: str, timeout_s: float = 60.0) -> None:
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "logger": log,  # the client's connection errors go to the job's log, not to stderr
+            }
+        )
+
+    def send(self, bad: pa.Table) -> None:
+        """Send every row of `bad` and wait for Kafka to have them all; raises if any was not delivered."""
+        if bad.num_rows == 0:
+            return
+        failures: list[str] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        for row in bad.select(["value", *self.HEADERS]).to_pylist():
+            headers: list[tuple[str, str | bytes | None]] = [(name, str(row[name]).encode()) for name in self.HEADERS]
+            self.producer.produce(self.topic, value=row["value"], headers=headers, on_delivery=delivered)
+            self.producer.poll(0)
+        left = self.producer.flush(self.timeout_s)
+        if left or failures:
+            raise RuntimeError(
+                f"quarantine topic {self.topic}: {left} of {bad.num_rows} records not delivered within "
+                f"{self.timeout_s:.0f} s; errors: {failures[:3]}"
+            )
+
+
+class _PhaseClock:
+    """Wall time of each step of a batch, for the log."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.laps)
 
 
 def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> int:

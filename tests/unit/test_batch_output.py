@@ -1,0 +1,205 @@
+"""A collected micro-batch split into ledger, archive and quarantine rows, their Redis figures and their files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from attribution.batch_output import (
+    ARCHIVE_COLUMNS,
+    bill_totals,
+    late_counts,
+    quarantine_counts,
+    split_batch,
+    write_batch_files,
+)
+from attribution.decode import QUARANTINE_COLUMNS
+from billing.parquet_ledger import LEDGER_COLUMNS, read_ledger
+from billing.periods import Periods
+from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
+
+HOUR = 3_600_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
+ADVERTISER_OF = {"ad-1": "adv-1", "ad-2": "adv-2"}
+
+SCHEMA = pa.schema(
+    [
+        ("click_id", pa.string()),
+        ("impression_id", pa.string()),
+        ("ad_id", pa.string()),
+        ("campaign_id", pa.string()),
+        ("advertiser_id", pa.string()),
+        ("user_id", pa.string()),
+        ("click_time", pa.int64()),
+        ("impression_time", pa.int64()),
+        ("amount_micros", pa.int64()),
+        ("currency", pa.string()),
+        ("click_received_ms", pa.int64()),
+        ("event_type", pa.string()),
+        ("event_id", pa.string()),
+        ("event_time", pa.int64()),
+        ("received_ms", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("value", pa.binary()),
+        ("reason", pa.string()),
+        ("kind", pa.string()),
+    ]
+)
+"""The columns of the job's output as `DataFrame.toArrow()` gives them: the bill branch's, then the intake's."""
+
+
+def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, object]:
+    return {
+        "kind": "bill",
+        "click_id": click_id,
+        "impression_id": f"i-{click_id}",
+        "ad_id": ad_id,
+        "campaign_id": f"camp-{ad_id}",
+        "advertiser_id": ADVERTISER_OF[ad_id],
+        "user_id": "u-1",
+        "click_time": click_time,
+        "impression_time": click_time - 1_000,
+        "amount_micros": micros,
+        "currency": "USD",
+        "click_received_ms": click_time + 5,
+    }
+
+
+def received(event_type: str, event_id: str, ad_id: str | None, event_time: int | None, offset: int, reason=None):
+    return {
+        "kind": "intake",
+        "event_type": event_type,
+        "event_id": event_id,
+        "ad_id": ad_id,
+        "user_id": "u-1",
+        "event_time": event_time,
+        "received_ms": (event_time or T0) + 7,
+        "topic": f"{event_type}s",
+        "partition": 2,
+        "offset": offset,
+        "value": f"bytes-{offset}".encode(),
+        "reason": reason,
+    }
+
+
+@pytest.fixture()
+def batch() -> pa.Table:
+    rows = [
+        bill("c-1", "ad-1", T0 + 10, 1_500_000),
+        bill("c-2", "ad-1", T0 + HOUR + 10, 1_500_000),  # the next period
+        bill("c-3", "ad-1", T0 + 20, 1_500_000),
+        bill("c-4", "ad-2", T0 + 30, 70_000),
+        received("impression", "i-1", "ad-1", T0 + 1, 10),
+        received("click", "c-1", "ad-1", T0 + 10, 11),
+        received("click", "c-2", "ad-1", T0 + HOUR + 10, 12),
+        received("impression", "i-old", "ad-2", T0 - 60_000, 13),  # at or below the watermark: late
+        received("click", "c-old", "ad-2", T0 - 30_000, 14),  # the watermark itself: late
+        received("click", "x-1", None, None, 15, reason="undecodable"),
+        received("click", "c-9", "ad-9", T0, 16, reason="unknown_ad"),
+    ]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def split(batch: pa.Table, batch_id: int = 7):
+    return split_batch(
+        batch,
+        batch_id,
+        late_watermark_ms=T0 - 30_000,
+        billed_at_ms=T0 + 2 * HOUR,
+        periods=Periods(HOUR),
+        ledger_columns=LEDGER_COLUMNS,
+        quarantine_columns=QUARANTINE_COLUMNS,
+    )
+
+
+def test_split_gives_ledger_archive_and_quarantine_rows_with_periods(batch: pa.Table) -> None:
+    out = split(batch)
+    assert out.bills.column_names == list(LEDGER_COLUMNS)
+    assert out.events.column_names == list(ARCHIVE_COLUMNS)
+    assert out.bad.column_names == [*QUARANTINE_COLUMNS, "batch_id"]
+
+    bills = {row["click_id"]: row for row in out.bills.to_pylist()}
+    assert sorted(bills) == ["c-1", "c-2", "c-3", "c-4"]
+    assert (bills["c-1"]["period"], bills["c-1"]["period_start_ms"]) == ("20260101T0000Z", T0)
+    assert (bills["c-2"]["period"], bills["c-2"]["period_start_ms"]) == ("20260101T0100Z", T0 + HOUR)
+    assert {row["billed_at_ms"] for row in bills.values()} == {T0 + 2 * HOUR}
+    assert {row["batch_id"] for row in bills.values()} == {7}
+
+    events = {row["event_id"]: row for row in out.events.to_pylist()}
+    assert sorted(events) == ["c-1", "c-2", "c-old", "i-1", "i-old"]
+    assert {event_id for event_id, row in events.items() if row["late"]} == {"c-old", "i-old"}
+    assert events["i-old"]["period"] == "20251231T2300Z"
+    assert events["c-1"]["value"] == b"bytes-11"
+
+    bad = {row["reason"]: row for row in out.bad.to_pylist()}
+    assert sorted(bad) == ["undecodable", "unknown_ad"]
+    assert (bad["undecodable"]["offset"], bad["undecodable"]["value"]) == (15, b"bytes-15")
+    assert bad["unknown_ad"]["batch_id"] == 7
+
+
+def test_redis_figures_of_a_batch(batch: pa.Table) -> None:
+    out = split(batch)
+    assert sorted(bill_totals(out.bills), key=lambda t: (t.period, t.ad_id)) == [
+        TotalsRow("20260101T0000Z", T0, "adv-1", "camp-ad-1", "ad-1", 2, 3_000_000),
+        TotalsRow("20260101T0000Z", T0, "adv-2", "camp-ad-2", "ad-2", 1, 70_000),
+        TotalsRow("20260101T0100Z", T0 + HOUR, "adv-1", "camp-ad-1", "ad-1", 1, 1_500_000),
+    ]
+    assert sorted(late_counts(out.events, ADVERTISER_OF), key=lambda c: c.event_type) == [
+        LateCount("20251231T2300Z", T0 - HOUR, "adv-2", "ad-2", "click", 1),
+        LateCount("20251231T2300Z", T0 - HOUR, "adv-2", "ad-2", "impression", 1),
+    ]
+    assert sorted(quarantine_counts(out.bad, ADVERTISER_OF), key=lambda c: c.reason) == [
+        QuarantineCount("undecodable", "clicks", None, 1),
+        QuarantineCount("unknown_ad", "clicks", None, 1),
+    ]
+
+
+def test_an_empty_batch_writes_and_counts_nothing(batch: pa.Table, tmp_path: Path) -> None:
+    out = split(batch.slice(0, 0))
+    assert (out.bills.num_rows, out.events.num_rows, out.bad.num_rows) == (0, 0, 0)
+    assert bill_totals(out.bills) == [] and late_counts(out.events, ADVERTISER_OF) == []
+    assert write_batch_files(out.events, tmp_path, ("event_type", "period", "batch_id")) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_are_partitioned_like_spark_writes_them_and_read_back_whole(batch: pa.Table, tmp_path: Path) -> None:
+    out = split(batch)
+    ledger = tmp_path / "ledger"
+    written = write_batch_files(out.bills, ledger, ("period", "batch_id"))
+    assert sorted(str(path.relative_to(ledger)) for path in written) == [
+        "period=20260101T0000Z/batch_id=7/part-00000.parquet",
+        "period=20260101T0100Z/batch_id=7/part-00000.parquet",
+    ]
+    back = read_ledger(ledger).sort_by("click_id")
+    assert back.to_pylist() == out.bills.sort_by("click_id").to_pylist()
+
+    archive = tmp_path / "archive"
+    write_batch_files(out.events, archive, ("event_type", "period", "batch_id"))
+    assert (archive / "event_type=click" / "period=20251231T2300Z" / "batch_id=7" / "part-00000.parquet").exists()
+    table = ds.dataset(archive, format="parquet", partitioning="hive").to_table()
+    assert "late" in table.column_names
+    assert sorted(table.column("event_id").to_pylist()) == sorted(out.events.column("event_id").to_pylist())
+
+
+def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_path: Path) -> None:
+    first = split(batch)
+    write_batch_files(first.bills, tmp_path, ("period", "batch_id"))
+    again = split_batch(
+        batch,
+        7,
+        late_watermark_ms=T0 - 30_000,
+        billed_at_ms=T0 + 3 * HOUR,
+        periods=Periods(HOUR),
+        ledger_columns=LEDGER_COLUMNS,
+        quarantine_columns=QUARANTINE_COLUMNS,
+    )
+    write_batch_files(again.bills, tmp_path, ("period", "batch_id"))
+    back = read_ledger(tmp_path)
+    assert back.num_rows == first.bills.num_rows
+    assert set(back.column("billed_at_ms").to_pylist()) == {T0 + 3 * HOUR}
+    assert [path.name for path in tmp_path.rglob(".*")] == []  # no staging file left behind
