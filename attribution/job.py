@@ -93,6 +93,10 @@ class StreamConfig:
         return self.data_dir / "checkpoints" / query
 
 
+FETCH_MAX_WAIT_MS = 10
+"""How long the broker may hold a fetch that finds no new records (the Kafka client's `fetch.max.wait.ms`)."""
+
+
 def kafka_stream(spark: SparkSession, config: StreamConfig, topics: list[str]) -> DataFrame:
     """Records of `topics`, from the earliest offsets on a first start, from the checkpoint after that."""
     return (
@@ -102,6 +106,9 @@ def kafka_stream(spark: SparkSession, config: StreamConfig, topics: list[str]) -
         .option("startingOffsets", config.starting_offsets)
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         .option("failOnDataLoss", "true")
+        # A consumer that read to the end of a partition leaves a fetch waiting at the broker; the next batch's
+        # read of that partition waits for it to come back. The client's default wait is 500 ms, per task.
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         .load()
     )
 

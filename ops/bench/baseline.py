@@ -7,7 +7,8 @@ the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range
 -> a no-op sink (`format("noop")`). No intake checks, no de-duplication, no catalog, no Parquet, no Redis.
 
 It runs in its own Spark session built like the job's (`attribution.session.build_spark`: same master, shuffle
-partitions, state store, driver memory) with the same trigger and `maxOffsetsPerTrigger`, and records each
+partitions, state store, driver memory, checkpoint file manager) with the same trigger, `maxOffsetsPerTrigger`
+and Kafka fetch wait, and records each
 batch's progress with the job's own listener (`attribution.progress.HealthListener`, query `baseline`), so the
 benchmark measures both systems from the same records.
 
@@ -31,6 +32,7 @@ def decoded(spark: Any, settings: Settings, topic: str, event_type: str) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
+    from attribution.job import FETCH_MAX_WAIT_MS
     from billing.schemas import schema_text
 
     records = (
@@ -39,6 +41,7 @@ def decoded(spark: Any, settings: Settings, topic: str, event_type: str) -> Any:
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))  # the job's Kafka client setting
         .load()
     )
     body = F.expr("substring(value, 6)")
