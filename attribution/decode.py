@@ -115,13 +115,16 @@ def decode_events(
     fields = event_fields(event_type)
     reader = reader_schema(event_type)
     value = F.col("value")
-    framed = value.isNotNull() & (F.length(value) >= HEADER_SIZE) & (F.hex(F.substring(value, 1, 1)) == F.lit("00"))
-    schema_id = F.when(framed, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long"))
+    # The header is compared as bytes (magic byte, then each known id as 4 big-endian bytes): no conversion
+    # of the id to text or a number per record.
+    framed = value.isNotNull() & (F.length(value) >= HEADER_SIZE) & (F.substring(value, 1, 1) == F.lit(b"\x00"))
+    schema_id = F.when(framed, F.substring(value, 2, 4))
+    id_bytes = {k: F.lit(k.to_bytes(4, "big")) for k in writer_schemas}
     body = value.substr(F.lit(HEADER_SIZE + 1), F.length(value) - F.lit(HEADER_SIZE))
     options = {"mode": "PERMISSIVE", "avroSchema": reader}
     # One from_avro per writer schema; CASE WHEN evaluates only the branch of the record's schema id.
     branches = [
-        (F.col("schema_id") == F.lit(k), from_avro(F.col("_body"), text, options))
+        (F.col("schema_id") == id_bytes[k], from_avro(F.col("_body"), text, options))
         for k, text in sorted(writer_schemas.items())
     ]
     record = reduce(lambda acc, branch: acc.when(*branch), branches[1:], F.when(*branches[0]))
@@ -158,7 +161,10 @@ def decode_events(
     any_field_null = reduce(lambda acc, c: acc | c, [F.col(name).isNull() for name in fields])
     reason = (
         F.when(~F.col("framed"), F.lit(QuarantineReason.UNDECODABLE.value))
-        .when(~F.col("schema_id").isin(*sorted(writer_schemas)), F.lit(QuarantineReason.UNKNOWN_SCHEMA.value))
+        .when(
+            ~F.col("schema_id").isin(*[id_bytes[k] for k in sorted(writer_schemas)]),
+            F.lit(QuarantineReason.UNKNOWN_SCHEMA.value),
+        )
         .when(F.col(DECODED_MARKER).isNull(), F.lit(QuarantineReason.UNDECODABLE.value))
         .when(any_field_null, F.lit(QuarantineReason.MISSING_FIELD.value))
         .when(~time_in_range, F.lit(QuarantineReason.TIME_OUT_OF_RANGE.value))
