@@ -45,7 +45,7 @@ DURATION ?= 60
 bench-stream: deps ## offered traffic through Kafka and the job: throughput, click-to-Redis latency, CPU, memory (RATE=, DURATION=)
 	$(BIN)/python -m ops.bench_stream --rate $(RATE) --duration $(DURATION)
 
-BENCH_RATES ?= 5000,10000,20000,40000
+BENCH_RATES ?= 5000,10000,20000,40000,60000
 BENCH_DURATION ?= 30
 bench: deps ## ceiling, textbook baseline and pipeline side by side up to the knee; report in var/bench/<time>/ (BENCH_RATES=, BENCH_DURATION=)
 	$(BIN)/python -m ops.bench --rates $(BENCH_RATES) --duration $(BENCH_DURATION)

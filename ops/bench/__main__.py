@@ -27,7 +27,7 @@ from ops.bench.systems import BASELINE, PIPELINE, LoadOptions, System, prepare_s
 from ops.bench.traffic import TrafficPlan, plan_traffic
 from ops.settings import Settings
 
-DEFAULT_RATES = "5000,10000,20000,40000"
+DEFAULT_RATES = "5000,10000,20000,40000,60000"
 SIMULATOR_CEILING_EVENTS = 300_000
 CACHED_PLANS = 3
 

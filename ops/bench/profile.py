@@ -25,10 +25,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+ROW_WRITING = "row writing (copying fields into Spark's binary rows)"
+
 AREAS: tuple[tuple[str, str], ...] = (
     ("org.apache.spark.sql.catalyst.expressions.GeneratedClass", "generated code (the batch's own operators)"),
     ("org.codehaus.janino", "code generation (Janino compiling)"),
     ("org.codehaus.commons", "code generation (Janino compiling)"),
+    # The codegen package also holds the writers that generated code calls per row: those are running, not compiling.
+    ("org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter", ROW_WRITING),
+    ("org.apache.spark.sql.catalyst.expressions.codegen.UnsafeWriter", ROW_WRITING),
+    ("org.apache.spark.sql.catalyst.expressions.codegen.UnsafeArrayWriter", ROW_WRITING),
+    ("org.apache.spark.sql.catalyst.expressions.codegen.BufferHolder", ROW_WRITING),
     ("org.apache.spark.sql.catalyst.expressions.codegen", "code generation (Janino compiling)"),
     ("org.apache.spark.sql.avro", "Avro decoding"),
     ("org.apache.avro", "Avro decoding"),

@@ -243,7 +243,16 @@ def test_profile_charges_each_sample_to_its_first_specific_area() -> None:
     assert "Java runtime" not in inclusive
     threads = {t["name"]: t["share"] for t in summary["threads"]}
     assert threads["Executor task launch worker"] == pytest.approx(2 / 3, abs=1e-3)
+
     assert "stream execution thread for billing [...]" in threads
+
+
+def test_row_writers_of_the_codegen_package_are_running_code_not_compiling() -> None:
+    writer = "org.apache.spark.sql.catalyst.expressions.codegen.UnsafeWriter.writeUnalignedBytes"
+    assert profile.area_of(writer) == profile.ROW_WRITING
+    assert profile.area_of("org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator$.doCompile") == (
+        "code generation (Janino compiling)"
+    )
 
 
 # --- soak cycles ---------------------------------------------------------------------------------------------
