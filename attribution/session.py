@@ -41,8 +41,15 @@ def build_spark(
         .config("spark.sql.streaming.checkpointFileManagerClass", FILE_SYSTEM_CHECKPOINTS)
     )
     if rocksdb_state:
-        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).config(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
+        builder = (
+            builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+            .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+            .config(
+                # One memory budget for the memtables and block caches of every RocksDB instance (one per state
+                # store and partition, 20 in the job), instead of RocksDB's defaults per instance.
+                "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage",
+                "true",
+            )
         )
     if local_dir is not None:
         builder = builder.config("spark.local.dir", str(local_dir))

@@ -200,6 +200,14 @@ class Sampler:
                 peaks[command] = max(peaks.get(command, 0), rss)
         return peaks
 
+    def rss_by_command(self, name: str) -> dict[str, list[tuple[float, int]]]:
+        """(time, resident bytes) of each command (`java`, `python`) of the tree `name` at every sample."""
+        out: dict[str, list[tuple[float, int]]] = {}
+        for s in self.samples:
+            for command, (_, rss) in (s.commands.get(name) or {}).items():
+                out.setdefault(command, []).append((s.time, rss))
+        return out
+
     def series(self, name: str) -> list[tuple[float, float, int]]:
         """(time, CPU seconds, resident bytes) of the tree `name` at every sample."""
         return [(s.time, *s.trees[name]) for s in self.samples if name in s.trees]

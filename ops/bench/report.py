@@ -246,7 +246,13 @@ def soak_verdict(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     state = [((b["end_ms"] - launched_ms) / 1000, b["state_rows"]) for b in batches]
     # Whole minutes of the send window only: the last ones drain what was left.
     minutes = [m for m in step.get("latency_by_minute") or [] if (m["minute"] + 1) * 60 <= end - start]
+    by_process = {
+        f"memory:{command}": analysis.flatness([t for t, _ in inside], [m for _, m in inside], tolerance=0.10, floor=50)
+        for command, points in sorted((pipeline.get("memory_by_process") or {}).items())
+        if len(inside := [(t, mb) for t, mb in points if start <= t <= end]) >= 2
+    }
     return {
+        **by_process,
         "memory": analysis.flatness([t for t, _ in memory], [m for _, m in memory], tolerance=0.10, floor=50),
         "state_rows": analysis.flatness([t for t, _ in state], [s for _, s in state], tolerance=0.10, floor=1_000),
         "p99_latency": analysis.flatness(
@@ -492,6 +498,8 @@ def _render_soak(data: Mapping[str, Any]) -> list[str]:
     verdict = data.get("soak") or {}
     rows = []
     labels = {"memory": "resident memory (MB)", "state_rows": "state rows", "p99_latency": "p99 latency (ms)"}
+    for key in sorted(k for k in verdict if k.startswith("memory:")):
+        labels[key] = f"resident memory of {key.split(':', 1)[1]} (MB)"
     for key, label in labels.items():
         v = verdict.get(key)
         if v:

@@ -199,6 +199,10 @@ def run_system(system: System, plan: TrafficPlan, sampler: Sampler, options: Loa
     result["knee"] = analysis.knee(steps)
     result["batches"] = _batch_series(recorder.history(), latency)
     result["memory"] = [(round(t - launched, 1), round(rss / 2**20)) for t, _, rss in sampler.series(system.name)]
+    result["memory_by_process"] = {
+        command: [(round(t - launched, 1), round(rss / 2**20)) for t, rss in points]
+        for command, points in sampler.rss_by_command(system.name).items()
+    }
     result["peak_rss_mb"] = round(sampler.peak_rss(system.name) / 2**20)
     return result
 

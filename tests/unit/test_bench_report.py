@@ -461,3 +461,21 @@ def test_soak_report_gives_a_flatness_verdict() -> None:
     text = report.render(data)
     assert "# adbill soak test" in text
     assert "| resident memory (MB) | yes |" in text
+
+
+def test_the_soak_verdict_judges_each_process_memory_on_its_own() -> None:
+    minutes = [60.0 * m for m in range(31)]
+    pipeline = {
+        "launched": 0.0,
+        "steps": [{"sender": {"first_send": 0.0, "last_send": 1800.0}, "latency_by_minute": []}],
+        "memory": [(t, 3000 + t / 2) for t in minutes],
+        "memory_by_process": {
+            "java": [(t, 2500) for t in minutes],
+            "python": [(t, 500 + t / 2) for t in minutes],  # grows by 900 MB over the run
+        },
+        "batches": [],
+    }
+    verdict = report.soak_verdict(pipeline)
+    assert verdict["memory:java"]["flat"] is True
+    assert verdict["memory:python"]["flat"] is False
+    assert verdict["memory"]["flat"] is False
