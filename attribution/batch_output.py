@@ -151,8 +151,8 @@ def quarantine_counts(bad: pa.Table, advertiser_of: Mapping[str, str]) -> list[Q
 def write_batch_files(table: pa.Table, root: Path, partitions: Sequence[str]) -> list[Path]:
     """`table` as one Parquet file per combination of `partitions` values, under `root/k=v/.../`; the files written.
 
-    The partition columns are left out of the files (they are in the paths). An existing file of the same
-    partitions is replaced, so writing a replayed batch again leaves what one write leaves."""
+    The partition columns are left out of the files (they are in the paths). The Parquet files already in a
+    folder written to are replaced, so writing a replayed batch again leaves what one write leaves."""
     if table.num_rows == 0:
         return []
     if not partitions:
@@ -176,6 +176,11 @@ def _write_file(table: pa.Table, folder: Path) -> Path:
     staging = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
     pq.write_table(table, staging, compression="snappy")
     os.replace(staging, path)
+    # A batch's folder holds its one file: anything else there is from an earlier attempt at the same batch
+    # (one written by an older version of the job, under another name).
+    for other in folder.glob("*.parquet"):
+        if other.name != FILE_NAME:
+            other.unlink()
     return path
 
 

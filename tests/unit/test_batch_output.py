@@ -189,6 +189,8 @@ def test_files_are_partitioned_like_spark_writes_them_and_read_back_whole(batch:
 def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_path: Path) -> None:
     first = split(batch)
     write_batch_files(first.bills, tmp_path, ("period", "batch_id"))
+    earlier = tmp_path / "period=20260101T0000Z" / "batch_id=7" / "part-00000-from-an-earlier-attempt.parquet"
+    earlier.write_bytes((tmp_path / "period=20260101T0000Z" / "batch_id=7" / "part-00000.parquet").read_bytes())
     again = split_batch(
         batch,
         7,
@@ -203,3 +205,4 @@ def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_
     assert back.num_rows == first.bills.num_rows
     assert set(back.column("billed_at_ms").to_pylist()) == {T0 + 3 * HOUR}
     assert [path.name for path in tmp_path.rglob(".*")] == []  # no staging file left behind
+    assert not earlier.exists()
