@@ -41,7 +41,7 @@ from ops.bench import analysis, profile
 from ops.bench.ceiling import end_offsets, finish_sender, run_sender
 from ops.bench.measure import HealthRecorder, Sampler, find_in_tree, thread_cores, thread_cpu, wait_for
 from ops.bench.traffic import Dataset, TrafficPlan, cycle_span_ms, cycle_truth
-from ops.process import free_port, stop_pid
+from ops.process import free_ports, stop_pid
 from ops.settings import Settings
 
 if TYPE_CHECKING:
@@ -106,13 +106,14 @@ def start_services(folder: Path, **overrides: Any) -> tuple[Settings, Stack, Sam
     are settings both systems then run with (state store, shuffle partitions...)."""
     from ops.stack import Stack
 
+    kafka_port, controller_port, redis_port = free_ports(3)
     services = Settings.from_env(
         {},
         **{
             "home": folder / "services",
-            "kafka_bootstrap": f"127.0.0.1:{free_port()}",
-            "kafka_controller_port": free_port(),
-            "redis_url": f"redis://127.0.0.1:{free_port()}/0",
+            "kafka_bootstrap": f"127.0.0.1:{kafka_port}",
+            "kafka_controller_port": controller_port,
+            "redis_url": f"redis://127.0.0.1:{redis_port}/0",
             "metrics_port": 0,
             **overrides,
         },
