@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from attribution.session import build_spark
 from ops import deps
 from ops.kafka_service import LocalKafka, ensure_topics
-from ops.process import free_port
+from ops.process import free_port, free_ports
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
 
@@ -28,8 +28,9 @@ DEPS_DIR = PROJECT_ROOT / ".deps"
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node Kafka broker on free ports, for the whole test session."""
     home = tmp_path_factory.mktemp("kafka")
+    port, controller_port = free_ports(2)
     broker = LocalKafka(
-        data_dir=home, port=free_port(), controller_port=free_port(), deps_dir=DEPS_DIR, run_dir=home / "run"
+        data_dir=home, port=port, controller_port=controller_port, deps_dir=DEPS_DIR, run_dir=home / "run"
     )
     broker.start()
     yield broker

@@ -34,6 +34,7 @@ from urllib.parse import urlencode
 import redis
 
 from billing.catalog import generate_catalog
+from ops.process import free_ports
 from web.access import Role
 from web.accounts import AccountsFile
 from web.sample_data import SampleWriter, seed_sample
@@ -170,12 +171,6 @@ async def drive(
     return stats, seconds
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -216,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = PROJECT_ROOT / "var" / "bench" / f"web-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     out_dir.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="adbill-bench-web-"))
-    redis_port, web_port = _free_port(), _free_port()
+    redis_port, web_port = free_ports(2)
     redis_log = out_dir / "redis.log"
     with redis_log.open("wb") as log:
         redis_proc = subprocess.Popen(
