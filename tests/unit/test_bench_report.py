@@ -479,3 +479,16 @@ def test_the_soak_verdict_judges_each_process_memory_on_its_own() -> None:
     assert verdict["memory:java"]["flat"] is True
     assert verdict["memory:python"]["flat"] is False
     assert verdict["memory"]["flat"] is False
+
+
+def test_short_lived_children_get_no_memory_verdict_of_their_own() -> None:
+    minutes = [60.0 * m for m in range(31)]
+    pipeline = {
+        "launched": 0.0,
+        "steps": [{"sender": {"first_send": 0.0, "last_send": 1800.0}, "latency_by_minute": []}],
+        "memory": [(t, 3000) for t in minutes],
+        "memory_by_process": {"java": [(t, 3000) for t in minutes], "chmod": [(60.0, 1), (120.0, 4)]},
+        "batches": [],
+    }
+    assert "memory:chmod" not in report.soak_verdict(pipeline)
+    assert "memory:java" in report.soak_verdict(pipeline)
