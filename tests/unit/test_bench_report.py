@@ -463,18 +463,30 @@ def test_soak_report_gives_a_flatness_verdict() -> None:
     assert "| resident memory (MB) | yes |" in text
 
 
-def test_the_soak_verdict_judges_each_process_memory_on_its_own() -> None:
-    minutes = [60.0 * m for m in range(31)]
-    pipeline = {
+def soak_pipeline(
+    memory: list[tuple[float, float]], by_process: dict[str, list[tuple[float, float]]]
+) -> dict[str, Any]:
+    """A pipeline's result of a 30-minute soak, with its memory series only."""
+    return {
         "launched": 0.0,
         "steps": [{"sender": {"first_send": 0.0, "last_send": 1800.0}, "latency_by_minute": []}],
-        "memory": [(t, 3000 + t / 2) for t in minutes],
-        "memory_by_process": {
-            "java": [(t, 2500) for t in minutes],
-            "python": [(t, 500 + t / 2) for t in minutes],  # grows by 900 MB over the run
-        },
+        "memory": memory,
+        "memory_by_process": by_process,
         "batches": [],
     }
+
+
+MINUTES = [60.0 * m for m in range(31)]
+
+
+def test_the_soak_verdict_judges_each_process_memory_on_its_own() -> None:
+    pipeline = soak_pipeline(
+        [(t, 3000 + t / 2) for t in MINUTES],
+        {
+            "java": [(t, 2500) for t in MINUTES],
+            "python": [(t, 500 + t / 2) for t in MINUTES],  # grows by 900 MB over the run
+        },
+    )
     verdict = report.soak_verdict(pipeline)
     assert verdict["memory:java"]["flat"] is True
     assert verdict["memory:python"]["flat"] is False
@@ -482,13 +494,9 @@ def test_the_soak_verdict_judges_each_process_memory_on_its_own() -> None:
 
 
 def test_short_lived_children_get_no_memory_verdict_of_their_own() -> None:
-    minutes = [60.0 * m for m in range(31)]
-    pipeline = {
-        "launched": 0.0,
-        "steps": [{"sender": {"first_send": 0.0, "last_send": 1800.0}, "latency_by_minute": []}],
-        "memory": [(t, 3000) for t in minutes],
-        "memory_by_process": {"java": [(t, 3000) for t in minutes], "chmod": [(60.0, 1), (120.0, 4)]},
-        "batches": [],
-    }
-    assert "memory:chmod" not in report.soak_verdict(pipeline)
-    assert "memory:java" in report.soak_verdict(pipeline)
+    pipeline = soak_pipeline(
+        [(t, 3000) for t in MINUTES], {"java": [(t, 3000) for t in MINUTES], "chmod": [(60.0, 1), (120.0, 4)]}
+    )
+    verdict = report.soak_verdict(pipeline)
+    assert "memory:chmod" not in verdict
+    assert "memory:java" in verdict
