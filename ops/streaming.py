@@ -59,8 +59,9 @@ def run_stream(settings: Settings) -> int:
     ensure_catalog(settings)
     ensure_schemas(settings)
     config = stream_config(settings)
-    # glibc gives each thread that allocates its own arena; RocksDB's threads in the JVM then keep freed memory
-    # in many arenas and the job's resident memory creeps up. Two arenas (read by the JVM this starts) stop that.
+    # glibc gives each thread that allocates an arena of its own; RocksDB's threads in the JVM then keep freed
+    # memory in many arenas and resident memory creeps up. Two arenas (read by the JVM this starts) keep it in
+    # check: with this and RocksDB's one memory budget (attribution.session) the 30-minute soak stayed flat.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     spark = build_spark(
         app_name="adbill-stream",
