@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from billing.parquet_ledger import ledger_totals
 from billing.periods import Periods
 from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
 
@@ -106,20 +107,7 @@ def split_batch(
 
 def bill_totals(bills: pa.Table) -> list[TotalsRow]:
     """Clicks and micros per period and ad of a batch's ledger rows."""
-    keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"]
-    grouped = bills.group_by(keys).aggregate([([], "count_all"), ("amount_micros", "sum")])
-    return [
-        TotalsRow(
-            row["period"],
-            row["period_start_ms"],
-            row["advertiser_id"],
-            row["campaign_id"],
-            row["ad_id"],
-            row["count_all"],
-            row["amount_micros_sum"],
-        )
-        for row in grouped.to_pylist()
-    ]
+    return [TotalsRow(**row) for row in ledger_totals(bills)]  # type: ignore[arg-type]
 
 
 def late_counts(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[LateCount]:

@@ -130,13 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from attribution.reconcile import ReconcileConfig, reconcile
-    from attribution.session import build_spark
     from billing.catalog import Catalog
     from billing.corrections import corrections_from_arrow
-    from ops import deps
     from ops.process import free_port
     from ops.redis_service import LocalRedis
     from ops.settings import Settings
+    from ops.spark import spark_session
 
     home = (args.out / f"reconcile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}").resolve()
     home.mkdir(parents=True)
@@ -145,15 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     redis = LocalRedis(data_dir=home / "redis", port=free_port(), run_dir=home / "run", appendonly=False)
     redis.start()
-    spark = build_spark(
-        "adbill-bench-reconcile",
-        settings.spark_master,
-        deps.ensure_spark_connector_jars(settings.deps_dir),
-        shuffle_partitions=settings.shuffle_partitions,
-        local_dir=home / "spark-tmp",
-        driver_memory=settings.driver_memory,
-        rocksdb_state=False,
-    )
+    spark = spark_session(settings, "adbill-bench-reconcile", home / "spark-tmp", stateful=False)
     try:
         config = ReconcileConfig(data_dir=home, redis_url=redis.url, redis_prefix="bench", period_ms=HOUR_MS)
         started = time.monotonic()

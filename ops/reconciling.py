@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ops import deps
 from ops.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,22 +45,14 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
 def run_reconcile(settings: Settings, until_ms: int | None = None, every_s: int | None = None) -> int:
     """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did."""
     from attribution.reconcile import reconcile
-    from attribution.session import build_spark
     from billing.catalog import Catalog
+    from ops.spark import spark_session
     from ops.stack import ensure_catalog
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     ensure_catalog(settings)
-    spark = build_spark(
-        app_name="adbill-reconcile",
-        master=settings.spark_master,
-        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
-        shuffle_partitions=settings.shuffle_partitions,
-        local_dir=settings.root / "spark-tmp-reconcile",
-        driver_memory=settings.driver_memory,
-        rocksdb_state=False,
-    )
+    spark = spark_session(settings, "adbill-reconcile", settings.root / "spark-tmp-reconcile", stateful=False)
     config = reconcile_config(settings)
     try:
         while True:

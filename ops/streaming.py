@@ -7,7 +7,6 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ops import deps
 from ops.settings import Settings
 
 if TYPE_CHECKING:
@@ -49,8 +48,8 @@ def run_stream(settings: Settings) -> int:
 
     from attribution.job import start
     from attribution.progress import HealthListener
-    from attribution.session import build_spark
     from billing.catalog import Catalog
+    from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,15 +62,7 @@ def run_stream(settings: Settings) -> int:
     # memory in many arenas and resident memory creeps up. Two arenas (read by the JVM this starts) keep it in
     # check: with this and RocksDB's one memory budget (attribution.session) the 30-minute soak stayed flat.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    spark = build_spark(
-        app_name="adbill-stream",
-        master=settings.spark_master,
-        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
-        shuffle_partitions=settings.shuffle_partitions,
-        local_dir=settings.root / "spark-tmp",
-        driver_memory=settings.driver_memory,
-        rocksdb_state=settings.state_store == "rocksdb",
-    )
+    spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
     spark.streams.addListener(

@@ -6,7 +6,7 @@ schema (PERMISSIVE, so a bad record becomes nulls instead of failing the query) 
 the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range as `attribution.join.attribute`
 -> a no-op sink (`format("noop")`). No intake checks, no de-duplication, no catalog, no Parquet, no Redis.
 
-It runs in its own Spark session built like the job's (`attribution.session.build_spark`: same master, shuffle
+It runs in its own Spark session built like the job's (`ops.spark.spark_session`: same master, shuffle
 partitions, state store, driver memory, checkpoint file manager) with the same trigger, `maxOffsetsPerTrigger`
 and Kafka fetch wait, and records each
 batch's progress with the job's own listener (`attribution.progress.HealthListener`, query `baseline`), so the
@@ -82,19 +82,10 @@ def textbook_join(spark: Any, settings: Settings) -> Any:
 
 def main() -> int:
     from attribution.progress import HealthListener
-    from attribution.session import build_spark
-    from ops import deps
+    from ops.spark import spark_session
 
     settings = Settings.from_env()
-    spark = build_spark(
-        app_name="adbill-bench-baseline",
-        master=settings.spark_master,
-        jars=deps.ensure_spark_connector_jars(settings.deps_dir),
-        shuffle_partitions=settings.shuffle_partitions,
-        local_dir=settings.root / "spark-tmp",
-        driver_memory=settings.driver_memory,
-        rocksdb_state=settings.state_store == "rocksdb",
-    )
+    spark = spark_session(settings, "adbill-bench-baseline", settings.root / "spark-tmp", stateful=True)
     spark.streams.addListener(HealthListener(settings.redis_url, settings.redis_prefix, {}))
     query = (
         textbook_join(spark, settings)
