@@ -46,6 +46,7 @@ from attribution.batch_output import (
 )
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
 from attribution.join import attribute, catalog_frame
+from attribution.progress import Heartbeat
 from billing.catalog import Catalog
 from billing.parquet_ledger import LEDGER_COLUMNS
 from billing.periods import Periods
@@ -303,8 +304,10 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
 
 
 def start(spark: SparkSession, config: StreamConfig, catalog: Catalog) -> list[StreamingQuery]:
-    """Start the job's query; it runs until stopped."""
+    """Start the job's query, with its heartbeat; it runs until stopped."""
     catalog_df = catalog_frame(spark, catalog).cache()
+    heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
+    spark.streams.addListener(heartbeat)
     query = (
         attribution_stream(spark, config, catalog_df)
         .writeStream.queryName(BILLING_QUERY)
@@ -313,4 +316,5 @@ def start(spark: SparkSession, config: StreamConfig, catalog: Catalog) -> list[S
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )
+    heartbeat.follow(str(query.id))
     return [query]

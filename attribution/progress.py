@@ -5,13 +5,15 @@ Per batch and query: input rows and rates, batch duration, the query's watermark
 (its largest event time seen, less its delay), state rows and memory, and rows dropped by the watermark.
 
 Redis keys: `PREFIX:health:query:NAME` (hash, the latest batch), `PREFIX:health:history:NAME` (list of JSON, newest
-first, capped at `HISTORY`).
+first, capped at `HISTORY`), `PREFIX:health:heartbeat:NAME` (epoch ms of the query's last batch or idle trigger:
+reconciliation closes a period only while the job is alive).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -33,6 +35,52 @@ _STATE_ROWS = Gauge("adbill_state_rows", "Rows held in state, all operators", ["
 _STATE_BYTES = Gauge("adbill_state_memory_bytes", "Memory used by state, all operators", ["query"])
 _DROPPED = Gauge("adbill_rows_dropped_by_watermark", "Rows the watermark kept out, last batch", ["query"])
 _BATCH = Gauge("adbill_batch_id", "Id of the last completed micro-batch", ["query"])
+
+
+def heartbeat_key(prefix: str, query: str) -> str:
+    """The Redis key holding when `query` last reported (epoch ms)."""
+    return f"{prefix}:health:heartbeat:{query}"
+
+
+class Heartbeat(StreamingQueryListener):
+    """Writes the wall-clock time of every batch and idle trigger of one query to Redis: proof that it is alive.
+
+    Spark reports an idle query every `spark.sql.streaming.noDataProgressEventInterval` (10 s by default)."""
+
+    def __init__(self, redis_url: str, prefix: str, query_name: str) -> None:
+        self.key = heartbeat_key(prefix, query_name)
+        self.redis_url = redis_url
+        self.query_name = query_name
+        self.query_id: str | None = None
+        self._client: redis.Redis | None = None
+
+    def follow(self, query_id: str) -> None:
+        """Beat for the query with this id (another query of the same name, in the same session, is not it)."""
+        self.query_id = query_id
+        self._beat()
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        if str(event.progress.id) == self.query_id:
+            self._beat()
+
+    def onQueryIdle(self, event: Any) -> None:
+        if str(event.id) == self.query_id:
+            self._beat()
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if str(event.id) == self.query_id:
+            self.query_id = None
+
+    def _beat(self) -> None:
+        try:
+            if self._client is None:
+                self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
+            self._client.set(self.key, str(int(time.time() * 1000)))
+        except Exception:  # reporting must never take the billing job down
+            log.exception("could not record the heartbeat of %s", self.query_name)
 
 
 def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_max: dict[str, int]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """Reconciliation: the rule applied to every event received, compared with the stream's ledger, as corrections;
 closed periods and their finance exports.
 
-A Spark batch job over the archive the stream writes (`ARCHIVE/event_type=T/period=P/batch_id=N/`). For each
-due period (`billing.closing.due_periods`), oldest first:
+A Spark batch job over the archive the stream writes (`ARCHIVE/event_type=T/period=P/batch_id=N/`), one run at
+a time (`run_lock`). A period past its lateness horizon closes only once the streaming job is alive and has read
+what Kafka held when the horizon passed (`billing.closing.plan_run`, with the job's position from
+`attribution.stream_position`); until then it is held, and the run says why. For each due period, oldest first:
 
 1. the final bill: the archived impressions of the period and of the one before it (a click may be attributed
    to an impression up to 10 s earlier) and the clicks of the period, de-duplicated by first arrival, through
@@ -12,8 +14,13 @@ due period (`billing.closing.due_periods`), oldest first:
    into place), then applied to Redis once per correction id; the invariant is checked before anything is
    written (`check_reconciled`);
 3. an open period is closed: its export is written (`billing.export.write_export`, never rewritten after), the
-   period is marked closed in the state file and in Redis. A closed period that got new data gets adjustments
-   booked in the current open period instead.
+   period is marked closed in Redis (its totals become the export's) and in the state file. A closed period that
+   got new data is compared with what finance was given, its export plus the adjustments booked for it since, and
+   what differs is booked in the current open period (a bill the stream made after the close: `billed_after_close`).
+
+A run killed at any point is completed by the next: an export folder closes its period whatever the state file
+says, Redis is closed from the export when it does not know the period as closed, and corrections already written
+are applied to Redis once per id.
 
 Running it again with no new data writes nothing: corrections have deterministic ids and `reconcile_period`
 returns only what is missing.
@@ -21,13 +28,15 @@ returns only what is missing.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,10 +46,11 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from attribution.job import period_columns
+from attribution.job import BILLING_QUERY, period_columns
 from attribution.join import attribute, catalog_frame, conflicts, dedupe
+from attribution.stream_position import stream_position
 from billing.catalog import Catalog
-from billing.closing import PeriodState, due_periods, load_states, open_period, save_states
+from billing.closing import PeriodState, StreamPosition, load_states, open_period, plan_run, save_states
 from billing.corrections import (
     ArrivalFacts,
     Correction,
@@ -49,7 +59,16 @@ from billing.corrections import (
     corrections_to_arrow,
     reconcile_period,
 )
-from billing.export import build_export, export_folder, write_export
+from billing.export import (
+    MANIFEST_FILE,
+    build_export,
+    export_folder,
+    export_totals,
+    exported_bills,
+    read_export,
+    read_manifest,
+    write_export,
+)
 from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
 from billing.redis_totals import RedisTotals
@@ -65,9 +84,30 @@ class ReconcileConfig:
     data_dir: Path
     redis_url: str
     redis_prefix: str
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topics: tuple[str, ...] = ("impressions", "clicks")
+    """The topics the billing query reads: a period closes once the query has read what they held."""
     period_ms: int = 3_600_000
     horizon_ms: int = 900_000
     """How long after a period's end late data is waited for before the period is reconciled and closed."""
+    alive_within_ms: int = 120_000
+    """A streaming job silent for longer than this is down, and holds the periods it has not passed."""
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.data_dir / "checkpoints" / BILLING_QUERY
+
+    def position(self) -> StreamPosition:
+        """Where the streaming job stands now (its checkpoint, Kafka's end offsets, its heartbeat)."""
+        return stream_position(
+            self.checkpoint,
+            self.kafka_bootstrap,
+            list(self.topics),
+            self.redis_url,
+            self.redis_prefix,
+            BILLING_QUERY,
+            self.alive_within_ms,
+        )
 
     @property
     def archive_dir(self) -> Path:
@@ -104,6 +144,8 @@ class RunReport:
     conflicts: int = 0
     final_clicks: int = 0
     events: int = 0
+    held: dict[str, str] = field(default_factory=dict)
+    """Periods past their horizon that the stream has not passed yet, with the reason."""
     finished_at_ms: int = 0
 
     @property
@@ -124,6 +166,7 @@ class RunReport:
             "conflicts": self.conflicts,
             "final_clicks": self.final_clicks,
             "events": self.events,
+            "held": self.held,
         }
 
 
@@ -186,6 +229,48 @@ def final_bills(
     return final.select(*BILLABLE_FIELDS, "period"), quarantined, late
 
 
+class HeldError(RuntimeError):
+    """A back-fill (`until`) would close periods the streaming job has not passed yet."""
+
+    def __init__(self, held: dict[str, str]) -> None:
+        self.held = held
+        listed = "; ".join(f"{period} {reason}" for period, reason in held.items())
+        super().__init__(
+            f"refused: closing up to --until would close {len(held)} period(s) ahead of the stream ({listed}); "
+            "start the streaming job and let it catch up, or pass --force to close them anyway (what the stream "
+            "bills for them later becomes adjustments)"
+        )
+
+
+class ReconcileBusyError(RuntimeError):
+    """Another reconciliation run holds the lock."""
+
+
+@contextmanager
+def run_lock(config: ReconcileConfig) -> Iterator[None]:
+    """One reconciliation at a time over a data folder: an exclusive lock on `RECONCILE/lock`, released by the
+    operating system however the holder ends."""
+    path = config.state_file.parent / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ReconcileBusyError(
+                f"another reconciliation run holds {path} ({holder}); this one does nothing"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {int(time.time() * 1000)}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def reconcile(
     spark: SparkSession,
     config: ReconcileConfig,
@@ -193,19 +278,51 @@ def reconcile(
     until_ms: int | None = None,
     clock: Callable[[], int] = lambda: int(time.time() * 1000),
     progress: Callable[[str], None] = lambda message: None,
+    position: StreamPosition | None = None,
+    force: bool = False,
 ) -> RunReport:
-    """One reconciliation run (see the module's docstring)."""
+    """One reconciliation run (see the module's docstring), under the run lock. `position` is where the stream
+    stands (asked of the checkpoint, Kafka and Redis when not given); `force` closes periods the stream has not
+    passed (a back-fill that knows better)."""
+    with run_lock(config):
+        return _reconcile(spark, config, catalog, until_ms, clock, progress, position, force)
+
+
+def _reconcile(
+    spark: SparkSession,
+    config: ReconcileConfig,
+    catalog: Catalog,
+    until_ms: int | None,
+    clock: Callable[[], int],
+    progress: Callable[[str], None],
+    position: StreamPosition | None,
+    force: bool,
+) -> RunReport:
     periods = Periods(config.period_ms)
     now_ms = clock()
     report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
-    states = load_states(config.state_file)
+    states = _closed_by_exports(config, load_states(config.state_file))
     versions = data_versions(config, periods)
     every_correction = _read_corrections(config)
     for booked in {c.booked_period for c in every_correction}:
         versions.setdefault(booked, -1)
-    due = due_periods(versions, states, periods, now_ms, config.horizon_ms, until_ms)
-    report.periods = due
+    if position is None:
+        position = config.position()
+    plan = plan_run(versions, states, periods, now_ms, config.horizon_ms, position, until_ms, force)
+    for period, target in plan.targets.items():
+        states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
+    if plan.targets:
+        save_states(config.state_file, states)
+    report.held = plan.held
+    for period, reason in plan.held.items():
+        progress(f"period {period} {reason}")
+    if until_ms is not None and plan.held and not force:
+        raise HeldError(plan.held)
     totals = RedisTotals.from_url(config.redis_url, config.redis_prefix)
+    closed = {p for p, s in states.items() if s.closed}
+    _settle_closed_in_redis(config, totals, closed, periods)
+    due = plan.due
+    report.periods = due
     if not due:
         report.finished_at_ms = clock()
         totals.record_reconciliation(report.record())
@@ -224,7 +341,6 @@ def reconcile(
     )
     ledger = read_ledger(config.ledger_dir)
     booked_in = open_period(periods, now_ms, until_ms)
-    closed = {p for p, s in states.items() if s.closed}
     if booked_in in closed:
         raise RuntimeError(f"the open period {booked_in} is already closed: is the clock behind the data?")
     report.conflicts = _quarantine_conflicts(config, due, quarantined, totals, catalog)
@@ -232,20 +348,40 @@ def reconcile(
         progress(f"period {period}")
         final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
         ledger_rows = ledger.filter(pc.equal(ledger["period"], period))
-        earlier = [c for c in every_correction if c.corrects_period == period]
-        booked = booked_in if period in closed else period
-        new = reconcile_period(period, final, ledger_rows, earlier, booked_period=booked, now_ms=now_ms, facts=facts)
-        problems = check_reconciled(final, ledger_rows, earlier + new)
+        of_period = [c for c in every_correction if c.corrects_period == period]
+        if period in closed:
+            # What finance was given: the export's bills and the adjustments booked for the period since.
+            given = exported_bills(read_export(export_folder(config.data_dir, period)))
+            earlier = [c for c in of_period if c.booked_period != period]
+            after_close = set(ledger_rows["click_id"].to_pylist()) - set(given["click_id"].to_pylist())
+            new = reconcile_period(
+                period,
+                final,
+                given,
+                earlier,
+                booked_period=booked_in,
+                now_ms=now_ms,
+                facts=replace(facts, billed_after_close_click_ids=after_close),
+                reserved_ids={c.correction_id for c in of_period},
+            )
+            problems = check_reconciled(final, given, earlier + new)
+        else:
+            earlier = of_period
+            new = reconcile_period(
+                period, final, ledger_rows, earlier, booked_period=period, now_ms=now_ms, facts=facts
+            )
+            problems = check_reconciled(final, ledger_rows, earlier + new)
         if problems:
             raise RuntimeError(f"reconciliation of {period} does not balance: {problems[:5]}")
         if new:
             _write_corrections(config, period, report.run_id, new)
             every_correction += new
         # Earlier ones too: a run that stopped between its file and Redis is completed (each id applies once).
-        totals.apply_corrections(earlier + new, _starts(periods, earlier + new))
+        totals.apply_corrections(of_period + new, _starts(periods, of_period + new))
         report.additions += sum(1 for c in new if c.kind == "addition")
         report.retractions += sum(1 for c in new if c.kind == "retraction")
         report.net_micros += sum(c.amount_micros for c in new)
+        state = states.get(period, PeriodState(version=-1))
         if period not in closed:
             export = build_export(
                 period,
@@ -254,19 +390,39 @@ def reconcile(
                 [c for c in every_correction if c.corrects_period == period],
                 [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
             )
-            if not export_folder(config.data_dir, period).exists():
-                start = periods.parse_key(period)
-                write_export(config.data_dir, period, export, start, start + periods.length_ms, now_ms)
-            states[period] = PeriodState(version=versions[period], closed_at_ms=now_ms)
+            start = periods.parse_key(period)
+            write_export(config.data_dir, period, export, start, start + periods.length_ms, now_ms)
+            totals.close_period(period, start, export_totals(export))
+            state = replace(state, closed_at_ms=now_ms)
             closed.add(period)
-            totals.close_period(period, periods.parse_key(period))
             report.closed.append(period)
-        else:
-            states[period] = PeriodState(version=versions[period], closed_at_ms=states[period].closed_at_ms)
+        states[period] = replace(state, version=versions[period])
         save_states(config.state_file, states)
     report.finished_at_ms = clock()
     totals.record_reconciliation(report.record())
     return report
+
+
+def _closed_by_exports(config: ReconcileConfig, states: dict[str, PeriodState]) -> dict[str, PeriodState]:
+    """The states, with every period that has an export marked closed: a run that stopped after writing an
+    export and before its state file closed the period all the same (an export is never rewritten)."""
+    root = config.data_dir / "exports"
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if folder.name.startswith(".") or not (folder / MANIFEST_FILE).exists():
+            continue
+        state = states.get(folder.name)
+        if state is None or not state.closed:
+            closed_at = read_manifest(folder).closed_at_ms
+            states[folder.name] = replace(state or PeriodState(version=-1), closed_at_ms=closed_at)
+    return states
+
+
+def _settle_closed_in_redis(config: ReconcileConfig, totals: RedisTotals, closed: set[str], periods: Periods) -> None:
+    """Close in Redis, from its export, every closed period Redis does not know as closed (a run that stopped
+    between the export and Redis, or a Redis that lost its data)."""
+    for period in sorted(closed - set(totals.closed_periods())):
+        export = read_export(export_folder(config.data_dir, period))
+        totals.close_period(period, periods.parse_key(period), export_totals(export))
 
 
 def _ids_of(table: pa.Table, event_type: str) -> set[str]:

@@ -1,57 +1,142 @@
-"""Which periods a reconciliation run takes up, and where its corrections are booked.
+"""Which periods a reconciliation run takes up, which it may close, and where its corrections are booked.
 
 A period is *due* for reconciliation when
 
 - it is open and its lateness horizon has passed (`end + horizon <= now`), or it ends at or before the time a
-  back-fill asks to close everything up to (`until`); the run reconciles it and closes it; or
+  back-fill asks to close everything up to (`until`); the run reconciles it and closes it, but only once the
+  streaming job has provably passed it (below); until then the period is *held*, with the reason;
 - it is closed and data for it arrived since it was last reconciled (its *version*, the largest micro-batch id
   of the archive and ledger files that can change it, grew); the run books adjustments in the open period.
 
-Pure: the caller lists the files and passes versions and state in.
+Closing follows the stream. The first run that finds a period's horizon passed records the end offsets Kafka
+then held (the period's *target*: every record that can still belong to the period and was in Kafka when the
+horizon passed, and a few more); the period closes once the billing query is alive and its committed offsets
+(the checkpoint's last committed batch) reach that target. A job that is down or behind holds the period, so
+nothing still unread in Kafka is left out of its export. `force` (a back-fill that knows better) closes anyway.
+
+Pure: the caller lists the files, reads the offsets and the job's heartbeat, and passes them in.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from billing.periods import Periods
 
+Offsets = dict[str, dict[int, int]]
+"""Kafka offsets: topic -> partition -> the next offset to read (or the end offset)."""
+
 
 @dataclass(frozen=True)
 class PeriodState:
-    """What reconciliation last did for a period: the data version it saw, and when it closed it (None: open)."""
+    """What reconciliation last did for a period: the data version it saw, when it closed it (None: open), and
+    the Kafka end offsets recorded when its horizon was first found passed (None: not yet)."""
 
     version: int
     closed_at_ms: int | None = None
+    target_offsets: Offsets | None = None
 
     @property
     def closed(self) -> bool:
         return self.closed_at_ms is not None
 
 
-def due_periods(
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where the streaming job stands, as reconciliation sees it when it starts."""
+
+    committed: Offsets | None
+    """The offsets of the billing query's last committed micro-batch; None when it has committed none."""
+    end: Offsets | None
+    """The topics' end offsets now; None when Kafka could not be asked (`error` says why)."""
+    silent_for_ms: int | None
+    """How long since the job last reported (a batch, or an idle trigger); None when it never has."""
+    alive_within_ms: int = 120_000
+    """A job silent for longer than this is down."""
+    error: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.silent_for_ms is not None and self.silent_for_ms <= self.alive_within_ms
+
+    def behind(self, target: Offsets) -> int:
+        """Records of `target` the job has not read yet."""
+        committed = self.committed or {}
+        return sum(
+            max(0, offset - committed.get(topic, {}).get(partition, 0))
+            for topic, parts in target.items()
+            for partition, offset in parts.items()
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does: the periods to reconcile (oldest first), which of them it closes, the periods it holds
+    with the reason, and the targets it recorded for periods whose horizon it found passed."""
+
+    due: list[str]
+    closing: list[str]
+    held: dict[str, str] = field(default_factory=dict)
+    targets: dict[str, Offsets] = field(default_factory=dict)
+
+
+def plan_run(
     versions: Mapping[str, int],
     states: Mapping[str, PeriodState],
     periods: Periods,
     now_ms: int,
     horizon_ms: int,
+    position: StreamPosition,
     until_ms: int | None = None,
-) -> list[str]:
-    """The periods to reconcile now, oldest first (see the module's docstring)."""
-    due = []
-    for period, version in versions.items():
+    force: bool = False,
+) -> Plan:
+    """The periods to reconcile now, the ones to close and the ones held (see the module's docstring)."""
+    due: list[str] = []
+    closing: list[str] = []
+    held: dict[str, str] = {}
+    targets: dict[str, Offsets] = {}
+    for period in sorted(versions, key=periods.parse_key):
         state = states.get(period)
         if state is not None and state.closed:
-            if version > state.version:
+            if versions[period] > state.version:
                 due.append(period)
             continue
         end = periods.parse_key(period) + periods.length_ms
-        if end + horizon_ms <= now_ms or (until_ms is not None and end <= until_ms):
+        if not (end + horizon_ms <= now_ms or (until_ms is not None and end <= until_ms)):
+            continue
+        target = state.target_offsets if state is not None and state.target_offsets is not None else None
+        if target is None and position.end is not None:
+            target = targets[period] = _copy(position.end)
+        if force:
+            reason = None
+        elif target is None:
+            reason = f"held: Kafka's end offsets are unknown ({position.error})"
+        else:
+            reason = hold_reason(position, target)
+        if reason is None:
             due.append(period)
-    return sorted(due, key=periods.parse_key)
+            closing.append(period)
+        else:
+            held[period] = reason
+    return Plan(due=due, closing=closing, held=held, targets=targets)
+
+
+def hold_reason(position: StreamPosition, target: Offsets) -> str | None:
+    """Why a period whose horizon passed cannot close yet (None: it can)."""
+    if position.silent_for_ms is None:
+        return "held: the streaming job has never reported"
+    if not position.alive:
+        return f"held: the streaming job has been down for {_duration(position.silent_for_ms)}"
+    if position.committed is None:
+        return "held: the streaming job has not committed a batch yet"
+    behind = position.behind(target)
+    if behind:
+        return f"held: the streaming job is {_count(behind)} record(s) behind"
+    return None
 
 
 def open_period(periods: Periods, now_ms: int, until_ms: int | None = None) -> str:
@@ -63,12 +148,42 @@ def load_states(path: Path) -> dict[str, PeriodState]:
     """The per-period state file (`{}` when there is none yet)."""
     if not path.exists():
         return {}
-    return {period: PeriodState(**value) for period, value in json.loads(path.read_text()).items()}
+    states = {}
+    for period, value in json.loads(path.read_text()).items():
+        target = value.get("target_offsets")
+        if target is not None:
+            value["target_offsets"] = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in target.items()}
+        states[period] = PeriodState(**value)
+    return states
 
 
 def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
-    """Replace the state file atomically (write a sibling, then rename)."""
+    """Replace the state file atomically (write a sibling, flush it, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
+    with temporary.open("w") as out:
+        out.write(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
+        out.flush()
+        os.fsync(out.fileno())
     temporary.replace(path)
+
+
+def _copy(offsets: Offsets) -> Offsets:
+    return {topic: dict(parts) for topic, parts in offsets.items()}
+
+
+def _duration(ms: int) -> str:
+    minutes = ms // 60_000
+    if minutes < 1:
+        return f"{ms // 1000} s"
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes / 60:.1f} h"
+
+
+def _count(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.1f} M"
+    if n >= 10_000:
+        return f"{n / 1000:.0f} k"
+    return f"{n:,}"

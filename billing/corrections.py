@@ -45,6 +45,9 @@ class CorrectionReason(StrEnum):
     MISSED_MATCH = "missed_match"
     """Addition: neither half was late, yet the stream did not bill the click (for instance the two halves
     arrived too far apart in processing time)."""
+    BILLED_AFTER_CLOSE = "billed_after_close"
+    """Addition booked in an open period: the stream billed the click after its period had closed, so the
+    period's export lacks it."""
     DUPLICATE = "duplicate"
     """Retraction: the click stands more than once at the same charge; every extra copy is retracted."""
     ID_CONFLICT = "id_conflict"
@@ -61,6 +64,7 @@ ADDITION_REASONS = frozenset(
         CorrectionReason.LATE_IMPRESSION,
         CorrectionReason.MISSED_MATCH,
         CorrectionReason.ID_CONFLICT,
+        CorrectionReason.BILLED_AFTER_CLOSE,
     }
 )
 """Reasons an addition may carry."""
@@ -210,6 +214,8 @@ class ArrivalFacts:
       (`received_ms - event_time` above that stream's watermark delay, or captured by the stream as late);
     - `conflicting_click_ids`, `conflicting_impression_ids`: ids that had a later copy with other content (the
       stream may have billed either copy; the first by arrival stands).
+    - `billed_after_close_click_ids`: clicks of a closed period that the stream billed after the period's export
+      was written.
     Click and impression ids are kept apart: they come from different generators and may collide.
     """
 
@@ -217,6 +223,7 @@ class ArrivalFacts:
     late_impression_ids: Collection[str] = frozenset()
     conflicting_click_ids: Collection[str] = frozenset()
     conflicting_impression_ids: Collection[str] = frozenset()
+    billed_after_close_click_ids: Collection[str] = frozenset()
 
 
 BillRow = BillableClick | Mapping[str, Any]
@@ -320,15 +327,19 @@ def reconcile_period(
     booked_period: str,
     now_ms: int,
     facts: ArrivalFacts | None = None,
+    reserved_ids: Collection[str] = (),
 ) -> list[Correction]:
     """The new corrections of `period` that make ledger + corrections equal the final bill; [] when it already does.
 
     - `final`: the billable clicks of the period, the rule applied to every event received (one row per click);
-    - `ledger`: the stream's provisional rows of the period (a click may appear more than once);
+    - `ledger`: the stream's provisional rows of the period (a click may appear more than once); for a closed
+      period, what finance was given instead: the click rows its export bills;
     - `corrections`: every correction already written for the period, whatever period it was booked in (an
       identical copy counts once; a correction of another period is a ValueError);
     - `booked_period`: where new corrections are booked (`booking_period`); `now_ms`: their `created_at_ms`;
-    - `facts`: late and conflicting event ids, which pick the reasons.
+    - `facts`: late and conflicting event ids, which pick the reasons;
+    - `reserved_ids`: correction ids already used for the period that `corrections` leaves out (a closed
+      period's corrections from before its close, which its export already holds).
 
     Per click and charge, the difference between what stands and what the final bill wants becomes additions or
     retractions (retractions first, then additions; by click id). Reasons:
@@ -337,8 +348,8 @@ def reconcile_period(
       `duplicate` and the last is `id_conflict` when the final bills the click at another charge or the click or
       the bill's impression had a conflicting copy, else `not_billable`;
     - an addition is `id_conflict` when the click stood at another charge (the pair of a replaced bill), else
-      `late_click` when the click arrived late, else `late_impression` when its final impression did, else
-      `missed_match`.
+      `billed_after_close` when the stream billed it after its period closed, else `late_click` when the click
+      arrived late, else `late_impression` when its final impression did, else `missed_match`.
 
     The work is independent per click id: the caller may pass only the click ids that can differ, as long as it
     passes every final row, ledger row and correction of each id it passes.
@@ -359,7 +370,8 @@ def reconcile_period(
     wanted = _final_by_click(final)
     entries = _entries_of(ledger, existing)
     ordinals = Counter((c.click_id, c.kind) for c in existing)
-    taken = {c.correction_id for c in existing}
+    taken = {c.correction_id for c in existing} | set(reserved_ids)
+    after_close = facts.billed_after_close_click_ids if facts else frozenset()
 
     new: list[Correction] = []
     for click_id in sorted(wanted.keys() | entries.keys()):
@@ -370,6 +382,7 @@ def reconcile_period(
         steps = _steps_for_click(
             target,
             _Standing(of_click),
+            billed_after_close=click_id in after_close,
             late_click=click_id in late_clicks,
             late_impression=target is not None and target.impression_id in late_impressions,
             conflicting_click=click_id in conflicting_clicks,
@@ -408,6 +421,7 @@ def _steps_for_click(
     target: _Bill | None,
     stands: _Standing,
     *,
+    billed_after_close: bool = False,
     late_click: bool,
     late_impression: bool,
     conflicting_click: bool,
@@ -441,6 +455,8 @@ def _steps_for_click(
         elif have < want and target is not None and charge == final_charge:
             if stands_elsewhere:
                 reason = CorrectionReason.ID_CONFLICT
+            elif billed_after_close:
+                reason = CorrectionReason.BILLED_AFTER_CLOSE
             elif late_click:
                 reason = CorrectionReason.LATE_CLICK
             elif late_impression:

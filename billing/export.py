@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -216,6 +217,33 @@ def build_export(
             _correction_row(RecordType.ADJUSTMENT, adjustment, status, adjustment.amount_micros, adjustment, period)
         )
     return pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA)
+
+
+def export_totals(table: pa.Table) -> dict[tuple[str, str], tuple[int, int, str]]:
+    """What an export bills per advertiser (`adv`), campaign (`cmp`) and ad (`ad`): (level, id) -> (clicks,
+    micros, advertiser). A click row billed or added counts one click, a retracted one none; an adjustment counts
+    plus or minus one; micros are `net_micros`."""
+    sums: dict[tuple[str, str], list[Any]] = {}
+    columns = ["record_type", "status", "ad_id", "campaign_id", "advertiser_id", "net_micros"]
+    for row in table.select(columns).to_pylist():
+        if row["status"] == ExportStatus.RETRACTED:
+            clicks = -1 if row["record_type"] == RecordType.ADJUSTMENT else 0
+        else:
+            clicks = 1
+        for level, item in (("adv", row["advertiser_id"]), ("cmp", row["campaign_id"]), ("ad", row["ad_id"])):
+            entry = sums.setdefault((level, item), [0, 0, row["advertiser_id"]])
+            entry[0] += clicks
+            entry[1] += row["net_micros"]
+    return {key: (clicks, micros, adv) for key, (clicks, micros, adv) in sums.items()}
+
+
+def exported_bills(table: pa.Table) -> pa.Table:
+    """The click rows an export bills (billed or added): what finance was given for the period itself."""
+    mask = pc.and_(
+        pc.equal(table["record_type"], RecordType.CLICK.value),
+        pc.not_equal(table["status"], ExportStatus.RETRACTED.value),
+    )
+    return table.filter(mask)
 
 
 def _click_row(

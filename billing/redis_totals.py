@@ -4,7 +4,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 
 | key | type | holds |
 | --- | --- | --- |
-| `PREFIX:totals:PERIOD:adv:ADVERTISER` | hash | `clicks`, `micros` (provisional, from the stream) |
+| `PREFIX:totals:PERIOD:adv:ADVERTISER` | hash | `clicks`, `micros` (the stream's; closed: export less corrections) |
 | `PREFIX:totals:PERIOD:cmp:CAMPAIGN` | hash | the same per campaign, plus `advertiser` |
 | `PREFIX:totals:PERIOD:ad:AD` | hash | the same per ad, plus `advertiser`, `campaign` |
 | `PREFIX:periods` | sorted set | period keys with totals, scored by period start |
@@ -38,9 +38,11 @@ from typing import Any
 import redis
 
 _RUN_OPS = """
-local function run(ops)
+local function run(ops, closed)
   for _, op in ipairs(ops) do
     if op[1] == 'hincrby' then redis.call('HINCRBY', op[2], op[3], op[4])
+    elseif op[1] == 'open-hincrby' then
+      if not redis.call('ZSCORE', closed, op[2]) then redis.call('HINCRBY', op[3], op[4], op[5]) end
     elseif op[1] == 'hset' then redis.call('HSET', op[2], op[3], op[4])
     elseif op[1] == 'sadd' then redis.call('SADD', op[2], op[3])
     elseif op[1] == 'zadd' then redis.call('ZADD', op[2], op[3], op[4])
@@ -49,7 +51,48 @@ local function run(ops)
   end
 end
 """
-"""Runs a list of [command, key, args...] operations; the scripts below apply them once per batch or per id."""
+"""Runs a list of [command, key, args...] operations; the scripts below apply them once per batch or per id.
+`open-hincrby` takes a period first and adds only while that period is not in the sorted set `closed`: a closed
+period's totals are its export's, whatever the stream bills for it later."""
+
+_CLOSE_PERIOD = """
+local closed, prefix, period, start = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local want = {}
+for _, item in ipairs(cjson.decode(ARGV[4])) do want[item[1] .. ':' .. item[2]] = item end
+local function settle(level, id, clicks, micros)
+  local totals = prefix .. ':totals:' .. period .. ':' .. level .. ':' .. id
+  local fixes = prefix .. ':corrections:' .. period .. ':' .. level .. ':' .. id
+  local fixed = redis.call('HMGET', fixes, 'clicks', 'micros')
+  redis.call('HSET', totals, 'clicks', tostring(clicks - tonumber(fixed[1] or '0')),
+             'micros', tostring(micros - tonumber(fixed[2] or '0')))
+end
+for _, item in ipairs(cjson.decode(ARGV[4])) do
+  settle(item[1], item[2], tonumber(item[3]), tonumber(item[4]))
+  if item[5] then
+    redis.call('SADD', prefix .. ':period:' .. period .. ':advertisers', item[5])
+    redis.call('ZADD', prefix .. ':periods', start, period)
+    if item[1] == 'cmp' then redis.call('SADD', prefix .. ':period:' .. period .. ':campaigns:' .. item[5], item[2]) end
+    if item[1] == 'ad' then redis.call('SADD', prefix .. ':period:' .. period .. ':ads:' .. item[5], item[2]) end
+  end
+end
+for _, adv in ipairs(redis.call('SMEMBERS', prefix .. ':period:' .. period .. ':advertisers')) do
+  local listed = {{'adv', adv}}
+  for _, c in ipairs(redis.call('SMEMBERS', prefix .. ':period:' .. period .. ':campaigns:' .. adv)) do
+    table.insert(listed, {'cmp', c})
+  end
+  for _, a in ipairs(redis.call('SMEMBERS', prefix .. ':period:' .. period .. ':ads:' .. adv)) do
+    table.insert(listed, {'ad', a})
+  end
+  for _, pair in ipairs(listed) do
+    if not want[pair[1] .. ':' .. pair[2]] then settle(pair[1], pair[2], 0, 0) end
+  end
+end
+redis.call('ZADD', closed, start, period)
+return 1
+"""
+"""Closes a period in one step: each advertiser's, campaign's and ad's provisional totals become what its export
+bills less the period's corrections (so provisional + corrections = the export), and the period joins the closed
+set, after which `open-hincrby` leaves its totals alone."""
 
 _APPLY_BATCH = (
     _RUN_OPS
@@ -58,7 +101,7 @@ local marker = KEYS[1]
 local batch_id = tonumber(ARGV[1])
 local last = tonumber(redis.call('GET', marker) or '-1')
 if batch_id <= last then return 0 end
-run(cjson.decode(ARGV[2]))
+run(cjson.decode(ARGV[2]), KEYS[2])
 redis.call('SET', marker, batch_id)
 return 1
 """
@@ -72,7 +115,7 @@ local applied = 0
 for _, item in ipairs(cjson.decode(ARGV[1])) do
   if redis.call('SADD', seen, item[1]) == 1 then
     applied = applied + 1
-    run(item[2])
+    run(item[2], nil)
   end
 end
 return applied
@@ -130,6 +173,7 @@ class RedisTotals:
         self.prefix = prefix
         self._apply = client.register_script(_APPLY_BATCH)
         self._apply_once = client.register_script(_APPLY_ONCE)
+        self._close = client.register_script(_CLOSE_PERIOD)
 
     @classmethod
     def from_url(cls, url: str, prefix: str) -> RedisTotals:
@@ -147,7 +191,8 @@ class RedisTotals:
         quarantined: Iterable[QuarantineCount] = (),
     ) -> bool:
         """Add a micro-batch's totals, late and quarantine counts once; False when that batch (or a later one)
-        was already applied."""
+        was already applied. Bills of a closed period change nothing: finance has its export (reconciliation
+        books what the stream billed after the close as adjustments in an open period)."""
         ops: list[list[Any]] = []
         for row in rows:
             adv = self.key("totals", row.period, "adv", row.advertiser_id)
@@ -155,8 +200,8 @@ class RedisTotals:
             ad = self.key("totals", row.period, "ad", row.ad_id)
             for key in (adv, cmp, ad):
                 # Numbers travel as strings: Lua's doubles would print large integers in exponent form.
-                ops.append(["hincrby", key, "clicks", str(row.clicks)])
-                ops.append(["hincrby", key, "micros", str(row.micros)])
+                ops.append(["open-hincrby", row.period, key, "clicks", str(row.clicks)])
+                ops.append(["open-hincrby", row.period, key, "micros", str(row.micros)])
             ops += [
                 ["hset", cmp, "advertiser", row.advertiser_id],
                 ["hset", ad, "advertiser", row.advertiser_id],
@@ -177,7 +222,8 @@ class RedisTotals:
             ops.append(["hincrby", self.key("quarantine", q.reason), q.topic, str(q.records)])
             if q.advertiser_id is not None:
                 ops.append(["hincrby", self.key("quarantined", "adv", q.advertiser_id), q.reason, str(q.records)])
-        return bool(self._apply(keys=[self.key("applied", sink)], args=[batch_id, json.dumps(ops)]))
+        keys = [self.key("applied", sink), self.key("periods", "closed")]
+        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops)]))
 
     def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
         """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in
@@ -225,8 +271,16 @@ class RedisTotals:
             applied += int(self._apply_once(keys=[seen_key], args=[json.dumps(items[start : start + 2000])]))
         return applied
 
-    def close_period(self, period: str, period_start_ms: int) -> None:
-        self.client.zadd(self.key("periods", "closed"), {period: period_start_ms})
+    def close_period(
+        self, period: str, period_start_ms: int, exported: Mapping[tuple[str, str], tuple[int, int, str]]
+    ) -> None:
+        """Close `period` with the figures of its export: (level `adv`/`cmp`/`ad`, id) -> (clicks, micros,
+        advertiser), as `billing.export.export_totals` sums them. Idempotent: it sets, never adds."""
+        items = [[level, item, str(c), str(m), adv] for (level, item), (c, m, adv) in sorted(exported.items())]
+        self._close(
+            keys=[self.key("periods", "closed")],
+            args=[self.prefix, period, str(period_start_ms), json.dumps(items)],
+        )
 
     def closed_periods(self) -> list[str]:
         return [_text(v) for v in self.client.zrange(self.key("periods", "closed"), 0, -1)]  # type: ignore[union-attr,arg-type]

@@ -126,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also reconcile and close every period that ends by TIME (ISO-8601 UTC or epoch ms): back-fills, tests",
     )
     p.add_argument("--every", type=int, metavar="SECONDS", help="run again every SECONDS until stopped")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="close periods even when the streaming job has not read everything Kafka held for them "
+        "(what it bills for them later becomes adjustments)",
+    )
     p.set_defaults(run=cmd_reconcile)
 
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
@@ -340,7 +346,9 @@ def _new_password(from_stdin: bool) -> str:
 def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import parse_time, run_reconcile
 
-    return run_reconcile(settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every)
+    return run_reconcile(
+        settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every, force=args.force
+    )
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:

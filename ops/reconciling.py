@@ -37,14 +37,20 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         data_dir=settings.root,
         redis_url=settings.redis_url,
         redis_prefix=settings.redis_prefix,
+        kafka_bootstrap=settings.kafka_bootstrap,
+        topics=(settings.topic_impressions, settings.topic_clicks),
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,
     )
 
 
-def run_reconcile(settings: Settings, until_ms: int | None = None, every_s: int | None = None) -> int:
-    """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did."""
-    from attribution.reconcile import reconcile
+def run_reconcile(
+    settings: Settings, until_ms: int | None = None, every_s: int | None = None, force: bool = False
+) -> int:
+    """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did. Exit codes:
+    0 done (periods may be held: the output says why), 3 refused (a back-fill ahead of the stream without
+    `force`), 4 another run holds the lock."""
+    from attribution.reconcile import HeldError, ReconcileBusyError, reconcile
     from billing.catalog import Catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -56,14 +62,24 @@ def run_reconcile(settings: Settings, until_ms: int | None = None, every_s: int 
     config = reconcile_config(settings)
     try:
         while True:
-            report = reconcile(
-                spark,
-                config,
-                Catalog.load(settings.catalog_file),
-                until_ms=until_ms,
-                progress=lambda message: print(f"reconcile: {message}", flush=True),
-            )
-            print(describe_run(report), flush=True)
+            try:
+                report = reconcile(
+                    spark,
+                    config,
+                    Catalog.load(settings.catalog_file),
+                    until_ms=until_ms,
+                    progress=lambda message: print(f"reconcile: {message}", flush=True),
+                    force=force,
+                )
+                print(describe_run(report), flush=True)
+            except HeldError as exc:
+                print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                if not every_s:
+                    return 3
+            except ReconcileBusyError as exc:
+                print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                if not every_s:
+                    return 4
             if not every_s:
                 return 0
             time.sleep(every_s)
@@ -74,13 +90,17 @@ def run_reconcile(settings: Settings, until_ms: int | None = None, every_s: int 
 
 
 def describe_run(report: RunReport) -> str:
+    held = "".join(f"\nreconcile: period {period} {reason}" for period, reason in report.held.items())
     if not report.periods:
+        if held:
+            return f"reconcile: nothing closed; {len(report.held)} period(s) held{held}"
         return "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data)"
     return (
         f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
         f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
         f"{report.retractions} retraction(s), net {report.net_micros:+,} micros; "
         f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
+        f"{f'; {len(report.held)} period(s) held' if held else ''}{held}"
     )
 
 

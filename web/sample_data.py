@@ -61,7 +61,17 @@ class SampleWriter:
         self.totals.apply_corrections(ordered, starts)
 
     def close(self, period: str, start_ms: int) -> None:
-        self.totals.close_period(period, start_ms)
+        """Close a period as reconciliation does, its export being what Redis holds (provisional + corrections)."""
+        t = self.totals
+        exported: dict[tuple[str, str], tuple[int, int, str]] = {}
+        for adv in t.advertisers(period):
+            items = [("adv", adv)] + [("cmp", c) for c in t.campaigns(period, adv)]
+            items += [("ad", a) for a in t.ads(period, adv)]
+            for level, item in items:
+                base = t._totals(t.key("totals", period, level, item))
+                fix = t.corrections_of(period, level, item)
+                exported[(level, item)] = (base.clicks + fix.clicks, base.micros + fix.micros, adv)
+        t.close_period(period, start_ms, exported)
 
     def reconciliation(self, record: dict[str, Any]) -> None:
         self.totals.record_reconciliation(record)

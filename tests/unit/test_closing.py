@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from billing.closing import PeriodState, due_periods, load_states, open_period, save_states
+from billing.closing import PeriodState, StreamPosition, load_states, open_period, plan_run, save_states
 from billing.periods import Periods
 from ops.reconciling import export_periods, parse_time
 from ops.settings import Settings
@@ -15,6 +15,9 @@ H = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 P0, P1, P2 = "20260101T0000Z", "20260101T0100Z", "20260101T0200Z"
 HORIZON = 900_000
+
+
+CAUGHT_UP = StreamPosition(committed={"clicks": {0: 10, 1: 5}}, end={"clicks": {0: 10, 1: 5}}, silent_for_ms=1_000)
 
 
 @pytest.mark.parametrize(
@@ -32,8 +35,76 @@ HORIZON = 900_000
         (T0 + 5 * H, None, {P1: PeriodState(2)}, {P1: 2}, [P1]),
     ],
 )
-def test_due_periods(now: int, until: int | None, states: dict, versions: dict, due: list[str]) -> None:
-    assert due_periods(versions, states, Periods(), now, HORIZON, until) == due
+def test_due_periods_with_the_stream_caught_up(
+    now: int, until: int | None, states: dict, versions: dict, due: list[str]
+) -> None:
+    plan = plan_run(versions, states, Periods(), now, HORIZON, CAUGHT_UP, until)
+    assert plan.due == due
+    assert plan.held == {}
+
+
+AT_HORIZON = {"clicks": {0: 100, 1: 50}}
+"""Kafka's end offsets when P0's horizon was first found passed."""
+
+
+@pytest.mark.parametrize(
+    ("committed", "silent_for_ms", "held"),
+    [
+        # Alive and read everything Kafka held at the horizon: closes.
+        ({"clicks": {0: 100, 1: 50}}, 5_000, None),
+        # Read beyond it (more traffic came since): closes; records after the horizon become adjustments.
+        ({"clicks": {0: 180, 1: 75}}, 5_000, None),
+        # One partition short by 3 records: held, and says how far behind.
+        ({"clicks": {0: 97, 1: 50}}, 5_000, "held: the streaming job is 3 record(s) behind"),
+        # Far behind: a readable count.
+        ({"clicks": {0: 0, 1: 0}}, 5_000, "held: the streaming job is 150 record(s) behind"),
+        # Never committed a batch.
+        (None, 5_000, "held: the streaming job has not committed a batch yet"),
+        # Caught up but silent for 22 minutes: down, held (the limit is 2 minutes).
+        ({"clicks": {0: 100, 1: 50}}, 22 * 60_000, "held: the streaming job has been down for 22 min"),
+        # Exactly at the liveness limit: still alive.
+        ({"clicks": {0: 100, 1: 50}}, 120_000, None),
+        # Never reported at all.
+        ({"clicks": {0: 100, 1: 50}}, None, "held: the streaming job has never reported"),
+    ],
+)
+def test_a_period_past_its_horizon_closes_only_once_the_stream_has_passed_it(
+    committed: dict | None, silent_for_ms: int | None, held: str | None
+) -> None:
+    position = StreamPosition(committed=committed, end={"clicks": {0: 500, 1: 500}}, silent_for_ms=silent_for_ms)
+    states = {P0: PeriodState(3, target_offsets=AT_HORIZON)}
+    plan = plan_run({P0: 3}, states, Periods(), T0 + 5 * H, HORIZON, position)
+    if held is None:
+        assert (plan.due, plan.closing, plan.held) == ([P0], [P0], {})
+    else:
+        assert (plan.due, plan.closing, plan.held) == ([], [], {P0: held})
+    assert plan.targets == {}, "the target recorded at the horizon is kept, not moved to today's end offsets"
+
+
+def test_the_first_run_past_the_horizon_records_kafkas_end_offsets_as_the_target() -> None:
+    position = StreamPosition(committed={"clicks": {0: 40}}, end={"clicks": {0: 90}}, silent_for_ms=0)
+    plan = plan_run({P0: 3, P1: 4}, {}, Periods(), T0 + H + HORIZON, HORIZON, position)
+    # P0's horizon passed: its target is what Kafka holds now, and the job has not read it all.
+    assert plan.targets == {P0: {"clicks": {0: 90}}}
+    assert plan.held == {P0: "held: the streaming job is 50 record(s) behind"}
+    # P1's horizon has not passed: neither due nor held, no target.
+    assert plan.due == [] and P1 not in plan.targets
+
+
+def test_force_closes_ahead_of_the_stream_and_closed_periods_never_wait_for_it() -> None:
+    down = StreamPosition(committed=None, end={"clicks": {0: 90}}, silent_for_ms=None)
+    forced = plan_run({P0: 3}, {}, Periods(), T0, HORIZON, down, until_ms=T0 + H, force=True)
+    assert (forced.due, forced.closing, forced.held) == ([P0], [P0], {})
+    # A closed period with new data takes adjustments whatever the stream does: they never change its export.
+    later = plan_run({P0: 4}, {P0: PeriodState(3, T0 + H)}, Periods(), T0 + 5 * H, HORIZON, down)
+    assert (later.due, later.closing, later.held) == ([P0], [], {})
+
+
+def test_unknown_end_offsets_hold_every_period_that_would_close() -> None:
+    unknown = StreamPosition(committed={"clicks": {0: 1}}, end=None, silent_for_ms=0, error="broker down")
+    plan = plan_run({P0: 3}, {}, Periods(), T0 + 5 * H, HORIZON, unknown)
+    assert plan.held == {P0: "held: Kafka's end offsets are unknown (broker down)"}
+    assert plan.targets == {}
 
 
 def test_adjustments_are_booked_in_the_period_of_now_or_until_whichever_is_later() -> None:
@@ -44,7 +115,7 @@ def test_adjustments_are_booked_in_the_period_of_now_or_until_whichever_is_later
 def test_the_state_file_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "reconcile" / "periods.json"
     assert load_states(path) == {}
-    states = {P0: PeriodState(7, T0 + H), P1: PeriodState(9)}
+    states = {P0: PeriodState(7, T0 + H), P1: PeriodState(9, target_offsets={"clicks": {0: 12, 3: 4}})}
     save_states(path, states)
     assert load_states(path) == states
     assert states[P0].closed and not states[P1].closed
