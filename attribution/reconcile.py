@@ -376,8 +376,10 @@ def _reconcile(
         if new:
             _write_corrections(config, period, report.run_id, new)
             every_correction += new
+        progress(f"period {period}: {len(new)} new correction(s) written")
         # Earlier ones too: a run that stopped between its file and Redis is completed (each id applies once).
         totals.apply_corrections(of_period + new, _starts(periods, of_period + new))
+        progress(f"period {period}: corrections applied to Redis")
         report.additions += sum(1 for c in new if c.kind == "addition")
         report.retractions += sum(1 for c in new if c.kind == "retraction")
         report.net_micros += sum(c.amount_micros for c in new)
@@ -392,7 +394,9 @@ def _reconcile(
             )
             start = periods.parse_key(period)
             write_export(config.data_dir, period, export, start, start + periods.length_ms, now_ms)
+            progress(f"period {period}: exported")
             totals.close_period(period, start, export_totals(export))
+            progress(f"period {period}: closed in Redis")
             state = replace(state, closed_at_ms=now_ms)
             closed.add(period)
             report.closed.append(period)

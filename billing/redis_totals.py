@@ -20,6 +20,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 | `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
 | `PREFIX:periods:closed` | sorted set | closed periods, scored by period start |
 | `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
+| `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
 | `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
 
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
@@ -286,13 +287,21 @@ class RedisTotals:
         return [_text(v) for v in self.client.zrange(self.key("periods", "closed"), 0, -1)]  # type: ignore[union-attr,arg-type]
 
     def record_reconciliation(self, record: Mapping[str, Any]) -> None:
-        """The last reconciliation run, for the health page (values as text; lists as JSON)."""
+        """The last reconciliation run, for the health page."""
+        self._record(self.key("reconcile", "last"), record)
+
+    def record_audit(self, record: Mapping[str, Any]) -> None:
+        """The last `adbill audit`, for the finance page."""
+        self._record(self.key("audit", "last"), record)
+
+    def _record(self, key: str, record: Mapping[str, Any]) -> None:
+        """Replace the hash `key` with `record` (values as text; lists and dicts as JSON)."""
         mapping: dict[str | bytes, str | bytes] = {
             k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in record.items()
         }
         pipe = self.client.pipeline()
-        pipe.delete(self.key("reconcile", "last"))
-        pipe.hset(self.key("reconcile", "last"), mapping=mapping)  # type: ignore[arg-type]
+        pipe.delete(key)
+        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         pipe.execute()
 
     def corrections_of(self, period: str, level: str, item_id: str) -> Totals:

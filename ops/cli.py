@@ -134,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=cmd_reconcile)
 
+    p = sub.add_parser(
+        "audit",
+        help="prove the books: the rule over every event received against the exports plus adjustments (closed "
+        "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
+    )
+    p.set_defaults(run=cmd_audit)
+
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
     p.add_argument("--to", metavar="PERIOD", help="the last period of the range (inclusive)")
@@ -349,6 +356,12 @@ def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     return run_reconcile(
         settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every, force=args.force
     )
+
+
+def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.reconciling import run_audit
+
+    return run_audit(settings)
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:

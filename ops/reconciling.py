@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ops.settings import Settings
 
 if TYPE_CHECKING:
+    from attribution.audit import PeriodAudit
     from attribution.reconcile import ReconcileConfig, RunReport
 
 
@@ -87,6 +88,53 @@ def run_reconcile(
         return 0
     finally:
         spark.stop()
+
+
+def run_audit(settings: Settings) -> int:
+    """`adbill audit`: print the books against the rule per period; 0 when every period balances, 1 if not."""
+    from attribution.audit import audit, record
+    from billing.catalog import Catalog
+    from ops.spark import spark_session
+    from ops.stack import ensure_catalog
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ensure_catalog(settings)
+    spark = spark_session(settings, "adbill-audit", settings.root / "spark-tmp-audit", stateful=False)
+    config = reconcile_config(settings)
+    try:
+        audits = audit(spark, config, Catalog.load(settings.catalog_file))
+    finally:
+        spark.stop()
+    record(config, audits)
+    print(audit_table(audits))
+    return 0 if all(a.balanced for a in audits) else 1
+
+
+def audit_table(audits: list[PeriodAudit]) -> str:
+    """The audit as a table: per period the rule's clicks and micros, the books', and the verdict."""
+    header = (
+        f"{'period':<16}{'status':<8}{'rule clicks':>12}{'rule micros':>18}{'books clicks':>13}{'books micros':>18}  "
+    )
+    lines = [header + "verdict"]
+    for a in audits:
+        verdict = (
+            "ok"
+            if a.balanced
+            else f"DIFFERS by {a.books_clicks - a.rule_clicks:+,} clicks, "
+            + (f"{a.books_micros - a.rule_micros:+,} micros" + (f"; {a.problems[0]}" if a.problems else ""))
+        )
+        lines.append(
+            f"{a.period:<16}{'closed' if a.closed else 'open':<8}{a.rule_clicks:>12,}{a.rule_micros:>18,}"
+            f"{a.books_clicks:>13,}{a.books_micros:>18,}  {verdict}"
+        )
+    differing = [a.period for a in audits if not a.balanced]
+    if not audits:
+        lines.append("audit: no period has data yet")
+    elif differing:
+        lines.append(f"audit: {len(differing)} of {len(audits)} period(s) differ: {', '.join(differing)}")
+    else:
+        lines.append(f"audit: all {len(audits)} period(s) balance, to the click and the micro")
+    return "\n".join(lines)
 
 
 def describe_run(report: RunReport) -> str:

@@ -1,0 +1,103 @@
+"""The books, proven: the rule applied to every event received, per period, against what finance holds.
+
+For a closed period that is its export's bills plus the adjustments booked for it in later periods; for an open
+one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at any time"). Compared click
+by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and micros summed beside.
+
+A Spark batch job over the same archive as reconciliation (`attribution.reconcile.final_bills`); it writes
+nothing but its record in Redis (`RedisTotals.record_audit`), which the finance page shows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from attribution.join import catalog_frame
+from attribution.reconcile import (
+    ReconcileConfig,
+    _closed_by_exports,
+    _read_corrections,
+    data_versions,
+    final_bills,
+)
+from billing.catalog import Catalog
+from billing.closing import load_states
+from billing.corrections import check_reconciled
+from billing.export import export_folder, exported_bills, read_export
+from billing.parquet_ledger import read_ledger
+from billing.periods import Periods
+from billing.redis_totals import RedisTotals
+
+
+@dataclass(frozen=True)
+class PeriodAudit:
+    """One period's books against the rule."""
+
+    period: str
+    closed: bool
+    rule_clicks: int
+    rule_micros: int
+    books_clicks: int
+    books_micros: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def balanced(self) -> bool:
+        return not self.problems and (self.rule_clicks, self.rule_micros) == (self.books_clicks, self.books_micros)
+
+
+def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> list[PeriodAudit]:
+    """Every period with events, bills, corrections or an export, oldest first."""
+    periods = Periods(config.period_ms)
+    closed = {p for p, s in _closed_by_exports(config, load_states(config.state_file)).items() if s.closed}
+    corrections = _read_corrections(config)
+    every = set(data_versions(config, periods)) | closed | {c.corrects_period for c in corrections}
+    if not every:
+        return []
+    ordered = sorted(every, key=periods.parse_key)
+    final_all = final_bills(spark, config, ordered, catalog_frame(spark, catalog))[0].toArrow()
+    ledger = read_ledger(config.ledger_dir)
+    out = []
+    for period in ordered:
+        final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
+        of_period = [c for c in corrections if c.corrects_period == period]
+        if period in closed:
+            books = exported_bills(read_export(export_folder(config.data_dir, period)))
+            entries = [c for c in of_period if c.booked_period != period]
+        else:
+            books = ledger.filter(pc.equal(ledger["period"], period))
+            entries = of_period
+        out.append(
+            PeriodAudit(
+                period=period,
+                closed=period in closed,
+                rule_clicks=final.num_rows,
+                rule_micros=_micros(final),
+                books_clicks=books.num_rows + sum(c.clicks for c in entries),
+                books_micros=_micros(books) + sum(c.amount_micros for c in entries),
+                problems=check_reconciled(final, books, entries),
+            )
+        )
+    return out
+
+
+def record(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | None = None) -> None:
+    """Keep the audit's outcome in Redis, for the finance page."""
+    RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(
+        {
+            "ran_at_ms": ran_at_ms if ran_at_ms is not None else int(time.time() * 1000),
+            "periods": len(audits),
+            "differences": [a.period for a in audits if not a.balanced],
+            "rule_micros": sum(a.rule_micros for a in audits),
+            "books_micros": sum(a.books_micros for a in audits),
+        }
+    )
+
+
+def _micros(table: pa.Table) -> int:
+    return int(pc.sum(table["amount_micros"]).as_py() or 0) if table.num_rows else 0
