@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 import redis
 from prometheus_client import Gauge
+from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
 log = logging.getLogger(__name__)
@@ -220,3 +221,39 @@ def _epoch_ms(iso: str | None) -> int | None:
     if not iso:
         return None
     return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+class ReconciliationCollector:
+    """Prometheus figures of the last reconciliation run, read from Redis when scraped (reconciliation runs as a
+    separate process, now and then; the job's `/metrics` is the one place an operator scrapes)."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self.key = f"{prefix}:reconcile:last"
+        self.redis_url = redis_url
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            record = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2).hgetall(self.key)
+        except redis.RedisError:
+            return
+        if not record:
+            return
+        held = json.loads(record.get("held") or "{}")
+        count = GaugeMetricFamily(
+            "adbill_reconcile_periods_held", "Periods past their lateness horizon that the job has not passed"
+        )
+        count.add_metric([], len(held))
+        yield count
+        per_period = GaugeMetricFamily(
+            "adbill_reconcile_period_held", "1 for each held period, with the reason", labels=["period", "reason"]
+        )
+        for period, reason in sorted(held.items()):
+            per_period.add_metric([period, reason], 1)
+        yield per_period
+        finished = GaugeMetricFamily(
+            "adbill_reconcile_last_run_timestamp_seconds", "When the last reconciliation run finished"
+        )
+        finished.add_metric([], int(record.get("finished_at_ms") or 0) / 1000)
+        yield finished

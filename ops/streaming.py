@@ -44,10 +44,10 @@ def stream_config(settings: Settings) -> StreamConfig:
 
 def run_stream(settings: Settings) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails."""
-    from prometheus_client import start_http_server
+    from prometheus_client import REGISTRY, start_http_server
 
     from attribution.job import start
-    from attribution.progress import HealthListener
+    from attribution.progress import HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
@@ -64,6 +64,7 @@ def run_stream(settings: Settings) -> int:
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
+        REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
         start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
     spark.streams.addListener(
         HealthListener(

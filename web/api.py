@@ -179,6 +179,9 @@ def finance() -> Response:
                 {"advertiser_id": a.advertiser_id, "currency": a.currency, **_billed(a.billed)} for a in f.advertisers
             ],
             "exports": [_export(e) for e in f.exports],
+            "last_audit": None
+            if f.audit is None
+            else {"ran_at_ms": f.audit.ran_at_ms, "periods": f.audit.periods, "differences": f.audit.differences},
         }
     )
 
@@ -229,6 +232,7 @@ def health() -> Response:
                 "additions": h.reconciliation.additions,
                 "retractions": h.reconciliation.retractions,
                 "net_micros": h.reconciliation.net_micros,
+                "held": h.reconciliation.held,
             },
         }
     )

@@ -230,6 +230,7 @@ class Finance:
     periods: list[Period]
     advertisers: list[AdvertiserLine]
     exports: list[Export]
+    audit: Audit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +267,18 @@ class Reconciliation:
     additions: int
     retractions: int
     net_micros: int
+    held: dict[str, str] = field(default_factory=dict)
+    """Periods past their lateness horizon that the streaming job has not passed yet, with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """The last `adbill audit`: the rule over every event against the books, per period."""
+
+    ran_at_ms: int
+    periods: int
+    differences: list[str]
+    """Periods whose books differ from the rule (empty: every period balances)."""
 
 
 @dataclass(frozen=True, slots=True)

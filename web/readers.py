@@ -17,6 +17,7 @@ reconciliation):
 | `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
 | `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
 | `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
+| `PREFIX:audit:last` | `adbill audit` | the last audit of the books |
 
 Exports: `EXPORTS/PERIOD/{billing.parquet,billing.csv,manifest.json}`; a folder counts once its manifest exists.
 """
@@ -38,6 +39,7 @@ from web.model import (
     AdDetail,
     AdLine,
     AdvertiserLine,
+    Audit,
     Billed,
     CampaignDetail,
     CampaignLine,
@@ -342,7 +344,8 @@ class BillingReader:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
-        return Finance(period, periods, lines, self.exports())
+        audited = self.client.hgetall(self.key("audit", "last"))
+        return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
 
     def exports(self) -> list[Export]:
         """Every finished export (its manifest written), newest period first."""
@@ -513,4 +516,13 @@ def _reconciliation(data: dict[str, str]) -> Reconciliation:
         additions=_int_field(data.get("additions")) or 0,
         retractions=_int_field(data.get("retractions")) or 0,
         net_micros=_int_field(data.get("net_micros")) or 0,
+        held={str(p): str(r) for p, r in _json_field(data.get("held"), {}).items()},
+    )
+
+
+def _audit(data: dict[str, str]) -> Audit:
+    return Audit(
+        ran_at_ms=_int_field(data.get("ran_at_ms")) or 0,
+        periods=_int_field(data.get("periods")) or 0,
+        differences=[str(p) for p in _json_field(data.get("differences"), [])],
     )

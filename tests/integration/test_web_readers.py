@@ -171,3 +171,38 @@ def test_the_dashboard_is_kept_a_second_per_worker_and_then_fresh(seeded: Seeded
     fresh = fresh_app.test_client()
     login(fresh, "alice")
     assert fresh.get(f"/api/v1/advertisers/{OWN}/dashboard").json["totals"]["provisional"]["clicks"] == before + 5
+
+
+def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_and_in_the_metrics(
+    redis_settings: Settings,
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from attribution.progress import ReconciliationCollector
+    from web.access import Role
+    from web.accounts import AccountsFile
+
+    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    totals = RedisTotals.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
+    held = {
+        P0: "held: the streaming job has been down for 22 min",
+        P1: "held: the streaming job is 1.2 M record(s) behind",
+    }
+    totals.record_reconciliation({"run_id": "r1", "finished_at_ms": P1_MS, "periods": [], "closed": [], "held": held})
+    totals.record_audit({"ran_at_ms": P1_MS, "periods": 3, "differences": [P1]})
+    client = _client(redis_settings)
+
+    assert client.get("/api/v1/health").json["last_reconciliation"]["held"] == held  # type: ignore[attr-defined]
+    page = client.get("/health").text  # type: ignore[attr-defined]
+    assert "has been down for 22 min" in page and "1.2 M record(s) behind" in page
+    finance = client.get("/api/v1/finance").json  # type: ignore[attr-defined]
+    assert finance["last_audit"] == {"ran_at_ms": P1_MS, "periods": 3, "differences": [P1]}
+    assert "1 differ from the rule" in client.get("/finance").text  # type: ignore[attr-defined]
+
+    registry = CollectorRegistry()
+    registry.register(ReconciliationCollector(redis_settings.redis_url, redis_settings.redis_prefix))
+    scraped = generate_latest(registry).decode()
+    assert "adbill_reconcile_periods_held 2.0" in scraped
+    assert f'adbill_reconcile_period_held{{period="{P0}",reason="{held[P0]}"}} 1.0' in scraped
+    assert "adbill_reconcile_last_run_timestamp_seconds 1.7672292e+09" in scraped
