@@ -307,7 +307,9 @@ def _reconcile(
     for booked in {c.booked_period for c in every_correction}:
         versions.setdefault(booked, -1)
     if position is None:
-        position = config.position()
+        # A forced run closes whatever the stream did: it need not ask (the job and Kafka may be gone for good).
+        unasked = StreamPosition(committed=None, end=None, silent_for_ms=None, error="not asked: forced")
+        position = unasked if force else config.position()
     plan = plan_run(versions, states, periods, now_ms, config.horizon_ms, position, until_ms, force)
     for period, target in plan.targets.items():
         states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)

@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             Catalog.load(home / "catalog.json"),
             until_ms=DAY_START_MS + 24 * HOUR_MS,
             progress=lambda message: print(f"  {message}", flush=True),
+            force=True,  # no streaming job here: the day is written straight into the archive and ledger
         )
         elapsed = time.monotonic() - started
     finally:
