@@ -94,13 +94,22 @@ def run_stream(settings: Settings) -> int:
 
 
 def rebuild_totals(settings: Settings) -> tuple[int, int, int, int]:
-    """Replace the Redis totals with the ledger's; returns (period-ad pairs, clicks, micros, last batch id)."""
+    """Replace the Redis totals with the ledger's, and those of closed periods with their exports'; returns
+    (period-ad pairs, clicks, micros, last batch id) of the ledger."""
     from attribution.job import BILLING_QUERY
+    from billing.export import MANIFEST_FILE, export_totals, read_export
     from billing.parquet_ledger import ledger_totals, read_ledger
+    from billing.periods import Periods
     from billing.redis_totals import RedisTotals, TotalsRow
 
     table = read_ledger(settings.root / "ledger")
     rows = [TotalsRow(**row) for row in ledger_totals(table)]  # type: ignore[arg-type]
     last_batch = max(table.column("batch_id").to_pylist(), default=-1)
-    RedisTotals.from_url(settings.redis_url, settings.redis_prefix).rebuild(BILLING_QUERY, last_batch, rows)
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals.rebuild(BILLING_QUERY, last_batch, rows)
+    exports = settings.root / "exports"
+    for folder in sorted(exports.iterdir()) if exports.is_dir() else []:
+        if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
+            start = Periods(settings.period_ms).parse_key(folder.name)
+            totals.close_period(folder.name, start, export_totals(read_export(folder)))
     return len(rows), sum(r.clicks for r in rows), sum(r.micros for r in rows), last_batch
