@@ -70,7 +70,7 @@ class PublishSummary:
     live_offset_ms: int | None = None
     """Live runs: clock time minus simulated time (how far behind the clock in-order events were sent)."""
     live_max_behind_ms: int | None = None
-    """Live runs: how late, by the clock, the latest record went out after its due time."""
+    """Live runs: the most any record went out after its due time (a sender behind schedule)."""
 
     @property
     def total(self) -> int:
