@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--events", type=int, help="number of events to send")
     size.add_argument("--duration", type=float, help="seconds of event time to simulate")
     p.add_argument("--rate", type=float, default=None, help="events per second offered (default: as fast as possible)")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="send each event when the wall clock reaches its arrival time, so event time tracks now "
+        "(at --rate events per second on average, or as --impression-rate makes it)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--run-dir", type=Path, default=None, help="where the ground truth goes (default HOME/runs/...)")
     p.add_argument("--users", type=int, default=1_000)
@@ -191,16 +197,16 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _traffic_args(settings: Settings) -> list[str]:
-    """The simulator of the local stack: a steady, realistic mix at ADBILL_TRAFFIC_RATE for a day."""
+    """The simulator of the local stack: a steady, realistic mix at ADBILL_TRAFFIC_RATE for a day, live, so its
+    event time is the wall clock's: the current period is the one on the dashboard, and periods close on time."""
     run_dir = settings.root / "runs" / f"stack-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     return [
         "produce",
+        "--live",
         "--duration",
         "86400",
         "--rate",
         str(settings.traffic_rate),
-        "--impression-rate",
-        f"{settings.traffic_rate / 1.15:.3f}",
         "--seed",
         str(settings.traffic_seed),
         "--run-dir",
@@ -264,6 +270,8 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
 
+    if args.live and args.rate and args.impression_rate:
+        raise ValueError("--live sends at the simulated rate: give --rate or --impression-rate, not both")
     shape: dict[str, Any] = (
         _catalog_shape(Catalog.load(settings.catalog_file)) if settings.catalog_file.exists() else {}
     )
@@ -281,6 +289,8 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         events=args.events,
         duration_s=args.duration,
     )
+    if args.live and args.rate:
+        config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly
     _check_catalog(settings, config.catalog(), args.seed)
     run_dir = (
         args.run_dir or settings.root / "runs" / f"seed{args.seed}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
@@ -291,8 +301,9 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         registry=open_registry(settings.registry_location),
         run_dir=run_dir,
         topics=settings.topics,
-        rate=args.rate,
+        rate=None if args.live else args.rate,
         progress=_progress(args),
+        live=args.live,
     )
     print(f"ground truth in {run_dir}")
     return 1 if summary.delivery_failures else 0

@@ -28,8 +28,10 @@ from producers.simulator import (
     Arrival,
     Clock,
     GroundTruth,
+    LiveSchedule,
     SimulationConfig,
     Simulator,
+    Sleep,
     system_clock_ms,
     write_run,
 )
@@ -65,6 +67,10 @@ class PublishSummary:
     """Messages still queued when the final flush timed out."""
     elapsed_s: float = 0.0
     interrupted: bool = False
+    live_offset_ms: int | None = None
+    """Live runs: clock time minus simulated time (how far behind the clock in-order events were sent)."""
+    live_max_behind_ms: int | None = None
+    """Live runs: the most any record went out after its due time (a sender behind schedule)."""
 
     @property
     def total(self) -> int:
@@ -89,6 +95,9 @@ class PublishSummary:
             "elapsed_s": round(self.elapsed_s, 3),
             "rate_per_s": round(self.rate_per_s, 1),
             "interrupted": self.interrupted,
+            "live": None
+            if self.live_offset_ms is None
+            else {"offset_ms": self.live_offset_ms, "max_behind_ms": self.live_max_behind_ms},
         }
 
     def line(self) -> str:
@@ -101,6 +110,8 @@ class PublishSummary:
         )
         if self.undelivered:
             text += f", {self.undelivered} still queued at the flush timeout"
+        if self.live_offset_ms is not None:
+            text += f"; live, {self.live_offset_ms} ms behind the clock, worst record {self.live_max_behind_ms} ms late"
         if self.interrupted:
             text += " (interrupted)"
         return text
@@ -305,15 +316,22 @@ def simulate_to_kafka(
     clock: Clock = system_clock_ms,
     extra_config: Mapping[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
+    live: bool = False,
+    sleep: Sleep = time.sleep,
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
+
+    `live`: each record goes out when the clock reaches its arrival time (`LiveSchedule`), the line starting
+    now, so the stream's event time tracks the clock; the rate is the config's own
+    (`SimulationConfig.at_arrival_rate`), and `rate` must be None. Otherwise records go out at `rate` per second,
+    or as fast as possible.
 
     `catalog.json` is written before the first record, so the pipeline can load it. The ground truth assumes
     every record sent was received: check the summary's delivery failures. On Ctrl-C the run stops, what was
     sent is flushed and its ground truth written, with `"complete": false` in `summary.json`.
     """
     serializer = EventSerializer(_registry(registry))
-    simulator = Simulator(config, clock, rate)
+    simulator = Simulator(config, clock, rate, live)
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     simulator.catalog.save(folder / "catalog.json")
@@ -322,10 +340,18 @@ def simulate_to_kafka(
     publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)
     pacer = Pacer(rate)
     bar = _Progress(progress, config.expected_arrivals(), "simulate")
+
+    def wait(seconds: float) -> None:
+        # Serve delivery reports while waiting; short naps, so a long gap does not leave them unserved.
+        publisher.poll(0)
+        sleep(min(seconds, 0.5))
+
+    schedule = LiveSchedule(clock, wait) if live else None
+    arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
     interrupted = False
     try:
         try:
-            for arrival in simulator.arrivals():
+            for arrival in arrivals:
                 publisher.publish(arrival)
                 truth.observe(arrival)
                 pacer.pace()
@@ -335,6 +361,8 @@ def simulate_to_kafka(
         publisher.flush(flush_timeout_s)
         summary = publisher.summary()
         summary.interrupted = interrupted
+        if schedule is not None and schedule.offset_ms is not None:
+            summary.live_offset_ms, summary.live_max_behind_ms = schedule.offset_ms, schedule.max_behind_ms
         write_run(folder, config, simulator.start_ms, truth, simulator.catalog, complete=not interrupted)
         _write_json(folder / "publish.json", summary.to_dict())
     finally:

@@ -9,7 +9,9 @@ time* on the same line, `event_time + delay`, where the delay is 0 for most even
 `max_disorder_ms` for out-of-order ones (a small disorder that a watermark absorbs) and `late_min_ms` to
 `late_max_ms` for late ones (they arrive after the watermark has passed them). Arrivals are yielded in
 arrival-time order (ties: creation order), which is the order they are sent in. Nothing reads the wall
-clock except `resolve_start_ms`, which places the line when `start_ms` is not given.
+clock except `resolve_start_ms`, which places the line when `start_ms` is not given, and `LiveSchedule`,
+which sends a run in real time: each arrival when the clock reaches its arrival time, so that the stream's
+event time tracks "now" (the live mode of the local stack).
 
 Ground truth. `GroundTruth` admits every arrival through `billing.intake.Intake` in arrival order, with
 the arrival time as the receive time (so a valid event is never "in the future"), and applies
@@ -47,6 +49,9 @@ from producers.wire import RawRecord, encode_body, event_record, frame, parse_av
 
 Clock = Callable[[], int]
 """Returns "now" as epoch milliseconds, UTC."""
+
+Sleep = Callable[[float], None]
+"""Waits the given number of seconds (`time.sleep`; a fake one in tests advances a fake clock)."""
 
 
 def system_clock_ms() -> int:
@@ -162,6 +167,12 @@ class SimulationConfig:
         primary = self.impression_rate * (1.0 + self.click_through_rate * (1.0 + self.edge_fraction / 4))
         return primary * (1.0 + self.duplicate_fraction + self.bad_fraction)
 
+    def at_arrival_rate(self, rate_per_s: float) -> SimulationConfig:
+        """The same traffic with the impression rate that makes `expected_arrival_rate()` equal `rate_per_s`."""
+        if not rate_per_s > 0:
+            raise ValueError("an arrival rate is a positive number of records per second")
+        return replace(self, impression_rate=self.impression_rate * rate_per_s / self.expected_arrival_rate())
+
     def expected_arrivals(self) -> int:
         """How many arrivals the run sends: exactly `events`, or an estimate for a `duration_s` run."""
         if self.events is not None:
@@ -184,17 +195,20 @@ class SimulationConfig:
         return generate_catalog(self.advertisers, self.campaigns_per_advertiser, self.ads_per_campaign, self.seed)
 
 
-def resolve_start_ms(config: SimulationConfig, now_ms: int, rate_per_s: float | None = None) -> int:
+def resolve_start_ms(config: SimulationConfig, now_ms: int, rate_per_s: float | None = None, live: bool = False) -> int:
     """Event time of the first impression: `config.start_ms`, or placed so no event time is in the future.
 
-    Sent as fast as possible (`rate_per_s` None), the whole span lies before `now_ms` and ends near it. Paced,
-    the run takes `expected_arrivals / rate_per_s` seconds of real time: when that is at least the event-time
-    span, the line starts at `now_ms` and runs no faster than real time (at the natural rate, it tracks it);
-    when the offered rate is faster, the start moves back by the difference so the last events are not in the
-    future.
+    Live (`LiveSchedule` sends each arrival when the clock reaches it), the line starts at `now_ms` and event
+    time tracks the clock for the whole run. Sent as fast as possible (`rate_per_s` None), the whole span lies
+    before `now_ms` and ends near it. Paced, the run takes `expected_arrivals / rate_per_s` seconds of real
+    time: when that is at least the event-time span, the line starts at `now_ms` and runs no faster than real
+    time (at the natural rate, it tracks it on average); when the offered rate is faster, the start moves back
+    by the difference so the last events are not in the future, and event time gains on the clock all run long.
     """
     if config.start_ms is not None:
         return config.start_ms
+    if live:
+        return now_ms
     span_ms = config.expected_span_ms()
     if rate_per_s is None:
         return now_ms - span_ms
@@ -247,18 +261,71 @@ class Arrival:
 
 
 class Simulator:
-    """Generates the arrivals of one run; `arrivals()` starts over at each call, with the same result."""
+    """Generates the arrivals of one run; `arrivals()` starts over at each call, with the same result.
+
+    `live`: the run will be sent by a `LiveSchedule`, so its line starts at the clock's "now" (unless
+    `config.start_ms` pins it); the rate then follows from the config (`SimulationConfig.at_arrival_rate`),
+    and `rate_per_s` must be None.
+    """
 
     def __init__(
-        self, config: SimulationConfig, clock: Clock = system_clock_ms, rate_per_s: float | None = None
+        self,
+        config: SimulationConfig,
+        clock: Clock = system_clock_ms,
+        rate_per_s: float | None = None,
+        live: bool = False,
     ) -> None:
+        if live and rate_per_s is not None:
+            raise ValueError("a live run goes at the config's own rate: set it with at_arrival_rate, not rate_per_s")
         self.config = config
         self.catalog = config.catalog()
-        self.start_ms = resolve_start_ms(config, clock(), rate_per_s)
+        self.start_ms = resolve_start_ms(config, clock(), rate_per_s, live)
 
     def arrivals(self) -> Iterator[Arrival]:
         """Every arrival of the run, in send order; memory holds only pending clicks and delayed arrivals."""
         return _Generation(self.config, self.catalog, self.start_ms).run()
+
+
+class LiveSchedule:
+    """Sends a run in real time: each arrival goes out when the clock reaches its arrival time.
+
+    The simulated line is anchored on the clock at the first arrival: that one is due at once, every later one
+    `arrival_ms - first arrival_ms` after it. Event time therefore advances exactly as fast as the clock, an
+    in-order event goes out at its event time plus `offset_ms` (the moments between placing the line and the
+    first send: near zero when the line starts "now"), and out-of-order and late events keep their simulated
+    delays. The content of the run is untouched: only when each record goes out.
+
+    Behind schedule (a slow broker, a rate this process cannot generate), records go out as fast as they can
+    until they are on time again; nothing is dropped or re-timed. `max_behind_ms` says how late the worst one
+    went out.
+    """
+
+    def __init__(self, clock: Clock = system_clock_ms, sleep: Sleep = time.sleep) -> None:
+        self._clock, self._sleep = clock, sleep
+        self.offset_ms: int | None = None
+        """Clock time minus simulated time, fixed at the first arrival; None before it."""
+        self.max_behind_ms = 0
+
+    def due_ms(self, arrival_ms: int) -> int:
+        """When, by the clock, the arrival at `arrival_ms` goes out (the first call anchors the line)."""
+        if self.offset_ms is None:
+            self.offset_ms = self._clock() - arrival_ms
+        return arrival_ms + self.offset_ms
+
+    def wait_for(self, arrival_ms: int) -> None:
+        """Return once the clock has reached the arrival's due time (at once for the first arrival)."""
+        due = self.due_ms(arrival_ms)
+        now = self._clock()
+        while now < due:
+            self._sleep((due - now) / 1000)
+            now = self._clock()
+        self.max_behind_ms = max(self.max_behind_ms, now - due)
+
+    def run(self, arrivals: Iterable[Arrival]) -> Iterator[Arrival]:
+        """The arrivals, unchanged and in their order, each yielded when it is due."""
+        for arrival in arrivals:
+            self.wait_for(arrival.arrival_ms)
+            yield arrival
 
 
 class _Generation:

@@ -17,6 +17,7 @@ from producers.simulator import (
     UNKNOWN_SCHEMA_ID_BASE,
     ArrivalKind,
     GroundTruth,
+    LiveSchedule,
     SimulationConfig,
     Simulator,
     Timing,
@@ -146,6 +147,102 @@ def test_an_explicit_start_is_kept():
     assert resolve_start_ms(replace(BUSY, start_ms=NOW_MS - 5), NOW_MS) == NOW_MS - 5
     with pytest.raises(ValueError, match="2000"):
         replace(BUSY, start_ms=0)
+
+
+# --- Live: sent on the clock ---------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Epoch ms that move only when someone sleeps or the test says so; `sleep` is the one to inject."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+        self.slept_ms = 0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def sleep(self, seconds: float) -> None:
+        step = round(seconds * 1000)
+        assert step > 0, "never asked to sleep for nothing"
+        self.now_ms += step
+        self.slept_ms += step
+
+
+# A minute of live traffic with every kind of delay: late ones up to 2 minutes.
+LIVE = replace(BUSY, events=None, duration_s=60.0)
+
+
+def test_live_the_line_starts_now_unless_pinned():
+    assert resolve_start_ms(LIVE, NOW_MS, live=True) == NOW_MS
+    assert resolve_start_ms(BUSY, NOW_MS, live=True) == NOW_MS  # a count of events too: no span to fit
+    assert resolve_start_ms(replace(LIVE, start_ms=NOW_MS - 5), NOW_MS, live=True) == NOW_MS - 5
+    with pytest.raises(ValueError, match="live"):
+        Simulator(LIVE, clock, rate_per_s=100.0, live=True)
+
+
+def test_live_each_arrival_goes_out_when_the_clock_reaches_its_arrival_time():
+    wall = FakeClock(NOW_MS)
+    simulator = Simulator(LIVE, wall, live=True)
+    assert simulator.start_ms == NOW_MS
+    wall.now_ms += 250  # catalog, registry and producer set up before the first record
+    schedule = LiveSchedule(wall, wall.sleep)
+    sent = [(arrival, wall()) for arrival in schedule.run(simulator.arrivals())]
+
+    first = sent[0][0]
+    assert first.arrival_ms - NOW_MS < LIVE.max_disorder_ms
+    # Anchored on the first arrival, the line then runs exactly as fast as the clock: each record goes out at
+    # its arrival time plus one fixed offset, never earlier and (nothing being slow here) never later.
+    assert schedule.offset_ms == NOW_MS + 250 - first.arrival_ms
+    assert all(at == arrival.arrival_ms + schedule.offset_ms for arrival, at in sent)
+    assert schedule.max_behind_ms == 0
+    assert wall.slept_ms == sent[-1][1] - (NOW_MS + 250), "no idle time beyond what the schedule asks"
+    # So an event's event time trails the clock by its simulated delay and nothing else: 0 for most, a
+    # little for out-of-order ones, minutes for late ones; none is ahead of the clock.
+    lag: dict[Timing, list[int]] = defaultdict(list)
+    for arrival, at in sent:
+        if arrival.kind == ArrivalKind.EVENT:
+            lag[arrival.timing].append(at - schedule.offset_ms - arrival.event.event_time)
+    assert set(lag[Timing.IN_ORDER]) == {0}
+    assert min(lag[Timing.OUT_OF_ORDER]) >= 1
+    assert max(lag[Timing.OUT_OF_ORDER]) <= LIVE.max_disorder_ms
+    assert min(lag[Timing.LATE]) >= LIVE.late_min_ms and max(lag[Timing.LATE]) <= LIVE.late_max_ms
+    # A minute of event time takes a minute of clock time (late ones of the last minute go out after it).
+    on_time = [at for arrival, at in sent if arrival.kind == ArrivalKind.EVENT and arrival.timing == Timing.IN_ORDER]
+    last_on_time = max(on_time)
+    assert 59_000 < last_on_time - (NOW_MS + 250) < 60_000
+
+
+def test_live_the_content_is_the_simulated_run():
+    wall = FakeClock(NOW_MS)
+    simulator = Simulator(LIVE, wall, live=True)
+    live = list(LiveSchedule(wall, wall.sleep).run(simulator.arrivals()))
+    assert live == list(Simulator(replace(LIVE, start_ms=simulator.start_ms), clock).arrivals())
+
+
+def test_live_behind_schedule_records_go_out_at_once_until_on_time_again():
+    wall = FakeClock(NOW_MS)
+    schedule = LiveSchedule(wall, wall.sleep)
+    went_out = []
+    for arrival_ms in (0, 10, 20, 30, 40, 1_000, 1_010):  # simulated times, anchored at the first
+        schedule.wait_for(arrival_ms)
+        went_out.append(wall() - NOW_MS)
+        wall.now_ms += 25  # sending one record takes 25 ms: slower than one every 10 ms
+    # Behind, no sleep: each goes out as soon as the previous one is done (15, 30, 45 ms late), none is
+    # dropped; a gap lets the sender catch up, and it is on time again.
+    assert went_out == [0, 25, 50, 75, 100, 1_000, 1_025]
+    assert schedule.max_behind_ms == 60
+    assert wall.slept_ms == 1_000 - 125
+
+
+def test_a_config_at_an_arrival_rate_offers_exactly_that_rate():
+    config = SimulationConfig(duration_s=86_400, impression_rate=200 / 1.15)  # the stack's former guess
+    assert config.expected_arrival_rate() == pytest.approx(193.7, abs=0.05)  # 3 % short of the 200/s offered
+    at_200 = config.at_arrival_rate(200.0)
+    assert at_200.expected_arrival_rate() == pytest.approx(200.0, rel=1e-12)
+    assert replace(at_200, impression_rate=config.impression_rate) == config
+    with pytest.raises(ValueError, match="positive"):
+        config.at_arrival_rate(0)
 
 
 def test_arrival_order_and_delays(busy_arrivals):
