@@ -11,8 +11,9 @@ event). Out: `BatchOutput` (`split_batch`), written with `write_batch_files`:
 - quarantine: `QUARANTINE/batch_id=N/part-00000.parquet`, one row per bad record.
 
 Partition columns live in the paths only (hive style), as Spark writes them, so pyarrow, DuckDB and Spark read
-the same tables. Each file is written under a dot-name in its folder and renamed into place: readers skip dot
-files, a crash leaves no half file, and a replayed batch replaces its files with the same names.
+the same tables. Each file is written under a dot-name in its folder, flushed to disk and renamed into place, and
+its folder flushed: readers skip dot files, a crash leaves no half file, a power loss no missing one, and a
+replayed batch replaces its files with the same names.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from billing.durable import fsync_folder, make_folder, replace_files
 from billing.parquet_ledger import ledger_totals
 from billing.periods import Periods
 from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
@@ -140,36 +142,40 @@ def write_batch_files(table: pa.Table, root: Path, partitions: Sequence[str]) ->
     """`table` as one Parquet file per combination of `partitions` values, under `root/k=v/.../`; the files written.
 
     The partition columns are left out of the files (they are in the paths). The Parquet files already in a
-    folder written to are replaced, so writing a replayed batch again leaves what one write leaves."""
+    folder written to are replaced, so writing a replayed batch again leaves what one write leaves. Every file
+    and folder written is flushed to disk before this returns (`billing.durable`): a batch that Spark or Redis
+    counts as done is on disk, whatever happens to the machine after."""
     if table.num_rows == 0:
         return []
+    parts: list[tuple[pa.Table, Path]] = []
     if not partitions:
-        return [_write_file(table, root)]
-    written = []
-    keys = table.select(list(partitions)).group_by(list(partitions)).aggregate([]).to_pylist()
-    for key in keys:
-        mask = None
-        for name, value in key.items():
-            match = pc.equal(table.column(name), pa.scalar(value, table.schema.field(name).type))
-            mask = match if mask is None else pc.and_(mask, match)
-        folder = root.joinpath(*(f"{name}={value}" for name, value in key.items()))
-        part = table.filter(mask).drop_columns(list(partitions))
-        written.append(_write_file(part, folder))
-    return written
-
-
-def _write_file(table: pa.Table, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / FILE_NAME
-    staging = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
-    pq.write_table(table, staging, compression="snappy")
-    os.replace(staging, path)
+        parts.append((table, root))
+    else:
+        keys = table.select(list(partitions)).group_by(list(partitions)).aggregate([]).to_pylist()
+        for key in keys:
+            mask = None
+            for name, value in key.items():
+                match = pc.equal(table.column(name), pa.scalar(value, table.schema.field(name).type))
+                mask = match if mask is None else pc.and_(mask, match)
+            folder = root.joinpath(*(f"{name}={value}" for name, value in key.items()))
+            parts.append((table.filter(mask).drop_columns(list(partitions)), folder))
+    moves: list[tuple[Path, Path]] = []
+    touched: list[Path] = []
+    for part, folder in parts:
+        touched += make_folder(folder)
+        staging = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
+        pq.write_table(part, staging, compression="snappy")
+        moves.append((staging, folder / FILE_NAME))
+    replace_files(moves, touched)
     # A batch's folder holds its one file: anything else there is from an earlier attempt at the same batch
     # (one written by an older version of the job, under another name).
-    for other in folder.glob("*.parquet"):
-        if other.name != FILE_NAME:
+    for _, folder in parts:
+        stale = [other for other in folder.glob("*.parquet") if other.name != FILE_NAME]
+        for other in stale:
             other.unlink()
-    return path
+        if stale:
+            fsync_folder(folder)
+    return [target for _, target in moves]
 
 
 def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:

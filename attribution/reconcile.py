@@ -59,6 +59,7 @@ from billing.corrections import (
     corrections_to_arrow,
     reconcile_period,
 )
+from billing.durable import make_folder, replace_files
 from billing.export import (
     MANIFEST_FILE,
     build_export,
@@ -448,12 +449,10 @@ def _read_corrections(config: ReconcileConfig) -> list[Correction]:
 
 def _write_corrections(config: ReconcileConfig, period: str, run_id: str, corrections: list[Correction]) -> None:
     folder = config.corrections_dir / f"period={period}"
-    folder.mkdir(parents=True, exist_ok=True)
+    touched = make_folder(folder)
     temporary = folder / f".run-{run_id}.parquet.tmp"
     pq.write_table(corrections_to_arrow(corrections), temporary)
-    with temporary.open("rb") as written:
-        os.fsync(written.fileno())
-    temporary.replace(folder / f"run-{run_id}.parquet")
+    replace_files([(temporary, folder / f"run-{run_id}.parquet")], touched)
 
 
 def _quarantine_conflicts(
@@ -462,7 +461,7 @@ def _quarantine_conflicts(
     """Id conflicts found in the archive: the Parquet file of each period (`CONFLICTS/period=P.parquet`, all of
     its conflicts, replaced whole) and Redis counts (each record counted once); returns the new ones."""
     advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
-    config.conflicts_dir.mkdir(parents=True, exist_ok=True)
+    touched = make_folder(config.conflicts_dir)
     for period in due:
         rows = quarantined.filter(pc.equal(quarantined["period"], period))
         if rows.num_rows:
@@ -470,7 +469,7 @@ def _quarantine_conflicts(
             pq.write_table(
                 rows.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]), temporary
             )
-            temporary.replace(config.conflicts_dir / f"period={period}.parquet")
+            replace_files([(temporary, config.conflicts_dir / f"period={period}.parquet")], touched)
     keyed = [
         (f"{r['topic']}/{r['partition']}/{r['offset']}", r["topic"], advertiser_of.get(r["ad_id"] or ""))
         for r in quarantined.select(["topic", "partition", "offset", "ad_id"]).to_pylist()

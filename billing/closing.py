@@ -20,11 +20,11 @@ Pure: the caller lists the files, reads the offsets and the job's heartbeat, and
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from billing.durable import make_folder, replace_files
 from billing.periods import Periods
 
 Offsets = dict[str, dict[int, int]]
@@ -158,14 +158,11 @@ def load_states(path: Path) -> dict[str, PeriodState]:
 
 
 def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
-    """Replace the state file atomically (write a sibling, flush it, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the state file atomically and durably (write a sibling, flush it, rename, flush the folder)."""
+    touched = make_folder(path.parent)
     temporary = path.with_suffix(".tmp")
-    with temporary.open("w") as out:
-        out.write(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
-        out.flush()
-        os.fsync(out.fileno())
-    temporary.replace(path)
+    temporary.write_text(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
+    replace_files([(temporary, path)], touched)
 
 
 def _copy(offsets: Offsets) -> Offsets:

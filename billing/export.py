@@ -31,6 +31,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from billing.corrections import BillRow, Charge, Correction, CorrectionKind, check_reconciled
+from billing.durable import fsync_file, fsync_folder, make_folder
 from billing.periods import Periods
 
 
@@ -411,7 +412,7 @@ def write_export(
     target = export_folder(root, period)
     if target.exists():
         raise ExportExistsError(f"the export of {period} already exists in {target}; exports are never rewritten")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    touched = make_folder(target.parent)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
     try:
         table = table.replace_schema_metadata(None).cast(EXPORT_SCHEMA)
@@ -438,7 +439,8 @@ def write_export(
             os.rename(staging, target)
         except OSError as exc:  # another writer got there first (the target is a non-empty folder now)
             raise ExportExistsError(f"the export of {period} appeared in {target} while writing it") from exc
-        _fsync(target.parent)
+        for folder in [target.parent, *touched]:
+            fsync_folder(folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -465,18 +467,9 @@ def _digest(path: Path) -> ExportFile:
 def _seal(folder: Path) -> None:
     """Flush every file of `folder` to disk and make it read-only, then flush the folder itself."""
     for path in folder.iterdir():
-        with open(path, "rb") as data:
-            os.fsync(data.fileno())
+        fsync_file(path)
         path.chmod(0o444)
-    _fsync(folder)
-
-
-def _fsync(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_folder(folder)
 
 
 # --- Checking and copying -----------------------------------------------------------------------------------
@@ -538,7 +531,7 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
         if not verify_export(target) and read_manifest(target) == read_manifest(source):
             return target
         raise ExportExistsError(f"{target} already holds something other than the export of {period}")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    touched = make_folder(target.parent)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
     try:
         for name in (*EXPORT_FILES, MANIFEST_FILE):
@@ -548,7 +541,8 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
             os.rename(staging, target)
         except OSError as exc:
             raise ExportExistsError(f"{target} appeared while copying the export of {period}") from exc
-        _fsync(target.parent)
+        for folder in [target.parent, *touched]:
+            fsync_folder(folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from billing.rule import BILLABLE_FIELDS
 
@@ -23,18 +24,52 @@ LEDGER_COLUMNS = (
 )
 
 
+class LedgerCorruptError(RuntimeError):
+    """A file of the ledger cannot be read: the ledger would be missing bills, so nothing reads on."""
+
+    def __init__(self, ledger_dir: Path, broken: dict[Path, str]) -> None:
+        self.broken = broken
+        listed = "; ".join(f"{path} ({why.rstrip('.')})" for path, why in sorted(broken.items()))
+        super().__init__(
+            f"the ledger in {ledger_dir} has {len(broken)} unreadable file(s): {listed}. Nothing was read: a ledger "
+            "missing a batch would bill too little. See the README, Operations: a broken ledger file"
+        )
+
+
 def read_ledger(ledger_dir: str | Path) -> pa.Table:
-    """Every billed click of the ledger (empty table with the ledger's columns when there is none yet)."""
+    """Every billed click of the ledger (empty table with the ledger's columns when there is none yet).
+
+    LedgerCorruptError, naming each file, when a Parquet file of the ledger cannot be read (truncated, emptied,
+    overwritten): a reader never skips one. Files whose names begin with a dot (a write in progress) are not part
+    of the ledger."""
     path = Path(ledger_dir)
     if not path.exists() or not any(path.glob("period=*")):
         return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
-    dataset = ds.dataset(
-        path,
-        format="parquet",
-        partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
-        exclude_invalid_files=True,
-    )
-    return dataset.to_table(columns=list(LEDGER_COLUMNS))
+    try:
+        dataset = ds.dataset(
+            path,
+            format="parquet",
+            partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
+        )
+        return dataset.to_table(columns=list(LEDGER_COLUMNS))
+    except (pa.ArrowException, OSError) as exc:
+        broken = _unreadable_files(path)
+        if not broken:
+            raise
+        raise LedgerCorruptError(path, broken) from exc
+
+
+def _unreadable_files(ledger_dir: Path) -> dict[Path, str]:
+    """Each ledger file that does not read whole, with why; for the error only (it reads every file)."""
+    broken = {}
+    for file in sorted(ledger_dir.glob("period=*/batch_id=*/*.parquet")):
+        if file.name.startswith("."):
+            continue
+        try:
+            pq.ParquetFile(file).read()
+        except (pa.ArrowException, OSError) as exc:
+            broken[file] = str(exc)
+    return broken
 
 
 _TYPES = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ from attribution.batch_output import (
     write_batch_files,
 )
 from attribution.decode import QUARANTINE_COLUMNS
-from billing.parquet_ledger import LEDGER_COLUMNS, read_ledger
+from billing.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
 from billing.periods import Periods
 from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
 
@@ -206,3 +207,50 @@ def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_
     assert set(back.column("billed_at_ms").to_pylist()) == {T0 + 3 * HOUR}
     assert [path.name for path in tmp_path.rglob(".*")] == []  # no staging file left behind
     assert not earlier.exists()
+
+
+def test_every_file_and_folder_written_is_flushed_to_disk_before_the_write_returns(
+    batch: pa.Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushed: list[Path] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        flushed.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = split(batch)
+    (tmp_path / "ledger").mkdir()
+    written = write_batch_files(out.bills, tmp_path / "ledger", ("period", "batch_id"))
+    monkeypatch.undo()
+
+    # Each file's bytes (flushed under its staging name, then renamed), its folder's entry for it, and the entry of
+    # each folder created on the way.
+    staged = [p for p in flushed if p.name.startswith(".part-00000.parquet.")]
+    assert len(staged) == len(written) == 2
+    folders = {p for p in flushed if p.is_dir()}
+    assert folders == {p.parent for p in written} | {p.parent.parent for p in written} | {tmp_path / "ledger"}
+
+
+def test_a_reader_that_meets_a_broken_ledger_file_fails_and_names_it(batch: pa.Table, tmp_path: Path) -> None:
+    out = split(batch)
+    first, second = sorted(write_batch_files(out.bills, tmp_path, ("period", "batch_id")))
+    (first.parent / ".part-00000.parquet.123.tmp").write_bytes(b"half a file")  # a write in progress: not the ledger
+    assert read_ledger(tmp_path).num_rows == out.bills.num_rows
+
+    # A file cut short, as a power loss without fsync leaves one: before, read_ledger skipped it without a word
+    # and the ledger lacked its bills.
+    whole = first.read_bytes()
+    first.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(LedgerCorruptError) as raised:
+        read_ledger(tmp_path)
+    assert str(first) in str(raised.value) and str(second) not in str(raised.value)
+    assert list(raised.value.broken) == [first]
+
+    # An emptied one as well; every broken file is named.
+    second.write_bytes(b"")
+    with pytest.raises(LedgerCorruptError) as raised:
+        read_ledger(tmp_path)
+    assert sorted(raised.value.broken) == [first, second]
+    assert "0 bytes" in str(raised.value)
