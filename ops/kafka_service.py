@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ops import deps
 from ops.process import ManagedProcess, ServiceError, port_open
+
+log = logging.getLogger(__name__)
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "kafka-log4j2.xml"
 
@@ -154,6 +158,12 @@ def broker_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
     return bool(metadata.brokers)
 
 
+TOPIC_CONFIGS = {"message.timestamp.type": "LogAppendTime"}
+"""Configs of the product's topics. `LogAppendTime`: a record's timestamp is when the broker appended it, the
+"time Kafka received it" of the contract (the future-time limit, the watermark's tolerance), whatever timestamp
+the producer set."""
+
+
 def ensure_topics(
     bootstrap: str,
     names: list[str],
@@ -162,13 +172,16 @@ def ensure_topics(
     configs: dict[str, str] | None = None,
     timeout_s: float = 30.0,
 ) -> None:
-    """Create the topics that are missing; existing ones must have `partitions` partitions. Idempotent."""
+    """Create the topics that are missing, with `configs`; existing ones must have `partitions` partitions, and
+    get the `configs` they lack (one that differs is altered, and said so in the log). Idempotent."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [name for name in names if name not in existing]
+    if configs:
+        _align_configs(admin, [name for name in names if name in existing], configs, timeout_s)
     if missing:
         futures = admin.create_topics(
             [NewTopic(name, partitions, replication, config=configs or {}) for name in missing],
@@ -196,3 +209,39 @@ def ensure_topics(
         if time.monotonic() > deadline:
             raise ServiceError(f"topics {[n for n, c in found.items() if not c]} did not appear within {timeout_s} s")
         time.sleep(0.2)
+
+
+def topic_configs(bootstrap: str, name: str, timeout_s: float = 30.0) -> dict[str, str]:
+    """The configs in force on topic `name` (set or default)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    return {key: entry.value for key, entry in entries.items()}
+
+
+def _align_configs(admin: Any, names: list[str], configs: dict[str, str], timeout_s: float) -> None:
+    """Set `configs` on the existing topics `names` where they differ."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    for name in names:
+        resource = ConfigResource(ResourceType.TOPIC, name)
+        current = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+        differ = {key: value for key, value in configs.items() if key not in current or current[key].value != value}
+        if not differ:
+            continue
+        log.warning(
+            "topic %s: setting %s (was %s)", name, differ, {k: current[k].value for k in differ if k in current}
+        )
+        change = ConfigResource(
+            ResourceType.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET) for key, value in differ.items()
+            ],
+        )
+        try:
+            admin.incremental_alter_configs([change])[change].result(timeout=timeout_s)
+        except Exception as exc:
+            raise ServiceError(f"cannot set {differ} on topic {name}: {exc}") from exc

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from billing.catalog import Catalog, generate_catalog
 from ops import deps
-from ops.kafka_service import LocalKafka, broker_ready, ensure_topics
+from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, broker_ready, ensure_topics
 from ops.process import ManagedProcess, pid_alive, stop_pid
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
@@ -33,9 +33,10 @@ def local_redis(settings: Settings) -> LocalRedis:
 
 
 def ensure_stack_topics(settings: Settings) -> list[str]:
-    """The impressions, clicks and quarantine topics, created if missing (idempotent); returns their names."""
+    """The impressions, clicks and quarantine topics, created if missing, all with `TOPIC_CONFIGS` (idempotent);
+    returns their names."""
     names = [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine]
-    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication)
+    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication, TOPIC_CONFIGS)
     return names
 
 

@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from attribution.session import build_spark
 from ops import deps
-from ops.kafka_service import LocalKafka, ensure_topics
+from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, ensure_topics
 from ops.process import free_port, free_ports
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
@@ -79,10 +79,12 @@ class TopicNames:
 
 @pytest.fixture
 def topics(kafka: LocalKafka) -> TopicNames:
-    """Fresh impressions, clicks and quarantine topics (4 partitions each) for one test."""
+    """Fresh impressions, clicks and quarantine topics (4 partitions each, the stack's configs) for one test."""
     tag = uuid.uuid4().hex[:10]
     names = TopicNames(f"impressions-{tag}", f"clicks-{tag}", f"quarantine-{tag}")
-    ensure_topics(kafka.bootstrap, [names.impressions, names.clicks, names.quarantine], partitions=4)
+    ensure_topics(
+        kafka.bootstrap, [names.impressions, names.clicks, names.quarantine], partitions=4, configs=TOPIC_CONFIGS
+    )
     return names
 
 
