@@ -77,6 +77,9 @@ class StreamConfig:
     period_ms: int = 3_600_000
     max_offsets_per_trigger: int = 200_000
     starting_offsets: str = "earliest"
+    redis_timeout_ms: int = 5_000
+    """Deadline of one Redis call of the sink, tried again a few times before the batch fails
+    (`billing.redis_totals.connect`)."""
 
     @property
     def ledger_dir(self) -> Path:
@@ -182,7 +185,9 @@ class BatchSink:
     @cached_property
     def totals(self) -> RedisTotals:
         """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
-        return RedisTotals.from_url(self.config.redis_url, self.config.redis_prefix)
+        return RedisTotals.from_url(
+            self.config.redis_url, self.config.redis_prefix, timeout_s=self.config.redis_timeout_ms / 1000
+        )
 
     @cached_property
     def dead_letters(self) -> DeadLetters:

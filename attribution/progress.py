@@ -23,6 +23,8 @@ from prometheus_client import Gauge
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
+from billing.redis_totals import connect
+
 log = logging.getLogger(__name__)
 
 HISTORY = 720
@@ -78,7 +80,7 @@ class Heartbeat(StreamingQueryListener):
     def _beat(self) -> None:
         try:
             if self._client is None:
-                self._client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
+                self._client = connect(self.redis_url, timeout_s=5.0, retries=0)
             self._client.set(self.key, str(int(time.time() * 1000)))
         except Exception:  # reporting must never take the billing job down
             log.exception("could not record the heartbeat of %s", self.query_name)
@@ -167,7 +169,8 @@ class HealthListener(StreamingQueryListener):
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+            # Reporting waits for no one: a Redis that does not answer costs this batch's record, not the job.
+            self._client = connect(self.redis_url, timeout_s=5.0, retries=0)
         return self._client
 
     def _export(self, record: Mapping[str, Any]) -> None:
@@ -235,7 +238,7 @@ class ReconciliationCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            record = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2).hgetall(self.key)
+            record = connect(self.redis_url, timeout_s=2.0, retries=0).hgetall(self.key)
         except redis.RedisError:
             return
         if not record:

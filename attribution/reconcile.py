@@ -88,6 +88,8 @@ class ReconcileConfig:
     kafka_bootstrap: str = "127.0.0.1:9092"
     topics: tuple[str, ...] = ("impressions", "clicks")
     """The topics the billing query reads: a period closes once the query has read what they held."""
+    redis_timeout_ms: int = 5_000
+    """Deadline of one Redis call, tried again a few times before the run fails (`billing.redis_totals.connect`)."""
     period_ms: int = 3_600_000
     horizon_ms: int = 900_000
     """How long after a period's end late data is waited for before the period is reconciled and closed."""
@@ -321,7 +323,7 @@ def _reconcile(
         progress(f"period {period} {reason}")
     if until_ms is not None and plan.held and not force:
         raise HeldError(plan.held)
-    totals = RedisTotals.from_url(config.redis_url, config.redis_prefix)
+    totals = RedisTotals.from_url(config.redis_url, config.redis_prefix, timeout_s=config.redis_timeout_ms / 1000)
     closed = {p for p, s in states.items() if s.closed}
     _settle_closed_in_redis(config, totals, closed, periods)
     due = plan.due

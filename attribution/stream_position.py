@@ -12,10 +12,9 @@ import json
 import time
 from pathlib import Path
 
-import redis
-
 from attribution.progress import heartbeat_key
 from billing.closing import Offsets, StreamPosition
+from billing.redis_totals import connect
 
 
 def committed_offsets(checkpoint: Path) -> Offsets | None:
@@ -71,7 +70,7 @@ def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> O
 
 def last_heartbeat_ms(redis_url: str, prefix: str, query: str) -> int | None:
     """When the query last reported a batch or an idle trigger (epoch ms), None if never."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10)
+    client = connect(redis_url)
     try:
         value = client.get(heartbeat_key(prefix, query))
     finally:

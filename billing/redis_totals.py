@@ -27,6 +27,11 @@ A batch is applied by one Lua script: if its id is not above the last applied on
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
 Reconciliation applies each correction once (a Lua script adds it only if its id is new to
 `corrections:applied`), so a run repeated or resumed after a crash changes nothing twice.
+
+Every call has a deadline (`connect`): a Redis that does not answer within `timeout_s` raises a timeout, the call is
+tried again `REDIS_RETRIES` times with a growing pause, and then the error reaches the caller (the streaming job's
+batch fails, and is replayed from its checkpoint when the job restarts). The writes here are safe to repeat: a Lua
+script keyed by batch id or by correction id, or a value set whole.
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+REDIS_TIMEOUT_S = 5.0
+"""Default deadline of one Redis call (connecting, or a command and its reply), in seconds."""
+
+REDIS_RETRIES = 5
+"""How many times a call that timed out or lost its connection is tried again, after pauses of 0.5 s, 1 s, then 2 s:
+with the default deadline, a Redis silent for about 40 s (6 x 5 s + 7.5 s) fails the call."""
 
 _RUN_OPS = """
 local function run(ops, closed)
@@ -124,6 +138,18 @@ return applied
 )
 
 
+def connect(url: str, timeout_s: float = REDIS_TIMEOUT_S, retries: int = REDIS_RETRIES) -> redis.Redis:
+    """A client (text replies) whose every call gives up after `timeout_s`, tried `retries` more times before the
+    timeout or connection error is raised: a hung Redis fails the call instead of blocking it for ever."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.25), retries),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TotalsRow:
     """Billed clicks and micros of one ad in one period, as the stream aggregates a micro-batch."""
@@ -177,8 +203,8 @@ class RedisTotals:
         self._close = client.register_script(_CLOSE_PERIOD)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str) -> RedisTotals:
-        return cls(redis.Redis.from_url(url, decode_responses=True), prefix)
+    def from_url(cls, url: str, prefix: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisTotals:
+        return cls(connect(url, timeout_s), prefix)
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))

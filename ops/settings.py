@@ -45,6 +45,9 @@ class Settings:
 
     redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis for live totals and health records.")
     redis_prefix: str = _setting("adbill", "Prefix of every Redis key the product writes.")
+    redis_timeout_ms: int = _setting(
+        5_000, "Deadline of one Redis call of the job and reconciliation, in ms; tried 5 more times, then it fails."
+    )
 
     spark_master: str = _setting("local[2]", "Spark master URL: local[N] or spark://host:7077.")
     shuffle_partitions: int = _setting(4, "spark.sql.shuffle.partitions; fixed by the first checkpoint.")
@@ -102,6 +105,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.topic_partitions < 1:
             raise ValueError("ADBILL_TOPIC_PARTITIONS must be at least 1")
+        if self.redis_timeout_ms < 1:
+            raise ValueError("ADBILL_REDIS_TIMEOUT_MS must be at least 1: a Redis call without a deadline can hang")
         if self.period_ms < 60_000 or 86_400_000 % self.period_ms:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
         if self.state_store not in ("rocksdb", "hdfs"):

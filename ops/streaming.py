@@ -39,6 +39,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         trigger_ms=settings.trigger_ms,
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
+        redis_timeout_ms=settings.redis_timeout_ms,
     )
 
 
