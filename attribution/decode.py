@@ -58,12 +58,21 @@ QUARANTINE_COLUMNS = (
     "offset",
     "received_ms",
     "value",
+    "value_size",
+    "value_sha256",
     "event_id",
     "ad_id",
     "event_time",
 )
 """The columns of a quarantine row, in order; `event_id`, `ad_id` and `event_time` are null when they could not be
-read."""
+read, `value` when the record had none or was larger than `QUARANTINE_VALUE_LIMIT` (`quarantined_value`)."""
+
+QUARANTINE_VALUE_LIMIT = 16_384
+"""The largest record, in bytes, whose raw bytes the quarantine table and topic keep. A larger one is kept as its size
+(`value_size`) and SHA-256 (`value_sha256`, hex) with a null `value`; the record itself stays in Kafka at its topic,
+partition and offset for the topic's retention. An event of the shipped schemas is a few hundred bytes: anything
+near this size is junk, and a batch of junk records of up to a megabyte each (the broker's limit) would otherwise
+be carried whole to the driver and sent on."""
 
 _RECORD = "_record"
 _KNOWN_AD = "_known_ad_id"
@@ -198,11 +207,25 @@ def to_quarantine(rows: DataFrame, reason: Column, id_col: str) -> DataFrame:
         F.col("partition"),
         F.col("offset"),
         F.col("received_ms"),
-        F.col("value"),
+        *[column.alias(name) for name, column in quarantined_value(F.col("value")).items()],
         F.col(id_col).alias("event_id"),
         F.col("ad_id"),
         F.col("event_time"),
     )
+
+
+def quarantined_value(value: Column, quarantined: Column | None = None) -> dict[str, Column]:
+    """`value`, `value_size` and `value_sha256` of quarantine rows: the raw bytes up to `QUARANTINE_VALUE_LIMIT`
+    (null past it), their length and their SHA-256 in hex. With `quarantined`, only the rows where it holds are
+    quarantine rows: the others keep `value` whole and get a null size and digest."""
+    size = F.length(value)
+    if quarantined is None:
+        quarantined = F.lit(True)
+    return {
+        "value": F.when(quarantined & (size > F.lit(QUARANTINE_VALUE_LIMIT)), F.lit(None)).otherwise(value),
+        "value_size": F.when(quarantined, size),
+        "value_sha256": F.when(quarantined, F.sha2(value, 256)),
+    }
 
 
 def _id_column_of(decoded: DataFrame) -> str:

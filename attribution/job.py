@@ -29,8 +29,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-from confluent_kafka import Producer
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -44,7 +42,8 @@ from attribution.batch_output import (
     split_batch,
     write_batch_files,
 )
-from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
+from attribution.dead_letters import DeadLetters
+from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.join import attribute, catalog_frame
 from attribution.progress import Heartbeat
 from billing.catalog import Catalog
@@ -174,7 +173,13 @@ class BatchSink:
     replayed after a crash replaces its own files and nothing else. Redis applies batch N only if N is above
     the last batch it applied, in one Lua script, so a crash between the writes, or after them and before
     Spark commits the batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once
-    (a replayed batch is sent again); the quarantine table is exact.
+    (a replayed batch is sent again, with the same keys); the quarantine table is exact.
+
+    Every file is flushed to disk before Redis and the checkpoint hear of the batch. Bad records' bytes are cut
+    to a size and a digest on the executors when larger than `QUARANTINE_VALUE_LIMIT`, so a junk record of a
+    megabyte neither crosses to the driver nor fails the quarantine topic (`attribution.dead_letters`). A Redis
+    that does not answer fails its call after a deadline and a few tries (`redis_timeout_ms`): the batch then
+    fails, and is replayed from the checkpoint when the job restarts.
     """
 
     def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
@@ -196,7 +201,7 @@ class BatchSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         clock = _PhaseClock()
         watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), batch_id)
-        collected = batch.toArrow()
+        collected = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull())).toArrow()
         clock.lap("query")
         out = split_batch(
             collected,
@@ -230,46 +235,6 @@ class BatchSink:
             out.bad.num_rows,
             clock,
         )
-
-
-class DeadLetters:
-    """Bad records to the quarantine topic, with the reason and the record's coordinates as headers."""
-
-    HEADERS = ("reason", "topic", "partition", "offset")
-
-    def __init__(self, bootstrap: str, topic: str, timeout_s: float = 60.0) -> None:
-        self.topic = topic
-        self.timeout_s = timeout_s
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "logger": log,  # the client's connection errors go to the job's log, not to stderr
-            }
-        )
-
-    def send(self, bad: pa.Table) -> None:
-        """Send every row of `bad` and wait for Kafka to have them all; raises if any was not delivered."""
-        if bad.num_rows == 0:
-            return
-        failures: list[str] = []
-
-        def delivered(error: Any, _message: Any) -> None:
-            if error is not None:
-                failures.append(str(error))
-
-        for row in bad.select(["value", *self.HEADERS]).to_pylist():
-            headers: list[tuple[str, str | bytes | None]] = [(name, str(row[name]).encode()) for name in self.HEADERS]
-            self.producer.produce(self.topic, value=row["value"], headers=headers, on_delivery=delivered)
-            self.producer.poll(0)
-        left = self.producer.flush(self.timeout_s)
-        if left or failures:
-            raise RuntimeError(
-                f"quarantine topic {self.topic}: {left} of {bad.num_rows} records not delivered within "
-                f"{self.timeout_s:.0f} s; errors: {failures[:3]}"
-            )
 
 
 class _PhaseClock:

@@ -3,8 +3,11 @@ and restarts after SIGKILL."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,12 +16,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from attribution.dead_letters import DeadLetters
 from attribution.job import start
 from attribution.progress import HealthListener
 from billing.catalog import Ad, Catalog
@@ -26,6 +31,9 @@ from billing.events import Click, Event, Impression
 from billing.parquet_ledger import read_ledger
 from billing.redis_totals import RedisTotals
 from billing.schema_registry import open_registry
+from ops.kafka_service import ensure_topics
+from ops.process import free_port
+from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import rebuild_totals, stream_config
@@ -327,3 +335,195 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(settings: Setti
     assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click across restarts"
     assert {row["click_id"]: row["amount_micros"] for row in rows} == truth
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+
+
+# --- Poison and flooding records, a hung Redis ---------------------------------------------------------------
+
+
+def produce_raw(bootstrap: str, topic: str, values: list[bytes], key: bytes = b"ad-1") -> None:
+    """Bytes as they are to `topic`, with a producer that takes records up to the broker's own limit (librdkafka's
+    default stops at 1,000,000 bytes)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 1_048_576, "linger.ms": 20})
+    for value in values:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def messages_on(bootstrap: str, topic: str) -> int:
+    """How many messages `topic` holds, from its partitions' offsets."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{topic}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    finally:
+        consumer.close()
+
+
+def quarantine_table(settings: Settings) -> list[dict]:
+    return ds.dataset(settings.root / "quarantine", format="parquet", partitioning="hive").to_table().to_pylist()
+
+
+def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
+    CATALOG.save(settings.catalog_file)
+    clicks = settings.topic_clicks
+    # The quarantine topic takes less than the input topics (4 KiB): a bad record that the quarantine table keeps
+    # whole (10 kB) but Kafka refuses on the topic goes there as a stub too.
+    ensure_topics(settings.kafka_bootstrap, [settings.topic_quarantine], 4, configs={"max.message.bytes": "4096"})
+    click_schema = ensure_schemas(settings)[clicks]
+    # Framed as a click of a known schema, so the Avro decoder has to read a megabyte of noise.
+    huge = b"\x00" + click_schema.to_bytes(4, "big") + random.Random(17).randbytes(1_040_000 - 5)
+    medium = b"\xff" * 10_000
+    small = b"definitely not avro"
+    produce_raw(settings.kafka_bootstrap, clicks, [huge, medium, small])
+    send(
+        settings,
+        [
+            Impression("i-a", "ad-1", "u-a", T0),
+            Click("c-a", "ad-1", "u-a", T0 + 2 * S),
+            Impression("i-b", "ad-2", "u-b", T0 + 3 * S),
+            Click("c-b", "ad-2", "u-b", T0 + 4 * S),
+        ],
+    )
+    queries = job()
+    process(queries)
+    send(settings, [Impression("i-c", "ad-3", "u-c", T0 + 5 * S), Click("c-c", "ad-3", "u-c", T0 + 6 * S)])
+    process(queries)  # the query stayed up, and bills what comes after
+
+    rows = ledger_rows(settings)
+    assert sorted(row["click_id"] for row in rows) == ["c-a", "c-b", "c-c"]
+    assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+
+    # The table: the raw bytes up to 16 KiB, past that the size and SHA-256.
+    table = {row["value_size"]: row for row in quarantine_table(settings)}
+    assert sorted(table) == [len(small), len(medium), len(huge)]
+    assert table[len(huge)]["value"] is None
+    assert table[len(huge)]["value_sha256"] == hashlib.sha256(huge).hexdigest()
+    assert table[len(huge)]["reason"] in {"undecodable", "missing_field"}
+    assert (table[len(medium)]["value"], table[len(small)]["value"]) == (medium, small)
+    assert all(row["topic"] == clicks for row in table.values())
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    assert sum(sum(topics.values()) for topics in totals.quarantined().values()) == 3
+
+    # The topic: each record once, keyed by its coordinates; a stub that says why where the bytes cannot go.
+    letters = {
+        int(dict(m.headers())["value_size"]): m for m in consume(settings.kafka_bootstrap, settings.topic_quarantine, 3)
+    }
+    assert sorted(letters) == [len(small), len(medium), len(huge)]
+    assert messages_on(settings.kafka_bootstrap, settings.topic_quarantine) == 3
+    assert letters[len(small)].value() == small
+    for size, why in ((len(huge), b"over the quarantine limit of 16384"), (len(medium), b"refused by Kafka")):
+        headers = dict(letters[size].headers())
+        assert letters[size].value() is None and why in headers["value_omitted"], headers
+        assert headers["value_sha256"] == table[size]["value_sha256"].encode()
+        row = table[size]
+        assert letters[size].key() == f"{row['topic']}/{row['partition']}/{row['offset']}".encode()
+
+
+def test_a_burst_of_100k_bad_records_neither_fails_nor_stalls_a_batch(settings: Settings, job) -> None:
+    records = 100_000
+    CATALOG.save(settings.catalog_file)
+    produce_raw(settings.kafka_bootstrap, settings.topic_clicks, [b"bad %d" % i for i in range(records)])
+    send(settings, [Impression("i-after", "ad-2", "u-after", T0), Click("c-after", "ad-2", "u-after", T0 + S)])
+    queries = job()
+    started = time.monotonic()
+    process(queries)
+    print(f"{records} bad records and a billable pair through the job in {time.monotonic() - started:.1f} s")
+
+    assert [row["click_id"] for row in ledger_rows(settings)] == ["c-after"]
+    table = quarantine_table(settings)
+    assert len(table) == len({(row["partition"], row["offset"]) for row in table}) == records
+    assert {row["reason"] for row in table} == {"undecodable"}
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    assert totals.quarantined() == {"undecodable": {settings.topic_clicks: records}}
+    assert messages_on(settings.kafka_bootstrap, settings.topic_quarantine) == records
+    durations = [progress["durationMs"]["triggerExecution"] for progress in queries[0].recentProgress]
+    print(f"batch durations (ms): {durations}")
+
+
+def test_dead_letters_wait_for_room_when_the_producers_queue_is_full(settings: Settings) -> None:
+    rows = 20_000
+    bad = pa.table(
+        {
+            "value": [b"bad %d" % i for i in range(rows)],
+            "reason": ["undecodable"] * rows,
+            "topic": [settings.topic_clicks] * rows,
+            "partition": pa.array([0] * rows, pa.int32()),
+            "offset": pa.array(range(rows), pa.int64()),
+            "value_size": pa.array([len(b"bad %d" % i) for i in range(rows)], pa.int32()),
+            "value_sha256": [hashlib.sha256(b"bad %d" % i).hexdigest() for i in range(rows)],
+        }
+    )
+    # A queue of 1,000 messages: librdkafka raises BufferError 19 times over for this batch, and the sender waits.
+    letters = DeadLetters(
+        settings.kafka_bootstrap, settings.topic_quarantine, producer_config={"queue.buffering.max.messages": 1_000}
+    )
+    delivered = letters.send(bad)
+    assert len(delivered) == rows
+    assert messages_on(settings.kafka_bootstrap, settings.topic_quarantine) == rows
+
+
+def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    # A Redis of the test's own, paused with SIGSTOP: it accepts connections and reads nothing, as a hung one does.
+    server = LocalRedis(data_dir=tmp_path / "redis", port=free_port(), run_dir=tmp_path / "run", appendonly=False)
+    server.start()
+    pid = server.process.running_pid()
+    assert pid is not None
+    # One-second deadlines: a call gives up after about 6 x 1 s + 7.5 s of pauses between tries.
+    settings = dataclasses.replace(settings, redis_url=server.url, redis_timeout_ms=1_000)
+    CATALOG.save(settings.catalog_file)
+    ensure_schemas(settings)
+    catalog = Catalog.load(settings.catalog_file)
+    config = stream_config(settings)
+    queries: list[StreamingQuery] = []
+    truth: set[str] = set()
+
+    def bill(tag: str, at: int) -> None:
+        send(settings, [Impression(f"i-{tag}", "ad-1", f"u-{tag}", at), Click(f"c-{tag}", "ad-1", f"u-{tag}", at + S)])
+        truth.add(f"c-{tag}")
+
+    def billed_in_ledger(tag: str) -> bool:
+        return f"c-{tag}" in {row["click_id"] for row in ledger_rows(settings)}
+
+    try:
+        bill("before", T0)
+        queries += start(spark, config, catalog)
+        process(queries)
+
+        # A pause shorter than the tries: the batch waits, then goes through; the query stays up.
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            bill("short", T0 + 10 * S)
+            wait_for(lambda: billed_in_ledger("short"), "the batch's files, written before Redis is called", 60)
+            time.sleep(3)  # three of the one-second deadlines pass
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        process(queries)
+
+        # A pause longer than the tries: the batch fails, the query stops and says why.
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            bill("long", T0 + 20 * S)
+            wait_for(lambda: billed_in_ledger("long"), "the batch's files, written before Redis is called", 60)
+            wait_for(lambda: not queries[-1].isActive, "the batch to fail on the hung Redis", 60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert "Timeout" in str(queries[-1].exception()), queries[-1].exception()
+
+        # The job restarted: the failed batch is replayed from the checkpoint; nothing lost, nothing twice.
+        queries += start(spark, config, catalog)
+        process(queries[-1:])
+        rows = ledger_rows(settings)
+        assert sorted(row["click_id"] for row in rows) == sorted(truth)
+        assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+    finally:
+        for query in queries:
+            query.stop()
+        server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -49,9 +50,12 @@ SCHEMA = pa.schema(
         ("value", pa.binary()),
         ("reason", pa.string()),
         ("kind", pa.string()),
+        ("value_size", pa.int32()),
+        ("value_sha256", pa.string()),
     ]
 )
-"""The columns of the job's output as `DataFrame.toArrow()` gives them: the bill branch's, then the intake's."""
+"""The columns of the job's output as `BatchSink` collects them: the bill branch's, then the intake's, then the size
+and digest of the bad records' bytes (`attribution.decode.quarantined_value`)."""
 
 
 def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, object]:
@@ -72,6 +76,7 @@ def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, o
 
 
 def received(event_type: str, event_id: str, ad_id: str | None, event_time: int | None, offset: int, reason=None):
+    value = f"bytes-{offset}".encode()
     return {
         "kind": "intake",
         "event_type": event_type,
@@ -83,8 +88,10 @@ def received(event_type: str, event_id: str, ad_id: str | None, event_time: int 
         "topic": f"{event_type}s",
         "partition": 2,
         "offset": offset,
-        "value": f"bytes-{offset}".encode(),
+        "value": value,
         "reason": reason,
+        "value_size": len(value) if reason else None,
+        "value_sha256": hashlib.sha256(value).hexdigest() if reason else None,
     }
 
 
@@ -140,6 +147,8 @@ def test_split_gives_ledger_archive_and_quarantine_rows_with_periods(batch: pa.T
     bad = {row["reason"]: row for row in out.bad.to_pylist()}
     assert sorted(bad) == ["undecodable", "unknown_ad"]
     assert (bad["undecodable"]["offset"], bad["undecodable"]["value"]) == (15, b"bytes-15")
+    assert bad["undecodable"]["value_size"] == 8
+    assert bad["undecodable"]["value_sha256"] == hashlib.sha256(b"bytes-15").hexdigest()
     assert bad["unknown_ad"]["batch_id"] == 7
 
 
