@@ -29,15 +29,18 @@ returns only what is missing.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,6 +49,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.job import BILLING_QUERY, period_columns
 from attribution.join import attribute, catalog_frame, conflicts, dedupe
 from attribution.stream_position import stream_position
@@ -77,6 +81,9 @@ from billing.rule import BILLABLE_FIELDS
 
 log = logging.getLogger(__name__)
 
+CONFLICTS_SEND_TIMEOUT_S = 30.0
+"""How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
+
 
 @dataclass(frozen=True)
 class ReconcileConfig:
@@ -88,6 +95,8 @@ class ReconcileConfig:
     kafka_bootstrap: str = "127.0.0.1:9092"
     topics: tuple[str, ...] = ("impressions", "clicks")
     """The topics the billing query reads: a period closes once the query has read what they held."""
+    topic_quarantine: str = "quarantine"
+    """The dead-letter topic: id conflicts are sent there, once each (`_send_conflicts`)."""
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call, tried again a few times before the run fails (`billing.redis_totals.connect`)."""
     period_ms: int = 3_600_000
@@ -132,6 +141,11 @@ class ReconcileConfig:
     def state_file(self) -> Path:
         return self.data_dir / "reconcile" / "periods.json"
 
+    @property
+    def conflicts_sent_file(self) -> Path:
+        """The id conflicts already on the quarantine topic: period -> `topic/partition/offset` of each."""
+        return self.data_dir / "reconcile" / "conflicts-sent.json"
+
 
 @dataclass
 class RunReport:
@@ -145,6 +159,11 @@ class RunReport:
     retractions: int = 0
     net_micros: int = 0
     conflicts: int = 0
+    conflicts_sent: int = 0
+    """Id conflicts sent to the quarantine topic by this run."""
+    conflicts_unsent: int = 0
+    """Id conflicts that are not on the quarantine topic yet (Kafka refused them or did not answer); the next run
+    sends them."""
     final_clicks: int = 0
     events: int = 0
     held: dict[str, str] = field(default_factory=dict)
@@ -167,6 +186,8 @@ class RunReport:
             "retractions": self.retractions,
             "net_micros": self.net_micros,
             "conflicts": self.conflicts,
+            "conflicts_sent": self.conflicts_sent,
+            "conflicts_unsent": self.conflicts_unsent,
             "final_clicks": self.final_clicks,
             "events": self.events,
             "held": self.held,
@@ -329,6 +350,7 @@ def _reconcile(
     due = plan.due
     report.periods = due
     if not due:
+        _send_conflicts(config, report, progress)  # what an earlier run could not send
         report.finished_at_ms = clock()
         totals.record_reconciliation(report.record())
         return report
@@ -349,6 +371,7 @@ def _reconcile(
     if booked_in in closed:
         raise RuntimeError(f"the open period {booked_in} is already closed: is the clock behind the data?")
     report.conflicts = _quarantine_conflicts(config, due, quarantined, totals, catalog)
+    _send_conflicts(config, report, progress)
     for period in due:
         progress(f"period {period}")
         final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
@@ -477,3 +500,64 @@ def _quarantine_conflicts(
         for r in quarantined.select(["topic", "partition", "offset", "ad_id"]).to_pylist()
     ]
     return totals.add_conflicts(keyed)
+
+
+def _send_conflicts(config: ReconcileConfig, report: RunReport, progress: Callable[[str], None]) -> None:
+    """Send to the quarantine topic each id conflict of the conflicts table that is not there yet, and record
+    those Kafka took in `conflicts_sent_file`: each goes once, whichever run found it and however often its
+    period is reconciled again. A run that cannot reach Kafka says so and goes on (closing a period does not
+    wait for the dead-letter topic); the next run sends what is missing. A run stopped between Kafka's answer
+    and the record sends those rows again: their key, `topic/partition/offset`, tells the repeats."""
+    sent = _read_sent(config.conflicts_sent_file)
+    pending: list[pa.Table] = []
+    period_of: dict[str, str] = {}
+    for path in sorted(config.conflicts_dir.glob("period=*.parquet")) if config.conflicts_dir.is_dir() else []:
+        period = path.name.removeprefix("period=").removesuffix(".parquet")
+        rows = _with_value_digest(pq.read_table(path))
+        keys = [_coordinates(row) for row in rows.select(["topic", "partition", "offset"]).to_pylist()]
+        new = [key not in sent.get(period, ()) for key in keys]
+        if any(new):
+            pending.append(rows.filter(pa.array(new)).select(["value", *HEADERS]))
+            period_of.update((key, period) for key, is_new in zip(keys, new, strict=True) if is_new)
+    if not pending:
+        return
+    rows = pa.concat_tables(pending)
+    try:
+        delivered = DeadLetters(config.kafka_bootstrap, config.topic_quarantine, CONFLICTS_SEND_TIMEOUT_S).send(rows)
+    except DeliveryError as exc:
+        delivered = exc.delivered
+        progress(f"id conflicts not all sent to the quarantine topic; the next run sends the rest: {exc}")
+    for key in delivered & period_of.keys():
+        sent.setdefault(period_of[key], set()).add(key)
+    if delivered:
+        _write_sent(config.conflicts_sent_file, sent)
+    report.conflicts_sent = len(delivered)
+    report.conflicts_unsent = rows.num_rows - len(delivered)
+    progress(f"{len(delivered)} id conflict(s) sent to the quarantine topic {config.topic_quarantine}")
+
+
+def _with_value_digest(rows: pa.Table) -> pa.Table:
+    """`rows` with `value_size` and `value_sha256`, which a conflicts file of an older version lacks."""
+    if "value_sha256" in rows.column_names:
+        return rows
+    values = rows.column("value").to_pylist()
+    sizes = pa.array([None if v is None else len(v) for v in values], pa.int32())
+    digests = pa.array([None if v is None else hashlib.sha256(v).hexdigest() for v in values], pa.string())
+    return rows.append_column("value_size", sizes).append_column("value_sha256", digests)
+
+
+def _coordinates(row: Mapping[str, Any]) -> str:
+    return f"{row['topic']}/{row['partition']}/{row['offset']}"
+
+
+def _read_sent(path: Path) -> dict[str, set[str]]:
+    if not path.exists():
+        return {}
+    return {period: set(keys) for period, keys in json.loads(path.read_text()).items()}
+
+
+def _write_sent(path: Path, sent: Mapping[str, set[str]]) -> None:
+    touched = make_folder(path.parent)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps({period: sorted(keys) for period, keys in sorted(sent.items())}, indent=0))
+    replace_files([(temporary, path)], touched)

@@ -40,6 +40,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         redis_prefix=settings.redis_prefix,
         kafka_bootstrap=settings.kafka_bootstrap,
         topics=(settings.topic_impressions, settings.topic_clicks),
+        topic_quarantine=settings.topic_quarantine,
         redis_timeout_ms=settings.redis_timeout_ms,
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,

@@ -11,13 +11,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
+from attribution import reconcile as reconcile_module
 from attribution.job import start
 from attribution.reconcile import reconcile
-from billing.catalog import Catalog
+from billing.catalog import Ad, Catalog
 from billing.corrections import corrections_from_arrow
 from billing.events import Click, Impression
 from billing.export import export_folder, read_export, verify_export
@@ -77,6 +79,23 @@ def read_back(settings: Settings, expected: int) -> list[dict]:
         consumer.close()
     assert seen == expected, f"read back {seen} of {expected} records"
     return rows
+
+
+def read_whole(bootstrap: str, topic: str) -> list:
+    """Every message `topic` holds now, from the start of each partition to its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "read-whole", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        messages: list = []
+        deadline = time.monotonic() + 30
+        while len(messages) < sum(ends.values()) and time.monotonic() < deadline:
+            messages += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    assert len(messages) == sum(ends.values())
+    return messages
 
 
 def final_ledger(settings: Settings) -> dict[str, int]:
@@ -196,6 +215,68 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
             (P0, open_period, ad.cpc_micros, "late_click")
         ]
         assert totals.corrections_of(open_period, "adv", ad.advertiser_id).micros == ad.cpc_micros
+    finally:
+        for query in queries:
+            query.stop()
+
+
+def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
+    catalog.save(settings.catalog_file)
+    ensure_schemas(settings)
+    start_ms = 1_767_225_600_000  # P0
+    publisher = EventPublisher(
+        settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+    )
+
+    def publish(events: list) -> None:
+        for event in events:
+            publisher.publish_event(event)
+        assert publisher.flush(30) == 0
+
+    def on_topic() -> list:
+        return read_whole(settings.kafka_bootstrap, settings.topic_quarantine)
+
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        publish([Impression("i-1", "ad-1", "u-1", start_ms + 1_000), Click("c-1", "ad-1", "u-1", start_ms + 2_000)])
+        queries[0].processAllAvailable()
+        # The same ids again with other content: two conflicts, quarantined by reconciliation.
+        publish([Impression("i-1", "ad-1", "u-1", start_ms + 1_500), Click("c-1", "ad-1", "u-x", start_ms + 2_000)])
+        queries[0].processAllAvailable()
+        rc = reconcile_config(settings)
+
+        # Kafka out of reach: the run closes its periods all the same, and says what it could not send.
+        monkeypatch.setattr(reconcile_module, "CONFLICTS_SEND_TIMEOUT_S", 2.0)
+        down = reconcile(spark, dataclasses.replace(rc, kafka_bootstrap="127.0.0.1:1"), catalog, UNTIL, force=True)
+        assert (down.closed, down.conflicts, down.conflicts_sent, down.conflicts_unsent) == ([P0], 2, 0, 2)
+        assert on_topic() == []
+
+        # The next run, with nothing to reconcile, sends them; the one after sends nothing.
+        first = reconcile(spark, rc, catalog, UNTIL, force=True)
+        assert (first.periods, first.conflicts_sent, first.conflicts_unsent) == ([], 2, 0)
+        again = reconcile(spark, rc, catalog, UNTIL, force=True)
+        assert (again.conflicts_sent, again.conflicts_unsent) == (0, 0)
+        letters = on_topic()
+        assert len(letters) == 2
+
+        # A third copy of the click reopens P0 for reconciliation: only the new conflict goes.
+        publish([Click("c-1", "ad-1", "u-y", start_ms + 2_000)])
+        queries[0].processAllAvailable()
+        late = reconcile(spark, rc, catalog, UNTIL, force=True)
+        assert (late.periods[:1], late.conflicts, late.conflicts_sent) == ([P0], 1, 1)
+        letters = on_topic()
+        assert len(letters) == 3
+        table = pq.read_table(settings.root / "conflicts" / f"period={P0}.parquet").to_pylist()
+        by_key = {f"{r['topic']}/{r['partition']}/{r['offset']}".encode(): r for r in table}
+        assert sorted(m.key() for m in letters) == sorted(by_key), "each conflict once, keyed by its coordinates"
+        for message in letters:
+            row = by_key[message.key()]
+            headers = dict(message.headers())
+            assert (headers["reason"], message.value()) == (b"id_conflict", row["value"])
+            assert headers["value_sha256"] == hashlib.sha256(row["value"]).hexdigest().encode()
     finally:
         for query in queries:
             query.stop()
