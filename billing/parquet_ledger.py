@@ -1,7 +1,9 @@
 """Reading the Parquet ledger of billed clicks (written by the streaming job, one folder per period and batch).
 
 Layout: `LEDGER/period=YYYYMMDDTHHMMZ/batch_id=N/part-*.parquet`, one row per billed click with the columns of
-`LEDGER_COLUMNS`. Readable by pyarrow, pandas, DuckDB and Spark alike (hive partitioning).
+`LEDGER_COLUMNS`. Readable by pyarrow, pandas, DuckDB and Spark alike (hive partitioning). A file that does
+not read stops the reader with its name (`LedgerCorruptError`): reconciliation, the audit and the totals' rebuild
+never go on without a batch's bills.
 """
 
 from __future__ import annotations
