@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_produce)
 
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
+    p.add_argument(
+        "--new-checkpoint",
+        action="store_true",
+        help="start a new checkpoint over the output of an earlier one: its batches continue the earlier ones and "
+        "it reads from where they stopped (the earlier checkpoint folder must be gone)",
+    )
     p.set_defaults(run=cmd_stream)
 
     p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
@@ -312,7 +318,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from ops.streaming import run_stream
 
-    return run_stream(settings)
+    return run_stream(settings, new_checkpoint=args.new_checkpoint)
 
 
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:

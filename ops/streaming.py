@@ -42,10 +42,12 @@ def stream_config(settings: Settings) -> StreamConfig:
     )
 
 
-def run_stream(settings: Settings) -> int:
-    """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails."""
+def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
+    """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
+    refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
 
+    from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
@@ -73,7 +75,12 @@ def run_stream(settings: Settings) -> int:
             {"impressions": settings.impression_watermark_ms, "clicks": settings.click_watermark_ms},
         )
     )
-    queries = start(spark, config, Catalog.load(settings.catalog_file))
+    try:
+        queries = start(spark, config, Catalog.load(settings.catalog_file), new_checkpoint=new_checkpoint)
+    except CheckpointRefusedError as exc:
+        print(f"streaming: refused: {exc}", file=sys.stderr, flush=True)
+        spark.stop()
+        return 2
     print(
         f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
         f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
