@@ -8,7 +8,9 @@ browser had; logout closes it on the server, so its cookie opens nothing afterwa
 
 from __future__ import annotations
 
+import re
 import secrets
+from urllib.parse import unquote
 
 from flask import Blueprint, abort, g, make_response, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
@@ -28,6 +30,10 @@ from web.services import current_session, services
 bp = Blueprint("auth", __name__)
 
 _MAX_USERNAME = 128
+_MAX_NEXT = 2048
+_MAX_DECODING = 4
+# A local path and query: one `/`, then URL characters only (no blank, control, backslash or non-ASCII character).
+_LOCAL_TARGET = re.compile(r"/(?![/\\])[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*", re.ASCII)
 
 
 def load_principal() -> None:
@@ -87,10 +93,22 @@ def home_for(principal: Principal) -> str:
 
 
 def safe_next(target: str | None) -> str | None:
-    """A local path to go back to after login, or None: never another site."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """A path of this site to go back to after login, or None: never another site, never a header it would break.
+
+    Only printable ASCII that a URL path and query may hold, starting with one `/`; and the same once
+    percent-decoded (as often as decoding changes it), so that neither a browser that strips a tab or a newline
+    (`/`, tab, `/evil.example` becomes `//evil.example`) nor one that decodes `%2F` or `%5C` finds another host.
+    """
+    if not target or len(target) > _MAX_NEXT:
         return None
-    return target
+    decoded = target
+    for _ in range(_MAX_DECODING):
+        if not _LOCAL_TARGET.fullmatch(decoded):
+            return None
+        decoded, previous = unquote(decoded, errors="replace"), decoded
+        if decoded == previous:
+            return target
+    return None  # encoded more times than any link of ours would be
 
 
 @bp.get("/login")
@@ -154,7 +172,12 @@ def _login_page(error: str, status: int) -> Response:
     svc = services()
     nonce = secrets.token_urlsafe(32)
     g.login_token = login_form_token(svc.secret, nonce)
-    body = render_template("login.html", error=error, username=request.form.get("username", "")[:_MAX_USERNAME])
+    body = render_template(
+        "login.html",
+        error=error,
+        username=request.form.get("username", "")[:_MAX_USERNAME],
+        next_target=safe_next(request.args.get("next")),
+    )
     response = make_response(body, status)
     response.set_cookie(
         LOGIN_COOKIE,
