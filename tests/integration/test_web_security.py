@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 
 import pytest
@@ -11,6 +12,7 @@ from ops.settings import Settings
 from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
 from web.access import Role
 from web.accounts import AccountsFile
+from web.api import OPENAPI_FILE
 from web.app import create_app
 from web.security import CONTENT_SECURITY_POLICY
 
@@ -296,6 +298,61 @@ def test_the_secret_key_file_is_created_once_and_private(seeded: Seeded, clock: 
     before = path.read_text()
     create_app(seeded.settings, clock=clock)
     assert path.read_text() == before
+
+
+# Query arguments ---------------------------------------------------------------------------------------------------
+def _numeric_query_arguments() -> dict[str, list[str]]:
+    """URL -> its whole-number query arguments: every one the OpenAPI document declares, and the pages' own."""
+    document = json.loads(OPENAPI_FILE.read_text())
+    parameters = document["components"]["parameters"]
+    found = {"/advertisers/adv-0000/corrections": ["offset", "limit"]}
+    for path, item in document["paths"].items():
+        declared = [parameters[p["$ref"].rsplit("/", 1)[1]] for p in item["get"].get("parameters", [])]
+        names = [p["name"] for p in declared if p["in"] == "query" and p["schema"]["type"] == "integer"]
+        if names:
+            found["/api/v1" + path.replace("{advertiser_id}", "adv-0000")] = names
+    return found
+
+
+NOT_WHOLE_NUMBERS_IN_RANGE = [
+    "-1",
+    "9223372036854775807",  # 2^63 - 1
+    "9223372036854775808",  # 2^63: reached Redis and answered 500
+    "18446744073709551616",  # 2^64
+    str(2**53),  # one past the largest an API reader holds exactly
+    "9" * 30,
+    "1" * 5000,  # past Python's limit of digits for int()
+    "",
+    " 5",
+    "+5",
+    "5_000",
+    "1e3",
+    "1.5",
+    "0x10",
+    "\u0663",  # an Arabic-Indic three: int() would take it
+    "abc",
+    "NaN",
+]
+
+
+def test_every_numeric_query_argument_refuses_what_is_not_a_whole_number_in_range(app: Flask) -> None:
+    client = app.test_client()
+    login(client, "alice")
+    arguments = _numeric_query_arguments()
+    assert "/api/v1/advertisers/adv-0000/corrections" in arguments, "the document declares the paging arguments"
+    failures = []
+    for url, names in arguments.items():
+        for name in names:
+            bad = [*NOT_WHOLE_NUMBERS_IN_RANGE, *(["0", "501"] if name == "limit" else [])]
+            for value in bad:
+                response = client.get(url, query_string={name: value})
+                said = response.json if url.startswith("/api/") else {"status": 400, "error": response.text}
+                if response.status_code != 400 or said is None or said["status"] != 400 or name not in said["error"]:
+                    failures.append(f"{url}?{name}={value[:30]!r}: {response.status_code} {response.text[:100]}")
+            for value in {"offset": ["0", str(2**53 - 1)], "limit": ["1", "500"]}[name]:
+                if client.get(url, query_string={name: value}).status_code != 200:
+                    failures.append(f"{url}?{name}={value}: refused, but it is within range")
+    assert not failures, "\n".join(failures)
 
 
 # The failed-login limit --------------------------------------------------------------------------------------------
