@@ -1,9 +1,11 @@
 """Logging in and out, and the two checks every request goes through: who is it, and does an unsafe request carry
 its CSRF token.
 
-Login: the form's CSRF token, then the failed-login limit (refused with 429, even with the right password), then the
-password. A successful login always opens a new session (a new random id, a new CSRF token) and closes the one the
-browser had; logout closes it on the server, so its cookie opens nothing afterwards.
+Login: the form's CSRF token, then the failed-login limits of the account name and of the client address (refused
+with 429, even with the right password; the attempt is counted in the same step), then the password. A successful
+login always opens a new session (a new random id, a new CSRF token) and closes the one the browser had; logout
+closes it on the server, so its cookie opens nothing afterwards. A session ends after a time of no activity, and a
+while after login however active (`web.sessions`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from werkzeug.wrappers import Response
 
 from web.access import Principal, Role
 from web.security import (
+    BACKGROUND_HEADER,
     LOGIN_COOKIE,
     SESSION_COOKIE,
     UNSAFE_METHODS,
@@ -46,7 +49,8 @@ def load_principal() -> None:
     if not session_id:
         return
     svc = services()
-    record = svc.sessions.get(session_id)
+    # The dashboard's own refresh is not the person doing something: it does not keep an idle session open.
+    record = svc.sessions.get(session_id, svc.clock(), activity=BACKGROUND_HEADER not in request.headers)
     if record is None:
         return
     account = svc.accounts.get(record.username)
@@ -123,20 +127,21 @@ def login() -> Response:
     username = request.form.get("username", "").strip()[:_MAX_USERNAME]
     password = request.form.get("password", "")
     now = svc.clock()
-    wait_s = svc.limiter.refusal(username, now)
-    if wait_s is not None:
-        minutes = -(-wait_s // 60)
+    address = request.remote_addr
+    attempt = svc.limiter.attempt(username, address, now)
+    if attempt.refused_by is not None:
+        whose = "for this account" if attempt.refused_by == "account" else "from your network address"
         response = _login_page(
-            f"Too many failed logins for this account in the last hour. Logins are refused for about {minutes} "
-            "minute(s); ask an administrator if you need access sooner.",
+            f"Too many failed logins {whose} in the last hour. Logins are refused for about "
+            f"{-(-attempt.wait_s // 60)} minute(s); ask an administrator if you need access sooner.",
             429,
         )
-        response.headers["Retry-After"] = str(wait_s)
+        response.headers["Retry-After"] = str(attempt.wait_s)
         return response
     account = svc.accounts.authenticate(username, password)
     if account is None:
-        svc.limiter.record_failure(username, now)
-        return _login_page("Wrong username or password.", 200)
+        return _login_page("Wrong username or password.", 200)  # the attempt stays counted as a failure
+    svc.limiter.succeeded(username, address, attempt)
 
     old = request.cookies.get(SESSION_COOKIE)
     if old:

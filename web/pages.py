@@ -108,13 +108,14 @@ def export_file(period: str, name: str) -> Response:
     if path is None:
         abort(404)
     mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}
-    return send_file(
+    response = send_file(
         path,
         mimetype=mimetypes[name.rsplit(".", 1)[1]],
         as_attachment=True,
         download_name=f"adbill-{period}-{name}",
-        max_age=0,
     )
+    response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
+    return response
 
 
 @bp.get("/health")

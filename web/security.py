@@ -24,6 +24,8 @@ SESSION_COOKIE = "adbill_session"
 LOGIN_COOKIE = "adbill_login"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
+BACKGROUND_HEADER = "X-Adbill-Background"
+"""Sent by the dashboard's automatic refresh: such a request does not count as activity for the idle timeout."""
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 CONTENT_SECURITY_POLICY = "; ".join(

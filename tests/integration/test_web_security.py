@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from flask import Flask
 
 from ops.settings import Settings
 from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
-from web.access import Role
+from web.access import LoginLimit, Role
 from web.accounts import AccountsFile
 from web.api import OPENAPI_FILE
 from web.app import create_app
 from web.security import CONTENT_SECURITY_POLICY
+from web.sessions import LoginLimiter
 
 pytestmark = pytest.mark.integration
 
@@ -241,8 +245,6 @@ def test_session_cookie_is_httponly_samesite_and_secure_on_https(app: Flask) -> 
 
 
 def test_the_secure_setting_makes_cookies_secure_behind_a_proxy(seeded: Seeded, clock: Clock) -> None:
-    from dataclasses import replace
-
     app = create_app(replace(seeded.settings, web_secure_cookies=1), clock=clock)
     client = app.test_client()
     page = client.get("/login")
@@ -251,6 +253,53 @@ def test_the_secure_setting_makes_cookies_secure_behind_a_proxy(seeded: Seeded, 
         "/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)}
     )
     assert "Secure" in _set_cookie_header(response, "adbill_session")
+
+
+def test_behind_a_trusted_tls_proxy_cookies_are_secure_and_hsts_is_sent(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_trusted_proxies=1, web_address_login_limit=1), clock=clock)
+    client = app.test_client()
+    # What the proxy adds: the client's address and the scheme it was reached by. An address the client put in the
+    # header itself comes before the proxy's entry and is not believed.
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "192.0.2.66, 198.51.100.9"}
+    page = client.get("/login", headers=forwarded)
+    assert "Secure" in _set_cookie_header(page, "adbill_login")
+    assert page.headers["Strict-Transport-Security"].startswith("max-age=")
+    response = client.post(
+        "/login",
+        headers=forwarded,
+        data={"username": "alice", "password": "a wrong guess", "csrf_token": form_token(page.text)},
+    )
+    assert response.status_code == 200
+    assert _limiter(seeded).address_failures("198.51.100.9", clock()) == 1
+    assert _limiter(seeded).address_failures("192.0.2.66", clock()) == 0
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 0, "the proxy's own address is not counted"
+    response = login(client, "alice")  # from the proxy's address itself: another client
+    assert response.status_code == 302 and "Secure" not in _set_cookie_header(response, "adbill_session")
+
+
+def test_without_trusted_proxies_forwarded_headers_change_nothing(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    client = app.test_client()
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.9"}
+    page = client.get("/login", headers=forwarded)
+    assert "Secure" not in _set_cookie_header(page, "adbill_login")
+    assert "Strict-Transport-Security" not in page.headers
+    client.post(
+        "/login",
+        headers=forwarded,
+        data={"username": "alice", "password": "a wrong guess", "csrf_token": form_token(page.text)},
+    )
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 1
+    assert _limiter(seeded).address_failures("198.51.100.9", clock()) == 0
+
+
+def test_export_downloads_are_not_stored(app: Flask, seeded: Seeded) -> None:
+    client = app.test_client()
+    login(client, "fiona")
+    (export,) = client.get("/api/v1/exports").json["exports"][:1]
+    for file in export["files"]:
+        response = client.get(file["url"])
+        assert response.status_code == 200 and response.headers["Cache-Control"] == "no-store", file["url"]
+        assert response.headers["Content-Disposition"].startswith("attachment;")
 
 
 @pytest.mark.parametrize(
@@ -381,26 +430,137 @@ def test_the_101st_login_in_an_hour_is_refused_even_with_the_right_password(app:
 
 
 def test_failures_for_unknown_names_are_counted_too(app: Flask, seeded: Seeded, clock: Clock) -> None:
-    from web.access import LoginLimit
-    from web.sessions import LoginLimiter
-
     client = app.test_client()
     for _ in range(3):
         login(client, "nobody-here", password="guess guess guess")
-    limiter = LoginLimiter(seeded.client, seeded.settings.redis_prefix, LoginLimit())
+    limiter = _limiter(seeded)
     assert limiter.failures("nobody-here", clock()) == 3
     assert limiter.failures("NOBODY-HERE", clock()) == 3, "names are counted case-insensitively"
     assert limiter.failures("alice", clock()) == 0
 
 
 def test_the_limit_is_a_setting(seeded: Seeded, clock: Clock) -> None:
-    from dataclasses import replace
-
     app = create_app(replace(seeded.settings, web_login_limit=2), clock=clock)
     client = app.test_client()
     login(client, "ada", password="wrong one here")
     login(client, "ada", password="wrong two here")
     assert login(client, "ada").status_code == 429
+
+
+def _limiter(seeded: Seeded, per_account: int = 100, per_address: int = 300) -> LoginLimiter:
+    return LoginLimiter(
+        seeded.client, seeded.settings.redis_prefix, LoginLimit(max_failures=per_account), LoginLimit(per_address)
+    )
+
+
+def test_failures_are_counted_per_client_address_across_account_names(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_address_login_limit=3), clock=clock)
+    attacker, neighbour, elsewhere = app.test_client(), app.test_client(), app.test_client()
+    attacker.environ_base["REMOTE_ADDR"] = neighbour.environ_base["REMOTE_ADDR"] = "203.0.113.7"
+    elsewhere.environ_base["REMOTE_ADDR"] = "198.51.100.20"
+    for name in ("alice", "bob", "fiona"):  # one guess each: no account's own limit comes near
+        assert "Wrong username or password" in login(attacker, name, password="a wrong guess").text
+    refused = login(neighbour, "ada")
+    assert refused.status_code == 429 and "from your network address" in refused.text
+    assert int(refused.headers["Retry-After"]) == 3600
+    assert login(elsewhere, "ada").status_code == 302, "another address is not affected"
+    assert _limiter(seeded).address_failures("203.0.113.7", clock()) == 3
+    assert _limiter(seeded).failures("ada", clock()) == 0, "refused attempts are not counted against the account"
+
+
+def test_an_ipv6_client_is_counted_by_its_64_bit_prefix(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_address_login_limit=2), clock=clock)
+    first, second, other_net = app.test_client(), app.test_client(), app.test_client()
+    first.environ_base["REMOTE_ADDR"] = "2001:db8:1:2::1"
+    second.environ_base["REMOTE_ADDR"] = "2001:db8:1:2:ffff::9"  # the same /64
+    other_net.environ_base["REMOTE_ADDR"] = "2001:db8:1:3::1"
+    login(first, "alice", password="a wrong guess")
+    login(second, "bob", password="a wrong guess")
+    assert login(second, "fiona").status_code == 429
+    assert login(other_net, "fiona").status_code == 302
+
+
+def test_a_successful_login_is_not_counted_as_a_failure(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    for _ in range(3):
+        assert login(app.test_client(), "alice").status_code == 302
+    assert _limiter(seeded).failures("alice", clock()) == 0
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 0
+
+
+def test_the_check_and_the_count_are_one_step(seeded: Seeded, clock: Clock) -> None:
+    """Attempts under way count: the limit admits exactly `max` of them, whether or not any has finished."""
+    limiter = _limiter(seeded, per_account=3)
+    admitted = [limiter.attempt("alice", "192.0.2.1", clock()) for _ in range(5)]
+    assert [a.refused_by for a in admitted] == [None, None, None, "account", "account"]
+    limiter.succeeded("alice", "192.0.2.1", admitted[0])  # one turned out to be the right password
+    assert limiter.attempt("alice", "192.0.2.1", clock()).refused_by is None
+    assert limiter.attempt("alice", "192.0.2.1", clock()).refused_by == "account"
+
+
+def test_parallel_wrong_passwords_cannot_overshoot_the_limit(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_login_limit=3), clock=clock)
+    clients = [app.test_client() for _ in range(8)]
+    tokens = [form_token(c.get("/login").text) for c in clients]
+    start = threading.Barrier(len(clients))
+
+    def guess(i: int) -> int:
+        start.wait()
+        data = {"username": "alice", "password": f"wrong guess {i}", "csrf_token": tokens[i]}
+        return clients[i].post("/login", data=data).status_code
+
+    with ThreadPoolExecutor(len(clients)) as pool:
+        statuses = list(pool.map(guess, range(len(clients))))
+    assert sorted(statuses) == [200, 200, 200, 429, 429, 429, 429, 429]
+    assert _limiter(seeded).failures("alice", clock()) == 3
+
+
+# Idle and absolute session limits --------------------------------------------------------------------------------
+def test_a_session_ends_when_idle_and_activity_keeps_it_open(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    idle_ms = seeded.settings.web_idle_minutes * 60_000
+    client = app.test_client()
+    login(client, "alice")
+    for _ in range(3):  # each request within the idle time starts it again
+        clock.now_ms += idle_ms - 1000
+        assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms += idle_ms
+    assert client.get("/api/v1/me").status_code == 401
+    assert not list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*")), "the record is gone"
+    clock.now_ms += 1000
+    assert client.get("/api/v1/me").status_code == 401, "it does not come back"
+
+
+def test_the_dashboards_refresh_does_not_keep_an_idle_session_open(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    idle_ms = seeded.settings.web_idle_minutes * 60_000
+    client = app.test_client()
+    login(client, "alice")
+    refresh = {"X-Adbill-Background": "refresh"}
+    clock.now_ms += idle_ms - 1000
+    assert client.get("/api/v1/advertisers/adv-0000/dashboard", headers=refresh).status_code == 200
+    clock.now_ms += 1000
+    assert client.get("/api/v1/advertisers/adv-0000/dashboard", headers=refresh).status_code == 401
+
+
+def test_a_session_ends_after_its_hours_however_active(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    hours_ms = seeded.settings.web_session_hours * 3_600_000
+    step_ms = seeded.settings.web_idle_minutes * 60_000 // 2
+    client = app.test_client()
+    login(client, "alice")
+    logged_in_at = clock.now_ms
+    while clock.now_ms + step_ms < logged_in_at + hours_ms:
+        clock.now_ms += step_ms
+        assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms = logged_in_at + hours_ms
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_the_idle_time_is_a_setting(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_idle_minutes=5), clock=clock)
+    client = app.test_client()
+    login(client, "alice")
+    clock.now_ms += 5 * 60_000 - 1
+    assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms += 5 * 60_000
+    assert client.get("/api/v1/me").status_code == 401
 
 
 def test_a_new_account_added_while_serving_can_log_in(app: Flask, seeded: Seeded) -> None:
