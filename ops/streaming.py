@@ -64,7 +64,8 @@ def run_stream(settings: Settings) -> int:
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
+        # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
+        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(
         HealthListener(
             settings.redis_url,
