@@ -23,6 +23,7 @@ from web.security import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
     UNSAFE_METHODS,
+    cookie_names,
     login_form_token,
     submitted_token,
     tokens_match,
@@ -45,7 +46,7 @@ def load_principal() -> None:
     g.session = None
     if request.endpoint == "static":
         return
-    session_id = request.cookies.get(SESSION_COOKIE)
+    session_id = request.cookies.get(_cookie_names()[0])
     if not session_id:
         return
     svc = services()
@@ -67,7 +68,7 @@ def check_csrf() -> None:
         return
     given = submitted_token(request)
     if request.endpoint == "auth.login":
-        nonce = request.cookies.get(LOGIN_COOKIE, "")
+        nonce = request.cookies.get(_cookie_names()[1], "")
         expected = login_form_token(services().secret, nonce) if nonce else None
     else:
         session = current_session()
@@ -143,22 +144,23 @@ def login() -> Response:
         return _login_page("Wrong username or password.", 200)  # the attempt stays counted as a failure
     svc.limiter.succeeded(username, address, attempt)
 
-    old = request.cookies.get(SESSION_COOKIE)
+    session_cookie, login_cookie = _cookie_names()
+    old = request.cookies.get(session_cookie)
     if old:
         svc.sessions.close(old)
     session_id, _ = svc.sessions.open(account.username, account.generation, now)
     target = safe_next(request.args.get("next")) or home_for(account.principal)
     response = redirect(target)
     response.set_cookie(
-        SESSION_COOKIE,
+        session_cookie,
         session_id,
         max_age=svc.session_ttl_s,
         httponly=True,
         samesite="Lax",
-        secure=wants_secure_cookies(request, svc.secure_cookies),
+        secure=session_cookie != SESSION_COOKIE,
         path="/",
     )
-    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    response.delete_cookie(login_cookie, path="/login", secure=login_cookie != LOGIN_COOKIE)
     return response
 
 
@@ -168,7 +170,10 @@ def logout() -> Response:
     if session:
         services().sessions.close(session[0])
     response = redirect(url_for("auth.login_form"))
-    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Lax")
+    session_cookie = _cookie_names()[0]
+    response.delete_cookie(
+        session_cookie, path="/", secure=session_cookie != SESSION_COOKIE, httponly=True, samesite="Lax"
+    )
     return response
 
 
@@ -184,13 +189,19 @@ def _login_page(error: str, status: int) -> Response:
         next_target=safe_next(request.args.get("next")),
     )
     response = make_response(body, status)
+    login_cookie = _cookie_names()[1]
     response.set_cookie(
-        LOGIN_COOKIE,
+        login_cookie,
         nonce,
         max_age=3600,
         httponly=True,
         samesite="Strict",
-        secure=wants_secure_cookies(request, svc.secure_cookies),
+        secure=login_cookie != LOGIN_COOKIE,
         path="/login",
     )
     return response
+
+
+def _cookie_names() -> tuple[str, str]:
+    """This request's (session, login-form) cookie names: prefixed when cookies are Secure."""
+    return cookie_names(wants_secure_cookies(request, services().secure_cookies))

@@ -94,6 +94,15 @@ def wants_secure_cookies(request: Request, always: bool) -> bool:
     return always or request.is_secure
 
 
+def cookie_names(secure: bool) -> tuple[str, str]:
+    """(session cookie, login-form cookie). Secure ones carry the `__Host-` and `__Secure-` prefixes: a browser then
+    takes them only over HTTPS, the session's only from this very host, so neither a plain-HTTP page nor a
+    subdomain can plant one; a cookie of the plain name opens nothing on such requests."""
+    if secure:
+        return "__Host-" + SESSION_COOKIE, "__Secure-" + LOGIN_COOKIE
+    return SESSION_COOKIE, LOGIN_COOKIE
+
+
 def add_security_headers(response: Response, secure: bool) -> Response:
     """The headers every response carries; pages and API answers are not stored by caches."""
     for name, value in SECURITY_HEADERS.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 import threading
@@ -138,9 +139,10 @@ def test_after_logout_the_old_cookie_gives_no_access(app: Flask, seeded: Seeded)
 
 def test_redis_holds_no_usable_session_id(app: Flask, seeded: Seeded) -> None:
     client = app.test_client()
-    login(client, "alice")
+    response = login(client, "alice")
     cookie = session_cookie(client)
-    assert cookie
+    assert cookie and len(base64.urlsafe_b64decode(cookie + "=")) == 32, "256 random bits"
+    assert cookie not in response.headers["Location"], "a session id is never put in a URL"
     keys = list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))
     assert keys and not any(cookie in key for key in keys)
     assert 0 < seeded.client.ttl(keys[0]) <= seeded.settings.web_session_hours * 3600
@@ -239,20 +241,39 @@ def test_session_cookie_is_httponly_samesite_and_secure_on_https(app: Flask) -> 
         data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)},
         base_url="https://localhost",
     )
-    cookie = _set_cookie_header(response, "adbill_session")
-    assert "Secure" in cookie and "HttpOnly" in cookie
+    cookie = _set_cookie_header(response, "__Host-adbill_session")
+    assert "Secure" in cookie and "HttpOnly" in cookie and "Path=/;" in cookie + ";" and "Domain" not in cookie
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
     assert response.headers["Strict-Transport-Security"].startswith("max-age=")
+    assert secure.get("/api/v1/me", base_url="https://localhost").status_code == 200
+
+
+def test_on_https_a_session_cookie_without_the_host_prefix_opens_nothing(app: Flask) -> None:
+    """A plain-HTTP page or a subdomain can set `adbill_session`, but not `__Host-adbill_session`."""
+    client = app.test_client()
+    page = client.get("/login", base_url="https://localhost")
+    client.post(
+        "/login",
+        data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)},
+        base_url="https://localhost",
+    )
+    cookie = client.get_cookie("__Host-adbill_session", domain="localhost")
+    assert cookie is not None
+    planted = app.test_client()
+    planted.set_cookie("adbill_session", cookie.value, domain="localhost")
+    assert planted.get("/api/v1/me", base_url="https://localhost").status_code == 401
+    assert planted.get("/api/v1/me").status_code == 200, "over plain HTTP the plain name is the session's"
 
 
 def test_the_secure_setting_makes_cookies_secure_behind_a_proxy(seeded: Seeded, clock: Clock) -> None:
     app = create_app(replace(seeded.settings, web_secure_cookies=1), clock=clock)
     client = app.test_client()
     page = client.get("/login")
-    assert "Secure" in _set_cookie_header(page, "adbill_login")
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
     response = client.post(
         "/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)}
     )
-    assert "Secure" in _set_cookie_header(response, "adbill_session")
+    assert "Secure" in _set_cookie_header(response, "__Host-adbill_session")
 
 
 def test_behind_a_trusted_tls_proxy_cookies_are_secure_and_hsts_is_sent(seeded: Seeded, clock: Clock) -> None:
@@ -262,7 +283,7 @@ def test_behind_a_trusted_tls_proxy_cookies_are_secure_and_hsts_is_sent(seeded: 
     # header itself comes before the proxy's entry and is not believed.
     forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "192.0.2.66, 198.51.100.9"}
     page = client.get("/login", headers=forwarded)
-    assert "Secure" in _set_cookie_header(page, "adbill_login")
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
     assert page.headers["Strict-Transport-Security"].startswith("max-age=")
     response = client.post(
         "/login",

@@ -152,3 +152,16 @@ def test_a_password_is_never_taken_from_the_command_line() -> None:
 
 def test_adbill_web_parses() -> None:
     assert _parser().parse_args(["web"]).command == "web"
+
+
+def test_long_and_unicode_passwords_work_whole(tmp_path: Path) -> None:
+    """ASVS 2.1.2-2.1.4: up to 1024 characters, any Unicode, blanks inside, never truncated."""
+    store = AccountsFile(tmp_path / "users.json")
+    long_one = "long passphrase " * 64  # 1024 characters
+    unicode_one = "Zürich 東京 🚲 naïve façade"
+    store.add("ada", Role.ADMIN, long_one.strip() + "x")
+    store.add("bob", Role.FINANCE, unicode_one)
+    assert store.authenticate("ada", long_one.strip() + "x") is not None
+    assert store.authenticate("ada", long_one.strip() + "y") is None, "the last of 1024 characters counts"
+    assert store.authenticate("bob", unicode_one) is not None
+    assert store.authenticate("bob", unicode_one.replace("🚲", "🛴")) is None
