@@ -345,6 +345,7 @@ def test_security_headers_on_every_kind_of_response(app: Flask, url: str, status
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert response.headers["X-Frame-Options"] == "DENY"
     assert response.headers["Referrer-Policy"] == "same-origin"
+    assert not [name for name, _ in response.headers.items() if name.lower().startswith("access-control-")]
     if not url.startswith("/static/"):
         assert response.headers["Cache-Control"] == "no-store"
 
@@ -357,6 +358,15 @@ def test_pages_have_no_inline_script_or_style(app: Flask) -> None:
         assert "<script>" not in html and "<script " not in html.replace('<script src="/static/adbill.js" defer>', "")
         assert " style=" not in html and "<style" not in html and "javascript:" not in html
         assert " on" + "click=" not in html and " on" + "load=" not in html
+
+
+def test_what_a_person_typed_comes_back_escaped(app: Flask) -> None:
+    client = app.test_client()
+    typed = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+    page = login(client, typed, password="a wrong guess")
+    assert "Wrong username or password" in page.text
+    assert "<script>alert" not in page.text and "<img src=x" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
 
 
 def test_the_secret_key_file_is_created_once_and_private(seeded: Seeded, clock: Clock) -> None:
