@@ -67,7 +67,8 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
-        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
+        # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
+        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(
         HealthListener(
             settings.redis_url,

@@ -20,7 +20,7 @@ from ops.stack import ensure_schemas
 from ops.streaming import stream_config
 from producers.simulator import SimulationConfig
 from tests import oracle
-from tests.integration.test_closing import H, T0, pairs, publish
+from tests.integration.test_closing import T0, H, pairs, publish
 from tests.integration.test_reconcile import read_back
 
 pytestmark = pytest.mark.integration
