@@ -227,6 +227,7 @@ class BatchSink:
             bill_totals(out.bills),
             late=late_counts(out.events, self.advertiser_of),
             quarantined=quarantine_counts(out.bad, self.advertiser_of),
+            require_history=True,
         )
         clock.lap("redis")
         log.info(

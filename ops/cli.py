@@ -159,8 +159,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to copy PERIOD/ folders into")
     p.set_defaults(run=cmd_export)
 
-    p = sub.add_parser("rebuild-totals", help="rebuild the Redis totals from the Parquet ledger (stop the job first)")
-    p.set_defaults(run=cmd_rebuild_totals)
+    p = sub.add_parser(
+        "restore-redis",
+        aliases=["rebuild-totals"],
+        help="put back every billing figure in Redis from the data folder after Redis lost its data "
+        "(stop the job first)",
+    )
+    p.set_defaults(run=cmd_restore_redis)
 
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
@@ -387,12 +392,10 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     return export_periods(settings, args.period, args.to, args.out)
 
 
-def cmd_rebuild_totals(settings: Settings, args: argparse.Namespace) -> int:
-    from ops.streaming import rebuild_totals
+def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.streaming import restore_redis
 
-    pairs, clicks, micros, last_batch = rebuild_totals(settings)
-    print(f"rebuilt totals of {pairs} (period, ad) pairs: {clicks} clicks, {micros} micros, up to batch {last_batch}")
-    return 0
+    return restore_redis(settings)
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
