@@ -63,6 +63,23 @@ WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
 	$(BIN)/python -m web.bench --clients $(CLIENTS) --duration $(WEB_DURATION)
 
+AUDIT_VENV := .venv-audit
+AUDIT_TOOLS := pip-audit==2.10.1 bandit==1.9.4
+$(AUDIT_VENV)/.installed: Makefile
+	@test -x $(AUDIT_VENV)/bin/python || $(PYTHON) -m venv $(AUDIT_VENV)
+	$(AUDIT_VENV)/bin/python -m pip install --quiet $(AUDIT_TOOLS)
+	@touch $@
+
+audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every pinned package of .venv (tools in their own venv); README "Security"
+	@mkdir -p var/audit
+	$(BIN)/python -m pip freeze --exclude-editable > var/audit/requirements.txt
+	@status=0; \
+	$(AUDIT_VENV)/bin/bandit -c pyproject.toml -r attribution billing producers web ops -q \
+		&& echo "bandit: no issues" || status=1; \
+	$(AUDIT_VENV)/bin/pip-audit --strict --no-deps --disable-pip --progress-spinner off \
+		-r var/audit/requirements.txt || status=1; \
+	exit $$status
+
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -75,4 +92,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web lint format clean
+.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit lint format clean

@@ -25,6 +25,7 @@ from attribution.reconcile import (
     data_versions,
     final_bills,
 )
+from attribution.restore import LAST_AUDIT_FILE, save_record
 from billing.catalog import Catalog
 from billing.closing import load_states
 from billing.corrections import check_reconciled
@@ -88,15 +89,15 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
 
 def record(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | None = None) -> None:
     """Keep the audit's outcome in Redis, for the finance page."""
-    RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(
-        {
-            "ran_at_ms": ran_at_ms if ran_at_ms is not None else int(time.time() * 1000),
-            "periods": len(audits),
-            "differences": [a.period for a in audits if not a.balanced],
-            "rule_micros": sum(a.rule_micros for a in audits),
-            "books_micros": sum(a.books_micros for a in audits),
-        }
-    )
+    outcome: dict[str, object] = {
+        "ran_at_ms": ran_at_ms if ran_at_ms is not None else int(time.time() * 1000),
+        "periods": len(audits),
+        "differences": [a.period for a in audits if not a.balanced],
+        "rule_micros": sum(a.rule_micros for a in audits),
+        "books_micros": sum(a.books_micros for a in audits),
+    }
+    save_record(config.data_dir, LAST_AUDIT_FILE, outcome)
+    RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(outcome)
 
 
 def _micros(table: pa.Table) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,10 @@ from attribution.batch_output import (
 )
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
+from attribution.epoch import Epoch, prepare_epoch
 from attribution.join import attribute, catalog_frame
 from attribution.progress import Heartbeat
+from attribution.stream_position import end_offsets
 from billing.catalog import Catalog
 from billing.parquet_ledger import LEDGER_COLUMNS
 from billing.periods import Periods
@@ -76,6 +78,8 @@ class StreamConfig:
     period_ms: int = 3_600_000
     max_offsets_per_trigger: int = 200_000
     starting_offsets: str = "earliest"
+    epoch: Epoch = Epoch()
+    """Where this checkpoint's batch ids start and, for a new epoch, the offsets it reads from (`attribution.epoch`)."""
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call of the sink, tried again a few times before the batch fails
     (`billing.redis_totals.connect`)."""
@@ -106,7 +110,7 @@ def kafka_stream(spark: SparkSession, config: StreamConfig, topics: list[str]) -
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", config.kafka_bootstrap)
         .option("subscribe", ",".join(topics))
-        .option("startingOffsets", config.starting_offsets)
+        .option("startingOffsets", _starting_offsets(config, topics))
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         .option("failOnDataLoss", "true")
         # A consumer that read to the end of a partition leaves a fetch waiting at the broker; the next batch's
@@ -114,6 +118,13 @@ def kafka_stream(spark: SparkSession, config: StreamConfig, topics: list[str]) -
         .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         .load()
     )
+
+
+def _starting_offsets(config: StreamConfig, topics: list[str]) -> str:
+    """Where a new checkpoint starts reading: the epoch's offsets of the topic, else `config.starting_offsets`."""
+    if len(topics) == 1:
+        return config.epoch.spark_starting_offsets(topics[0]) or config.starting_offsets
+    return config.starting_offsets
 
 
 def period_columns(time_ms: Column, period_ms: int) -> list[Column]:
@@ -198,9 +209,11 @@ class BatchSink:
     def dead_letters(self) -> DeadLetters:
         return DeadLetters(self.config.kafka_bootstrap, self.config.topic_quarantine)
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
-        watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), batch_id)
+        watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), spark_batch_id)
+        # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
+        batch_id = self.config.epoch.batch_id_base + spark_batch_id
         collected = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull())).toArrow()
         clock.lap("query")
         out = split_batch(
@@ -224,6 +237,7 @@ class BatchSink:
             bill_totals(out.bills),
             late=late_counts(out.events, self.advertiser_of),
             quarantined=quarantine_counts(out.bad, self.advertiser_of),
+            require_history=True,
         )
         clock.lap("redis")
         log.info(
@@ -273,8 +287,22 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
     return int(metadata.get("batchWatermarkMs", 0))
 
 
-def start(spark: SparkSession, config: StreamConfig, catalog: Catalog) -> list[StreamingQuery]:
-    """Start the job's query, with its heartbeat; it runs until stopped."""
+def start(
+    spark: SparkSession, config: StreamConfig, catalog: Catalog, new_checkpoint: bool = False
+) -> list[StreamingQuery]:
+    """Start the job's query, with its heartbeat; it runs until stopped. A new checkpoint over the output of an
+    earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+    topics = [config.topic_impressions, config.topic_clicks]
+    epoch = prepare_epoch(
+        config.checkpoint(BILLING_QUERY),
+        config.data_dir,
+        lambda: {t: sorted(parts) for t, parts in end_offsets(config.kafka_bootstrap, topics).items()},
+        RedisTotals.from_url(config.redis_url, config.redis_prefix).last_applied(BILLING_QUERY),
+        new_checkpoint,
+    )
+    if epoch.batch_id_base:
+        log.info("checkpoint epoch: batches from %d, starting offsets %s", epoch.batch_id_base, epoch.starting_offsets)
+    config = replace(config, epoch=epoch)
     catalog_df = catalog_frame(spark, catalog).cache()
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)

@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.job import BILLING_QUERY, period_columns
 from attribution.join import attribute, catalog_frame, conflicts, dedupe
+from attribution.restore import LAST_RUN_FILE, save_record
 from attribution.stream_position import stream_position
 from billing.catalog import Catalog
 from billing.closing import PeriodState, StreamPosition, load_states, open_period, plan_run, save_states
@@ -304,10 +305,13 @@ def reconcile(
     progress: Callable[[str], None] = lambda message: None,
     position: StreamPosition | None = None,
     force: bool = False,
+    locked: bool = False,
 ) -> RunReport:
-    """One reconciliation run (see the module's docstring), under the run lock. `position` is where the stream
-    stands (asked of the checkpoint, Kafka and Redis when not given); `force` closes periods the stream has not
-    passed (a back-fill that knows better)."""
+    """One reconciliation run (see the module's docstring), under the run lock (`locked`: the caller holds it).
+    `position` is where the stream stands (asked of the checkpoint, Kafka and Redis when not given); `force`
+    closes periods the stream has not passed (a back-fill that knows better)."""
+    if locked:
+        return _reconcile(spark, config, catalog, until_ms, clock, progress, position, force)
     with run_lock(config):
         return _reconcile(spark, config, catalog, until_ms, clock, progress, position, force)
 
@@ -352,7 +356,7 @@ def _reconcile(
     if not due:
         _send_conflicts(config, report, progress)  # what an earlier run could not send
         report.finished_at_ms = clock()
-        totals.record_reconciliation(report.record())
+        _record_run(config, totals, report)
         return report
     progress(f"reconciling {len(due)} period(s): {due[0]} .. {due[-1]}")
     final_df, quarantined_df, late_df = final_bills(spark, config, due, catalog_frame(spark, catalog))
@@ -431,8 +435,14 @@ def _reconcile(
         states[period] = replace(state, version=versions[period])
         save_states(config.state_file, states)
     report.finished_at_ms = clock()
-    totals.record_reconciliation(report.record())
+    _record_run(config, totals, report)
     return report
+
+
+def _record_run(config: ReconcileConfig, totals: RedisTotals, report: RunReport) -> None:
+    """The run's record, for the health page, in Redis and beside the state file (for `adbill restore-redis`)."""
+    save_record(config.data_dir, LAST_RUN_FILE, report.record())
+    totals.record_reconciliation(report.record())
 
 
 def _closed_by_exports(config: ReconcileConfig, states: dict[str, PeriodState]) -> dict[str, PeriodState]:

@@ -34,13 +34,25 @@ class Ad:
 
 
 class Catalog:
-    """Ads by id. Immutable once built; load it from and save it to a JSON file."""
+    """Ads by id. Immutable once built; load it from and save it to a JSON file.
+
+    An ad id names one ad, and a campaign id one advertiser's campaign: the live totals are kept per campaign id
+    (`billing.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
+    catalog where they do is refused.
+    """
 
     def __init__(self, ads: Iterable[Ad]) -> None:
         self._ads: dict[str, Ad] = {}
+        owners: dict[str, str] = {}
         for ad in ads:
             if ad.ad_id in self._ads:
                 raise ValueError(f"ad {ad.ad_id} appears twice in the catalog")
+            owner = owners.setdefault(ad.campaign_id, ad.advertiser_id)
+            if owner != ad.advertiser_id:
+                raise ValueError(
+                    f"campaign {ad.campaign_id} belongs to advertiser {owner} and to {ad.advertiser_id} (ad "
+                    f"{ad.ad_id}); a campaign id must name one advertiser's campaign, so rename one of them"
+                )
             self._ads[ad.ad_id] = ad
 
     def __len__(self) -> int:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from billing.durable import make_folder, replace_files
-from billing.periods import Periods
+from billing.periods import Periods, format_elapsed
 
 Offsets = dict[str, dict[int, int]]
 """Kafka offsets: topic -> partition -> the next offset to read (or the end offset)."""
@@ -130,7 +130,7 @@ def hold_reason(position: StreamPosition, target: Offsets) -> str | None:
     if position.silent_for_ms is None:
         return "held: the streaming job has never reported"
     if not position.alive:
-        return f"held: the streaming job has been down for {_duration(position.silent_for_ms)}"
+        return f"held: the streaming job has been down for {format_elapsed(position.silent_for_ms)}"
     if position.committed is None:
         return "held: the streaming job has not committed a batch yet"
     behind = position.behind(target)
@@ -167,15 +167,6 @@ def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
 
 def _copy(offsets: Offsets) -> Offsets:
     return {topic: dict(parts) for topic, parts in offsets.items()}
-
-
-def _duration(ms: int) -> str:
-    minutes = ms // 60_000
-    if minutes < 1:
-        return f"{ms // 1000} s"
-    if minutes < 120:
-        return f"{minutes} min"
-    return f"{minutes / 60:.1f} h"
 
 
 def _count(n: int) -> str:

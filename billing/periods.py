@@ -29,6 +29,16 @@ def format_utc(ts_ms: int) -> str:
     return _datetime_of(ts_ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def format_elapsed(ms: int) -> str:
+    """A span of time for people: `42 s`, `7 min`, `3 h` (rounded down)."""
+    seconds = max(0, ms) // 1000
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
 @dataclass(frozen=True)
 class Periods:
     """Billing periods of `length_ms`, aligned on the UTC epoch, so on midnight UTC every day."""

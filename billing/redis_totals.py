@@ -114,7 +114,12 @@ _APPLY_BATCH = (
     + """
 local marker = KEYS[1]
 local batch_id = tonumber(ARGV[1])
-local last = tonumber(redis.call('GET', marker) or '-1')
+local recorded = redis.call('GET', marker)
+if not recorded and batch_id > 0 and ARGV[3] == '1' then
+  return redis.error_reply('adbill: Redis has no record of the batches applied before batch ' .. ARGV[1] ..
+    ': it lost its data; stop the job and run adbill restore-redis')
+end
+local last = tonumber(recorded or '-1')
 if batch_id <= last then return 0 end
 run(cjson.decode(ARGV[2]), KEYS[2])
 redis.call('SET', marker, batch_id)
@@ -216,10 +221,13 @@ class RedisTotals:
         rows: Iterable[TotalsRow],
         late: Iterable[LateCount] = (),
         quarantined: Iterable[QuarantineCount] = (),
+        require_history: bool = False,
     ) -> bool:
         """Add a micro-batch's totals, late and quarantine counts once; False when that batch (or a later one)
-        was already applied. Bills of a closed period change nothing: finance has its export (reconciliation
-        books what the stream billed after the close as adjustments in an open period)."""
+        was already applied. With `require_history` (the streaming job), a batch after the first is refused
+        (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its data.
+        Bills of a closed period change nothing: finance has its export (reconciliation books what the stream
+        billed after the close as adjustments in an open period)."""
         ops: list[list[Any]] = []
         for row in rows:
             adv = self.key("totals", row.period, "adv", row.advertiser_id)
@@ -250,7 +258,7 @@ class RedisTotals:
             if q.advertiser_id is not None:
                 ops.append(["hincrby", self.key("quarantined", "adv", q.advertiser_id), q.reason, str(q.records)])
         keys = [self.key("applied", sink), self.key("periods", "closed")]
-        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops)]))
+        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), "1" if require_history else "0"]))
 
     def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
         """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in
@@ -386,21 +394,32 @@ class RedisTotals:
                     out[(period, ad)] = self.ad(period, ad)
         return out
 
-    def rebuild(self, sink: str, last_batch_id: int, rows: Iterable[TotalsRow]) -> None:
-        """Replace the billed totals with `rows` (aggregated from the ledger), as applied up to `last_batch_id`.
+    BILLING_KEYS = (
+        "totals:*",
+        "period:*",
+        "periods",
+        "periods:closed",
+        "applied:*",
+        "late:*",
+        "late-periods",
+        "corrections:*",
+        "correction-list:*",
+        "quarantine:*",
+        "quarantined:*",
+        "conflicts:applied",
+        "reconcile:last",
+        "audit:last",
+    )
+    """Every key of the billing figures (not the job's health records, not the web UI's sessions)."""
 
-        Quarantine counts and health records are left as they are. Stop the job first: a batch it applies while
-        this runs would be lost from, or counted twice in, the rebuilt totals.
-        """
+    def wipe_billing(self) -> int:
+        """Delete every billing figure under the prefix (`BILLING_KEYS`); returns how many keys."""
         doomed = [
-            key
-            for pattern in ("totals:*", "period:*", "periods")
-            for key in self.client.scan_iter(match=self.key(pattern), count=1000)
+            key for pattern in self.BILLING_KEYS for key in self.client.scan_iter(match=self.key(pattern), count=1000)
         ]
         for start in range(0, len(doomed), 1000):
             self.client.delete(*doomed[start : start + 1000])
-        self.client.delete(self.key("applied", sink))
-        self.apply_batch(sink, last_batch_id, rows)
+        return len(doomed)
 
     def _totals(self, key: str) -> Totals:
         values = self.client.hmget(key, "clicks", "micros")

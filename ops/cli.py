@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_produce)
 
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
+    p.add_argument(
+        "--new-checkpoint",
+        action="store_true",
+        help="start a new checkpoint over the output of an earlier one: its batches continue the earlier ones and "
+        "it reads from where they stopped (the earlier checkpoint folder must be gone)",
+    )
     p.set_defaults(run=cmd_stream)
 
     p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
@@ -153,8 +159,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to copy PERIOD/ folders into")
     p.set_defaults(run=cmd_export)
 
-    p = sub.add_parser("rebuild-totals", help="rebuild the Redis totals from the Parquet ledger (stop the job first)")
-    p.set_defaults(run=cmd_rebuild_totals)
+    p = sub.add_parser(
+        "restore-redis",
+        aliases=["rebuild-totals"],
+        help="put back every billing figure in Redis from the data folder after Redis lost its data "
+        "(stop the job first)",
+    )
+    p.set_defaults(run=cmd_restore_redis)
 
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
@@ -312,7 +323,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
     from ops.streaming import run_stream
 
-    return run_stream(settings)
+    return run_stream(settings, new_checkpoint=args.new_checkpoint)
 
 
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
@@ -381,12 +392,10 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
     return export_periods(settings, args.period, args.to, args.out)
 
 
-def cmd_rebuild_totals(settings: Settings, args: argparse.Namespace) -> int:
-    from ops.streaming import rebuild_totals
+def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.streaming import restore_redis
 
-    pairs, clicks, micros, last_batch = rebuild_totals(settings)
-    print(f"rebuilt totals of {pairs} (period, ad) pairs: {clicks} clicks, {micros} micros, up to batch {last_batch}")
-    return 0
+    return restore_redis(settings)
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

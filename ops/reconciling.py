@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,8 +53,8 @@ def run_reconcile(
 ) -> int:
     """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did. Exit codes:
     0 done (periods may be held: the output says why), 3 refused (a back-fill ahead of the stream without
-    `force`), 4 another run holds the lock."""
-    from attribution.reconcile import HeldError, ReconcileBusyError, reconcile
+    `force`), 4 another run holds the lock (a single run takes it before it starts Spark)."""
+    from attribution.reconcile import HeldError, ReconcileBusyError, reconcile, run_lock
     from billing.catalog import Catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -61,35 +62,41 @@ def run_reconcile(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     ensure_catalog(settings)
-    spark = spark_session(settings, "adbill-reconcile", settings.root / "spark-tmp-reconcile", stateful=False)
     config = reconcile_config(settings)
-    try:
-        while True:
-            try:
-                report = reconcile(
-                    spark,
-                    config,
-                    Catalog.load(settings.catalog_file),
-                    until_ms=until_ms,
-                    progress=lambda message: print(f"reconcile: {message}", flush=True),
-                    force=force,
-                )
-                print(describe_run(report), flush=True)
-            except HeldError as exc:
-                print(f"reconcile: {exc}", file=sys.stderr, flush=True)
-                if not every_s:
-                    return 3
-            except ReconcileBusyError as exc:
-                print(f"reconcile: {exc}", file=sys.stderr, flush=True)
-                if not every_s:
-                    return 4
+    with ExitStack() as held:
+        try:
             if not every_s:
-                return 0
-            time.sleep(every_s)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        spark.stop()
+                held.enter_context(run_lock(config))
+        except ReconcileBusyError as exc:
+            print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+            return 4
+        spark = spark_session(settings, "adbill-reconcile", settings.root / "spark-tmp-reconcile", stateful=False)
+        try:
+            while True:
+                try:
+                    report = reconcile(
+                        spark,
+                        config,
+                        Catalog.load(settings.catalog_file),
+                        until_ms=until_ms,
+                        progress=lambda message: print(f"reconcile: {message}", flush=True),
+                        force=force,
+                        locked=not every_s,
+                    )
+                    print(describe_run(report), flush=True)
+                except HeldError as exc:
+                    print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                    if not every_s:
+                        return 3
+                except ReconcileBusyError as exc:
+                    print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                if not every_s:
+                    return 0
+                time.sleep(every_s)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            spark.stop()
 
 
 def run_audit(settings: Settings) -> int:

@@ -79,8 +79,19 @@ class Settings:
         None, "The web UI's secret key, generated once with mode 0600 (default HOME/web-secret.key).", "WEB_SECRET_FILE"
     )
     web_secure_cookies: int = _setting(0, "1: session cookies always Secure (behind HTTPS); 0: only on HTTPS requests.")
-    web_session_hours: int = _setting(12, "Hours a web session lasts after login.")
+    web_trusted_proxies: int = _setting(
+        0,
+        "Reverse proxies in front of the web UI whose X-Forwarded-For and X-Forwarded-Proto are believed (0: none). "
+        "Behind a TLS proxy, 1: cookies are then Secure and HSTS is sent.",
+    )
+    web_session_hours: int = _setting(12, "Hours a web session lasts after login, however active.")
+    web_idle_minutes: int = _setting(
+        30, "Minutes without a request after which a web session ends (the dashboard's own refresh does not count)."
+    )
     web_login_limit: int = _setting(100, "Failed logins an account may have in an hour; further logins are refused.")
+    web_address_login_limit: int = _setting(
+        300, "Failed logins one client address (an IPv6 /64) may have in an hour; further logins are refused."
+    )
 
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
@@ -111,9 +122,12 @@ class Settings:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
-        for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms"):
+        for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms", "web_trusted_proxies"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")
+        for name in ("web_session_hours", "web_idle_minutes", "web_login_limit", "web_address_login_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
 
     # Derived locations: one place decides the layout of HOME.
     @property

@@ -43,10 +43,12 @@ def stream_config(settings: Settings) -> StreamConfig:
     )
 
 
-def run_stream(settings: Settings) -> int:
-    """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails."""
+def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
+    """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
+    refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
 
+    from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
@@ -66,7 +68,8 @@ def run_stream(settings: Settings) -> int:
     spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
-        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")
+        # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
+        start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(
         HealthListener(
             settings.redis_url,
@@ -74,7 +77,12 @@ def run_stream(settings: Settings) -> int:
             {"impressions": settings.impression_watermark_ms, "clicks": settings.click_watermark_ms},
         )
     )
-    queries = start(spark, config, Catalog.load(settings.catalog_file))
+    try:
+        queries = start(spark, config, Catalog.load(settings.catalog_file), new_checkpoint=new_checkpoint)
+    except CheckpointRefusedError as exc:
+        print(f"streaming: refused: {exc}", file=sys.stderr, flush=True)
+        spark.stop()
+        return 2
     print(
         f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
         f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
@@ -94,23 +102,26 @@ def run_stream(settings: Settings) -> int:
     return 1 if failed else 0
 
 
-def rebuild_totals(settings: Settings) -> tuple[int, int, int, int]:
-    """Replace the Redis totals with the ledger's, and those of closed periods with their exports'; returns
-    (period-ad pairs, clicks, micros, last batch id) of the ledger."""
+def restore_redis(settings: Settings) -> int:
+    """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
     from attribution.job import BILLING_QUERY
-    from billing.export import MANIFEST_FILE, export_totals, read_export
-    from billing.parquet_ledger import ledger_totals, read_ledger
+    from attribution.restore import JobRunningError, restore_redis
+    from billing.catalog import Catalog
     from billing.periods import Periods
-    from billing.redis_totals import RedisTotals, TotalsRow
+    from billing.redis_totals import RedisTotals
 
-    table = read_ledger(settings.root / "ledger")
-    rows = [TotalsRow(**row) for row in ledger_totals(table)]  # type: ignore[arg-type]
-    last_batch = max(table.column("batch_id").to_pylist(), default=-1)
     totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
-    totals.rebuild(BILLING_QUERY, last_batch, rows)
-    exports = settings.root / "exports"
-    for folder in sorted(exports.iterdir()) if exports.is_dir() else []:
-        if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
-            start = Periods(settings.period_ms).parse_key(folder.name)
-            totals.close_period(folder.name, start, export_totals(read_export(folder)))
-    return len(rows), sum(r.clicks for r in rows), sum(r.micros for r in rows), last_batch
+    print("restore-redis: checking that the streaming job is stopped (up to 12 s) ...", flush=True)
+    try:
+        done = restore_redis(
+            settings.root, totals, Catalog.load(settings.catalog_file), Periods(settings.period_ms), BILLING_QUERY
+        )
+    except JobRunningError as exc:
+        print(f"restore-redis: refused: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"restore-redis: up to batch {done.last_batch}: {done.billed_clicks:,} billed clicks "
+        f"({done.billed_micros:,} micros), {done.corrections:,} corrections, {done.closed_periods} closed "
+        f"period(s), {done.late_events:,} late events, {done.quarantined:,} quarantined records; start the job again"
+    )
+    return 0

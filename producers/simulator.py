@@ -26,7 +26,7 @@ import heapq
 import json
 import math
 import os
-import pickle
+import pickle  # only for the simulator's own spill files, written and read by this process  # nosec B403
 import random
 import shutil
 import tempfile
@@ -714,7 +714,7 @@ class _Spill:
             with open(self.folder / f"{number:05d}.pickle", "rb") as source:
                 while True:
                     try:
-                        items.extend(pickle.load(source))
+                        items.extend(pickle.load(source))  # our own spill file, in our temp folder  # nosec B301
                     except EOFError:
                         break
             yield items

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import gzip
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from web.access import Principal, Role
 
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_LENGTH = 1024
+COMMON_PASSWORDS_FILE = Path(__file__).resolve().parent / "common-passwords.txt.gz"
+"""Passwords refused whatever their length (ASVS 2.1.7); where the list comes from: `common-passwords.NOTICE`."""
 _USERNAME = re.compile(r"[a-z0-9][a-z0-9._@-]{0,63}", re.ASCII)
 _ADVERTISER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 
@@ -43,6 +46,18 @@ def _dummy_hash() -> str:
     return hash_password("not the password of anyone")
 
 
+@functools.cache
+def _common_passwords() -> frozenset[str]:
+    with gzip.open(COMMON_PASSWORDS_FILE, "rt", encoding="utf-8") as lines:
+        return frozenset(line.strip() for line in lines if line.strip())
+
+
+def is_common_password(password: str) -> bool:
+    """In the shipped list of common passwords, whatever its case and blanks (`Qwerty 123456` is `qwerty123456`)."""
+    lowered = password.lower()
+    return lowered in _common_passwords() or "".join(lowered.split()) in _common_passwords()
+
+
 def password_problem(password: str) -> str | None:
     """Why a new password is refused, or None when it is acceptable."""
     if len(password) < MIN_PASSWORD_LENGTH:
@@ -51,6 +66,11 @@ def password_problem(password: str) -> str | None:
         return f"a password has at most {MAX_PASSWORD_LENGTH} characters"
     if password.strip() != password:
         return "a password does not start or end with blanks"
+    if is_common_password(password):
+        return (
+            f"that password is in the list of {len(_common_passwords()):,} common passwords that attackers try "
+            f"first ({COMMON_PASSWORDS_FILE.name}); choose another"
+        )
     return None
 
 

@@ -14,6 +14,7 @@ import redis
 from flask import Flask, Response, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from web import api, auth, display, pages
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
@@ -49,9 +50,15 @@ class WebSettings(Protocol):
     @property
     def web_secure_cookies(self) -> int: ...
     @property
+    def web_trusted_proxies(self) -> int: ...
+    @property
     def web_session_hours(self) -> int: ...
     @property
+    def web_idle_minutes(self) -> int: ...
+    @property
     def web_login_limit(self) -> int: ...
+    @property
+    def web_address_login_limit(self) -> int: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -70,8 +77,15 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.extensions["adbill"] = Services(
         reader=BillingReader(client, settings.redis_prefix, exports_dir(settings), CatalogFile(settings.catalog_file)),
         accounts=AccountsFile(settings.users_file),
-        sessions=SessionStore(client, settings.redis_prefix, secret, settings.web_session_hours * 3600),
-        limiter=LoginLimiter(client, settings.redis_prefix, LoginLimit(max_failures=settings.web_login_limit)),
+        sessions=SessionStore(
+            client, settings.redis_prefix, secret, settings.web_session_hours * 3600, settings.web_idle_minutes * 60
+        ),
+        limiter=LoginLimiter(
+            client,
+            settings.redis_prefix,
+            per_account=LoginLimit(max_failures=settings.web_login_limit),
+            per_address=LoginLimit(max_failures=settings.web_address_login_limit),
+        ),
         secret=secret,
         secure_cookies=bool(settings.web_secure_cookies),
         session_ttl_s=settings.web_session_hours * 3600,
@@ -79,6 +93,11 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         recent=RecentResults(cache_s),
         clock=clock,
     )
+
+    if settings.web_trusted_proxies:
+        # Only as many X-Forwarded-* entries as there are proxies of ours are believed: the client's own are not.
+        n = settings.web_trusted_proxies
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
 
     app.before_request(auth.load_principal)
     app.before_request(auth.check_csrf)

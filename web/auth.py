@@ -1,23 +1,29 @@
 """Logging in and out, and the two checks every request goes through: who is it, and does an unsafe request carry
 its CSRF token.
 
-Login: the form's CSRF token, then the failed-login limit (refused with 429, even with the right password), then the
-password. A successful login always opens a new session (a new random id, a new CSRF token) and closes the one the
-browser had; logout closes it on the server, so its cookie opens nothing afterwards.
+Login: the form's CSRF token, then the failed-login limits of the account name and of the client address (refused
+with 429, even with the right password; the attempt is counted in the same step), then the password. A successful
+login always opens a new session (a new random id, a new CSRF token) and closes the one the browser had; logout
+closes it on the server, so its cookie opens nothing afterwards. A session ends after a time of no activity, and a
+while after login however active (`web.sessions`).
 """
 
 from __future__ import annotations
 
+import re
 import secrets
+from urllib.parse import unquote
 
 from flask import Blueprint, abort, g, make_response, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from web.access import Principal, Role
 from web.security import (
+    BACKGROUND_HEADER,
     LOGIN_COOKIE,
     SESSION_COOKIE,
     UNSAFE_METHODS,
+    cookie_names,
     login_form_token,
     submitted_token,
     tokens_match,
@@ -28,6 +34,10 @@ from web.services import current_session, services
 bp = Blueprint("auth", __name__)
 
 _MAX_USERNAME = 128
+_MAX_NEXT = 2048
+_MAX_DECODING = 4
+# A local path and query: one `/`, then URL characters only (no blank, control, backslash or non-ASCII character).
+_LOCAL_TARGET = re.compile(r"/(?![/\\])[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*", re.ASCII)
 
 
 def load_principal() -> None:
@@ -36,11 +46,12 @@ def load_principal() -> None:
     g.session = None
     if request.endpoint == "static":
         return
-    session_id = request.cookies.get(SESSION_COOKIE)
+    session_id = request.cookies.get(_cookie_names()[0])
     if not session_id:
         return
     svc = services()
-    record = svc.sessions.get(session_id)
+    # The dashboard's own refresh is not the person doing something: it does not keep an idle session open.
+    record = svc.sessions.get(session_id, svc.clock(), activity=BACKGROUND_HEADER not in request.headers)
     if record is None:
         return
     account = svc.accounts.get(record.username)
@@ -57,7 +68,7 @@ def check_csrf() -> None:
         return
     given = submitted_token(request)
     if request.endpoint == "auth.login":
-        nonce = request.cookies.get(LOGIN_COOKIE, "")
+        nonce = request.cookies.get(_cookie_names()[1], "")
         expected = login_form_token(services().secret, nonce) if nonce else None
     else:
         session = current_session()
@@ -87,10 +98,22 @@ def home_for(principal: Principal) -> str:
 
 
 def safe_next(target: str | None) -> str | None:
-    """A local path to go back to after login, or None: never another site."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """A path of this site to go back to after login, or None: never another site, never a header it would break.
+
+    Only printable ASCII that a URL path and query may hold, starting with one `/`; and the same once
+    percent-decoded (as often as decoding changes it), so that neither a browser that strips a tab or a newline
+    (`/`, tab, `/evil.example` becomes `//evil.example`) nor one that decodes `%2F` or `%5C` finds another host.
+    """
+    if not target or len(target) > _MAX_NEXT:
         return None
-    return target
+    decoded = target
+    for _ in range(_MAX_DECODING):
+        if not _LOCAL_TARGET.fullmatch(decoded):
+            return None
+        decoded, previous = unquote(decoded, errors="replace"), decoded
+        if decoded == previous:
+            return target
+    return None  # encoded more times than any link of ours would be
 
 
 @bp.get("/login")
@@ -105,37 +128,39 @@ def login() -> Response:
     username = request.form.get("username", "").strip()[:_MAX_USERNAME]
     password = request.form.get("password", "")
     now = svc.clock()
-    wait_s = svc.limiter.refusal(username, now)
-    if wait_s is not None:
-        minutes = -(-wait_s // 60)
+    address = request.remote_addr
+    attempt = svc.limiter.attempt(username, address, now)
+    if attempt.refused_by is not None:
+        whose = "for this account" if attempt.refused_by == "account" else "from your network address"
         response = _login_page(
-            f"Too many failed logins for this account in the last hour. Logins are refused for about {minutes} "
-            "minute(s); ask an administrator if you need access sooner.",
+            f"Too many failed logins {whose} in the last hour. Logins are refused for about "
+            f"{-(-attempt.wait_s // 60)} minute(s); ask an administrator if you need access sooner.",
             429,
         )
-        response.headers["Retry-After"] = str(wait_s)
+        response.headers["Retry-After"] = str(attempt.wait_s)
         return response
     account = svc.accounts.authenticate(username, password)
     if account is None:
-        svc.limiter.record_failure(username, now)
-        return _login_page("Wrong username or password.", 200)
+        return _login_page("Wrong username or password.", 200)  # the attempt stays counted as a failure
+    svc.limiter.succeeded(username, address, attempt)
 
-    old = request.cookies.get(SESSION_COOKIE)
+    session_cookie, login_cookie = _cookie_names()
+    old = request.cookies.get(session_cookie)
     if old:
         svc.sessions.close(old)
     session_id, _ = svc.sessions.open(account.username, account.generation, now)
     target = safe_next(request.args.get("next")) or home_for(account.principal)
     response = redirect(target)
     response.set_cookie(
-        SESSION_COOKIE,
+        session_cookie,
         session_id,
         max_age=svc.session_ttl_s,
         httponly=True,
         samesite="Lax",
-        secure=wants_secure_cookies(request, svc.secure_cookies),
+        secure=session_cookie != SESSION_COOKIE,
         path="/",
     )
-    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    response.delete_cookie(login_cookie, path="/login", secure=login_cookie != LOGIN_COOKIE)
     return response
 
 
@@ -145,7 +170,10 @@ def logout() -> Response:
     if session:
         services().sessions.close(session[0])
     response = redirect(url_for("auth.login_form"))
-    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Lax")
+    session_cookie = _cookie_names()[0]
+    response.delete_cookie(
+        session_cookie, path="/", secure=session_cookie != SESSION_COOKIE, httponly=True, samesite="Lax"
+    )
     return response
 
 
@@ -154,15 +182,26 @@ def _login_page(error: str, status: int) -> Response:
     svc = services()
     nonce = secrets.token_urlsafe(32)
     g.login_token = login_form_token(svc.secret, nonce)
-    body = render_template("login.html", error=error, username=request.form.get("username", "")[:_MAX_USERNAME])
+    body = render_template(
+        "login.html",
+        error=error,
+        username=request.form.get("username", "")[:_MAX_USERNAME],
+        next_target=safe_next(request.args.get("next")),
+    )
     response = make_response(body, status)
+    login_cookie = _cookie_names()[1]
     response.set_cookie(
-        LOGIN_COOKIE,
+        login_cookie,
         nonce,
         max_age=3600,
         httponly=True,
         samesite="Strict",
-        secure=wants_secure_cookies(request, svc.secure_cookies),
+        secure=login_cookie != LOGIN_COOKIE,
         path="/login",
     )
     return response
+
+
+def _cookie_names() -> tuple[str, str]:
+    """This request's (session, login-form) cookie names: prefixed when cookies are Secure."""
+    return cookie_names(wants_secure_cookies(request, services().secure_cookies))

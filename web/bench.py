@@ -39,7 +39,7 @@ from web.access import Role
 from web.accounts import AccountsFile
 from web.sample_data import SampleWriter, seed_sample
 
-PASSWORD = "benchmark passphrase 1"
+PASSWORD = "benchmark passphrase 1"  # accounts of a throwaway data folder, for the benchmark only  # nosec B105
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 

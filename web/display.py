@@ -7,7 +7,7 @@ in step on the cases listed there.
 from __future__ import annotations
 
 from billing.money import MICROS_PER_UNIT
-from billing.periods import format_utc
+from billing.periods import format_elapsed, format_utc
 
 
 def money(micros: int, currency: str = "") -> str:
@@ -52,12 +52,7 @@ def age(ts_ms: int | None, now_ms: int) -> str:
     """How long ago: `42 s`, `7 min`, `3 h`; an em dash when unknown."""
     if ts_ms is None:
         return "\u2014"
-    seconds = max(0, now_ms - ts_ms) // 1000
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h"
+    return format_elapsed(now_ms - ts_ms)
 
 
 def size(n_bytes: int) -> str:

@@ -6,6 +6,8 @@ person may not see and a thing that does not exist give the same 404, so other a
 
 from __future__ import annotations
 
+import re
+
 from flask import abort, request
 
 from web.access import Principal, may_see_advertiser, may_see_finance, may_see_health
@@ -13,6 +15,9 @@ from web.readers import is_id, is_period_key
 from web.services import current_principal, services
 
 MAX_PAGE = 500
+MAX_OFFSET = 2**53 - 1
+"""The largest offset: the API echoes it back, and JSON readers hold whole numbers exactly up to 2^53 - 1."""
+_DIGITS = re.compile(r"[0-9]{1,16}", re.ASCII)
 
 
 def logged_in() -> Principal:
@@ -59,12 +64,17 @@ def period_arg() -> str | None:
 
 
 def paging_args(default_limit: int = 50) -> tuple[int, int]:
-    """(offset, limit) from the query, bounded; 400 on nonsense."""
-    try:
-        offset = int(request.args.get("offset", 0))
-        limit = int(request.args.get("limit", default_limit))
-    except ValueError:
-        abort(400, description="offset and limit are whole numbers")
-    if offset < 0 or not 1 <= limit <= MAX_PAGE:
-        abort(400, description=f"offset is at least 0, limit from 1 to {MAX_PAGE}")
+    """(offset, limit) from the query; 400 unless each is plain digits within its bounds."""
+    offset = _whole_arg("offset", 0, 0, MAX_OFFSET)
+    limit = _whole_arg("limit", default_limit, 1, MAX_PAGE)
     return offset, limit
+
+
+def _whole_arg(name: str, default: int, low: int, high: int) -> int:
+    """A whole-number query argument: ASCII digits only (no sign, blank, underscore or other script's digits)."""
+    value = request.args.get(name)
+    if value is None:
+        return default
+    if not _DIGITS.fullmatch(value) or not low <= int(value) <= high:
+        abort(400, description=f"{name} is a whole number from {low} to {high}")
+    return int(value)

@@ -26,7 +26,8 @@ def require_login() -> Response | None:
 @bp.get("/")
 def index() -> Response:
     principal = current_principal()
-    assert principal is not None  # require_login
+    if principal is None:  # require_login answered already; this keeps it so under `python -O` too
+        abort(401)
     return redirect(home_for(principal))
 
 
@@ -49,7 +50,7 @@ def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
     if dashboard is None:
         return None
     corrections = svc.reader.corrections(advertiser_id, 0, 10)
-    return Markup(
+    return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
         render_template(
             "_advertiser_main.html", d=dashboard, corrections=corrections, refresh_ms=svc.refresh_ms, follow=period
         )
@@ -108,13 +109,14 @@ def export_file(period: str, name: str) -> Response:
     if path is None:
         abort(404)
     mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}
-    return send_file(
+    response = send_file(
         path,
         mimetype=mimetypes[name.rsplit(".", 1)[1]],
         as_attachment=True,
         download_name=f"adbill-{period}-{name}",
-        max_age=0,
     )
+    response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
+    return response
 
 
 @bp.get("/health")

@@ -25,6 +25,7 @@ Exports: `EXPORTS/PERIOD/{billing.parquet,billing.csv,manifest.json}`; a folder 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +71,8 @@ QUERY_NAMES = ("billing",)
 HEALTH_HISTORY = 60
 """Batches of each query whose durations the health page shows."""
 
+_log = logging.getLogger(__name__)
+
 _PERIOD_KEY = re.compile(r"\d{8}T\d{4}Z", re.ASCII)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}", re.ASCII)
 
@@ -100,11 +103,11 @@ class CatalogFile:
             return self._catalog
         stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
+            self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
             try:
                 self._catalog = Catalog.load(self.path)
-            except ValueError:
-                return self._catalog  # half-written or broken: keep the last good one
-            self._stamp = stamp
+            except ValueError as exc:  # broken, or refused (a campaign shared by two advertisers, say)
+                _log.warning("keeping the last good ad catalog: %s", exc)
         return self._catalog
 
 
@@ -182,6 +185,7 @@ class BillingReader:
         if period is not None:
             for campaign_id in campaigns:
                 self._queue_billed(pipe, period.key, "cmp", campaign_id)
+                pipe.hget(self.key("totals", period.key, "cmp", campaign_id), "advertiser")
             for ad_id in ads:
                 pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
                 pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
@@ -197,8 +201,9 @@ class BillingReader:
         ad_lines: list[AdLine] = []
         if period is not None:
             for campaign_id in campaigns:
-                billed = Billed(_figures(next(results)), _figures(next(results)))
-                campaign_lines.append(CampaignLine(campaign_id, billed))
+                billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+                if owner in (None, advertiser_id):  # a campaign of another advertiser never shows here
+                    campaign_lines.append(CampaignLine(campaign_id, billed))
             for ad_id in ads:
                 totals, corrections, late = next(results), next(results), next(results)
                 if totals[3] not in (None, advertiser_id):
@@ -256,13 +261,18 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         for p in series_periods:
             self._queue_billed(pipe, p.key, "cmp", campaign_id)
+            pipe.hget(self.key("totals", p.key, "cmp", campaign_id), "advertiser")
         if period is not None:
             for ad_id in ads:
                 pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
                 pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
                 pipe.hmget(self.key("late", period.key, "ad", ad_id), "impressions", "clicks")
         results = iter(pipe.execute())
-        series = [PeriodBill(p, Billed(_figures(next(results)), _figures(next(results)))) for p in series_periods]
+        series = []
+        for p in series_periods:
+            billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+            # The id may have named another advertiser's campaign in that period (the catalog changed since).
+            series.append(PeriodBill(p, billed if owner in (None, advertiser_id) else Billed()))
         lines = []
         if period is not None:
             ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}

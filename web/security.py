@@ -24,6 +24,8 @@ SESSION_COOKIE = "adbill_session"
 LOGIN_COOKIE = "adbill_login"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
+BACKGROUND_HEADER = "X-Adbill-Background"
+"""Sent by the dashboard's automatic refresh: such a request does not count as activity for the idle timeout."""
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -90,6 +92,15 @@ def submitted_token(request: Request) -> str | None:
 def wants_secure_cookies(request: Request, always: bool) -> bool:
     """Secure cookies on HTTPS requests, or always when the deployment says it sits behind HTTPS."""
     return always or request.is_secure
+
+
+def cookie_names(secure: bool) -> tuple[str, str]:
+    """(session cookie, login-form cookie). Secure ones carry the `__Host-` and `__Secure-` prefixes: a browser then
+    takes them only over HTTPS, the session's only from this very host, so neither a plain-HTTP page nor a
+    subdomain can plant one; a cookie of the plain name opens nothing on such requests."""
+    if secure:
+        return "__Host-" + SESSION_COOKIE, "__Secure-" + LOGIN_COOKIE
+    return SESSION_COOKIE, LOGIN_COOKIE
 
 
 def add_security_headers(response: Response, secure: bool) -> Response:

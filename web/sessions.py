@@ -1,18 +1,25 @@
-"""Server-side sessions and the failed-login count, in Redis (adapters; the arithmetic is `web.access.LoginLimit`).
+"""Server-side sessions and the failed-login counts, in Redis (adapters; the arithmetic is `web.access.LoginLimit`).
 
 | key | type | holds |
 | --- | --- | --- |
-| `PREFIX:web:session:HMAC` | hash | `username`, `generation`, `csrf`, `created_at_ms`; expires with the session |
-| `PREFIX:web:login-failures:SHA256` | sorted set | one member per failed login of an account, scored by its time |
+| `PREFIX:web:session:HMAC` | hash | `username`, `generation`, `csrf`, `created_at_ms`, `seen_at_ms` (last activity) |
+| `PREFIX:web:login-failures:account:SHA256` | sorted set | one member per login attempt on an account name, by time |
+| `PREFIX:web:login-failures:address:ADDRESS` | sorted set | the same per client address (an IPv6 address's /64) |
 
 The cookie carries only a random session id (256 bits). Redis keys hold an HMAC of it under the app's secret key,
-so a copy of Redis gives no usable cookie. Logout deletes the record: the old cookie then opens nothing.
+so a copy of Redis gives no usable cookie. Logout deletes the record: the old cookie then opens nothing. A session
+ends `ttl_s` after login however busy it is, and `idle_s` after its last request that counted as activity; both
+are checked against the app's clock in the same script that reads the record, and Redis expires what is left.
+
+A login attempt is checked against both limits and counted in one script, before its password is: parallel
+attempts cannot all pass a check that none of them has counted in yet. A successful login takes its count back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
 import uuid
@@ -33,21 +40,49 @@ class SessionRecord:
     generation: int
     csrf: str
     created_at_ms: int
+    seen_at_ms: int
+
+
+_READ_SESSION = """
+local data = redis.call('HGETALL', KEYS[1])
+if #data == 0 then return data end
+local fields = {}
+for i = 1, #data, 2 do fields[data[i]] = data[i + 1] end
+local now, ttl_ms, idle_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local created = tonumber(fields['created_at_ms'])
+local seen = tonumber(fields['seen_at_ms'] or fields['created_at_ms'])
+if created == nil or seen == nil or now >= created + ttl_ms or now >= seen + idle_ms then
+  redis.call('DEL', KEYS[1])
+  return {}
+end
+if ARGV[4] == '1' and now > seen then
+  redis.call('HSET', KEYS[1], 'seen_at_ms', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], math.min(idle_ms, created + ttl_ms - now))
+  for i = 1, #data, 2 do if data[i] == 'seen_at_ms' then data[i + 1] = ARGV[1] end end
+end
+return data
+"""
+"""The live record of a session, or nothing (and the record gone) when it has outlived either limit; with ARGV[4]
+`1` the request counts as activity."""
 
 
 class SessionStore:
-    """Sessions under one key prefix, each living `ttl_s` seconds from login."""
+    """Sessions under one key prefix, each living `ttl_s` seconds from login and `idle_s` from its last activity."""
 
-    def __init__(self, client: redis.Redis, prefix: str, secret: bytes, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, secret: bytes, ttl_s: int, idle_s: int) -> None:
+        if ttl_s < 1 or idle_s < 1:
+            raise ValueError("a session lasts at least a second, and so does its idle time")
         self.client = client
         self.prefix = prefix
         self.secret = secret
         self.ttl_s = ttl_s
+        self.idle_s = idle_s
+        self._read = client.register_script(_READ_SESSION)
 
     def open(self, username: str, generation: int, now_ms: int) -> tuple[str, SessionRecord]:
         """A new session with a fresh id and CSRF token; returns (id for the cookie, record)."""
         session_id = secrets.token_urlsafe(32)
-        record = SessionRecord(username, generation, secrets.token_urlsafe(32), now_ms)
+        record = SessionRecord(username, generation, secrets.token_urlsafe(32), now_ms, now_ms)
         key = self._key(session_id)
         pipe = self.client.pipeline()
         pipe.hset(
@@ -57,23 +92,28 @@ class SessionStore:
                 "generation": generation,
                 "csrf": record.csrf,
                 "created_at_ms": now_ms,
+                "seen_at_ms": now_ms,
             },
         )
-        pipe.expire(key, self.ttl_s)
+        pipe.pexpire(key, 1000 * min(self.ttl_s, self.idle_s))
         pipe.execute()
         return session_id, record
 
-    def get(self, session_id: str) -> SessionRecord | None:
-        """The live session of this id, or None (unknown, expired, logged out or malformed)."""
+    def get(self, session_id: str, now_ms: int, activity: bool = True) -> SessionRecord | None:
+        """The live session of this id at `now_ms`, or None (unknown, expired, idle too long, logged out or
+        malformed). With `activity` the request counts: the idle time starts again from `now_ms`."""
         if not _SESSION_ID.fullmatch(session_id):
             return None
-        data = self.client.hgetall(self._key(session_id))
-        if not data:
-            return None
-        values = {_text(k): _text(v) for k, v in data.items()}  # type: ignore[union-attr]
+        ttl_ms, idle_ms = 1000 * self.ttl_s, 1000 * self.idle_s
+        data = self._read(keys=[self._key(session_id)], args=[now_ms, ttl_ms, idle_ms, int(activity)])
+        values = {_text(k): _text(v) for k, v in zip(data[0::2], data[1::2], strict=True)}
         try:
             return SessionRecord(
-                values["username"], int(values["generation"]), values["csrf"], int(values["created_at_ms"])
+                values["username"],
+                int(values["generation"]),
+                values["csrf"],
+                int(values["created_at_ms"]),
+                int(values.get("seen_at_ms", values["created_at_ms"])),
             )
         except (KeyError, ValueError):
             return None
@@ -88,42 +128,99 @@ class SessionStore:
         return f"{self.prefix}:web:session:{digest}"
 
 
-class LoginLimiter:
-    """Failed logins per account over a sliding window, as `LoginLimit` says."""
+_ATTEMPT = """
+for i, key in ipairs(KEYS) do
+  local max, window_ms = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', tonumber(ARGV[1]) - window_ms)
+  local n = redis.call('ZCARD', key)
+  if n >= max then
+    return {i, redis.call('ZRANGE', key, n - max, n - max, 'WITHSCORES')[2]}
+  end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, ARGV[1], ARGV[2])
+  redis.call('PEXPIRE', key, ARGV[2 + 2 * i])
+end
+return {0, ''}
+"""
+"""Checks every limit (KEYS[i] with ARGV[1 + 2i] attempts in ARGV[2 + 2i] ms) and, only if none is used up, counts
+the attempt (member ARGV[2] at time ARGV[1]) under every key; returns {0} or {i, time of the attempt whose leaving
+the window unlocks KEYS[i]}."""
 
-    def __init__(self, client: redis.Redis, prefix: str, limit: LoginLimit) -> None:
+
+@dataclass(frozen=True, slots=True)
+class LoginAttempt:
+    """The answer to a login attempt: admitted (and counted, as `member`) or refused for `wait_s` seconds."""
+
+    member: str | None = None
+    refused_by: str | None = None
+    """`account` or `address` when refused."""
+    wait_s: int = 0
+
+
+class LoginLimiter:
+    """Failed logins per account name and per client address over a sliding window, as each `LoginLimit` says."""
+
+    def __init__(self, client: redis.Redis, prefix: str, per_account: LoginLimit, per_address: LoginLimit) -> None:
         self.client = client
         self.prefix = prefix
-        self.limit = limit
+        self.limits = {"account": per_account, "address": per_address}
+        self._attempt = client.register_script(_ATTEMPT)
 
-    def refusal(self, username: str, now_ms: int) -> int | None:
-        """Seconds to wait when the account's logins are refused now, else None."""
-        key = self._key(username)
-        pipe = self.client.pipeline()
-        pipe.zremrangebyscore(key, "-inf", self.limit.window_start(now_ms))
-        pipe.zrange(key, 0, -1, withscores=True)
-        _, failures = pipe.execute()
-        if not self.limit.refused(len(failures)):
-            return None
-        # The attempt becomes possible when enough failures have left the window to go below the limit.
-        unlocking = failures[len(failures) - self.limit.max_failures][1]
-        return self.limit.retry_after_s(int(unlocking), now_ms)
+    def attempt(self, username: str, address: str | None, now_ms: int) -> LoginAttempt:
+        """Check both limits and count this attempt as a failure, in one step; `succeeded` takes it back."""
+        keys = {"account": self._account_key(username), "address": self._address_key(address)}
+        member = uuid.uuid4().hex
+        args: list[str | int] = [now_ms, member]
+        for kind in keys:
+            args += [self.limits[kind].max_failures, self.limits[kind].window_ms]
+        refused, unlocking = self._attempt(keys=list(keys.values()), args=args)
+        if not int(refused):
+            return LoginAttempt(member=member)
+        kind = list(keys)[int(refused) - 1]
+        return LoginAttempt(refused_by=kind, wait_s=self.limits[kind].retry_after_s(int(float(unlocking)), now_ms))
 
-    def record_failure(self, username: str, now_ms: int) -> None:
-        key = self._key(username)
+    def succeeded(self, username: str, address: str | None, attempt: LoginAttempt) -> None:
+        """The attempt was the right password: it is not a failure after all."""
+        if attempt.member is None:
+            return
         pipe = self.client.pipeline()
-        pipe.zadd(key, {uuid.uuid4().hex: now_ms})
-        pipe.pexpire(key, self.limit.window_ms)
+        pipe.zrem(self._account_key(username), attempt.member)
+        pipe.zrem(self._address_key(address), attempt.member)
         pipe.execute()
 
     def failures(self, username: str, now_ms: int) -> int:
-        """Failed logins of the account within the window ending now."""
-        return int(self.client.zcount(self._key(username), f"({self.limit.window_start(now_ms)}", "+inf"))  # type: ignore[arg-type]
+        """Failed logins (and attempts under way) on the account name within the window ending now."""
+        return self._count(self._account_key(username), self.limits["account"], now_ms)
 
-    def _key(self, username: str) -> str:
+    def address_failures(self, address: str | None, now_ms: int) -> int:
+        """Failed logins (and attempts under way) from the client address within the window ending now."""
+        return self._count(self._address_key(address), self.limits["address"], now_ms)
+
+    def _count(self, key: str, limit: LoginLimit, now_ms: int) -> int:
+        return int(self.client.zcount(key, f"({limit.window_start(now_ms)}", "+inf"))  # type: ignore[arg-type]
+
+    def _account_key(self, username: str) -> str:
         # Hashed: the name typed may be anything, of any length.
         digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()
-        return f"{self.prefix}:web:login-failures:{digest}"
+        return f"{self.prefix}:web:login-failures:account:{digest}"
+
+    def _address_key(self, address: str | None) -> str:
+        return f"{self.prefix}:web:login-failures:address:{client_network(address)}"
+
+
+def client_network(address: str | None) -> str:
+    """What one client's failures are counted under: its IPv4 address, or the /64 of its IPv6 address (one
+    subscriber's usual share, which it could otherwise walk through); `unknown` when there is none."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return "unknown"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def _text(value: bytes | str) -> str:

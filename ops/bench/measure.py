@@ -280,7 +280,7 @@ class HealthRecorder:
         while not self._stop.wait(self.interval_s):
             try:
                 self.poll()
-            except Exception:  # a missed poll is made up by the next; the recorder must not die
+            except Exception:  # a missed poll is made up by the next; the recorder must not die  # nosec B112
                 continue
 
     def history(self) -> list[dict[str, Any]]:

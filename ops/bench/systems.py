@@ -480,7 +480,7 @@ def read_clicks(settings: Settings, start: dict[int, int]) -> list[tuple[int, in
                 left -= 1
                 try:
                     click_id = deserializer.deserialize("click", message.value() or b"").event_id
-                except Exception:  # bad input of the simulator: never billable
+                except Exception:  # bad input of the simulator, never billable  # nosec B112
                     continue
                 out.append((message.partition() or 0, message.offset() or 0, message.timestamp()[1], click_id))
     finally:

@@ -7,23 +7,31 @@ Targets are adv-0000's campaign, ad, correction and export; `alice` is adv-0000'
 advertiser's. Expected: alice, finance and admin see adv-0000 (200), bob gets 404, as for an id that exists
 nowhere; pages send the anonymous visitor to the login form, the API answers 401; finance pages and exports are for
 finance and admin, health for admin only. No response to an advertiser ever holds another advertiser's id.
+A campaign id names one advertiser's campaign: a catalog where two share one is refused, and an id that moved
+from one advertiser to another between catalogs shows each only the figures of its own hours.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from billing.catalog import Ad, Catalog
 from billing.corrections import Correction, CorrectionKind
+from billing.periods import Periods
+from billing.redis_totals import TotalsRow
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
-from tests.web_support import ACCOUNTS, CLOSED, OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import ACCOUNTS, CLOSED, FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
 from web.app import create_app
 
 pytestmark = pytest.mark.integration
@@ -252,3 +260,63 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
     anonymous = world.app.test_client()
     assert anonymous.post("/logout").status_code == 400
     assert anonymous.post("/login", data={"username": "alice", "password": "x"}).status_code == 400
+
+
+# Campaigns stay inside their advertiser --------------------------------------------------------------------------
+SHARED = "spring-sale"
+
+
+def test_a_catalog_where_two_advertisers_share_a_campaign_id_is_refused() -> None:
+    ads = [Ad("own-ad", SHARED, OWN, 250_000, "EUR"), Ad("other-ad", SHARED, OTHER, 1_000_000, "EUR")]
+    with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
+        Catalog(ads)
+    with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
+        Catalog.from_json(json.dumps({"ads": [asdict(ad) for ad in ads]}))
+    assert len(Catalog([*ads[:1], Ad("own-ad-2", SHARED, OWN, 1, "EUR")])) == 2, "one advertiser's campaign is fine"
+
+
+def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_its_own_micros(
+    tmp_path: Path, redis_server: LocalRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The catalog refuses a shared campaign id, but ids can move between advertisers from one catalog to the
+    next: the totals of the hour when the id was adv-0000's stay adv-0000's, those of the next hour adv-0001's."""
+    settings = Settings.from_env(
+        {}, home=tmp_path, deps_dir=DEPS_DIR, redis_url=redis_server.url, redis_prefix=f"t{uuid.uuid4().hex[:10]}"
+    )
+    seeded = seed(settings)
+    hours = Periods()
+    earlier, later = FIRST_PERIOD_MS + 4 * hours.length_ms, FIRST_PERIOD_MS + 5 * hours.length_ms
+    batch = (seeded.writer.totals.last_applied("billing") or 0) + 1
+    seeded.writer.bill(batch, [TotalsRow(hours.key(earlier), earlier, OWN, SHARED, "own-ad", 3, 750_000)])
+    seeded.writer.bill(batch + 1, [TotalsRow(hours.key(later), later, OTHER, SHARED, "other-ad", 7, 7_000_000)])
+    app = create_app(settings, cache_s=0)
+    clients = {name: app.test_client() for name in ("alice", "bob", "fiona")}
+    for name, client in clients.items():
+        assert login(client, name).status_code == 302
+
+    def billed(actor: str, advertiser: str) -> dict[str, int]:
+        response = clients[actor].get(f"/api/v1/advertisers/{advertiser}/campaigns/{SHARED}")
+        assert response.status_code == 200, (actor, advertiser)
+        series = response.json["series"]
+        return {p["period"]: p["provisional"]["micros"] for p in series if p["provisional"]["micros"]}
+
+    def seen() -> None:
+        assert billed("alice", OWN) == billed("fiona", OWN) == {hours.key(earlier): 750_000}
+        assert billed("bob", OTHER) == billed("fiona", OTHER) == {hours.key(later): 7_000_000}
+        for actor, own, other, others_ad in (("alice", OWN, OTHER, "other-ad"), ("bob", OTHER, OWN, "own-ad")):
+            page = clients[actor].get(f"/advertisers/{own}/campaigns/{SHARED}")
+            assert page.status_code == 200 and other not in page.text and others_ad not in page.text
+            assert clients[actor].get(f"/api/v1/advertisers/{other}/campaigns/{SHARED}").status_code == 404
+
+    seen()
+    # A catalog in which both advertisers have the campaign at once is refused by the running UI too: it keeps the
+    # catalog it had, and says so in its log.
+    shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, "EUR"), Ad("other-ad", SHARED, OTHER, 10**6, "EUR")]
+    settings.catalog_file.write_text(json.dumps({"ads": [asdict(ad) for ad in shared]}))
+    with caplog.at_level(logging.WARNING, logger="web.readers"):
+        seen()
+        assert clients["alice"].get("/api/v1/advertisers").json["advertisers"] == [
+            {"advertiser_id": OWN, "currency": "EUR"}
+        ]
+    assert f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}" in caplog.text
+    seeded.client.close()

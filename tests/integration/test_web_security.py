@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from flask import Flask
 
 from ops.settings import Settings
 from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
-from web.access import Role
+from web.access import LoginLimit, Role
 from web.accounts import AccountsFile
+from web.api import OPENAPI_FILE
 from web.app import create_app
 from web.security import CONTENT_SECURITY_POLICY
+from web.sessions import LoginLimiter
 
 pytestmark = pytest.mark.integration
 
@@ -132,9 +139,10 @@ def test_after_logout_the_old_cookie_gives_no_access(app: Flask, seeded: Seeded)
 
 def test_redis_holds_no_usable_session_id(app: Flask, seeded: Seeded) -> None:
     client = app.test_client()
-    login(client, "alice")
+    response = login(client, "alice")
     cookie = session_cookie(client)
-    assert cookie
+    assert cookie and len(base64.urlsafe_b64decode(cookie + "=")) == 32, "256 random bits"
+    assert cookie not in response.headers["Location"], "a session id is never put in a URL"
     keys = list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))
     assert keys and not any(cookie in key for key in keys)
     assert 0 < seeded.client.ttl(keys[0]) <= seeded.settings.web_session_hours * 3600
@@ -155,17 +163,59 @@ def test_disabling_an_account_or_resetting_its_password_ends_its_sessions(app: F
     assert login(alice, "alice").status_code == 302
 
 
-def test_after_login_the_person_goes_back_where_they_were_but_never_to_another_site(app: Flask) -> None:
+def test_after_login_the_person_goes_back_where_they_were(app: Flask) -> None:
     client = app.test_client()
     bounced = client.get("/advertisers/adv-0000/corrections?limit=5")
     assert bounced.status_code == 302
     assert bounced.headers["Location"] == "/login?next=/advertisers/adv-0000/corrections?limit%3D5"
-    assert login(client, "alice", next_url="/advertisers/adv-0000/corrections").headers["Location"] == (
-        "/advertisers/adv-0000/corrections"
+    assert login(client, "alice", next_url="/advertisers/adv-0000/corrections?limit%3D5").headers["Location"] == (
+        "/advertisers/adv-0000/corrections?limit=5"
     )
-    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
-        client = app.test_client()
-        assert login(client, "alice", next_url=target).headers["Location"] == "/advertisers/adv-0000"
+
+
+# Each is the query string of the login form's POST, as a browser or an attacker's link would send it.
+HOSTILE_NEXT = [
+    "next=/%09/evil.example",  # a tab: browsers strip it from the Location and land on //evil.example
+    "next=/%0a/evil.example",  # a newline: must not break the header (it answered 500)
+    "next=/%0d/evil.example",  # a carriage return
+    "next=/%0d%0aSet-Cookie:%20x=1",  # header injection
+    "next=%0a//evil.example",  # a newline before the slashes
+    "next=/%20/evil.example",  # a blank
+    "next=/%00/evil.example",  # NUL
+    "next=//evil.example/",  # scheme-relative
+    "next=///evil.example/",
+    "next=/\\/evil.example",  # /\/: browsers read a backslash as a slash
+    "next=/%5C/evil.example",  # the same, encoded
+    "next=%5C%5Cevil.example",
+    "next=/%252F%252Fevil.example",  # /%2F%2Fevil.example once decoded by the server
+    "next=%2F%2Fevil.example",  # //evil.example once decoded
+    "next=/%2F%2Fevil.example",  # ///evil.example once decoded
+    "next=/%252F/evil.example",
+    "next=/%25252F%25252Fevil.example",  # encoded three times over
+    "next=/%2509/evil.example",  # a tab, encoded twice
+    "next=/%ff%fe/evil.example",  # not UTF-8
+    "next=https://evil.example/",  # a scheme and a host
+    "next=https:evil.example",
+    "next=javascript:alert(1)",
+    "next=evil.example",  # a host without slashes
+    "next=/%E3%80%80/evil.example",  # an ideographic space
+    "next=%EF%BC%8F%EF%BC%8Fevil.example",  # fullwidth solidus twice
+    "next=/" + "a" * 3000,  # longer than any link of ours
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE_NEXT)
+def test_after_login_a_hostile_next_goes_to_the_home_page(app: Flask, query: str) -> None:
+    client = app.test_client()
+    form = client.get("/login", query_string=query)
+    assert form.status_code == 200
+    assert "evil" not in form.text, "the login form carries no hostile target on"
+    token = form_token(form.text)
+    response = client.post(
+        "/login", query_string=query, data={"username": "alice", "password": PASSWORD, "csrf_token": token}
+    )
+    assert response.status_code == 302
+    assert response.headers["Location"] == "/advertisers/adv-0000"
 
 
 # Cookies and headers -----------------------------------------------------------------------------------------------
@@ -191,22 +241,86 @@ def test_session_cookie_is_httponly_samesite_and_secure_on_https(app: Flask) -> 
         data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)},
         base_url="https://localhost",
     )
-    cookie = _set_cookie_header(response, "adbill_session")
-    assert "Secure" in cookie and "HttpOnly" in cookie
+    cookie = _set_cookie_header(response, "__Host-adbill_session")
+    assert "Secure" in cookie and "HttpOnly" in cookie and "Path=/;" in cookie + ";" and "Domain" not in cookie
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
     assert response.headers["Strict-Transport-Security"].startswith("max-age=")
+    assert secure.get("/api/v1/me", base_url="https://localhost").status_code == 200
+
+
+def test_on_https_a_session_cookie_without_the_host_prefix_opens_nothing(app: Flask) -> None:
+    """A plain-HTTP page or a subdomain can set `adbill_session`, but not `__Host-adbill_session`."""
+    client = app.test_client()
+    page = client.get("/login", base_url="https://localhost")
+    client.post(
+        "/login",
+        data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)},
+        base_url="https://localhost",
+    )
+    cookie = client.get_cookie("__Host-adbill_session", domain="localhost")
+    assert cookie is not None
+    planted = app.test_client()
+    planted.set_cookie("adbill_session", cookie.value, domain="localhost")
+    assert planted.get("/api/v1/me", base_url="https://localhost").status_code == 401
+    assert planted.get("/api/v1/me").status_code == 200, "over plain HTTP the plain name is the session's"
 
 
 def test_the_secure_setting_makes_cookies_secure_behind_a_proxy(seeded: Seeded, clock: Clock) -> None:
-    from dataclasses import replace
-
     app = create_app(replace(seeded.settings, web_secure_cookies=1), clock=clock)
     client = app.test_client()
     page = client.get("/login")
-    assert "Secure" in _set_cookie_header(page, "adbill_login")
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
     response = client.post(
         "/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form_token(page.text)}
     )
-    assert "Secure" in _set_cookie_header(response, "adbill_session")
+    assert "Secure" in _set_cookie_header(response, "__Host-adbill_session")
+
+
+def test_behind_a_trusted_tls_proxy_cookies_are_secure_and_hsts_is_sent(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_trusted_proxies=1, web_address_login_limit=1), clock=clock)
+    client = app.test_client()
+    # What the proxy adds: the client's address and the scheme it was reached by. An address the client put in the
+    # header itself comes before the proxy's entry and is not believed.
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "192.0.2.66, 198.51.100.9"}
+    page = client.get("/login", headers=forwarded)
+    assert "Secure" in _set_cookie_header(page, "__Secure-adbill_login")
+    assert page.headers["Strict-Transport-Security"].startswith("max-age=")
+    response = client.post(
+        "/login",
+        headers=forwarded,
+        data={"username": "alice", "password": "a wrong guess", "csrf_token": form_token(page.text)},
+    )
+    assert response.status_code == 200
+    assert _limiter(seeded).address_failures("198.51.100.9", clock()) == 1
+    assert _limiter(seeded).address_failures("192.0.2.66", clock()) == 0
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 0, "the proxy's own address is not counted"
+    response = login(client, "alice")  # from the proxy's address itself: another client
+    assert response.status_code == 302 and "Secure" not in _set_cookie_header(response, "adbill_session")
+
+
+def test_without_trusted_proxies_forwarded_headers_change_nothing(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    client = app.test_client()
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.9"}
+    page = client.get("/login", headers=forwarded)
+    assert "Secure" not in _set_cookie_header(page, "adbill_login")
+    assert "Strict-Transport-Security" not in page.headers
+    client.post(
+        "/login",
+        headers=forwarded,
+        data={"username": "alice", "password": "a wrong guess", "csrf_token": form_token(page.text)},
+    )
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 1
+    assert _limiter(seeded).address_failures("198.51.100.9", clock()) == 0
+
+
+def test_export_downloads_are_not_stored(app: Flask, seeded: Seeded) -> None:
+    client = app.test_client()
+    login(client, "fiona")
+    (export,) = client.get("/api/v1/exports").json["exports"][:1]
+    for file in export["files"]:
+        response = client.get(file["url"])
+        assert response.status_code == 200 and response.headers["Cache-Control"] == "no-store", file["url"]
+        assert response.headers["Content-Disposition"].startswith("attachment;")
 
 
 @pytest.mark.parametrize(
@@ -231,6 +345,7 @@ def test_security_headers_on_every_kind_of_response(app: Flask, url: str, status
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert response.headers["X-Frame-Options"] == "DENY"
     assert response.headers["Referrer-Policy"] == "same-origin"
+    assert not [name for name, _ in response.headers.items() if name.lower().startswith("access-control-")]
     if not url.startswith("/static/"):
         assert response.headers["Cache-Control"] == "no-store"
 
@@ -245,6 +360,15 @@ def test_pages_have_no_inline_script_or_style(app: Flask) -> None:
         assert " on" + "click=" not in html and " on" + "load=" not in html
 
 
+def test_what_a_person_typed_comes_back_escaped(app: Flask) -> None:
+    client = app.test_client()
+    typed = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+    page = login(client, typed, password="a wrong guess")
+    assert "Wrong username or password" in page.text
+    assert "<script>alert" not in page.text and "<img src=x" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+
+
 def test_the_secret_key_file_is_created_once_and_private(seeded: Seeded, clock: Clock) -> None:
     path = seeded.settings.web_secret_file
     assert not path.exists()
@@ -254,6 +378,61 @@ def test_the_secret_key_file_is_created_once_and_private(seeded: Seeded, clock: 
     before = path.read_text()
     create_app(seeded.settings, clock=clock)
     assert path.read_text() == before
+
+
+# Query arguments ---------------------------------------------------------------------------------------------------
+def _numeric_query_arguments() -> dict[str, list[str]]:
+    """URL -> its whole-number query arguments: every one the OpenAPI document declares, and the pages' own."""
+    document = json.loads(OPENAPI_FILE.read_text())
+    parameters = document["components"]["parameters"]
+    found = {"/advertisers/adv-0000/corrections": ["offset", "limit"]}
+    for path, item in document["paths"].items():
+        declared = [parameters[p["$ref"].rsplit("/", 1)[1]] for p in item["get"].get("parameters", [])]
+        names = [p["name"] for p in declared if p["in"] == "query" and p["schema"]["type"] == "integer"]
+        if names:
+            found["/api/v1" + path.replace("{advertiser_id}", "adv-0000")] = names
+    return found
+
+
+NOT_WHOLE_NUMBERS_IN_RANGE = [
+    "-1",
+    "9223372036854775807",  # 2^63 - 1
+    "9223372036854775808",  # 2^63: reached Redis and answered 500
+    "18446744073709551616",  # 2^64
+    str(2**53),  # one past the largest an API reader holds exactly
+    "9" * 30,
+    "1" * 5000,  # past Python's limit of digits for int()
+    "",
+    " 5",
+    "+5",
+    "5_000",
+    "1e3",
+    "1.5",
+    "0x10",
+    "\u0663",  # an Arabic-Indic three: int() would take it
+    "abc",
+    "NaN",
+]
+
+
+def test_every_numeric_query_argument_refuses_what_is_not_a_whole_number_in_range(app: Flask) -> None:
+    client = app.test_client()
+    login(client, "alice")
+    arguments = _numeric_query_arguments()
+    assert "/api/v1/advertisers/adv-0000/corrections" in arguments, "the document declares the paging arguments"
+    failures = []
+    for url, names in arguments.items():
+        for name in names:
+            bad = [*NOT_WHOLE_NUMBERS_IN_RANGE, *(["0", "501"] if name == "limit" else [])]
+            for value in bad:
+                response = client.get(url, query_string={name: value})
+                said = response.json if url.startswith("/api/") else {"status": 400, "error": response.text}
+                if response.status_code != 400 or said is None or said["status"] != 400 or name not in said["error"]:
+                    failures.append(f"{url}?{name}={value[:30]!r}: {response.status_code} {response.text[:100]}")
+            for value in {"offset": ["0", str(2**53 - 1)], "limit": ["1", "500"]}[name]:
+                if client.get(url, query_string={name: value}).status_code != 200:
+                    failures.append(f"{url}?{name}={value}: refused, but it is within range")
+    assert not failures, "\n".join(failures)
 
 
 # The failed-login limit --------------------------------------------------------------------------------------------
@@ -282,26 +461,137 @@ def test_the_101st_login_in_an_hour_is_refused_even_with_the_right_password(app:
 
 
 def test_failures_for_unknown_names_are_counted_too(app: Flask, seeded: Seeded, clock: Clock) -> None:
-    from web.access import LoginLimit
-    from web.sessions import LoginLimiter
-
     client = app.test_client()
     for _ in range(3):
         login(client, "nobody-here", password="guess guess guess")
-    limiter = LoginLimiter(seeded.client, seeded.settings.redis_prefix, LoginLimit())
+    limiter = _limiter(seeded)
     assert limiter.failures("nobody-here", clock()) == 3
     assert limiter.failures("NOBODY-HERE", clock()) == 3, "names are counted case-insensitively"
     assert limiter.failures("alice", clock()) == 0
 
 
 def test_the_limit_is_a_setting(seeded: Seeded, clock: Clock) -> None:
-    from dataclasses import replace
-
     app = create_app(replace(seeded.settings, web_login_limit=2), clock=clock)
     client = app.test_client()
     login(client, "ada", password="wrong one here")
     login(client, "ada", password="wrong two here")
     assert login(client, "ada").status_code == 429
+
+
+def _limiter(seeded: Seeded, per_account: int = 100, per_address: int = 300) -> LoginLimiter:
+    return LoginLimiter(
+        seeded.client, seeded.settings.redis_prefix, LoginLimit(max_failures=per_account), LoginLimit(per_address)
+    )
+
+
+def test_failures_are_counted_per_client_address_across_account_names(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_address_login_limit=3), clock=clock)
+    attacker, neighbour, elsewhere = app.test_client(), app.test_client(), app.test_client()
+    attacker.environ_base["REMOTE_ADDR"] = neighbour.environ_base["REMOTE_ADDR"] = "203.0.113.7"
+    elsewhere.environ_base["REMOTE_ADDR"] = "198.51.100.20"
+    for name in ("alice", "bob", "fiona"):  # one guess each: no account's own limit comes near
+        assert "Wrong username or password" in login(attacker, name, password="a wrong guess").text
+    refused = login(neighbour, "ada")
+    assert refused.status_code == 429 and "from your network address" in refused.text
+    assert int(refused.headers["Retry-After"]) == 3600
+    assert login(elsewhere, "ada").status_code == 302, "another address is not affected"
+    assert _limiter(seeded).address_failures("203.0.113.7", clock()) == 3
+    assert _limiter(seeded).failures("ada", clock()) == 0, "refused attempts are not counted against the account"
+
+
+def test_an_ipv6_client_is_counted_by_its_64_bit_prefix(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_address_login_limit=2), clock=clock)
+    first, second, other_net = app.test_client(), app.test_client(), app.test_client()
+    first.environ_base["REMOTE_ADDR"] = "2001:db8:1:2::1"
+    second.environ_base["REMOTE_ADDR"] = "2001:db8:1:2:ffff::9"  # the same /64
+    other_net.environ_base["REMOTE_ADDR"] = "2001:db8:1:3::1"
+    login(first, "alice", password="a wrong guess")
+    login(second, "bob", password="a wrong guess")
+    assert login(second, "fiona").status_code == 429
+    assert login(other_net, "fiona").status_code == 302
+
+
+def test_a_successful_login_is_not_counted_as_a_failure(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    for _ in range(3):
+        assert login(app.test_client(), "alice").status_code == 302
+    assert _limiter(seeded).failures("alice", clock()) == 0
+    assert _limiter(seeded).address_failures("127.0.0.1", clock()) == 0
+
+
+def test_the_check_and_the_count_are_one_step(seeded: Seeded, clock: Clock) -> None:
+    """Attempts under way count: the limit admits exactly `max` of them, whether or not any has finished."""
+    limiter = _limiter(seeded, per_account=3)
+    admitted = [limiter.attempt("alice", "192.0.2.1", clock()) for _ in range(5)]
+    assert [a.refused_by for a in admitted] == [None, None, None, "account", "account"]
+    limiter.succeeded("alice", "192.0.2.1", admitted[0])  # one turned out to be the right password
+    assert limiter.attempt("alice", "192.0.2.1", clock()).refused_by is None
+    assert limiter.attempt("alice", "192.0.2.1", clock()).refused_by == "account"
+
+
+def test_parallel_wrong_passwords_cannot_overshoot_the_limit(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_login_limit=3), clock=clock)
+    clients = [app.test_client() for _ in range(8)]
+    tokens = [form_token(c.get("/login").text) for c in clients]
+    start = threading.Barrier(len(clients))
+
+    def guess(i: int) -> int:
+        start.wait()
+        data = {"username": "alice", "password": f"wrong guess {i}", "csrf_token": tokens[i]}
+        return clients[i].post("/login", data=data).status_code
+
+    with ThreadPoolExecutor(len(clients)) as pool:
+        statuses = list(pool.map(guess, range(len(clients))))
+    assert sorted(statuses) == [200, 200, 200, 429, 429, 429, 429, 429]
+    assert _limiter(seeded).failures("alice", clock()) == 3
+
+
+# Idle and absolute session limits --------------------------------------------------------------------------------
+def test_a_session_ends_when_idle_and_activity_keeps_it_open(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    idle_ms = seeded.settings.web_idle_minutes * 60_000
+    client = app.test_client()
+    login(client, "alice")
+    for _ in range(3):  # each request within the idle time starts it again
+        clock.now_ms += idle_ms - 1000
+        assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms += idle_ms
+    assert client.get("/api/v1/me").status_code == 401
+    assert not list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*")), "the record is gone"
+    clock.now_ms += 1000
+    assert client.get("/api/v1/me").status_code == 401, "it does not come back"
+
+
+def test_the_dashboards_refresh_does_not_keep_an_idle_session_open(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    idle_ms = seeded.settings.web_idle_minutes * 60_000
+    client = app.test_client()
+    login(client, "alice")
+    refresh = {"X-Adbill-Background": "refresh"}
+    clock.now_ms += idle_ms - 1000
+    assert client.get("/api/v1/advertisers/adv-0000/dashboard", headers=refresh).status_code == 200
+    clock.now_ms += 1000
+    assert client.get("/api/v1/advertisers/adv-0000/dashboard", headers=refresh).status_code == 401
+
+
+def test_a_session_ends_after_its_hours_however_active(app: Flask, seeded: Seeded, clock: Clock) -> None:
+    hours_ms = seeded.settings.web_session_hours * 3_600_000
+    step_ms = seeded.settings.web_idle_minutes * 60_000 // 2
+    client = app.test_client()
+    login(client, "alice")
+    logged_in_at = clock.now_ms
+    while clock.now_ms + step_ms < logged_in_at + hours_ms:
+        clock.now_ms += step_ms
+        assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms = logged_in_at + hours_ms
+    assert client.get("/api/v1/me").status_code == 401
+
+
+def test_the_idle_time_is_a_setting(seeded: Seeded, clock: Clock) -> None:
+    app = create_app(replace(seeded.settings, web_idle_minutes=5), clock=clock)
+    client = app.test_client()
+    login(client, "alice")
+    clock.now_ms += 5 * 60_000 - 1
+    assert client.get("/api/v1/me").status_code == 200
+    clock.now_ms += 5 * 60_000
+    assert client.get("/api/v1/me").status_code == 401
 
 
 def test_a_new_account_added_while_serving_can_log_in(app: Flask, seeded: Seeded) -> None:

@@ -173,3 +173,9 @@ def test_http_registry_names_the_url_when_unreachable(closed_port: int) -> None:
         registry.schema_by_id(7)
     with pytest.raises(SchemaRegistryError, match=r"/subjects/clicks-value/versions"):
         registry.register(CLICKS, schema_text("click"))
+
+
+def test_a_registry_server_is_reached_over_http_or_https_only() -> None:
+    for url in ("file:///etc/passwd", "ftp://registry.example/", "registry.example:8081"):
+        with pytest.raises(ValueError, match="http:// or https://"):
+            HttpSchemaRegistry(url)

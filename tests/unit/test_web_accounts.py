@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import stat
@@ -11,7 +12,7 @@ import pytest
 
 from ops.cli import _parser, main
 from web.access import Role
-from web.accounts import AccountError, AccountsFile, password_problem
+from web.accounts import COMMON_PASSWORDS_FILE, AccountError, AccountsFile, password_problem
 
 PASSWORD = "correct horse battery staple"
 
@@ -71,6 +72,39 @@ def test_password_policy() -> None:
     assert password_problem("x" * 1025) is not None
 
 
+def _shipped_common_passwords() -> list[str]:
+    with gzip.open(COMMON_PASSWORDS_FILE, "rt", encoding="utf-8") as lines:
+        return [line.strip() for line in lines if line.strip()]
+
+
+def test_every_common_password_long_enough_for_the_policy_is_refused() -> None:
+    """ASVS 2.1.7: the shipped list is checked, whatever the case and blanks of the password typed."""
+    candidates = [p for p in _shipped_common_passwords() if len(p) >= 12]
+    assert len(candidates) > 100, "the list has passwords of the policy's length to refuse"
+    for password in candidates:
+        assert "common passwords" in (password_problem(password) or ""), password
+        assert "common passwords" in (password_problem(password.upper()) or ""), password
+    spaced = " ".join([candidates[0][:4], candidates[0][4:8], candidates[0][8:]])
+    assert "common passwords" in (password_problem(spaced) or ""), spaced
+    assert password_problem(PASSWORD) is None and password_problem("a whole new passphrase") is None
+
+
+def test_adbill_users_refuses_a_common_password_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "data"
+    common = next(p for p in _shipped_common_passwords() if len(p) >= 12)
+    assert _users(monkeypatch, home, "add", "ada", "--role", "admin", "--password-stdin", stdin=common + "\n") == 1
+    said = capsys.readouterr().err
+    assert said.startswith("adbill users: error: that password is in the list of") and "choose another" in said
+    assert AccountsFile(home / "users.json").get("ada") is None
+    assert _users(monkeypatch, home, "add", "ada", "--role", "admin", "--password-stdin", stdin=PASSWORD) == 0
+    assert _users(monkeypatch, home, "reset-password", "ada", "--password-stdin", stdin=common.title()) == 1
+    assert "choose another" in capsys.readouterr().err
+    store = AccountsFile(home / "users.json")
+    assert store.authenticate("ada", PASSWORD) is not None and store.get("ada").generation == 1  # type: ignore[union-attr]
+
+
 def test_the_file_is_reread_when_another_process_changes_it(tmp_path: Path) -> None:
     serving = AccountsFile(tmp_path / "users.json")
     assert serving.get("carol") is None
@@ -118,3 +152,16 @@ def test_a_password_is_never_taken_from_the_command_line() -> None:
 
 def test_adbill_web_parses() -> None:
     assert _parser().parse_args(["web"]).command == "web"
+
+
+def test_long_and_unicode_passwords_work_whole(tmp_path: Path) -> None:
+    """ASVS 2.1.2-2.1.4: up to 1024 characters, any Unicode, blanks inside, never truncated."""
+    store = AccountsFile(tmp_path / "users.json")
+    long_one = "long passphrase " * 64  # 1024 characters
+    unicode_one = "Zürich 東京 🚲 naïve façade"
+    store.add("ada", Role.ADMIN, long_one.strip() + "x")
+    store.add("bob", Role.FINANCE, unicode_one)
+    assert store.authenticate("ada", long_one.strip() + "x") is not None
+    assert store.authenticate("ada", long_one.strip() + "y") is None, "the last of 1024 characters counts"
+    assert store.authenticate("bob", unicode_one) is not None
+    assert store.authenticate("bob", unicode_one.replace("🚲", "🛴")) is None

@@ -50,3 +50,11 @@ def test_only_the_document_itself_is_public() -> None:
     public = [path for path, item in DOCUMENT["paths"].items() if item["get"].get("security") == []]
     assert public == ["/openapi.json"]
     assert all("401" in item["get"]["responses"] for path, item in DOCUMENT["paths"].items() if path not in public)
+
+
+def test_paths_with_whole_number_arguments_document_the_400_for_bad_ones() -> None:
+    parameters = DOCUMENT["components"]["parameters"]
+    for path, item in DOCUMENT["paths"].items():
+        declared = [parameters[p["$ref"].rsplit("/", 1)[1]] for p in item["get"].get("parameters", [])]
+        if any(p["in"] == "query" and p["schema"]["type"] == "integer" for p in declared):
+            assert item["get"]["responses"].get("400") == {"$ref": "#/components/responses/BadRequest"}, path

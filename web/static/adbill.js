@@ -130,7 +130,9 @@ function drawChart(svg, series, currency) {
 
 function refreshDashboard(root) {
   const currency = root.dataset.currency;
-  return fetch(root.dataset.api, { credentials: "same-origin", headers: { Accept: "application/json" } })
+  // Marked as background: an open dashboard alone does not keep an idle session alive (web/sessions.py).
+  const headers = { Accept: "application/json", "X-Adbill-Background": "refresh" };
+  return fetch(root.dataset.api, { credentials: "same-origin", headers })
     .then((response) => {
       if (response.status === 401) { window.location.reload(); throw new Error("logged out"); }
       if (!response.ok) throw new Error("HTTP " + response.status);

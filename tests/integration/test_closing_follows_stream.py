@@ -36,6 +36,7 @@ from producers.simulator import SimulationConfig
 from producers.wire import EventSerializer
 from tests import oracle
 from tests.integration.test_reconcile import corrections, read_back
+from tests.integration.test_stream_job import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,15 +68,6 @@ def publish(settings: Settings, events: list[Impression | Click]) -> None:
     for event in events:
         publisher.publish_event(event)
     assert publisher.flush(30) == 0
-
-
-def wait_for(check, what: str, deadline_s: float = 180.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def drained(settings: Settings) -> bool:
@@ -138,7 +130,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     publish(settings, part_a)
     job = start_job()
     try:
-        wait_for(lambda: drained(settings), "the job to read part A")
+        wait_for(lambda: drained(settings), "the job to read part A", 180)
     finally:
         job.send_signal(signal.SIGKILL)
         job.wait(timeout=30)
@@ -168,7 +160,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     # P0's as late). Redis keeps showing the closed periods as their exports.
     job = start_job()
     try:
-        wait_for(lambda: drained(settings), "the job to read part B")
+        wait_for(lambda: drained(settings), "the job to read part B", 180)
         ledger = read_ledger_ids(settings)
         assert any(c.startswith("b1-") for c in ledger), "the stream should bill part B of P1 after the close"
         redis_matches_exports(settings, [P0, P1])

@@ -1,0 +1,141 @@
+"""A new checkpoint for the billing query without losing or doubling a bill: the checkpoint's *epoch*.
+
+Spark numbers micro-batches from 0 in each checkpoint, and a new checkpoint reads its topics from
+`startingOffsets`. The job's outputs are keyed by batch id (the ledger's `batch_id=N/` folders, the Redis marker
+of the last batch applied, the versions reconciliation compares), so a new checkpoint that restarted at batch 0 from
+the earliest offsets would overwrite the old run's files, be skipped by Redis, and bill again what Kafka still holds.
+
+So a checkpoint that starts over the data of an earlier one starts a new epoch, recorded in the checkpoint folder
+(`CHECKPOINT/adbill-epoch.json`): its batch ids continue the earlier ones (the job writes batch `base + N`), and it
+reads each topic from the offset after the last record the earlier checkpoints handed to the sink (every record read
+is archived or quarantined with its offset, so the data folder itself says where they stopped). The stream's join
+state does not carry over: a pair split across the change is billed by reconciliation (`missed_match`).
+
+Starting over the data of an earlier checkpoint happens only when asked (`adbill stream --new-checkpoint`); the job
+refuses otherwise and says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+EPOCH_FILE = "adbill-epoch.json"
+
+
+class CheckpointRefusedError(RuntimeError):
+    """The checkpoint is new, but the data folder or Redis holds the output of an earlier one."""
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """Where a checkpoint's batch ids start, and the offsets it starts reading from (None: the earliest)."""
+
+    batch_id_base: int = 0
+    starting_offsets: dict[str, dict[int, int]] | None = None
+
+    def spark_starting_offsets(self, topic: str) -> str | None:
+        """`startingOffsets` of one topic's source, as Spark's JSON, or None for the default."""
+        if self.starting_offsets is None or topic not in self.starting_offsets:
+            return None
+        parts = self.starting_offsets[topic]
+        return json.dumps({topic: {str(p): o for p, o in sorted(parts.items())}})
+
+
+def checkpoint_started(checkpoint: Path) -> bool:
+    """The checkpoint has planned at least one batch (Spark wrote `offsets/N`)."""
+    offsets = checkpoint / "offsets"
+    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+
+
+def newest_batch_id(data_dir: Path) -> int | None:
+    """The largest batch id of the ledger, archive and quarantine folders (None: no batch written yet)."""
+    found = [
+        int(folder.name.removeprefix("batch_id="))
+        for pattern in ("ledger/period=*/batch_id=*", "archive/*/period=*/batch_id=*", "quarantine/batch_id=*")
+        for folder in data_dir.glob(pattern)
+        if folder.name.removeprefix("batch_id=").isdigit()
+    ]
+    return max(found, default=None)
+
+
+def offsets_read(data_dir: Path, topics: list[str]) -> dict[str, dict[int, int]]:
+    """Per topic and partition, the offset after the last record the data folder holds (archived or quarantined)."""
+    out: dict[str, dict[int, int]] = {topic: {} for topic in topics}
+    for folder in (data_dir / "archive", data_dir / "quarantine"):
+        if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+            continue
+        table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
+            columns=["topic", "partition", "offset"], filter=pc.field("topic").isin(topics)
+        )
+        grouped = table.group_by(["topic", "partition"]).aggregate([("offset", "max")])
+        for row in grouped.to_pylist():
+            parts = out[row["topic"]]
+            parts[row["partition"]] = max(parts.get(row["partition"], 0), row["offset_max"] + 1)
+    return out
+
+
+def prepare_epoch(
+    checkpoint: Path,
+    data_dir: Path,
+    partitions: Callable[[], dict[str, list[int]]],
+    redis_last_applied: int | None,
+    new_checkpoint: bool,
+) -> Epoch:
+    """The epoch of the checkpoint the job is about to start (see the module's docstring).
+
+    `partitions()` maps each topic the query reads to its partitions (a new epoch names a starting offset for
+    each; a partition never read starts from its earliest); it is asked only when a new epoch starts.
+    CheckpointRefusedError when the checkpoint is new over earlier output and `new_checkpoint` is not set, or
+    when `new_checkpoint` is set on a checkpoint that has already started."""
+    epoch_file = checkpoint / EPOCH_FILE
+    if new_checkpoint and checkpoint_started(checkpoint):
+        raise CheckpointRefusedError(
+            f"--new-checkpoint: {checkpoint} is not new (it has planned batches); the job continues it as it is. "
+            "Move it aside first if a new checkpoint is what you want."
+        )
+    if epoch_file.exists():
+        data = json.loads(epoch_file.read_text())
+        offsets = data.get("starting_offsets")
+        return Epoch(
+            batch_id_base=int(data["batch_id_base"]),
+            starting_offsets=None
+            if offsets is None
+            else {t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
+        )
+    if checkpoint_started(checkpoint):
+        return Epoch()
+    newest = max(newest_batch_id(data_dir) or -1, redis_last_applied if redis_last_applied is not None else -1)
+    if newest < 0:
+        return Epoch()  # the first start over an empty data folder
+    if not new_checkpoint:
+        raise CheckpointRefusedError(
+            f"the checkpoint {checkpoint} is new, but {data_dir} and Redis hold batches up to {newest} of an earlier "
+            "checkpoint: starting over would overwrite their files and bill again what Kafka still holds. Restore "
+            "the earlier checkpoint folder, or start a new epoch with `adbill stream --new-checkpoint`: its batches "
+            f"continue from {newest + 1} and it reads each topic from where the earlier checkpoint stopped."
+        )
+    topics = partitions()
+    read = offsets_read(data_dir, list(topics))
+    starting = {t: {p: read[t].get(p, -2) for p in sorted(parts)} for t, parts in topics.items()}
+    epoch = Epoch(batch_id_base=newest + 1, starting_offsets=starting)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    temporary = checkpoint / f".{EPOCH_FILE}.tmp"
+    temporary.write_text(
+        json.dumps(
+            {
+                "batch_id_base": epoch.batch_id_base,
+                "starting_offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in starting.items()},
+                "created_at_ms": int(time.time() * 1000),
+            },
+            indent=1,
+        )
+    )
+    temporary.replace(epoch_file)
+    return epoch

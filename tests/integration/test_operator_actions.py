@@ -1,0 +1,233 @@
+"""What operators do to a running system, on real Kafka, Spark and Redis: a new checkpoint, two reconciliations
+at once, a lost Redis. Each must neither lose nor double a bill."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from attribution.epoch import EPOCH_FILE, CheckpointRefusedError, newest_batch_id
+from attribution.job import start
+from billing.parquet_ledger import read_ledger
+from billing.redis_totals import RedisTotals
+from ops.settings import Settings
+from ops.stack import ensure_schemas
+from ops.streaming import stream_config
+from producers.simulator import SimulationConfig
+from tests import oracle
+from tests.integration.test_closing_follows_stream import T0, H, pairs, publish
+from tests.integration.test_reconcile import read_back
+from tests.web_support import login
+
+pytestmark = pytest.mark.integration
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*.parquet")}
+
+
+def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_overwriting_or_billing_twice(
+    spark: SparkSession, settings: Settings
+) -> None:
+    catalog = SimulationConfig(events=10, seed=7).catalog()
+    catalog.save(settings.catalog_file)
+    ensure_schemas(settings)
+    first = pairs("e1", T0 + 30 * 60_000, 80, catalog)
+    publish(settings, first)
+    config = stream_config(settings)
+    queries = start(spark, config, catalog)
+    try:
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+    before = {name: digests(settings.root / name) for name in ("ledger", "archive")}
+    old_batches = set(read_ledger(settings.root / "ledger")["batch_id"].to_pylist())
+
+    # The operator starts a new checkpoint (say, to change the shuffle partitions); more traffic arrives meanwhile.
+    shutil.rmtree(settings.root / "checkpoints" / "billing")
+    second = pairs("e2", T0 + H + 10 * 60_000, 80, catalog)
+    publish(settings, second)
+    with pytest.raises(CheckpointRefusedError, match="adbill stream --new-checkpoint"):
+        start(spark, config, catalog)
+
+    queries = start(spark, config, catalog, new_checkpoint=True)
+    try:
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+    assert (settings.root / "checkpoints" / "billing" / EPOCH_FILE).exists()
+    # Asking again on the checkpoint that now exists is refused: it is not new.
+    with pytest.raises(CheckpointRefusedError, match="is not new"):
+        start(spark, config, catalog, new_checkpoint=True)
+
+    # No file of the earlier checkpoint was overwritten; the new epoch's batches come after its batches.
+    for name, files in before.items():
+        after = digests(settings.root / name)
+        assert {path: after.get(path) for path in files} == files, name
+    ledger = read_ledger(settings.root / "ledger").to_pylist()
+    new_batches = {r["batch_id"] for r in ledger} - old_batches
+    assert new_batches and min(new_batches) > max(old_batches)
+    # One bill per click, every billable click billed, and Redis counted each batch once.
+    assert max(Counter(r["click_id"] for r in ledger).values()) == 1
+    expected = {
+        row["click_id"]: row["amount_micros"]
+        for row in oracle.billable(read_back(settings, len(first) + len(second)), catalog)
+    }
+    assert {r["click_id"]: r["amount_micros"] for r in ledger} == expected
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    redis_micros = sum(t.micros for t in totals.all_ad_totals().values())
+    assert redis_micros == sum(expected.values())
+    # (a batch that read nothing, such as the one Spark runs to move the watermark on, writes no file)
+    assert (totals.last_applied("billing") or -1) >= (newest_batch_id(settings.root) or 0)
+
+
+def api_figures(settings: Settings, catalog, periods: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    """Every figure the API shows an admin: each advertiser's dashboard and corrections in each period, finance,
+    the exports and the health page's counts (not the job's own progress records, which it writes anew)."""
+    from web.access import Role
+    from web.accounts import AccountsFile
+    from web.app import create_app
+
+    accounts = AccountsFile(settings.users_file)
+    if accounts.get("root") is None:
+        accounts.add("root", Role.ADMIN, PASSWORD)
+    client = create_app(settings, cache_s=0).test_client()
+    assert login(client, "root", PASSWORD).status_code == 302
+    out: dict = {"finance": {}, "dashboards": {}, "corrections": {}}
+    for period in periods:
+        out["finance"][period] = client.get(f"/api/v1/finance?period={period}").json
+        for adv in catalog.advertiser_ids:
+            out["dashboards"][(adv, period)] = client.get(f"/api/v1/advertisers/{adv}/dashboard?period={period}").json
+    for adv in catalog.advertiser_ids:
+        out["corrections"][adv] = client.get(f"/api/v1/advertisers/{adv}/corrections?limit=500").json
+    out["exports"] = client.get("/api/v1/exports").json
+    health = client.get("/api/v1/health").json
+    health.pop("queries")
+    out["health"] = health
+    out["periods"] = client.get("/api/v1/periods").json
+    return out
+
+
+PASSWORD = "a long operator password 42"
+
+
+def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_refused_while_the_job_runs(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    import dataclasses
+    import signal
+    import time
+
+    from attribution.audit import audit, record
+    from attribution.reconcile import reconcile
+    from attribution.restore import JobRunningError, restore_redis
+    from billing.events import Impression
+    from billing.periods import Periods
+    from ops.process import free_port
+    from ops.reconciling import reconcile_config
+    from ops.redis_service import LocalRedis
+
+    own_redis = LocalRedis(data_dir=tmp_path / "redis", port=free_port(), run_dir=tmp_path / "redis-run")
+    own_redis.start()
+    settings = dataclasses.replace(settings, redis_url=own_redis.url)
+    try:
+        catalog = SimulationConfig(events=10, seed=8).catalog()
+        catalog.save(settings.catalog_file)
+        ensure_schemas(settings)
+        publish(settings, pairs("r0", T0 + 30 * 60_000, 40, catalog) + pairs("r1", T0 + H + 30 * 60_000, 40, catalog))
+        queries = start(spark, stream_config(settings), catalog)
+        queries[0].processAllAvailable()
+        publish(settings, pairs("late", T0 + 20 * 60_000, 10, catalog))  # behind the watermark: corrections
+        queries[0].processAllAvailable()
+        rc = reconcile_config(settings)
+        report = reconcile(spark, rc, catalog)  # both periods are long past their horizon: closed, with corrections
+        assert report.closed == ["20260101T0000Z", "20260101T0100Z"] and report.additions > 0
+        record(rc, audit(spark, rc, catalog))
+        periods = ["20260101T0000Z", "20260101T0100Z"]
+        before = api_figures(settings, catalog, periods)
+        assert before["finance"]["20260101T0000Z"]["period"]["closed"] is True
+
+        # Redis dies and comes back empty: its append-only file is gone.
+        pid = own_redis.process.running_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while own_redis.process.running_pid() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shutil.rmtree(tmp_path / "redis")
+        own_redis.start()
+        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        assert totals.periods() == []
+
+        # While the job runs, the restore is refused; the job refuses to count a batch into the empty Redis.
+        with pytest.raises(JobRunningError, match="stop it first"):
+            restore_redis(settings.root, totals, catalog, Periods(), "billing")
+        publish(settings, [Impression("after-loss", next(iter(catalog)).ad_id, "u-after", T0 + H + 45 * 60_000)])
+        deadline = time.monotonic() + 120
+        while queries[0].isActive and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "restore-redis" in str(queries[0].exception())
+        time.sleep(1.5)
+        restored = restore_redis(settings.root, totals, catalog, Periods(), "billing", quiet_ms=1_000)
+        assert restored.closed_periods == 2 and restored.corrections == report.additions
+        # The job comes back, replays the batch Redis refused: counted once (the restore read its files).
+        queries = start(spark, stream_config(settings), catalog)
+        queries[0].processAllAvailable()
+        queries[0].stop()
+        assert api_figures(settings, catalog, periods) == before
+    finally:
+        own_redis.stop()
+
+
+def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_says_another_holds_the_lock(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from attribution.reconcile import reconcile
+    from ops.reconciling import reconcile_config
+    from tests.integration.test_reconcile import corrections
+
+    catalog = SimulationConfig(events=10, seed=9).catalog()
+    catalog.save(settings.catalog_file)
+    ensure_schemas(settings)
+    publish(settings, pairs("k0", T0 + 30 * 60_000, 30, catalog))
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        rc = reconcile_config(settings)
+        assert reconcile(spark, rc, catalog).closed == ["20260101T0000Z"]
+        # More of the closed period arrives, and the stream bills it: the next run books it as an adjustment.
+        publish(settings, pairs("k-late", T0 + 35 * 60_000, 1, catalog))
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+
+    # A cron entry and a person, at the same moment.
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}, **settings.to_env()}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", "reconcile"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    codes = sorted(run.returncode for run in runs)
+    assert codes == [0, 4], outputs
+    loser = outputs[[run.returncode for run in runs].index(4)]
+    assert b"another reconciliation run holds" in loser[1]
+
+    every = corrections(settings)
+    assert len(every) == len({c.correction_id for c in every}), "one copy per correction id"
+    assert [(c.click_id, c.reason) for c in every if c.booked_period != "20260101T0000Z"] == [
+        ("k-late-c0", "billed_after_close")
+    ]
+    again = reconcile(spark, reconcile_config(settings), catalog)  # the next run succeeds, and writes nothing
+    assert (again.additions, again.retractions) == (0, 0)
