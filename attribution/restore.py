@@ -28,6 +28,7 @@ from attribution.epoch import newest_batch_id
 from attribution.progress import heartbeat_key
 from billing.catalog import Catalog
 from billing.corrections import Correction, corrections_from_arrow
+from billing.durable import make_folder, replace_files
 from billing.export import MANIFEST_FILE, export_totals, read_export
 from billing.parquet_ledger import ledger_totals, read_ledger
 from billing.periods import Periods
@@ -137,10 +138,10 @@ def restore_redis(
 def save_record(data_dir: Path, name: str, record: dict[str, object]) -> None:
     """Keep a reconciliation or audit record beside the state file (written, flushed, renamed into place)."""
     folder = data_dir / "reconcile"
-    folder.mkdir(parents=True, exist_ok=True)
+    touched = make_folder(folder)
     temporary = folder / f".{name}.tmp"
     temporary.write_text(json.dumps(record, indent=1, default=str))
-    temporary.replace(folder / name)
+    replace_files([(temporary, folder / name)], touched)
 
 
 def _table(folder: Path, columns: list[str]) -> pa.Table:

@@ -102,6 +102,10 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     return 1 if failed else 0
 
 
+RESTORE_TIMEOUT_S = 300.0
+"""Deadline of one Redis call of `adbill restore-redis`."""
+
+
 def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
     from attribution.job import BILLING_QUERY
@@ -110,7 +114,11 @@ def restore_redis(settings: Settings) -> int:
     from billing.periods import Periods
     from billing.redis_totals import RedisTotals
 
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    # The whole ledger's totals go to Redis in one script: on a long history that takes longer than one live batch
+    # may, and the job is stopped, so the deadline is a generous one.
+    totals = RedisTotals.from_url(
+        settings.redis_url, settings.redis_prefix, timeout_s=max(settings.redis_timeout_ms / 1000, RESTORE_TIMEOUT_S)
+    )
     print("restore-redis: checking that the streaming job is stopped (up to 12 s) ...", flush=True)
     try:
         done = restore_redis(
