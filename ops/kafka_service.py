@@ -244,4 +244,7 @@ def _align_configs(admin: Any, names: list[str], configs: dict[str, str], timeou
         try:
             admin.incremental_alter_configs([change])[change].result(timeout=timeout_s)
         except Exception as exc:
-            raise ServiceError(f"cannot set {differ} on topic {name}: {exc}") from exc
+            raise ServiceError(
+                f"cannot set {differ} on topic {name}: {exc}; set it with Kafka's kafka-configs.sh, or allow this "
+                "client to alter the topic's configs"
+            ) from exc
