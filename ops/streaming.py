@@ -36,6 +36,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         redis_prefix=settings.redis_prefix,
         impression_watermark_ms=settings.impression_watermark_ms,
         click_watermark_ms=settings.click_watermark_ms,
+        clock_tolerance_ms=settings.clock_tolerance_ms,
         trigger_ms=settings.trigger_ms,
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
