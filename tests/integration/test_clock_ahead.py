@@ -1,7 +1,7 @@
 """A producer whose clock runs ahead must not stall live billing.
 
-Steady simulated traffic is sent at its own pace while the job runs, so its event times follow the wall clock as
-live traffic's do; halfway through, events whose time is 50 minutes ahead of the time Kafka receives them are sent
+Steady simulated traffic is sent live while the job runs (`LiveSchedule`), so its event times follow the wall clock
+as live traffic's do; halfway through, events whose time is 50 minutes ahead of the time Kafka receives them are sent
 too (valid: intake quarantines only what is more than an hour ahead). The same traffic (same seed) without them
 is the baseline, run once for the module. Each run is held to: the stream bills at least 99 % of what it bills
 in the baseline, and makes nothing late; the skewed events are counted as clock ahead; after reconciliation the
@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from attribution.job import start
 from attribution.progress import HealthListener
 from attribution.reconcile import reconcile
+from attribution.restore import restore_redis
 from billing.catalog import Catalog
 from billing.corrections import corrections_from_arrow
 from billing.events import Click, Event, Impression
@@ -40,8 +41,16 @@ from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
-from producers.publisher import EventPublisher, Pacer
-from producers.simulator import Arrival, ArrivalKind, GroundTruth, SimulationConfig, Simulator, system_clock_ms
+from producers.publisher import EventPublisher
+from producers.simulator import (
+    Arrival,
+    ArrivalKind,
+    GroundTruth,
+    LiveSchedule,
+    SimulationConfig,
+    Simulator,
+    system_clock_ms,
+)
 from producers.wire import EventSerializer
 from tests.conftest import fresh_topics, own_settings
 from web.model import EventCounts
@@ -53,8 +62,8 @@ S = 1_000
 SKEW_MS = 50 * 60 * S
 """How far ahead of the time Kafka receives them the skewed events' clocks are."""
 
-STEADY = SimulationConfig(events=6_400, seed=16, users=300, impression_rate=360.0, late_fraction=0.0, bad_fraction=0.0)
-"""About 400 events/s for 16 s, nothing late or bad: whatever the stream misses, a skewed clock made it miss."""
+STEADY = SimulationConfig(events=6_400, seed=16, users=300, late_fraction=0.0, bad_fraction=0.0).at_arrival_rate(400)
+"""400 events/s for 16 s, nothing late or bad: whatever the stream misses, a skewed clock made it miss."""
 
 HALFWAY = STEADY.events // 2 if STEADY.events else 0
 
@@ -94,14 +103,13 @@ def publisher(settings: Settings) -> EventPublisher:
 
 
 def send_live(settings: Settings, run_dir: Path, inject: Mapping[int, Injection]) -> tuple[dict[str, int], list]:
-    """The steady traffic at its own rate, with `inject[n]`'s events sent before arrival n; (truth, injected)."""
-    rate = STEADY.expected_arrival_rate()
-    simulator = Simulator(STEADY, system_clock_ms, rate)
+    """The steady traffic live (event times follow the clock), with `inject[n]`'s events sent before arrival n;
+    (truth, injected)."""
+    simulator = Simulator(STEADY, system_clock_ms, live=True)
     truth = GroundTruth(simulator.catalog, workdir=run_dir / "truth")
     out = publisher(settings)
-    pacer = Pacer(rate)
     injected: list[Event] = []
-    for arrival in simulator.arrivals():
+    for arrival in LiveSchedule().run(simulator.arrivals()):
         if arrival.position in inject:
             now = system_clock_ms()
             for event in inject[arrival.position](now):
@@ -110,7 +118,6 @@ def send_live(settings: Settings, run_dir: Path, inject: Mapping[int, Injection]
                 injected.append(event)
         out.publish(arrival)
         truth.observe(arrival)
-        pacer.pace()
     assert out.flush(30) == 0
     assert out.summary().delivery_failures == 0
     result = truth.finish(run_dir / "billable.jsonl")
@@ -212,6 +219,19 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
     join = [op for p in run.progress for op in p["stateOperators"] if op["operatorName"] == "symmetricHashJoin"]
     assert sum(op["numRowsRemoved"] for op in join) > 0
     reconciled_exactly(spark, run)
+    # Redis lost and restored from the data folder: the counts come back from the archive.
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals.wipe_billing()
+    restore_redis(
+        settings.root,
+        totals,
+        STEADY.catalog(),
+        Periods(settings.period_ms),
+        "billing",
+        quiet_ms=0,
+        wait_for_heartbeat_s=0,
+    )
+    assert clock_ahead(run) == {(ad.ad_id, "impression"): 1, (ad.ad_id, "click"): 1}
 
 
 def test_skewed_clicks_on_one_stream_only(
@@ -299,7 +319,8 @@ def reconciled_exactly(spark: SparkSession, run: LiveRun) -> None:
     periods = Periods(run.settings.period_ms)
     last = max(max(e.event_time for e in run.skewed), max(row["click_time"] for row in run.ledger))
     until = periods.end_of(last)
-    reconcile(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until)
+    # The job read everything and was stopped: a forced run closes the periods without asking where it stands.
+    reconcile(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until, force=True)
     nets: Counter[str] = Counter()
     micros: Counter[str] = Counter()
     for row in run.ledger:
