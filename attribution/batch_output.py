@@ -1,5 +1,6 @@
 """One micro-batch's output, as Arrow tables on the driver: the ledger, archive and quarantine rows, their Parquet
-files and the figures Redis is given. Pure pyarrow: no Spark, no services.
+files and the figures Redis is given (totals; late, clock-ahead and quarantine counts). Pure pyarrow: no Spark, no
+services.
 
 In: the batch as `BatchSink` collects it (`DataFrame.toArrow()` of the job's output: rows of `KIND` `bill` with
 the billable columns, rows of `KIND` `intake` with the archive's columns and a `reason` that is null for a valid
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 from billing.durable import fsync_folder, make_folder, replace_files
 from billing.parquet_ledger import ledger_totals
 from billing.periods import Periods
-from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
+from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
 
 KIND = "kind"
 """Which branch a row of the job's output comes from: `bill` or `intake`."""
@@ -83,8 +84,8 @@ def split_batch(
 ) -> BatchOutput:
     """The ledger, archive and quarantine rows of one collected batch.
 
-    A valid event is `late` when its event time is at or below `late_watermark_ms`, the watermark the join
-    used to drop late input rows of this batch (`attribution.job.late_watermark_ms`)."""
+    A valid event is `late` when its watermark time (`watermark_time_ms`) is at or below `late_watermark_ms`, the
+    watermark the join used to drop late input rows of this batch (`attribution.job.late_watermark_ms`)."""
     kind = batch.column(KIND)
     bills = batch.filter(pc.equal(kind, "bill"))
     intake = batch.filter(pc.equal(kind, "intake"))
@@ -95,7 +96,7 @@ def split_batch(
     bills = _with_period(bills, "click_time", periods)
     bills = bills.append_column("billed_at_ms", _constant(billed_at_ms, bills.num_rows))
     bills = bills.append_column("batch_id", _constant(batch_id, bills.num_rows))
-    late = pc.less_equal(events.column("event_time"), pa.scalar(late_watermark_ms, pa.int64()))
+    late = pc.less_equal(watermark_time_ms(events), pa.scalar(late_watermark_ms, pa.int64()))
     events = events.append_column("late", late)
     events = _with_period(events, "event_time", periods)
     events = events.append_column("batch_id", _constant(batch_id, events.num_rows))
@@ -112,21 +113,23 @@ def bill_totals(bills: pa.Table) -> list[TotalsRow]:
     return [TotalsRow(**row) for row in ledger_totals(bills)]  # type: ignore[arg-type]
 
 
+def watermark_time_ms(events: pa.Table) -> pa.Array:
+    """The time each event counts at for the stream's watermark: the earlier of its event time and the time Kafka
+    received it (`attribution.join.watermarked`, here on archive rows)."""
+    return pc.min_element_wise(events.column("event_time"), events.column("received_ms"))
+
+
 def late_counts(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[LateCount]:
     """Late events per period, ad and event type of a batch's archive rows."""
-    late = events.filter(events.column("late"))
-    grouped = late.group_by(["period", "period_start_ms", "ad_id", "event_type"]).aggregate([([], "count_all")])
-    return [
-        LateCount(
-            row["period"],
-            row["period_start_ms"],
-            advertiser_of[row["ad_id"]],
-            row["ad_id"],
-            row["event_type"],
-            row["count_all"],
-        )
-        for row in grouped.to_pylist()
-    ]
+    return [LateCount(*key) for key in _counts_per_ad(events.filter(events.column("late")), advertiser_of)]
+
+
+def clock_ahead_counts(events: pa.Table, advertiser_of: Mapping[str, str], tolerance_ms: int) -> list[ClockAheadCount]:
+    """Events whose time is more than `tolerance_ms` ahead of the time Kafka received them, per period (of the
+    event time, as every count), ad and event type of a batch's archive rows."""
+    limit = pc.add(events.column("received_ms"), pa.scalar(tolerance_ms, pa.int64()))
+    ahead = events.filter(pc.greater(events.column("event_time"), limit))
+    return [ClockAheadCount(*key) for key in _counts_per_ad(ahead, advertiser_of)]
 
 
 def quarantine_counts(bad: pa.Table, advertiser_of: Mapping[str, str]) -> list[QuarantineCount]:
@@ -176,6 +179,22 @@ def write_batch_files(table: pa.Table, root: Path, partitions: Sequence[str]) ->
         if stale:
             fsync_folder(folder)
     return [target for _, target in moves]
+
+
+def _counts_per_ad(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[tuple[str, int, str, str, str, int]]:
+    """(period, period start, advertiser, ad, event type, events) of archive rows."""
+    grouped = events.group_by(["period", "period_start_ms", "ad_id", "event_type"]).aggregate([([], "count_all")])
+    return [
+        (
+            row["period"],
+            row["period_start_ms"],
+            advertiser_of[row["ad_id"]],
+            row["ad_id"],
+            row["event_type"],
+            row["count_all"],
+        )
+        for row in grouped.to_pylist()
+    ]
 
 
 def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:

@@ -5,15 +5,17 @@ One named query, `billing`, with one checkpoint folder. Each micro-batch carries
 of two branches over the same two Kafka sources, so that everything a batch read is written under that
 batch's id, together:
 
-- `bill`: decode -> valid -> watermark per stream -> `attribute()` (the stream-stream join by `ad_id`,
-  `user_id`, first match per click) -> priced;
+- `bill`: decode -> valid -> watermark per stream (on the earlier of event time and Kafka's receipt time,
+  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click)
+  -> priced;
 - `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
-  when the watermark kept them out of the join; bad input goes to the quarantine table and topic.
+  when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
+  goes to the quarantine table and topic.
 
 The sink (`BatchSink`) collects each batch to the driver as Arrow, writes the ledger, the archive and the
 quarantine table as Parquet under `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its
 own files and nothing else), sends bad records to the quarantine topic, and then applies the batch's totals,
-late counts and quarantine counts to Redis in one Lua script that skips a batch id it has already applied.
+late, clock-ahead and quarantine counts to Redis in one Lua script that skips a batch id it has already applied.
 
 The job receives its sources' addresses and its sinks' places in a `StreamConfig`; `ops` builds that from the
 settings, so the same job runs in local mode and against a Spark cluster.
@@ -37,6 +39,7 @@ from attribution.batch_output import (
     KIND,
     RECEIVED_COLUMNS,
     bill_totals,
+    clock_ahead_counts,
     late_counts,
     quarantine_counts,
     split_batch,
@@ -45,7 +48,7 @@ from attribution.batch_output import (
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import Epoch, prepare_epoch
-from attribution.join import attribute, catalog_frame
+from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
 from attribution.stream_position import end_offsets
 from billing.catalog import Catalog
@@ -74,6 +77,8 @@ class StreamConfig:
     redis_prefix: str
     impression_watermark_ms: int = 30_000
     click_watermark_ms: int = 30_000
+    clock_tolerance_ms: int = 60_000
+    """How far an event's time may be ahead of its receipt by Kafka before it is counted as clock ahead."""
     trigger_ms: int = 1_000
     period_ms: int = 3_600_000
     max_offsets_per_trigger: int = 200_000
@@ -145,12 +150,8 @@ def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataF
     valid_impressions, _ = split(impressions)
     valid_clicks, _ = split(clicks)
     bills = attribute(
-        valid_impressions.withWatermark("event_ts", f"{config.impression_watermark_ms} milliseconds").observe(
-            "impressions", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
-        ),
-        valid_clicks.withWatermark("event_ts", f"{config.click_watermark_ms} milliseconds").observe(
-            "clicks", F.max("event_time").alias("max_event_time"), F.count(F.lit(1)).alias("rows")
-        ),
+        _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
+        _observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config),
         catalog,
     )
     bills = bills.drop("click_ts")
@@ -161,6 +162,18 @@ def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataF
     )
     return bills.withColumn(KIND, F.lit("bill")).unionByName(
         intake.withColumn(KIND, F.lit("intake")), allowMissingColumns=True
+    )
+
+
+def _observed(events: DataFrame, stream: str, config: StreamConfig) -> DataFrame:
+    """`events` with per-batch metrics for the health listener (`attribution.progress`): the largest watermark
+    time (the stream's own watermark is that less its delay), rows, and rows whose clock is ahead."""
+    ahead = F.col("event_time") > F.col("received_ms") + F.lit(config.clock_tolerance_ms)
+    return events.observe(
+        stream,
+        F.max(F.unix_millis(F.col(WATERMARK_TS))).alias("max_watermark_time"),
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.when(ahead, True)).alias("clock_ahead"),
     )
 
 
@@ -237,6 +250,7 @@ class BatchSink:
             bill_totals(out.bills),
             late=late_counts(out.events, self.advertiser_of),
             quarantined=quarantine_counts(out.bad, self.advertiser_of),
+            clock_ahead=clock_ahead_counts(out.events, self.advertiser_of, self.config.clock_tolerance_ms),
             require_history=True,
         )
         clock.lap("redis")
@@ -268,8 +282,9 @@ class _PhaseClock:
 
 
 def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> int:
-    """The event-time watermark the query's stateful operators use to drop late rows in `batch_id`: the one
-    the previous batch ran with (Spark keeps it in the offset log, `offsets/N`, as `batchWatermarkMs`)."""
+    """The watermark the query's stateful operators use to drop late rows in `batch_id` (rows whose
+    `watermark_ts` is at or below it): the one the previous batch ran with (Spark keeps it in the offset log,
+    `offsets/N`, as `batchWatermarkMs`)."""
     if batch_id == 0:
         return 0
     jvm: Any = spark.sparkContext._jvm

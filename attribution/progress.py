@@ -2,7 +2,9 @@
 (for the UI) and in Prometheus gauges (for scrapers).
 
 Per batch and query: input rows and rates, batch duration, the query's watermark and each stream's own watermark
-(its largest event time seen, less its delay), state rows and memory, and rows dropped by the watermark.
+(its largest watermark time seen, the earlier of event time and Kafka's receipt time, less its delay), state rows
+and memory, rows dropped by the watermark, and each stream's events whose clock was ahead of Kafka's by more than
+the tolerance (also a Prometheus counter, `adbill_clock_ahead_events_total`).
 
 Redis keys: `PREFIX:health:query:NAME` (hash, the latest batch), `PREFIX:health:history:NAME` (list of JSON, newest
 first, capped at `HISTORY`), `PREFIX:health:heartbeat:NAME` (epoch ms of the query's last batch or idle trigger:
@@ -19,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -38,6 +40,11 @@ _STATE_ROWS = Gauge("adbill_state_rows", "Rows held in state, all operators", ["
 _STATE_BYTES = Gauge("adbill_state_memory_bytes", "Memory used by state, all operators", ["query"])
 _DROPPED = Gauge("adbill_rows_dropped_by_watermark", "Rows the watermark kept out, last batch", ["query"])
 _BATCH = Gauge("adbill_batch_id", "Id of the last completed micro-batch", ["query"])
+_CLOCK_AHEAD = Counter(
+    "adbill_clock_ahead_events",
+    "Valid events whose time was ahead of Kafka's receipt time by more than the tolerance",
+    ["query", "stream"],
+)
 
 
 def heartbeat_key(prefix: str, query: str) -> str:
@@ -88,15 +95,17 @@ class Heartbeat(StreamingQueryListener):
 
 def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_max: dict[str, int]) -> dict[str, Any]:
     """The health record of one batch, from Spark's progress JSON. `seen_max` carries each stream's largest
-    event time across batches (updated here), since a batch only reports its own."""
+    watermark time across batches (updated here), since a batch only reports its own."""
     state = progress.get("stateOperators") or []
     watermarks: dict[str, int | None] = {}
+    clock_ahead: dict[str, int] = {}
     for stream, delay in delays_ms.items():
         observed = (progress.get("observedMetrics") or {}).get(stream) or {}
-        latest = observed.get("max_event_time")
+        latest = observed.get("max_watermark_time")
         if latest is not None:
             seen_max[stream] = max(seen_max.get(stream, latest), int(latest))
         watermarks[stream] = seen_max[stream] - delay if stream in seen_max else None
+        clock_ahead[stream] = int(observed.get("clock_ahead") or 0)
     sources = progress.get("sources") or []
     # Records read: the offsets each source advanced. Spark's numInputRows counts a record once per branch of
     # the query that scans its source, and the job reads each topic in two branches (join and intake).
@@ -117,6 +126,7 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
         "state_rows": sum(op.get("numRowsTotal", 0) for op in state),
         "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in state),
         "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in state),
+        "clock_ahead_events": clock_ahead,
         "sources": [
             {
                 "description": s.get("description"),
@@ -188,6 +198,8 @@ class HealthListener(StreamingQueryListener):
         for stream, value in record["stream_watermarks_ms"].items():
             if value is not None:
                 _WATERMARK.labels(name, stream).set(value)
+        for stream, events in record["clock_ahead_events"].items():
+            _CLOCK_AHEAD.labels(name, stream).inc(events)
 
 
 def _offsets(value: Any) -> dict[str, dict[str, int]] | None:

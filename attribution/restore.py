@@ -1,10 +1,10 @@
 """Redis restored from the data folder, after Redis lost its data: every figure the UI and the API show.
 
-Redis holds nothing that the data folder does not: the billed totals come from the ledger (closed periods from
-their exports), the corrections and their lists from the corrections Parquet, the late counts from the archive's
-`late` flags, the quarantine counts from the quarantine table and the id-conflict files, the closed periods from
-the exports, the last reconciliation and audit from their records beside the state file. Only the job's own
-health records are not restored: the job writes them again on its next batch.
+Redis holds nothing that the data folder does not: the billed totals come from the ledger (closed periods from their
+exports), the corrections and their lists from the corrections Parquet, the late counts from the archive's `late` flags,
+the clock-ahead counts from the archive's event and receipt times, the quarantine counts from the quarantine table and
+the id-conflict files, the closed periods from the exports, the last reconciliation and audit from their records beside
+the state file. Only the job's own health records are not restored: the job writes them again on its next batch.
 
 The job must not apply a batch meanwhile: `restore_redis` refuses while it reports (its heartbeat) or its checkpoint
 moves, and the job itself refuses to apply a batch to a Redis that has lost the record of the batches applied
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from attribution.batch_output import late_counts, quarantine_counts
+from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
 from attribution.epoch import newest_batch_id
 from attribution.progress import heartbeat_key
 from billing.catalog import Catalog
@@ -53,6 +53,7 @@ class Restored:
     corrections: int
     closed_periods: int
     late_events: int
+    clock_ahead_events: int
     quarantined: int
 
 
@@ -77,6 +78,7 @@ def restore_redis(
     query: str,
     quiet_ms: int = 30_000,
     wait_for_heartbeat_s: float = 12.0,
+    clock_tolerance_ms: int = 60_000,
 ) -> Restored:
     """Replace every billing figure under the prefix with what the data folder says (see the module's docstring).
 
@@ -96,6 +98,7 @@ def restore_redis(
     ledger = read_ledger(data_dir / "ledger")
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
     late = _late_events(data_dir / "archive")
+    ahead = _clock_ahead_events(data_dir / "archive", clock_tolerance_ms)
     bad = _table(data_dir / "quarantine", ["reason", "topic", "ad_id"])
     last_batch = max(newest_batch_id(data_dir) or -1, 0)
     totals.apply_batch(
@@ -104,6 +107,7 @@ def restore_redis(
         rows,
         late=late_counts(late, advertiser_of) if late.num_rows else [],
         quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
+        clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
     )
 
     corrections = _corrections_in_written_order(data_dir / "corrections")
@@ -131,6 +135,7 @@ def restore_redis(
         corrections=len(corrections),
         closed_periods=closed,
         late_events=late.num_rows,
+        clock_ahead_events=ahead.num_rows,
         quarantined=bad.num_rows + conflicts.num_rows,
     )
 
@@ -159,6 +164,20 @@ def _late_events(archive: Path) -> pa.Table:
     return table.cast(
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("late", pa.bool_())])
+    )  # fmt: skip
+
+
+def _clock_ahead_events(archive: Path, tolerance_ms: int) -> pa.Table:
+    """The archived events more than `tolerance_ms` ahead of their receipt, as `clock_ahead_counts` reads them."""
+    columns = ["event_type", "period", "period_start_ms", "ad_id", "event_time", "received_ms"]
+    if not archive.is_dir() or not any(archive.rglob("*.parquet")):
+        return pa.table({name: pa.array([], pa.int64()) for name in columns})
+    dataset = ds.dataset(archive, format="parquet", partitioning="hive")
+    ahead = pc.field("event_time") > pc.field("received_ms") + tolerance_ms
+    table = dataset.to_table(columns=columns, filter=ahead)
+    return table.cast(
+        pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
+                   ("ad_id", pa.string()), ("event_time", pa.int64()), ("received_ms", pa.int64())])
     )  # fmt: skip
 
 

@@ -15,6 +15,9 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 | `PREFIX:quarantined:adv:ADVERTISER` | hash | quarantined records on that advertiser's ads, per reason |
 | `PREFIX:late:PERIOD:ad:AD`, `...:adv:ADVERTISER` | hash | `impressions`, `clicks` the watermark kept out of the join |
 | `PREFIX:late-periods` | sorted set | event periods with late events, scored by period start |
+| `PREFIX:clock-ahead:PERIOD:ad:AD`, `...:adv:ADV` | hash | `impressions`, `clicks` too far ahead of Kafka's clock |
+| `PREFIX:clock-ahead:PERIOD:ads` | set | ads with clock-ahead events in that period |
+| `PREFIX:clock-ahead-periods` | sorted set | event periods with clock-ahead events, scored by period start |
 | `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
 | `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
 | `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
@@ -182,6 +185,20 @@ class LateCount:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockAheadCount:
+    """Events of one type on one ad and period whose time was ahead of the time Kafka received them by more than
+    the tolerance: valid and billed on their own time, counted so that the producer's clock gets fixed."""
+
+    period: str
+    period_start_ms: int
+    advertiser_id: str
+    ad_id: str
+    event_type: str
+    """`impression` or `click`."""
+    events: int
+
+
+@dataclass(frozen=True, slots=True)
 class QuarantineCount:
     """Quarantined records of one reason from one topic (and one advertiser when the ad is known)."""
 
@@ -221,13 +238,14 @@ class RedisTotals:
         rows: Iterable[TotalsRow],
         late: Iterable[LateCount] = (),
         quarantined: Iterable[QuarantineCount] = (),
+        clock_ahead: Iterable[ClockAheadCount] = (),
         require_history: bool = False,
     ) -> bool:
-        """Add a micro-batch's totals, late and quarantine counts once; False when that batch (or a later one)
-        was already applied. With `require_history` (the streaming job), a batch after the first is refused
-        (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its data.
-        Bills of a closed period change nothing: finance has its export (reconciliation books what the stream
-        billed after the close as adjustments in an open period)."""
+        """Add a micro-batch's totals, late, quarantine and clock-ahead counts once; False when that batch (or a
+        later one) was already applied. With `require_history` (the streaming job), a batch after the first is
+        refused (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its
+        data. Bills of a closed period change nothing: finance has its export (reconciliation books what the
+        stream billed after the close as adjustments in an open period)."""
         ops: list[list[Any]] = []
         for row in rows:
             adv = self.key("totals", row.period, "adv", row.advertiser_id)
@@ -252,6 +270,19 @@ class RedisTotals:
                 ["hincrby", self.key("late", count.period, "ad", count.ad_id), field, str(count.events)],
                 ["hincrby", self.key("late", count.period, "adv", count.advertiser_id), field, str(count.events)],
                 ["zadd", self.key("late-periods"), str(count.period_start_ms), count.period],
+            ]
+        for ahead in clock_ahead:
+            field = f"{ahead.event_type}s"
+            ops += [
+                ["hincrby", self.key("clock-ahead", ahead.period, "ad", ahead.ad_id), field, str(ahead.events)],
+                [
+                    "hincrby",
+                    self.key("clock-ahead", ahead.period, "adv", ahead.advertiser_id),
+                    field,
+                    str(ahead.events),
+                ],
+                ["sadd", self.key("clock-ahead", ahead.period, "ads"), ahead.ad_id],
+                ["zadd", self.key("clock-ahead-periods"), str(ahead.period_start_ms), ahead.period],
             ]
         for q in quarantined:
             ops.append(["hincrby", self.key("quarantine", q.reason), q.topic, str(q.records)])
@@ -372,6 +403,11 @@ class RedisTotals:
         values = self.client.hgetall(self.key("late", period, level, item_id))
         return {_text(k).removesuffix("s"): int(v) for k, v in values.items()}  # type: ignore[union-attr]
 
+    def clock_ahead(self, period: str, level: str, item_id: str) -> dict[str, int]:
+        """Clock-ahead events of an ad (`level` `ad`) or an advertiser (`adv`) in a period: event type -> count."""
+        values = self.client.hgetall(self.key("clock-ahead", period, level, item_id))
+        return {_text(k).removesuffix("s"): int(v) for k, v in values.items()}  # type: ignore[union-attr]
+
     def quarantined_for(self, advertiser_id: str) -> dict[str, int]:
         """Quarantined records on an advertiser's ads: reason -> count."""
         values = self.client.hgetall(self.key("quarantined", "adv", advertiser_id))
@@ -402,6 +438,8 @@ class RedisTotals:
         "applied:*",
         "late:*",
         "late-periods",
+        "clock-ahead:*",
+        "clock-ahead-periods",
         "corrections:*",
         "correction-list:*",
         "quarantine:*",

@@ -53,6 +53,11 @@ class Settings:
     shuffle_partitions: int = _setting(4, "spark.sql.shuffle.partitions; fixed by the first checkpoint.")
     impression_watermark_ms: int = _setting(30_000, "Watermark delay of the impressions stream, in ms.")
     click_watermark_ms: int = _setting(30_000, "Watermark delay of the clicks stream, in ms.")
+    clock_tolerance_ms: int = _setting(
+        60_000,
+        "How far an event's time may be ahead of the time Kafka received it before it is counted as clock ahead, "
+        "in ms. Such events are valid and billed on their own time; the watermarks follow Kafka's time.",
+    )
     trigger_ms: int = _setting(1_000, "Micro-batch trigger interval of the streaming job, in ms.")
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
     max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
@@ -122,7 +127,13 @@ class Settings:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
-        for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms", "web_trusted_proxies"):
+        for name in (
+            "impression_watermark_ms",
+            "click_watermark_ms",
+            "clock_tolerance_ms",
+            "trigger_ms",
+            "web_trusted_proxies",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")
         for name in ("web_session_hours", "web_idle_minutes", "web_login_limit", "web_address_login_limit"):

@@ -36,6 +36,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         redis_prefix=settings.redis_prefix,
         impression_watermark_ms=settings.impression_watermark_ms,
         click_watermark_ms=settings.click_watermark_ms,
+        clock_tolerance_ms=settings.clock_tolerance_ms,
         trigger_ms=settings.trigger_ms,
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
@@ -122,7 +123,12 @@ def restore_redis(settings: Settings) -> int:
     print("restore-redis: checking that the streaming job is stopped (up to 12 s) ...", flush=True)
     try:
         done = restore_redis(
-            settings.root, totals, Catalog.load(settings.catalog_file), Periods(settings.period_ms), BILLING_QUERY
+            settings.root,
+            totals,
+            Catalog.load(settings.catalog_file),
+            Periods(settings.period_ms),
+            BILLING_QUERY,
+            clock_tolerance_ms=settings.clock_tolerance_ms,
         )
     except JobRunningError as exc:
         print(f"restore-redis: refused: {exc}", file=sys.stderr)
@@ -130,6 +136,7 @@ def restore_redis(settings: Settings) -> int:
     print(
         f"restore-redis: up to batch {done.last_batch}: {done.billed_clicks:,} billed clicks "
         f"({done.billed_micros:,} micros), {done.corrections:,} corrections, {done.closed_periods} closed "
-        f"period(s), {done.late_events:,} late events, {done.quarantined:,} quarantined records; start the job again"
+        f"period(s), {done.late_events:,} late and {done.clock_ahead_events:,} clock-ahead events, "
+        f"{done.quarantined:,} quarantined records; start the job again"
     )
     return 0

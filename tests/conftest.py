@@ -77,9 +77,8 @@ class TopicNames:
         return {"impression": self.impressions, "click": self.clicks}
 
 
-@pytest.fixture
-def topics(kafka: LocalKafka) -> TopicNames:
-    """Fresh impressions, clicks and quarantine topics (4 partitions each, the stack's configs) for one test."""
+def fresh_topics(kafka: LocalKafka) -> TopicNames:
+    """New impressions, clicks and quarantine topics (4 partitions each, the stack's configs)."""
     tag = uuid.uuid4().hex[:10]
     names = TopicNames(f"impressions-{tag}", f"clicks-{tag}", f"quarantine-{tag}")
     ensure_topics(
@@ -88,12 +87,11 @@ def topics(kafka: LocalKafka) -> TopicNames:
     return names
 
 
-@pytest.fixture
-def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
-    """Settings of one test: the session's services, the test's own topics, data folder and key prefix."""
+def own_settings(folder: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
+    """Settings on the session's services with their own topics, data folder (under `folder`) and key prefix."""
     return Settings.from_env(
         {},
-        home=tmp_path / "home",
+        home=folder / "home",
         deps_dir=DEPS_DIR,
         kafka_bootstrap=kafka.bootstrap,
         topic_impressions=topics.impressions,
@@ -102,6 +100,18 @@ def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
+
+
+@pytest.fixture
+def topics(kafka: LocalKafka) -> TopicNames:
+    """Fresh topics for one test."""
+    return fresh_topics(kafka)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
+    """Settings of one test: the session's services, the test's own topics, data folder and key prefix."""
+    return own_settings(tmp_path, kafka, topics, redis_server)
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from web.model import (
     AdLine,
     Billed,
     Correction,
+    EventCounts,
     Export,
     Figures,
-    LateCounts,
     Period,
     PeriodBill,
 )
@@ -96,6 +96,7 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
         "period": _period(d.period) if d.period else None,
         "totals": _billed(d.billed),
         "late": _late(d.late),
+        "clock_ahead": _clock_ahead(d.clock_ahead),
         "campaigns": [{"campaign_id": c.campaign_id, **_billed(c.billed)} for c in d.campaigns],
         "ads": [_ad_line(a) for a in d.ads],
         "series": [_period_bill(b) for b in d.series],
@@ -220,6 +221,10 @@ def health() -> Response:
             ],
             "quarantined": h.quarantined,
             "late": [{"period": b.period.key, **_late(b.late)} for b in h.late],
+            "clock_ahead": [
+                {"period": c.period.key, "advertiser_id": c.advertiser_id, "ad_id": c.ad_id, **_clock_ahead(c.counts)}
+                for c in h.clock_ahead
+            ],
             "last_reconciliation": None
             if h.reconciliation is None
             else {
@@ -255,8 +260,12 @@ def _billed(b: Billed) -> dict[str, Any]:
     }
 
 
-def _late(late: LateCounts) -> dict[str, int]:
+def _late(late: EventCounts) -> dict[str, int]:
     return {"late_impressions": late.impressions, "late_clicks": late.clicks}
+
+
+def _clock_ahead(ahead: EventCounts) -> dict[str, int]:
+    return {"clock_ahead_impressions": ahead.impressions, "clock_ahead_clicks": ahead.clicks}
 
 
 def _period(p: Period) -> dict[str, Any]:
@@ -264,11 +273,17 @@ def _period(p: Period) -> dict[str, Any]:
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:
-    return {**_period(b.period), **_billed(b.billed), **_late(b.late)}
+    return {**_period(b.period), **_billed(b.billed), **_late(b.late), **_clock_ahead(b.clock_ahead)}
 
 
 def _ad_line(a: AdLine) -> dict[str, Any]:
-    return {"ad_id": a.ad_id, "campaign_id": a.campaign_id, **_billed(a.billed), **_late(a.late)}
+    return {
+        "ad_id": a.ad_id,
+        "campaign_id": a.campaign_id,
+        **_billed(a.billed),
+        **_late(a.late),
+        **_clock_ahead(a.clock_ahead),
+    }
 
 
 def _correction(c: Correction) -> dict[str, Any]:

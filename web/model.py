@@ -47,14 +47,20 @@ class Billed:
 
 
 @dataclass(frozen=True, slots=True)
-class LateCounts:
-    """Events the watermark kept out of the streaming join, for reconciliation to bill."""
+class EventCounts:
+    """Impressions and clicks of one kind: late ones (the watermark kept them out of the streaming join, for
+    reconciliation to bill), or clock-ahead ones (their time was ahead of Kafka's receipt by more than the
+    tolerance; billed on their own time)."""
 
     impressions: int = 0
     clicks: int = 0
 
-    def __add__(self, other: LateCounts) -> LateCounts:
-        return LateCounts(self.impressions + other.impressions, self.clicks + other.clicks)
+    def __add__(self, other: EventCounts) -> EventCounts:
+        return EventCounts(self.impressions + other.impressions, self.clicks + other.clicks)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.impressions == 0 and self.clicks == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +83,8 @@ class AdLine:
     ad_id: str
     campaign_id: str
     billed: Billed
-    late: LateCounts
+    late: EventCounts
+    clock_ahead: EventCounts = EventCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +93,8 @@ class PeriodBill:
 
     period: Period
     billed: Billed
-    late: LateCounts = LateCounts()
+    late: EventCounts = EventCounts()
+    clock_ahead: EventCounts = EventCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +106,8 @@ class Dashboard:
     period: Period | None
     periods: list[Period]
     billed: Billed
-    late: LateCounts
+    late: EventCounts
+    clock_ahead: EventCounts
     campaigns: list[CampaignLine]
     ads: list[AdLine]
     series: list[PeriodBill]
@@ -282,12 +291,23 @@ class Audit:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockAheadLine:
+    """An ad's events in one period whose clock was ahead of Kafka's: where to look for the producer's clock."""
+
+    period: Period
+    advertiser_id: str
+    ad_id: str
+    counts: EventCounts
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """The admin's page."""
 
     queries: list[QueryHealth]
     quarantined: dict[str, dict[str, int]]
     late: list[PeriodBill]
+    clock_ahead: list[ClockAheadLine]
     reconciliation: Reconciliation | None
 
     @property

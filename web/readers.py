@@ -14,6 +14,7 @@ reconciliation):
 | `PREFIX:corrections:P:{adv,cmp,ad}:ID` | reconciliation | signed sums of the corrections of period P |
 | `PREFIX:correction-list:ADV` | reconciliation | an advertiser's corrections, newest first |
 | `PREFIX:late:P:{adv,ad}:ID`, `PREFIX:late-periods` | stream | events the watermark kept out, and in which periods |
+| `PREFIX:clock-ahead:P:{adv,ad}:ID`, `...:P:ads`, `PREFIX:clock-ahead-periods` | stream | events with a clock ahead |
 | `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
 | `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
 | `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
@@ -44,14 +45,15 @@ from web.model import (
     Billed,
     CampaignDetail,
     CampaignLine,
+    ClockAheadLine,
     Correction,
     CorrectionPage,
     Dashboard,
+    EventCounts,
     Export,
     Figures,
     Finance,
     Health,
-    LateCounts,
     Period,
     PeriodBill,
     QueryHealth,
@@ -181,7 +183,7 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         for p in series_periods:
             self._queue_billed(pipe, p.key, "adv", advertiser_id)
-            pipe.hmget(self.key("late", p.key, "adv", advertiser_id), "impressions", "clicks")
+            self._queue_counts(pipe, p.key, "adv", advertiser_id)
         if period is not None:
             for campaign_id in campaigns:
                 self._queue_billed(pipe, period.key, "cmp", campaign_id)
@@ -189,12 +191,17 @@ class BillingReader:
             for ad_id in ads:
                 pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
                 pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
-                pipe.hmget(self.key("late", period.key, "ad", ad_id), "impressions", "clicks")
+                self._queue_counts(pipe, period.key, "ad", ad_id)
         pipe.hgetall(self.key("quarantined", "adv", advertiser_id))
         results = iter(pipe.execute())
 
         series = [
-            PeriodBill(p, Billed(_figures(next(results)), _figures(next(results))), _late(next(results)))
+            PeriodBill(
+                p,
+                Billed(_figures(next(results)), _figures(next(results))),
+                _counts(next(results)),
+                _counts(next(results)),
+            )
             for p in series_periods
         ]
         campaign_lines: list[CampaignLine] = []
@@ -205,14 +212,15 @@ class BillingReader:
                 if owner in (None, advertiser_id):  # a campaign of another advertiser never shows here
                     campaign_lines.append(CampaignLine(campaign_id, billed))
             for ad_id in ads:
-                totals, corrections, late = next(results), next(results), next(results)
+                totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
                 if totals[3] not in (None, advertiser_id):
                     continue  # an ad of another advertiser must never show here, whatever a set says
                 line = AdLine(
                     ad_id,
                     ad_campaign.get(ad_id) or totals[2] or "",
                     Billed(_figures(totals), _figures(corrections)),
-                    _late(late),
+                    _counts(late),
+                    _counts(ahead),
                 )
                 ad_lines.append(line)
         quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
@@ -226,9 +234,10 @@ class BillingReader:
             period=period,
             periods=periods,
             billed=selected.billed if selected else Billed(),
-            late=selected.late if selected else LateCounts(),
+            late=selected.late if selected else EventCounts(),
+            clock_ahead=selected.clock_ahead if selected else EventCounts(),
             campaigns=[c for c in campaign_lines if not c.billed.is_zero],
-            ads=[a for a in ad_lines if not (a.billed.is_zero and a.late == LateCounts())],
+            ads=[a for a in ad_lines if not (a.billed.is_zero and a.late.is_zero and a.clock_ahead.is_zero)],
             series=series,
             quarantined=quarantined,
         )
@@ -266,7 +275,7 @@ class BillingReader:
             for ad_id in ads:
                 pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
                 pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
-                pipe.hmget(self.key("late", period.key, "ad", ad_id), "impressions", "clicks")
+                self._queue_counts(pipe, period.key, "ad", ad_id)
         results = iter(pipe.execute())
         series = []
         for p in series_periods:
@@ -277,16 +286,18 @@ class BillingReader:
         if period is not None:
             ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}
             for ad_id in ads:
-                totals, corrections, late = next(results), next(results), next(results)
+                totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
                 if (ad_campaign.get(ad_id) or totals[2]) != campaign_id or totals[3] not in (None, advertiser_id):
                     continue
-                line = AdLine(ad_id, campaign_id, Billed(_figures(totals), _figures(corrections)), _late(late))
-                if not (line.billed.is_zero and line.late == LateCounts()):
+                billed = Billed(_figures(totals), _figures(corrections))
+                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead))
+                if not (line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero):
                     lines.append(line)
         return CampaignDetail(advertiser_id, campaign_id, self.currency(advertiser_id), period, series, lines)
 
     def ad(self, advertiser_id: str, ad_id: str) -> AdDetail | None:
-        """An ad of the advertiser, per period, with its late events; None if it is not the advertiser's."""
+        """An ad of the advertiser, per period, with its late and clock-ahead events; None if it is not the
+        advertiser's."""
         if not is_id(ad_id):
             return None
         periods = self.periods()[-SERIES_PERIODS:]
@@ -295,17 +306,17 @@ class BillingReader:
         for p in periods:
             pipe.hmget(self.key("totals", p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
             pipe.hmget(self.key("corrections", p.key, "ad", ad_id), "clicks", "micros")
-            pipe.hmget(self.key("late", p.key, "ad", ad_id), "impressions", "clicks")
+            self._queue_counts(pipe, p.key, "ad", ad_id)
         results = pipe.execute()
-        owners = {totals[3] for totals in results[0::3] if totals[3] is not None}
+        owners = {totals[3] for totals in results[0::4] if totals[3] is not None}
         if known is not None:
             owners.add(known.advertiser_id)
         if owners != {advertiser_id}:
             return None
-        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::3] if t[2]), "")
+        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::4] if t[2]), "")
         series = [
-            PeriodBill(p, Billed(_figures(results[3 * i]), _figures(results[3 * i + 1])), _late(results[3 * i + 2]))
-            for i, p in enumerate(periods)
+            PeriodBill(p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
+            for p, (totals, corrections, late, ahead) in zip(periods, _fours(results), strict=True)
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
 
@@ -382,12 +393,13 @@ class BillingReader:
 
     # Admin -----------------------------------------------------------------------------------------------------
     def health(self) -> Health:
-        """The job's latest progress per query, recent batch durations, late and quarantined counts, and the last
-        reconciliation. One round trip."""
+        """The job's latest progress per query, recent batch durations, late, clock-ahead and quarantined counts,
+        and the last reconciliation."""
         advertisers = self.known_advertisers()
-        late_periods: list[tuple[str, float]] = self.client.zrange(  # type: ignore[assignment]
-            self.key("late-periods"), -SERIES_PERIODS, -1, withscores=True
-        )
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(self.key("late-periods"), -SERIES_PERIODS, -1, withscores=True)
+        pipe.zrange(self.key("clock-ahead-periods"), -SERIES_PERIODS, -1, withscores=True)
+        late_periods, ahead_periods = pipe.execute()
         periods = [Period(key, int(start), False) for key, start in late_periods]
         reasons = [r.value for r in QuarantineReason]
         pipe = self.client.pipeline(transaction=False)
@@ -399,6 +411,8 @@ class BillingReader:
         for p in periods:
             for advertiser_id in advertisers:
                 pipe.hmget(self.key("late", p.key, "adv", advertiser_id), "impressions", "clicks")
+        for key, _ in ahead_periods:
+            pipe.smembers(self.key("clock-ahead", key, "ads"))
         pipe.hgetall(self.key("reconcile", "last"))
         results = iter(pipe.execute())
 
@@ -414,12 +428,32 @@ class BillingReader:
                 quarantined[reason] = {topic: int(n) for topic, n in sorted(topics.items())}
         late = []
         for p in periods:
-            total = LateCounts()
+            total = EventCounts()
             for _ in advertisers:
-                total += _late(next(results))
+                total += _counts(next(results))
             late.append(PeriodBill(p, Billed(), total))
+        ahead_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in ahead_periods]
         last = next(results)
-        return Health(queries, quarantined, late, _reconciliation(last) if last else None)
+        return Health(
+            queries, quarantined, late, self._clock_ahead_lines(ahead_ads), _reconciliation(last) if last else None
+        )
+
+    def _clock_ahead_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[ClockAheadLine]:
+        """Each ad's clock-ahead events in each of the periods, with the ad's advertiser (from the catalog)."""
+        pipe = self.client.pipeline(transaction=False)
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                pipe.hmget(self.key("clock-ahead", period.key, "ad", ad_id), "impressions", "clicks")
+        results = iter(pipe.execute())
+        catalog = self.catalog.get()
+        lines = []
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                known = catalog.get(ad_id)
+                lines.append(
+                    ClockAheadLine(period, known.advertiser_id if known else "", ad_id, _counts(next(results)))
+                )
+        return lines
 
     # Pieces ----------------------------------------------------------------------------------------------------
     def _queue_periods(self, pipe: Any) -> None:
@@ -436,12 +470,17 @@ class BillingReader:
         pipe.hmget(self.key("totals", period, level, ident), "clicks", "micros")
         pipe.hmget(self.key("corrections", period, level, ident), "clicks", "micros")
 
+    def _queue_counts(self, pipe: Any, period: str, level: str, ident: str) -> None:
+        """The late, then the clock-ahead events of an advertiser (`adv`) or ad (`ad`) in a period."""
+        pipe.hmget(self.key("late", period, level, ident), "impressions", "clicks")
+        pipe.hmget(self.key("clock-ahead", period, level, ident), "impressions", "clicks")
+
     def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
         pipe = self.client.pipeline(transaction=False)
         self._queue_billed(pipe, period.key, level, ident)
-        pipe.hmget(self.key("late", period.key, level, ident), "impressions", "clicks")
-        totals, corrections, late = pipe.execute()
-        return PeriodBill(period, Billed(_figures(totals), _figures(corrections)), _late(late))
+        self._queue_counts(pipe, period.key, level, ident)
+        totals, corrections, late, ahead = pipe.execute()
+        return PeriodBill(period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
 
 
 def _find(periods: list[Period], key: str | None) -> Period | None:
@@ -452,8 +491,13 @@ def _figures(values: Sequence[str | None]) -> Figures:
     return Figures(int(values[0] or 0), int(values[1] or 0))
 
 
-def _late(values: Sequence[str | None]) -> LateCounts:
-    return LateCounts(int(values[0] or 0), int(values[1] or 0))
+def _counts(values: Sequence[str | None]) -> EventCounts:
+    return EventCounts(int(values[0] or 0), int(values[1] or 0))
+
+
+def _fours(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any]]:
+    """Pipeline results read four at a time."""
+    return [(results[i], results[i + 1], results[i + 2], results[i + 3]) for i in range(0, len(results), 4)]
 
 
 def _correction(text: str) -> Correction | None:

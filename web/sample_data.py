@@ -1,6 +1,6 @@
 """A realistic sample of what the pipeline writes and the web UI reads, for the benchmark, the tests and demos.
 
-The provisional totals, late and quarantined counts go through the streaming job's own adapter
+The provisional totals, late, clock-ahead and quarantined counts go through the streaming job's own adapter
 (`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
 (`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
 export's writer (`billing.export.write_export`). Only the job's health records are written here, in the shape of
@@ -23,7 +23,7 @@ from billing.catalog import Ad, Catalog
 from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
 from billing.export import EXPORT_SCHEMA, write_export
 from billing.periods import Periods, format_utc
-from billing.redis_totals import LateCount, QuarantineCount, RedisTotals, TotalsRow
+from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
 
 ADDITIONS = sorted(ADDITION_REASONS - RETRACTION_REASONS)
 RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
@@ -50,9 +50,11 @@ class SampleWriter:
         rows: Iterable[TotalsRow],
         late: Iterable[LateCount] = (),
         quarantined: Iterable[QuarantineCount] = (),
+        clock_ahead: Iterable[ClockAheadCount] = (),
     ) -> bool:
-        """Provisional totals, late and quarantine counts, exactly as the streaming job applies a micro-batch."""
-        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined)
+        """Provisional totals, late, quarantine and clock-ahead counts, exactly as the streaming job applies a
+        micro-batch."""
+        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined, clock_ahead)
 
     def corrections(self, items: Sequence[Correction]) -> None:
         """Corrections as reconciliation applies them, oldest first (so each advertiser's list is newest first)."""
@@ -143,7 +145,14 @@ def seed_sample(
             for advertiser_id in catalog.advertiser_ids
             for reason, topic in (("id_conflict", "clicks"), ("time_out_of_range", "impressions"))
         ]
-        writer.bill(index, rows, [c for c in late if c.events], [q for q in quarantined if q.records])
+        # Every fifth period a phone with a wrong clock on the first ad (no random draw: other figures stay the same).
+        wrong_clock = ads[0]
+        clock_ahead = [
+            ClockAheadCount(period, start, wrong_clock.advertiser_id, wrong_clock.ad_id, event_type, n)
+            for event_type, n in (("impression", 3), ("click", 1))
+            if index % 5 == 4
+        ]
+        writer.bill(index, rows, [c for c in late if c.events], [q for q in quarantined if q.records], clock_ahead)
         corrections = [_sample_correction(rng, ad, period, start, clicks[ad.ad_id]) for ad in touched]
         corrections = corrections if index < closed else []
         writer.corrections(corrections)

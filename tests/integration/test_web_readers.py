@@ -52,6 +52,7 @@ def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings
         "queries": [],
         "quarantined": {},
         "late": [],
+        "clock_ahead": [],
         "last_reconciliation": None,
     }
 
@@ -60,6 +61,7 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
     client = _client(seeded.settings)
     totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
     prefix = seeded.settings.redis_prefix
+    shown_ahead = 0
     for period in totals.periods():
         doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={period}").json  # type: ignore[attr-defined]
         assert doc["period"]["period"] == period
@@ -75,8 +77,21 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
             assert shown["corrected"]["micros"] == provisional.micros + int(fix[1] or 0)  # type: ignore[index]
         late = seeded.client.hmget(f"{prefix}:late:{period}:adv:{OWN}", "impressions", "clicks")
         assert doc["late"] == {"late_impressions": int(late[0] or 0), "late_clicks": int(late[1] or 0)}  # type: ignore[index]
+        ahead = totals.clock_ahead(period, "adv", OWN)
+        assert doc["clock_ahead"] == {
+            "clock_ahead_impressions": ahead.get("impression", 0),
+            "clock_ahead_clicks": ahead.get("click", 0),
+        }
+        for a in doc["ads"]:
+            ahead = totals.clock_ahead(period, "ad", a["ad_id"])
+            assert (a["clock_ahead_impressions"], a["clock_ahead_clicks"]) == (
+                ahead.get("impression", 0),
+                ahead.get("click", 0),
+            )
+        shown_ahead += doc["clock_ahead"]["clock_ahead_impressions"] + doc["clock_ahead"]["clock_ahead_clicks"]
     quarantined = seeded.client.hgetall(f"{prefix}:quarantined:adv:{OWN}")
     assert doc["quarantined"] == {k: int(v) for k, v in quarantined.items()}  # type: ignore[union-attr]
+    assert shown_ahead > 0, "the sample has clock-ahead events on one of this advertiser's ads"
 
 
 def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_settings: Settings) -> None:
@@ -123,6 +138,13 @@ def test_health_shows_lag_watermarks_and_the_last_reconciliation(seeded: Seeded)
     assert billing["state_rows"] == 52_000 and len(billing["recent_batch_durations_ms"]) == 30
     assert set(billing["stream_watermarks_ms"]) == {"impressions", "clicks"}
     assert doc["last_reconciliation"]["closed"] == ["20260101T0300Z"]
+    # The sample's phone with a wrong clock: one ad, one period, by ad so that its sender can be found.
+    (ahead,) = doc["clock_ahead"]
+    ad = seeded.catalog.get(ahead["ad_id"])
+    assert ad is not None and ahead["advertiser_id"] == ad.advertiser_id
+    assert (ahead["period"], ahead["clock_ahead_impressions"], ahead["clock_ahead_clicks"]) == ("20260101T0400Z", 3, 1)
+    page = client.get("/health").text  # type: ignore[attr-defined]
+    assert "Clock ahead" in page and ahead["ad_id"] in page
     # A record written before the job reported latest offsets: the lag is unknown, and the page says so.
     record = health_record("billing", batch_id=99, now_ms=P1_MS)
     for source in record["sources"]:

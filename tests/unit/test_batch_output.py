@@ -13,6 +13,7 @@ import pytest
 from attribution.batch_output import (
     ARCHIVE_COLUMNS,
     bill_totals,
+    clock_ahead_counts,
     late_counts,
     quarantine_counts,
     split_batch,
@@ -21,7 +22,7 @@ from attribution.batch_output import (
 from attribution.decode import QUARANTINE_COLUMNS
 from billing.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
 from billing.periods import Periods
-from billing.redis_totals import LateCount, QuarantineCount, TotalsRow
+from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
@@ -75,7 +76,15 @@ def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, o
     }
 
 
-def received(event_type: str, event_id: str, ad_id: str | None, event_time: int | None, offset: int, reason=None):
+def received(
+    event_type: str,
+    event_id: str,
+    ad_id: str | None,
+    event_time: int | None,
+    offset: int,
+    reason=None,
+    received_ms: int | None = None,
+):
     value = f"bytes-{offset}".encode()
     return {
         "kind": "intake",
@@ -84,7 +93,7 @@ def received(event_type: str, event_id: str, ad_id: str | None, event_time: int 
         "ad_id": ad_id,
         "user_id": "u-1",
         "event_time": event_time,
-        "received_ms": (event_time or T0) + 7,
+        "received_ms": (event_time or T0) + 7 if received_ms is None else received_ms,
         "topic": f"{event_type}s",
         "partition": 2,
         "offset": offset,
@@ -167,6 +176,39 @@ def test_redis_figures_of_a_batch(batch: pa.Table) -> None:
         QuarantineCount("undecodable", "clicks", None, 1),
         QuarantineCount("unknown_ad", "clicks", None, 1),
     ]
+
+
+MINUTE = 60_000
+TOLERANCE = MINUTE
+
+
+@pytest.mark.parametrize(
+    ("event_time", "received_ms", "late", "ahead"),
+    [
+        # On time, received 7 ms later: late exactly when the event time is at or below the watermark.
+        (T0 - 30_000 - 7, T0 - 30_000, True, False),
+        (T0 - 30_000 + 1, T0 - 30_000 + 8, False, False),
+        # 50 minutes ahead of its receipt, received after the watermark: not late, and counted as clock ahead.
+        (T0 + 50 * MINUTE, T0, False, True),
+        # 50 minutes ahead, but received at the watermark: late, as the join (its watermark time is its receipt).
+        (T0 - 30_000 + 50 * MINUTE, T0 - 30_000, True, True),
+        # Ahead by exactly the tolerance: not counted; one millisecond more: counted.
+        (T0 + TOLERANCE, T0, False, False),
+        (T0 + TOLERANCE + 1, T0, False, True),
+        # Behind its receipt by any amount: its event time decides, as before.
+        (T0 - HOUR, T0, True, False),
+    ],
+)
+def test_late_follows_the_watermark_time_and_clock_ahead_the_tolerance(
+    event_time: int, received_ms: int, late: bool, ahead: bool
+) -> None:
+    event = received("click", "c-x", "ad-1", event_time, 20, received_ms=received_ms)
+    out = split(pa.Table.from_pylist([event], schema=SCHEMA))
+    assert out.events.column("late").to_pylist() == [late]
+    counted = clock_ahead_counts(out.events, ADVERTISER_OF, TOLERANCE)
+    period_start = event_time - event_time % HOUR
+    key = Periods(HOUR).key(period_start)
+    assert counted == ([ClockAheadCount(key, period_start, "adv-1", "ad-1", "click", 1)] if ahead else [])
 
 
 def test_an_empty_batch_writes_and_counts_nothing(batch: pa.Table, tmp_path: Path) -> None:
