@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
+        _require(settings, getattr(args, "needs", ()))
         return int(args.run(settings, args) or 0)
     except KeyboardInterrupt:
         return 130
@@ -34,10 +35,29 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from ops.deps import DependencyError
         from ops.process import ServiceError
+        from ops.reach import Unreachable
 
+        if isinstance(exc, Unreachable):
+            print(f"adbill {args.command}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
         kind = "error" if isinstance(exc, DependencyError | ServiceError | ValueError | OSError) else "unexpected error"
         print(f"adbill {args.command}: {kind}: {exc}", file=sys.stderr)
         return 1
+
+
+EXIT_UNREACHABLE = 69
+"""A service the command needs did not answer (`EX_UNAVAILABLE` of sysexits.h)."""
+
+
+def _require(settings: Settings, needs: tuple[str, ...]) -> None:
+    """Fail in one line, within seconds, when a service the command needs does not answer."""
+    if not needs:
+        return
+    from ops.reach import log_kafka_client_to_file, require
+
+    if "kafka" in needs:
+        log_kafka_client_to_file(settings)
+    require(settings, needs)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -68,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_settings)
 
     p = sub.add_parser("topics", help="create the impressions, clicks and quarantine topics (idempotent)")
-    p.set_defaults(run=cmd_topics)
+    p.set_defaults(run=cmd_topics, needs=("kafka",))
 
     p = sub.add_parser("catalog", help="write or show the ad catalog")
     p.add_argument("action", choices=["generate", "show"])
@@ -101,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
     p.add_argument("--bad", type=float, default=0.002, help="fraction of bad records")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_produce)
+    p.set_defaults(run=cmd_produce, needs=("kafka",))
 
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
     p.add_argument(
@@ -110,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         help="start a new checkpoint over the output of an earlier one: its batches continue the earlier ones and "
         "it reads from where they stopped (the earlier checkpoint folder must be gone)",
     )
-    p.set_defaults(run=cmd_stream)
+    p.set_defaults(run=cmd_stream, needs=("kafka", "redis"))
 
     p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
     p.set_defaults(run=cmd_web)
@@ -144,14 +164,14 @@ def _parser() -> argparse.ArgumentParser:
         help="close periods even when the streaming job has not read everything Kafka held for them "
         "(what it bills for them later becomes adjustments)",
     )
-    p.set_defaults(run=cmd_reconcile)
+    p.set_defaults(run=cmd_reconcile, needs=("kafka", "redis"))
 
     p = sub.add_parser(
         "audit",
         help="prove the books: the rule over every event received against the exports plus adjustments (closed "
         "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
     )
-    p.set_defaults(run=cmd_audit)
+    p.set_defaults(run=cmd_audit, needs=("redis",))
 
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
@@ -165,13 +185,13 @@ def _parser() -> argparse.ArgumentParser:
         help="put back every billing figure in Redis from the data folder after Redis lost its data "
         "(stop the job first)",
     )
-    p.set_defaults(run=cmd_restore_redis)
+    p.set_defaults(run=cmd_restore_redis, needs=("redis",))
 
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
     p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_replay)
+    p.set_defaults(run=cmd_replay, needs=("kafka",))
 
     p = sub.add_parser(
         "kafka",
@@ -186,6 +206,9 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import Stack, print_where
 
+    s = settings
+    # Services elsewhere must answer; local ones the stack starts itself.
+    _require(settings, tuple(n for n, local in (("kafka", s.kafka_is_local), ("redis", s.redis_is_local)) if not local))
     stack = Stack(settings)
     try:
         stack.start_services()
@@ -317,7 +340,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         live=args.live,
     )
     print(f"ground truth in {run_dir}")
-    return 1 if summary.delivery_failures else 0
+    return _delivery_outcome("produce", summary.not_delivered, 0)
 
 
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
@@ -410,7 +433,20 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         rate=args.rate,
         progress=_progress(args),
     )
-    return 1 if summary.publish.delivery_failures else 0
+    return _delivery_outcome("replay", summary.publish.not_delivered, summary.bad_lines)
+
+
+def _delivery_outcome(command: str, not_delivered: int, bad_lines: int) -> int:
+    """1, with one line saying how many, when any record was not delivered or any input line was bad."""
+    problems = []
+    if not_delivered:
+        problems.append(f"{not_delivered:,} record(s) not delivered to Kafka")
+    if bad_lines:
+        problems.append(f"{bad_lines:,} bad line(s) not sent")
+    if not problems:
+        return 0
+    print(f"adbill {command}: {'; '.join(problems)}", file=sys.stderr)
+    return 1
 
 
 def cmd_kafka(settings: Settings, args: argparse.Namespace) -> int:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ops import deps
 from ops.process import ManagedProcess, ServiceError, port_open
+from ops.reach import KAFKA_CLIENT_LOGGER, kafka_answers
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "kafka-log4j2.xml"
 
@@ -146,12 +149,8 @@ class LocalKafka:
 
 
 def broker_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker answers a metadata request and lists itself."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
-    metadata = admin.list_topics(timeout=timeout_s)
-    return bool(metadata.brokers)
+    """True when a broker answers a metadata request and lists itself; False (not an exception) when none does."""
+    return kafka_answers(bootstrap, timeout_s)
 
 
 def ensure_topics(
@@ -166,7 +165,8 @@ def ensure_topics(
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": logging.getLogger(KAFKA_CLIENT_LOGGER)}
+    admin = AdminClient(config)
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [name for name in names if name not in existing]
     if missing:

@@ -89,6 +89,9 @@ class Settings:
     web_address_login_limit: int = _setting(
         300, "Failed logins one client address (an IPv6 /64) may have in an hour; further logins are refused."
     )
+    web_ready_batch_age_s: int = _setting(
+        60, "`/readyz` answers 503 when the streaming job's last batch or idle trigger is older than this, in s."
+    )
 
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
@@ -120,7 +123,13 @@ class Settings:
         for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms", "web_trusted_proxies"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")
-        for name in ("web_session_hours", "web_idle_minutes", "web_login_limit", "web_address_login_limit"):
+        for name in (
+            "web_session_hours",
+            "web_idle_minutes",
+            "web_login_limit",
+            "web_address_login_limit",
+            "web_ready_batch_age_s",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
 
@@ -198,7 +207,8 @@ class Settings:
 
 
 # Variables with the prefix that are not settings of the pipeline but of the tools around it.
-_NOT_SETTINGS = {"ADBILL_NO_PROGRESS"}
+_NOT_SETTINGS = {"ADBILL_NO_PROGRESS", "ADBILL_DEBUG"}
+"""`ADBILL_NO_PROGRESS`: progress bars off. `ADBILL_DEBUG`: the CLI shows a failure's traceback, not one line."""
 
 
 def env_name(f: dataclasses.Field[Any]) -> str:

@@ -33,6 +33,9 @@ from web.services import current_session, services
 
 bp = Blueprint("auth", __name__)
 
+OPEN_ENDPOINTS = frozenset({"probes.healthz", "probes.readyz", "probes.metrics"})
+"""Endpoints that never read a session: probes and scrapers, which must answer while Redis is down."""
+
 _MAX_USERNAME = 128
 _MAX_NEXT = 2048
 _MAX_DECODING = 4
@@ -44,7 +47,7 @@ def load_principal() -> None:
     """Find the session of the request's cookie and its account; a stale session is closed on the way."""
     g.principal = None
     g.session = None
-    if request.endpoint == "static":
+    if request.endpoint == "static" or request.endpoint in OPEN_ENDPOINTS:
         return
     session_id = request.cookies.get(_cookie_names()[0])
     if not session_id:

@@ -16,6 +16,7 @@ reconciliation):
 | `PREFIX:late:P:{adv,ad}:ID`, `PREFIX:late-periods` | stream | events the watermark kept out, and in which periods |
 | `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
 | `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
+| `PREFIX:health:heartbeat:NAME` | the job's listener | `/readyz`: the job's last batch is recent |
 | `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
 | `PREFIX:audit:last` | `adbill audit` | the last audit of the books |
 
@@ -381,6 +382,11 @@ class BillingReader:
         return path if (folder / MANIFEST_FILE).is_file() and path.is_file() else None
 
     # Admin -----------------------------------------------------------------------------------------------------
+    def heartbeat_ms(self) -> int | None:
+        """When the streaming job last reported a batch or an idle trigger (epoch ms), None if never; raises the
+        Redis client's error when Redis does not answer."""
+        return _int_field(self.client.get(self.key("health", "heartbeat", QUERY_NAMES[0])))  # type: ignore[arg-type]
+
     def health(self) -> Health:
         """The job's latest progress per query, recent batch durations, late and quarantined counts, and the last
         reconciliation. One round trip."""

@@ -33,6 +33,7 @@ class Services:
     refresh_ms: int
     recent: RecentResults
     clock: Callable[[], int] = now_ms
+    ready_batch_age_s: int = 60
 
 
 def services() -> Services:

@@ -114,10 +114,12 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         "/api/v1/finance": "/api/v1/finance",
         "/api/v1/exports": "/api/v1/exports",
         "/api/v1/health": "/api/v1/health",
+        "/healthz": "/healthz",
+        "/readyz": "/readyz",
     }
 
 
-PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json"}
+PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz"}
 FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
 HEALTH = {"/health", "/api/v1/health"}
 POST_ROUTES = {"/login", "/logout"}
@@ -125,6 +127,8 @@ POST_ROUTES = {"/login", "/logout"}
 
 def expected_status(actor: str, rule: str) -> int:
     """The access rules of DOMAIN.md, route by route, for adv-0000's things."""
+    if rule == "/readyz":
+        return 503  # open to all; no streaming job runs for this sample, so not ready, for anyone alike
     if rule in PUBLIC:
         return 200
     if actor == "anonymous":
