@@ -218,6 +218,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
                 stack.start_child("reconcile", ["reconcile", "--every", str(settings.reconcile_interval_s)])
         if not args.no_web:
             stack.start_child("web", ["web"])
+            stack.wait_healthy("web", f"{_web_url(settings)}/healthz")
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
     except BaseException:
@@ -226,8 +227,14 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     print_where(settings)
     if args.detach:
         return 0
-    stack.watch()
+    stack.watch(ready_url=None if args.no_web else f"{_web_url(settings)}/readyz")
     return 0
+
+
+def _web_url(settings: Settings) -> str:
+    """Where this machine reaches the web UI (a wildcard listen address is reached on loopback)."""
+    host = "127.0.0.1" if settings.web_host in ("0.0.0.0", "", "::") else settings.web_host  # nosec B104: compared
+    return f"http://{host}:{settings.web_port}"
 
 
 def _traffic_args(settings: Settings) -> list[str]:

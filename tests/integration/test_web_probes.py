@@ -6,6 +6,7 @@ with Redis stopped every page answers 503 with a clear page, the API a JSON body
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,9 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.process import free_port
+from ops.process import ServiceError, free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
+from ops.stack import Stack, http_ok
 from tests.conftest import DEPS_DIR
 from tests.web_support import OWN, login, seed
 from web.app import create_app
@@ -103,3 +105,45 @@ def test_with_redis_stopped_pages_and_api_answer_503_and_healthz_still_200(
     # Redis back: the same app serves again, without a restart.
     own_redis.start()
     assert alice.get(f"/api/v1/advertisers/{OWN}/dashboard").status_code in (200, 401)
+
+
+def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_dies(
+    tmp_path: Path, redis_server: LocalRedis, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`adbill up` starts the web UI and waits for its `/healthz`; one that cannot start fails the wait at once."""
+    settings = Settings.from_env(
+        {},
+        home=tmp_path / "home",
+        deps_dir=DEPS_DIR,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
+        web_port=free_port(),
+        web_workers=1,
+    )
+    for name, value in settings.to_env().items():  # the stack's children read the settings from the environment
+        monkeypatch.setenv(name, value)
+    url = f"http://127.0.0.1:{settings.web_port}"
+    stack = Stack(settings)
+    try:
+        stack.start_child("web", ["web"])
+        stack.wait_healthy("web", f"{url}/healthz", timeout_s=60)
+        assert f"web      healthy   {url}/healthz" in capsys.readouterr().out
+        assert http_ok(f"{url}/healthz") and not http_ok(f"{url}/readyz"), "no job: alive, not ready"
+    finally:
+        stack.stop()
+
+    # A second web UI on a port that another program holds dies at once; the wait says so with its log.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        monkeypatch.setenv("ADBILL_WEB_PORT", str(holder.getsockname()[1]))
+        taken = Settings.from_env()
+        stack = Stack(taken)
+        try:
+            stack.start_child("web", ["web"])
+            started = time.monotonic()
+            with pytest.raises(ServiceError, match="web exited with code"):
+                stack.wait_healthy("web", f"http://127.0.0.1:{taken.web_port}/healthz", timeout_s=60)
+            assert time.monotonic() - started < 45
+        finally:
+            stack.stop()
