@@ -151,6 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
     p.set_defaults(run=cmd_users)
 
+    p = sub.add_parser("tokens", help="manage API tokens for /api/v1: create, list, revoke")
+    tokens = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = tokens.add_parser("create", help="a new token with exactly USER's access, printed once")
+    t.add_argument("username")
+    t = tokens.add_parser("list", help="the tokens (ids and when made, never the tokens) of USER, or of everyone")
+    t.add_argument("username", nargs="?")
+    t = tokens.add_parser("revoke", help="revoke USER's token TOKEN_ID, or all of USER's tokens")
+    t.add_argument("username")
+    t.add_argument("token_id", nargs="?")
+    p.set_defaults(run=cmd_tokens)
+
     p = sub.add_parser("reconcile", help="reconcile the periods past their lateness horizon, close them, export them")
     p.add_argument(
         "--until",
@@ -387,6 +398,32 @@ def cmd_users(settings: Settings, args: argparse.Namespace) -> int:
     else:
         account = accounts.set_disabled(args.username, args.action == "disable")
         print(f"{account.username} {args.action}d")
+    return 0
+
+
+def cmd_tokens(settings: Settings, args: argparse.Namespace) -> int:
+    from web.accounts import AccountsFile
+    from web.tokens import TokensFile
+
+    tokens = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
+    if args.action == "create":
+        token, record = tokens.create(args.username)
+        print(token)
+        print(
+            f"API token {record.token_id} for {record.username}: shown this once, only its hash is kept "
+            f"({settings.api_tokens_file}); send it as `Authorization: Bearer TOKEN`",
+            file=sys.stderr,
+        )
+    elif args.action == "list":
+        rows = tokens.of(args.username)
+        for t in rows:
+            made = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t.created_at_ms / 1000))
+            print(f"{t.token_id}\t{t.username}\t{made}")
+        if not rows:
+            print("no API tokens", file=sys.stderr)
+    else:
+        gone = tokens.revoke(args.username, args.token_id)
+        print(f"revoked {len(gone)} token(s) of {args.username}: {', '.join(gone)}")
     return 0
 
 

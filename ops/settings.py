@@ -72,6 +72,11 @@ class Settings:
         "The web UI's accounts, hashed passwords, managed by `adbill users` (default HOME/users.json).",
         "USERS_FILE",
     )
+    api_tokens_path: Path | None = _setting(
+        None,
+        "The API tokens (SHA-256 of each), managed by `adbill tokens` (default HOME/api-tokens.json).",
+        "API_TOKENS_FILE",
+    )
     web_secret_path: Path | None = _setting(
         None, "The web UI's secret key, generated once with mode 0600 (default HOME/web-secret.key).", "WEB_SECRET_FILE"
     )
@@ -161,6 +166,10 @@ class Settings:
     @property
     def users_file(self) -> Path:
         return self.users_path or self.root / "users.json"
+
+    @property
+    def api_tokens_file(self) -> Path:
+        return self.api_tokens_path or self.root / "api-tokens.json"
 
     @property
     def web_secret_file(self) -> Path:

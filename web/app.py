@@ -24,6 +24,7 @@ from web.readers import BillingReader, CatalogFile
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms
 from web.sessions import LoginLimiter, SessionStore
+from web.tokens import TokensFile
 
 RETRY_AFTER_S = 5
 """What a 503 (Redis unreachable) tells a client to wait before it tries again."""
@@ -48,6 +49,8 @@ class WebSettings(Protocol):
     def catalog_file(self) -> Path: ...
     @property
     def users_file(self) -> Path: ...
+    @property
+    def api_tokens_file(self) -> Path: ...
     @property
     def web_secret_file(self) -> Path: ...
     @property
@@ -79,9 +82,11 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.secret_key = secret
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False, TEMPLATES_AUTO_RELOAD=False)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
+    accounts = AccountsFile(settings.users_file)
     app.extensions["adbill"] = Services(
         reader=BillingReader(client, settings.redis_prefix, exports_dir(settings), CatalogFile(settings.catalog_file)),
-        accounts=AccountsFile(settings.users_file),
+        accounts=accounts,
+        tokens=TokensFile(settings.api_tokens_file, accounts),
         sessions=SessionStore(
             client, settings.redis_prefix, secret, settings.web_session_hours * 3600, settings.web_idle_minutes * 60
         ),
