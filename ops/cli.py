@@ -368,6 +368,14 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    # gunicorn's workers are processes: their metrics meet in one folder, named before prometheus_client loads.
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        import shutil
+
+        folder = settings.run_dir / "web-metrics"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
     from web.server import serve
 
     return serve(settings)

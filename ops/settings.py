@@ -56,6 +56,17 @@ class Settings:
     state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
     driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
     metrics_port: int = _setting(9464, "Port of the job's Prometheus /metrics (0: off).")
+    reconcile_metrics_port: int = _setting(
+        9465, "Port of the Prometheus /metrics of `adbill reconcile --every` (0: off; a single run serves none)."
+    )
+    spark_ui_port: int = _setting(
+        4040, "Port of Spark's web UI of the job (the next free one when taken; loopback in local mode; 0: off)."
+    )
+    spark_event_log_path: Path | None = _setting(
+        None,
+        "Folder of Spark's event logs, for Spark's history server (default HOME/spark-events; rolled at 64 MB).",
+        "SPARK_EVENT_LOG_DIR",
+    )
     lateness_horizon_ms: int = _setting(
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )
@@ -158,6 +169,10 @@ class Settings:
     @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def spark_event_log_dir(self) -> Path:
+        return self.spark_event_log_path or self.root / "spark-events"
 
     @property
     def catalog_file(self) -> Path:

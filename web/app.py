@@ -20,6 +20,7 @@ from web import api, auth, display, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
+from web.metrics import instrument
 from web.readers import BillingReader, CatalogFile
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms
@@ -110,6 +111,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         n = settings.web_trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
 
+    instrument(app)
     app.before_request(auth.load_principal)
     app.before_request(auth.check_csrf)
     app.register_blueprint(auth.bp)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from web import metrics as web_metrics
 from web.services import services
 
 bp = Blueprint("probes", __name__)
@@ -18,6 +19,12 @@ bp = Blueprint("probes", __name__)
 def healthz() -> Response:
     """Alive: the process serves requests."""
     return jsonify({"status": "ok"})
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """The web UI's Prometheus metrics (`web.metrics`)."""
+    return web_metrics.scrape()
 
 
 @bp.get("/readyz")

@@ -124,10 +124,11 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         "/api/v1/health": "/api/v1/health",
         "/healthz": "/healthz",
         "/readyz": "/readyz",
+        "/metrics": "/metrics",
     }
 
 
-PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz"}
+PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
 FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
 HEALTH = {"/health", "/api/v1/health"}
 POST_ROUTES = {"/login", "/logout"}

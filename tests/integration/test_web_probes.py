@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
         web_port=free_port(),
-        web_workers=1,
+        web_workers=2,
     )
     for name, value in settings.to_env().items():  # the stack's children read the settings from the environment
         monkeypatch.setenv(name, value)
@@ -129,6 +130,13 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
         stack.wait_healthy("web", f"{url}/healthz", timeout_s=60)
         assert f"web      healthy   {url}/healthz" in capsys.readouterr().out
         assert http_ok(f"{url}/healthz") and not http_ok(f"{url}/readyz"), "no job: alive, not ready"
+        for _ in range(5):
+            http_ok(f"{url}/readyz")
+        # /metrics adds up both gunicorn workers: exactly the six /readyz asked, whichever worker answered each.
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
+        assert 'adbill_web_requests_total{endpoint="probes.readyz",method="GET",status="503"} 6.0' in scraped
+        assert 'adbill_web_request_duration_seconds_count{endpoint="probes.readyz",method="GET"} 6.0' in scraped
     finally:
         stack.stop()
 
@@ -147,3 +155,24 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
             assert time.monotonic() - started < 45
         finally:
             stack.stop()
+
+
+def test_the_web_uis_metrics_count_and_time_requests_by_route_name(tmp_path: Path, redis_server: LocalRedis) -> None:
+    settings = settings_for(tmp_path / "home", redis_server.url)
+    seed(settings).client.close()
+    client = create_app(settings).test_client()
+
+    def count(endpoint: str, status: str) -> float:
+        scraped = client.get("/metrics")
+        assert scraped.status_code == 200 and scraped.mimetype == "text/plain"
+        for line in scraped.text.splitlines():
+            if line.startswith(f'adbill_web_requests_total{{endpoint="{endpoint}",method="GET",status="{status}"}}'):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = count("pages.finance", "302"), count("unmatched", "404")
+    client.get("/finance")  # anonymous: to the login form
+    client.get("/no/such/page/123")  # unmatched URLs share one label, whatever they are
+    client.get("/no/such/page/456")
+    assert (count("pages.finance", "302"), count("unmatched", "404")) == (before[0] + 1, before[1] + 2)
+    assert "/no/such" not in client.get("/metrics").text
