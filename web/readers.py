@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from billing.catalog import Catalog
-from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE
+from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE
 from billing.intake import QuarantineReason
 from web.model import (
     AdDetail,
@@ -60,7 +60,7 @@ from web.model import (
     consumer_lag,
 )
 
-EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE)
+EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
 """The files of an export folder, the only names a download may ask for."""
 
 SERIES_PERIODS = 72
