@@ -109,6 +109,11 @@ class Settings:
         60, "`/readyz` answers 503 when the streaming job's last batch or idle trigger is older than this, in s."
     )
 
+    log_max_bytes: int = _setting(
+        20_000_000, "Size at which each log of the local stack (HOME/logs/NAME.log) rolls over to NAME.log.1."
+    )
+    log_backups: int = _setting(3, "Rolled-over files kept of each log of the local stack (NAME.log.1 ...).")
+
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
 
@@ -136,7 +141,13 @@ class Settings:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
-        for name in ("impression_watermark_ms", "click_watermark_ms", "trigger_ms", "web_trusted_proxies"):
+        for name in (
+            "impression_watermark_ms",
+            "click_watermark_ms",
+            "trigger_ms",
+            "web_trusted_proxies",
+            "log_backups",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")
         for name in (
@@ -145,6 +156,7 @@ class Settings:
             "web_login_limit",
             "web_address_login_limit",
             "web_ready_batch_age_s",
+            "log_max_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")

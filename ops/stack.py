@@ -106,6 +106,8 @@ class Stack:
             run_dir=self.settings.run_dir,
             log_dir=self.settings.logs_dir,
             env=_child_env(self.settings),
+            log_max_bytes=self.settings.log_max_bytes,
+            log_backups=self.settings.log_backups,
         )
         if child.running_pid():
             _say(f"{name:<8} running   (pid {child.running_pid()}, left as it is)")
