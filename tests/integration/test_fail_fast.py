@@ -20,6 +20,7 @@ from billing.schema_registry import open_registry
 from ops.cli import EXIT_UNREACHABLE, _delivery_outcome
 from ops.kafka_service import broker_ready
 from ops.process import free_port
+from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
 from producers.publisher import replay_to_kafka
 
@@ -56,13 +57,16 @@ IMPRESSION = json.dumps(
 
 @pytest.mark.parametrize(
     "args",
-    [["topics"], ["replay", "CAPTURE"], ["produce", "--events", "10"]],
-    ids=["topics", "replay", "produce"],
+    [["topics"], ["replay", "CAPTURE"], ["produce", "--events", "10"], ["reconcile"]],
+    ids=["topics", "replay", "produce", "reconcile"],
 )
-def test_kafka_unreachable_is_one_line_naming_it_within_seconds(tmp_path: Path, args: list[str]) -> None:
+def test_kafka_unreachable_is_one_line_naming_it_within_seconds(
+    tmp_path: Path, args: list[str], redis_server: LocalRedis
+) -> None:
     address = f"127.0.0.1:{free_port()}"
+    redis_url = redis_server.url  # reconcile needs both: Redis answers, so Kafka is the one named
     args = [str(capture(tmp_path / "c.jsonl", [IMPRESSION])) if a == "CAPTURE" else a for a in args]
-    done, took = adbill(tmp_path / "home", *args, ADBILL_KAFKA_BOOTSTRAP=address)
+    done, took = adbill(tmp_path / "home", *args, ADBILL_KAFKA_BOOTSTRAP=address, ADBILL_REDIS_URL=redis_url)
     assert done.returncode == EXIT_UNREACHABLE, done
     assert took < BOUND_S
     assert done.stderr.strip().splitlines() == [
