@@ -67,6 +67,9 @@ class Settings:
         "Folder of Spark's event logs, for Spark's history server (default HOME/spark-events; rolled at 64 MB).",
         "SPARK_EVENT_LOG_DIR",
     )
+    spark_event_log_max_mb: int = _setting(
+        1024, "Size the event log folder is trimmed to, oldest applications first, when a Spark session starts."
+    )
     lateness_horizon_ms: int = _setting(
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )

@@ -22,6 +22,7 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         # Spark's UI binds to SPARK_LOCAL_IP (else every interface): on one machine, loopback only.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.spark_event_log_dir.mkdir(parents=True, exist_ok=True)
+    trim_event_logs(settings.spark_event_log_dir, settings.spark_event_log_max_mb * 1_000_000)
     return build_spark(
         app_name=app_name,
         master=settings.spark_master,
@@ -51,3 +52,28 @@ def observability_conf(settings: Settings) -> dict[str, str]:
     if settings.spark_ui_port:
         conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(settings.spark_ui_port)})
     return conf
+
+
+def trim_event_logs(folder: Path, max_bytes: int) -> list[Path]:
+    """Delete whole applications' event logs (a file, or a rolled `eventlog_v2_*` folder), oldest first, until the
+    folder holds at most `max_bytes`; returns what was deleted. Runs before a session starts, so never its own."""
+    import shutil
+
+    def size(entry: Path) -> int:
+        files = [entry] if entry.is_file() else [p for p in entry.rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files)
+
+    entries = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime)
+    sizes = {entry: size(entry) for entry in entries}
+    total = sum(sizes.values())
+    deleted = []
+    for entry in entries:
+        if total <= max_bytes:
+            break
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        total -= sizes[entry]
+        deleted.append(entry)
+    return deleted

@@ -114,3 +114,22 @@ def test_spark_ui_on_its_port_and_an_event_log_folder_from_the_settings(tmp_path
     assert conf["spark.eventLog.rolling.enabled"] == "true"
     off = observability_conf(Settings.from_env({"ADBILL_SPARK_UI_PORT": "0"}, home=tmp_path))
     assert "spark.ui.enabled" not in off, "0: the session's own default, off"
+
+
+def test_old_event_logs_are_trimmed_oldest_application_first(tmp_path) -> None:
+    import os
+
+    from ops.spark import trim_event_logs
+
+    for n, name in enumerate(["eventlog_v2_app-1", "eventlog_v2_app-2", "app-3.zstd"]):
+        entry = tmp_path / name
+        if name.startswith("eventlog_v2_"):
+            entry.mkdir()
+            (entry / f"events_1_{name}").write_bytes(b"x" * 400)
+            (entry / f"appstatus_{name}").write_bytes(b"")
+        else:
+            entry.write_bytes(b"x" * 400)
+        os.utime(entry, (1_000 + n, 1_000 + n))
+    assert trim_event_logs(tmp_path, 1_000) == [tmp_path / "eventlog_v2_app-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app-3.zstd", "eventlog_v2_app-2"]
+    assert trim_event_logs(tmp_path, 1_000) == []
