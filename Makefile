@@ -32,8 +32,8 @@ $(LOCK_VENV)/.installed: Makefile
 	@touch $@
 
 lock: $(LOCK_VENV)/.installed ## re-resolve requirements.lock from pyproject.toml after editing it; LOCK_ARGS=--upgrade updates every pin
-	$(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
-		--extra dev --extra bench --all-build-deps --custom-compile-command "make lock" $(LOCK_ARGS) \
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+		--strip-extras --no-emit-find-links --extra dev --extra bench --all-build-deps $(LOCK_ARGS) \
 		--output-file $(LOCK) pyproject.toml
 
 deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-server if missing
