@@ -6,12 +6,15 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 PYTHONUNBUFFERED=1 ADBILL_HOME=/data ADBILL_DEPS_DIR=/opt/adbill/.deps
 WORKDIR /opt/adbill
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY attribution attribution
 COPY billing billing
 COPY producers producers
 COPY web web
 COPY ops ops
-RUN pip install --no-cache-dir . && adbill deps --jars-only
+# The locked versions, hashes checked (the lock holds the dev and bench tools too: one lock for every install).
+RUN pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock \
+ && pip install --no-cache-dir --no-deps --no-build-isolation . \
+ && adbill deps --jars-only
 VOLUME /data
 ENTRYPOINT ["adbill"]

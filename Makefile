@@ -11,13 +11,30 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+LOCK := requirements.lock
+# Every package, transitive ones included, at the version and with the hashes of requirements.lock; nothing else is
+# resolved. The project itself goes in editable, without dependencies, built with the locked setuptools.
+$(STAMP): $(LOCK) pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
 	@touch $(STAMP)
 
-venv: $(STAMP) ## create .venv and install the project with its pinned dependencies
+venv: $(STAMP) ## create .venv and install exactly the locked dependencies (requirements.lock, hashes checked)
+
+LOCK_VENV := .venv-lock
+LOCK_TOOLS := pip-tools==7.6.2
+LOCK_ARGS ?=
+$(LOCK_VENV)/.installed: Makefile
+	@test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet $(LOCK_TOOLS)
+	@touch $@
+
+lock: $(LOCK_VENV)/.installed ## re-resolve requirements.lock from pyproject.toml after editing it; LOCK_ARGS=--upgrade updates every pin
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+		--strip-extras --no-emit-find-links --extra dev --extra bench --all-build-deps $(LOCK_ARGS) \
+		--output-file $(LOCK) pyproject.toml
 
 deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-server if missing
 	$(BIN)/adbill deps
@@ -92,4 +109,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit lint format clean
+.PHONY: help venv lock deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit lint format clean

@@ -1,5 +1,9 @@
 """What the running job reports about itself: a StreamingQueryListener that keeps each batch's progress in Redis
-(for the UI) and in Prometheus gauges (for scrapers).
+(for the UI) and in Prometheus metrics (for scrapers), and collectors that read the running counts of billing from
+Redis when scraped.
+
+Prometheus names follow its conventions: base units (`_seconds`, `_timestamp_seconds`, `_bytes`), counters for
+running counts (`_total`), a histogram of batch durations; rates are the scraper's `rate()` of the counters.
 
 Per batch and query: input rows and rates, batch duration, the query's watermark and each stream's own watermark
 (its largest watermark time seen, the earlier of event time and Kafka's receipt time, less its delay), state rows
@@ -21,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -31,15 +35,25 @@ log = logging.getLogger(__name__)
 
 HISTORY = 720
 
-_INPUT_ROWS = Gauge("adbill_batch_input_rows", "Rows read by the last micro-batch", ["query"])
-_INPUT_RATE = Gauge("adbill_input_rows_per_second", "Input rate of the last micro-batch", ["query"])
-_PROCESSED_RATE = Gauge("adbill_processed_rows_per_second", "Processing rate of the last micro-batch", ["query"])
-_DURATION = Gauge("adbill_batch_duration_ms", "Wall time of the last micro-batch", ["query"])
-_WATERMARK = Gauge("adbill_watermark_ms", "Event-time watermark (epoch ms)", ["query", "stream"])
+_RECORDS = Counter("adbill_input_records", "Kafka records the job read", ["query", "topic"])
+_BATCHES = Counter("adbill_batches", "Micro-batches completed", ["query"])
+_DURATION = Histogram(
+    "adbill_batch_duration_seconds",
+    "Wall time of a micro-batch",
+    ["query"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120),
+)
+_DROPPED = Counter("adbill_rows_dropped_by_watermark", "Rows the watermark kept out of stateful operators", ["query"])
+_WATERMARK = Gauge("adbill_watermark_timestamp_seconds", "Event-time watermark", ["query", "stream"])
 _STATE_ROWS = Gauge("adbill_state_rows", "Rows held in state, all operators", ["query"])
 _STATE_BYTES = Gauge("adbill_state_memory_bytes", "Memory used by state, all operators", ["query"])
-_DROPPED = Gauge("adbill_rows_dropped_by_watermark", "Rows the watermark kept out, last batch", ["query"])
-_BATCH = Gauge("adbill_batch_id", "Id of the last completed micro-batch", ["query"])
+_BATCH = Gauge("adbill_last_batch_id", "Id of the last completed micro-batch", ["query"])
+_BATCH_TIME = Gauge("adbill_last_batch_timestamp_seconds", "When the last micro-batch started", ["query"])
+_LAG = Gauge(
+    "adbill_consumer_lag_records",
+    "Records Kafka held beyond what the last micro-batch read, per topic and partition",
+    ["query", "topic", "partition"],
+)
 _CLOCK_AHEAD = Counter(
     "adbill_clock_ahead_events",
     "Valid events whose time was ahead of Kafka's receipt time by more than the tolerance",
@@ -130,6 +144,7 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
         "sources": [
             {
                 "description": s.get("description"),
+                "start_offset": _offsets(s.get("startOffset")),
                 "end_offset": _offsets(s.get("endOffset")),
                 "latest_offset": _offsets(s.get("latestOffset")),
                 "input_rows": s.get("numInputRows"),
@@ -184,22 +199,60 @@ class HealthListener(StreamingQueryListener):
         return self._client
 
     def _export(self, record: Mapping[str, Any]) -> None:
-        name = record["query"] or "unnamed"
-        _INPUT_ROWS.labels(name).set(record["input_rows"])
-        _INPUT_RATE.labels(name).set(record["input_rows_per_second"])
-        _PROCESSED_RATE.labels(name).set(record["processed_rows_per_second"])
-        _DURATION.labels(name).set(record["batch_duration_ms"])
-        _STATE_ROWS.labels(name).set(record["state_rows"])
-        _STATE_BYTES.labels(name).set(record["state_memory_bytes"])
-        _DROPPED.labels(name).set(record["rows_dropped_by_watermark"])
-        _BATCH.labels(name).set(record["batch_id"] or 0)
-        if record["watermark_ms"] is not None:
-            _WATERMARK.labels(name, "query").set(record["watermark_ms"])
-        for stream, value in record["stream_watermarks_ms"].items():
-            if value is not None:
-                _WATERMARK.labels(name, stream).set(value)
-        for stream, events in record["clock_ahead_events"].items():
-            _CLOCK_AHEAD.labels(name, stream).inc(events)
+        export(record)
+
+
+def export(record: Mapping[str, Any]) -> None:
+    """One batch's health record (`summarize`) into the job's Prometheus metrics."""
+    name = record["query"] or "unnamed"
+    _BATCHES.labels(name).inc()
+    for topic, count in records_by_topic(record["sources"]).items():
+        _RECORDS.labels(name, topic).inc(count)
+    _DURATION.labels(name).observe(record["batch_duration_ms"] / 1000)
+    _DROPPED.labels(name).inc(record["rows_dropped_by_watermark"])
+    _STATE_ROWS.labels(name).set(record["state_rows"])
+    _STATE_BYTES.labels(name).set(record["state_memory_bytes"])
+    _BATCH.labels(name).set(record["batch_id"] or 0)
+    started_ms = _epoch_ms(record.get("timestamp"))
+    if started_ms is not None:
+        _BATCH_TIME.labels(name).set(started_ms / 1000)
+    if record["watermark_ms"] is not None:
+        _WATERMARK.labels(name, "query").set(record["watermark_ms"] / 1000)
+    for stream, value in record["stream_watermarks_ms"].items():
+        if value is not None:
+            _WATERMARK.labels(name, stream).set(value / 1000)
+    for (topic, partition), lag in consumer_lag(record["sources"]).items():
+        _LAG.labels(name, topic, partition).set(lag)
+    for stream, events in record["clock_ahead_events"].items():
+        _CLOCK_AHEAD.labels(name, stream).inc(events)
+
+
+def records_by_topic(sources: list[Mapping[str, Any]]) -> dict[str, int]:
+    """Records a batch read per topic: the offsets each partition advanced (a topic read by two branches of the
+    query counts once)."""
+    advanced: dict[tuple[str, str], int] = {}
+    for source in sources:
+        start, end = source.get("start_offset") or {}, source.get("end_offset") or {}
+        for topic, parts in end.items():
+            for partition, offset in parts.items():
+                step = max(0, offset - start.get(topic, {}).get(partition, 0))
+                advanced[(topic, partition)] = max(advanced.get((topic, partition), 0), step)
+    out: dict[str, int] = {}
+    for (topic, _), count in advanced.items():
+        out[topic] = out.get(topic, 0) + count
+    return out
+
+
+def consumer_lag(sources: list[Mapping[str, Any]]) -> dict[tuple[str, str], int]:
+    """(topic, partition) -> records Kafka held past the batch's end offset when the batch was planned."""
+    lag: dict[tuple[str, str], int] = {}
+    for source in sources:
+        end, latest = source.get("end_offset") or {}, source.get("latest_offset") or {}
+        for topic, parts in latest.items():
+            for partition, offset in parts.items():
+                behind = max(0, offset - end.get(topic, {}).get(partition, offset))
+                lag[(topic, partition)] = max(lag.get((topic, partition), 0), behind)
+    return lag
 
 
 def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
@@ -272,3 +325,60 @@ class ReconciliationCollector:
         )
         finished.add_metric([], int(record.get("finished_at_ms") or 0) / 1000)
         yield finished
+        took = GaugeMetricFamily(
+            "adbill_reconcile_last_run_duration_seconds", "How long the last reconciliation run took"
+        )
+        took.add_metric([], int(record.get("duration_ms") or 0) / 1000)
+        yield took
+
+
+class BillingCollector:
+    """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events,
+    quarantined records and corrections. The stream adds to them in the same script that applies each batch, so they
+    count every batch once; they start again from 0 when Redis is restored (`adbill restore-redis`), which
+    Prometheus reads as a counter reset."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self.prefix = prefix
+        self.redis_url = redis_url
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        try:
+            client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2)
+            try:
+                counters, quarantined, corrections = _billing_counts(client, self.prefix)
+            finally:
+                client.close()
+        except redis.RedisError:
+            return
+        billed = CounterMetricFamily("adbill_billed_clicks", "Clicks the stream billed (provisional)")
+        billed.add_metric([], counters.get("billed_clicks", 0))
+        yield billed
+        late = CounterMetricFamily("adbill_late_events", "Events the watermark kept out of the join", labels=["type"])
+        for kind in ("impression", "click"):
+            late.add_metric([kind], counters.get(f"late_{kind}s", 0))
+        yield late
+        quarantine = CounterMetricFamily(
+            "adbill_quarantined_records", "Records sent to the quarantine", labels=["reason", "topic"]
+        )
+        for (reason, topic), count in sorted(quarantined.items()):
+            quarantine.add_metric([reason, topic], count)
+        yield quarantine
+        applied = CounterMetricFamily(
+            "adbill_corrections", "Corrections reconciliation booked (additions and retractions)"
+        )
+        applied.add_metric([], corrections)
+        yield applied
+
+
+def _billing_counts(client: redis.Redis, prefix: str) -> tuple[dict[str, int], dict[tuple[str, str], int], int]:
+    counters = {str(k): int(v) for k, v in client.hgetall(f"{prefix}:counters").items()}  # type: ignore[union-attr]
+    quarantined: dict[tuple[str, str], int] = {}
+    for key in client.scan_iter(match=f"{prefix}:quarantine:*", count=100):
+        reason = str(key).rsplit(":", 1)[1]
+        for topic, n in client.hgetall(key).items():  # type: ignore[union-attr]
+            quarantined[(reason, str(topic))] = int(n)
+    corrections = int(client.scard(f"{prefix}:corrections:applied"))  # type: ignore[arg-type]
+    return counters, quarantined, corrections

@@ -112,6 +112,8 @@ EXPORT_SCHEMA = pa.schema(
 PARQUET_FILE = "billing.parquet"
 CSV_FILE = "billing.csv"
 MANIFEST_FILE = "manifest.json"
+SUMS_FILE = "SHA256SUMS"
+"""The SHA-256 of the data files and the manifest, in the format `sha256sum -c SHA256SUMS` checks."""
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE)
 """The data files of an export, each listed in the manifest with its size and checksum."""
 MANIFEST_VERSION = 1
@@ -434,6 +436,7 @@ def write_export(
             files={name: _digest(staging / name) for name in EXPORT_FILES},
         )
         (staging / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+        (staging / SUMS_FILE).write_text(sha256sums(staging), encoding="utf-8")
         _seal(staging)
         try:
             os.rename(staging, target)
@@ -445,6 +448,12 @@ def write_export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def sha256sums(folder: Path) -> str:
+    """The text of `SHA256SUMS` for the export in `folder`: `HEX  NAME` a line (two blanks: a binary-safe
+    comparison, as `sha256sum` writes it), the data files and then the manifest."""
+    return "".join(f"{_digest(folder / name).sha256}  {name}\n" for name in (*EXPORT_FILES, MANIFEST_FILE))
 
 
 def _check_period(period: str, start_ms: int, end_ms: int) -> None:
@@ -512,6 +521,9 @@ def verify_export(folder: str | os.PathLike[str]) -> list[str]:
         csv_rows = pa_csv.read_csv(csv_file).num_rows
     if csv_rows != manifest.rows:
         problems.append(f"{CSV_FILE} holds {csv_rows} rows, the manifest says {manifest.rows}")
+    sums = path / SUMS_FILE
+    if sums.is_file() and sums.read_text(encoding="utf-8") != sha256sums(path):  # exports before it have none
+        problems.append(f"{SUMS_FILE} does not match the files")
     return problems
 
 
@@ -534,8 +546,9 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
     touched = make_folder(target.parent)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
     try:
-        for name in (*EXPORT_FILES, MANIFEST_FILE):
-            shutil.copyfile(source / name, staging / name)
+        for name in (*EXPORT_FILES, MANIFEST_FILE, SUMS_FILE):
+            if name != SUMS_FILE or (source / name).is_file():
+                shutil.copyfile(source / name, staging / name)
         _seal(staging)
         try:
             os.rename(staging, target)

@@ -25,6 +25,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
 | `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
 | `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
 | `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
+| `PREFIX:counters` | hash | the stream's running counts: `billed_clicks`, `late_impressions`, `late_clicks` |
 
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
@@ -247,7 +248,9 @@ class RedisTotals:
         data. Bills of a closed period change nothing: finance has its export (reconciliation books what the
         stream billed after the close as adjustments in an open period)."""
         ops: list[list[Any]] = []
+        counters = self.key("counters")
         for row in rows:
+            ops.append(["hincrby", counters, "billed_clicks", str(row.clicks)])
             adv = self.key("totals", row.period, "adv", row.advertiser_id)
             cmp = self.key("totals", row.period, "cmp", row.campaign_id)
             ad = self.key("totals", row.period, "ad", row.ad_id)
@@ -267,6 +270,7 @@ class RedisTotals:
         for count in late:
             field = f"{count.event_type}s"
             ops += [
+                ["hincrby", counters, f"late_{field}", str(count.events)],
                 ["hincrby", self.key("late", count.period, "ad", count.ad_id), field, str(count.events)],
                 ["hincrby", self.key("late", count.period, "adv", count.advertiser_id), field, str(count.events)],
                 ["zadd", self.key("late-periods"), str(count.period_start_ms), count.period],

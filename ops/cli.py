@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
+        _require(settings, getattr(args, "needs", ()))
         return int(args.run(settings, args) or 0)
     except KeyboardInterrupt:
         return 130
@@ -34,10 +35,29 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from ops.deps import DependencyError
         from ops.process import ServiceError
+        from ops.reach import Unreachable
 
+        if isinstance(exc, Unreachable):
+            print(f"adbill {args.command}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
         kind = "error" if isinstance(exc, DependencyError | ServiceError | ValueError | OSError) else "unexpected error"
         print(f"adbill {args.command}: {kind}: {exc}", file=sys.stderr)
         return 1
+
+
+EXIT_UNREACHABLE = 69
+"""A service the command needs did not answer (`EX_UNAVAILABLE` of sysexits.h)."""
+
+
+def _require(settings: Settings, needs: tuple[str, ...]) -> None:
+    """Fail in one line, within seconds, when a service the command needs does not answer."""
+    if not needs:
+        return
+    from ops.reach import log_kafka_client_to_file, require
+
+    if "kafka" in needs:
+        log_kafka_client_to_file(settings)
+    require(settings, needs)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -68,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_settings)
 
     p = sub.add_parser("topics", help="create the impressions, clicks and quarantine topics (idempotent)")
-    p.set_defaults(run=cmd_topics)
+    p.set_defaults(run=cmd_topics, needs=("kafka",))
 
     p = sub.add_parser("catalog", help="write or show the ad catalog")
     p.add_argument("action", choices=["generate", "show"])
@@ -101,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
     p.add_argument("--bad", type=float, default=0.002, help="fraction of bad records")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_produce)
+    p.set_defaults(run=cmd_produce, needs=("kafka",))
 
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
     p.add_argument(
@@ -110,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         help="start a new checkpoint over the output of an earlier one: its batches continue the earlier ones and "
         "it reads from where they stopped (the earlier checkpoint folder must be gone)",
     )
-    p.set_defaults(run=cmd_stream)
+    p.set_defaults(run=cmd_stream, needs=("kafka", "redis"))
 
     p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
     p.set_defaults(run=cmd_web)
@@ -131,6 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
     p.set_defaults(run=cmd_users)
 
+    p = sub.add_parser("tokens", help="manage API tokens for /api/v1: create, list, revoke")
+    tokens = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = tokens.add_parser("create", help="a new token with exactly USER's access, printed once")
+    t.add_argument("username")
+    t = tokens.add_parser("list", help="the tokens (ids and when made, never the tokens) of USER, or of everyone")
+    t.add_argument("username", nargs="?")
+    t = tokens.add_parser("revoke", help="revoke USER's token TOKEN_ID, or all of USER's tokens")
+    t.add_argument("username")
+    t.add_argument("token_id", nargs="?")
+    p.set_defaults(run=cmd_tokens)
+
     p = sub.add_parser("reconcile", help="reconcile the periods past their lateness horizon, close them, export them")
     p.add_argument(
         "--until",
@@ -144,14 +175,14 @@ def _parser() -> argparse.ArgumentParser:
         help="close periods even when the streaming job has not read everything Kafka held for them "
         "(what it bills for them later becomes adjustments)",
     )
-    p.set_defaults(run=cmd_reconcile)
+    p.set_defaults(run=cmd_reconcile, needs=("redis",))
 
     p = sub.add_parser(
         "audit",
         help="prove the books: the rule over every event received against the exports plus adjustments (closed "
         "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
     )
-    p.set_defaults(run=cmd_audit)
+    p.set_defaults(run=cmd_audit, needs=("redis",))
 
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
@@ -165,13 +196,13 @@ def _parser() -> argparse.ArgumentParser:
         help="put back every billing figure in Redis from the data folder after Redis lost its data "
         "(stop the job first)",
     )
-    p.set_defaults(run=cmd_restore_redis)
+    p.set_defaults(run=cmd_restore_redis, needs=("redis",))
 
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
     p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_replay)
+    p.set_defaults(run=cmd_replay, needs=("kafka",))
 
     p = sub.add_parser(
         "kafka",
@@ -186,6 +217,9 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import Stack, print_where
 
+    s = settings
+    # Services elsewhere must answer; local ones the stack starts itself.
+    _require(settings, tuple(n for n, local in (("kafka", s.kafka_is_local), ("redis", s.redis_is_local)) if not local))
     stack = Stack(settings)
     try:
         stack.start_services()
@@ -195,6 +229,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
                 stack.start_child("reconcile", ["reconcile", "--every", str(settings.reconcile_interval_s)])
         if not args.no_web:
             stack.start_child("web", ["web"])
+            stack.wait_healthy("web", f"{_web_url(settings)}/healthz")
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
     except BaseException:
@@ -203,8 +238,14 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     print_where(settings)
     if args.detach:
         return 0
-    stack.watch()
+    stack.watch(ready_url=None if args.no_web else f"{_web_url(settings)}/readyz")
     return 0
+
+
+def _web_url(settings: Settings) -> str:
+    """Where this machine reaches the web UI (a wildcard listen address is reached on loopback)."""
+    host = "127.0.0.1" if settings.web_host in ("0.0.0.0", "", "::") else settings.web_host  # nosec B104: compared
+    return f"http://{host}:{settings.web_port}"
 
 
 def _traffic_args(settings: Settings) -> list[str]:
@@ -317,7 +358,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         live=args.live,
     )
     print(f"ground truth in {run_dir}")
-    return 1 if summary.delivery_failures else 0
+    return _delivery_outcome("produce", summary.not_delivered, 0)
 
 
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
@@ -327,6 +368,14 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    # gunicorn's workers are processes: their metrics meet in one folder, named before prometheus_client loads.
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        import shutil
+
+        folder = settings.run_dir / "web-metrics"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
     from web.server import serve
 
     return serve(settings)
@@ -360,6 +409,32 @@ def cmd_users(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokens(settings: Settings, args: argparse.Namespace) -> int:
+    from web.accounts import AccountsFile
+    from web.tokens import TokensFile
+
+    tokens = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
+    if args.action == "create":
+        token, record = tokens.create(args.username)
+        print(token)
+        print(
+            f"API token {record.token_id} for {record.username}: shown this once, only its hash is kept "
+            f"({settings.api_tokens_file}); send it as `Authorization: Bearer TOKEN`",
+            file=sys.stderr,
+        )
+    elif args.action == "list":
+        rows = tokens.of(args.username)
+        for t in rows:
+            made = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t.created_at_ms / 1000))
+            print(f"{t.token_id}\t{t.username}\t{made}")
+        if not rows:
+            print("no API tokens", file=sys.stderr)
+    else:
+        gone = tokens.revoke(args.username, args.token_id)
+        print(f"revoked {len(gone)} token(s) of {args.username}: {', '.join(gone)}")
+    return 0
+
+
 def _new_password(from_stdin: bool) -> str:
     """A password from stdin's first line, or prompted for twice; never from the command line."""
     if from_stdin:
@@ -375,6 +450,8 @@ def _new_password(from_stdin: bool) -> str:
 def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import parse_time, run_reconcile
 
+    if not args.force:  # Kafka's end offsets decide what may close; --force closes without them
+        _require(settings, ("kafka",))
     return run_reconcile(
         settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every, force=args.force
     )
@@ -410,7 +487,20 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         rate=args.rate,
         progress=_progress(args),
     )
-    return 1 if summary.publish.delivery_failures else 0
+    return _delivery_outcome("replay", summary.publish.not_delivered, summary.bad_lines)
+
+
+def _delivery_outcome(command: str, not_delivered: int, bad_lines: int) -> int:
+    """1, with one line saying how many, when any record was not delivered or any input line was bad."""
+    problems = []
+    if not_delivered:
+        problems.append(f"{not_delivered:,} record(s) not delivered to Kafka")
+    if bad_lines:
+        problems.append(f"{bad_lines:,} bad line(s) not sent")
+    if not problems:
+        return 0
+    print(f"adbill {command}: {'; '.join(problems)}", file=sys.stderr)
+    return 1
 
 
 def cmd_kafka(settings: Settings, args: argparse.Namespace) -> int:

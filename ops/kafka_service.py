@@ -12,6 +12,7 @@ from typing import Any
 
 from ops import deps
 from ops.process import ManagedProcess, ServiceError, port_open
+from ops.reach import KAFKA_CLIENT_LOGGER, kafka_answers
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,8 @@ class LocalKafka:
 
 
 def broker_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker answers a metadata request and lists itself."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
-    metadata = admin.list_topics(timeout=timeout_s)
-    return bool(metadata.brokers)
+    """True when a broker answers a metadata request and lists itself; False (not an exception) when none does."""
+    return kafka_answers(bootstrap, timeout_s)
 
 
 TOPIC_CONFIGS = {"message.timestamp.type": "LogAppendTime"}
@@ -177,7 +174,8 @@ def ensure_topics(
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": logging.getLogger(KAFKA_CLIENT_LOGGER)}
+    admin = AdminClient(config)
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [name for name in names if name not in existing]
     if configs:

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +18,16 @@ class ServiceError(RuntimeError):
     """A service did not start or stop; the message carries the end of its log."""
 
 
+LOGPIPE = Path(__file__).resolve().with_name("logpipe.py")
+LOG_MAX_BYTES = 20_000_000
+LOG_BACKUPS = 3
+
+
 @dataclass
 class ManagedProcess:
-    """One long-running child: `name` names its pid file (`run_dir/NAME.pid`) and log (`log_dir/NAME.log`)."""
+    """One long-running child: `name` names its pid file (`run_dir/NAME.pid`) and log (`log_dir/NAME.log`). The log
+    rolls over at `log_max_bytes`, keeping `log_backups` old files (`NAME.log.1`, ...): the child writes into a pipe
+    that `ops/logpipe.py` copies to the file."""
 
     name: str
     command: list[str]
@@ -28,6 +36,9 @@ class ManagedProcess:
     env: dict[str, str] | None = None
     cwd: Path | None = None
     popen: subprocess.Popen[bytes] | None = None
+    log_max_bytes: int = LOG_MAX_BYTES
+    log_backups: int = LOG_BACKUPS
+    writer: subprocess.Popen[bytes] | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -46,17 +57,29 @@ class ManagedProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} start\n".encode())
-            log.flush()
+        # The log writer reads until every writer of the pipe has ended; a session of its own, like the child's.
+        self.writer = subprocess.Popen(
+            [sys.executable, str(LOGPIPE), str(self.log_file), "--max-bytes", str(self.log_max_bytes),
+             "--backups", str(self.log_backups)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        assert self.writer.stdin is not None
+        try:
             # A session of its own: Ctrl-C in the terminal reaches `adbill up`, which stops children in order.
             self.popen = subprocess.Popen(
                 self.command,
-                stdout=log,
+                stdout=self.writer.stdin,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        finally:
+            self.writer.stdin.close()  # the child holds the pipe now; the writer ends when it (and its own) do
         self.pid_file.write_text(str(self.popen.pid))
 
     def exited(self) -> int | None:
@@ -84,9 +107,17 @@ class ManagedProcess:
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=1)
+        self._drain()
         self.pid_file.unlink(missing_ok=True)
 
+    def _drain(self) -> None:
+        """Once the child has ended, give its log writer a moment to copy the last lines (and reap it)."""
+        if self.writer is not None and self.exited() is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.writer.wait(timeout=2)
+
     def log_tail(self, lines: int = 30) -> str:
+        self._drain()
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:

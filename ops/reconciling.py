@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from ops.settings import Settings
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from attribution.audit import PeriodAudit
     from attribution.reconcile import ReconcileConfig, RunReport
 
@@ -71,8 +73,10 @@ def run_reconcile(
             print(f"reconcile: {exc}", file=sys.stderr, flush=True)
             return 4
         spark = spark_session(settings, "adbill-reconcile", settings.root / "spark-tmp-reconcile", stateful=False)
+        metrics = ReconcileMetrics.serve(settings) if every_s else None
         try:
             while True:
+                started = time.monotonic()
                 try:
                     report = reconcile(
                         spark,
@@ -84,12 +88,18 @@ def run_reconcile(
                         locked=not every_s,
                     )
                     print(describe_run(report), flush=True)
+                    if metrics:
+                        metrics.done(report, time.monotonic() - started)
                 except HeldError as exc:
                     print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                    if metrics:
+                        metrics.outcome("refused", time.monotonic() - started)
                     if not every_s:
                         return 3
                 except ReconcileBusyError as exc:
                     print(f"reconcile: {exc}", file=sys.stderr, flush=True)
+                    if metrics:
+                        metrics.outcome("busy", time.monotonic() - started)
                 if not every_s:
                     return 0
                 time.sleep(every_s)
@@ -97,6 +107,56 @@ def run_reconcile(
             return 0
         finally:
             spark.stop()
+
+
+class ReconcileMetrics:
+    """Prometheus metrics of `adbill reconcile --every`, on `ADBILL_RECONCILE_METRICS_PORT`: runs by outcome, their
+    durations, the periods closed and the corrections booked; and the held periods of the last run (read from Redis,
+    as the job's `/metrics` shows them too)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.runs = Counter("adbill_reconcile_runs", "Reconciliation runs, by outcome", ["outcome"], registry=registry)
+        self.duration = Histogram(
+            "adbill_reconcile_run_duration_seconds",
+            "Wall time of a reconciliation run",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800),
+            registry=registry,
+        )
+        self.closed = Counter("adbill_reconcile_periods_closed", "Periods closed and exported", registry=registry)
+        self.corrections = Counter(
+            "adbill_reconcile_corrections", "Corrections booked, by kind", ["kind"], registry=registry
+        )
+        for outcome in ("done", "refused", "busy"):
+            self.runs.labels(outcome)
+        for kind in ("addition", "retraction"):
+            self.corrections.labels(kind)
+
+    @classmethod
+    def serve(cls, settings: Settings) -> ReconcileMetrics | None:
+        """The metrics, served on loopback (all interfaces when Kafka is elsewhere: a cluster); None when off."""
+        if not settings.reconcile_metrics_port:
+            return None
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from attribution.progress import ReconciliationCollector
+
+        registry = CollectorRegistry()
+        registry.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
+        host = "127.0.0.1" if settings.kafka_is_local else "0.0.0.0"  # nosec B104: a cluster's Prometheus scrapes it
+        start_http_server(settings.reconcile_metrics_port, addr=host, registry=registry)
+        return cls(registry)
+
+    def done(self, report: RunReport, seconds: float) -> None:
+        self.outcome("done", seconds)
+        self.closed.inc(len(report.closed))
+        self.corrections.labels("addition").inc(report.additions)
+        self.corrections.labels("retraction").inc(report.retractions)
+
+    def outcome(self, outcome: str, seconds: float) -> None:
+        self.runs.labels(outcome).inc()
+        self.duration.observe(seconds)
 
 
 def run_audit(settings: Settings) -> int:

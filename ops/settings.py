@@ -64,6 +64,20 @@ class Settings:
     state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
     driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
     metrics_port: int = _setting(9464, "Port of the job's Prometheus /metrics (0: off).")
+    reconcile_metrics_port: int = _setting(
+        9465, "Port of the Prometheus /metrics of `adbill reconcile --every` (0: off; a single run serves none)."
+    )
+    spark_ui_port: int = _setting(
+        4040, "Port of Spark's web UI of the job (the next free one when taken; loopback in local mode; 0: off)."
+    )
+    spark_event_log_path: Path | None = _setting(
+        None,
+        "Folder of Spark's event logs, for Spark's history server (default HOME/spark-events; rolled at 64 MB).",
+        "SPARK_EVENT_LOG_DIR",
+    )
+    spark_event_log_max_mb: int = _setting(
+        1024, "Size the event log folder is trimmed to, oldest applications first, when a Spark session starts."
+    )
     lateness_horizon_ms: int = _setting(
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )
@@ -79,6 +93,11 @@ class Settings:
         None,
         "The web UI's accounts, hashed passwords, managed by `adbill users` (default HOME/users.json).",
         "USERS_FILE",
+    )
+    api_tokens_path: Path | None = _setting(
+        None,
+        "The API tokens (SHA-256 of each), managed by `adbill tokens` (default HOME/api-tokens.json).",
+        "API_TOKENS_FILE",
     )
     web_secret_path: Path | None = _setting(
         None, "The web UI's secret key, generated once with mode 0600 (default HOME/web-secret.key).", "WEB_SECRET_FILE"
@@ -97,6 +116,14 @@ class Settings:
     web_address_login_limit: int = _setting(
         300, "Failed logins one client address (an IPv6 /64) may have in an hour; further logins are refused."
     )
+    web_ready_batch_age_s: int = _setting(
+        60, "`/readyz` answers 503 when the streaming job's last batch or idle trigger is older than this, in s."
+    )
+
+    log_max_bytes: int = _setting(
+        20_000_000, "Size at which each log of the local stack (HOME/logs/NAME.log) rolls over to NAME.log.1."
+    )
+    log_backups: int = _setting(3, "Rolled-over files kept of each log of the local stack (NAME.log.1 ...).")
 
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
@@ -133,10 +160,18 @@ class Settings:
             "clock_tolerance_ms",
             "trigger_ms",
             "web_trusted_proxies",
+            "log_backups",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")
-        for name in ("web_session_hours", "web_idle_minutes", "web_login_limit", "web_address_login_limit"):
+        for name in (
+            "web_session_hours",
+            "web_idle_minutes",
+            "web_login_limit",
+            "web_address_login_limit",
+            "web_ready_batch_age_s",
+            "log_max_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
 
@@ -162,12 +197,20 @@ class Settings:
         return self.root / "logs"
 
     @property
+    def spark_event_log_dir(self) -> Path:
+        return self.spark_event_log_path or self.root / "spark-events"
+
+    @property
     def catalog_file(self) -> Path:
         return self.catalog_path or self.root / "catalog.json"
 
     @property
     def users_file(self) -> Path:
         return self.users_path or self.root / "users.json"
+
+    @property
+    def api_tokens_file(self) -> Path:
+        return self.api_tokens_path or self.root / "api-tokens.json"
 
     @property
     def web_secret_file(self) -> Path:
@@ -214,7 +257,8 @@ class Settings:
 
 
 # Variables with the prefix that are not settings of the pipeline but of the tools around it.
-_NOT_SETTINGS = {"ADBILL_NO_PROGRESS"}
+_NOT_SETTINGS = {"ADBILL_NO_PROGRESS", "ADBILL_DEBUG"}
+"""`ADBILL_NO_PROGRESS`: progress bars off. `ADBILL_DEBUG`: the CLI shows a failure's traceback, not one line."""
 
 
 def env_name(f: dataclasses.Field[Any]) -> str:

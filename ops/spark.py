@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,11 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
     the default one."""
     from attribution.session import build_spark
 
+    if is_local(settings):
+        # Spark's UI binds to SPARK_LOCAL_IP (else every interface): on one machine, loopback only.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings.spark_event_log_dir.mkdir(parents=True, exist_ok=True)
+    trim_event_logs(settings.spark_event_log_dir, settings.spark_event_log_max_mb * 1_000_000)
     return build_spark(
         app_name=app_name,
         master=settings.spark_master,
@@ -25,4 +31,49 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         local_dir=local_dir,
         driver_memory=settings.driver_memory,
         rocksdb_state=stateful and settings.state_store == "rocksdb",
+        extra_conf=observability_conf(settings),
     )
+
+
+def is_local(settings: Settings) -> bool:
+    """Spark runs inside the driver's process (`local[N]`), not on a cluster."""
+    return settings.spark_master.startswith("local")
+
+
+def observability_conf(settings: Settings) -> dict[str, str]:
+    """Spark's UI on `ADBILL_SPARK_UI_PORT` (off at 0) and its event log, rolled, in `ADBILL_SPARK_EVENT_LOG_DIR`."""
+    conf = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": settings.spark_event_log_dir.as_uri(),
+        "spark.eventLog.compress": "true",
+        "spark.eventLog.rolling.enabled": "true",
+        "spark.eventLog.rolling.maxFileSize": "64m",
+    }
+    if settings.spark_ui_port:
+        conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(settings.spark_ui_port)})
+    return conf
+
+
+def trim_event_logs(folder: Path, max_bytes: int) -> list[Path]:
+    """Delete whole applications' event logs (a file, or a rolled `eventlog_v2_*` folder), oldest first, until the
+    folder holds at most `max_bytes`; returns what was deleted. Runs before a session starts, so never its own."""
+    import shutil
+
+    def size(entry: Path) -> int:
+        files = [entry] if entry.is_file() else [p for p in entry.rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files)
+
+    entries = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime)
+    sizes = {entry: size(entry) for entry in entries}
+    total = sum(sizes.values())
+    deleted = []
+    for entry in entries:
+        if total <= max_bytes:
+            break
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        total -= sizes[entry]
+        deleted.append(entry)
+    return deleted

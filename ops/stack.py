@@ -107,6 +107,8 @@ class Stack:
             run_dir=self.settings.run_dir,
             log_dir=self.settings.logs_dir,
             env=_child_env(self.settings),
+            log_max_bytes=self.settings.log_max_bytes,
+            log_backups=self.settings.log_backups,
         )
         if child.running_pid():
             _say(f"{name:<8} running   (pid {child.running_pid()}, left as it is)")
@@ -115,9 +117,19 @@ class Stack:
         self.started.append(child)
         _say(f"{name:<8} started   pid {child.popen.pid if child.popen else '?'}, log {child.log_file}")
 
-    def watch(self) -> None:
-        """Block until Ctrl-C or SIGTERM, or until a child of ours dies; then stop what we started."""
+    def wait_healthy(self, name: str, url: str, timeout_s: float = 60.0) -> None:
+        """Wait until the child NAME answers 200 at `url` (its `/healthz`); fail early, with its log, if it dies."""
+        child = next((c for c in self.started if c.name == name), None)
+        if child is None:
+            return  # found running, not ours to wait for
+        child.wait_ready(lambda: http_ok(url), timeout_s, f"200 from {url}")
+        _say(f"{name:<8} healthy   {url}")
+
+    def watch(self, ready_url: str | None = None) -> None:
+        """Block until Ctrl-C or SIGTERM, or until a child of ours dies; then stop what we started. With
+        `ready_url` (the web UI's `/readyz`), say once when the whole stack is ready: Redis and the job's batches."""
         stop = {"now": False}
+        next_probe = 0.0
 
         def on_signal(signum: int, _frame: object) -> None:
             stop["now"] = True
@@ -134,6 +146,11 @@ class Stack:
                             return
                         self.started.remove(child)
                         break
+                if ready_url and time.monotonic() >= next_probe:
+                    next_probe = time.monotonic() + 5
+                    if http_ok(ready_url):
+                        _say(f"stack    ready     {ready_url}: Redis answers, the job's batches are recent")
+                        ready_url = None
                 time.sleep(0.5)
         finally:
             self.stop()
@@ -159,6 +176,18 @@ def down(settings: Settings) -> list[str]:
     return stopped
 
 
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when a GET of `url` (a loopback probe of ours) answers 200."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # nosec B310: our own http URL
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def _child_env(settings: Settings) -> dict[str, str]:
     import os
 
@@ -180,6 +209,7 @@ def print_where(settings: Settings) -> None:
     _say(f"  kafka       {s.kafka_bootstrap}   topics {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine}")
     _say(f"  redis       {s.redis_url}")
     _say(f"  web         http://{s.web_host}:{s.web_port}/   accounts: adbill users add NAME --role admin")
+    _say(f"  probes      http://{s.web_host}:{s.web_port}/healthz (alive), /readyz (Redis and the job's last batch)")
     _say(f"  data        {s.root}")
     _say(f"  logs        {s.logs_dir}  (kafka: {s.kafka_dir / 'logs'})")
     _say(

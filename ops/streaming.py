@@ -51,7 +51,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
 
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
-    from attribution.progress import HealthListener, ReconciliationCollector
+    from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
@@ -69,6 +69,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
+        REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix))
         # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
         start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(

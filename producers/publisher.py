@@ -8,6 +8,7 @@ in partitions of the same number when both topics have the same partition count.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -49,6 +50,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 """Producer settings; `extra_config` overrides any of them."""
 
+KAFKA_CLIENT_LOGGER = "librdkafka"
+"""The Python logger librdkafka's own log lines go to (the `logger` setting; `ops.reach` sends it to a file)."""
+
 MAX_FAILURE_EXAMPLES = 20
 MAX_REPORTED_LINES = 1_000
 
@@ -71,6 +75,11 @@ class PublishSummary:
     """Live runs: clock time minus simulated time (how far behind the clock in-order events were sent)."""
     live_max_behind_ms: int | None = None
     """Live runs: the most any record went out after its due time (a sender behind schedule)."""
+
+    @property
+    def not_delivered(self) -> int:
+        """Records the broker did not acknowledge: failed, or still queued when the final flush timed out."""
+        return self.delivery_failures + self.undelivered
 
     @property
     def total(self) -> int:
@@ -140,6 +149,7 @@ class EventPublisher:
         self.serializer = serializer
         self.config: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
+            "logger": logging.getLogger(KAFKA_CLIENT_LOGGER),
             **PRODUCER_DEFAULTS,
             **(extra_config or {}),
         }

@@ -99,6 +99,7 @@ def own_settings(folder: Path, kafka: LocalKafka, topics: TopicNames, redis_serv
         topic_quarantine=topics.quarantine,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
+        spark_ui_port=0,  # no fixed port in tests: other test runs share the machine
     )
 
 

@@ -1,7 +1,8 @@
 """The JSON API under `/api/v1`: the pages' data for scripts, with the pages' access rules (`web.guards`).
 
-Authentication is the session cookie of a login (see `web/README.md`); without one every route but the OpenAPI
-document answers 401. Money is integer micros; every document names its currency where one is known.
+Authentication is the session cookie of a login, or an API token (`Authorization: Bearer TOKEN`, made with
+`adbill tokens create USER`) with exactly its account's access (see `web/README.md`); without either every route but
+the OpenAPI document answers 401. Money is integer micros; every document names its currency where one is known.
 The routes are described in `web/openapi.json`, which a unit test keeps equal to the routes below.
 """
 
@@ -12,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Response, abort, jsonify, request, url_for
+from flask import Blueprint, Response, abort, g, jsonify, request, url_for
 
 from web.access import visible_advertisers
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, logged_in, paging_args, period_arg
@@ -34,10 +35,17 @@ OPENAPI_FILE = Path(__file__).resolve().parent / "openapi.json"
 
 
 @bp.before_request
-def require_login() -> tuple[Response, int] | None:
-    """401 for anonymous requests; only the OpenAPI document is public."""
+def require_login() -> Response | None:
+    """401 for anonymous requests and unknown or revoked tokens; only the OpenAPI document is public."""
     if current_principal() is None and request.endpoint != "api.openapi":
-        return jsonify({"error": "login required", "status": 401}), 401
+        if g.get("bad_token"):
+            response = jsonify({"error": "invalid or revoked token", "status": 401})
+            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill", error="invalid_token"'
+        else:
+            response = jsonify({"error": "login required", "status": 401})
+            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill"'
+        response.status_code = 401
+        return response
     return None
 
 

@@ -16,14 +16,19 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from web import api, auth, display, pages
+from web import api, auth, display, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
+from web.metrics import instrument
 from web.readers import BillingReader, CatalogFile
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms
 from web.sessions import LoginLimiter, SessionStore
+from web.tokens import TokensFile
+
+RETRY_AFTER_S = 5
+"""What a 503 (Redis unreachable) tells a client to wait before it tries again."""
 
 REFRESH_MS = 3000
 """How often an advertiser's open dashboard asks the API for fresh figures."""
@@ -46,6 +51,8 @@ class WebSettings(Protocol):
     @property
     def users_file(self) -> Path: ...
     @property
+    def api_tokens_file(self) -> Path: ...
+    @property
     def web_secret_file(self) -> Path: ...
     @property
     def web_secure_cookies(self) -> int: ...
@@ -59,6 +66,8 @@ class WebSettings(Protocol):
     def web_login_limit(self) -> int: ...
     @property
     def web_address_login_limit(self) -> int: ...
+    @property
+    def web_ready_batch_age_s(self) -> int: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -73,10 +82,12 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     secret = load_or_create_secret(settings.web_secret_file)
     app.secret_key = secret
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False, TEMPLATES_AUTO_RELOAD=False)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
+    accounts = AccountsFile(settings.users_file)
     app.extensions["adbill"] = Services(
         reader=BillingReader(client, settings.redis_prefix, exports_dir(settings), CatalogFile(settings.catalog_file)),
-        accounts=AccountsFile(settings.users_file),
+        accounts=accounts,
+        tokens=TokensFile(settings.api_tokens_file, accounts),
         sessions=SessionStore(
             client, settings.redis_prefix, secret, settings.web_session_hours * 3600, settings.web_idle_minutes * 60
         ),
@@ -92,6 +103,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         refresh_ms=REFRESH_MS,
         recent=RecentResults(cache_s),
         clock=clock,
+        ready_batch_age_s=settings.web_ready_batch_age_s,
     )
 
     if settings.web_trusted_proxies:
@@ -99,11 +111,13 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         n = settings.web_trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
 
+    instrument(app)
     app.before_request(auth.load_principal)
     app.before_request(auth.check_csrf)
     app.register_blueprint(auth.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(probes.bp)
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -120,6 +134,23 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         if status == 401:
             return redirect(url_for("auth.login_form"))
         return render_template("error.html", status=status, name=error.name, error=error), status
+
+    @app.errorhandler(redis.ConnectionError)
+    @app.errorhandler(redis.TimeoutError)
+    def redis_unreachable(error: redis.RedisError) -> ResponseReturnValue:
+        """Redis down is not a bug of the page: 503 with a clear page or JSON body, and a hint to retry."""
+        app.logger.warning("Redis at %s is unreachable: %s", redis_address(settings.redis_url), error)
+        message = "The billing data store (Redis) is unreachable; figures cannot be shown. Try again shortly."
+        if request.path.startswith("/api/"):
+            response = jsonify({"error": "Redis is unreachable", "status": 503})
+        else:
+            response = Response(
+                render_template("error.html", status=503, name="Service Unavailable", error=_Described(message)),
+                mimetype="text/html",
+            )
+        response.status_code = 503
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
 
     app.jinja_env.globals.update(
         csrf_token=auth.csrf_token,
@@ -141,3 +172,18 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         duration=display.duration_ms,
     )
     return app
+
+
+class _Described:
+    """An error with a description, as `error.html` shows one."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+
+def redis_address(url: str) -> str:
+    """`url` without its password, for the log."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    return f"{parsed.scheme}://{parsed.hostname}{f':{parsed.port}' if parsed.port else ''}{parsed.path}"

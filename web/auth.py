@@ -30,8 +30,12 @@ from web.security import (
     wants_secure_cookies,
 )
 from web.services import current_session, services
+from web.tokens import bearer_token
 
 bp = Blueprint("auth", __name__)
+
+OPEN_ENDPOINTS = frozenset({"probes.healthz", "probes.readyz", "probes.metrics"})
+"""Endpoints that never read a session: probes and scrapers, which must answer while Redis is down."""
 
 _MAX_USERNAME = 128
 _MAX_NEXT = 2048
@@ -41,10 +45,20 @@ _LOCAL_TARGET = re.compile(r"/(?![/\\])[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*", re.ASC
 
 
 def load_principal() -> None:
-    """Find the session of the request's cookie and its account; a stale session is closed on the way."""
+    """Find the session of the request's cookie and its account; a stale session is closed on the way. Under
+    `/api/`, an `Authorization` header is the only credential looked at: a valid API token's account, or nobody."""
     g.principal = None
     g.session = None
-    if request.endpoint == "static":
+    g.bad_token = False
+    if request.endpoint == "static" or request.endpoint in OPEN_ENDPOINTS:
+        return
+    if request.path.startswith("/api/") and "Authorization" in request.headers:
+        token = bearer_token(request.headers.get("Authorization"))
+        account = services().tokens.authenticate(token) if token else None
+        if account is None:
+            g.bad_token = True
+        else:
+            g.principal = account.principal
         return
     session_id = request.cookies.get(_cookie_names()[0])
     if not session_id:

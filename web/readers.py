@@ -17,6 +17,7 @@ reconciliation):
 | `PREFIX:clock-ahead:P:{adv,ad}:ID`, `...:P:ads`, `PREFIX:clock-ahead-periods` | stream | events with a clock ahead |
 | `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
 | `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
+| `PREFIX:health:heartbeat:NAME` | the job's listener | `/readyz`: the job's last batch is recent |
 | `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
 | `PREFIX:audit:last` | `adbill audit` | the last audit of the books |
 
@@ -35,7 +36,7 @@ from typing import Any
 import redis
 
 from billing.catalog import Catalog
-from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE
+from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE
 from billing.intake import QuarantineReason
 from web.model import (
     AdDetail,
@@ -61,7 +62,7 @@ from web.model import (
     consumer_lag,
 )
 
-EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE)
+EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
 """The files of an export folder, the only names a download may ask for."""
 
 SERIES_PERIODS = 72
@@ -392,6 +393,11 @@ class BillingReader:
         return path if (folder / MANIFEST_FILE).is_file() and path.is_file() else None
 
     # Admin -----------------------------------------------------------------------------------------------------
+    def heartbeat_ms(self) -> int | None:
+        """When the streaming job last reported a batch or an idle trigger (epoch ms), None if never; raises the
+        Redis client's error when Redis does not answer."""
+        return _int_field(self.client.get(self.key("health", "heartbeat", QUERY_NAMES[0])))  # type: ignore[arg-type]
+
     def health(self) -> Health:
         """The job's latest progress per query, recent batch durations, late, clock-ahead and quarantined counts,
         and the last reconciliation."""

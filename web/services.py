@@ -13,6 +13,7 @@ from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.readers import BillingReader
 from web.sessions import LoginLimiter, SessionRecord, SessionStore
+from web.tokens import TokensFile
 
 
 def now_ms() -> int:
@@ -25,6 +26,7 @@ class Services:
 
     reader: BillingReader
     accounts: AccountsFile
+    tokens: TokensFile
     sessions: SessionStore
     limiter: LoginLimiter
     secret: bytes
@@ -33,6 +35,7 @@ class Services:
     refresh_ms: int
     recent: RecentResults
     clock: Callable[[], int] = now_ms
+    ready_batch_age_s: int = 60
 
 
 def services() -> Services:

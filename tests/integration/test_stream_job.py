@@ -20,12 +20,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client import REGISTRY, CollectorRegistry
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from attribution.dead_letters import DeadLetters
 from attribution.job import start
-from attribution.progress import HealthListener
+from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
@@ -211,6 +212,20 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     health = totals.client.hgetall(f"{settings.redis_prefix}:health:query:billing")
     assert int(health["batch_id"]) >= 1
     assert json.loads(health["stream_watermarks_ms"])["clicks"] == T0 + 12 * S - 30_000
+
+    # Prometheus: the records read per topic (this test's own topics), and the running counts of billing in Redis.
+    def records_read(topic: str) -> float | None:
+        return REGISTRY.get_sample_value("adbill_input_records_total", {"query": "billing", "topic": topic})
+
+    deadline = time.monotonic() + 30
+    while records_read(clicks) != 14 and time.monotonic() < deadline:  # progress events arrive after the batch
+        time.sleep(0.2)
+    assert (records_read(settings.topic_impressions), records_read(clicks)) == (12, 14)  # the raw bytes included
+    scraped = CollectorRegistry()
+    scraped.register(BillingCollector(settings.redis_url, settings.redis_prefix))
+    assert scraped.get_sample_value("adbill_billed_clicks_total") == 6
+    assert scraped.get_sample_value("adbill_quarantined_records_total", {"reason": "undecodable", "topic": clicks}) == 1
+    assert scraped.get_sample_value("adbill_late_events_total", {"type": "click"}) == 0
 
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:

@@ -6,7 +6,9 @@ go through the Flask test client. The data is only read here, so one seeded app 
 Targets are adv-0000's campaign, ad, correction and export; `alice` is adv-0000's advertiser, `bob` another
 advertiser's. Expected: alice, finance and admin see adv-0000 (200), bob gets 404, as for an id that exists
 nowhere; pages send the anonymous visitor to the login form, the API answers 401; finance pages and exports are for
-finance and admin, health for admin only. No response to an advertiser ever holds another advertiser's id.
+finance and admin, health for admin only. No response to an advertiser ever holds another advertiser's id. Each
+account's API token opens every API route exactly as its session does (the same status, the same bytes) and no page;
+a revoked, unknown or malformed token, or a disabled account's, gets 401.
 A campaign id names one advertiser's campaign: a catalog where two share one is refused, and an id that moved
 from one advertiser to another between catalogs shows each only the figures of its own hours.
 """
@@ -32,7 +34,10 @@ from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
 from tests.web_support import ACCOUNTS, CLOSED, FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
+from web.access import Role
+from web.accounts import AccountsFile
 from web.app import create_app
+from web.tokens import TokensFile
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +52,7 @@ class World:
     clients: dict[str, FlaskClient]
     ids: dict[str, dict[str, str]]  # advertiser -> {campaign, ad, correction}
     export_period: str
+    tokens: dict[str, str]  # actor -> API token
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         assert login(clients[name], name).status_code == 302
     exports = sorted(p.name for p in (settings.root / "exports").iterdir())
     assert len(exports) == 2
-    yield World(app, seeded, clients, ids, exports[-1])
+    store = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
+    tokens = {name: store.create(name)[0] for name in ACCOUNTS}
+    yield World(app, seeded, clients, ids, exports[-1], tokens)
     seeded.client.close()
 
 
@@ -114,10 +122,13 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         "/api/v1/finance": "/api/v1/finance",
         "/api/v1/exports": "/api/v1/exports",
         "/api/v1/health": "/api/v1/health",
+        "/healthz": "/healthz",
+        "/readyz": "/readyz",
+        "/metrics": "/metrics",
     }
 
 
-PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json"}
+PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
 FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
 HEALTH = {"/health", "/api/v1/health"}
 POST_ROUTES = {"/login", "/logout"}
@@ -125,6 +136,8 @@ POST_ROUTES = {"/login", "/logout"}
 
 def expected_status(actor: str, rule: str) -> int:
     """The access rules of DOMAIN.md, route by route, for adv-0000's things."""
+    if rule == "/readyz":
+        return 503  # open to all; no streaming job runs for this sample, so not ready, for anyone alike
     if rule in PUBLIC:
         return 200
     if actor == "anonymous":
@@ -260,6 +273,89 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
     anonymous = world.app.test_client()
     assert anonymous.post("/logout").status_code == 400
     assert anonymous.post("/login", data={"username": "alice", "password": "x"}).status_code == 400
+
+
+# API tokens: exactly the account's access, on the API only -----------------------------------------------------
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize("actor", ["alice", "bob", "fiona", "ada"])
+def test_a_token_opens_every_api_route_exactly_as_its_accounts_session_and_no_page(world: World, actor: str) -> None:
+    scripted = world.app.test_client()  # no cookie: the token is the only credential
+    failures = []
+    for rule, url in get_routes(world, OWN).items():
+        response = scripted.get(url, headers=bearer(world.tokens[actor]))
+        want = expected_status(actor if rule.startswith("/api/") else "anonymous", rule)
+        if response.status_code != want:
+            failures.append(f"{url}: {response.status_code}, expected {want}")
+        elif rule.startswith("/api/"):
+            assert response.get_data() == world.clients[actor].get(url).get_data(), url
+    assert not failures, "\n".join(failures)
+
+
+def test_another_advertisers_token_gets_404_like_an_id_that_does_not_exist(world: World) -> None:
+    bob = world.app.test_client()
+    for rule, url in get_routes(world, OWN).items():
+        if rule.startswith("/api/") and "<advertiser_id>" in rule:
+            response = bob.get(url, headers=bearer(world.tokens["bob"]))
+            assert response.status_code == 404 and OWN not in response.get_data(as_text=True), url
+    mine = bob.get(f"/api/v1/advertisers/{OTHER}/dashboard", headers=bearer(world.tokens["bob"]))
+    assert mine.status_code == 200 and mine.json["advertiser_id"] == OTHER
+
+
+def test_a_revoked_unknown_or_malformed_token_and_a_disabled_accounts_token_get_401(world: World) -> None:
+    settings = world.seeded.settings
+    accounts = AccountsFile(settings.users_file)
+    store = TokensFile(settings.api_tokens_file, accounts)
+    token, record = store.create("fiona")
+    client = world.app.test_client()
+    assert client.get("/api/v1/me", headers=bearer(token)).json["username"] == "fiona"
+    assert store.revoke("fiona", record.token_id) == [record.token_id]
+    for header in (
+        bearer(token),  # revoked
+        bearer(world.tokens["fiona"][:-4] + "AAAA"),  # the id of a live token with a wrong secret
+        bearer(world.tokens["fiona"][:-1]),  # malformed
+        {"Authorization": "Basic ZmlvbmE6eA=="},
+    ):
+        response = client.get("/api/v1/finance", headers=header)
+        assert response.status_code == 401, header
+        assert response.json == {"error": "invalid or revoked token", "status": 401}
+        assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
+    # A bad token is refused even beside a good session cookie: the header is the only credential looked at.
+    assert world.clients["fiona"].get("/api/v1/me", headers=bearer(token)).status_code == 401
+    assert world.clients["fiona"].get("/api/v1/me").status_code == 200
+    # A disabled account's token opens nothing; enabled again, it works again.
+    token, _ = store.create("bob")
+    accounts.set_disabled("bob", True)
+    try:
+        assert client.get("/api/v1/me", headers=bearer(token)).status_code == 401
+    finally:
+        accounts.set_disabled("bob", False)
+    assert client.get("/api/v1/me", headers=bearer(token)).status_code == 200
+    assert login(world.clients["bob"], "bob").status_code == 302  # bob's session ended with the disable
+
+
+def test_tokens_are_hashed_at_rest_in_a_private_file_and_shown_once_by_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ops.cli import main
+
+    monkeypatch.setenv("ADBILL_HOME", str(tmp_path))
+    AccountsFile(tmp_path / "users.json").add("ada", Role.ADMIN, "correct horse battery staple")
+    assert main(["tokens", "create", "ada"]) == 0
+    out = capsys.readouterr()
+    token = out.out.strip()
+    assert token.startswith("adbill_") and "shown this once" in out.err
+    kept = (tmp_path / "api-tokens.json").read_text()
+    assert token not in kept and token.split("_")[2] not in kept
+    assert (tmp_path / "api-tokens.json").stat().st_mode & 0o777 == 0o600
+    assert main(["tokens", "list", "ada"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith(token.split("_")[1] + "\tada\t") and token not in listed
+    assert main(["tokens", "revoke", "ada"]) == 0
+    assert main(["tokens", "create", "nobody"]) == 1
+    assert "no account nobody" in capsys.readouterr().err
 
 
 # Campaigns stay inside their advertiser --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from ops.cli import _parser
-from ops.settings import PROJECT_ROOT, setting_names
+from ops.settings import PROJECT_ROOT, Settings, setting_names
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -109,3 +109,14 @@ def test_the_readme_documents_every_setting() -> None:
     readme = (PROJECT_ROOT / "README.md").read_text()
     undocumented = {name for name in setting_names() if name not in readme}
     assert not undocumented, f"settings missing from README.md: {sorted(undocumented)}"
+
+
+def test_the_web_uis_health_check_asks_its_own_readyz(tmp_path: Path) -> None:
+    from web.app import create_app
+
+    web = SERVICES["web"]
+    probe = " ".join(web["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{web['environment']['ADBILL_WEB_PORT']}/readyz" in probe
+    settings = Settings.from_env({}, home=tmp_path)
+    routes = {rule.rule for rule in create_app(settings).url_map.iter_rules()}
+    assert {"/healthz", "/readyz"} <= routes

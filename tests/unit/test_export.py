@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from billing.export import (
     EXPORT_SCHEMA,
     MANIFEST_FILE,
     PARQUET_FILE,
+    SUMS_FILE,
     ExportCorruptError,
     ExportExistsError,
     Manifest,
@@ -206,7 +208,7 @@ def test_write_export_files_and_manifest(tmp_path: Path, table: pa.Table) -> Non
     manifest = write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
     folder = export_folder(tmp_path, PERIOD)
     assert folder == tmp_path / "exports" / PERIOD
-    assert sorted(p.name for p in folder.iterdir()) == [CSV_FILE, PARQUET_FILE, MANIFEST_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == [SUMS_FILE, CSV_FILE, PARQUET_FILE, MANIFEST_FILE]
     assert (manifest.period, manifest.period_start_ms, manifest.period_end_ms) == (PERIOD, START, END)
     assert (manifest.closed_at_ms, manifest.rows, manifest.total_micros) == (CLOSED_AT, 9, 250_000)
     assert manifest.total_micros_by_currency == {"EUR": 1_250_000, "USD": -1_000_000}
@@ -275,6 +277,31 @@ def test_an_empty_period_exports_an_empty_table(tmp_path: Path) -> None:
 # --- Reading back ----------------------------------------------------------------------------------------------
 
 
+def test_sha256sum_checks_an_export_and_finds_a_changed_file(tmp_path: Path, table: pa.Table) -> None:
+    write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
+    folder = export_folder(tmp_path, PERIOD)
+    listed = [line.split("  ")[1] for line in (folder / SUMS_FILE).read_text().splitlines()]
+    assert listed == [PARQUET_FILE, CSV_FILE, MANIFEST_FILE]
+    check = subprocess.run(["sha256sum", "-c", SUMS_FILE], cwd=folder, capture_output=True, text=True)
+    assert check.returncode == 0, check
+    assert check.stdout.splitlines() == [f"{PARQUET_FILE}: OK", f"{CSV_FILE}: OK", f"{MANIFEST_FILE}: OK"]
+    (folder / CSV_FILE).chmod(0o644)
+    with open(folder / CSV_FILE, "a", encoding="utf-8") as out:
+        out.write("tampered\n")
+    check = subprocess.run(["sha256sum", "-c", SUMS_FILE], cwd=folder, capture_output=True, text=True)
+    assert check.returncode == 1 and f"{CSV_FILE}: FAILED" in check.stdout
+
+
+def test_verify_and_copy_keep_the_sums_file(tmp_path: Path, table: pa.Table) -> None:
+    write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
+    copied = copy_export(tmp_path, PERIOD, tmp_path / "out")
+    assert (copied / SUMS_FILE).read_text() == (export_folder(tmp_path, PERIOD) / SUMS_FILE).read_text()
+    sums = copied / SUMS_FILE
+    sums.chmod(0o644)
+    sums.write_text(sums.read_text().replace(PARQUET_FILE, "other.parquet"))
+    assert verify_export(copied) == [f"{SUMS_FILE} does not match the files"]
+
+
 def test_reads_back_with_pyarrow_and_duckdb(tmp_path: Path, table: pa.Table) -> None:
     write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
     folder = export_folder(tmp_path, PERIOD)
@@ -333,7 +360,10 @@ def test_verify_finds_a_manifest_that_lies(tmp_path: Path, table: pa.Table) -> N
     data["total_micros"] += 1
     manifest_path.chmod(0o644)
     manifest_path.write_text(json.dumps(data))
-    assert verify_export(folder) == [f"{PARQUET_FILE} totals 250000 micros, the manifest says 250001"]
+    assert verify_export(folder) == [
+        f"{PARQUET_FILE} totals 250000 micros, the manifest says 250001",
+        f"{SUMS_FILE} does not match the files",  # the manifest changed after SHA256SUMS was written
+    ]
     (folder / PARQUET_FILE).chmod(0o644)
     (folder / PARQUET_FILE).unlink()
     assert verify_export(folder) == [f"{PARQUET_FILE} is missing"]

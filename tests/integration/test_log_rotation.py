@@ -1,0 +1,68 @@
+"""Logs of the local stack's children roll over at a size and keep a few old files: a child that writes far more
+than the cap leaves at most `1 + backups` files of about the cap each, the newest lines in `NAME.log`."""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from ops.logpipe import RollingFile
+from ops.process import ManagedProcess
+from ops.settings import PROJECT_ROOT, Settings
+
+pytestmark = pytest.mark.integration
+
+# 400 lines of 1,000 bytes: 400 kB through a log capped at 50 kB with 2 old files.
+WRITER = (
+    "import sys\nfor n in range(400):\n    sys.stdout.write(f'{n:06d} ' + 'x' * 992 + '\\n')\n    sys.stdout.flush()\n"
+)
+
+
+def test_a_child_writing_400_kb_leaves_three_files_of_about_50_kb(tmp_path: Path) -> None:
+    child = ManagedProcess(
+        name="chatty",
+        command=[sys.executable, "-c", WRITER],
+        run_dir=tmp_path / "run",
+        log_dir=tmp_path / "logs",
+        log_max_bytes=50_000,
+        log_backups=2,
+    )
+    child.start()
+    assert child.popen is not None and child.popen.wait(timeout=60) == 0
+    tail = child.log_tail(1)  # waits for the writer to copy the last lines
+    assert tail.startswith("000399 ")
+    files = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert files == ["chatty.log", "chatty.log.1", "chatty.log.2"]
+    for name in files:
+        assert (tmp_path / "logs" / name).stat().st_size <= 50_000 + 64 * 1024
+    newest_old = (tmp_path / "logs" / "chatty.log.1").read_text().splitlines()
+    current = (tmp_path / "logs" / "chatty.log").read_text().splitlines()
+    assert int(newest_old[-1][:6]) + 1 == int(current[0][:6]), "no line lost at the roll-over"
+    assert child.writer is not None and child.writer.poll() == 0, "the writer ended with the child"
+    child.stop()
+
+
+def test_rolling_keeps_no_more_than_the_backups_asked(tmp_path: Path) -> None:
+    log = RollingFile(tmp_path / "a.log", max_bytes=10, backups=1)
+    for n in range(5):
+        log.write(f"line {n} of the log\n".encode())
+    log.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.log", "a.log.1"]
+    assert (tmp_path / "a.log.1").read_text() == "line 4 of the log\n"
+    with pytest.raises(ValueError):
+        RollingFile(tmp_path / "b.log", max_bytes=0, backups=1)
+
+
+def test_the_stack_passes_its_log_settings_and_kafka_rolls_its_own_log() -> None:
+    settings = Settings.from_env({"ADBILL_LOG_MAX_BYTES": "1000", "ADBILL_LOG_BACKUPS": "5"})
+    assert (settings.log_max_bytes, settings.log_backups) == (1000, 5)
+    with pytest.raises(ValueError):
+        Settings.from_env({"ADBILL_LOG_BACKUPS": "-1"})
+    config = ET.parse(PROJECT_ROOT / "ops" / "kafka-log4j2.xml").getroot()
+    rolling = config.find("./Appenders/RollingFile")
+    assert rolling is not None and rolling.get("fileName", "").endswith("/server.log")
+    assert config.find("./Appenders/RollingFile/Policies/SizeBasedTriggeringPolicy") is not None
+    assert config.find("./Appenders/File") is None, "no appender that grows without bound"
