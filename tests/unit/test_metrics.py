@@ -32,7 +32,7 @@ def progress(name: str, start: dict | None, end: dict, latest: dict, duration_ms
         "eventTime": {"watermark": "2026-01-01T00:00:30.000Z"},
         "stateOperators": [{"numRowsTotal": 12, "memoryUsedBytes": 4096, "numRowsDroppedByWatermark": 3}],
         "sources": [source, dict(source)],
-        "observedMetrics": {"impressions": {"max_event_time": 1_767_225_660_000}},
+        "observedMetrics": {"impressions": {"max_watermark_time": 1_767_225_660_000}},
     }
 
 
