@@ -10,6 +10,23 @@ from pyspark.sql import SparkSession
 FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+AVRO_LENGTH_LIMIT = 16 * 1024 * 1024
+"""The longest string or bytes field, and the most items of an array or map, that the Avro decoder accepts. Avro
+allocates what a length prefix says before it reads a field: a record of a few bytes claiming a 2 GB string would
+take the JVM down (OutOfMemoryError), and the same record again after every restart. No field can be longer than
+its Kafka record (1 MiB by default), so a larger length is junk: Avro refuses it, and the decoder quarantines the
+record as undecodable."""
+
+JAVA_OPTIONS = " ".join(
+    [
+        "-Duser.timezone=UTC",
+        *(
+            f"-Dorg.apache.avro.limits.{name}.maxLength={AVRO_LENGTH_LIMIT}"
+            for name in ("string", "bytes", "collectionItems")
+        ),
+    ]
+)
+
 
 def build_spark(
     app_name: str,
@@ -21,15 +38,16 @@ def build_spark(
     rocksdb_state: bool = True,
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
-    """A session with the Kafka and Avro connectors on the classpath and UTC everywhere."""
+    """A session with the Kafka and Avro connectors on the classpath, UTC everywhere and Avro's length limits
+    (`AVRO_LENGTH_LIMIT`)."""
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.jars", ",".join(str(jar) for jar in jars))
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
-        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
+        .config("spark.executor.extraJavaOptions", JAVA_OPTIONS)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

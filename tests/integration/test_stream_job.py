@@ -547,3 +547,32 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
         for query in queries:
             query.stop()
         server.stop()
+
+
+def avro_long(n: int) -> bytes:
+    """`n` as Avro writes a long: zigzag, then a varint."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        byte = z & 0x7F
+        z >>= 7
+        if z:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def test_a_tiny_record_that_claims_a_huge_string_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
+    CATALOG.save(settings.catalog_file)
+    click_schema = ensure_schemas(settings)[settings.topic_clicks]
+    # Framed as a click of a known schema, its first field (the click id) says it is 2,000,000,000 bytes long: Avro
+    # allocates what a string's length says before it reads it, and 2 GB is more than the job's heap.
+    liar = b"\x00" + click_schema.to_bytes(4, "big") + avro_long(2_000_000_000) + b"abc"
+    produce_raw(settings.kafka_bootstrap, settings.topic_clicks, [liar])
+    send(settings, [Impression("i-a", "ad-1", "u-a", T0), Click("c-a", "ad-1", "u-a", T0 + S)])
+    queries = job()
+    process(queries)
+
+    assert [row["click_id"] for row in ledger_rows(settings)] == ["c-a"]
+    assert [(row["reason"], row["value"]) for row in quarantine_table(settings)] == [("undecodable", liar)]
