@@ -2,8 +2,9 @@
 
 Kafka-shaped DataFrames are built by hand (the value is a Confluent frame of a fastavro-encoded record). Every
 case gets its own user ids and event ids, so all cases run through Spark together once, and each case checks
-its own rows. The batch result is held to the plain-Python rule (`billing.intake` + `billing.rule`), and a
-streaming run over the same records, several micro-batches, to the batch result.
+its own rows. The batch result is held to the plain-Python rule (`billing.intake` + `billing.rule`), and the same
+functions as a stream over Parquet files, several micro-batches, to the batch result: a unit of the join, not a
+test of the streaming job (Kafka, the watermark at work, the sinks), which `test_stream_job.py` covers.
 """
 
 from __future__ import annotations
@@ -466,7 +467,12 @@ def _write_parquet_files(folder: Path, records: list[Record], files: int) -> Non
         os.utime(path, (stamp, stamp))
 
 
-def test_stream_bills_what_the_batch_bills(spark: SparkSession, batch: PipelineOutput, tmp_path: Path) -> None:
+def test_the_join_over_micro_batches_of_files_bills_what_the_batch_bills(
+    spark: SparkSession, batch: PipelineOutput, tmp_path: Path
+) -> None:
+    """A unit of the join's streaming form (a Parquet file source, a memory sink, a watermark nothing crosses):
+    not the stream's test. The streaming job itself, over Kafka and into its real sinks, is held to the oracle in
+    `test_stream_job.py` and, with the web UI, in `tests/e2e/test_full_path.py`."""
     streams = {}
     for topic in ("impressions", "clicks"):
         folder = tmp_path / topic

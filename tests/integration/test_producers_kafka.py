@@ -21,6 +21,7 @@ from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
 from billing.schema_registry import open_registry
 from ops.cli import _traffic_args
+from ops.kafka_service import ensure_topics
 from ops.settings import Settings
 from producers.capture import capture_line
 from producers.publisher import replay_to_kafka, simulate_to_kafka
@@ -114,29 +115,38 @@ def test_simulated_events_are_read_back_exactly_keyed_and_partitioned_by_ad(sett
 
 def test_replay_sends_the_capture_in_order_and_reports_the_bad_line(settings: Settings, tmp_path: Path):
     capture = tmp_path / "capture.jsonl"
-    raw = RawRecord(topic="clicks", key=b"ad-x", value=b"\x00\x00\x00\x00\x63not avro")
+    # Topics of one partition, where the offsets show the send order (a raw line has no key: with more
+    # partitions it would land in any); the last click's event time is the earliest, so a replay that sorted by
+    # time would be seen.
+    tag = uuid.uuid4().hex[:10]
+    topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
+    ensure_topics(settings.kafka_bootstrap, list(topics.values()), partitions=1)
+    raw = RawRecord(topic="clicks", key=None, value=b"\x00\x00\x00\x00\x63not avro")
     lines = [
         capture_line(Impression("i1", "ad-1", "u1", T0)),
         capture_line(Click("c1", "ad-1", "u1", T0 + 5_000)),
         '{"type": "click", "click_id": "c2", "ad_id": "ad-1"',  # cut short: not JSON
         capture_line(raw),
-        capture_line(Click("c3", "ad-2", "u2", T0 + 6_000)),
+        capture_line(Click("c3", "ad-1", "u2", T0 - 6_000)),
     ]
     capture.write_text("\n".join(lines) + "\n")
     registry = open_registry(str(tmp_path / "registry.json"))
 
-    result = replay_to_kafka(capture, settings.kafka_bootstrap, registry, topics=settings.topics, progress=False)
+    result = replay_to_kafka(capture, settings.kafka_bootstrap, registry, topics=topics, progress=False)
 
     assert (result.lines, result.events, result.raw, result.bad_lines) == (5, 3, 1, 1)
     assert [e.line_number for e in result.errors] == [3]
     assert result.publish.delivery_failures == 0
-    clicks = read_all(settings.kafka_bootstrap, settings.topic_clicks, 3)
+    clicks = read_all(settings.kafka_bootstrap, topics["click"], 3)
     deserializer = EventDeserializer(registry)
-    values = sorted(m.value() for m in clicks)
-    assert raw.value in values, "the raw line is sent as given"
-    decoded = {deserializer.deserialize("click", v) for v in values if v != raw.value}
-    assert decoded == {Click("c1", "ad-1", "u1", T0 + 5_000), Click("c3", "ad-2", "u2", T0 + 6_000)}
-    impressions = read_all(settings.kafka_bootstrap, settings.topic_impressions, 1)
+    values = [m.value() for m in sorted(clicks, key=lambda m: m.offset())]
+    # In the capture's order, the raw line sent as given between the two clicks.
+    assert [v if v == raw.value else deserializer.deserialize("click", v) for v in values] == [
+        Click("c1", "ad-1", "u1", T0 + 5_000),
+        raw.value,
+        Click("c3", "ad-1", "u2", T0 - 6_000),
+    ]
+    impressions = read_all(settings.kafka_bootstrap, topics["impression"], 1)
     assert [deserializer.deserialize("impression", m.value()) for m in impressions] == [
         Impression("i1", "ad-1", "u1", T0)
     ]

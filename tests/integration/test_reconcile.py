@@ -32,8 +32,8 @@ from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
 from producers.publisher import EventPublisher, simulate_to_kafka
-from producers.simulator import SimulationConfig
-from producers.wire import EventDeserializer, EventSerializer
+from producers.simulator import SimulationConfig, Simulator
+from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
 
 pytestmark = pytest.mark.integration
@@ -43,15 +43,19 @@ UNTIL = 1_767_236_400_000  # 2026-01-01T03:00Z: reconcile and close everything b
 P0, P1 = "20260101T0000Z", "20260101T0100Z"
 
 
-def read_back(settings: Settings, expected: int) -> list[dict]:
-    """Every record of both topics as the oracle wants it: decoded events with their Kafka coordinates."""
+def read_back(settings: Settings, expected: int, undecodable: int = 0) -> list[dict]:
+    """Every record of both topics as the oracle wants it: decoded events with their Kafka coordinates.
+
+    Records that never decode to an event (not framed Avro, an unknown schema id, a body that does not decode)
+    never reach the rule; exactly `undecodable` of them must be found, so that a decoding fault cannot shrink
+    the oracle's input unnoticed."""
     deserializer = EventDeserializer(open_registry(settings.registry_location))
     consumer = Consumer(
         {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "oracle", "enable.auto.commit": False}
     )
     topics = {settings.topic_impressions: "impression", settings.topic_clicks: "click"}
     consumer.assign([TopicPartition(t, p, 0) for t in topics for p in range(settings.topic_partitions)])
-    rows, seen, deadline = [], 0, time.monotonic() + 60
+    rows, seen, skipped, deadline = [], 0, 0, time.monotonic() + 60
     try:
         while seen < expected and time.monotonic() < deadline:
             for message in consumer.consume(1000, timeout=0.5):
@@ -61,8 +65,9 @@ def read_back(settings: Settings, expected: int) -> list[dict]:
                 event_type = topics[message.topic()]
                 try:
                     event = deserializer.deserialize(event_type, message.value())  # type: ignore[arg-type]
-                except Exception:
-                    continue  # bytes that never decode to an event never reach the rule
+                except WireFormatError:
+                    skipped += 1
+                    continue
                 rows.append(
                     {
                         "type": event_type,
@@ -78,6 +83,7 @@ def read_back(settings: Settings, expected: int) -> list[dict]:
     finally:
         consumer.close()
     assert seen == expected, f"read back {seen} of {expected} records"
+    assert skipped == undecodable, f"{skipped} record(s) did not decode, {undecodable} expected"
     return rows
 
 
@@ -144,21 +150,51 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, tmp_path / "run", settings.topics, progress=False
     )
+    raw = sum(1 for a in Simulator(config).arrivals() if a.raw is not None)  # bytes that never decode
+    assert raw > 0
     queries = start(spark, stream_config(settings), Catalog.load(settings.catalog_file))
     try:
         queries[0].processAllAvailable()
+        # An id conflict the stream bills wrongly: the first copy of a click arrives behind the watermark (not
+        # billed, and no impression qualifies it), then a copy with other content arrives on time with an
+        # impression. The stream cannot see the conflict; reconciliation must retract its bill.
+        received = read_back(settings, summary.delivered, undecodable=raw)
+        newest = max(r["event_time"] for r in received if T0 <= r["event_time"] < UNTIL)
+        late_copy_ms, on_time_ms = newest - 45_000, newest + 1_000  # the watermark is newest - 30 s
+        # Both copies in periods this run reconciles together, so that it sees the conflict.
+        assert {Periods().key_of(late_copy_ms), Periods().key_of(on_time_ms)} <= {P0, P1}
+        ad = next(iter(catalog))
+        planted = EventPublisher(
+            settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+        )
+        planted.publish_event(Click("conflict-c", ad.ad_id, "conflict-first-user", late_copy_ms))
+        assert planted.flush(30) == 0  # the first copy is received first
+        planted.publish_event(Impression("conflict-i", ad.ad_id, "conflict-user", on_time_ms - 1_000))
+        planted.publish_event(Click("conflict-c", ad.ad_id, "conflict-user", on_time_ms))
+        assert planted.flush(30) == 0
+        queries[0].processAllAvailable()
+        delivered = summary.delivered + 3
+
         expected = {
             row["click_id"]: row["amount_micros"]
-            for row in oracle.billable(read_back(settings, summary.delivered), catalog)
+            for row in oracle.billable(read_back(settings, delivered, undecodable=raw), catalog)
         }
+        assert "conflict-c" not in expected
         ledger = {row["click_id"] for row in read_ledger(settings.root / "ledger").to_pylist()}
         assert ledger != set(expected), "the stream should have missed late clicks, or the test proves nothing"
+        assert "conflict-c" in ledger, "the stream should have billed the conflicting copy"
 
         rc = reconcile_config(settings)
         report = reconcile(spark, rc, catalog, until_ms=UNTIL)
         assert report.closed == [P0, P1]
-        reasons = Counter(c.reason for c in corrections(settings))
+        every = corrections(settings)
+        reasons = Counter(c.reason for c in every)
         assert reasons["late_click"] + reasons["late_impression"] > 0, reasons
+        # Both kinds of correction: additions of late clicks, and the conflict's bill retracted.
+        assert [(c.reason, c.amount_micros) for c in every if c.click_id == "conflict-c"] == [
+            ("id_conflict", -ad.cpc_micros)
+        ]
+        assert report.retractions >= 1 and report.additions >= 1
 
         # Provisional ledger + corrections = final ledger = oracle: the same click ids and micros.
         assert final_ledger(settings) == expected
@@ -180,7 +216,8 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
             by_ad[ad][1] += t.micros + fix.micros
         want: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         ad_of = {
-            row["click_id"]: row["ad_id"] for row in oracle.billable(read_back(settings, summary.delivered), catalog)
+            row["click_id"]: row["ad_id"]
+            for row in oracle.billable(read_back(settings, delivered, undecodable=raw), catalog)
         }
         for click, amount in expected.items():
             want[ad_of[click]][0] += 1

@@ -96,8 +96,28 @@ def test_unframe_refuses_wrong_magic_byte(magic):
         unframe(bytes([magic]) + b"\x00\x00\x00\x01body")
 
 
-def test_wire_format_error_is_a_value_error():
-    assert issubclass(WireFormatError, ValueError)
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x00\x00\x01",  # shorter than a frame header
+        b"\x01" + b"\x00\x00\x00\x01" + b"body",  # a wrong magic byte
+        json.dumps(CLICK.to_record()).encode(),  # JSON where Avro was expected
+        frame(2_000_000_000, b"\x02c"),  # a schema id the registry does not know
+        "known id, body cut short",
+        "known id, empty body",
+    ],
+)
+def test_every_kind_of_bad_bytes_raises_one_wire_format_error_a_value_error_too(registry, value):
+    """What a consumer catches to quarantine a record: one exception family (also a ValueError), never an
+    EOFError, IndexError or KeyError of the decoder leaking through."""
+    schema_id = EventSerializer(registry).schema_ids["click"]
+    if value == "known id, body cut short":
+        value = frame(schema_id, schemaless_body("click", CLICK.to_record())[:-3])
+    elif value == "known id, empty body":
+        value = frame(schema_id, b"")
+    with pytest.raises(WireFormatError) as caught:
+        EventDeserializer(registry).deserialize("click", value)
+    assert isinstance(caught.value, ValueError)
 
 
 @pytest.mark.parametrize("schema_id", [-1, 2**32])
@@ -141,5 +161,9 @@ def test_serializer_reads_no_schema_per_event(registry, monkeypatch):
 
     monkeypatch.setattr("producers.wire.parse_avro_schema", fail)
     monkeypatch.setattr("producers.wire.schema_text", fail)
-    for n in range(3):
-        serializer.serialize(Click(f"c-{n}", "a", "u", T0 + n))
+    clicks = [Click(f"c-{n}", "a", "u", T0 + n) for n in range(3)]
+    values = [serializer.serialize(click) for click in clicks]
+    monkeypatch.undo()
+    # What the hot path wrote is the reference encoding, framed with the registered id.
+    schema_id = serializer.schema_ids["click"]
+    assert values == [frame(schema_id, schemaless_body("click", c.to_record())) for c in clicks]
