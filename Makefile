@@ -25,7 +25,10 @@ deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-s
 up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-C stops it
 	$(BIN)/adbill up
 
-down: venv ## stop a local stack left in the background
+up-cluster: deps ## run the local cluster (3 Kafka brokers, Spark master and 2 workers, Redis, job, web, traffic); Ctrl-C stops it
+	$(BIN)/adbill up --cluster
+
+down: venv ## stop a local stack or cluster left in the background
 	$(BIN)/adbill down
 
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
@@ -75,4 +78,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web lint format clean
+.PHONY: help venv deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web lint format clean

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "cluster", False):
+        # The children read their settings from the environment too: they all see the cluster's.
+        os.environ["ADBILL_CLUSTER"] = "1"
     # `adbill down` and the stack stop children with SIGTERM: let them end as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -53,9 +56,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-traffic", action="store_true", help="do not start the traffic simulator")
     p.add_argument("--no-job", action="store_true", help="do not start the streaming job")
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the local cluster: three Kafka brokers, a Spark master and two workers, the jobs submitted to it "
+        "(ADBILL_CLUSTER=1; data in var/cluster)",
+    )
     p.set_defaults(run=cmd_up)
 
-    p = sub.add_parser("down", help="stop a local stack left in the background")
+    p = sub.add_parser("down", help="stop a local stack or cluster left in the background")
+    p.add_argument("--cluster", action="store_true", help="only the local cluster's (ADBILL_CLUSTER=1)")
     p.set_defaults(run=cmd_down)
 
     p = sub.add_parser(
@@ -219,6 +229,9 @@ def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import down
 
     stopped = down(settings)
+    if not settings.cluster:
+        # The cluster keeps its own folder: `adbill down` stops whichever of the two runs.
+        stopped += down(Settings.from_env(cluster=1))
     print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running (run folder {settings.run_dir})")
     return 0
 
