@@ -141,7 +141,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TIME",
         help="also reconcile and close every period that ends by TIME (ISO-8601 UTC or epoch ms): back-fills, tests",
     )
-    p.add_argument("--every", type=int, metavar="SECONDS", help="run again every SECONDS until stopped")
+    p.add_argument(
+        "--every",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="SECONDS",
+        help="run again every SECONDS until stopped (no number: every ADBILL_RECONCILE_INTERVAL_S)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
@@ -156,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
         "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
     )
     p.set_defaults(run=cmd_audit)
+
+    p = sub.add_parser(
+        "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
+    )
+    p.add_argument("part", choices=["stream", "reconcile", "web"])
+    p.set_defaults(run=cmd_health)
 
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
@@ -182,6 +195,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+CHILDREN = {"stream": ["stream"], "reconcile": ["reconcile", "--every"], "web": ["web"]}
+"""The product's long-running processes `adbill up` starts, with their adbill arguments (and the traffic, below);
+docker-compose.yml runs the same commands."""
+
+
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import Stack, print_where
 
@@ -189,11 +207,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     try:
         stack.start_services()
         if not args.no_job:
-            stack.start_child("stream", ["stream"])
+            stack.start_child("stream", CHILDREN["stream"])
             if settings.reconcile_interval_s > 0:
-                stack.start_child("reconcile", ["reconcile", "--every", str(settings.reconcile_interval_s)])
+                stack.start_child("reconcile", CHILDREN["reconcile"])
         if not args.no_web:
-            stack.start_child("web", ["web"])
+            stack.start_child("web", CHILDREN["web"])
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
     except BaseException:
@@ -378,7 +396,10 @@ def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import parse_time, run_reconcile
 
     return run_reconcile(
-        settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every, force=args.force
+        settings,
+        until_ms=parse_time(args.until) if args.until else None,
+        every_s=settings.reconcile_interval_s if args.every == 0 else args.every,
+        force=args.force,
     )
 
 
@@ -386,6 +407,14 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import run_audit
 
     return run_audit(settings)
+
+
+def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.health import check
+
+    healthy, why = check(settings, args.part)
+    print(f"{args.part}: {'healthy' if healthy else 'unhealthy'}: {why}")
+    return 0 if healthy else 1
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:

@@ -189,11 +189,6 @@ class LocalKafkaCluster:
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        id_file = self.data_dir / "cluster.id"
-        if not id_file.exists():
-            id_file.write_text(new_cluster_id())
-        cluster_id = id_file.read_text().strip()
         controllers = [self.controller_port + i for i in range(len(self.ports))]
         voters = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(controllers))
         self.nodes = [
@@ -207,7 +202,6 @@ class LocalKafkaCluster:
                 node_id=i + 1,
                 voters=voters,
                 replication=min(3, len(self.ports)),
-                cluster_id=cluster_id,
                 name=f"kafka-{i + 1}",
             )
             for i, port in enumerate(self.ports)
@@ -220,6 +214,13 @@ class LocalKafkaCluster:
     def start(self, timeout_s: float = 120.0) -> list[LocalKafka]:
         """Start the nodes that are not running and wait until every broker is in the metadata; returns the nodes
         started here."""
+        # One cluster id for every node, chosen on the first start and kept beside their folders.
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        id_file = self.data_dir / "cluster.id"
+        if not id_file.exists():
+            id_file.write_text(new_cluster_id())
+        for node in self.nodes:
+            node.cluster_id = id_file.read_text().strip()
         started = [node for node in self.nodes if node.launch()]
         deadline = time.monotonic() + timeout_s
         for node in started:
