@@ -66,6 +66,11 @@ WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
 	$(BIN)/python -m web.bench --clients $(CLIENTS) --duration $(WEB_DURATION)
 
+CHAOS_SEED ?=
+CHAOS_RATE ?= 100
+chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, poison, an outage past the horizon; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=)
+	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -78,4 +83,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web lint format clean
+.PHONY: help venv deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web chaos lint format clean
