@@ -309,12 +309,15 @@ class Chaos:
     def fault_outage(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
         fault.target = f"stream stopped (pid {pid}) for the horizon + 45 s"
+        log_file = self.settings.logs_dir / "reconcile.log"
+        seen = log_file.stat().st_size
         os.kill(pid, signal.SIGTERM)
         time.sleep(HORIZON_MS / 1000 + 45)
-        log = (self.settings.logs_dir / "reconcile.log").read_text(errors="replace")
-        held = sorted(set(re.findall(r"period (\S+) held: ([^\n]+)", log[log.rfind("--- ") :])))
+        with log_file.open(errors="replace") as log:
+            log.seek(seen)
+            held = dict(re.findall(r"period (\S+) held: ([^\n]+)", log.read()))  # the last reason of each
         self.up()
-        fault.note = "held while down: " + ("; ".join(f"{p} ({why})" for p, why in held) or "none")
+        fault.note = "held while down: " + ("; ".join(f"{p} ({why})" for p, why in sorted(held.items())) or "none")
 
     # Side loads --------------------------------------------------------------------------------------------------
     def read_web(self) -> None:
