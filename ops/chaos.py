@@ -76,6 +76,7 @@ class WebReads:
     ok: int = 0
     failed: int = 0
     failed_during: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
 
 
 class Chaos:
@@ -317,7 +318,9 @@ class Chaos:
             log.seek(seen)
             held = dict(re.findall(r"period (\S+) held: ([^\n]+)", log.read()))  # the last reason of each
         self.up()
-        fault.note = "held while down: " + ("; ".join(f"{p} ({why})" for p, why in sorted(held.items())) or "none")
+        fault.note = f"recovery includes the {HORIZON_MS / 1000 + 45:.0f} s outage; held while down: " + (
+            "; ".join(f"{p} ({why})" for p, why in sorted(held.items())) or "none"
+        )
 
     # Side loads --------------------------------------------------------------------------------------------------
     def read_web(self) -> None:
@@ -344,9 +347,11 @@ class Chaos:
                     with opener.open(base + path, timeout=5) as response:
                         json.load(response)
                     self.web.ok += 1
-            except Exception:
+            except Exception as exc:
                 self.web.failed += 1
                 self.web.failed_during[self.active_fault or "none"] += 1
+                at = round(time.monotonic() - self.t0, 1)
+                self.web.failures.append(f"{at} s ({self.active_fault or 'no fault'}): {str(exc)[:120]}")
                 logged_in = False
             self.stop.wait(1.0)
 
@@ -413,7 +418,11 @@ class Chaos:
         last_event_ms = max((r["click_time"] for r in rows), default=int(time.time() * 1000))
         until = (last_event_ms // PERIOD_MS + 1) * PERIOD_MS
         time.sleep(5)
-        reconcile = self.adbill("reconcile", "--until", str(until), check=False)
+        for _ in range(30):  # exit 4: the scheduled run holds the lock; try again once it is done
+            reconcile = self.adbill("reconcile", "--until", str(until), check=False)
+            if reconcile.returncode != 4:
+                break
+            time.sleep(10)
         self.say(f"reconcile --until {until}: exit {reconcile.returncode}: {reconcile.stdout.strip()[-600:]}")
         audit = self.adbill("audit", check=False)
         self.say(f"audit: exit {audit.returncode}: {audit.stdout.strip().splitlines()[-1] if audit.stdout else ''}")
@@ -497,6 +506,7 @@ class Chaos:
                 "caught_up_s": caught and round(caught, 1),
             },
             "faults": [asdict(f) for f in self.faults],
+            "web_failures": self.web.failures,
             "examples": {"missing": missing[:5], "extra": extra[:5], "twice": twice[:5], "redis": redis_diff[:5]},
         }
         write_report(self.out, report)
@@ -576,6 +586,11 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
             for i, x in enumerate(report["faults"], 1)
         ),
         "",
+        *(
+            ["Failed web reads:", "", *(f"- {failure}" for failure in report["web_failures"]), ""]
+            if report["web_failures"]
+            else []
+        ),
     ]
     (out / "report.md").write_text("\n".join(lines))
 
