@@ -42,7 +42,10 @@ deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-s
 up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-C stops it
 	$(BIN)/adbill up
 
-down: venv ## stop a local stack left in the background
+up-cluster: deps ## run the local cluster (3 Kafka brokers, Spark master and 2 workers, Redis, job, web, traffic); Ctrl-C stops it
+	$(BIN)/adbill up --cluster
+
+down: venv ## stop a local stack or cluster left in the background
 	$(BIN)/adbill down
 
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
@@ -97,6 +100,11 @@ audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every p
 		-r var/audit/requirements.txt || status=1; \
 	exit $$status
 
+CHAOS_SEED ?=
+CHAOS_RATE ?= 100
+chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, poison, an outage past the horizon; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=)
+	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -109,4 +117,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit chaos lint format clean

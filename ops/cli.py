@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "cluster", False):
+        # The children read their settings from the environment too: they all see the cluster's.
+        os.environ["ADBILL_CLUSTER"] = "1"
     # `adbill down` and the stack stop children with SIGTERM: let them end as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -73,9 +76,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-traffic", action="store_true", help="do not start the traffic simulator")
     p.add_argument("--no-job", action="store_true", help="do not start the streaming job")
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the local cluster: three Kafka brokers, a Spark master and two workers, the jobs submitted to it "
+        "(ADBILL_CLUSTER=1; data in var/cluster)",
+    )
     p.set_defaults(run=cmd_up)
 
-    p = sub.add_parser("down", help="stop a local stack left in the background")
+    p = sub.add_parser("down", help="stop a local stack or cluster left in the background")
+    p.add_argument("--cluster", action="store_true", help="only the local cluster's (ADBILL_CLUSTER=1)")
     p.set_defaults(run=cmd_down)
 
     p = sub.add_parser(
@@ -168,7 +178,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TIME",
         help="also reconcile and close every period that ends by TIME (ISO-8601 UTC or epoch ms): back-fills, tests",
     )
-    p.add_argument("--every", type=int, metavar="SECONDS", help="run again every SECONDS until stopped")
+    p.add_argument(
+        "--every",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="SECONDS",
+        help="run again every SECONDS until stopped (no number: every ADBILL_RECONCILE_INTERVAL_S)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
@@ -183,6 +200,12 @@ def _parser() -> argparse.ArgumentParser:
         "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
     )
     p.set_defaults(run=cmd_audit, needs=("redis",))
+
+    p = sub.add_parser(
+        "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
+    )
+    p.add_argument("part", choices=["stream", "reconcile", "web"])
+    p.set_defaults(run=cmd_health)
 
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
@@ -214,6 +237,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+CHILDREN = {"stream": ["stream"], "reconcile": ["reconcile", "--every"], "web": ["web"]}
+"""The product's long-running processes `adbill up` starts, with their adbill arguments (and the traffic, below);
+docker-compose.yml runs the same commands."""
+
+
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import Stack, print_where
 
@@ -224,11 +252,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     try:
         stack.start_services()
         if not args.no_job:
-            stack.start_child("stream", ["stream"])
+            stack.start_child("stream", CHILDREN["stream"])
             if settings.reconcile_interval_s > 0:
-                stack.start_child("reconcile", ["reconcile", "--every", str(settings.reconcile_interval_s)])
+                stack.start_child("reconcile", CHILDREN["reconcile"])
         if not args.no_web:
-            stack.start_child("web", ["web"])
+            stack.start_child("web", CHILDREN["web"])
             stack.wait_healthy("web", f"{_web_url(settings)}/healthz")
         if not args.no_traffic and settings.traffic_rate > 0:
             stack.start_child("traffic", _traffic_args(settings))
@@ -271,6 +299,9 @@ def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
     from ops.stack import down
 
     stopped = down(settings)
+    if not settings.cluster:
+        # The cluster keeps its own folder: `adbill down` stops whichever of the two runs.
+        stopped += down(Settings.from_env(cluster=1))
     print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running (run folder {settings.run_dir})")
     return 0
 
@@ -453,7 +484,10 @@ def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
     if not args.force:  # Kafka's end offsets decide what may close; --force closes without them
         _require(settings, ("kafka",))
     return run_reconcile(
-        settings, until_ms=parse_time(args.until) if args.until else None, every_s=args.every, force=args.force
+        settings,
+        until_ms=parse_time(args.until) if args.until else None,
+        every_s=settings.reconcile_interval_s if args.every == 0 else args.every,
+        force=args.force,
     )
 
 
@@ -461,6 +495,14 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import run_audit
 
     return run_audit(settings)
+
+
+def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.health import check
+
+    healthy, why = check(settings, args.part)
+    print(f"{args.part}: {'healthy' if healthy else 'unhealthy'}: {why}")
+    return 0 if healthy else 1
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:

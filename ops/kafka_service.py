@@ -1,4 +1,5 @@
-"""A real Kafka broker in KRaft mode (one node, broker and controller), from the jars in `.deps/`."""
+"""Real Kafka brokers in KRaft mode, from the jars in `.deps/`: one node (broker and controller), or a cluster of
+several such nodes on loopback, each its own process, ports and data folder, all of them voters of the quorum."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ TOOLS = {
 
 @dataclass
 class LocalKafka:
-    """One broker+controller node on loopback; its storage is formatted on first start and kept in `data_dir`."""
+    """One broker+controller node on loopback; its storage is formatted on first start and kept in `data_dir`.
+
+    Alone by default; in a cluster, `node_id` is its place in `voters` (`id@127.0.0.1:port,...`, every node's
+    controller), `replication` the factor of the internal topics and the default of new ones, with
+    `min.insync.replicas` one less, and all nodes share `cluster_id`."""
 
     data_dir: Path
     port: int
@@ -40,11 +45,17 @@ class LocalKafka:
     deps_dir: Path
     run_dir: Path
     heap: str = "768m"
+    node_id: int = 1
+    voters: str = ""
+    replication: int = 1
+    cluster_id: str = ""
+    name: str = "kafka"
     process: ManagedProcess = field(init=False)
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
-        self.process = ManagedProcess(name="kafka", command=[], run_dir=self.run_dir, log_dir=self.data_dir / "logs")
+        self.voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
+        self.process = ManagedProcess(name=self.name, command=[], run_dir=self.run_dir, log_dir=self.data_dir / "logs")
 
     @property
     def bootstrap(self) -> str:
@@ -54,6 +65,10 @@ class LocalKafka:
     def config_file(self) -> Path:
         return self.data_dir / "server.properties"
 
+    @property
+    def min_insync(self) -> int:
+        return max(1, self.replication - 1)
+
     def write_config(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(
@@ -61,8 +76,8 @@ class LocalKafka:
                 [
                     "# Written by adbill for the local broker; edit ADBILL_* settings instead.",
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+                    f"node.id={self.node_id}",
+                    f"controller.quorum.voters={self.voters}",
                     f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
                     f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
                     "controller.listener.names=CONTROLLER",
@@ -70,12 +85,14 @@ class LocalKafka:
                     "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
                     f"log.dirs={self.data_dir / 'data'}",
                     "auto.create.topics.enable=false",
-                    "offsets.topic.replication.factor=1",
+                    f"default.replication.factor={self.replication}",
+                    f"min.insync.replicas={self.min_insync}",
+                    f"offsets.topic.replication.factor={self.replication}",
                     "offsets.topic.num.partitions=4",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
+                    f"transaction.state.log.replication.factor={self.replication}",
+                    f"transaction.state.log.min.isr={self.min_insync}",
+                    f"share.coordinator.state.topic.replication.factor={self.replication}",
+                    f"share.coordinator.state.topic.min.isr={self.min_insync}",
                     "group.initial.rebalance.delay.ms=0",
                     "num.network.threads=2",
                     "num.io.threads=4",
@@ -104,9 +121,9 @@ class LocalKafka:
         """Format the KRaft storage once; a formatted folder is left as it is."""
         if (self.data_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id or new_cluster_id()
         formatter = ManagedProcess(
-            name="kafka-format",
+            name=f"{self.name}-format",
             command=self._java(
                 "kafka.tools.StorageTool",
                 "format",
@@ -129,15 +146,26 @@ class LocalKafka:
 
     def start(self, timeout_s: float = 90.0) -> bool:
         """Start and wait until the broker answers metadata requests. False if it was already running."""
+        if not self.launch():
+            return False
+        self.process.wait_ready(self.ready, timeout_s, f"Kafka answering on {self.bootstrap}")
+        return True
+
+    def launch(self) -> bool:
+        """Start the process without waiting (a cluster's nodes answer only once a majority of them runs).
+        False if it was already running."""
         if self.process.running_pid() and self.ready():
             return False
-        if port_open("127.0.0.1", self.port):
-            raise ServiceError(f"port {self.port} is taken by another program: set ADBILL_KAFKA_BOOTSTRAP")
+        for port in (self.port, self.controller_port):
+            if port_open("127.0.0.1", port):
+                raise ServiceError(
+                    f"port {port} is taken by another program: "
+                    "set ADBILL_KAFKA_BOOTSTRAP or ADBILL_KAFKA_CONTROLLER_PORT"
+                )
         self.write_config()
         self.format_storage()
         self.process.command = self._java("kafka.Kafka", str(self.config_file))
         self.process.start()
-        self.process.wait_ready(self.ready, timeout_s, f"Kafka answering on {self.bootstrap}")
         return True
 
     def ready(self) -> bool:
@@ -148,6 +176,97 @@ class LocalKafka:
 
     def tool_command(self, tool: str, *args: str) -> list[str]:
         return self._java(TOOLS[tool], *args, heap="256m")
+
+
+@dataclass
+class LocalKafkaCluster:
+    """`len(ports)` KRaft nodes on loopback, each broker and controller, named `kafka-1`... with data in
+    `data_dir/kafka-N`; node N's controller listens on `controller_port + N - 1`. Every node is a voter, so the
+    quorum and the partitions outlive one node's death."""
+
+    data_dir: Path
+    ports: list[int]
+    controller_port: int
+    deps_dir: Path
+    run_dir: Path
+    heap: str = "512m"
+    nodes: list[LocalKafka] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.resolve()
+        controllers = [self.controller_port + i for i in range(len(self.ports))]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(controllers))
+        self.nodes = [
+            LocalKafka(
+                data_dir=self.data_dir / f"kafka-{i + 1}",
+                port=port,
+                controller_port=controllers[i],
+                deps_dir=self.deps_dir,
+                run_dir=self.run_dir,
+                heap=self.heap,
+                node_id=i + 1,
+                voters=voters,
+                replication=min(3, len(self.ports)),
+                name=f"kafka-{i + 1}",
+            )
+            for i, port in enumerate(self.ports)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self, timeout_s: float = 120.0) -> list[LocalKafka]:
+        """Start the nodes that are not running and wait until every broker is in the metadata; returns the nodes
+        started here."""
+        # One cluster id for every node, chosen on the first start and kept beside their folders.
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        id_file = self.data_dir / "cluster.id"
+        if not id_file.exists():
+            id_file.write_text(new_cluster_id())
+        for node in self.nodes:
+            node.cluster_id = id_file.read_text().strip()
+        started = [node for node in self.nodes if node.launch()]
+        deadline = time.monotonic() + timeout_s
+        for node in started:
+            node.process.wait_ready(
+                lambda: brokers_listed(self.bootstrap) >= len(self.nodes),
+                max(1.0, deadline - time.monotonic()),
+                f"all {len(self.nodes)} brokers in the metadata",
+            )
+        return started
+
+    def node(self, node_id: int) -> LocalKafka:
+        return self.nodes[node_id - 1]
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a base64 UUID of 22 characters."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def brokers_listed(bootstrap: str, timeout_s: float = 2.0) -> int:
+    """How many brokers the metadata lists (0: no answer)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+    try:
+        return len(admin.list_topics(timeout=timeout_s).brokers)
+    except Exception:  # KafkaException: no broker answered in time
+        return 0
+
+
+def partition_leaders(bootstrap: str, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """Partition -> node id of its leader (-1: none)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    described = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+    return {p: meta.leader for p, meta in described.partitions.items()}
 
 
 def broker_ready(bootstrap: str, timeout_s: float = 2.0) -> bool:

@@ -148,6 +148,24 @@ def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
             time.sleep(0.1)
 
 
+def stop_pids(pids: list[int], timeout_s: float = 20.0) -> None:
+    """Stop several process groups together: SIGTERM to all, then SIGKILL to those still alive after `timeout_s`
+    (the nodes of a quorum stop faster together than one by one, the last waiting for a quorum that is gone)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        pids = [pid for pid in pids if _alive(pid)]
+        if not pids:
+            return
+
+
 def _alive(pid: int) -> bool:
     # Reap our own child if it has ended; another process's pid is only probed.
     with contextlib.suppress(ChildProcessError):

@@ -63,6 +63,17 @@ class Settings:
     max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
     state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
     driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
+    executor_memory: str = _setting("1g", "Memory of each executor of an application on a Spark cluster.")
+    stream_cores: int = _setting(
+        2, "Cores the streaming job takes on a Spark cluster (spark.cores.max; one core per executor)."
+    )
+    batch_cores: int = _setting(
+        1, "Cores reconciliation and the audit each take on a Spark cluster (spark.cores.max), beside the job."
+    )
+    spark_workers: int = _setting(2, "Spark workers the local cluster starts (`adbill up --cluster`).")
+    spark_worker_cores: int = _setting(2, "Cores each local Spark worker offers.")
+    spark_worker_memory: str = _setting("2g", "Memory each local Spark worker offers to executors.")
+    spark_master_ui_port: int = _setting(8080, "Port of the local Spark master's web UI.")
     metrics_port: int = _setting(9464, "Port of the job's Prometheus /metrics (0: off).")
     reconcile_metrics_port: int = _setting(
         9465, "Port of the Prometheus /metrics of `adbill reconcile --every` (0: off; a single run serves none)."
@@ -125,6 +136,12 @@ class Settings:
     )
     log_backups: int = _setting(3, "Rolled-over files kept of each log of the local stack (NAME.log.1 ...).")
 
+    cluster: int = _setting(
+        0,
+        "1: the local cluster topology of `adbill up --cluster` (three Kafka brokers, a Spark master and two "
+        "workers); it changes the defaults of the settings in CLUSTER_DEFAULTS.",
+    )
+
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
 
@@ -134,7 +151,11 @@ class Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         known = {}
-        for f in dataclasses.fields(cls):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        cluster = overrides.get("cluster") or environ.get(PREFIX + "CLUSTER", "0") not in ("", "0")
+        if cluster:
+            values.update({name: _parse(fields[name], raw) for name, raw in CLUSTER_DEFAULTS.items()})
+        for f in fields.values():
             name = env_name(f)
             known[name] = f
             if name in environ:
@@ -152,6 +173,13 @@ class Settings:
             raise ValueError("ADBILL_REDIS_TIMEOUT_MS must be at least 1: a Redis call without a deadline can hang")
         if self.period_ms < 60_000 or 86_400_000 % self.period_ms:
             raise ValueError("ADBILL_PERIOD_MS must be a whole number of minutes that divides a day")
+        if self.cluster and not self.spark_master.startswith("spark://"):
+            raise ValueError(
+                "ADBILL_CLUSTER=1 runs the jobs on a Spark master: ADBILL_SPARK_MASTER must be spark://..."
+            )
+        for name in ("stream_cores", "batch_cores", "spark_workers", "spark_worker_cores"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
         for name in (
@@ -227,13 +255,33 @@ class Settings:
 
     @property
     def kafka_port(self) -> int:
-        return int(self.kafka_bootstrap.split(",")[0].rsplit(":", 1)[1])
+        return self.kafka_ports[0]
+
+    @property
+    def kafka_ports(self) -> list[int]:
+        """The port of each broker of the bootstrap list, in order."""
+        return [int(server.rsplit(":", 1)[1]) for server in self.kafka_bootstrap.split(",")]
 
     @property
     def kafka_is_local(self) -> bool:
-        """True when the brokers are this machine's own, for the local stack to start."""
+        """True when the brokers are this machine's own, for the local stack to start: one per listed port, their
+        controllers on ADBILL_KAFKA_CONTROLLER_PORT and the ports after it."""
         hosts = [server.rsplit(":", 1)[0] for server in self.kafka_bootstrap.split(",")]
-        return len(hosts) == 1 and hosts[0] in ("127.0.0.1", "localhost")
+        return all(host in LOOPBACK for host in hosts)
+
+    @property
+    def spark_is_local_cluster(self) -> bool:
+        """True when the Spark master is a standalone master on this machine's loopback, for the stack to start."""
+        return self.spark_master.startswith("spark://") and self.spark_master_host in LOOPBACK
+
+    @property
+    def spark_master_host(self) -> str:
+        return self.spark_master.removeprefix("spark://").rsplit(":", 1)[0]
+
+    @property
+    def spark_master_port(self) -> int:
+        tail = self.spark_master.removeprefix("spark://").rsplit(":", 1)
+        return int(tail[1]) if len(tail) == 2 else 7077
 
     @property
     def redis_port(self) -> int:
@@ -245,7 +293,7 @@ class Settings:
     def redis_is_local(self) -> bool:
         from urllib.parse import urlparse
 
-        return urlparse(self.redis_url).hostname in ("127.0.0.1", "localhost")
+        return urlparse(self.redis_url).hostname in LOOPBACK
 
     def to_env(self) -> dict[str, str]:
         """These settings as the `ADBILL_*` variables that would give them, for a child process."""
@@ -255,6 +303,18 @@ class Settings:
             if getattr(self, f.name) is not None
         }
 
+
+LOOPBACK = ("127.0.0.1", "localhost")
+
+CLUSTER_DEFAULTS: dict[str, str] = {
+    "home": "var/cluster",
+    "kafka_bootstrap": "127.0.0.1:9092,127.0.0.1:9192,127.0.0.1:9292",
+    "topic_replication": "3",
+    "spark_master": "spark://127.0.0.1:7077",
+    "driver_memory": "1g",
+}
+"""The settings `ADBILL_CLUSTER=1` (`adbill up --cluster`) changes, by field name; an ADBILL_* variable still wins.
+Its own folder, so that a checkpoint of the one-node stack never meets the cluster's offsets."""
 
 # Variables with the prefix that are not settings of the pipeline but of the tools around it.
 _NOT_SETTINGS = {"ADBILL_NO_PROGRESS", "ADBILL_DEBUG"}

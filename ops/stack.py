@@ -1,4 +1,6 @@
-"""The local stack: Kafka, Redis and the product's own processes on one machine, started and stopped together."""
+"""The local stack: Kafka, Redis and the product's own processes on one machine, started and stopped together; with
+ADBILL_CLUSTER=1 (`adbill up --cluster`) the local cluster: three Kafka brokers and a Spark master with its workers,
+the jobs submitted to that master."""
 
 from __future__ import annotations
 
@@ -9,13 +11,23 @@ from dataclasses import dataclass, field
 
 from billing.catalog import Catalog, generate_catalog
 from ops import deps
-from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, broker_ready, ensure_topics
-from ops.process import ManagedProcess, pid_alive, stop_pid
+from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
+from ops.process import ManagedProcess, pid_alive, stop_pids
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
+from ops.spark_cluster import LocalSparkCluster
 
-# Children stop in this order: traffic first, services last, so nothing writes to a stopped broker.
-STOP_ORDER = ["traffic", "web", "reconcile", "stream", "redis", "kafka"]
+# Children stop in this order: traffic first, services last, so nothing writes to a stopped broker. A name ending
+# in "-" stands for its numbered processes (kafka-1, kafka-2, ...).
+STOP_ORDER = ["traffic", "web", "reconcile", "stream", "spark-worker-", "spark-master", "redis", "kafka", "kafka-"]
+
+
+def stop_rank(name: str) -> int:
+    """Where a child named `name` comes in STOP_ORDER."""
+    for rank, entry in enumerate(STOP_ORDER):
+        if name == entry or (entry.endswith("-") and name.startswith(entry) and name[len(entry) :].isdigit()):
+            return rank
+    return len(STOP_ORDER)
 
 
 def local_kafka(settings: Settings) -> LocalKafka:
@@ -28,6 +40,28 @@ def local_kafka(settings: Settings) -> LocalKafka:
     )
 
 
+def local_kafka_cluster(settings: Settings) -> LocalKafkaCluster:
+    return LocalKafkaCluster(
+        data_dir=settings.kafka_dir,
+        ports=settings.kafka_ports,
+        controller_port=settings.kafka_controller_port,
+        deps_dir=settings.deps_dir,
+        run_dir=settings.run_dir,
+    )
+
+
+def local_spark_cluster(settings: Settings) -> LocalSparkCluster:
+    return LocalSparkCluster(
+        data_dir=settings.root / "spark",
+        port=settings.spark_master_port,
+        ui_port=settings.spark_master_ui_port,
+        run_dir=settings.run_dir,
+        workers=settings.spark_workers,
+        worker_cores=settings.spark_worker_cores,
+        worker_memory=settings.spark_worker_memory,
+    )
+
+
 def local_redis(settings: Settings) -> LocalRedis:
     return LocalRedis(data_dir=settings.redis_dir, port=settings.redis_port, run_dir=settings.run_dir)
 
@@ -36,7 +70,12 @@ def ensure_stack_topics(settings: Settings) -> list[str]:
     """The impressions, clicks and quarantine topics, created if missing, all with `TOPIC_CONFIGS` (idempotent);
     returns their names."""
     names = [settings.topic_impressions, settings.topic_clicks, settings.topic_quarantine]
-    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, settings.topic_replication, TOPIC_CONFIGS)
+    replication = settings.topic_replication
+    # With three copies a write needs two of them: one broker may die without losing an acknowledged record.
+    configs = dict(TOPIC_CONFIGS)
+    if replication >= 3:
+        configs["min.insync.replicas"] = str(replication - 1)
+    ensure_topics(settings.kafka_bootstrap, names, settings.topic_partitions, replication, configs)
     return names
 
 
@@ -73,7 +112,16 @@ class Stack:
     def start_services(self) -> None:
         s = self.settings
         deps.ensure_kafka_jars(s.deps_dir)
-        if s.kafka_is_local:
+        if s.kafka_is_local and len(s.kafka_ports) > 1:
+            cluster = local_kafka_cluster(s)
+            started = cluster.start()
+            self.started.extend(node.process for node in started)
+            for node in cluster.nodes:
+                state = "started" if node in started else "running"
+                _say(
+                    f"{node.name:<8} {state:<9} {node.bootstrap}  controller :{node.controller_port}  ({node.data_dir})"
+                )
+        elif s.kafka_is_local:
             kafka = local_kafka(s)
             if kafka.start():
                 self.started.append(kafka.process)
@@ -89,10 +137,18 @@ class Stack:
                 _say(f"redis    started   {s.redis_url}  (AOF in {s.redis_dir})")
             else:
                 _say(f"redis    running   {s.redis_url}  (already up, left as it is)")
+        if s.spark_is_local_cluster:
+            spark = local_spark_cluster(s)
+            started_spark = spark.start()
+            self.started.extend(started_spark)
+            for process in [spark.master, *spark.worker_processes]:
+                state = "started" if process in started_spark else "running"
+                where = f"{spark.url}  UI {spark.ui}" if process is spark.master else f"{s.spark_worker_cores} cores"
+                _say(f"{process.name:<14} {state:<9} {where}")
         ensure_stack_topics(s)
         _say(
             f"topics   ready     {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine} "
-            f"({s.topic_partitions} partitions)"
+            f"({s.topic_partitions} partitions, replication {s.topic_replication})"
         )
         catalog = ensure_catalog(s)
         _say(f"catalog  ready     {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers  ({s.catalog_file})")
@@ -156,23 +212,27 @@ class Stack:
             self.stop()
 
     def stop(self) -> None:
-        for name in STOP_ORDER:
-            for child in [c for c in self.started if c.name == name]:
-                _say(f"stopping {name} ...")
-                child.stop()
-                self.started.remove(child)
+        for rank in sorted({stop_rank(c.name) for c in self.started}):
+            group = [c for c in self.started if stop_rank(c.name) == rank]
+            _say(f"stopping {', '.join(c.name for c in group)} ...")
+            stop_pids([c.popen.pid for c in group if c.popen is not None], timeout_s=30)
+            for child in group:
+                child.stop(timeout_s=1)
+        self.started.clear()
 
 
 def down(settings: Settings) -> list[str]:
     """Stop every process a stack left in the background, found by its pid file. Returns their names."""
-    stopped = []
-    for name in STOP_ORDER:
-        pid_file = settings.run_dir / f"{name}.pid"
-        pid = pid_alive(pid_file)
-        if pid is not None:
-            stop_pid(pid, timeout_s=30)
-            stopped.append(name)
-        pid_file.unlink(missing_ok=True)
+    stopped: list[str] = []
+    # Numbered processes of one kind (the brokers, the workers) stop together.
+    pid_files = [f for f in settings.run_dir.glob("*.pid") if stop_rank(f.stem) < len(STOP_ORDER)]
+    for rank in sorted({stop_rank(f.stem) for f in pid_files}):
+        group = sorted(f for f in pid_files if stop_rank(f.stem) == rank)
+        alive = {f.stem: pid for f in group if (pid := pid_alive(f)) is not None}
+        stop_pids(list(alive.values()), timeout_s=30)
+        stopped.extend(alive)
+        for pid_file in group:
+            pid_file.unlink(missing_ok=True)
     return stopped
 
 
@@ -205,16 +265,30 @@ def _say(line: str) -> None:
 def print_where(settings: Settings) -> None:
     s = settings
     _say("")
-    _say("adbill local stack")
+    _say("adbill local cluster" if s.cluster else "adbill local stack")
     _say(f"  kafka       {s.kafka_bootstrap}   topics {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine}")
+    if len(s.kafka_ports) > 1:
+        _say(
+            f"              {len(s.kafka_ports)} KRaft nodes, controllers from :{s.kafka_controller_port}, "
+            f"replication {s.topic_replication}, min.insync.replicas {max(1, s.topic_replication - 1)}"
+        )
+    if s.spark_master.startswith("spark://"):
+        _say(f"  spark       {s.spark_master}   master UI http://127.0.0.1:{s.spark_master_ui_port}/")
+        _say(
+            f"              stream {s.stream_cores} cores, reconcile and audit {s.batch_cores} each; "
+            f"executors {s.executor_memory}, drivers {s.driver_memory}"
+        )
     _say(f"  redis       {s.redis_url}")
     _say(f"  web         http://{s.web_host}:{s.web_port}/   accounts: adbill users add NAME --role admin")
     _say(f"  probes      http://{s.web_host}:{s.web_port}/healthz (alive), /readyz (Redis and the job's last batch)")
     _say(f"  data        {s.root}")
-    _say(f"  logs        {s.logs_dir}  (kafka: {s.kafka_dir / 'logs'})")
+    kafka_logs = s.kafka_dir / ("kafka-N/logs" if len(s.kafka_ports) > 1 else "logs")
+    spark_logs = f", spark: {s.root / 'spark' / 'logs'}" if s.spark_is_local_cluster else ""
+    _say(f"  logs        {s.logs_dir}  (kafka: {kafka_logs}{spark_logs})")
     _say(
         f"  watch       adbill kafka console-consumer --bootstrap-server {s.kafka_bootstrap} "
         f"--topic {s.topic_clicks} --property print.key=true --max-messages 5"
     )
-    _say("  stop        Ctrl-C (or `adbill down` for a stack left in the background)")
+    down = "adbill down --cluster" if s.cluster else "adbill down"
+    _say(f"  stop        Ctrl-C (or `{down}` for a stack left in the background)")
     _say("")

@@ -61,6 +61,8 @@ def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> I
         spark_jars,
         shuffle_partitions=2,
         local_dir=tmp_path_factory.mktemp("spark-local"),
+        # Loopback only: by default the driver listens on the address the host name resolves to.
+        extra_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"},
     )
     yield session
     session.stop()

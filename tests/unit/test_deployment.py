@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ops.cli import _parser
-from ops.settings import PROJECT_ROOT, Settings, setting_names
+from ops.cli import CHILDREN, _parser
+from ops.settings import PROJECT_ROOT, Settings, env_name, setting_names
+from ops.stack import local_kafka_cluster, local_spark_cluster
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -120,3 +122,94 @@ def test_the_web_uis_health_check_asks_its_own_readyz(tmp_path: Path) -> None:
     settings = Settings.from_env({}, home=tmp_path)
     routes = {rule.rule for rule in create_app(settings).url_map.iter_rules()}
     assert {"/healthz", "/readyz"} <= routes
+
+
+# The local cluster (`adbill up --cluster`) and this file are the same deployment: same services, same settings,
+# same bounds. A process of one has its service in the other, under the same name (the traffic simulator is the
+# `producers` service; `topics` is a step of `adbill up`, a one-shot service here).
+LOCAL_NAME = {"producers": "traffic"}
+ONE_SHOT = {"topics"}
+BOUNDS = [
+    "ADBILL_TOPIC_REPLICATION",
+    "ADBILL_STREAM_CORES",
+    "ADBILL_BATCH_CORES",
+    "ADBILL_EXECUTOR_MEMORY",
+    "ADBILL_DRIVER_MEMORY",
+    "ADBILL_RECONCILE_INTERVAL_S",
+]
+
+
+def _cluster_settings() -> Settings:
+    return Settings.from_env({}, cluster=1)
+
+
+def _local_cluster_processes() -> set[str]:
+    settings = _cluster_settings()
+    spark = local_spark_cluster(settings)
+    return (
+        {node.name for node in local_kafka_cluster(settings).nodes}
+        | {spark.master.name, *(w.name for w in spark.worker_processes)}
+        | {"redis", "traffic", *CHILDREN}
+    )
+
+
+def test_the_compose_services_are_the_local_cluster_processes() -> None:
+    compose = {LOCAL_NAME.get(name, name) for name in SERVICES} - ONE_SHOT
+    assert compose == _local_cluster_processes()
+    for name, args in CHILDREN.items():
+        assert SERVICES[name]["command"] == args, f"{name} runs another command than `adbill up` starts"
+
+
+def test_the_compose_file_has_the_local_clusters_settings_and_bounds() -> None:
+    settings = _cluster_settings()
+    for service in ("stream", "reconcile", "web", "producers", "topics"):
+        env = {k: str(v) for k, v in SERVICES[service]["environment"].items()}
+        for name in BOUNDS:
+            assert name in env, f"{service} does not set {name}"
+            value = next(str(getattr(settings, f.name)) for f in fields(Settings) if env_name(f) == name)
+            assert env[name] == value, f"{service}: {name}={env[name]}, the local cluster has {value}"
+    workers = sorted(name for name in SERVICES if name.startswith("spark-worker-"))
+    assert len(workers) == settings.spark_workers
+    for worker in workers:
+        entry = SERVICES[worker]["entrypoint"]
+        assert entry[entry.index("--cores") + 1] == str(settings.spark_worker_cores)
+        assert entry[entry.index("--memory") + 1] == settings.spark_worker_memory
+    # Room for both applications at once: the job and reconciliation never wait for each other's cores.
+    assert settings.stream_cores + settings.batch_cores <= settings.spark_workers * settings.spark_worker_cores
+    brokers = [name for name in SERVICES if name.startswith("kafka-")]
+    local = local_kafka_cluster(settings)
+    assert len(brokers) == len(local.nodes) == settings.topic_replication == 3
+    for broker, node in zip(sorted(brokers), local.nodes, strict=True):
+        env = _kafka_env(broker)
+        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == node.min_insync == 2
+        assert int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == node.replication
+        assert f"-Xmx{node.heap}" in env["KAFKA_HEAP_OPTS"]
+        assert len(env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")) == len(node.voters.split(","))
+
+
+def test_every_long_running_service_has_a_health_check() -> None:
+    for name, svc in SERVICES.items():
+        if name in ONE_SHOT:
+            assert svc.get("restart") == "no", f"{name} is one-shot: it should not restart"
+            continue
+        check = svc.get("healthcheck", {}).get("test")
+        assert check, f"{name} has no health check"
+        if check[:2] == ["CMD", "adbill"]:
+            args = _parser().parse_args(check[2:])
+            assert args.command == "health" and args.part == name
+
+
+def test_the_reconcile_interval_comes_from_its_setting() -> None:
+    assert SERVICES["reconcile"]["command"] == ["reconcile", "--every"]
+    args = _parser().parse_args(SERVICES["reconcile"]["command"])
+    assert args.every == 0, "--every without a number: every ADBILL_RECONCILE_INTERVAL_S"
+
+
+def test_java_home_is_the_same_on_every_architecture() -> None:
+    dockerfile = (PROJECT_ROOT / "Dockerfile").read_text()
+    java_home = next(line for line in dockerfile.splitlines() if line.startswith("ENV JAVA_HOME="))
+    assert "amd64" not in java_home and "arm64" not in java_home
+    home = java_home.split("=", 1)[1].split()[0]
+    assert "ln -sfn" in dockerfile and home in dockerfile.split("ENV JAVA_HOME")[0], "the image links JAVA_HOME"
+    for svc in SERVICES.values():
+        assert "amd64" not in str(svc.get("environment", {}))

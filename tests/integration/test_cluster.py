@@ -1,0 +1,204 @@
+"""The local cluster, started by `adbill up --cluster` on free loopback ports: three KRaft brokers, a Spark master
+with two workers, the streaming job and reconciliation submitted to it. Under simulated traffic the job's driver is
+SIGKILLed once and the leader broker of a partition once, each restarted as an operator would (`adbill up` again
+starts what is missing); the ledger still equals the ground truth, click for click."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from billing.parquet_ledger import read_ledger
+from billing.redis_totals import RedisTotals
+from ops.kafka_service import partition_leaders
+from ops.process import free_ports, pid_alive
+from ops.settings import PROJECT_ROOT, Settings
+from ops.stack import local_spark_cluster
+from producers.publisher import simulate_to_kafka
+from producers.simulator import SimulationConfig
+
+pytestmark = pytest.mark.integration
+
+UP = ["up", "--cluster", "--detach", "--no-web", "--no-traffic"]
+# Two runs of one catalog, their ids apart (their prefixes differ) and their event times more than the rule's 10 s
+# apart (the second starts after the driver's restart), so the ground truth of the whole is the union of theirs;
+# one seed, so one catalog (the simulator derives it from the seed).
+BACKLOG = SimulationConfig(events=12_000, seed=23, users=300, late_fraction=0.0, bad_fraction=0.005)
+FLOWING = SimulationConfig(
+    events=12_000, seed=23, id_prefix="flowing", users=300, late_fraction=0.0, bad_fraction=0.005
+)
+FLOWING_RATE = 300.0  # events/s: 40 s of traffic, so the broker dies while records flow
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nobody listens on (the brokers' controllers)."""
+    for _ in range(50):
+        (first,) = free_ports(1)
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def cluster_env(home: Path) -> dict[str, str]:
+    brokers = free_ports(3)
+    master, ui, redis_port = free_ports(3)
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "ADBILL_CLUSTER": "1",
+        "ADBILL_HOME": str(home),
+        "ADBILL_DEPS_DIR": str(PROJECT_ROOT / ".deps"),
+        "ADBILL_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{port}" for port in brokers),
+        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_ports(3)),
+        "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
+        "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
+        "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "ADBILL_METRICS_PORT": "0",
+        "ADBILL_RECONCILE_INTERVAL_S": "20",
+        "ADBILL_TRIGGER_MS": "1000",
+        "ADBILL_MAX_OFFSETS_PER_TRIGGER": "2000",
+    }
+
+
+def adbill(env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, f"adbill {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def wait_for(check: Callable[[], bool], what: str, deadline_s: float) -> float:
+    """Poll until `check`; returns the seconds it took."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
+    env = cluster_env(tmp_path / "home")
+    settings = Settings.from_env(env)
+    settings.root.mkdir(parents=True)
+    BACKLOG.catalog().save(settings.catalog_file)  # the job bills from the simulator's catalog
+    try:
+        adbill(env, *UP)
+        yield settings, env
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "down", "--cluster"], env=env, capture_output=True, text=True, timeout=180
+        )
+        print(down.stdout, down.stderr)
+
+
+def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
+    cluster: tuple[Settings, dict[str, str]], tmp_path: Path
+) -> None:
+    settings, env = cluster
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    spark = local_spark_cluster(settings)
+
+    # The topology: two workers, the job and reconciliation both running, each within its bounded cores.
+    assert spark.alive_workers() == 2
+    wait_for(
+        lambda: {app["name"] for app in spark.applications()} >= {"adbill-stream", "adbill-reconcile"},
+        "the job and reconciliation both running on the master",
+        120,
+    )
+    cores = {app["name"]: app["cores"] for app in spark.applications()}
+    assert cores["adbill-stream"] <= settings.stream_cores and cores["adbill-reconcile"] <= settings.batch_cores
+
+    def billed_after(batch: int) -> Callable[[], bool]:
+        return lambda: (totals.last_applied("billing") or -1) > batch
+
+    # Fault 1: a backlog in Kafka, the driver SIGKILLed once it has billed a batch of it (a batch reads at most
+    # 2,000 records per topic), and `adbill up` again, which starts a new driver.
+    truth = send_traffic(settings, tmp_path / "run-a", BACKLOG, rate=None)
+    wait_for(billed_after(-1), "a first billing batch", 240)
+    driver = pid_alive(settings.run_dir / "stream.pid")
+    assert driver is not None
+    os.kill(driver, signal.SIGKILL)
+    killed_at = totals.last_applied("billing") or -1
+    adbill(env, *UP)
+    driver_back = wait_for(billed_after(killed_at), "a batch billed by the restarted driver", 240)
+
+    # Fault 2: while traffic flows, the broker leading partition 0 of the clicks topic SIGKILLed; restarted once
+    # the job has billed without it.
+    sent: dict[str, dict[str, int] | BaseException] = {}
+
+    def send() -> None:
+        try:
+            sent["truth"] = send_traffic(settings, tmp_path / "run-b", FLOWING, rate=FLOWING_RATE)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            sent["truth"] = exc
+
+    traffic = threading.Thread(target=send, daemon=True)
+    traffic.start()
+    time.sleep(5)
+    leader = partition_leaders(settings.kafka_bootstrap, settings.topic_clicks)[0]
+    broker = pid_alive(settings.run_dir / f"kafka-{leader}.pid")
+    assert broker is not None
+    before = totals.last_applied("billing") or -1
+    os.kill(broker, signal.SIGKILL)
+    new_leader = wait_for(
+        lambda: partition_leaders(settings.kafka_bootstrap, settings.topic_clicks)[0] not in (leader, -1),
+        "a new leader",
+        60,
+    )
+    broker_gone = wait_for(billed_after(before), "a batch billed without the broker", 180)
+    adbill(env, *UP)
+
+    traffic.join(timeout=300)
+    assert not traffic.is_alive(), "the traffic did not finish"
+    flowing = sent["truth"]
+    assert isinstance(flowing, dict), flowing
+    truth |= flowing
+
+    def ledger() -> list[dict]:
+        return read_ledger(settings.root / "ledger").to_pylist()
+
+    wait_for(lambda: len(ledger()) >= len(truth), "the ledger to catch up with the ground truth", 300)
+    time.sleep(3)  # a batch in flight would show up as an extra row
+    rows = ledger()
+    print(
+        f"cluster: {len(truth)} billable clicks; restarted driver billing {driver_back:.1f} s after `adbill up`; "
+        f"new leader {new_leader:.1f} s and a batch {broker_gone:.1f} s after broker {leader} was killed"
+    )
+    assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click across the faults"
+    assert {row["click_id"]: row["amount_micros"] for row in rows} == truth
+    redis_clicks = sum(t.clicks for t in totals.all_ad_totals().values())
+    redis_micros = sum(t.micros for t in totals.all_ad_totals().values())
+    assert (redis_clicks, redis_micros) == (len(truth), sum(truth.values()))
+
+
+def send_traffic(settings: Settings, run_dir: Path, config: SimulationConfig, rate: float | None) -> dict[str, int]:
+    """Simulated traffic into the cluster; its ground truth (click id -> micros)."""
+    summary = simulate_to_kafka(
+        config, settings.kafka_bootstrap, settings.registry_location, run_dir, settings.topics, rate, progress=False
+    )
+    assert summary.delivery_failures == 0
+    lines = (run_dir / "billable.jsonl").read_text().splitlines()
+    return {row["click_id"]: row["amount_micros"] for row in map(json.loads, lines)}
