@@ -68,6 +68,16 @@ def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> I
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def no_query_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails with a streaming query still running stops it, so the next test can start its own."""
+    yield
+    if "spark" in request.fixturenames:
+        session: SparkSession = request.getfixturevalue("spark")
+        for query in session.streams.active:
+            query.stop()
+
+
 @dataclass(frozen=True)
 class TopicNames:
     impressions: str

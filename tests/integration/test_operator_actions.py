@@ -122,6 +122,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
 ) -> None:
     import dataclasses
     import signal
+    import subprocess
     import time
 
     from attribution.audit import audit, record
@@ -129,13 +130,15 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     from attribution.restore import JobRunningError, restore_redis
     from billing.events import Impression
     from billing.periods import Periods
-    from ops.process import free_port
+    from ops.process import free_port, port_open
     from ops.reconciling import reconcile_config
     from ops.redis_service import LocalRedis
 
-    own_redis = LocalRedis(data_dir=tmp_path / "redis", port=free_port(), run_dir=tmp_path / "redis-run")
+    port = free_port()
+    own_redis = LocalRedis(data_dir=tmp_path / "redis", port=port, run_dir=tmp_path / "redis-run")
     own_redis.start()
     settings = dataclasses.replace(settings, redis_url=own_redis.url)
+    queries: list = []
     try:
         catalog = SimulationConfig(events=10, seed=8).catalog()
         catalog.save(settings.catalog_file)
@@ -157,8 +160,12 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         pid = own_redis.process.running_pid()
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while own_redis.process.running_pid() and time.monotonic() < deadline:
+        if own_redis.process.popen is not None:
+            own_redis.process.popen.wait(timeout=30)  # reaped, not left a zombie
+        # A child Redis forked to rewrite its append-only file holds the port until it ends: kill it too.
+        subprocess.run(["pkill", "-KILL", "-f", f"redis-.*127\\.0\\.0\\.1:{port}"], check=False)
+        deadline = time.monotonic() + 60
+        while port_open("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.2)
         shutil.rmtree(tmp_path / "redis")
         own_redis.start()
@@ -182,6 +189,9 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         queries[0].stop()
         assert api_figures(settings, catalog, periods) == before
     finally:
+        for query in queries:
+            if query.isActive:
+                query.stop()
         own_redis.stop()
 
 
