@@ -22,10 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from web.access import Principal, Role
+
+T = TypeVar("T")
 
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_LENGTH = 1024
@@ -112,6 +115,27 @@ class Account:
         return cls(**{**data, "role": Role(str(data["role"]))})  # type: ignore[arg-type]
 
 
+class ParsedFile(Generic[T]):
+    """A file's parsed content, read and parsed again only when the file changed on disk (mtime and size): the web
+    server looks accounts and tokens up on every request."""
+
+    def __init__(self, path: Path, parse: Callable[[str], T]) -> None:
+        self.path = path
+        self.parse = parse
+        self._cache: tuple[tuple[int, int], T] | None = None
+
+    def get(self) -> T | None:
+        """The parsed content; None when the file does not exist yet."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if self._cache is None or self._cache[0] != stamp:
+            self._cache = (stamp, self.parse(self.path.read_text()))
+        return self._cache[1]
+
+
 class AccountError(ValueError):
     """A `adbill users` request that cannot be done, in one sentence."""
 
@@ -121,19 +145,12 @@ class AccountsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._cache: tuple[tuple[int, int], dict[str, Account]] | None = None
+        self._parsed = ParsedFile(path, self._parse)
 
     # Reading: the web server calls `get` on every request, so the parsed file is kept until it changes on disk.
     def all(self) -> dict[str, Account]:
         """Every account by username; empty when the file does not exist yet."""
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return {}
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        if self._cache is None or self._cache[0] != stamp:
-            self._cache = (stamp, self._parse(self.path.read_text()))
-        return self._cache[1]
+        return self._parsed.get() or {}
 
     def get(self, username: str) -> Account | None:
         return self.all().get(normalize_username(username))

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from web.accounts import Account, AccountError, AccountsFile, normalize_username
+from web.accounts import Account, AccountError, AccountsFile, ParsedFile, normalize_username
 
 PREFIX = "adbill_"
 _TOKEN = re.compile(r"adbill_([0-9a-f]{12})_[A-Za-z0-9_-]{43}", re.ASCII)
@@ -49,18 +49,11 @@ class TokensFile:
     def __init__(self, path: Path, accounts: AccountsFile) -> None:
         self.path = path
         self.accounts = accounts
-        self._cache: tuple[tuple[int, int], dict[str, TokenRecord]] | None = None
+        self._parsed = ParsedFile(path, self._parse)
 
     def all(self) -> dict[str, TokenRecord]:
         """Every token by id; empty when the file does not exist yet (re-read only when it changed on disk)."""
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return {}
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        if self._cache is None or self._cache[0] != stamp:
-            self._cache = (stamp, self._parse(self.path.read_text()))
-        return self._cache[1]
+        return self._parsed.get() or {}
 
     def authenticate(self, token: str) -> Account | None:
         """The enabled account this token belongs to, or None (unknown, revoked, malformed, account disabled)."""
