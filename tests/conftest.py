@@ -6,6 +6,7 @@ registry file and Redis key prefix, so tests never see each other's data.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,13 @@ def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> I
     )
     yield session
     session.stop()
+
+
+def child_env(settings: Settings, **overrides: str) -> dict[str, str]:
+    """The environment of an `adbill` child process of a test: this one's, with the test's settings in place of
+    any `ADBILL_*` variable, and `overrides` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}
+    return {**env, **settings.to_env(), **overrides}
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ books, and a reconciliation stopped at any step is completed by the next run wit
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from producers.publisher import EventPublisher
 from producers.simulator import SimulationConfig
 from producers.wire import EventSerializer
 from tests import oracle
+from tests.conftest import child_env
 from tests.integration.test_reconcile import corrections, read_back
 from tests.integration.test_stream_job import wait_for
 
@@ -118,8 +118,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     catalog = SimulationConfig(events=10, seed=5).catalog()
     catalog.save(settings.catalog_file)
     ensure_schemas(settings)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}, **settings.to_env()}
-    env.update(ADBILL_METRICS_PORT="0", ADBILL_TRIGGER_MS="500")
+    env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_TRIGGER_MS="500")
     log = (tmp_path / "job.log").open("ab")
 
     def start_job() -> subprocess.Popen:

@@ -21,6 +21,7 @@ from ops.stack import ensure_schemas
 from ops.streaming import stream_config
 from producers.simulator import SimulationConfig
 from tests import oracle
+from tests.conftest import child_env
 from tests.integration.test_closing_follows_stream import T0, H, pairs, publish
 from tests.integration.test_reconcile import read_back
 from tests.web_support import login
@@ -221,7 +222,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
         queries[0].stop()
 
     # A cron entry and a person, at the same moment.
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}, **settings.to_env()}
+    env = child_env(settings)
     runs = [
         subprocess.Popen(
             [sys.executable, "-m", "ops.cli", "reconcile"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

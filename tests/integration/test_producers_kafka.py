@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from producers.capture import capture_line
 from producers.publisher import replay_to_kafka, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator, simulate, system_clock_ms
 from producers.wire import EventDeserializer, EventSerializer, RawRecord, UnknownSchemaError, WireFormatError
+from tests.conftest import child_env
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +156,7 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
     """`adbill up`'s own traffic command, run for a few seconds: what reaches Kafka carries event times of now."""
     command = [sys.executable, "-m", "ops.cli", *_traffic_args(settings)]
     assert "--live" in command
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}, **settings.to_env()}
+    env = child_env(settings)
     log_path = tmp_path / "traffic.log"
     consumer = Consumer(
         {

@@ -45,6 +45,7 @@ from producers.publisher import EventPublisher, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventSerializer
 from tests import oracle
+from tests.conftest import child_env
 from tests.integration.test_reconcile import read_back
 
 pytestmark = pytest.mark.integration
@@ -338,8 +339,7 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
 
 def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(settings: Settings, tmp_path: Path) -> None:
     settings.catalog_file.parent.mkdir(parents=True, exist_ok=True)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}, **settings.to_env()}
-    env.update(ADBILL_METRICS_PORT="0", ADBILL_MAX_OFFSETS_PER_TRIGGER="4000", ADBILL_TRIGGER_MS="500")
+    env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_MAX_OFFSETS_PER_TRIGGER="4000", ADBILL_TRIGGER_MS="500")
     log = (tmp_path / "job.log").open("ab")
 
     def start_job() -> subprocess.Popen:
