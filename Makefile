@@ -63,7 +63,7 @@ test-e2e: deps ## run the browser tests only (Debian's headless Chromium; screen
 RATE ?= 20000
 DURATION ?= 60
 bench-stream: deps ## offered traffic through Kafka and the job: throughput, click-to-Redis latency, CPU, memory (RATE=, DURATION=)
-	$(BIN)/python -m ops.bench_stream --rate $(RATE) --duration $(DURATION)
+	$(BIN)/python -m ops.bench.stream --rate $(RATE) --duration $(DURATION)
 
 BENCH_RATES ?= 5000,10000,20000,40000,60000
 BENCH_DURATION ?= 30
@@ -76,12 +76,12 @@ bench-soak: deps ## the pipeline at RATE for SOAK_MINUTES: memory, state and lat
 
 EVENTS ?= 10000000
 bench-reconcile: deps ## reconcile, close and export a synthetic day of EVENTS events (default 10 million) and print the time
-	$(BIN)/python -m ops.bench_reconcile --events $(EVENTS)
+	$(BIN)/python -m ops.bench.reconcile --events $(EVENTS)
 
 CLIENTS ?= 50
 WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
-	$(BIN)/python -m web.bench --clients $(CLIENTS) --duration $(WEB_DURATION)
+	$(BIN)/python -m ops.bench.web --clients $(CLIENTS) --duration $(WEB_DURATION)
 
 AUDIT_VENV := .venv-audit
 AUDIT_TOOLS := pip-audit==2.10.1 bandit==1.9.4

@@ -1,4 +1,4 @@
-"""The load tests and the side-by-side benchmark report (`make bench`, `make bench-soak`, `make bench-stream`).
+"""Every benchmark and load generator, and the side-by-side benchmark report; the product's code never imports them.
 
 One run, one machine: the ceiling (raw write and read rates of Kafka), then the textbook baseline, then the full
 pipeline, each on the same pre-generated traffic: a backlog it starts on, increasing offered rates up to its knee,
@@ -14,4 +14,8 @@ and a burst; then `report.md`, `report.json` and the plots. The soak runs the pi
 | `profile` | flight recordings of the job JVM and where their samples fall |
 | `analysis` | the pure arithmetic: rates, percentiles, the knee, flatness, batch cost, targets |
 | `report`, `plots` | report.json, report.md and the PNG plots |
+| `stream` | `make bench-stream`: one offered rate through the job (one step of `make bench`) |
+| `reconcile` | `make bench-reconcile`: reconcile, close and export a synthetic day |
+| `web` | `make bench-web`: the dashboard and its API under concurrent clients, on gunicorn |
+| `wire` | the producers' hot path (serializer, deserializer, simulator), run by hand |
 """

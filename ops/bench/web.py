@@ -40,7 +40,7 @@ from web.accounts import AccountsFile
 from web.sample_data import SampleWriter, seed_sample
 
 PASSWORD = "benchmark passphrase 1"  # accounts of a throwaway data folder, for the benchmark only  # nosec B105
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -194,7 +194,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m web.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.web", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds measured")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds driven before measuring")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     args = parser.parse_args(argv)
-    command = "python -m web.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m ops.bench.web " + " ".join(sys.argv[1:] if argv is None else argv)
 
     redis_server = shutil.which("redis-server")
     if not redis_server:

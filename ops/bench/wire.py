@@ -1,4 +1,4 @@
-"""A micro-benchmark of the producers' hot path, run by hand: `python -m producers.bench_wire [events]`.
+"""A micro-benchmark of the producers' hot path, run by hand: `python -m ops.bench.wire [events]`.
 
 Prints events per second for the serializer, the deserializer, the simulator alone, and the simulator with its
 ground truth and serialization (what `simulate_to_kafka` does before handing bytes to the Kafka client).
