@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 AVRO_LENGTH_LIMIT = 16 * 1024 * 1024
@@ -45,6 +46,9 @@ def build_spark(
         .master(master)
         .config("spark.jars", ",".join(str(jar) for jar in jars))
         .config("spark.driver.memory", driver_memory)
+        # The executors' Python workers run the sink's writers (`attribution.batch_output.PartitionWriter`): they
+        # need the driver's interpreter and its packages (pyarrow), not whatever `python3` is first on the PATH.
+        .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
         .config("spark.executor.extraJavaOptions", JAVA_OPTIONS)
