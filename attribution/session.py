@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,14 +42,15 @@ def build_spark(
 ) -> SparkSession:
     """A session with the Kafka and Avro connectors on the classpath, UTC everywhere and Avro's length limits
     (`AVRO_LENGTH_LIMIT`)."""
+    # The executors' Python workers run the sink's writers (`attribution.batch_output.PartitionWriter`): they need
+    # the driver's interpreter and its packages (pyarrow), not whatever `python3` is first on the PATH. pyspark
+    # reads the variable when the context starts (`SparkContext.pythonExec`); a deployment may set its own.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.jars", ",".join(str(jar) for jar in jars))
         .config("spark.driver.memory", driver_memory)
-        # The executors' Python workers run the sink's writers (`attribution.batch_output.PartitionWriter`): they
-        # need the driver's interpreter and its packages (pyarrow), not whatever `python3` is first on the PATH.
-        .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", JAVA_OPTIONS)
         .config("spark.executor.extraJavaOptions", JAVA_OPTIONS)
