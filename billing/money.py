@@ -9,13 +9,16 @@ MICROS_PER_UNIT = 1_000_000
 _AMOUNT_PATTERN = re.compile(r"([+-]?)(\d+)(?:\.(\d+))?", re.ASCII)
 
 
-def format_micros(micros: int, currency: str) -> str:
-    """`1_230_000, "EUR"` -> `"1.230000 EUR"`; a negative amount gets a leading minus."""
+def format_micros(micros: int, currency: str = "", *, grouped: bool = False) -> str:
+    """`1_230_000, "EUR"` -> `"1.230000 EUR"`: all six decimals, never through a float; a negative amount gets a
+    leading minus. `grouped` puts commas between thousands of units (`"12,345.678900 EUR"`), for people; without a
+    currency the amount stands alone."""
     if isinstance(micros, bool) or not isinstance(micros, int):
         raise TypeError(f"an amount is an integer number of micros, got {type(micros).__name__} {micros!r}")
     units, fraction = divmod(abs(micros), MICROS_PER_UNIT)
     sign = "-" if micros < 0 else ""
-    return f"{sign}{units}.{fraction:06d} {currency}"
+    text = f"{sign}{units:,}.{fraction:06d}" if grouped else f"{sign}{units}.{fraction:06d}"
+    return f"{text} {currency}" if currency else text
 
 
 def parse_amount(text: str) -> int:

@@ -6,18 +6,13 @@ in step on the cases listed there.
 
 from __future__ import annotations
 
-from billing.money import MICROS_PER_UNIT
+from billing.money import format_micros
 from billing.periods import format_elapsed, format_utc
 
 
 def money(micros: int, currency: str = "") -> str:
-    """`12_345_678_900, "EUR"` -> `"12,345.678900 EUR"`: grouped units, all six decimals, never through a float."""
-    if isinstance(micros, bool) or not isinstance(micros, int):
-        raise TypeError(f"an amount is an integer number of micros, got {type(micros).__name__} {micros!r}")
-    units, fraction = divmod(abs(micros), MICROS_PER_UNIT)
-    sign = "-" if micros < 0 else ""
-    text = f"{sign}{units:,}.{fraction:06d}"
-    return f"{text} {currency}" if currency else text
+    """`12_345_678_900, "EUR"` -> `"12,345.678900 EUR"`: `billing.money.format_micros` with grouped units."""
+    return format_micros(micros, currency, grouped=True)
 
 
 def signed_money(micros: int, currency: str = "") -> str:
