@@ -350,6 +350,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """From the manifest file's text; currencies and files in the order of their names, as written."""
         data = json.loads(text)
         return cls(
             period=data["period"],
@@ -358,8 +359,8 @@ class Manifest:
             closed_at_ms=data["closed_at_ms"],
             rows=data["rows"],
             total_micros=data["total_micros"],
-            total_micros_by_currency=dict(data.get("total_micros_by_currency", {})),
-            files={name: ExportFile(entry["bytes"], entry["sha256"]) for name, entry in data["files"].items()},
+            total_micros_by_currency=dict(sorted(data.get("total_micros_by_currency", {}).items())),
+            files={name: ExportFile(entry["bytes"], entry["sha256"]) for name, entry in sorted(data["files"].items())},
             version=data.get("version", MANIFEST_VERSION),
         )
 

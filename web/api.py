@@ -13,16 +13,17 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Response, abort, g, jsonify, request, url_for
+from flask import Blueprint, Response, g, jsonify, request, url_for
 
+from billing.corrections import Correction
+from billing.export import Manifest
+from web import lookups
 from web.access import visible_advertisers
-from web.guards import advertiser_or_404, finance_or_404, health_or_404, logged_in, paging_args, period_arg
+from web.guards import finance_or_404, logged_in
 from web.model import (
     AdLine,
     Billed,
-    Correction,
     EventCounts,
-    Export,
     Figures,
     Period,
     PeriodBill,
@@ -86,12 +87,7 @@ def advertisers() -> Response:
 @bp.get("/advertisers/<advertiser_id>/dashboard")
 def dashboard(advertiser_id: str) -> Response:
     """What the dashboard polls: kept a second per worker (`web.cache`), like the page."""
-    advertiser_or_404(advertiser_id)
-    period = period_arg()
-    body = services().recent.get(("dashboard.json", advertiser_id, period), lambda: _dashboard(advertiser_id, period))
-    if body is None:
-        abort(404)
-    return Response(body, mimetype="application/json")
+    return Response(lookups.dashboard(advertiser_id, "dashboard.json", _dashboard), mimetype="application/json")
 
 
 def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
@@ -115,10 +111,7 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
 
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> Response:
-    advertiser_or_404(advertiser_id)
-    c = services().reader.campaign(advertiser_id, campaign_id, period_arg())
-    if c is None:
-        abort(404)
+    c = lookups.campaign(advertiser_id, campaign_id)
     return jsonify(
         {
             "advertiser_id": c.advertiser_id,
@@ -133,10 +126,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> Response:
-    advertiser_or_404(advertiser_id)
-    a = services().reader.ad(advertiser_id, ad_id)
-    if a is None:
-        abort(404)
+    a = lookups.ad(advertiser_id, ad_id)
     return jsonify(
         {
             "advertiser_id": a.advertiser_id,
@@ -150,9 +140,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
 
 @bp.get("/advertisers/<advertiser_id>/corrections")
 def corrections(advertiser_id: str) -> Response:
-    advertiser_or_404(advertiser_id)
-    offset, limit = paging_args()
-    page = services().reader.corrections(advertiser_id, offset, limit)
+    page = lookups.corrections(advertiser_id)
     return jsonify(
         {
             "advertiser_id": page.advertiser_id,
@@ -167,19 +155,13 @@ def corrections(advertiser_id: str) -> Response:
 
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> Response:
-    advertiser_or_404(advertiser_id)
-    found = services().reader.correction(advertiser_id, correction_id)
-    if found is None:
-        abort(404)
+    found = lookups.correction(advertiser_id, correction_id)
     return jsonify({**_correction(found), "currency": services().reader.currency(advertiser_id)})
 
 
 @bp.get("/finance")
 def finance() -> Response:
-    finance_or_404()
-    f = services().reader.finance(period_arg())
-    if f is None:
-        abort(404)
+    f = lookups.finance()
     return jsonify(
         {
             "period": _period(f.period) if f.period else None,
@@ -203,8 +185,7 @@ def exports() -> Response:
 
 @bp.get("/health")
 def health() -> Response:
-    health_or_404()
-    h = services().reader.health()
+    h = lookups.health()
     return jsonify(
         {
             "queries": [
@@ -310,7 +291,7 @@ def _correction(c: Correction) -> dict[str, Any]:
     }
 
 
-def _export(e: Export) -> dict[str, Any]:
+def _export(e: Manifest) -> dict[str, Any]:
     return {
         "period": e.period,
         "period_start_ms": e.period_start_ms,
@@ -321,11 +302,11 @@ def _export(e: Export) -> dict[str, Any]:
         "total_micros_by_currency": e.total_micros_by_currency,
         "files": [
             {
-                "name": f.name,
-                "bytes": f.bytes,
+                "name": name,
+                "bytes": f.size_bytes,
                 "sha256": f.sha256,
-                "url": url_for("pages.export_file", period=e.period, name=f.name),
+                "url": url_for("pages.export_file", period=e.period, name=name),
             }
-            for f in e.files
+            for name, f in e.files.items()
         ],
     }

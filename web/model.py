@@ -1,7 +1,9 @@
 """What the web UI shows, as plain values: billed figures, periods, corrections, exports and the pipeline's health.
 
 Pure: no Flask, no Redis. `web.readers` fills these from Redis and the export folder; the views and the JSON API
-turn them into pages and documents. Money is integer micros throughout; `web.display` formats it for people.
+turn them into pages and documents. A correction is reconciliation's own `billing.corrections.Correction`, an
+export its manifest (`billing.export.Manifest`). Money is integer micros throughout; `web.display` formats it for
+people.
 """
 
 from __future__ import annotations
@@ -9,7 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from billing.corrections import Correction
+    from billing.export import Manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,43 +140,6 @@ class AdDetail:
 
 
 @dataclass(frozen=True, slots=True)
-class Correction:
-    """One correction written by reconciliation: a signed amount for one click, with its reason."""
-
-    correction_id: str
-    click_id: str
-    impression_id: str | None
-    ad_id: str
-    campaign_id: str
-    advertiser_id: str
-    amount_micros: int
-    reason: str
-    corrects_period: str
-    booked_period: str
-    created_at_ms: int
-
-    @property
-    def is_retraction(self) -> bool:
-        return self.amount_micros < 0
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Correction:
-        return cls(
-            correction_id=str(data["correction_id"]),
-            click_id=str(data["click_id"]),
-            impression_id=None if data.get("impression_id") is None else str(data["impression_id"]),
-            ad_id=str(data["ad_id"]),
-            campaign_id=str(data.get("campaign_id") or ""),
-            advertiser_id=str(data["advertiser_id"]),
-            amount_micros=int(data["amount_micros"]),
-            reason=str(data["reason"]),
-            corrects_period=str(data["corrects_period"]),
-            booked_period=str(data["booked_period"]),
-            created_at_ms=int(data.get("created_at_ms") or 0),
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class CorrectionPage:
     advertiser_id: str
     currency: str
@@ -188,57 +157,13 @@ class AdvertiserLine:
 
 
 @dataclass(frozen=True, slots=True)
-class ExportFile:
-    name: str
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class Export:
-    """A closed period's reconciled export, as its manifest describes it."""
-
-    period: str
-    period_start_ms: int
-    period_end_ms: int
-    closed_at_ms: int
-    rows: int
-    total_micros: int
-    total_micros_by_currency: dict[str, int]
-    files: list[ExportFile]
-
-    @property
-    def currency(self) -> str:
-        """The one currency of the export, or empty when it holds several (see `total_micros_by_currency`)."""
-        return next(iter(self.total_micros_by_currency)) if len(self.total_micros_by_currency) == 1 else ""
-
-    @classmethod
-    def from_manifest(cls, data: Mapping[str, Any]) -> Export:
-        return cls(
-            period=str(data["period"]),
-            period_start_ms=int(data["period_start_ms"]),
-            period_end_ms=int(data["period_end_ms"]),
-            closed_at_ms=int(data["closed_at_ms"]),
-            rows=int(data["rows"]),
-            total_micros=int(data["total_micros"]),
-            total_micros_by_currency={
-                str(c): int(m) for c, m in sorted(dict(data.get("total_micros_by_currency") or {}).items())
-            },
-            files=[
-                ExportFile(name, int(info["bytes"]), str(info["sha256"]))
-                for name, info in sorted(dict(data.get("files") or {}).items())
-            ],
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class Finance:
     """Finance's page: every advertiser in one period, the periods, the exports."""
 
     period: Period | None
     periods: list[Period]
     advertisers: list[AdvertiserLine]
-    exports: list[Export]
+    exports: list[Manifest]
     audit: Audit | None = None
 
 

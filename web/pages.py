@@ -1,4 +1,4 @@
-"""The HTML pages: thin views that check access (`web.guards`), read (`web.readers`) and render a template.
+"""The HTML pages: thin views that look up what they show (`web.lookups`: access, read, 404) and render a template.
 
 Anonymous requests are sent to the login page; whatever the person may not see answers 404.
 """
@@ -9,8 +9,9 @@ from flask import Blueprint, abort, redirect, render_template, request, send_fil
 from markupsafe import Markup
 from werkzeug.wrappers import Response
 
+from web import lookups
 from web.auth import home_for
-from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
+from web.guards import finance_or_404
 from web.services import current_principal, services
 
 bp = Blueprint("pages", __name__)
@@ -33,13 +34,7 @@ def index() -> Response:
 
 @bp.get("/advertisers/<advertiser_id>")
 def advertiser(advertiser_id: str) -> str:
-    advertiser_or_404(advertiser_id)
-    period = period_arg()
-    content = services().recent.get(
-        ("dashboard.html", advertiser_id, period), lambda: _dashboard(advertiser_id, period)
-    )
-    if content is None:
-        abort(404)
+    content = lookups.dashboard(advertiser_id, "dashboard.html", _dashboard)
     return render_template("advertiser.html", advertiser_id=advertiser_id, content=content)
 
 
@@ -59,46 +54,28 @@ def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
 
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> str:
-    advertiser_or_404(advertiser_id)
-    detail = services().reader.campaign(advertiser_id, campaign_id, period_arg())
-    if detail is None:
-        abort(404)
-    return render_template("campaign.html", c=detail)
+    return render_template("campaign.html", c=lookups.campaign(advertiser_id, campaign_id))
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str:
-    advertiser_or_404(advertiser_id)
-    detail = services().reader.ad(advertiser_id, ad_id)
-    if detail is None:
-        abort(404)
-    return render_template("ad.html", a=detail)
+    return render_template("ad.html", a=lookups.ad(advertiser_id, ad_id))
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections")
 def corrections(advertiser_id: str) -> str:
-    advertiser_or_404(advertiser_id)
-    offset, limit = paging_args()
-    page = services().reader.corrections(advertiser_id, offset, limit)
-    return render_template("corrections.html", page=page)
+    return render_template("corrections.html", page=lookups.corrections(advertiser_id))
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> str:
-    advertiser_or_404(advertiser_id)
-    found = services().reader.correction(advertiser_id, correction_id)
-    if found is None:
-        abort(404)
+    found = lookups.correction(advertiser_id, correction_id)
     return render_template("correction.html", c=found, currency=services().reader.currency(advertiser_id))
 
 
 @bp.get("/finance")
 def finance() -> str:
-    finance_or_404()
-    overview = services().reader.finance(period_arg())
-    if overview is None:
-        abort(404)
-    return render_template("finance.html", f=overview)
+    return render_template("finance.html", f=lookups.finance())
 
 
 @bp.get("/exports/<period>/<name>")
@@ -121,5 +98,4 @@ def export_file(period: str, name: str) -> Response:
 
 @bp.get("/health")
 def health() -> str:
-    health_or_404()
-    return render_template("health.html", h=services().reader.health(), now_ms=services().clock())
+    return render_template("health.html", h=lookups.health(), now_ms=services().clock())

@@ -36,7 +36,8 @@ from typing import Any
 import redis
 
 from billing.catalog import Catalog
-from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE
+from billing.corrections import Correction
+from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.intake import QuarantineReason
 from web.model import (
     AdDetail,
@@ -47,11 +48,9 @@ from web.model import (
     CampaignDetail,
     CampaignLine,
     ClockAheadLine,
-    Correction,
     CorrectionPage,
     Dashboard,
     EventCounts,
-    Export,
     Figures,
     Finance,
     Health,
@@ -369,7 +368,7 @@ class BillingReader:
         audited = self.client.hgetall(self.key("audit", "last"))
         return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
 
-    def exports(self) -> list[Export]:
+    def exports(self) -> list[Manifest]:
         """Every finished export (its manifest written), newest period first."""
         if not self.exports_dir.is_dir():
             return []
@@ -379,8 +378,8 @@ class BillingReader:
             if not (is_period_key(folder.name) and manifest.is_file()):
                 continue
             try:
-                found.append(Export.from_manifest(json.loads(manifest.read_text())))
-            except (OSError, ValueError, KeyError, TypeError):
+                found.append(read_manifest(folder))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # not a manifest we can read: not offered for download
         return found
 
@@ -508,7 +507,7 @@ def _fours(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any]]:
 
 def _correction(text: str) -> Correction | None:
     try:
-        return Correction.from_json(json.loads(text))
+        return Correction.from_dict(json.loads(text))
     except (ValueError, KeyError, TypeError):
         return None  # a line we cannot read is not shown rather than failing the page
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from web.model import Billed, Correction, Export, Figures, consumer_lag
+from billing.corrections import Correction, CorrectionKind
+from billing.export import Manifest
+from web.model import Billed, Figures, consumer_lag
 
 
 def test_corrected_is_provisional_plus_signed_corrections() -> None:
@@ -53,35 +55,44 @@ def test_lag_of_a_topic_read_by_two_sources_adds_up() -> None:
 
 
 def test_correction_from_the_contracts_json() -> None:
-    correction = Correction.from_json(
+    """The web UI reads the advertiser's list as reconciliation wrote it: `Correction.to_dict()` as JSON."""
+    correction = Correction.from_dict(
         {
             "correction_id": "c1",
+            "kind": "retraction",
             "click_id": "k1",
             "impression_id": None,
             "ad_id": "a1",
             "campaign_id": "m1",
             "advertiser_id": "adv-0000",
             "amount_micros": -250_000,
+            "currency": "EUR",
             "reason": "duplicate",
             "corrects_period": "20260101T0000Z",
             "booked_period": "20260101T0100Z",
             "created_at_ms": 1,
         }
     )
-    assert correction.is_retraction and correction.impression_id is None and correction.amount_micros == -250_000
+    assert correction.kind == CorrectionKind.RETRACTION
+    assert correction.impression_id is None and correction.amount_micros == -250_000
 
 
 def test_export_from_its_manifest() -> None:
-    export = Export.from_manifest(
-        {
-            "period": "20260101T0000Z",
-            "period_start_ms": 0,
-            "period_end_ms": 3_600_000,
-            "closed_at_ms": 7_200_000,
-            "rows": 3,
-            "total_micros": 750_000,
-            "files": {"billing.parquet": {"bytes": 10, "sha256": "ab"}, "billing.csv": {"bytes": 5, "sha256": "cd"}},
-        }
+    export = Manifest.from_json(
+        json.dumps(
+            {
+                "period": "20260101T0000Z",
+                "period_start_ms": 0,
+                "period_end_ms": 3_600_000,
+                "closed_at_ms": 7_200_000,
+                "rows": 3,
+                "total_micros": 750_000,
+                "files": {
+                    "billing.parquet": {"bytes": 10, "sha256": "ab"},
+                    "billing.csv": {"bytes": 5, "sha256": "cd"},
+                },
+            }
+        )
     )
-    assert [f.name for f in export.files] == ["billing.csv", "billing.parquet"]
+    assert list(export.files) == ["billing.csv", "billing.parquet"]
     assert export.total_micros == 750_000

@@ -1,0 +1,69 @@
+"""What a page and its JSON twin both look up: the access check, the read and the 404, each said once.
+
+Each function goes from the request to the value that `web.pages` renders and `web.api` serializes: the guard of
+`web.guards`, the query arguments, the reader, and 404 when there is nothing to show. The checks run in the same
+order for both, so a page and its API document answer the same request alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from flask import abort
+
+from billing.corrections import Correction
+from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
+from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
+from web.services import services
+
+T = TypeVar("T")
+
+
+def found(value: T | None) -> T:
+    """The value, or 404 when there is none."""
+    if value is None:
+        abort(404)
+    return value
+
+
+def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None], T | None]) -> T:
+    """The advertiser's dashboard in one `form` (the page's content, the API's document), as `render` makes it from
+    the advertiser and the period asked for; kept a second per worker (`web.cache`), the same for everyone allowed
+    to see it."""
+    advertiser_or_404(advertiser_id)
+    period = period_arg()
+    return found(services().recent.get((form, advertiser_id, period), lambda: render(advertiser_id, period)))
+
+
+def campaign(advertiser_id: str, campaign_id: str) -> CampaignDetail:
+    advertiser_or_404(advertiser_id)
+    return found(services().reader.campaign(advertiser_id, campaign_id, period_arg()))
+
+
+def ad(advertiser_id: str, ad_id: str) -> AdDetail:
+    advertiser_or_404(advertiser_id)
+    return found(services().reader.ad(advertiser_id, ad_id))
+
+
+def corrections(advertiser_id: str) -> CorrectionPage:
+    """The page of the advertiser's corrections that `offset` and `limit` ask for, newest first."""
+    advertiser_or_404(advertiser_id)
+    offset, limit = paging_args()
+    return services().reader.corrections(advertiser_id, offset, limit)
+
+
+def correction(advertiser_id: str, correction_id: str) -> Correction:
+    advertiser_or_404(advertiser_id)
+    return found(services().reader.correction(advertiser_id, correction_id))
+
+
+def finance() -> Finance:
+    """Every advertiser in the period asked for (default: the latest), the periods and the exports."""
+    finance_or_404()
+    return found(services().reader.finance(period_arg()))
+
+
+def health() -> Health:
+    health_or_404()
+    return services().reader.health()
