@@ -47,8 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.process import free_ports, pid_alive
+from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
+from ops.stack import local_cluster_env
 
 FAULTS = ["driver"] * 5 + ["worker"] + ["broker"] * 3 + ["redis", "outage"]
 PERIOD_MS = 60_000
@@ -515,46 +516,13 @@ class Chaos:
 
 def cluster_env(home: Path) -> dict[str, str]:
     """The environment of every adbill process of the run: the local cluster on free loopback ports."""
-    brokers = free_ports(3)
-    master, ui, redis_port, web = free_ports(4)
-    controller = consecutive_free_port(3)
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
-        "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        "ADBILL_CLUSTER": "1",
-        "ADBILL_HOME": str(home),
-        "ADBILL_DEPS_DIR": os.environ.get("ADBILL_DEPS_DIR", str(PROJECT_ROOT / ".deps")),
-        "ADBILL_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{port}" for port in brokers),
-        "ADBILL_KAFKA_CONTROLLER_PORT": str(controller),
-        "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
-        "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
-        "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "ADBILL_WEB_PORT": str(web),
-        "ADBILL_METRICS_PORT": "0",
-        "ADBILL_PERIOD_MS": str(PERIOD_MS),
-        "ADBILL_LATENESS_HORIZON_MS": str(HORIZON_MS),
-        "ADBILL_RECONCILE_INTERVAL_S": "30",
-        "ADBILL_WEB_WORKERS": "1",
-    }
-
-
-def consecutive_free_port(count: int) -> int:
-    """The first of `count` consecutive loopback ports nobody listens on."""
-    import socket
-
-    for _ in range(50):
-        (first,) = free_ports(1)
-        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-        try:
-            for offset, sock in enumerate(sockets):
-                sock.bind(("127.0.0.1", first + offset))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
+    return local_cluster_env(
+        home,
+        ADBILL_PERIOD_MS=str(PERIOD_MS),
+        ADBILL_LATENESS_HORIZON_MS=str(HORIZON_MS),
+        ADBILL_RECONCILE_INTERVAL_S="30",
+        ADBILL_WEB_WORKERS="1",
+    )
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:

@@ -135,17 +135,7 @@ def pid_alive(pid_file: Path) -> int | None:
 
 def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
     """Stop a process group led by `pid` (or the process alone), SIGTERM first."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5)
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.1)
+    stop_pids([pid], timeout_s)
 
 
 def stop_pids(pids: list[int], timeout_s: float = 20.0) -> None:
@@ -203,6 +193,23 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def consecutive_free_port(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports nobody listens on right now (a cluster's controllers)."""
+    for _ in range(50):
+        (first,) = free_ports(1, host)
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind((host, first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def port_open(host: str, port: int) -> bool:

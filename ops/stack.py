@@ -4,17 +4,19 @@ the jobs submitted to that master."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from billing.catalog import Catalog, generate_catalog
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
-from ops.process import ManagedProcess, pid_alive, stop_pids
+from ops.process import ManagedProcess, consecutive_free_port, free_ports, pid_alive, stop_pids
 from ops.redis_service import LocalRedis
-from ops.settings import Settings
+from ops.settings import PROJECT_ROOT, Settings
 from ops.spark_cluster import LocalSparkCluster
 
 # Children stop in this order: traffic first, services last, so nothing writes to a stopped broker. A name ending
@@ -248,9 +250,30 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _child_env(settings: Settings) -> dict[str, str]:
-    import os
+def local_cluster_env(home: Path, **overrides: str) -> dict[str, str]:
+    """The environment of `adbill` processes running a throwaway local cluster (three brokers, a Spark master,
+    Redis, the web UI) in `home`, on free loopback ports: this process's environment without its `ADBILL_*`
+    variables, this checkout on PYTHONPATH, and `overrides` (more `ADBILL_*` settings) on top."""
+    brokers = free_ports(3)
+    master, ui, redis_port, web = free_ports(4)
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
+        "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "ADBILL_CLUSTER": "1",
+        "ADBILL_HOME": str(home),
+        "ADBILL_DEPS_DIR": os.environ.get("ADBILL_DEPS_DIR", str(PROJECT_ROOT / ".deps")),
+        "ADBILL_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{port}" for port in brokers),
+        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(3)),
+        "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
+        "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
+        "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "ADBILL_WEB_PORT": str(web),
+        "ADBILL_METRICS_PORT": "0",
+        **overrides,
+    }
 
+
+def _child_env(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env["ADBILL_HOME"] = str(settings.root)
     env["ADBILL_NO_PROGRESS"] = "1"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +20,9 @@ import pytest
 from billing.parquet_ledger import read_ledger
 from billing.redis_totals import RedisTotals
 from ops.kafka_service import partition_leaders
-from ops.process import free_ports, pid_alive
+from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
-from ops.stack import local_spark_cluster
+from ops.stack import local_cluster_env, local_spark_cluster
 from producers.publisher import simulate_to_kafka
 from producers.simulator import SimulationConfig
 
@@ -40,44 +39,14 @@ FLOWING = SimulationConfig(
 FLOWING_RATE = 300.0  # events/s: 40 s of traffic, so the broker dies while records flow
 
 
-def consecutive_free_ports(count: int) -> int:
-    """The first of `count` consecutive ports nobody listens on (the brokers' controllers)."""
-    for _ in range(50):
-        (first,) = free_ports(1)
-        sockets = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise AssertionError(f"no {count} consecutive free ports")
-
-
 def cluster_env(home: Path) -> dict[str, str]:
-    brokers = free_ports(3)
-    master, ui, redis_port = free_ports(3)
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
-        "PYTHONPATH": str(PROJECT_ROOT),
-        "ADBILL_CLUSTER": "1",
-        "ADBILL_HOME": str(home),
-        "ADBILL_DEPS_DIR": str(PROJECT_ROOT / ".deps"),
-        "ADBILL_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{port}" for port in brokers),
-        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_ports(3)),
-        "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
-        "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
-        "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "ADBILL_METRICS_PORT": "0",
-        "ADBILL_RECONCILE_INTERVAL_S": "20",
-        "ADBILL_TRIGGER_MS": "1000",
-        "ADBILL_MAX_OFFSETS_PER_TRIGGER": "2000",
-    }
+    return local_cluster_env(
+        home,
+        ADBILL_DEPS_DIR=str(PROJECT_ROOT / ".deps"),
+        ADBILL_RECONCILE_INTERVAL_S="20",
+        ADBILL_TRIGGER_MS="1000",
+        ADBILL_MAX_OFFSETS_PER_TRIGGER="2000",
+    )
 
 
 def adbill(env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
