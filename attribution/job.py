@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -279,7 +279,7 @@ class _TaskWrite:
     kafka_bootstrap: str
     topic_quarantine: str
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)
         if not received or not sum(b.num_rows for b in received):
             return
