@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -375,13 +375,22 @@ def start(
 _HEARTBEATS: weakref.WeakKeyDictionary[SparkSession, Heartbeat] = weakref.WeakKeyDictionary()
 
 
-def replay_progress_failure(failure: BaseException | None) -> bool:
-    """Whether a query failed with Spark 4.1.1's Kafka source bug SPARK-55271: the source cannot report the
-    progress of the first batch after a restart when that batch is one the checkpoint replays (planned before a
-    crash, not committed), and the query stops with a NullPointerException in `KafkaMicroBatchStream.metrics`.
-    Spark has run and committed the batch by then; started again, the query goes on with the next one."""
-    if failure is None:
-        return False
-    # pyspark's CapturedException keeps the JVM's message and stack trace in these two.
-    text = f"{getattr(failure, '_desc', failure)}\n{getattr(failure, '_stackTrace', '')}"
-    return "NullPointerException" in text and "KafkaMicroBatchStream" in text and ".metrics" in text
+def replay_progress_failure(cause: str, frames: Sequence[str]) -> bool:
+    """Whether a query failed with Spark 4.1.1's Kafka source bug SPARK-55271, from the failure's cause
+    (`failure_cause`): the source cannot report the progress of the first batch after a restart when that batch is
+    one the checkpoint replays (planned before a crash, not committed), and the query stops with a
+    NullPointerException in `KafkaMicroBatchStream.metrics`. Spark has run and committed the batch by then; started
+    again, the query goes on with the next one."""
+    return cause.startswith("java.lang.NullPointerException") and any(
+        "kafka010.KafkaMicroBatchStream" in frame and ".metrics(" in frame for frame in frames
+    )
+
+
+def failure_cause(query: StreamingQuery) -> tuple[str, list[str]]:
+    """The exception that stopped `query` (the cause Spark wrapped in a StreamingQueryException) and its stack
+    frames, as text; empty when the query did not fail."""
+    failed: Any = query._jsq.exception()  # type: ignore[attr-defined]
+    if failed.isEmpty():
+        return "", []
+    cause = failed.get().getCause() or failed.get()
+    return str(cause.toString()), [str(frame.toString()) for frame in cause.getStackTrace()]

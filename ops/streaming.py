@@ -52,9 +52,10 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
+    from pyspark.errors import StreamingQueryException
 
     from attribution.epoch import CheckpointRefusedError
-    from attribution.job import replay_progress_failure, start
+    from attribution.job import failure_cause, replay_progress_failure, start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
@@ -98,9 +99,12 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     restarts = 0
     try:
         while True:
-            spark.streams.awaitAnyTermination()
-            failure = next((q.exception() for q in queries if q.exception() is not None), None)
-            if not replay_progress_failure(failure) or restarts >= REPLAY_RESTARTS:
+            try:
+                spark.streams.awaitAnyTermination()
+            except StreamingQueryException:
+                pass  # the query's failure, read below
+            failed = [q for q in queries if q.exception() is not None]
+            if not failed or not replay_progress_failure(*failure_cause(failed[0])) or restarts >= REPLAY_RESTARTS:
                 break
             restarts += 1
             print(
