@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -99,10 +100,8 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     restarts = 0
     try:
         while True:
-            try:
+            with contextlib.suppress(StreamingQueryException):  # the query's failure, read below
                 spark.streams.awaitAnyTermination()
-            except StreamingQueryException:
-                pass  # the query's failure, read below
             failed = [q for q in queries if q.exception() is not None]
             if not failed or not replay_progress_failure(*failure_cause(failed[0])) or restarts >= REPLAY_RESTARTS:
                 break
