@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +31,9 @@ OFFSETS = {"clicks": {0: 10}}
 
 def bill(click_id: str) -> BillableClick:
     at = START + 60_000
-    return BillableClick(click_id, "i1", AD.ad_id, AD.campaign_id, AD.advertiser_id, "u1", at, at - 1000, 250_000, "EUR")
+    return BillableClick(
+        click_id, "i1", AD.ad_id, AD.campaign_id, AD.advertiser_id, "u1", at, at - 1000, 250_000, "EUR"
+    )
 
 
 @dataclass
@@ -172,7 +174,8 @@ def test_a_period_the_stream_passed_is_reconciled_booked_exported_and_closed_onc
     memory = Memory(final=[bill("c1"), bill("c2")], ledger=[bill("c1")], committed=OFFSETS)
     report = run(memory)
     assert (report.periods, report.closed, report.additions, report.retractions) == ([PERIOD], [PERIOD], 1, 0)
-    assert [c.click_id for c in memory.corrections] == ["c2"] and memory.applied == {memory.corrections[0].correction_id}
+    assert [c.click_id for c in memory.corrections] == ["c2"]
+    assert memory.applied == {memory.corrections[0].correction_id}
     assert exported_bills(memory.exports[PERIOD][0])["click_id"].to_pylist() == ["c1", "c2"]
     assert PERIOD in memory.closed_in_totals and memory.states[PERIOD].closed
     again = run(memory)
