@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -335,7 +336,7 @@ class BatchFigures:
 def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchFigures:
     """The tasks' figures (`FIGURES`) of a micro-batch, summed per key, advertisers named from the catalog."""
 
-    def summed(kind: str, keys: list[str]) -> list[dict[str, object]]:
+    def summed(kind: str, keys: list[str]) -> list[dict[str, Any]]:
         rows = figures.filter(pc.equal(figures.column("kind"), kind))
         if rows.num_rows == 0:
             return []
@@ -345,30 +346,31 @@ def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchF
             for row in grouped.to_pylist()
         ]
 
-    per_ad = ["period", "period_start_ms", "ad_id", "event_type"]
+    keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"]
     totals = [
         TotalsRow(
             r["period"], r["period_start_ms"], r["advertiser_id"], r["campaign_id"], r["ad_id"], r["rows"], r["micros"]
-        )  # type: ignore[arg-type]
-        for r in summed("bill", ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"])
+        )
+        for r in summed("bill", keys)
     ]
-    late, ahead = (
-        [
-            kind(r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])  # type: ignore[index]
-            for r in summed(name, per_ad)
+
+    def per_ad(kind: str) -> list[tuple[str, int, str, str, str, int]]:
+        rows = summed(kind, ["period", "period_start_ms", "ad_id", "event_type"])
+        return [
+            (r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])
+            for r in rows
         ]
-        for name, kind in (("late", LateCount), ("clock_ahead", ClockAheadCount))
-    )
+
     quarantined = [
-        QuarantineCount(r["reason"], r["topic"], advertiser_of.get(r["ad_id"] or ""), r["rows"])  # type: ignore[arg-type]
+        QuarantineCount(r["reason"], r["topic"], advertiser_of.get(r["ad_id"] or ""), r["rows"])
         for r in summed("quarantine", ["reason", "topic", "ad_id"])
     ]
     files = figures.filter(pc.equal(figures.column("kind"), "file")).column("path").to_pylist()
     archived = figures.filter(pc.equal(figures.column("kind"), "archived")).column("rows")
     return BatchFigures(
         totals=totals,
-        late=late,  # type: ignore[arg-type]
-        clock_ahead=ahead,  # type: ignore[arg-type]
+        late=[LateCount(*row) for row in per_ad("late")],
+        clock_ahead=[ClockAheadCount(*row) for row in per_ad("clock_ahead")],
         quarantined=quarantined,
         bills=sum(t.clicks for t in totals),
         events=pc.sum(archived).as_py() or 0,

@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -261,7 +262,7 @@ class _TaskWrite:
     kafka_bootstrap: str
     topic_quarantine: str
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = list(batches)
         if not received or not sum(b.num_rows for b in received):
             return
@@ -337,8 +338,10 @@ def start(
         log.info("checkpoint epoch: batches from %d, starting offsets %s", epoch.batch_id_base, epoch.starting_offsets)
     config = replace(config, epoch=epoch)
     catalog_df = catalog_frame(spark, catalog).cache()
-    heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
-    spark.streams.addListener(heartbeat)
+    heartbeat = _HEARTBEATS.get(spark)
+    if heartbeat is None:  # one per session: a query started again (`restarts_after_replay_failure`) keeps it
+        heartbeat = _HEARTBEATS[spark] = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
+        spark.streams.addListener(heartbeat)
     query = (
         attribution_stream(spark, config, catalog_df)
         .writeStream.queryName(BILLING_QUERY)
@@ -349,3 +352,18 @@ def start(
     )
     heartbeat.follow(str(query.id))
     return [query]
+
+
+_HEARTBEATS: weakref.WeakKeyDictionary[SparkSession, Heartbeat] = weakref.WeakKeyDictionary()
+
+
+def replay_progress_failure(failure: BaseException | None) -> bool:
+    """Whether a query failed with Spark 4.1.1's Kafka source bug SPARK-55271: the source cannot report the
+    progress of the first batch after a restart when that batch is one the checkpoint replays (planned before a
+    crash, not committed), and the query stops with a NullPointerException in `KafkaMicroBatchStream.metrics`.
+    Spark has run and committed the batch by then; started again, the query goes on with the next one."""
+    if failure is None:
+        return False
+    # pyspark's CapturedException keeps the JVM's message and stack trace in these two.
+    text = f"{getattr(failure, '_desc', failure)}\n{getattr(failure, '_stackTrace', '')}"
+    return "NullPointerException" in text and "KafkaMicroBatchStream" in text and ".metrics" in text

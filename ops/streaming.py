@@ -44,13 +44,17 @@ def stream_config(settings: Settings) -> StreamConfig:
     )
 
 
+REPLAY_RESTARTS = 3
+"""At most how many times the job starts its query again after `attribution.job.replay_progress_failure`."""
+
+
 def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
 
     from attribution.epoch import CheckpointRefusedError
-    from attribution.job import start
+    from attribution.job import replay_progress_failure, start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
@@ -90,8 +94,23 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         f"ledger {config.layout.ledger}; metrics :{settings.metrics_port or 'off'}",
         flush=True,
     )
+    catalog = Catalog.load(settings.catalog_file)
+    restarts = 0
     try:
-        spark.streams.awaitAnyTermination()
+        while True:
+            spark.streams.awaitAnyTermination()
+            failure = next((q.exception() for q in queries if q.exception() is not None), None)
+            if not replay_progress_failure(failure) or restarts >= REPLAY_RESTARTS:
+                break
+            restarts += 1
+            print(
+                "streaming: the query stopped reporting the batch it replayed after a restart (Spark 4.1.1's Kafka "
+                "source, SPARK-55271); the batch is committed: starting the query again",
+                file=sys.stderr,
+                flush=True,
+            )
+            spark.streams.resetTerminated()
+            queries = start(spark, config, catalog)
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:

@@ -236,7 +236,7 @@ def cluster(args: argparse.Namespace, command: str) -> int:
             for part in ("services/kafka/data", "pipeline/archive", "pipeline/checkpoints", "pipeline/spark-tmp"):
                 shutil.rmtree(out / f"workers-{count}" / part, ignore_errors=True)
     failed = [n for n, result in results.items() if result.get("error")]
-    exact = all(row["ledger_exact"] is not False for row in data["scaling"])
+    exact = all(row["ledger_exact"] is not False for row in report.cluster_rows(data))
     return 0 if exact and not failed else 1
 
 

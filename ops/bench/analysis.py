@@ -270,7 +270,7 @@ def targets(figures: TargetFigures) -> list[dict[str, Any]]:
             "target": f"p99 click -> billed {at} at most {TARGET_P99_RATIO:g}x the baseline's",
             "measured": "-"
             if p99_ratio is None
-            else f"{p99_ratio:.2f}x ({f.p99_ms / 1000:.1f} s against {(f.baseline_p99_ms or 0) / 1000:.1f} s)",
+            else f"{p99_ratio:.2f}x ({(f.p99_ms or 0) / 1000:.1f} s against {(f.baseline_p99_ms or 0) / 1000:.1f} s)",
             "met": p99_ratio is not None and p99_ratio <= TARGET_P99_RATIO,
         },
         {
