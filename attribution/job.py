@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -53,14 +53,13 @@ from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_va
 from attribution.epoch import Epoch, prepare_epoch
 from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
-from attribution.stream_position import end_offsets
+from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
+from billing.layout import DataLayout
 from billing.parquet_ledger import LEDGER_COLUMNS
 from billing.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
-
-BILLING_QUERY = "billing"
 
 
 @dataclass(frozen=True)
@@ -92,19 +91,9 @@ class StreamConfig:
     (`billing.redis_totals.connect`)."""
 
     @property
-    def ledger_dir(self) -> Path:
-        return self.data_dir / "ledger"
-
-    @property
-    def archive_dir(self) -> Path:
-        return self.data_dir / "archive"
-
-    @property
-    def quarantine_dir(self) -> Path:
-        return self.data_dir / "quarantine"
-
-    def checkpoint(self, query: str) -> Path:
-        return self.data_dir / "checkpoints" / query
+    def layout(self) -> DataLayout:
+        """Where in `data_dir` the job writes (`billing.layout`)."""
+        return DataLayout(self.data_dir)
 
 
 FETCH_MAX_WAIT_MS = 10
@@ -132,13 +121,6 @@ def _starting_offsets(config: StreamConfig, topics: list[str]) -> str:
     if len(topics) == 1:
         return config.epoch.spark_starting_offsets(topics[0]) or config.starting_offsets
     return config.starting_offsets
-
-
-def period_columns(time_ms: Column, period_ms: int) -> list[Column]:
-    """`period_start_ms` and `period` (its key, `YYYYMMDDTHHMMZ` in UTC) of an epoch-ms column."""
-    start = time_ms - time_ms % F.lit(period_ms)
-    key = F.date_format(F.timestamp_millis(start), "yyyyMMdd'T'HHmm'Z'")
-    return [start.alias("period_start_ms"), key.alias("period")]
 
 
 def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
@@ -226,7 +208,7 @@ class BatchSink:
 
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
-        watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), spark_batch_id)
+        watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
         writer = PartitionWriter(
@@ -235,9 +217,9 @@ class BatchSink:
             billed_at_ms=int(time.time() * 1000),
             period_ms=self.config.period_ms,
             clock_tolerance_ms=self.config.clock_tolerance_ms,
-            ledger_dir=self.config.ledger_dir,
-            archive_dir=self.config.archive_dir,
-            quarantine_dir=self.config.quarantine_dir,
+            ledger_dir=self.config.layout.ledger,
+            archive_dir=self.config.layout.archive,
+            quarantine_dir=self.config.layout.quarantine,
             ledger_columns=tuple(LEDGER_COLUMNS),
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
         )
@@ -346,7 +328,7 @@ def start(
     earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
     topics = [config.topic_impressions, config.topic_clicks]
     epoch = prepare_epoch(
-        config.checkpoint(BILLING_QUERY),
+        config.layout.checkpoint(BILLING_QUERY),
         config.data_dir,
         lambda: {t: sorted(parts) for t, parts in end_offsets(config.kafka_bootstrap, topics).items()},
         RedisTotals.from_url(config.redis_url, config.redis_prefix).last_applied(BILLING_QUERY),
@@ -364,7 +346,7 @@ def start(
         attribution_stream(spark, config, catalog_df)
         .writeStream.queryName(BILLING_QUERY)
         .foreachBatch(BatchSink(config, catalog))
-        .option("checkpointLocation", str(config.checkpoint(BILLING_QUERY)))
+        .option("checkpointLocation", str(config.layout.checkpoint(BILLING_QUERY)))
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
         .start()
     )

@@ -72,7 +72,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     # memory in many arenas and resident memory creeps up. Two arenas (read by the JVM this starts) keep it in
     # check: with this and RocksDB's one memory budget (attribution.session) the 30-minute soak stayed flat.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
+    spark = spark_session(settings, "adbill-stream", settings.layout.spark_scratch("stream"), stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
         REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix))
@@ -93,7 +93,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         return 2
     print(
         f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
-        f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
+        f"ledger {config.layout.ledger}; metrics :{settings.metrics_port or 'off'}",
         flush=True,
     )
     catalog = Catalog.load(settings.catalog_file)
@@ -132,8 +132,8 @@ RESTORE_TIMEOUT_S = 300.0
 
 def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
-    from attribution.job import BILLING_QUERY
     from attribution.restore import JobRunningError, restore_redis
+    from attribution.stream_position import BILLING_QUERY
     from billing.catalog import Catalog
     from billing.periods import Periods
     from billing.redis_totals import RedisTotals
