@@ -27,8 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -338,23 +337,59 @@ def start(
         log.info("checkpoint epoch: batches from %d, starting offsets %s", epoch.batch_id_base, epoch.starting_offsets)
     config = replace(config, epoch=epoch)
     catalog_df = catalog_frame(spark, catalog).cache()
-    heartbeat = _HEARTBEATS.get(spark)
-    if heartbeat is None:  # one per session: a query started again (`restarts_after_replay_failure`) keeps it
-        heartbeat = _HEARTBEATS[spark] = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
-        spark.streams.addListener(heartbeat)
-    query = (
-        attribution_stream(spark, config, catalog_df)
-        .writeStream.queryName(BILLING_QUERY)
-        .foreachBatch(BatchSink(config, catalog))
-        .option("checkpointLocation", str(config.layout.checkpoint(BILLING_QUERY)))
-        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
-        .start()
-    )
-    heartbeat.follow(str(query.id))
+    heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
+    spark.streams.addListener(heartbeat)
+    checkpoint = config.layout.checkpoint(BILLING_QUERY)
+    replayed = uncommitted_batch(checkpoint)
+
+    def start_query() -> StreamingQuery:
+        query = (
+            attribution_stream(spark, config, catalog_df)
+            .writeStream.queryName(BILLING_QUERY)
+            .foreachBatch(BatchSink(config, catalog))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+            .start()
+        )
+        heartbeat.follow(str(query.id))
+        return query
+
+    query = start_query()
+    if replayed is not None:
+        query = _through_replay(spark, query, replayed, start_query)
     return [query]
 
 
-_HEARTBEATS: weakref.WeakKeyDictionary[SparkSession, Heartbeat] = weakref.WeakKeyDictionary()
+def uncommitted_batch(checkpoint: Path) -> int | None:
+    """The batch a restart of the query replays: the newest in the checkpoint's offset log without a commit (planned
+    before the job stopped, not finished); None when every planned batch is committed."""
+    planned = [int(p.name) for p in (checkpoint / "offsets").glob("*") if p.name.isdigit()]
+    if not planned:
+        return None
+    newest = max(planned)
+    return None if (checkpoint / "commits" / str(newest)).exists() else newest
+
+
+def _through_replay(
+    spark: SparkSession, query: StreamingQuery, batch_id: int, start_query: Callable[[], StreamingQuery]
+) -> StreamingQuery:
+    """Wait for `query` to replay batch `batch_id`, and start it again if Spark 4.1.1's Kafka source stopped it
+    reporting that batch (`replay_progress_failure`): Spark has run and committed the batch by then, so the
+    query started again goes on with the next batch."""
+    while query.isActive:
+        progress = query.lastProgress
+        if progress is not None and int(progress["batchId"]) >= batch_id:
+            return query
+        time.sleep(0.2)
+    if not replay_progress_failure(*failure_cause(query)):
+        return query  # another failure: the caller sees it as before
+    log.warning(
+        "the query stopped reporting batch %d, which it replayed after a restart (Spark 4.1.1's Kafka source, "
+        "SPARK-55271); the batch is committed: starting the query again",
+        batch_id,
+    )
+    spark.streams.resetTerminated()  # so that awaitAnyTermination() waits for the query started again
+    return start_query()
 
 
 def replay_progress_failure(cause: str, frames: Sequence[str]) -> bool:

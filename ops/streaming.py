@@ -45,10 +45,6 @@ def stream_config(settings: Settings) -> StreamConfig:
     )
 
 
-REPLAY_RESTARTS = 3
-"""At most how many times the job starts its query again after `attribution.job.replay_progress_failure`."""
-
-
 def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
@@ -56,7 +52,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     from pyspark.errors import StreamingQueryException
 
     from attribution.epoch import CheckpointRefusedError
-    from attribution.job import failure_cause, replay_progress_failure, start
+    from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
@@ -96,24 +92,9 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         f"ledger {config.layout.ledger}; metrics :{settings.metrics_port or 'off'}",
         flush=True,
     )
-    catalog = Catalog.load(settings.catalog_file)
-    restarts = 0
     try:
-        while True:
-            with contextlib.suppress(StreamingQueryException):  # the query's failure, read below
-                spark.streams.awaitAnyTermination()
-            failed = [q for q in queries if q.exception() is not None]
-            if not failed or not replay_progress_failure(*failure_cause(failed[0])) or restarts >= REPLAY_RESTARTS:
-                break
-            restarts += 1
-            print(
-                "streaming: the query stopped reporting the batch it replayed after a restart (Spark 4.1.1's Kafka "
-                "source, SPARK-55271); the batch is committed: starting the query again",
-                file=sys.stderr,
-                flush=True,
-            )
-            spark.streams.resetTerminated()
-            queries = start(spark, config, catalog)
+        with contextlib.suppress(StreamingQueryException):  # a failed query: said below, exit 1
+            spark.streams.awaitAnyTermination()
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:
