@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from billing.corrections import BillRow, Charge, Correction, CorrectionKind, check_reconciled
 from billing.durable import fsync_file, fsync_folder, make_folder
+from billing.layout import DataLayout
 from billing.periods import Periods
 
 
@@ -366,8 +367,8 @@ class Manifest:
 
 
 def export_folder(root: str | os.PathLike[str], period: str) -> Path:
-    """`ROOT/exports/PERIOD`: where the export of `period` lives."""
-    return Path(root) / "exports" / period
+    """`ROOT/exports/PERIOD`: where the export of `period` lives (`billing.layout`)."""
+    return DataLayout(Path(root)).export(period)
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> Manifest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -44,17 +45,14 @@ def stream_config(settings: Settings) -> StreamConfig:
     )
 
 
-REPLAY_RESTARTS = 3
-"""At most how many times the job starts its query again after `attribution.job.replay_progress_failure`."""
-
-
 def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
+    from pyspark.errors import StreamingQueryException
 
     from attribution.epoch import CheckpointRefusedError
-    from attribution.job import replay_progress_failure, start
+    from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.catalog import Catalog
     from ops.spark import spark_session
@@ -70,7 +68,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     # memory in many arenas and resident memory creeps up. Two arenas (read by the JVM this starts) keep it in
     # check: with this and RocksDB's one memory budget (attribution.session) the 30-minute soak stayed flat.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
+    spark = spark_session(settings, "adbill-stream", settings.layout.spark_scratch("stream"), stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
         REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix))
@@ -91,26 +89,12 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         return 2
     print(
         f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
-        f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
+        f"ledger {config.layout.ledger}; metrics :{settings.metrics_port or 'off'}",
         flush=True,
     )
-    catalog = Catalog.load(settings.catalog_file)
-    restarts = 0
     try:
-        while True:
+        with contextlib.suppress(StreamingQueryException):  # a failed query: said below, exit 1
             spark.streams.awaitAnyTermination()
-            failure = next((q.exception() for q in queries if q.exception() is not None), None)
-            if not replay_progress_failure(failure) or restarts >= REPLAY_RESTARTS:
-                break
-            restarts += 1
-            print(
-                "streaming: the query stopped reporting the batch it replayed after a restart (Spark 4.1.1's Kafka "
-                "source, SPARK-55271); the batch is committed: starting the query again",
-                file=sys.stderr,
-                flush=True,
-            )
-            spark.streams.resetTerminated()
-            queries = start(spark, config, catalog)
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:
@@ -129,8 +113,8 @@ RESTORE_TIMEOUT_S = 300.0
 
 def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
-    from attribution.job import BILLING_QUERY
     from attribution.restore import JobRunningError, restore_redis
+    from attribution.stream_position import BILLING_QUERY
     from billing.catalog import Catalog
     from billing.periods import Periods
     from billing.redis_totals import RedisTotals

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from attribution.job import replay_progress_failure
 
+NPE = (
+    'java.lang.NullPointerException: Cannot invoke "scala.collection.IterableOps.map(scala.Function1)" because the '
+    'return value of "scala.Option.get()" is null'
+)
+FRAMES = [
+    "org.apache.spark.sql.kafka010.KafkaMicroBatchStream$.metrics(KafkaMicroBatchStream.scala:520)",
+    "org.apache.spark.sql.kafka010.KafkaMicroBatchStream.metrics(KafkaMicroBatchStream.scala:363)",
+    "org.apache.spark.sql.execution.streaming.runtime.ProgressContext.extractSourceProgress(ProgressReporter.scala:379)",
+]
 
-class _Captured(Exception):
-    """What pyspark hands over for a failed query: the JVM's message and stack trace as text."""
 
-    def __init__(self, desc: str, stack: str) -> None:
-        super().__init__(desc)
-        self._desc, self._stackTrace = desc, stack
+def test_the_kafka_sources_replay_progress_failure_is_taken_for_it() -> None:
+    assert replay_progress_failure(NPE, FRAMES)
 
 
-def test_only_the_kafka_sources_replay_progress_failure_is_taken_for_it() -> None:
-    npe = 'java.lang.NullPointerException: Cannot invoke "scala.collection.IterableOps.map(scala.Function1)"'
-    stack = "at org.apache.spark.sql.kafka010.KafkaMicroBatchStream$.metrics(KafkaMicroBatchStream.scala:520)"
-    assert replay_progress_failure(_Captured(npe, stack))
-    assert not replay_progress_failure(None)
-    assert not replay_progress_failure(_Captured(npe, "at org.apache.spark.sql.execution.SomethingElse.run"))
-    assert not replay_progress_failure(
-        _Captured("Redis did not answer", stack.replace("metrics", "planInputPartitions"))
-    )
+def test_any_other_failure_is_not() -> None:
+    assert not replay_progress_failure("", [])
+    # The same exception elsewhere, or another one in the same place, stops the job as before.
+    assert not replay_progress_failure(NPE, ["org.apache.spark.sql.execution.SparkPlan.execute(SparkPlan.scala:1)"])
+    assert not replay_progress_failure("java.io.IOException: No space left on device", FRAMES)
+    assert not replay_progress_failure(NPE, [f.replace(".metrics(", ".planInputPartitions(") for f in FRAMES])
