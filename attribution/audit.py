@@ -30,9 +30,9 @@ from billing.catalog import Catalog
 from billing.closing import load_states
 from billing.corrections import check_reconciled
 from billing.export import export_folder, exported_bills, read_export
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
+from billing.store.parquet_ledger import read_ledger
+from billing.store.redis_totals import RedisTotals
 
 
 @dataclass(frozen=True)

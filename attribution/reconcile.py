@@ -64,7 +64,6 @@ from billing.corrections import (
     corrections_to_arrow,
     reconcile_period,
 )
-from billing.durable import make_folder, replace_files
 from billing.export import (
     MANIFEST_FILE,
     build_export,
@@ -75,10 +74,11 @@ from billing.export import (
     read_manifest,
     write_export,
 )
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
 from billing.rule import BILLABLE_FIELDS
+from billing.store.durable import make_folder, replace_files
+from billing.store.parquet_ledger import read_ledger
+from billing.store.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class ReconcileConfig:
     topic_quarantine: str = "quarantine"
     """The dead-letter topic: id conflicts are sent there, once each (`_send_conflicts`)."""
     redis_timeout_ms: int = 5_000
-    """Deadline of one Redis call, tried again a few times before the run fails (`billing.redis_totals.connect`)."""
+    """Deadline of one Redis call, tried again a few times before the run fails
+    (`billing.store.redis_totals.connect`)."""
     period_ms: int = 3_600_000
     horizon_ms: int = 900_000
     """How long after a period's end late data is waited for before the period is reconciled and closed."""

@@ -25,14 +25,13 @@ import pyarrow.parquet as pq
 
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
 from attribution.epoch import newest_batch_id
-from attribution.progress import heartbeat_key
 from billing.catalog import Catalog
 from billing.corrections import Correction, corrections_from_arrow
-from billing.durable import make_folder, replace_files
 from billing.export import MANIFEST_FILE, export_totals, read_export
-from billing.parquet_ledger import ledger_totals, read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.store.durable import make_folder, replace_files
+from billing.store.parquet_ledger import ledger_totals, read_ledger
+from billing.store.redis_totals import RedisTotals, TotalsRow
 
 LAST_RUN_FILE = "last-run.json"
 LAST_AUDIT_FILE = "last-audit.json"
@@ -59,7 +58,7 @@ class Restored:
 
 def job_activity(data_dir: Path, totals: RedisTotals, query: str, quiet_ms: int, now_ms: int) -> str | None:
     """Why the job looks alive (None: it does not): a heartbeat or a checkpoint file newer than `quiet_ms`."""
-    beat = totals.client.get(heartbeat_key(totals.prefix, query))
+    beat = totals.client.get(totals.keys.heartbeat(query))
     if beat is not None and now_ms - int(str(beat)) < quiet_ms:
         return f"the streaming job reported {(now_ms - int(str(beat))) / 1000:.0f} s ago"
     checkpoint = data_dir / "checkpoints" / query
@@ -89,7 +88,7 @@ def restore_redis(
         why = job_activity(data_dir, totals, query, quiet_ms, int(time.time() * 1000))
         if why is not None:
             raise JobRunningError(f"{why}: stop it first (Ctrl-C, or `adbill down`), then restore, then start it")
-        if totals.client.exists(heartbeat_key(totals.prefix, query)) or time.monotonic() >= deadline:
+        if totals.client.exists(totals.keys.heartbeat(query)) or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
 

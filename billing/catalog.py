@@ -37,7 +37,7 @@ class Catalog:
     """Ads by id. Immutable once built; load it from and save it to a JSON file.
 
     An ad id names one ad, and a campaign id one advertiser's campaign: the live totals are kept per campaign id
-    (`billing.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
+    (`billing.store.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
     catalog where they do is refused.
     """
 

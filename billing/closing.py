@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from billing.durable import make_folder, replace_files
 from billing.periods import Periods, format_elapsed
+from billing.store.durable import make_folder, replace_files
 
 Offsets = dict[str, dict[int, int]]
 """Kafka offsets: topic -> partition -> the next offset to read (or the end offset)."""

@@ -31,8 +31,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from billing.corrections import BillRow, Charge, Correction, CorrectionKind, check_reconciled
-from billing.durable import fsync_file, fsync_folder, make_folder
 from billing.periods import Periods
+from billing.store.durable import fsync_file, fsync_folder, make_folder
 
 
 class RecordType(StrEnum):

@@ -123,7 +123,7 @@ class Chaos:
         self.adbill("up", "--cluster", "--detach", "--no-traffic")
 
     def totals(self) -> Any:
-        from billing.redis_totals import RedisTotals
+        from billing.store.redis_totals import RedisTotals
 
         return RedisTotals.from_url(self.settings.redis_url, self.settings.redis_prefix)
 
@@ -401,7 +401,7 @@ class Chaos:
         import pyarrow.dataset as ds
 
         from billing.export import exported_bills, read_export
-        from billing.parquet_ledger import read_ledger
+        from billing.store.parquet_ledger import read_ledger
 
         # The job catches up with everything sent.
         caught = None

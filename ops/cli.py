@@ -349,7 +349,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import Catalog
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
 
@@ -518,7 +518,7 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
 
     summary = replay_to_kafka(

@@ -92,8 +92,8 @@ def ensure_catalog(settings: Settings) -> Catalog:
 
 def ensure_schemas(settings: Settings) -> dict[str, int]:
     """Register the event schemas (idempotent); returns topic to schema id."""
-    from billing.schema_registry import open_registry
     from billing.schemas import schema_text, subject_of
+    from billing.store.schema_registry import open_registry
 
     registry = open_registry(settings.registry_location)
     return {

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 def stream_config(settings: Settings) -> StreamConfig:
     """The job's sources and sinks, with every registered version of each event schema."""
     from attribution.job import StreamConfig
-    from billing.schema_registry import open_registry
     from billing.schemas import subject_of
+    from billing.store.schema_registry import open_registry
 
     registry = open_registry(settings.registry_location)
 
@@ -114,7 +114,7 @@ def restore_redis(settings: Settings) -> int:
     from attribution.restore import JobRunningError, restore_redis
     from billing.catalog import Catalog
     from billing.periods import Periods
-    from billing.redis_totals import RedisTotals
+    from billing.store.redis_totals import RedisTotals
 
     # The whole ledger's totals go to Redis in one script: on a long history that takes longer than one live batch
     # may, and the job is stopped, so the deadline is a generous one.

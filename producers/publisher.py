@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
 from billing.events import TOPIC_OF, Event
-from billing.schema_registry import SchemaRegistry, open_registry
+from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import CaptureError, read_capture
 from producers.simulator import (
     Arrival,

@@ -234,7 +234,7 @@ def plan_traffic(
         return TrafficPlan(
             folder, load(data["backlog"]), [Dataset.from_dict(d) for d in data["steps"]], load(data.get("burst"))
         )
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.simulator import Simulator, write_capture
 
     shutil.rmtree(folder, ignore_errors=True)
@@ -322,7 +322,7 @@ def cycle_span_ms(dataset: Dataset) -> int:
 
 def send(args: argparse.Namespace) -> dict[str, Any]:
     """Send frames (or cycles of a capture) at a rate, or as fast as possible; returns the report."""
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.publisher import EventPublisher, Pacer
     from producers.wire import EventSerializer, RawRecord
 

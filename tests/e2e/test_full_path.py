@@ -34,8 +34,8 @@ from attribution.progress import HealthListener
 from attribution.reconcile import reconcile
 from billing.catalog import Catalog
 from billing.events import TOPIC_OF
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
+from billing.store.parquet_ledger import read_ledger
 from ops.process import ManagedProcess, free_port, port_open
 from ops.reconciling import reconcile_config
 from ops.settings import Settings

@@ -24,8 +24,7 @@ from billing.catalog import Catalog
 from billing.events import Click, Impression
 from billing.export import export_folder, export_totals, read_export, verify_export
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.schema_registry import open_registry
 from ops.reconciling import audit_table, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -37,6 +36,7 @@ from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_reconcile import corrections, read_back
 from tests.integration.test_stream_job import wait_for
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def exported_by_click(settings: Settings, periods: list[str]) -> dict[str, int]:
 
 def redis_matches_exports(settings: Settings, periods: list[str]) -> None:
     """A closed period's figures in Redis (provisional + corrections booked in it) are its export's, per ad."""
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     for period in periods:
         want = {
             item: (c, m)
@@ -213,7 +213,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
 
 
 def read_ledger_ids(settings: Settings) -> set[str]:
-    from billing.parquet_ledger import read_ledger
+    from billing.store.parquet_ledger import read_ledger
 
     return set(read_ledger(settings.root / "ledger")["click_id"].to_pylist())
 
@@ -277,7 +277,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     }
     assert exported_by_click(settings, [P0, P1]) == expected
     # Redis applied each correction once and shows each closed period as its export.
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     applied: dict[str, int] = defaultdict(int)
     for c in every:
         applied[c.booked_period] += c.amount_micros

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from billing.parquet_ledger import read_ledger
-from billing.redis_totals import RedisTotals
+from billing.store.parquet_ledger import read_ledger
 from ops.kafka_service import partition_leaders
 from ops.process import free_ports, pid_alive
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_spark_cluster
 from producers.publisher import simulate_to_kafka
 from producers.simulator import SimulationConfig
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     cluster: tuple[Settings, dict[str, str]], tmp_path: Path
 ) -> None:
     settings, env = cluster
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     spark = local_spark_cluster(settings)
 
     # The topology: two workers, the job and reconciliation both running, each within its bounded cores.

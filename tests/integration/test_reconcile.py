@@ -23,10 +23,9 @@ from billing.catalog import Ad, Catalog
 from billing.corrections import corrections_from_arrow
 from billing.events import Click, Impression
 from billing.export import export_folder, read_export, verify_export
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.reconciling import reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -35,6 +34,7 @@ from producers.publisher import EventPublisher, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +208,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
                     exported[row["click_id"]] = row["amount_micros"]
         assert exported == expected
         # Redis: provisional + corrections per ad = the final ledger per ad.
-        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
         by_ad: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for (period, ad), t in totals.all_ad_totals().items():
             fix = totals.corrections_of(period, "ad", ad)

@@ -31,10 +31,9 @@ from attribution.restore import restore_redis
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics
 from ops.process import free_port
 from ops.redis_service import LocalRedis
@@ -47,6 +46,7 @@ from producers.wire import EventSerializer
 from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_reconcile import read_back
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def ledger_rows(settings: Settings) -> list[dict]:
 
 
 def redis_ad_totals(settings: Settings) -> dict[str, tuple[int, int]]:
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     out: dict[str, tuple[int, int]] = {}
     for (_, ad), t in totals.all_ad_totals().items():
         clicks, micros = out.get(ad, (0, 0))
@@ -196,7 +196,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
 
     # Redis holds the same totals as the ledger, per ad and per advertiser.
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.advertiser("20260101T0000Z", "adv-2").micros == 1_500_000 * 2 + 70_000 * 2
 
     # Bad input: in the quarantine table with its raw bytes and coordinates, counted in Redis, on the topic.
@@ -213,7 +213,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable", b"unknown_ad", b"unknown_ad"]
 
     # The health listener recorded the billing query's batches.
-    health = totals.client.hgetall(f"{settings.redis_prefix}:health:query:billing")
+    health = totals.client.hgetall(totals.keys.health_query("billing"))
     assert int(health["batch_id"]) >= 1
     assert json.loads(health["stream_watermarks_ms"])["clicks"] == T0 + 12 * S - 30_000
 
@@ -266,7 +266,7 @@ def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(set
     # Our flag agrees with the engine's own count of the rows its watermark dropped.
     dropped = sum(op["numRowsDroppedByWatermark"] for p in queries[0].recentProgress for op in p["stateOperators"])
     assert dropped == 3
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.late("20260101T0000Z", "ad", "ad-1") == {"click": 1, "impression": 1}
     assert totals.late("20260101T0000Z", "ad", "ad-2") == {"impression": 1}
     assert totals.late("20260101T0000Z", "adv", "adv-2") == {"impression": 1}
@@ -327,7 +327,7 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     # Redis can be restored from the data folder alone: wipe it, restore, and the totals are the same again.
     for query in queries:
         query.stop()
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     totals.wipe_billing()
     assert redis_ad_totals(settings) == {}
     catalog = Catalog.load(settings.catalog_file)
@@ -345,7 +345,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(settings: Setti
     def start_job() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "ops.cli", "stream"], env=env, stdout=log, stderr=log)
 
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     # Traffic first, so the job always has work in hand when it is killed.
     truth = simulated_run(settings, tmp_path / "run", events=60_000)
     killed_after: list[int] = []
@@ -442,7 +442,7 @@ def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(s
     assert table[len(huge)]["reason"] in {"undecodable", "missing_field"}
     assert (table[len(medium)]["value"], table[len(small)]["value"]) == (medium, small)
     assert all(row["topic"] == clicks for row in table.values())
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert sum(sum(topics.values()) for topics in totals.quarantined().values()) == 3
 
     # The topic: each record once, keyed by its coordinates; a stub that says why where the bytes cannot go.
@@ -474,7 +474,7 @@ def test_a_burst_of_100k_bad_records_neither_fails_nor_stalls_a_batch(settings: 
     table = quarantine_table(settings)
     assert len(table) == len({(row["partition"], row["offset"]) for row in table}) == records
     assert {row["reason"] for row in table} == {"undecodable"}
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.quarantined() == {"undecodable": {settings.topic_clicks: records}}
     assert messages_on(settings.kafka_bootstrap, settings.topic_quarantine) == records
     durations = [progress["durationMs"]["triggerExecution"] for progress in queries[0].recentProgress]
