@@ -27,11 +27,11 @@ from attribution.reconcile import (
 )
 from attribution.restore import LAST_AUDIT_FILE, save_record
 from billing.catalog import Catalog
-from billing.closing import load_states
 from billing.corrections import check_reconciled
-from billing.export import export_folder, exported_bills, read_export
 from billing.periods import Periods
+from billing.store.export_files import export_folder, exported_bills, read_export
 from billing.store.parquet_ledger import read_ledger
+from billing.store.period_states import load_states
 from billing.store.redis_totals import RedisTotals
 
 
@@ -81,7 +81,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 rule_micros=_micros(final),
                 books_clicks=books.num_rows + sum(c.clicks for c in entries),
                 books_micros=_micros(books) + sum(c.amount_micros for c in entries),
-                problems=check_reconciled(final, books, entries),
+                problems=check_reconciled(final.to_pylist(), books.to_pylist(), entries),
             )
         )
     return out

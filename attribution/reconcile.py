@@ -13,10 +13,11 @@ what Kafka held when the horizon passed (`billing.closing.plan_run`, with the jo
    corrections, written as one Parquet file per period and run (`CORRECTIONS/period=P/run-ID.parquet`, renamed
    into place), then applied to Redis once per correction id; the invariant is checked before anything is
    written (`check_reconciled`);
-3. an open period is closed: its export is written (`billing.export.write_export`, never rewritten after), the
-   period is marked closed in Redis (its totals become the export's) and in the state file. A closed period that
-   got new data is compared with what finance was given, its export plus the adjustments booked for it since, and
-   what differs is booked in the current open period (a bill the stream made after the close: `billed_after_close`).
+3. an open period is closed: its export is written (`billing.store.export_files.write_export`, never rewritten
+   after), the period is marked closed in Redis (its totals become the export's) and in the state file. A closed
+   period that got new data is compared with what finance was given, its export plus the adjustments booked for it
+   since, and what differs is booked in the current open period (a bill the stream made after the close:
+   `billed_after_close`).
 
 A run killed at any point is completed by the next: an export folder closes its period whatever the state file
 says, Redis is closed from the export when it does not know the period as closed, and corrections already written
@@ -55,29 +56,24 @@ from attribution.join import attribute, catalog_frame, conflicts, dedupe
 from attribution.restore import LAST_RUN_FILE, save_record
 from attribution.stream_position import stream_position
 from billing.catalog import Catalog
-from billing.closing import PeriodState, StreamPosition, load_states, open_period, plan_run, save_states
-from billing.corrections import (
-    ArrivalFacts,
-    Correction,
-    check_reconciled,
-    corrections_from_arrow,
-    corrections_to_arrow,
-    reconcile_period,
-)
-from billing.export import (
+from billing.closing import PeriodState, StreamPosition, open_period, plan_run
+from billing.corrections import ArrivalFacts, Correction, check_reconciled, reconcile_period
+from billing.export import build_export, export_totals
+from billing.periods import Periods
+from billing.rule import BILLABLE_FIELDS
+from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
+from billing.store.durable import make_folder, replace_files
+from billing.store.export_files import (
     MANIFEST_FILE,
-    build_export,
     export_folder,
-    export_totals,
+    export_table,
     exported_bills,
     read_export,
     read_manifest,
     write_export,
 )
-from billing.periods import Periods
-from billing.rule import BILLABLE_FIELDS
-from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import read_ledger
+from billing.store.period_states import load_states, save_states
 from billing.store.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
@@ -389,21 +385,27 @@ def _reconcile(
             after_close = set(ledger_rows["click_id"].to_pylist()) - set(given["click_id"].to_pylist())
             new = reconcile_period(
                 period,
-                final,
-                given,
+                final.to_pylist(),
+                given.to_pylist(),
                 earlier,
                 booked_period=booked_in,
                 now_ms=now_ms,
                 facts=replace(facts, billed_after_close_click_ids=after_close),
                 reserved_ids={c.correction_id for c in of_period},
             )
-            problems = check_reconciled(final, given, earlier + new)
+            problems = check_reconciled(final.to_pylist(), given.to_pylist(), earlier + new)
         else:
             earlier = of_period
             new = reconcile_period(
-                period, final, ledger_rows, earlier, booked_period=period, now_ms=now_ms, facts=facts
+                period,
+                final.to_pylist(),
+                ledger_rows.to_pylist(),
+                earlier,
+                booked_period=period,
+                now_ms=now_ms,
+                facts=facts,
             )
-            problems = check_reconciled(final, ledger_rows, earlier + new)
+            problems = check_reconciled(final.to_pylist(), ledger_rows.to_pylist(), earlier + new)
         if problems:
             raise RuntimeError(f"reconciliation of {period} does not balance: {problems[:5]}")
         if new:
@@ -420,13 +422,13 @@ def _reconcile(
         if period not in closed:
             export = build_export(
                 period,
-                final,
-                ledger_rows,
+                final.to_pylist(),
+                ledger_rows.to_pylist(),
                 [c for c in every_correction if c.corrects_period == period],
                 [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
             )
             start = periods.parse_key(period)
-            write_export(config.data_dir, period, export, start, start + periods.length_ms, now_ms)
+            write_export(config.data_dir, period, export_table(export), start, start + periods.length_ms, now_ms)
             progress(f"period {period}: exported")
             totals.close_period(period, start, export_totals(export))
             progress(f"period {period}: closed in Redis")
@@ -464,7 +466,7 @@ def _settle_closed_in_redis(config: ReconcileConfig, totals: RedisTotals, closed
     """Close in Redis, from its export, every closed period Redis does not know as closed (a run that stopped
     between the export and Redis, or a Redis that lost its data)."""
     for period in sorted(closed - set(totals.closed_periods())):
-        export = read_export(export_folder(config.data_dir, period))
+        export = read_export(export_folder(config.data_dir, period)).to_pylist()
         totals.close_period(period, periods.parse_key(period), export_totals(export))
 
 

@@ -26,10 +26,12 @@ import pyarrow.parquet as pq
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
 from attribution.epoch import newest_batch_id
 from billing.catalog import Catalog
-from billing.corrections import Correction, corrections_from_arrow
-from billing.export import MANIFEST_FILE, export_totals, read_export
+from billing.corrections import Correction
+from billing.export import export_totals
 from billing.periods import Periods
+from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.durable import make_folder, replace_files
+from billing.store.export_files import MANIFEST_FILE, read_export
 from billing.store.parquet_ledger import ledger_totals, read_ledger
 from billing.store.redis_totals import RedisTotals, TotalsRow
 
@@ -120,7 +122,9 @@ def restore_redis(
     exports = data_dir / "exports"
     for folder in sorted(exports.iterdir()) if exports.is_dir() else []:
         if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
-            totals.close_period(folder.name, periods.parse_key(folder.name), export_totals(read_export(folder)))
+            totals.close_period(
+                folder.name, periods.parse_key(folder.name), export_totals(read_export(folder).to_pylist())
+            )
             closed += 1
     records = data_dir / "reconcile"
     if (records / LAST_RUN_FILE).exists():

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from billing.catalog import generate_catalog
 from billing.periods import Periods
+from billing.store.catalog_file import load_catalog, save_catalog
 
 DAY_START_MS = 1_767_225_600_000  # 2026-01-01T00:00Z
 HOUR_MS = 3_600_000
@@ -94,7 +95,7 @@ def write_day(root: Path, events: int, seed: int, missed: float = 0.01, doubled:
         figures["billable"] += int(billable.sum())
         figures["ledger_rows"] += len(rows)
         print(f"  wrote {period}: {n_imp:,} impressions, {n_clk:,} clicks", end="\r", flush=True)
-    catalog.save(root / "catalog.json")
+    save_catalog(catalog, root / "catalog.json")
     print()
     return figures
 
@@ -130,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from attribution.reconcile import ReconcileConfig, reconcile
-    from billing.catalog import Catalog
-    from billing.corrections import corrections_from_arrow
+    from billing.store.corrections_arrow import corrections_from_arrow
     from ops.process import free_port
     from ops.redis_service import LocalRedis
     from ops.settings import Settings
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         report = reconcile(
             spark,
             config,
-            Catalog.load(home / "catalog.json"),
+            load_catalog(home / "catalog.json"),
             until_ms=DAY_START_MS + 24 * HOUR_MS,
             progress=lambda message: print(f"  {message}", flush=True),
             force=True,  # no streaming job here: the day is written straight into the archive and ledger

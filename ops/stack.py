@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from billing.catalog import Catalog, generate_catalog
+from billing.store.catalog_file import load_catalog, save_catalog
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
 from ops.process import ManagedProcess, pid_alive, stop_pids
@@ -82,11 +83,11 @@ def ensure_stack_topics(settings: Settings) -> list[str]:
 def ensure_catalog(settings: Settings) -> Catalog:
     """The catalog file, generated (small and deterministic) when there is none yet."""
     if settings.catalog_file.exists():
-        return Catalog.load(settings.catalog_file)
+        return load_catalog(settings.catalog_file)
     catalog = generate_catalog(
         advertisers=5, campaigns_per_advertiser=3, ads_per_campaign=4, seed=settings.traffic_seed
     )
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     return catalog
 
 

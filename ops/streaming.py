@@ -52,7 +52,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
-    from billing.catalog import Catalog
+    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
@@ -80,7 +80,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         )
     )
     try:
-        queries = start(spark, config, Catalog.load(settings.catalog_file), new_checkpoint=new_checkpoint)
+        queries = start(spark, config, load_catalog(settings.catalog_file), new_checkpoint=new_checkpoint)
     except CheckpointRefusedError as exc:
         print(f"streaming: refused: {exc}", file=sys.stderr, flush=True)
         spark.stop()
@@ -112,8 +112,8 @@ def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
     from attribution.job import BILLING_QUERY
     from attribution.restore import JobRunningError, restore_redis
-    from billing.catalog import Catalog
     from billing.periods import Periods
+    from billing.store.catalog_file import load_catalog
     from billing.store.redis_totals import RedisTotals
 
     # The whole ledger's totals go to Redis in one script: on a long history that takes longer than one live batch
@@ -126,7 +126,7 @@ def restore_redis(settings: Settings) -> int:
         done = restore_redis(
             settings.root,
             totals,
-            Catalog.load(settings.catalog_file),
+            load_catalog(settings.catalog_file),
             Periods(settings.period_ms),
             BILLING_QUERY,
             clock_tolerance_ms=settings.clock_tolerance_ms,

@@ -23,8 +23,9 @@ from typing import Any
 import redis
 
 from billing.catalog import Catalog
-from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE
 from billing.intake import QuarantineReason
+from billing.store.catalog_file import load_catalog
+from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE
 from billing.store.redis_keys import RedisKeys
 from web.model import (
     AdDetail,
@@ -96,7 +97,7 @@ class CatalogFile:
         if stamp != self._stamp:
             self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
             try:
-                self._catalog = Catalog.load(self.path)
+                self._catalog = load_catalog(self.path)
             except ValueError as exc:  # broken, or refused (a campaign shared by two advertisers, say)
                 _log.warning("keeping the last good ad catalog: %s", exc)
         return self._catalog

@@ -3,9 +3,9 @@
 The provisional totals, late, clock-ahead and quarantined counts go through the streaming job's own adapter
 (`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
 (`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
-export's writer (`billing.export.write_export`). Only the job's health records are written here, in the shape of
-`attribution.progress.summarize` (see `web.readers`). This module writes what the real writers write; it decides
-nothing they decide.
+export's writer (`billing.store.export_files.write_export`). Only the job's health records are written here, under
+`RedisKeys` and in the shape of `attribution.progress.summarize` (see `web.readers`). This module writes what the
+real writers write; it decides nothing they decide.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import redis
 
 from billing.catalog import Ad, Catalog
 from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
-from billing.export import EXPORT_SCHEMA, write_export
 from billing.periods import Periods, format_utc
+from billing.store.export_files import export_table, write_export
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
 
 ADDITIONS = sorted(ADDITION_REASONS - RETRACTION_REASONS)
@@ -31,7 +30,7 @@ RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
 
 class SampleWriter:
     """Writes under one prefix through the stream's own adapter where one exists, and the contract's keys elsewhere;
-    exports through `billing.export.write_export`."""
+    exports through `billing.store.export_files.write_export`."""
 
     def __init__(self, client: redis.Redis, prefix: str, exports_dir: Path) -> None:
         self.client = client
@@ -95,7 +94,7 @@ class SampleWriter:
         write_export(
             self.exports_dir.parent,
             period,
-            pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA),
+            export_table(rows),
             start_ms,
             end_ms,
             closed_at_ms,

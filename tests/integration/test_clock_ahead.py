@@ -28,10 +28,10 @@ from attribution.job import start
 from attribution.progress import HealthListener
 from attribution.reconcile import reconcile
 from attribution.restore import restore_redis
-from billing.catalog import Catalog
-from billing.corrections import corrections_from_arrow
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
+from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import LocalKafka
@@ -129,7 +129,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     settings = dataclasses.replace(
         settings, impression_watermark_ms=WATERMARK_DELAY_MS, click_watermark_ms=WATERMARK_DELAY_MS
     )
-    STEADY.catalog().save(settings.catalog_file)
+    save_catalog(STEADY.catalog(), settings.catalog_file)
     ensure_schemas(settings)
     listener = HealthListener(
         settings.redis_url,
@@ -138,7 +138,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     )
     spark.streams.addListener(listener)
     counted_before = clock_ahead_metric()
-    queries = start(spark, stream_config(settings), Catalog.load(settings.catalog_file))
+    queries = start(spark, stream_config(settings), load_catalog(settings.catalog_file))
     try:
         truth, skewed = send_live(settings, run_dir, inject)
         for query in queries:

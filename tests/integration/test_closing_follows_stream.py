@@ -22,8 +22,10 @@ from attribution.reconcile import HeldError, ReconcileBusyError, ReconcileConfig
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Catalog
 from billing.events import Click, Impression
-from billing.export import export_folder, export_totals, read_export, verify_export
+from billing.export import export_totals
 from billing.periods import Periods
+from billing.store.catalog_file import save_catalog
+from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.schema_registry import open_registry
 from ops.reconciling import audit_table, reconcile_config
 from ops.settings import Settings
@@ -100,7 +102,9 @@ def redis_matches_exports(settings: Settings, periods: list[str]) -> None:
     for period in periods:
         want = {
             item: (c, m)
-            for (level, item), (c, m, _) in export_totals(read_export(export_folder(settings.root, period))).items()
+            for (level, item), (c, m, _) in export_totals(
+                read_export(export_folder(settings.root, period)).to_pylist()
+            ).items()
             if level == "ad"
         }
         have = {}
@@ -116,7 +120,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
     catalog = SimulationConfig(events=10, seed=5).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_TRIGGER_MS="500")
     log = (tmp_path / "job.log").open("ab")
@@ -235,7 +239,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=6).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     on_time = pairs("s0", T0 + 30 * 60_000, 40, catalog) + pairs("s1", T0 + H + 30 * 60_000, 40, catalog)
     publish(settings, on_time)

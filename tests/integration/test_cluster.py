@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.kafka_service import partition_leaders
 from ops.process import free_ports, pid_alive
@@ -103,7 +104,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
     env = cluster_env(tmp_path / "home")
     settings = Settings.from_env(env)
     settings.root.mkdir(parents=True)
-    BACKLOG.catalog().save(settings.catalog_file)  # the job bills from the simulator's catalog
+    save_catalog(BACKLOG.catalog(), settings.catalog_file)  # the job bills from the simulator's catalog
     try:
         adbill(env, *UP)
         yield settings, env

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from attribution.epoch import EPOCH_FILE, CheckpointRefusedError, newest_batch_id
 from attribution.job import start
+from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -37,7 +38,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=7).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     first = pairs("e1", T0 + 30 * 60_000, 80, catalog)
     publish(settings, first)
@@ -142,7 +143,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     queries: list = []
     try:
         catalog = SimulationConfig(events=10, seed=8).catalog()
-        catalog.save(settings.catalog_file)
+        save_catalog(catalog, settings.catalog_file)
         ensure_schemas(settings)
         publish(settings, pairs("r0", T0 + 30 * 60_000, 40, catalog) + pairs("r1", T0 + H + 30 * 60_000, 40, catalog))
         queries = start(spark, stream_config(settings), catalog)
@@ -207,7 +208,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     from tests.integration.test_reconcile import corrections
 
     catalog = SimulationConfig(events=10, seed=9).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     publish(settings, pairs("k0", T0 + 30 * 60_000, 30, catalog))
     queries = start(spark, stream_config(settings), catalog)

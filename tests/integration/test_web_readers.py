@@ -10,6 +10,7 @@ from flask import Flask
 
 from billing.catalog import generate_catalog
 from billing.corrections import Correction, CorrectionKind
+from billing.store.catalog_file import save_catalog
 from billing.store.redis_totals import TotalsRow
 from ops.settings import Settings
 from tests.redis_figures import RedisFigures
@@ -36,7 +37,7 @@ def _client(settings: Settings) -> object:
 
 
 def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings) -> None:
-    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
     from web.access import Role
     from web.accounts import AccountsFile
 
@@ -96,7 +97,7 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
 
 def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_settings: Settings) -> None:
     catalog = generate_catalog(1, 1, 2, seed=1)
-    catalog.save(redis_settings.catalog_file)
+    save_catalog(catalog, redis_settings.catalog_file)
     billed_ad, missed_ad = list(catalog)
     client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
     writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
@@ -210,7 +211,7 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
     from web.access import Role
     from web.accounts import AccountsFile
 
-    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
     AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
     totals = RedisFigures.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
     held = {
