@@ -67,8 +67,14 @@ bench-stream: deps ## offered traffic through Kafka and the job: throughput, cli
 
 BENCH_RATES ?= 5000,10000,20000,40000,60000
 BENCH_DURATION ?= 30
-bench: deps ## ceiling, textbook baseline and pipeline side by side up to the knee; report in var/bench/<time>/ (BENCH_RATES=, BENCH_DURATION=)
-	$(BIN)/python -m ops.bench --rates $(BENCH_RATES) --duration $(BENCH_DURATION)
+BENCH_ARGS ?=
+bench: deps ## ceiling, textbook baseline and pipeline side by side up to the knee; report in var/bench/<time>/ (BENCH_RATES=, BENCH_DURATION=, BENCH_ARGS="--set trigger_ms=500")
+	$(BIN)/python -m ops.bench --rates $(BENCH_RATES) --duration $(BENCH_DURATION) $(BENCH_ARGS)
+
+CLUSTER_WORKERS ?= 1,2
+CLUSTER_RATES ?= 10000,20000,40000
+bench-cluster: deps ## the pipeline on a local Spark cluster of 1, then 2 workers: throughput, the driver's and the executors' CPU per event (CLUSTER_WORKERS=, CLUSTER_RATES=)
+	$(BIN)/python -m ops.bench --cluster-workers $(CLUSTER_WORKERS) --rates $(CLUSTER_RATES) --duration $(BENCH_DURATION) $(BENCH_ARGS)
 
 SOAK_MINUTES ?= 30
 bench-soak: deps ## the pipeline at RATE for SOAK_MINUTES: memory, state and latency over time, flat or not

@@ -1,15 +1,16 @@
-"""One micro-batch's output, as Arrow tables on the driver: the ledger, archive and quarantine rows, their Parquet
-files and the figures Redis is given (totals; late, clock-ahead and quarantine counts). Pure pyarrow: no Spark, no
-services.
+"""One micro-batch's output, as Arrow tables: the ledger, archive and quarantine rows, their Parquet files and the
+figures Redis is given (totals; late, clock-ahead and quarantine counts). Pure pyarrow: no Spark, no services.
 
-In: the batch as `BatchSink` collects it (`DataFrame.toArrow()` of the job's output: rows of `KIND` `bill` with
-the billable columns, rows of `KIND` `intake` with the archive's columns and a `reason` that is null for a valid
-event). Out: `BatchOutput` (`split_batch`), written with `write_batch_files`:
+In: a task's share of the job's output, as `BatchSink` hands it to `PartitionWriter` on an executor (rows of
+`KIND` `bill` with the billable columns, rows of `KIND` `intake` with the archive's columns and a `reason` that
+is null for a valid event). Out: `BatchOutput` (`split_batch`), written with `write_batch_files`, one file per
+task and folder (`part-TTTTT.parquet`, TTTTT the task's partition), and the task's figures (`FIGURES`), which the
+driver sums (`batch_figures`):
 
-- ledger: `LEDGER/period=P/batch_id=N/part-00000.parquet`, one row per billed click;
-- archive: `ARCHIVE/event_type=T/period=P/batch_id=N/part-00000.parquet`, one row per valid event received,
+- ledger: `LEDGER/period=P/batch_id=N/part-TTTTT.parquet`, one row per billed click;
+- archive: `ARCHIVE/event_type=T/period=P/batch_id=N/part-TTTTT.parquet`, one row per valid event received,
   `late` when the streaming join's watermark kept it out;
-- quarantine: `QUARANTINE/batch_id=N/part-00000.parquet`, one row per bad record.
+- quarantine: `QUARANTINE/batch_id=N/part-TTTTT.parquet`, one row per bad record.
 
 Partition columns live in the paths only (hive style), as Spark writes them, so pyarrow, DuckDB and Spark read
 the same tables. Each file is written under a dot-name in its folder, flushed to disk and renamed into place, and
@@ -23,6 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -141,13 +143,17 @@ def quarantine_counts(bad: pa.Table, advertiser_of: Mapping[str, str]) -> list[Q
     ]
 
 
-def write_batch_files(table: pa.Table, root: Path, partitions: Sequence[str]) -> list[Path]:
-    """`table` as one Parquet file per combination of `partitions` values, under `root/k=v/.../`; the files written.
+def write_batch_files(
+    table: pa.Table, root: Path, partitions: Sequence[str], file_name: str = FILE_NAME, prune: bool = True
+) -> list[Path]:
+    """`table` as one Parquet file named `file_name` per combination of `partitions` values, under
+    `root/k=v/.../`; the files written.
 
-    The partition columns are left out of the files (they are in the paths). The Parquet files already in a
-    folder written to are replaced, so writing a replayed batch again leaves what one write leaves. Every file
-    and folder written is flushed to disk before this returns (`billing.store.durable`): a batch that Spark or Redis
-    counts as done is on disk, whatever happens to the machine after."""
+    The partition columns are left out of the files (they are in the paths). A file of the same name is replaced,
+    and with `prune` every other Parquet file in a folder written to is removed (`prune_batch_folders`), so
+    writing a replayed batch again leaves what one write leaves. Every file and folder written is flushed to disk
+    before this returns (`billing.store.durable`): a batch that Spark or Redis counts as done is on disk, whatever
+    happens to the machine after."""
     if table.num_rows == 0:
         return []
     parts: list[tuple[pa.Table, Path]] = []
@@ -166,19 +172,31 @@ def write_batch_files(table: pa.Table, root: Path, partitions: Sequence[str]) ->
     touched: list[Path] = []
     for part, folder in parts:
         touched += make_folder(folder)
-        staging = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
+        staging = folder / f".{file_name}.{os.getpid()}.tmp"
         pq.write_table(part, staging, compression="snappy")
-        moves.append((staging, folder / FILE_NAME))
+        moves.append((staging, folder / file_name))
     replace_files(moves, touched)
-    # A batch's folder holds its one file: anything else there is from an earlier attempt at the same batch
-    # (one written by an older version of the job, under another name).
-    for _, folder in parts:
-        stale = [other for other in folder.glob("*.parquet") if other.name != FILE_NAME]
+    written = [target for _, target in moves]
+    if prune:
+        prune_batch_folders(written)
+    return written
+
+
+def prune_batch_folders(written: Sequence[Path]) -> list[Path]:
+    """Remove every Parquet file, in the folders of `written`, that is not in `written`; the files removed.
+
+    A batch's folders hold the files of its last attempt only: anything else there is from an earlier attempt at
+    the same batch (one written by an older version of the job, or with the batch's rows spread otherwise)."""
+    keep = set(written)
+    removed: list[Path] = []
+    for folder in sorted({path.parent for path in written}):
+        stale = [other for other in folder.glob("*.parquet") if other not in keep]
         for other in stale:
             other.unlink()
         if stale:
             fsync_folder(folder)
-    return [target for _, target in moves]
+        removed += stale
+    return removed
 
 
 def _counts_per_ad(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[tuple[str, int, str, str, str, int]]:
@@ -210,3 +228,152 @@ def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Tabl
 
 def _constant(value: int, rows: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, pa.int64()), rows)
+
+
+FIGURES = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("period", pa.string()),
+        ("period_start_ms", pa.int64()),
+        ("advertiser_id", pa.string()),
+        ("campaign_id", pa.string()),
+        ("ad_id", pa.string()),
+        ("event_type", pa.string()),
+        ("reason", pa.string()),
+        ("topic", pa.string()),
+        ("path", pa.string()),
+        ("rows", pa.int64()),
+        ("micros", pa.int64()),
+    ]
+)
+"""What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `bill`
+(clicks as `rows`, and micros, per period and ad), `late` and `clock_ahead` (events per period, ad and type),
+`quarantine` (records per reason, topic and ad), `archived` (the task's archive rows) and `file` (a file it
+wrote). Small: a few rows per ad and period, never one per event."""
+
+FIGURES_DDL = ", ".join(f"{field.name} {'string' if field.type == pa.string() else 'bigint'}" for field in FIGURES)
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Writes one task's share of micro-batch `batch_id` and returns its figures (`FIGURES`); runs on the
+    executors, so no event crosses to the driver.
+
+    The task's files are named after its partition (`part-NNNNN.parquet`) in the batch's folders: the rows of a
+    micro-batch fall in the same partitions when it is replayed (the join's state partitions by key, the intake
+    by Kafka partition), so a replayed task replaces its own file, and the driver prunes what an earlier attempt
+    left beside the files of this one (`prune_batch_folders`)."""
+
+    batch_id: int
+    late_watermark_ms: int
+    billed_at_ms: int
+    period_ms: int
+    clock_tolerance_ms: int
+    ledger_dir: Path
+    archive_dir: Path
+    quarantine_dir: Path
+    ledger_columns: tuple[str, ...]
+    quarantine_columns: tuple[str, ...]
+
+    def write(self, batch: pa.Table, partition: int) -> tuple[BatchOutput, pa.Table]:
+        """Split `batch` (one task's rows), write its files, and return its output and figures."""
+        out = split_batch(
+            batch,
+            self.batch_id,
+            late_watermark_ms=self.late_watermark_ms,
+            billed_at_ms=self.billed_at_ms,
+            periods=Periods(self.period_ms),
+            ledger_columns=self.ledger_columns,
+            quarantine_columns=self.quarantine_columns,
+        )
+        name = f"part-{partition:05d}.parquet"
+        files = [
+            *write_batch_files(out.bills, self.ledger_dir, ("period", "batch_id"), name, prune=False),
+            *write_batch_files(out.events, self.archive_dir, ("event_type", "period", "batch_id"), name, prune=False),
+            *write_batch_files(out.bad, self.quarantine_dir, ("batch_id",), name, prune=False),
+        ]
+        return out, partition_figures(out, files, self.clock_tolerance_ms)
+
+
+def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_ms: int) -> pa.Table:
+    """The figures (`FIGURES`) of one task's output and files."""
+    rows: list[dict[str, object]] = [
+        {"kind": "bill", **{k: v for k, v in total.items() if k != "clicks"}, "rows": total["clicks"]}
+        for total in ledger_totals(out.bills)
+    ]
+    late = out.events.filter(out.events.column("late"))
+    limit = pc.add(out.events.column("received_ms"), pa.scalar(clock_tolerance_ms, pa.int64()))
+    ahead = out.events.filter(pc.greater(out.events.column("event_time"), limit))
+    for kind, events in (("late", late), ("clock_ahead", ahead)):
+        rows += [{"kind": kind, **row} for row in _count(events, ["period", "period_start_ms", "ad_id", "event_type"])]
+    rows += [{"kind": "quarantine", **row} for row in _count(out.bad, ["reason", "topic", "ad_id"])]
+    rows.append({"kind": "archived", "rows": out.events.num_rows})
+    rows += [{"kind": "file", "path": str(path)} for path in files]
+    return pa.Table.from_pylist(rows, schema=FIGURES)
+
+
+def _count(table: pa.Table, keys: list[str]) -> list[dict[str, object]]:
+    if table.num_rows == 0:
+        return []
+    grouped = table.group_by(keys).aggregate([([], "count_all")])
+    return [{**{k: row[k] for k in keys}, "rows": row["count_all"]} for row in grouped.to_pylist()]
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """A micro-batch's figures summed over its tasks, for Redis and the log (`batch_figures`)."""
+
+    totals: list[TotalsRow]
+    late: list[LateCount]
+    clock_ahead: list[ClockAheadCount]
+    quarantined: list[QuarantineCount]
+    bills: int
+    events: int
+    bad: int
+    files: list[Path]
+
+
+def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchFigures:
+    """The tasks' figures (`FIGURES`) of a micro-batch, summed per key, advertisers named from the catalog."""
+
+    def summed(kind: str, keys: list[str]) -> list[dict[str, Any]]:
+        rows = figures.filter(pc.equal(figures.column("kind"), kind))
+        if rows.num_rows == 0:
+            return []
+        grouped = rows.group_by(keys).aggregate([("rows", "sum"), ("micros", "sum")])
+        return [
+            {**{k: row[k] for k in keys}, "rows": row["rows_sum"], "micros": row["micros_sum"]}
+            for row in grouped.to_pylist()
+        ]
+
+    keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"]
+    totals = [
+        TotalsRow(
+            r["period"], r["period_start_ms"], r["advertiser_id"], r["campaign_id"], r["ad_id"], r["rows"], r["micros"]
+        )
+        for r in summed("bill", keys)
+    ]
+
+    def per_ad(kind: str) -> list[tuple[str, int, str, str, str, int]]:
+        rows = summed(kind, ["period", "period_start_ms", "ad_id", "event_type"])
+        return [
+            (r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])
+            for r in rows
+        ]
+
+    quarantined = [
+        QuarantineCount(r["reason"], r["topic"], advertiser_of.get(r["ad_id"] or ""), r["rows"])
+        for r in summed("quarantine", ["reason", "topic", "ad_id"])
+    ]
+    files = figures.filter(pc.equal(figures.column("kind"), "file")).column("path").to_pylist()
+    archived = figures.filter(pc.equal(figures.column("kind"), "archived")).column("rows")
+    return BatchFigures(
+        totals=totals,
+        late=[LateCount(*row) for row in per_ad("late")],
+        clock_ahead=[ClockAheadCount(*row) for row in per_ad("clock_ahead")],
+        quarantined=quarantined,
+        bills=sum(t.clicks for t in totals),
+        events=pc.sum(archived).as_py() or 0,
+        bad=sum(q.records for q in quarantined),
+        files=[Path(path) for path in files],
+    )

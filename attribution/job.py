@@ -12,10 +12,11 @@ batch's id, together:
   when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
   goes to the quarantine table and topic.
 
-The sink (`BatchSink`) collects each batch to the driver as Arrow, writes the ledger, the archive and the
-quarantine table as Parquet under `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its
-own files and nothing else), sends bad records to the quarantine topic, and then applies the batch's totals,
-late, clock-ahead and quarantine counts to Redis in one Lua script that skips a batch id it has already applied.
+The sink (`BatchSink`) has the executors write the ledger, the archive and the quarantine table as Parquet under
+`.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its own files and nothing else) and send
+bad records to the quarantine topic; the driver receives only each task's figures, and applies the batch's
+totals, late, clock-ahead and quarantine counts to Redis in one Lua script that skips a batch id it has already
+applied.
 
 The job receives its sources' addresses and its sinks' places in a `StreamConfig`; `ops` builds that from the
 settings, so the same job runs in local mode and against a Spark cluster.
@@ -26,24 +27,25 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from attribution.batch_output import (
+    FIGURES_DDL,
     KIND,
     RECEIVED_COLUMNS,
-    bill_totals,
-    clock_ahead_counts,
-    late_counts,
-    quarantine_counts,
-    split_batch,
-    write_batch_files,
+    PartitionWriter,
+    batch_figures,
+    prune_batch_folders,
 )
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
@@ -52,7 +54,6 @@ from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
 from attribution.stream_position import end_offsets
 from billing.catalog import Catalog
-from billing.periods import Periods
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
 
@@ -187,28 +188,32 @@ def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
 
 
 class BatchSink:
-    """Writes one micro-batch: the Parquet ledger, archive and quarantine, the quarantine topic, then Redis.
+    """Writes one micro-batch: the Parquet ledger, archive and quarantine and the quarantine topic on the
+    executors, then Redis from the driver.
 
-    The batch is collected to the driver as Arrow (`DataFrame.toArrow()`: one Spark job per batch, the query's
-    own plan, with nothing cached and no literal of the batch in generated code, so Spark compiles the batch's
-    code once, not once per batch) and written there with pyarrow (`attribution.batch_output`).
+    Each task of the batch's one Spark job (`mapInArrow` over the query's own plan: nothing cached, no literal
+    of the batch in generated code, so Spark compiles the batch's code once, not once per batch) writes its rows
+    with pyarrow (`attribution.batch_output.PartitionWriter`), sends its bad records to the quarantine topic,
+    and returns its figures: totals per period and ad, late, clock-ahead and quarantine counts, the files it
+    wrote. Only those figures reach the driver, a few rows per ad and period; no event does, so the job's
+    throughput is the executors', not one driver's.
 
-    Parquet files of batch N live in `.../batch_id=N/` under fixed names, each renamed into place, so a batch
-    replayed after a crash replaces its own files and nothing else. Redis applies batch N only if N is above
-    the last batch it applied, in one Lua script, so a crash between the writes, or after them and before
-    Spark commits the batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once
-    (a replayed batch is sent again, with the same keys); the quarantine table is exact.
+    Parquet files of batch N live in `.../batch_id=N/`, one per task, named after its partition and each renamed
+    into place, so a batch replayed after a crash replaces its own files and nothing else (the driver prunes any
+    other file an earlier attempt left in those folders). Redis applies batch N only if N is above the last batch
+    it applied, in one Lua script, so a crash between the writes, or after them and before Spark commits the
+    batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once (a replayed batch is
+    sent again, with the same keys); the quarantine table is exact.
 
     Every file is flushed to disk before Redis and the checkpoint hear of the batch. Bad records' bytes are cut
-    to a size and a digest on the executors when larger than `QUARANTINE_VALUE_LIMIT`, so a junk record of a
-    megabyte neither crosses to the driver nor fails the quarantine topic (`attribution.dead_letters`). A Redis
-    that does not answer fails its call after a deadline and a few tries (`redis_timeout_ms`): the batch then
-    fails, and is replayed from the checkpoint when the job restarts.
+    to a size and a digest when larger than `QUARANTINE_VALUE_LIMIT`, so a junk record of a megabyte neither
+    bloats the quarantine table nor fails the quarantine topic (`attribution.dead_letters`). A Redis that does
+    not answer fails its call after a deadline and a few tries (`redis_timeout_ms`): the batch then fails, and is
+    replayed from the checkpoint when the job restarts.
     """
 
     def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
         self.config = config
-        self.periods = Periods(config.period_ms)
         self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
 
     @cached_property
@@ -218,51 +223,82 @@ class BatchSink:
             self.config.redis_url, self.config.redis_prefix, timeout_s=self.config.redis_timeout_ms / 1000
         )
 
-    @cached_property
-    def dead_letters(self) -> DeadLetters:
-        return DeadLetters(self.config.kafka_bootstrap, self.config.topic_quarantine)
-
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
         watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
-        collected = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull())).toArrow()
-        clock.lap("query")
-        out = split_batch(
-            collected,
-            batch_id,
+        writer = PartitionWriter(
+            batch_id=batch_id,
             late_watermark_ms=watermark,
             billed_at_ms=int(time.time() * 1000),
-            periods=self.periods,
-            ledger_columns=LEDGER_COLUMNS,
-            quarantine_columns=QUARANTINE_COLUMNS,
+            period_ms=self.config.period_ms,
+            clock_tolerance_ms=self.config.clock_tolerance_ms,
+            ledger_dir=self.config.ledger_dir,
+            archive_dir=self.config.archive_dir,
+            quarantine_dir=self.config.quarantine_dir,
+            ledger_columns=tuple(LEDGER_COLUMNS),
+            quarantine_columns=tuple(QUARANTINE_COLUMNS),
         )
-        write_batch_files(out.bills, self.config.ledger_dir, ("period", "batch_id"))
-        write_batch_files(out.events, self.config.archive_dir, ("event_type", "period", "batch_id"))
-        write_batch_files(out.bad, self.config.quarantine_dir, ("batch_id",))
-        clock.lap("files")
-        self.dead_letters.send(out.bad)
-        clock.lap("quarantine topic")
+        task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
+        written = (
+            batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
+            .mapInArrow(task, FIGURES_DDL)
+            .toArrow()
+        )
+        clock.lap("write")
+        figures = batch_figures(written, self.advertiser_of)
+        prune_batch_folders(figures.files)
         self.totals.apply_batch(
             BILLING_QUERY,
             batch_id,
-            bill_totals(out.bills),
-            late=late_counts(out.events, self.advertiser_of),
-            quarantined=quarantine_counts(out.bad, self.advertiser_of),
-            clock_ahead=clock_ahead_counts(out.events, self.advertiser_of, self.config.clock_tolerance_ms),
+            figures.totals,
+            late=figures.late,
+            quarantined=figures.quarantined,
+            clock_ahead=figures.clock_ahead,
             require_history=True,
         )
         clock.lap("redis")
         log.info(
-            "batch %d: %d rows, %d bills, %d events, %d bad; %s",
+            "batch %d: %d bills, %d events, %d bad, %d files; %s",
             batch_id,
-            collected.num_rows,
-            out.bills.num_rows,
-            out.events.num_rows,
-            out.bad.num_rows,
+            figures.bills,
+            figures.events,
+            figures.bad,
+            len(figures.files),
             clock,
         )
+
+
+@dataclass(frozen=True)
+class _TaskWrite:
+    """The function each task of a batch runs on its executor (`DataFrame.mapInArrow`): write its rows, send its
+    bad records to the quarantine topic, yield its figures."""
+
+    writer: PartitionWriter
+    kafka_bootstrap: str
+    topic_quarantine: str
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(batches)
+        if not received or not sum(b.num_rows for b in received):
+            return
+        context = TaskContext.get()
+        assert context is not None, "runs in a Spark task"
+        out, figures = self.writer.write(pa.Table.from_batches(received), context.partitionId())
+        if out.bad.num_rows:
+            _dead_letters(self.kafka_bootstrap, self.topic_quarantine).send(out.bad)
+        yield from figures.to_batches()
+
+
+_DEAD_LETTERS: dict[tuple[str, str], DeadLetters] = {}
+
+
+def _dead_letters(bootstrap: str, topic: str) -> DeadLetters:
+    """One quarantine-topic producer per Python worker and topic, kept for the next tasks the worker runs."""
+    if (bootstrap, topic) not in _DEAD_LETTERS:
+        _DEAD_LETTERS[bootstrap, topic] = DeadLetters(bootstrap, topic)
+    return _DEAD_LETTERS[bootstrap, topic]
 
 
 class _PhaseClock:

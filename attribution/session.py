@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 AVRO_LENGTH_LIMIT = 16 * 1024 * 1024
@@ -40,6 +42,10 @@ def build_spark(
 ) -> SparkSession:
     """A session with the Kafka and Avro connectors on the classpath, UTC everywhere and Avro's length limits
     (`AVRO_LENGTH_LIMIT`)."""
+    # The executors' Python workers run the sink's writers (`attribution.batch_output.PartitionWriter`): they need
+    # the driver's interpreter and its packages (pyarrow), not whatever `python3` is first on the PATH. pyspark
+    # reads the variable when the context starts (`SparkContext.pythonExec`); a deployment may set its own.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)

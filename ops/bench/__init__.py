@@ -3,6 +3,8 @@
 One run, one machine: the ceiling (raw write and read rates of Kafka), then the textbook baseline, then the full
 pipeline, each on the same pre-generated traffic: a backlog it starts on, increasing offered rates up to its knee,
 and a burst; then `report.md`, `report.json` and the plots. The soak runs the pipeline at one rate for a long time.
+`make bench-cluster` runs the pipeline alone on a local Spark standalone cluster of 1, then 2 workers: throughput,
+and the CPU per event of the driver and of the executors.
 
 | module | what |
 | --- | --- |

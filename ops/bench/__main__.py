@@ -52,6 +52,21 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-data", action="store_true", help="keep Kafka's data, the checkpoints and the archive afterwards"
     )
     parser.add_argument("--render", type=Path, help="only write report.md and the plots again from FOLDER/report.json")
+    parser.add_argument(
+        "--cluster-workers",
+        default="",
+        help="cluster mode: the pipeline on a local Spark standalone cluster of each of these worker counts "
+        "(comma-separated, such as 1,2): throughput and the driver's CPU per event",
+    )
+    parser.add_argument("--worker-cores", type=int, default=1, help="cluster mode: cores of each worker")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting both systems run with, as in `adbill settings` without ADBILL_ (such as "
+        "shuffle_partitions=2 or trigger_ms=500); repeat for more",
+    )
     return parser
 
 
@@ -62,7 +77,25 @@ def main(argv: list[str] | None = None) -> int:
         return render_again(args.render)
     if args.soak_minutes > 0:
         return soak(args, command)
+    if args.cluster_workers:
+        return cluster(args, command)
     return bench(args, command)
+
+
+def overrides(pairs: list[str]) -> dict[str, Any]:
+    """`--set NAME=VALUE` pairs as typed settings, parsed as the same ADBILL_NAME variables would be."""
+    environ = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--set {pair!r}: write NAME=VALUE, such as shuffle_partitions=2")
+        environ[f"ADBILL_{name.strip().upper()}"] = value.strip()
+    try:
+        parsed = Settings.from_env(environ)
+    except ValueError as exc:
+        raise SystemExit(f"--set: {exc}") from exc
+    names = [name.removeprefix("ADBILL_").lower() for name in environ]
+    return {name: getattr(parsed, name) for name in names}
 
 
 def bench(args: argparse.Namespace, command: str) -> int:
@@ -75,7 +108,7 @@ def bench(args: argparse.Namespace, command: str) -> int:
     started = time.time()
     print(f"benchmark in {out}", flush=True)
     plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0, args.burst)
-    services, stack, sampler = start_services(out)
+    services, stack, sampler = start_services(out, **overrides(args.set))
     systems = [prepare_system(name, services, out, plan) for name in names]
     options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=not args.no_profile)
     results: dict[str, Any] = {}
@@ -119,7 +152,7 @@ def soak(args: argparse.Namespace, command: str) -> int:
     plan, generation = _plan(args.out / "traffic-cache", [args.rate], 0, 0, args.seed, 60)
     template = plan.steps[0]
     cycles = max(1, round(args.soak_minutes * 60 * args.rate / template.frames))
-    services, stack, sampler = start_services(out)
+    services, stack, sampler = start_services(out, **overrides(args.set))
     system = prepare_system(PIPELINE, services, out, plan)
     options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=False, soak_cycles=cycles)
     try:
@@ -140,6 +173,70 @@ def soak(args: argparse.Namespace, command: str) -> int:
         machine=_machine(sampler, started),
     )
     return _write(out, data, args.keep_data)
+
+
+def cluster(args: argparse.Namespace, command: str) -> int:
+    """The pipeline on a local Spark standalone cluster of 1, 2... workers (a master and the workers from
+    pyspark's own jars, as `adbill up --cluster` starts them), each on the same traffic: how the throughput
+    follows the executors' cores, and what the driver does per event (the job's own process tree is the driver:
+    the executors run under the workers). `OUT/cluster-<timestamp>/`."""
+    from ops.process import free_ports
+
+    counts = [int(n) for n in str(args.cluster_workers).split(",") if n.strip()]
+    rates = [int(r) for r in str(args.rates).split(",") if r.strip()]
+    if not counts or min(counts) < 1 or not rates or args.worker_cores < 1:
+        raise SystemExit("--cluster-workers and --rates are positive numbers, such as --cluster-workers 1,2")
+    out = _folder(args.out, "cluster-")
+    started = time.time()
+    print(f"cluster benchmark in {out}", flush=True)
+    plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0, args.burst)
+    options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=False)
+    results: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for workers in counts:
+        folder = out / f"workers-{workers}"
+        master_port, ui_port = free_ports(2)
+        services, stack, sampler = start_services(
+            folder,
+            spark_master=f"spark://127.0.0.1:{master_port}",
+            spark_master_ui_port=ui_port,
+            spark_workers=workers,
+            spark_worker_cores=args.worker_cores,
+            stream_cores=workers * args.worker_cores,
+            **overrides(args.set),
+        )
+        try:
+            system = prepare_system(PIPELINE, services, folder, plan)
+            if plan.backlog is not None:
+                _load_backlog(plan, [system], services, folder)
+            print(f"pipeline on {workers} worker(s) of {args.worker_cores} core(s): starting ...", flush=True)
+            results[str(workers)] = run_system(system, plan, sampler, options)
+        finally:
+            sampler.stop()
+            stack.stop()
+        settings = _settings_summary(services)
+    data = {
+        "kind": "cluster",
+        "command": command,
+        "started": started,
+        "finished": time.time(),
+        "settings": settings | {"worker_cores": args.worker_cores},
+        "traffic": {"rates": rates, "duration_s": args.duration, "burst_events": args.burst, **generation},
+        "workers": results,
+        "machine": {"cores": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
+    }
+    data["scaling"] = report.cluster_rows(data)
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "report.md").write_text(report.render_cluster(data))
+    print(report.render_cluster(data), flush=True)
+    print(f"report: {out / 'report.md'}", flush=True)
+    if not args.keep_data:
+        for count in counts:
+            for part in ("services/kafka/data", "pipeline/archive", "pipeline/checkpoints", "pipeline/spark-tmp"):
+                shutil.rmtree(out / f"workers-{count}" / part, ignore_errors=True)
+    failed = [n for n, result in results.items() if result.get("error")]
+    exact = all(row["ledger_exact"] is not False for row in report.cluster_rows(data))
+    return 0 if exact and not failed else 1
 
 
 def render_again(folder: Path) -> int:

@@ -54,13 +54,18 @@ def derive(data: dict[str, Any]) -> dict[str, Any]:
     pipeline = systems.get(PIPELINE)
     if pipeline is not None and kind == "bench":
         knee = pipeline["knee"]
+        baseline = systems.get(BASELINE)
+        knee_figures = knee_step(pipeline) or {}
         data["targets"] = analysis.targets(
-            knee["sustained_rate"],
-            knee["latency_ms"]["p99"] if knee["kept_up_to"] else None,
-            data["ratios"].get("pipeline_over_read_ceiling"),
-            data["ratios"].get("pipeline_over_baseline"),
-            bool(data["ratios"].get("baseline_kept_up_at_every_rate")),
-            _held_where_pipeline_failed(systems.get(BASELINE), knee["first_failed"]),
+            analysis.TargetFigures(
+                pipeline_rate=knee["sustained_rate"],
+                baseline_rate=baseline["knee"]["sustained_rate"] if baseline else None,
+                baseline_held_every_rate=bool(data["ratios"].get("baseline_kept_up_at_every_rate")),
+                baseline_held_a_rate_the_pipeline_did_not=_held_where_pipeline_failed(baseline, knee["first_failed"]),
+                p99_ms=p99_at(pipeline, analysis.LATENCY_RATE),
+                baseline_p99_ms=p99_at(baseline, analysis.LATENCY_RATE) if baseline else None,
+                cpu_us_per_event=knee_figures.get("cpu_us_per_event"),
+            )
         )
     data["limits"] = {name: limits(result, data["machine"].get("cores") or 2) for name, result in systems.items()}
     if kind == "soak" and pipeline is not None:
@@ -86,6 +91,14 @@ def knee_step(result: Mapping[str, Any]) -> dict[str, Any] | None:
     if held:
         return dict(held[-1])
     return dict(max(steps, key=lambda s: s["sustained_rate"])) if steps else None
+
+
+def p99_at(result: Mapping[str, Any], rate: int) -> int | None:
+    """A system's p99 latency in ms at the step offered `rate`, if it ran that step and kept up."""
+    for step in result.get("steps") or []:
+        if step["offered_rate"] == rate and analysis.keeps_up(step):
+            return int(step["latency_ms"]["p99"])
+    return None
 
 
 def limit_step(result: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -131,6 +144,7 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "burst_rate": burst.get("rate") if burst.get("drained") else None,
                 "latency_ms": step["latency_ms"] if step else None,
                 "cpu_cores": step["job_cpu_cores"] if step else None,
+                "cpu_us_per_event": step.get("cpu_us_per_event") if step else None,
                 "peak_rss_mb": result.get("peak_rss_mb"),
                 "state_rows": step["state_rows_max"] if step else None,
                 "ledger_exact": all(c["equal"] for c in checks) if checks else None,
@@ -334,7 +348,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
     rows = []
     for row in data.get("summary") or []:
         if row["what"].startswith("ceiling"):
-            rows.append([row["what"], _rate(row["sustained_rate"]), "-", "-", "-", row.get("cpu_cores"), "-", "-"])
+            rows.append([row["what"], _rate(row["sustained_rate"]), "-", "-", "-", row.get("cpu_cores"), "-", "-", "-"])
             continue
         held = row.get("kept_up_to")
         knee = f"kept up to {held:,}/s" if held else "kept up at no rate tried"
@@ -348,6 +362,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
                 _latency(row.get("latency_ms")),
                 _rate(row.get("state_rows")),
                 row.get("cpu_cores"),
+                "-" if row.get("cpu_us_per_event") is None else f"{row['cpu_us_per_event']:.1f}",
                 _rate(row.get("peak_rss_mb")),
                 _yes(row.get("ledger_exact")) if row["what"] == PIPELINE else "n/a (no sink)",
             ]
@@ -360,6 +375,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
             "latency p50 / p99 / max (s)",
             "state rows",
             "CPU cores",
+            "CPU us/event",
             "peak RSS MB",
             "ledger = truth",
         ],
@@ -435,6 +451,7 @@ def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
                 f"{s['batch_duration_ms_mean'] / 1000:.1f} s x {_rate(s['batch_rows_mean'])}",
                 "-" if s.get("drain_s") is None else f"{s['drain_s']} s",
                 s["job_cpu_cores"],
+                "-" if s.get("cpu_us_per_event") is None else f"{s['cpu_us_per_event']:.1f}",
                 s.get("sender_cpu_cores"),
                 s["machine_cpu_cores"],
                 _rate(s["job_peak_rss_mb"]),
@@ -453,6 +470,7 @@ def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
             "batch",
             "drain",
             "job cores",
+            "job CPU us/event",
             "sender cores",
             "machine cores",
             "job MB",
@@ -616,3 +634,87 @@ def console_summary(data: Mapping[str, Any]) -> str:
         for key, value in (data.get("soak") or {}).items():
             lines.append(f"{key} flat: {value['flat']} ({value['change_fraction']:.1%} over the last 2/3)")
     return "\n".join(lines)
+
+
+def cluster_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per worker count of a cluster run (`python -m ops.bench --cluster-workers`), at the knee: the
+    rate, the burst, and the CPU per event of the driver (the job's own processes) and of the executors (the
+    workers' process trees)."""
+    rows = []
+    for workers, result in (data.get("workers") or {}).items():
+        step = knee_step(result) or {}
+        burst = result.get("burst") or {}
+        phases = [result.get("catch_up") or {}, *(result.get("steps") or []), burst]
+        checks = [p["ledger_check"] for p in phases if p.get("ledger_check") is not None]
+        trees = step.get("cpu_cores_by_tree") or {}
+        executor_cores = round(sum(v for k, v in trees.items() if k.startswith("spark-worker")), 2)
+        rows.append(
+            {
+                "workers": int(workers),
+                "sustained_rate": result["knee"]["sustained_rate"],
+                "kept_up_to": result["knee"]["kept_up_to"],
+                "first_failed": result["knee"]["first_failed"],
+                "burst_rate": burst.get("rate") if burst.get("drained") else None,
+                "latency_ms": step.get("latency_ms"),
+                "driver_cores": step.get("job_cpu_cores"),
+                "driver_us_per_event": step.get("cpu_us_per_event"),
+                "executor_cores": executor_cores,
+                "executor_us_per_event": round(executor_cores * step["cpu_window_s"] * 1e6 / step["events_sent"], 1)
+                if step.get("events_sent") and step.get("cpu_window_s")
+                else None,
+                "driver_by_process": step.get("job_cpu_by_process"),
+                "error": result.get("error"),
+                "ledger_exact": all(c["equal"] for c in checks) if checks else None,
+            }
+        )
+    return rows
+
+
+def render_cluster(data: Mapping[str, Any]) -> str:
+    """report.md of a cluster run."""
+    s = data.get("settings") or {}
+    out = [
+        "# Pipeline on a local Spark standalone cluster",
+        "",
+        f"`{data['command']}`, {_iso(data['started'])} to {_iso(data['finished'])}, {data['machine']['cores']} cores.",
+        f"Workers of {s.get('worker_cores')} core(s) each; {s.get('shuffle_partitions')} shuffle partitions, "
+        f"trigger {s.get('trigger_ms')} ms, {s.get('topic_partitions')} partitions per topic.",
+        "",
+    ]
+    rows = [
+        [
+            r["workers"],
+            f"**{_rate(r['sustained_rate'])}**" + (f" (not {r['first_failed']:,})" if r["first_failed"] else ""),
+            _rate(r["burst_rate"]),
+            _latency(r["latency_ms"]),
+            r["driver_cores"],
+            r["driver_us_per_event"],
+            r["executor_cores"],
+            r["executor_us_per_event"],
+            _yes(r["ledger_exact"]),
+        ]
+        for r in data.get("scaling") or []
+    ]
+    out += _table(
+        [
+            "workers",
+            "sustained events/s at the knee",
+            "burst events/s",
+            "p50 / p99 / max (s)",
+            "driver cores",
+            "driver CPU us/event",
+            "executor cores",
+            "executor CPU us/event",
+            "ledger = truth",
+        ],
+        rows,
+    )
+    out.append("")
+    for r in data.get("scaling") or []:
+        if r.get("error"):
+            out += [f"{r['workers']} worker(s) ended early:", "", "```", str(r["error"]), "```", ""]
+        if r.get("driver_by_process"):
+            parts = ", ".join(f"{k} {v}" for k, v in r["driver_by_process"].items())
+            out.append(f"- {r['workers']} worker(s), the driver's cores by process at the knee: {parts}")
+    out.append("")
+    return "\n".join(out)

@@ -81,6 +81,7 @@ def make_system(name: str, services: Settings, folder: Path, registry: Path, cat
         for f in ("deps_dir", "kafka_bootstrap", "kafka_controller_port", "redis_url", "spark_master")
         + ("shuffle_partitions", "impression_watermark_ms", "click_watermark_ms", "trigger_ms")
         + ("max_offsets_per_trigger", "state_store", "driver_memory", "topic_partitions")
+        + ("stream_cores", "executor_memory", "spark_master_ui_port")
     }
     settings = Settings.from_env(
         {},
@@ -350,6 +351,9 @@ def _step(
             "offered_rate": dataset.rate,
             "drained": figures["drained"] and drained,
             "job_cpu_cores": round(sampler.cores(system.name, start, end), 2),
+            "cpu_us_per_event": cpu_us_per_event(sampler.cores(system.name, start, end), end - start, sent["records"]),
+            "cpu_cores_by_tree": {name: round(sampler.cores(name, start, end), 2) for name in sorted(sampler.roots)},
+            "cpu_window_s": round(end - start, 2),
             "job_cpu_by_process": sampler.command_cores(system.name, start, end),
             "job_peak_rss_mb": round(sampler.peak_rss(system.name, start, end) / 2**20),
             "kafka_cpu_cores": round(sampler.cores("kafka", start, end), 2),
@@ -367,6 +371,11 @@ def _step(
     return figures
 
 
+def cpu_us_per_event(cores: float, seconds: float, events: int) -> float | None:
+    """CPU microseconds per event of a process tree that used `cores` for `seconds` on `events` events."""
+    return round(cores * seconds * 1e6 / events, 1) if events > 0 and seconds > 0 else None
+
+
 def _step_line(name: str, step: dict[str, Any]) -> str:
     lat = step["latency_ms"]
     check = step["ledger_check"]
@@ -374,7 +383,8 @@ def _step_line(name: str, step: dict[str, Any]) -> str:
     return (
         f"{name:<8} offered {step['offered_rate']:>7,}/s (sent at {step['offered_rate_achieved']:,}/s): "
         f"sustained {step['sustained_rate']:,}/s, p50 {lat['p50']:,} ms, p99 {lat['p99']:,} ms, "
-        f"max {lat['max']:,} ms, job {step['job_cpu_cores']} cores, {step['job_peak_rss_mb']} MB, "
+        f"max {lat['max']:,} ms, job {step['job_cpu_cores']} cores ({step['cpu_us_per_event']} us/event), "
+        f"{step['job_peak_rss_mb']} MB, "
         f"{'kept up' if analysis.keeps_up(step) else 'did NOT keep up'}; ledger {verdict}"
     )
 

@@ -12,9 +12,12 @@ import pytest
 
 from attribution.batch_output import (
     ARCHIVE_COLUMNS,
+    PartitionWriter,
+    batch_figures,
     bill_totals,
     clock_ahead_counts,
     late_counts,
+    prune_batch_folders,
     quarantine_counts,
     split_batch,
     write_batch_files,
@@ -305,3 +308,70 @@ def test_a_reader_that_meets_a_broken_ledger_file_fails_and_names_it(batch: pa.T
         read_ledger(tmp_path)
     assert sorted(raised.value.broken) == [first, second]
     assert "0 bytes" in str(raised.value)
+
+
+def _writer(tmp_path: Path, batch_id: int = 7) -> PartitionWriter:
+    return PartitionWriter(
+        batch_id=batch_id,
+        late_watermark_ms=T0 - 30_000,
+        billed_at_ms=T0 + 2 * HOUR,
+        period_ms=HOUR,
+        clock_tolerance_ms=TOLERANCE,
+        ledger_dir=tmp_path / "ledger",
+        archive_dir=tmp_path / "archive",
+        quarantine_dir=tmp_path / "quarantine",
+        ledger_columns=tuple(LEDGER_COLUMNS),
+        quarantine_columns=tuple(QUARANTINE_COLUMNS),
+    )
+
+
+def test_tasks_that_write_their_shares_give_the_figures_and_files_of_the_whole_batch(
+    batch: pa.Table, tmp_path: Path
+) -> None:
+    whole = split(batch)
+    writer = _writer(tmp_path)
+    # The batch's rows spread over three tasks, as Spark's partitions spread them; each writes its own files.
+    shares = [batch.slice(0, 2), batch.slice(2, 5), batch.slice(7)]
+    figures = batch_figures(
+        pa.concat_tables(writer.write(share, partition)[1] for partition, share in enumerate(shares)),
+        ADVERTISER_OF,
+    )
+    key = lambda row: (row.period, row.ad_id, getattr(row, "event_type", ""))  # noqa: E731
+    assert sorted(figures.totals, key=key) == sorted(bill_totals(whole.bills), key=key)
+    assert sorted(figures.late, key=key) == sorted(late_counts(whole.events, ADVERTISER_OF), key=key)
+    assert figures.clock_ahead == clock_ahead_counts(whole.events, ADVERTISER_OF, TOLERANCE)
+    by_reason = lambda count: count.reason  # noqa: E731
+    assert sorted(figures.quarantined, key=by_reason) == sorted(
+        quarantine_counts(whole.bad, ADVERTISER_OF), key=by_reason
+    )
+    assert (figures.bills, figures.events, figures.bad) == (4, 5, 2)
+    # Partition 0 has the bills of c-1 and c-2 (two periods); partition 1 the bills of c-3 and c-4 and three
+    # archive rows; partition 2 two archive rows and the two bad records.
+    assert sorted(str(path.relative_to(tmp_path)) for path in figures.files) == [
+        "archive/event_type=click/period=20251231T2300Z/batch_id=7/part-00002.parquet",
+        "archive/event_type=click/period=20260101T0000Z/batch_id=7/part-00001.parquet",
+        "archive/event_type=click/period=20260101T0100Z/batch_id=7/part-00001.parquet",
+        "archive/event_type=impression/period=20251231T2300Z/batch_id=7/part-00002.parquet",
+        "archive/event_type=impression/period=20260101T0000Z/batch_id=7/part-00001.parquet",
+        "ledger/period=20260101T0000Z/batch_id=7/part-00000.parquet",
+        "ledger/period=20260101T0000Z/batch_id=7/part-00001.parquet",
+        "ledger/period=20260101T0100Z/batch_id=7/part-00000.parquet",
+        "quarantine/batch_id=7/part-00002.parquet",
+    ]
+    assert (
+        read_ledger(tmp_path / "ledger").sort_by("click_id").to_pylist() == whole.bills.sort_by("click_id").to_pylist()
+    )
+    archived = ds.dataset(tmp_path / "archive", format="parquet", partitioning="hive").to_table()
+    assert sorted(archived.column("event_id").to_pylist()) == sorted(whole.events.column("event_id").to_pylist())
+
+
+def test_a_replayed_batch_spread_otherwise_leaves_only_its_last_attempts_files(batch: pa.Table, tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    first = batch_figures(writer.write(batch.slice(0, 4), 3)[1], ADVERTISER_OF)  # an earlier attempt: one task
+    shares = [batch.slice(0, 1), batch.slice(1, 3)]
+    again = batch_figures(
+        pa.concat_tables(writer.write(share, partition)[1] for partition, share in enumerate(shares)), ADVERTISER_OF
+    )
+    removed = prune_batch_folders(again.files)
+    assert {path.name for path in removed} == {"part-00003.parquet"} and set(removed) <= set(first.files)
+    assert sorted(read_ledger(tmp_path / "ledger").column("click_id").to_pylist()) == ["c-1", "c-2", "c-3", "c-4"]
