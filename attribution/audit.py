@@ -4,8 +4,8 @@ For a closed period that is its export's bills plus the adjustments booked for i
 one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at any time"). Compared click
 by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and micros summed beside.
 
-A Spark batch job over the same archive as reconciliation (`attribution.reconcile.final_bills`); it writes
-nothing but its record in Redis (`RedisTotals.record_audit`), which the finance page shows.
+A Spark batch job over the same archive as reconciliation (`attribution.final_bills`); it writes nothing but its
+record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and beside the reconciliation state.
 """
 
 from __future__ import annotations
@@ -17,21 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
+from attribution.closing import CorrectionFiles, ExportFolders, ReconcileConfig, StateFile, data_versions
+from attribution.final_bills import final_bills
 from attribution.join import catalog_frame
-from attribution.reconcile import (
-    ReconcileConfig,
-    _closed_by_exports,
-    _read_corrections,
-    data_versions,
-    final_bills,
-)
-from attribution.restore import LAST_AUDIT_FILE, save_record
+from attribution.restore import save_record
 from billing.catalog import Catalog
+from billing.closing_run import closed_by_exports
 from billing.corrections import check_reconciled
 from billing.periods import Periods
-from billing.store.export_files import export_folder, exported_bills, read_export
 from billing.store.parquet_ledger import read_ledger
-from billing.store.period_states import load_states
 from billing.store.redis_totals import RedisTotals
 
 
@@ -55,23 +49,27 @@ class PeriodAudit:
 def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> list[PeriodAudit]:
     """Every period with events, bills, corrections or an export, oldest first."""
     periods = Periods(config.period_ms)
-    closed = {p for p, s in _closed_by_exports(config, load_states(config.state_file)).items() if s.closed}
-    corrections = _read_corrections(config)
-    every = set(data_versions(config, periods)) | closed | {c.corrects_period for c in corrections}
+    layout = config.layout
+    exports = ExportFolders(layout)
+    closed = {p for p, s in closed_by_exports(exports, StateFile(layout).load()).items() if s.closed}
+    corrections = CorrectionFiles(layout).read()
+    every = set(data_versions(layout, periods)) | closed | {c.corrects_period for c in corrections}
     if not every:
         return []
     ordered = sorted(every, key=periods.parse_key)
-    final_all = final_bills(spark, config, ordered, catalog_frame(spark, catalog))[0].toArrow()
-    ledger = read_ledger(config.ledger_dir)
+    final_all = final_bills(spark, layout.archive, config.period_ms, ordered, catalog_frame(spark, catalog))[
+        0
+    ].toArrow()
+    ledger = read_ledger(layout.ledger)
     out = []
     for period in ordered:
         final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
         of_period = [c for c in corrections if c.corrects_period == period]
         if period in closed:
-            books = exported_bills(read_export(export_folder(config.data_dir, period)))
+            books = exports.given(period)
             entries = [c for c in of_period if c.booked_period != period]
         else:
-            books = ledger.filter(pc.equal(ledger["period"], period))
+            books = ledger.filter(pc.equal(ledger["period"], period)).to_pylist()
             entries = of_period
         out.append(
             PeriodAudit(
@@ -79,9 +77,9 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 closed=period in closed,
                 rule_clicks=final.num_rows,
                 rule_micros=_micros(final),
-                books_clicks=books.num_rows + sum(c.clicks for c in entries),
-                books_micros=_micros(books) + sum(c.amount_micros for c in entries),
-                problems=check_reconciled(final.to_pylist(), books.to_pylist(), entries),
+                books_clicks=len(books) + sum(c.clicks for c in entries),
+                books_micros=sum(r["amount_micros"] for r in books) + sum(c.amount_micros for c in entries),
+                problems=check_reconciled(final.to_pylist(), books, entries),
             )
         )
     return out
@@ -96,7 +94,7 @@ def record(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | 
         "rule_micros": sum(a.rule_micros for a in audits),
         "books_micros": sum(a.books_micros for a in audits),
     }
-    save_record(config.data_dir, LAST_AUDIT_FILE, outcome)
+    save_record(config.layout.last_audit_file, outcome)
     RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(outcome)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-EPOCH_FILE = "adbill-epoch.json"
+from billing.layout import EPOCH_FILE, DataLayout
 
 
 class CheckpointRefusedError(RuntimeError):
@@ -56,10 +56,16 @@ def checkpoint_started(checkpoint: Path) -> bool:
 
 def newest_batch_id(data_dir: Path) -> int | None:
     """The largest batch id of the ledger, archive and quarantine folders (None: no batch written yet)."""
+    layout = DataLayout(data_dir)
+    batches = (
+        (layout.ledger, "period=*/batch_id=*"),
+        (layout.archive, "*/period=*/batch_id=*"),
+        (layout.quarantine, "batch_id=*"),
+    )
     found = [
         int(folder.name.removeprefix("batch_id="))
-        for pattern in ("ledger/period=*/batch_id=*", "archive/*/period=*/batch_id=*", "quarantine/batch_id=*")
-        for folder in data_dir.glob(pattern)
+        for base, pattern in batches
+        for folder in base.glob(pattern)
         if folder.name.removeprefix("batch_id=").isdigit()
     ]
     return max(found, default=None)
@@ -68,7 +74,7 @@ def newest_batch_id(data_dir: Path) -> int | None:
 def offsets_read(data_dir: Path, topics: list[str]) -> dict[str, dict[int, int]]:
     """Per topic and partition, the offset after the last record the data folder holds (archived or quarantined)."""
     out: dict[str, dict[int, int]] = {topic: {} for topic in topics}
-    for folder in (data_dir / "archive", data_dir / "quarantine"):
+    for folder in (DataLayout(data_dir).archive, DataLayout(data_dir).quarantine):
         if not folder.is_dir() or not any(folder.rglob("*.parquet")):
             continue
         table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -52,14 +52,13 @@ from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_va
 from attribution.epoch import Epoch, prepare_epoch
 from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
-from attribution.stream_position import end_offsets
+from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
+from billing.layout import DataLayout
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
-
-BILLING_QUERY = "billing"
 
 
 @dataclass(frozen=True)
@@ -91,19 +90,9 @@ class StreamConfig:
     (`billing.store.redis_totals.connect`)."""
 
     @property
-    def ledger_dir(self) -> Path:
-        return self.data_dir / "ledger"
-
-    @property
-    def archive_dir(self) -> Path:
-        return self.data_dir / "archive"
-
-    @property
-    def quarantine_dir(self) -> Path:
-        return self.data_dir / "quarantine"
-
-    def checkpoint(self, query: str) -> Path:
-        return self.data_dir / "checkpoints" / query
+    def layout(self) -> DataLayout:
+        """Where in `data_dir` the job writes (`billing.layout`)."""
+        return DataLayout(self.data_dir)
 
 
 FETCH_MAX_WAIT_MS = 10
@@ -131,13 +120,6 @@ def _starting_offsets(config: StreamConfig, topics: list[str]) -> str:
     if len(topics) == 1:
         return config.epoch.spark_starting_offsets(topics[0]) or config.starting_offsets
     return config.starting_offsets
-
-
-def period_columns(time_ms: Column, period_ms: int) -> list[Column]:
-    """`period_start_ms` and `period` (its key, `YYYYMMDDTHHMMZ` in UTC) of an epoch-ms column."""
-    start = time_ms - time_ms % F.lit(period_ms)
-    key = F.date_format(F.timestamp_millis(start), "yyyyMMdd'T'HHmm'Z'")
-    return [start.alias("period_start_ms"), key.alias("period")]
 
 
 def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
@@ -225,7 +207,7 @@ class BatchSink:
 
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
-        watermark = late_watermark_ms(batch.sparkSession, self.config.checkpoint(BILLING_QUERY), spark_batch_id)
+        watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
         writer = PartitionWriter(
@@ -234,9 +216,9 @@ class BatchSink:
             billed_at_ms=int(time.time() * 1000),
             period_ms=self.config.period_ms,
             clock_tolerance_ms=self.config.clock_tolerance_ms,
-            ledger_dir=self.config.ledger_dir,
-            archive_dir=self.config.archive_dir,
-            quarantine_dir=self.config.quarantine_dir,
+            ledger_dir=self.config.layout.ledger,
+            archive_dir=self.config.layout.archive,
+            quarantine_dir=self.config.layout.quarantine,
             ledger_columns=tuple(LEDGER_COLUMNS),
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
         )
@@ -345,7 +327,7 @@ def start(
     earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
     topics = [config.topic_impressions, config.topic_clicks]
     epoch = prepare_epoch(
-        config.checkpoint(BILLING_QUERY),
+        config.layout.checkpoint(BILLING_QUERY),
         config.data_dir,
         lambda: {t: sorted(parts) for t, parts in end_offsets(config.kafka_bootstrap, topics).items()},
         RedisTotals.from_url(config.redis_url, config.redis_prefix).last_applied(BILLING_QUERY),
@@ -357,13 +339,75 @@ def start(
     catalog_df = catalog_frame(spark, catalog).cache()
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
-    query = (
-        attribution_stream(spark, config, catalog_df)
-        .writeStream.queryName(BILLING_QUERY)
-        .foreachBatch(BatchSink(config, catalog))
-        .option("checkpointLocation", str(config.checkpoint(BILLING_QUERY)))
-        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
-        .start()
-    )
-    heartbeat.follow(str(query.id))
+    checkpoint = config.layout.checkpoint(BILLING_QUERY)
+    replayed = uncommitted_batch(checkpoint)
+
+    def start_query() -> StreamingQuery:
+        query = (
+            attribution_stream(spark, config, catalog_df)
+            .writeStream.queryName(BILLING_QUERY)
+            .foreachBatch(BatchSink(config, catalog))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+            .start()
+        )
+        heartbeat.follow(str(query.id))
+        return query
+
+    query = start_query()
+    if replayed is not None:
+        query = _through_replay(spark, query, replayed, start_query)
     return [query]
+
+
+def uncommitted_batch(checkpoint: Path) -> int | None:
+    """The batch a restart of the query replays: the newest in the checkpoint's offset log without a commit (planned
+    before the job stopped, not finished); None when every planned batch is committed."""
+    planned = [int(p.name) for p in (checkpoint / "offsets").glob("*") if p.name.isdigit()]
+    if not planned:
+        return None
+    newest = max(planned)
+    return None if (checkpoint / "commits" / str(newest)).exists() else newest
+
+
+def _through_replay(
+    spark: SparkSession, query: StreamingQuery, batch_id: int, start_query: Callable[[], StreamingQuery]
+) -> StreamingQuery:
+    """Wait for `query` to replay batch `batch_id`, and start it again if Spark 4.1.1's Kafka source stopped it
+    reporting that batch (`replay_progress_failure`): Spark has run and committed the batch by then, so the
+    query started again goes on with the next batch."""
+    while query.isActive:
+        progress = query.lastProgress
+        if progress is not None and int(progress["batchId"]) >= batch_id:
+            return query
+        time.sleep(0.2)
+    if not replay_progress_failure(*failure_cause(query)):
+        return query  # another failure: the caller sees it as before
+    log.warning(
+        "the query stopped reporting batch %d, which it replayed after a restart (Spark 4.1.1's Kafka source, "
+        "SPARK-55271); the batch is committed: starting the query again",
+        batch_id,
+    )
+    spark.streams.resetTerminated()  # so that awaitAnyTermination() waits for the query started again
+    return start_query()
+
+
+def replay_progress_failure(cause: str, frames: Sequence[str]) -> bool:
+    """Whether a query failed with Spark 4.1.1's Kafka source bug SPARK-55271, from the failure's cause
+    (`failure_cause`): the source cannot report the progress of the first batch after a restart when that batch is
+    one the checkpoint replays (planned before a crash, not committed), and the query stops with a
+    NullPointerException in `KafkaMicroBatchStream.metrics`. Spark has run and committed the batch by then; started
+    again, the query goes on with the next one."""
+    return cause.startswith("java.lang.NullPointerException") and any(
+        "kafka010.KafkaMicroBatchStream" in frame and ".metrics(" in frame for frame in frames
+    )
+
+
+def failure_cause(query: StreamingQuery) -> tuple[str, list[str]]:
+    """The exception that stopped `query` (the cause Spark wrapped in a StreamingQueryException) and its stack
+    frames, as text; empty when the query did not fail."""
+    failed: Any = query._jsq.exception()  # type: ignore[attr-defined]
+    if failed.isEmpty():
+        return "", []
+    cause = failed.get().getCause() or failed.get()
+    return str(cause.toString()), [str(frame.toString()) for frame in cause.getStackTrace()]

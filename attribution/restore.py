@@ -28,16 +28,13 @@ from attribution.epoch import newest_batch_id
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.durable import make_folder, replace_files
 from billing.store.export_files import MANIFEST_FILE, read_export
 from billing.store.parquet_ledger import ledger_totals, read_ledger
 from billing.store.redis_totals import RedisTotals, TotalsRow
-
-LAST_RUN_FILE = "last-run.json"
-LAST_AUDIT_FILE = "last-audit.json"
-"""The last reconciliation run's and audit's records, kept beside the state file (`DATA/reconcile/`)."""
 
 
 class JobRunningError(RuntimeError):
@@ -63,7 +60,7 @@ def job_activity(data_dir: Path, totals: RedisTotals, query: str, quiet_ms: int,
     beat = totals.client.get(totals.keys.heartbeat(query))
     if beat is not None and now_ms - int(str(beat)) < quiet_ms:
         return f"the streaming job reported {(now_ms - int(str(beat))) / 1000:.0f} s ago"
-    checkpoint = data_dir / "checkpoints" / query
+    checkpoint = DataLayout(data_dir).checkpoint(query)
     for folder in (checkpoint / "offsets", checkpoint / "commits"):
         newest = max((p.stat().st_mtime for p in folder.iterdir()), default=0.0) if folder.is_dir() else 0.0
         if now_ms - newest * 1000 < quiet_ms:
@@ -94,13 +91,14 @@ def restore_redis(
             break
         time.sleep(1.0)
 
+    layout = DataLayout(data_dir)
     totals.wipe_billing()
     advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
-    ledger = read_ledger(data_dir / "ledger")
+    ledger = read_ledger(layout.ledger)
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
-    late = _late_events(data_dir / "archive")
-    ahead = _clock_ahead_events(data_dir / "archive", clock_tolerance_ms)
-    bad = _table(data_dir / "quarantine", ["reason", "topic", "ad_id"])
+    late = _late_events(layout.archive)
+    ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms)
+    bad = _table(layout.quarantine, ["reason", "topic", "ad_id"])
     last_batch = max(newest_batch_id(data_dir) or -1, 0)
     totals.apply_batch(
         query,
@@ -111,26 +109,25 @@ def restore_redis(
         clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
     )
 
-    corrections = _corrections_in_written_order(data_dir / "corrections")
+    corrections = _corrections_in_written_order(layout.corrections)
     totals.apply_corrections(corrections, {c.booked_period: periods.parse_key(c.booked_period) for c in corrections})
-    conflicts = _table(data_dir / "conflicts", ["topic", "partition", "offset", "ad_id"])
+    conflicts = _table(layout.conflicts, ["topic", "partition", "offset", "ad_id"])
     totals.add_conflicts(
         (f"{r['topic']}/{r['partition']}/{r['offset']}", r["topic"], advertiser_of.get(r["ad_id"] or ""))
         for r in conflicts.to_pylist()
     )
     closed = 0
-    exports = data_dir / "exports"
+    exports = layout.exports
     for folder in sorted(exports.iterdir()) if exports.is_dir() else []:
         if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
             totals.close_period(
                 folder.name, periods.parse_key(folder.name), export_totals(read_export(folder).to_pylist())
             )
             closed += 1
-    records = data_dir / "reconcile"
-    if (records / LAST_RUN_FILE).exists():
-        totals.record_reconciliation(json.loads((records / LAST_RUN_FILE).read_text()))
-    if (records / LAST_AUDIT_FILE).exists():
-        totals.record_audit(json.loads((records / LAST_AUDIT_FILE).read_text()))
+    if layout.last_run_file.exists():
+        totals.record_reconciliation(json.loads(layout.last_run_file.read_text()))
+    if layout.last_audit_file.exists():
+        totals.record_audit(json.loads(layout.last_audit_file.read_text()))
     return Restored(
         last_batch=last_batch,
         billed_clicks=sum(r.clicks for r in rows),
@@ -143,13 +140,13 @@ def restore_redis(
     )
 
 
-def save_record(data_dir: Path, name: str, record: dict[str, object]) -> None:
-    """Keep a reconciliation or audit record beside the state file (written, flushed, renamed into place)."""
-    folder = data_dir / "reconcile"
-    touched = make_folder(folder)
-    temporary = folder / f".{name}.tmp"
+def save_record(path: Path, record: dict[str, object]) -> None:
+    """Keep a reconciliation or audit record (`DataLayout.last_run_file`, `last_audit_file`): written, flushed,
+    renamed into place."""
+    touched = make_folder(path.parent)
+    temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps(record, indent=1, default=str))
-    replace_files([(temporary, folder / name)], touched)
+    replace_files([(temporary, path)], touched)
 
 
 def _table(folder: Path, columns: list[str]) -> pa.Table:

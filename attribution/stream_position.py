@@ -16,6 +16,9 @@ from billing.closing import Offsets, StreamPosition
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
+BILLING_QUERY = "billing"
+"""The streaming job's one query: its checkpoint folder's name, its heartbeat's and its applied batches' key."""
+
 
 def committed_offsets(checkpoint: Path) -> Offsets | None:
     """The offsets up to which the query has committed (None: no batch committed yet)."""

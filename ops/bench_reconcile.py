@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.catalog import generate_catalog
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_file import load_catalog, save_catalog
 
@@ -87,7 +88,7 @@ def write_day(root: Path, events: int, seed: int, missed: float = 0.01, doubled:
                 "period_start_ms": np.full(len(rows), start, dtype=np.int64),
             }
         )
-        folder = root / "ledger" / f"period={period}" / "batch_id=0"
+        folder = DataLayout(root).ledger / f"period={period}" / "batch_id=0"
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / "part-0.parquet")
         figures["impressions"] += n_imp
@@ -95,7 +96,7 @@ def write_day(root: Path, events: int, seed: int, missed: float = 0.01, doubled:
         figures["billable"] += int(billable.sum())
         figures["ledger_rows"] += len(rows)
         print(f"  wrote {period}: {n_imp:,} impressions, {n_clk:,} clicks", end="\r", flush=True)
-    save_catalog(catalog, root / "catalog.json")
+    save_catalog(catalog, DataLayout(root).catalog_file)
     print()
     return figures
 
@@ -118,7 +119,7 @@ def _archive(root: Path, event_type: str, period: str, start: int, ids, ad, user
             "period_start_ms": np.full(n, start, dtype=np.int64),
         }
     )
-    folder = root / "archive" / f"event_type={event_type}" / f"period={period}" / "batch_id=0"
+    folder = DataLayout(root).archive_of(event_type) / f"period={period}" / "batch_id=0"
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, folder / "part-0.parquet")
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="folder for the run")
     args = parser.parse_args(argv)
 
-    from attribution.reconcile import ReconcileConfig, reconcile
+    from attribution.closing import ReconcileConfig, run_closing
     from billing.store.corrections_arrow import corrections_from_arrow
     from ops.process import free_port
     from ops.redis_service import LocalRedis
@@ -144,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     redis = LocalRedis(data_dir=home / "redis", port=free_port(), run_dir=home / "run", appendonly=False)
     redis.start()
-    spark = spark_session(settings, "adbill-bench-reconcile", home / "spark-tmp", stateful=False)
+    spark = spark_session(settings, "adbill-bench-reconcile", DataLayout(home).spark_scratch(), stateful=False)
     try:
         config = ReconcileConfig(data_dir=home, redis_url=redis.url, redis_prefix="bench", period_ms=HOUR_MS)
         started = time.monotonic()
-        report = reconcile(
+        report = run_closing(
             spark,
             config,
-            load_catalog(home / "catalog.json"),
+            load_catalog(DataLayout(home).catalog_file),
             until_ms=DAY_START_MS + 24 * HOUR_MS,
             progress=lambda message: print(f"  {message}", flush=True),
             force=True,  # no streaming job here: the day is written straight into the archive and ledger
@@ -162,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         redis.stop()
     import pyarrow.dataset as ds
 
-    written = corrections_from_arrow(ds.dataset(home / "corrections", format="parquet", partitioning="hive").to_table())
+    written = corrections_from_arrow(
+        ds.dataset(DataLayout(home).corrections, format="parquet", partitioning="hive").to_table()
+    )
     ledger_rows = figures["ledger_rows"]
     exact = ledger_rows + sum(c.clicks for c in written) == figures["billable"] == report.final_clicks
     print(
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         f"24 periods closed and exported: {len(report.closed) == 24}; ledger + corrections = final: {exact}"
     )
     print(f"target: under 120 s -> {'met' if elapsed < 120 else 'NOT met'}")
-    shutil.rmtree(home / "spark-tmp", ignore_errors=True)
+    shutil.rmtree(DataLayout(home).spark_scratch(), ignore_errors=True)
     return 0 if exact else 1
 
 

@@ -408,13 +408,13 @@ class Chaos:
         caught = None
         start = time.monotonic()
         while time.monotonic() - start < 600:
-            rows = read_ledger(self.settings.root / "ledger").to_pylist()
+            rows = read_ledger(self.settings.layout.ledger).to_pylist()
             if len(rows) >= len(truth):
                 caught = time.monotonic() - start
                 break
             time.sleep(2)
         time.sleep(5)
-        rows = read_ledger(self.settings.root / "ledger").to_pylist()
+        rows = read_ledger(self.settings.layout.ledger).to_pylist()
         self.say(f"ledger: {len(rows)} rows, truth {len(truth)} clicks; caught up in {caught and round(caught)} s")
         last_event_ms = max((r["click_time"] for r in rows), default=int(time.time() * 1000))
         until = (last_event_ms // PERIOD_MS + 1) * PERIOD_MS
@@ -448,7 +448,7 @@ class Chaos:
 
         exported: dict[str, int] = {}
         adjustments = 0
-        exports_dir = self.settings.root / "exports"
+        exports_dir = self.settings.layout.exports
         periods_closed = 0
         for folder in sorted(exports_dir.iterdir()) if exports_dir.is_dir() else []:
             if folder.name.startswith("."):
@@ -461,7 +461,7 @@ class Chaos:
                 exported[bill["click_id"]] = exported.get(bill["click_id"], 0) + bill["net_micros"]
         exports_equal = exported == truth
 
-        quarantine_dir = self.settings.root / "quarantine"
+        quarantine_dir = self.settings.layout.quarantine
         quarantined = set()
         if quarantine_dir.is_dir():
             table = ds.dataset(quarantine_dir, format="parquet", partitioning="hive").to_table(

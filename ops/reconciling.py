@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from attribution.audit import PeriodAudit
-    from attribution.reconcile import ReconcileConfig, RunReport
+    from attribution.closing import ReconcileConfig
+    from billing.closing_run import RunReport
 
 
 def parse_time(text: str) -> int:
@@ -35,7 +36,7 @@ def parse_time(text: str) -> int:
 
 
 def reconcile_config(settings: Settings) -> ReconcileConfig:
-    from attribution.reconcile import ReconcileConfig
+    from attribution.closing import ReconcileConfig
 
     return ReconcileConfig(
         data_dir=settings.root,
@@ -56,7 +57,8 @@ def run_reconcile(
     """Reconcile once, or every `every_s` seconds until Ctrl-C/SIGTERM; prints what each run did. Exit codes:
     0 done (periods may be held: the output says why), 3 refused (a back-fill ahead of the stream without
     `force`), 4 another run holds the lock (a single run takes it before it starts Spark)."""
-    from attribution.reconcile import HeldError, ReconcileBusyError, reconcile, run_lock
+    from attribution.closing import run_closing, run_lock
+    from billing.closing_run import HeldError, ReconcileBusyError
     from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -72,13 +74,13 @@ def run_reconcile(
         except ReconcileBusyError as exc:
             print(f"reconcile: {exc}", file=sys.stderr, flush=True)
             return 4
-        spark = spark_session(settings, "adbill-reconcile", settings.root / "spark-tmp-reconcile", stateful=False)
+        spark = spark_session(settings, "adbill-reconcile", settings.layout.spark_scratch("reconcile"), stateful=False)
         metrics = ReconcileMetrics.serve(settings) if every_s else None
         try:
             while True:
                 started = time.monotonic()
                 try:
-                    report = reconcile(
+                    report = run_closing(
                         spark,
                         config,
                         load_catalog(settings.catalog_file),
@@ -168,7 +170,7 @@ def run_audit(settings: Settings) -> int:
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
     ensure_catalog(settings)
-    spark = spark_session(settings, "adbill-audit", settings.root / "spark-tmp-audit", stateful=False)
+    spark = spark_session(settings, "adbill-audit", settings.layout.spark_scratch("audit"), stateful=False)
     config = reconcile_config(settings)
     try:
         audits = audit(spark, config, load_catalog(settings.catalog_file))
@@ -224,7 +226,7 @@ def describe_run(report: RunReport) -> str:
 def export_periods(settings: Settings, first: str, last: str | None, out: Path) -> int:
     """Copy the exports of closed periods `first`..`last` to `out/PERIOD/`; an open period is an error."""
     from billing.periods import Periods
-    from billing.store.export_files import copy_export, export_folder
+    from billing.store.export_files import copy_export
 
     periods = Periods(settings.period_ms)
     try:
@@ -237,7 +239,7 @@ def export_periods(settings: Settings, first: str, last: str | None, out: Path) 
         print(f"export: --to {last} is before {first}", file=sys.stderr)
         return 2
     wanted = periods.range_keys(start, end + periods.length_ms)
-    missing = [p for p in wanted if not export_folder(settings.root, p).exists()]
+    missing = [p for p in wanted if not settings.layout.export(p).exists()]
     if missing:
         print(
             f"export: not closed yet (no export): {', '.join(missing)}; run `adbill reconcile` after the "

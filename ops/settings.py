@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from billing.layout import DataLayout
+
 PREFIX = "ADBILL_"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,50 +205,54 @@ class Settings:
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
 
-    # Derived locations: one place decides the layout of HOME.
+    # Derived locations: the layout of HOME is `billing.layout`'s.
     @property
     def root(self) -> Path:
         return self.home.resolve()
 
     @property
+    def layout(self) -> DataLayout:
+        return DataLayout(self.root)
+
+    @property
     def kafka_dir(self) -> Path:
-        return self.root / "kafka"
+        return self.layout.kafka
 
     @property
     def redis_dir(self) -> Path:
-        return self.root / "redis"
+        return self.layout.redis
 
     @property
     def run_dir(self) -> Path:
-        return self.root / "run"
+        return self.layout.run
 
     @property
     def logs_dir(self) -> Path:
-        return self.root / "logs"
+        return self.layout.logs
 
     @property
     def spark_event_log_dir(self) -> Path:
-        return self.spark_event_log_path or self.root / "spark-events"
+        return self.spark_event_log_path or self.layout.spark_events
 
     @property
     def catalog_file(self) -> Path:
-        return self.catalog_path or self.root / "catalog.json"
+        return self.catalog_path or self.layout.catalog_file
 
     @property
     def users_file(self) -> Path:
-        return self.users_path or self.root / "users.json"
+        return self.users_path or self.layout.users_file
 
     @property
     def api_tokens_file(self) -> Path:
-        return self.api_tokens_path or self.root / "api-tokens.json"
+        return self.api_tokens_path or self.layout.api_tokens_file
 
     @property
     def web_secret_file(self) -> Path:
-        return self.web_secret_path or self.root / "web-secret.key"
+        return self.web_secret_path or self.layout.web_secret_file
 
     @property
     def registry_location(self) -> str:
-        return self.schema_registry or str(self.root / "schemas.json")
+        return self.schema_registry or str(self.layout.schemas_file)
 
     @property
     def topics(self) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -48,6 +49,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
+    from pyspark.errors import StreamingQueryException
 
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
@@ -66,7 +68,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     # memory in many arenas and resident memory creeps up. Two arenas (read by the JVM this starts) keep it in
     # check: with this and RocksDB's one memory budget (attribution.session) the 30-minute soak stayed flat.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    spark = spark_session(settings, "adbill-stream", settings.root / "spark-tmp", stateful=True)
+    spark = spark_session(settings, "adbill-stream", settings.layout.spark_scratch("stream"), stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
         REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix))
@@ -87,11 +89,12 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         return 2
     print(
         f"streaming: queries {', '.join(q.name for q in queries)} on {settings.spark_master}; "
-        f"ledger {config.ledger_dir}; metrics :{settings.metrics_port or 'off'}",
+        f"ledger {config.layout.ledger}; metrics :{settings.metrics_port or 'off'}",
         flush=True,
     )
     try:
-        spark.streams.awaitAnyTermination()
+        with contextlib.suppress(StreamingQueryException):  # a failed query: said below, exit 1
+            spark.streams.awaitAnyTermination()
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:
@@ -110,8 +113,8 @@ RESTORE_TIMEOUT_S = 300.0
 
 def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
-    from attribution.job import BILLING_QUERY
     from attribution.restore import JobRunningError, restore_redis
+    from attribution.stream_position import BILLING_QUERY
     from billing.periods import Periods
     from billing.store.catalog_file import load_catalog
     from billing.store.redis_totals import RedisTotals

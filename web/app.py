@@ -16,6 +16,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from billing.layout import DataLayout
 from web import api, auth, display, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
@@ -71,8 +72,8 @@ class WebSettings(Protocol):
 
 
 def exports_dir(settings: WebSettings) -> Path:
-    """Where reconciliation writes each closed period's export: `HOME/exports/PERIOD/`."""
-    return settings.root / "exports"
+    """Where reconciliation writes each closed period's export: `HOME/exports/PERIOD/` (`billing.layout`)."""
+    return DataLayout(settings.root).exports
 
 
 def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s: float = CACHE_S) -> Flask:

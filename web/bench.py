@@ -34,6 +34,7 @@ from urllib.parse import urlencode
 import redis
 
 from billing.catalog import generate_catalog
+from billing.layout import DataLayout
 from billing.store.catalog_file import save_catalog
 from ops.process import free_ports
 from web.access import Role
@@ -226,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         _wait_port(redis_port, redis_proc, "redis-server", redis_log)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         catalog = generate_catalog(args.advertisers, 3, 4, seed=1)
-        save_catalog(catalog, home / "catalog.json")
+        save_catalog(catalog, DataLayout(home).catalog_file)
         client = redis.Redis.from_url(redis_url, decode_responses=True)
         first_period = (int(time.time() * 1000) // 3_600_000 - args.periods) * 3_600_000
-        seeded = seed_sample(SampleWriter(client, "adbill", home / "exports"), catalog, first_period, args.periods)
-        accounts = AccountsFile(home / "users.json")
+        seeded = seed_sample(
+            SampleWriter(client, "adbill", DataLayout(home).exports), catalog, first_period, args.periods
+        )
+        accounts = AccountsFile(DataLayout(home).users_file)
         users = []
         for i, advertiser in enumerate(catalog.advertiser_ids):
             accounts.add(f"user{i}", Role.ADVERTISER, PASSWORD, advertiser)

@@ -20,6 +20,7 @@ import redis
 
 from billing.catalog import Ad, Catalog
 from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
+from billing.layout import DataLayout
 from billing.periods import Periods, format_utc
 from billing.store.export_files import export_table, write_export
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
@@ -35,8 +36,9 @@ class SampleWriter:
     def __init__(self, client: redis.Redis, prefix: str, exports_dir: Path) -> None:
         self.client = client
         self.prefix = prefix
-        if exports_dir.name != "exports":
-            raise ValueError(f"exports live in ROOT/exports, not in {exports_dir}")
+        self.layout = DataLayout(exports_dir.parent)
+        if self.layout.exports != exports_dir:
+            raise ValueError(f"exports live in {DataLayout(Path('ROOT')).exports}, not in {exports_dir}")
         self.exports_dir = exports_dir
         self.totals = RedisTotals(client, prefix)
         self.keys = self.totals.keys
@@ -92,14 +94,14 @@ class SampleWriter:
     def export(self, period: str, start_ms: int, end_ms: int, closed_at_ms: int, rows: list[dict[str, Any]]) -> Path:
         """A closed period's export folder (Parquet, CSV, manifest), written by the finance export's own writer."""
         write_export(
-            self.exports_dir.parent,
+            self.layout.root,
             period,
             export_table(rows),
             start_ms,
             end_ms,
             closed_at_ms,
         )
-        return self.exports_dir / period
+        return self.layout.export(period)
 
 
 def seed_sample(

@@ -24,6 +24,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from billing.export import ExportStatus, RecordType
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.durable import fsync_file, fsync_folder, make_folder
 
@@ -174,8 +175,8 @@ class Manifest:
 
 
 def export_folder(root: str | os.PathLike[str], period: str) -> Path:
-    """`ROOT/exports/PERIOD`: where the export of `period` lives."""
-    return Path(root) / "exports" / period
+    """`ROOT/exports/PERIOD`: where the export of `period` lives (`billing.layout`)."""
+    return DataLayout(Path(root)).export(period)
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> Manifest:

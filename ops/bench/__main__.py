@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from billing.layout import DataLayout
 from ops.bench import ceiling, report
 from ops.bench.measure import Sampler
 from ops.bench.systems import BASELINE, PIPELINE, LoadOptions, System, prepare_system, run_system, start_services
@@ -361,8 +362,9 @@ def _write(out: Path, data: dict[str, Any], keep_data: bool) -> int:
     images = plots.draw(data, out)
     (out / "report.md").write_text(report.render(data, images))
     if not keep_data:
-        heavy = [out / "services" / "kafka" / "data", out / PIPELINE / "archive"]
-        heavy += [out / name / part for name in (PIPELINE, BASELINE) for part in ("checkpoints", "spark-tmp")]
+        homes = [DataLayout(out / name) for name in (PIPELINE, BASELINE)]
+        heavy = [out / "services" / "kafka" / "data", homes[0].archive]
+        heavy += [folder for home in homes for folder in (home.checkpoints, home.spark_scratch())]
         for folder in heavy:
             shutil.rmtree(folder, ignore_errors=True)
     print(report.console_summary(data), flush=True)

@@ -85,13 +85,13 @@ def main() -> int:
     from ops.spark import spark_session
 
     settings = Settings.from_env()
-    spark = spark_session(settings, "adbill-bench-baseline", settings.root / "spark-tmp", stateful=True)
+    spark = spark_session(settings, "adbill-bench-baseline", settings.layout.spark_scratch(), stateful=True)
     spark.streams.addListener(HealthListener(settings.redis_url, settings.redis_prefix, {}))
     query = (
         textbook_join(spark, settings)
         .writeStream.queryName(QUERY)
         .format("noop")
-        .option("checkpointLocation", str(settings.root / "checkpoints" / QUERY))
+        .option("checkpointLocation", str(settings.layout.checkpoint(QUERY)))
         .trigger(processingTime=f"{settings.trigger_ms} milliseconds")
         .start()
     )

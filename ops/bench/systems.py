@@ -67,7 +67,7 @@ class System:
 
     @property
     def ledger_dir(self) -> Path | None:
-        return self.settings.root / "ledger" if self.name == PIPELINE else None
+        return self.settings.layout.ledger if self.name == PIPELINE else None
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}

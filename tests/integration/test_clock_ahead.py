@@ -24,9 +24,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
+from attribution.closing import run_closing
 from attribution.job import start
 from attribution.progress import HealthListener
-from attribution.reconcile import reconcile
 from attribution.restore import restore_redis
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
@@ -320,7 +320,7 @@ def reconciled_exactly(spark: SparkSession, run: LiveRun) -> None:
     last = max(max(e.event_time for e in run.skewed), max(row["click_time"] for row in run.ledger))
     until = periods.end_of(last)
     # The job read everything and was stopped: a forced run closes the periods without asking where it stands.
-    reconcile(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until, force=True)
+    run_closing(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until, force=True)
     nets: Counter[str] = Counter()
     micros: Counter[str] = Counter()
     for row in run.ledger:

@@ -17,10 +17,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from attribution.audit import audit
+from attribution.closing import ReconcileConfig, run_closing, run_lock
 from attribution.job import start
-from attribution.reconcile import HeldError, ReconcileBusyError, ReconcileConfig, reconcile, run_lock
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Catalog
+from billing.closing_run import HeldError, ReconcileBusyError
 from billing.events import Click, Impression
 from billing.export import export_totals
 from billing.periods import Periods
@@ -144,16 +145,16 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     # The clock passes both horizons: the job is down and behind, so both periods are held, with the reason.
     rc = dataclasses.replace(reconcile_config(settings), alive_within_ms=3_000)
     time.sleep(3.5)
-    held = reconcile(spark, rc, catalog, clock=lambda: PAST_HORIZONS)
+    held = run_closing(spark, rc, catalog, clock=lambda: PAST_HORIZONS)
     assert held.closed == [] and set(held.held) == {P0, P1}, held.held
     assert all(reason.startswith("held: the streaming job has been down for") for reason in held.held.values())
     assert not export_folder(settings.root, P0).exists()
     # A back-fill ahead of the stream is refused unless forced.
     with pytest.raises(HeldError, match="--force"):
-        reconcile(spark, rc, catalog, until_ms=UNTIL)
+        run_closing(spark, rc, catalog, until_ms=UNTIL)
     assert not export_folder(settings.root, P0).exists()
 
-    forced = reconcile(spark, rc, catalog, until_ms=UNTIL, force=True)
+    forced = run_closing(spark, rc, catalog, until_ms=UNTIL, force=True)
     assert forced.closed == [P0, P1]
     exports_at_close = {p: read_export(export_folder(settings.root, p)) for p in (P0, P1)}
     assert {r["click_id"][:2] for p in (P0, P1) for r in exports_at_close[p].to_pylist()} == {"a0", "a1"}
@@ -170,7 +171,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
 
         # The next run books what finance was not given, in the open period, pointing at the closed ones.
         rc = reconcile_config(settings)
-        later = reconcile(spark, rc, catalog)
+        later = run_closing(spark, rc, catalog)
         open_period = Periods().key_of(int(time.time() * 1000))
         adjustments = [c for c in corrections(settings) if c.booked_period == open_period]
         assert {c.corrects_period for c in adjustments} == {P0, P1}
@@ -183,7 +184,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
         # The open period holds nothing but adjustments; it closes once its end is passed, without --force: the
         # job is alive and has read everything.
         end_of_open = Periods().parse_key(open_period) + H
-        closing = reconcile(spark, rc, catalog, until_ms=end_of_open)
+        closing = run_closing(spark, rc, catalog, until_ms=end_of_open)
         assert closing.closed == [open_period], closing.held
     finally:
         job.send_signal(signal.SIGTERM)
@@ -254,7 +255,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
 
         # A second run while one holds the lock does nothing, and says so.
         with run_lock(rc), pytest.raises(ReconcileBusyError, match="another reconciliation run holds"):
-            reconcile(spark, rc, catalog, until_ms=UNTIL)
+            run_closing(spark, rc, catalog, until_ms=UNTIL)
 
         steps = [
             f"period {P0}: 8 new correction(s) written",  # the corrections file, before Redis
@@ -264,9 +265,9 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
         ]
         for step in steps:
             with pytest.raises(Stop):
-                reconcile(spark, rc, catalog, until_ms=UNTIL, progress=stop_at(step))
-        reconcile(spark, rc, catalog, until_ms=UNTIL)
-        again = reconcile(spark, rc, catalog, until_ms=UNTIL)
+                run_closing(spark, rc, catalog, until_ms=UNTIL, progress=stop_at(step))
+        run_closing(spark, rc, catalog, until_ms=UNTIL)
+        again = run_closing(spark, rc, catalog, until_ms=UNTIL)
         assert again.periods == [] and (again.additions, again.retractions) == (0, 0)
     finally:
         for query in queries:

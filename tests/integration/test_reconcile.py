@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
-from attribution import reconcile as reconcile_module
+from attribution import closing as closing_module
+from attribution.closing import run_closing
 from attribution.job import start
-from attribution.reconcile import reconcile
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
 from billing.periods import Periods
@@ -186,7 +186,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         assert "conflict-c" in ledger, "the stream should have billed the conflicting copy"
 
         rc = reconcile_config(settings)
-        report = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        report = run_closing(spark, rc, catalog, until_ms=UNTIL)
         assert report.closed == [P0, P1]
         every = corrections(settings)
         reasons = Counter(c.reason for c in every)
@@ -228,7 +228,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
 
         # A second run writes nothing new.
         files = sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet"))
-        again = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        again = run_closing(spark, rc, catalog, until_ms=UNTIL)
         assert again.periods == [] and again.additions == again.retractions == 0
         assert sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet")) == files
 
@@ -243,7 +243,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         publisher.publish_event(Click("very-late-c", ad.ad_id, "very-late-user", T0 + 6_000))
         assert publisher.flush(30) == 0
         queries[0].processAllAvailable()
-        late = reconcile(spark, rc, catalog, until_ms=UNTIL)
+        late = run_closing(spark, rc, catalog, until_ms=UNTIL)
         # P1 is checked again too (an impression of P0 may qualify a click of P1), and gets nothing.
         assert late.periods == [P0, P1] and late.closed == [] and (late.additions, late.retractions) == (1, 0)
         assert folder_digest(export_folder(settings.root, P0)) == before
@@ -287,15 +287,15 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
         rc = reconcile_config(settings)
 
         # Kafka out of reach: the run closes its periods all the same, and says what it could not send.
-        monkeypatch.setattr(reconcile_module, "CONFLICTS_SEND_TIMEOUT_S", 2.0)
-        down = reconcile(spark, dataclasses.replace(rc, kafka_bootstrap="127.0.0.1:1"), catalog, UNTIL, force=True)
+        monkeypatch.setattr(closing_module, "CONFLICTS_SEND_TIMEOUT_S", 2.0)
+        down = run_closing(spark, dataclasses.replace(rc, kafka_bootstrap="127.0.0.1:1"), catalog, UNTIL, force=True)
         assert (down.closed, down.conflicts, down.conflicts_sent, down.conflicts_unsent) == ([P0], 2, 0, 2)
         assert on_topic() == []
 
         # The next run, with nothing to reconcile, sends them; the one after sends nothing.
-        first = reconcile(spark, rc, catalog, UNTIL, force=True)
+        first = run_closing(spark, rc, catalog, UNTIL, force=True)
         assert (first.periods, first.conflicts_sent, first.conflicts_unsent) == ([], 2, 0)
-        again = reconcile(spark, rc, catalog, UNTIL, force=True)
+        again = run_closing(spark, rc, catalog, UNTIL, force=True)
         assert (again.conflicts_sent, again.conflicts_unsent) == (0, 0)
         letters = on_topic()
         assert len(letters) == 2
@@ -303,7 +303,7 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
         # A third copy of the click reopens P0 for reconciliation: only the new conflict goes.
         publish([Click("c-1", "ad-1", "u-y", start_ms + 2_000)])
         queries[0].processAllAvailable()
-        late = reconcile(spark, rc, catalog, UNTIL, force=True)
+        late = run_closing(spark, rc, catalog, UNTIL, force=True)
         assert (late.periods[:1], late.conflicts, late.conflicts_sent) == ([P0], 1, 1)
         letters = on_topic()
         assert len(letters) == 3

@@ -1,0 +1,406 @@
+"""Closing periods (`adbill reconcile`), wired: the ports of `billing.closing_run` over the data folder, Spark,
+Redis and Kafka.
+
+A Spark batch job over the archive the stream writes (`attribution.final_bills`), one run at a time (`run_lock`).
+The workflow itself (due, held, reconcile, book, export, close, and how a killed run is completed) is plain
+Python in `billing.closing_run`; this module gives it its ports:
+
+- `SparkFinalBills`: the final bills of the due periods, computed by Spark, collected as Arrow;
+- `LedgerTable`: the stream's ledger (`billing.store.parquet_ledger`);
+- `CorrectionFiles`: `CORRECTIONS/period=P/run-ID.parquet`, one file per period and run, renamed into place;
+- `ConflictFiles`: `CONFLICTS/period=P.parquet` (all of a period's id conflicts, replaced whole) and the
+  quarantine topic, each conflict sent once (`conflicts-sent.json`);
+- `ExportFolders`: the finance exports (`billing.export`), never rewritten;
+- `StateFile`: the periods' states (`periods.json`) and the last run's record;
+- Redis (`billing.store.redis_totals.RedisTotals`), the stream's position (`attribution.stream_position`), the clock.
+
+Every path comes from the data folder's layout (`billing.layout`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
+from attribution.final_bills import final_bills
+from attribution.join import catalog_frame
+from attribution.restore import save_record
+from attribution.stream_position import BILLING_QUERY, stream_position
+from billing.catalog import Catalog
+from billing.closing import PeriodState, StreamPosition
+from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
+from billing.corrections import ArrivalFacts, Correction
+from billing.export import export_totals
+from billing.layout import DataLayout
+from billing.periods import Periods
+from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
+from billing.store.durable import make_folder, replace_files
+from billing.store.export_files import (
+    MANIFEST_FILE,
+    export_table,
+    exported_bills,
+    read_export,
+    read_manifest,
+    write_export,
+)
+from billing.store.parquet_ledger import read_ledger
+from billing.store.period_states import load_states, save_states
+from billing.store.redis_totals import RedisTotals
+
+CONFLICTS_SEND_TIMEOUT_S = 30.0
+"""How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    """Where reconciliation reads and writes (a data folder's root: `billing.layout`), and its clock rules."""
+
+    data_dir: Path
+    redis_url: str
+    redis_prefix: str
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topics: tuple[str, ...] = ("impressions", "clicks")
+    """The topics the billing query reads: a period closes once the query has read what they held."""
+    topic_quarantine: str = "quarantine"
+    """The dead-letter topic: id conflicts are sent there, once each (`ConflictFiles.send`)."""
+    redis_timeout_ms: int = 5_000
+    """Deadline of one Redis call, tried again a few times before the run fails
+    (`billing.store.redis_totals.connect`)."""
+    period_ms: int = 3_600_000
+    horizon_ms: int = 900_000
+    """How long after a period's end late data is waited for before the period is reconciled and closed."""
+    alive_within_ms: int = 120_000
+    """A streaming job silent for longer than this is down, and holds the periods it has not passed."""
+
+    @property
+    def layout(self) -> DataLayout:
+        return DataLayout(self.data_dir)
+
+    def position(self) -> StreamPosition:
+        """Where the streaming job stands now (its checkpoint, Kafka's end offsets, its heartbeat)."""
+        return stream_position(
+            self.layout.checkpoint(BILLING_QUERY),
+            self.kafka_bootstrap,
+            list(self.topics),
+            self.redis_url,
+            self.redis_prefix,
+            BILLING_QUERY,
+            self.alive_within_ms,
+        )
+
+
+def data_versions(layout: DataLayout, periods: Periods) -> dict[str, int]:
+    """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
+    impressions, the impressions of the period before it, and its ledger."""
+    newest: dict[tuple[str, str], int] = defaultdict(lambda: -1)
+    bases = {
+        "click": layout.archive_of("click"),
+        "impression": layout.archive_of("impression"),
+        "ledger": layout.ledger,
+    }
+    for kind, base in bases.items():
+        for period_dir in base.glob("period=*") if base.exists() else []:
+            period = period_dir.name.removeprefix("period=")
+            for batch_dir in period_dir.glob("batch_id=*"):
+                batch = int(batch_dir.name.removeprefix("batch_id="))
+                newest[(kind, period)] = max(newest[(kind, period)], batch)
+    versions: dict[str, int] = {}
+    for (kind, period), batch in newest.items():
+        touched = [period]
+        if kind == "impression":
+            touched.append(periods.key(periods.parse_key(period) + periods.length_ms))
+        for p in touched:
+            if kind == "impression" and p != period and (("click", p) not in newest and ("ledger", p) not in newest):
+                continue  # impressions alone do not make the next period exist
+            versions[p] = max(versions.get(p, -1), batch)
+    return versions
+
+
+@contextmanager
+def run_lock(config: ReconcileConfig) -> Iterator[None]:
+    """One reconciliation at a time over a data folder: an exclusive lock on `RECONCILE/lock`, released by the
+    operating system however the holder ends."""
+    path = config.layout.run_lock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ReconcileBusyError(
+                f"another reconciliation run holds {path} ({holder}); this one does nothing"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {int(time.time() * 1000)}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def run_closing(
+    spark: SparkSession,
+    config: ReconcileConfig,
+    catalog: Catalog,
+    until_ms: int | None = None,
+    clock: Callable[[], int] = lambda: int(time.time() * 1000),
+    progress: Callable[[str], None] = lambda message: None,
+    position: StreamPosition | None = None,
+    force: bool = False,
+    locked: bool = False,
+) -> RunReport:
+    """One closing run (`billing.closing_run.close_periods`) over the data folder, under the run lock (`locked`:
+    the caller holds it). `position` is where the stream stands (asked of the checkpoint, Kafka and Redis when not
+    given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
+    ports = closing_ports(spark, config, catalog, clock)
+    periods = Periods(config.period_ms)
+    if locked:
+        return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+    with run_lock(config):
+        return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+
+
+def closing_ports(
+    spark: SparkSession, config: ReconcileConfig, catalog: Catalog, clock: Callable[[], int]
+) -> ClosingPorts:
+    """The ports of a closing run over `config`'s data folder."""
+    layout = config.layout
+    return ClosingPorts(
+        final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog),
+        ledger=lambda: LedgerTable(read_ledger(layout.ledger)),
+        corrections=CorrectionFiles(layout),
+        conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
+        totals=lambda: RedisTotals.from_url(
+            config.redis_url, config.redis_prefix, timeout_s=config.redis_timeout_ms / 1000
+        ),
+        exports=ExportFolders(layout),
+        states=StateFile(layout),
+        versions=lambda: data_versions(layout, Periods(config.period_ms)),
+        position=config.position,
+        clock=clock,
+    )
+
+
+@dataclass(frozen=True)
+class SparkFinalBills:
+    """The final bills of a run's due periods, collected from Spark as Arrow."""
+
+    bills: pa.Table
+    conflicts: pa.Table
+    facts: ArrivalFacts
+
+    @classmethod
+    def compute(
+        cls, spark: SparkSession, layout: DataLayout, period_ms: int, due: list[str], catalog: Catalog
+    ) -> SparkFinalBills:
+        final_df, quarantined_df, late_df = final_bills(
+            spark, layout.archive, period_ms, due, catalog_frame(spark, catalog)
+        )
+        bills = final_df.toArrow()
+        late = late_df.toArrow()
+        quarantined = quarantined_df.toArrow()
+        facts = ArrivalFacts(
+            late_click_ids=_ids_of(late, "click"),
+            late_impression_ids=_ids_of(late, "impression"),
+            conflicting_click_ids=_ids_of(quarantined, "click"),
+            conflicting_impression_ids=_ids_of(quarantined, "impression"),
+        )
+        return cls(bills, quarantined, facts)
+
+    @property
+    def clicks(self) -> int:
+        return self.bills.num_rows
+
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
+
+
+@dataclass(frozen=True)
+class LedgerTable:
+    """The stream's ledger, read once per run."""
+
+    table: pa.Table
+
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.table.filter(pc.equal(self.table["period"], period)).to_pylist()
+
+    def billed_after_close(self, period: str, given: list[dict[str, Any]]) -> set[str]:
+        billed = set(self.table.filter(pc.equal(self.table["period"], period))["click_id"].to_pylist())
+        return billed - {r["click_id"] for r in given}
+
+
+@dataclass(frozen=True)
+class CorrectionFiles:
+    """The corrections: one Parquet file per corrected period and run."""
+
+    layout: DataLayout
+
+    def read(self) -> list[Correction]:
+        folder = self.layout.corrections
+        if not folder.exists() or not any(folder.glob("period=*/*.parquet")):
+            return []
+        return corrections_from_arrow(ds.dataset(folder, format="parquet", partitioning="hive").to_table())
+
+    def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
+        folder = self.layout.corrections_of(period)
+        touched = make_folder(folder)
+        temporary = folder / f".run-{run_id}.parquet.tmp"
+        pq.write_table(corrections_to_arrow(corrections), temporary)
+        replace_files([(temporary, folder / f"run-{run_id}.parquet")], touched)
+
+
+@dataclass(frozen=True)
+class ConflictFiles:
+    """The id conflicts reconciliation found: a Parquet file per period, and the quarantine topic."""
+
+    layout: DataLayout
+    catalog: Catalog
+    kafka_bootstrap: str
+    topic: str
+
+    def keep(self, due: list[str], found: pa.Table) -> list[ConflictKey]:
+        """The Parquet file of each due period (all of its conflicts, replaced whole); returns every conflict keyed
+        for the totals (each record counted once)."""
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in self.catalog}
+        touched = make_folder(self.layout.conflicts)
+        for period in due:
+            rows = found.filter(pc.equal(found["period"], period))
+            if rows.num_rows:
+                target = self.layout.conflicts_of(period)
+                temporary = target.with_name(f".{target.name}.tmp")
+                pq.write_table(
+                    rows.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]),
+                    temporary,
+                )
+                replace_files([(temporary, target)], touched)
+        return [
+            (_coordinates(r), r["topic"], advertiser_of.get(r["ad_id"] or ""))
+            for r in found.select(["topic", "partition", "offset", "ad_id"]).to_pylist()
+        ]
+
+    def send(self, progress: Callable[[str], None]) -> tuple[int, int] | None:
+        """Send to the quarantine topic each id conflict of the conflicts files that is not there yet, and record
+        those Kafka took in the layout's `conflicts_sent_file`: each goes once, whichever run found it and however
+        often its period is reconciled again. A run that cannot reach Kafka says so and goes on (closing a period
+        does not wait for the dead-letter topic); the next run sends what is missing. A run stopped between Kafka's
+        answer and the record sends those rows again: their key, `topic/partition/offset`, tells the repeats."""
+        sent_file = self.layout.conflicts_sent_file
+        sent = _read_sent(sent_file)
+        pending: list[pa.Table] = []
+        period_of: dict[str, str] = {}
+        folder = self.layout.conflicts
+        for path in sorted(folder.glob("period=*.parquet")) if folder.is_dir() else []:
+            period = path.name.removeprefix("period=").removesuffix(".parquet")
+            rows = _with_value_digest(pq.read_table(path))
+            keys = [_coordinates(row) for row in rows.select(["topic", "partition", "offset"]).to_pylist()]
+            new = [key not in sent.get(period, ()) for key in keys]
+            if any(new):
+                pending.append(rows.filter(pa.array(new)).select(["value", *HEADERS]))
+                period_of.update((key, period) for key, is_new in zip(keys, new, strict=True) if is_new)
+        if not pending:
+            return None
+        rows = pa.concat_tables(pending)
+        try:
+            delivered = DeadLetters(self.kafka_bootstrap, self.topic, CONFLICTS_SEND_TIMEOUT_S).send(rows)
+        except DeliveryError as exc:
+            delivered = exc.delivered
+            progress(f"id conflicts not all sent to the quarantine topic; the next run sends the rest: {exc}")
+        for key in delivered & period_of.keys():
+            sent.setdefault(period_of[key], set()).add(key)
+        if delivered:
+            _write_sent(sent_file, sent)
+        progress(f"{len(delivered)} id conflict(s) sent to the quarantine topic {self.topic}")
+        return len(delivered), rows.num_rows - len(delivered)
+
+
+@dataclass(frozen=True)
+class ExportFolders:
+    """The closed periods' finance exports (`billing.export`)."""
+
+    layout: DataLayout
+
+    def exported(self) -> list[str]:
+        root = self.layout.exports
+        return [
+            folder.name
+            for folder in (sorted(root.iterdir()) if root.is_dir() else [])
+            if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists()
+        ]
+
+    def closed_at_ms(self, period: str) -> int:
+        return read_manifest(self.layout.export(period)).closed_at_ms
+
+    def given(self, period: str) -> list[dict[str, Any]]:
+        return exported_bills(read_export(self.layout.export(period))).to_pylist()
+
+    def totals(self, period: str) -> dict[tuple[str, str], tuple[int, int, str]]:
+        return export_totals(read_export(self.layout.export(period)).to_pylist())
+
+    def write(self, period: str, export: list[dict[str, Any]], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
+        write_export(self.layout.root, period, export_table(export), start_ms, end_ms, closed_at_ms)
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The periods' states and the last run's record, in the layout's reconcile folder."""
+
+    layout: DataLayout
+
+    def load(self) -> dict[str, PeriodState]:
+        return load_states(self.layout.periods_file)
+
+    def save(self, states: Mapping[str, PeriodState]) -> None:
+        save_states(self.layout.periods_file, states)
+
+    def record_run(self, record: dict[str, object]) -> None:
+        save_record(self.layout.last_run_file, record)
+
+
+def _ids_of(table: pa.Table, event_type: str) -> set[str]:
+    return set(pc.filter(table["event_id"], pc.equal(table["event_type"], event_type)).to_pylist())
+
+
+def _with_value_digest(rows: pa.Table) -> pa.Table:
+    """`rows` with `value_size` and `value_sha256`, which a conflicts file of an older version lacks."""
+    if "value_sha256" in rows.column_names:
+        return rows
+    values = rows.column("value").to_pylist()
+    sizes = pa.array([None if v is None else len(v) for v in values], pa.int32())
+    digests = pa.array([None if v is None else hashlib.sha256(v).hexdigest() for v in values], pa.string())
+    return rows.append_column("value_size", sizes).append_column("value_sha256", digests)
+
+
+def _coordinates(row: Mapping[str, Any]) -> str:
+    return f"{row['topic']}/{row['partition']}/{row['offset']}"
+
+
+def _read_sent(path: Path) -> dict[str, set[str]]:
+    if not path.exists():
+        return {}
+    return {period: set(keys) for period, keys in json.loads(path.read_text()).items()}
+
+
+def _write_sent(path: Path, sent: Mapping[str, set[str]]) -> None:
+    touched = make_folder(path.parent)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps({period: sorted(keys) for period, keys in sorted(sent.items())}, indent=0))
+    replace_files([(temporary, path)], touched)

@@ -1,0 +1,359 @@
+"""One closing run: the due periods reconciled, their corrections booked, the open ones exported and closed.
+
+Plain Python over its ports (`ClosingPorts`): the final bills (computed by Spark from the archive), the ledger,
+the corrections store, the id conflicts, the totals (Redis), the exports, the state, the data versions, the
+stream's position and a clock. The steps, in order (`close_periods`):
+
+1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position); a
+   back-fill (`until`) that would close periods ahead of the stream is refused (`HeldError`) unless forced;
+2. **settle**: a closed period that Redis does not know as closed is closed there from its export
+   (`settle_closed_in_redis`);
+3. **final bills**: the rule over every event received of the due periods (the port; id conflicts are kept
+   and counted, then sent to the quarantine topic once each);
+4. per due period, oldest first:
+   - **reconcile**: the new corrections (`billing.corrections.reconcile_period`) of an open period against its
+     ledger and earlier corrections; of a closed period against what finance was given (its export plus the
+     adjustments booked since), booked in the open period (a bill the stream made after the close:
+     `billed_after_close`); the invariant is checked before anything is written (`check_reconciled`);
+   - **book**: the new corrections written (one file per period and run), then applied to the totals once per
+     correction id (earlier ones too: a run that stopped between the two is completed);
+   - **export** and **close**, an open period only: its export written (`billing.export.build_export`, never
+     rewritten after), the period closed in the totals (its figures become the export's), then in the state.
+
+A run killed at any point is completed by the next: an export closes its period whatever the state says
+(`closed_by_exports`), the totals are closed from the export when they do not know the period as closed, and
+corrections already written are applied once per id. Running it again with no new data writes nothing:
+corrections have deterministic ids and `reconcile_period` returns only what is missing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from billing.closing import PeriodState, StreamPosition, open_period, plan_run
+from billing.corrections import ArrivalFacts, Correction, check_reconciled, reconcile_period
+from billing.export import build_export
+from billing.periods import Periods
+
+Bills = Any
+"""A table of bills, as `billing.corrections` and `billing.export` take them (the adapters' choice of rows)."""
+
+ConflictKey = tuple[str, str, str | None]
+"""An id conflict as the totals count it: its `topic/partition/offset`, its topic and its ad's advertiser."""
+
+
+class HeldError(RuntimeError):
+    """A back-fill (`until`) would close periods the streaming job has not passed yet."""
+
+    def __init__(self, held: dict[str, str]) -> None:
+        self.held = held
+        listed = "; ".join(f"{period} {reason}" for period, reason in held.items())
+        super().__init__(
+            f"refused: closing up to --until would close {len(held)} period(s) ahead of the stream ({listed}); "
+            "start the streaming job and let it catch up, or pass --force to close them anyway (what the stream "
+            "bills for them later becomes adjustments)"
+        )
+
+
+class ReconcileBusyError(RuntimeError):
+    """Another reconciliation run holds the lock."""
+
+
+@dataclass
+class RunReport:
+    """What one run did."""
+
+    run_id: str
+    started_at_ms: int
+    periods: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    additions: int = 0
+    retractions: int = 0
+    net_micros: int = 0
+    conflicts: int = 0
+    conflicts_sent: int = 0
+    """Id conflicts sent to the quarantine topic by this run."""
+    conflicts_unsent: int = 0
+    """Id conflicts that are not on the quarantine topic yet (Kafka refused them or did not answer); the next run
+    sends them."""
+    final_clicks: int = 0
+    events: int = 0
+    held: dict[str, str] = field(default_factory=dict)
+    """Periods past their horizon that the stream has not passed yet, with the reason."""
+    finished_at_ms: int = 0
+
+    @property
+    def duration_ms(self) -> int:
+        return self.finished_at_ms - self.started_at_ms
+
+    def record(self) -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "started_at_ms": self.started_at_ms,
+            "finished_at_ms": self.finished_at_ms,
+            "duration_ms": self.duration_ms,
+            "periods": self.periods,
+            "closed": self.closed,
+            "additions": self.additions,
+            "retractions": self.retractions,
+            "net_micros": self.net_micros,
+            "conflicts": self.conflicts,
+            "conflicts_sent": self.conflicts_sent,
+            "conflicts_unsent": self.conflicts_unsent,
+            "final_clicks": self.final_clicks,
+            "events": self.events,
+            "held": self.held,
+        }
+
+
+class FinalBills(Protocol):
+    """The rule applied to every event received of a run's due periods."""
+
+    @property
+    def clicks(self) -> int:
+        """Final billable clicks of all the due periods."""
+
+    @property
+    def facts(self) -> ArrivalFacts:
+        """The late and conflicting events' ids, for the corrections' reasons."""
+
+    @property
+    def conflicts(self) -> Any:
+        """The id-conflict records of the due periods, for `ConflictsStore.keep`."""
+
+    def of_period(self, period: str) -> Bills:
+        """The final bills of one due period."""
+
+
+class Ledger(Protocol):
+    """The stream's provisional bills."""
+
+    def of_period(self, period: str) -> Bills: ...
+
+    def billed_after_close(self, period: str, given: Bills) -> set[str]:
+        """Click ids the stream billed for `period` that `given` (its export's bills) lacks."""
+
+
+class CorrectionsStore(Protocol):
+    def read(self) -> list[Correction]:
+        """Every correction written so far."""
+
+    def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
+        """The new corrections of a period, by one run, in one file renamed into place."""
+
+
+class ConflictsStore(Protocol):
+    def keep(self, due: list[str], found: Any) -> list[ConflictKey]:
+        """Keep the id conflicts of the due periods (all of a period's, replaced whole); returns them keyed."""
+
+    def send(self, progress: Callable[[str], None]) -> tuple[int, int] | None:
+        """Send the kept conflicts not yet on the quarantine topic, once each: (sent, not sent), None when none
+        was pending."""
+
+
+class Totals(Protocol):
+    """The figures the UI shows (Redis, `billing.store.redis_totals.RedisTotals`)."""
+
+    def closed_periods(self) -> list[str]: ...
+
+    def close_period(self, period: str, period_start_ms: int, exported: Any) -> None: ...
+
+    def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> Any: ...
+
+    def add_conflicts(self, conflicts: Iterable[ConflictKey]) -> int: ...
+
+    def record_reconciliation(self, record: Mapping[str, Any]) -> None: ...
+
+
+class Exports(Protocol):
+    """The closed periods' finance exports."""
+
+    def exported(self) -> list[str]:
+        """The periods with a complete export."""
+
+    def closed_at_ms(self, period: str) -> int: ...
+
+    def given(self, period: str) -> Bills:
+        """The bills finance was given in a period's export."""
+
+    def totals(self, period: str) -> Any:
+        """A period's figures as its export has them (`billing.export.export_totals`)."""
+
+    def write(self, period: str, export: Any, start_ms: int, end_ms: int, closed_at_ms: int) -> None: ...
+
+
+class StateStore(Protocol):
+    def load(self) -> dict[str, PeriodState]: ...
+
+    def save(self, states: Mapping[str, PeriodState]) -> None: ...
+
+    def record_run(self, record: dict[str, object]) -> None:
+        """Keep the run's record beside the state (for `adbill restore-redis`)."""
+
+
+@dataclass(frozen=True)
+class ClosingPorts:
+    """What a closing run reads and writes, and its clock."""
+
+    final_bills: Callable[[list[str]], FinalBills]
+    ledger: Callable[[], Ledger]
+    corrections: CorrectionsStore
+    conflicts: ConflictsStore
+    totals: Callable[[], Totals]
+    """Made once the run is not refused."""
+    exports: Exports
+    states: StateStore
+    versions: Callable[[], dict[str, int]]
+    """Per period with data, its data version (`billing.closing`)."""
+    position: Callable[[], StreamPosition]
+    """Where the stream stands now."""
+    clock: Callable[[], int]
+
+
+def close_periods(
+    ports: ClosingPorts,
+    periods: Periods,
+    horizon_ms: int,
+    until_ms: int | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+    position: StreamPosition | None = None,
+    force: bool = False,
+) -> RunReport:
+    """One closing run (see the module's docstring). `position` is where the stream stands (asked of the port when
+    not given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
+    now_ms = ports.clock()
+    report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
+    states = closed_by_exports(ports.exports, ports.states.load())
+    versions = ports.versions()
+    every_correction = ports.corrections.read()
+    for booked in {c.booked_period for c in every_correction}:
+        versions.setdefault(booked, -1)
+    if position is None:
+        # A forced run closes whatever the stream did: it need not ask (the job and Kafka may be gone for good).
+        unasked = StreamPosition(committed=None, end=None, silent_for_ms=None, error="not asked: forced")
+        position = unasked if force else ports.position()
+    plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force)
+    for period, target in plan.targets.items():
+        states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
+    if plan.targets:
+        ports.states.save(states)
+    report.held = plan.held
+    for period, reason in plan.held.items():
+        progress(f"period {period} {reason}")
+    if until_ms is not None and plan.held and not force:
+        raise HeldError(plan.held)
+    totals = ports.totals()
+    closed = {p for p, s in states.items() if s.closed}
+    settle_closed_in_redis(ports.exports, totals, closed, periods)
+    due = plan.due
+    report.periods = due
+    if not due:
+        _send_conflicts(ports.conflicts, report, progress)  # what an earlier run could not send
+        _finish(ports, totals, report)
+        return report
+    progress(f"reconciling {len(due)} period(s): {due[0]} .. {due[-1]}")
+    final_all = ports.final_bills(due)
+    report.final_clicks = final_all.clicks
+    facts = final_all.facts
+    ledger = ports.ledger()
+    booked_in = open_period(periods, now_ms, until_ms)
+    if booked_in in closed:
+        raise RuntimeError(f"the open period {booked_in} is already closed: is the clock behind the data?")
+    report.conflicts = totals.add_conflicts(ports.conflicts.keep(due, final_all.conflicts))
+    _send_conflicts(ports.conflicts, report, progress)
+    for period in due:
+        progress(f"period {period}")
+        final = final_all.of_period(period)
+        ledger_rows = ledger.of_period(period)
+        of_period = [c for c in every_correction if c.corrects_period == period]
+        if period in closed:
+            # What finance was given: the export's bills and the adjustments booked for the period since.
+            given = ports.exports.given(period)
+            earlier = [c for c in of_period if c.booked_period != period]
+            new = reconcile_period(
+                period,
+                final,
+                given,
+                earlier,
+                booked_period=booked_in,
+                now_ms=now_ms,
+                facts=replace(facts, billed_after_close_click_ids=ledger.billed_after_close(period, given)),
+                reserved_ids={c.correction_id for c in of_period},
+            )
+            problems = check_reconciled(final, given, earlier + new)
+        else:
+            earlier = of_period
+            new = reconcile_period(
+                period, final, ledger_rows, earlier, booked_period=period, now_ms=now_ms, facts=facts
+            )
+            problems = check_reconciled(final, ledger_rows, earlier + new)
+        if problems:
+            raise RuntimeError(f"reconciliation of {period} does not balance: {problems[:5]}")
+        if new:
+            ports.corrections.write(period, report.run_id, new)
+            every_correction += new
+        progress(f"period {period}: {len(new)} new correction(s) written")
+        # Earlier ones too: a run that stopped between its file and Redis is completed (each id applies once).
+        totals.apply_corrections(of_period + new, _starts(periods, of_period + new))
+        progress(f"period {period}: corrections applied to Redis")
+        report.additions += sum(1 for c in new if c.kind == "addition")
+        report.retractions += sum(1 for c in new if c.kind == "retraction")
+        report.net_micros += sum(c.amount_micros for c in new)
+        state = states.get(period, PeriodState(version=-1))
+        if period not in closed:
+            export = build_export(
+                period,
+                final,
+                ledger_rows,
+                [c for c in every_correction if c.corrects_period == period],
+                [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
+            )
+            start = periods.parse_key(period)
+            ports.exports.write(period, export, start, start + periods.length_ms, now_ms)
+            progress(f"period {period}: exported")
+            totals.close_period(period, start, ports.exports.totals(period))
+            progress(f"period {period}: closed in Redis")
+            state = replace(state, closed_at_ms=now_ms)
+            closed.add(period)
+            report.closed.append(period)
+        states[period] = replace(state, version=versions[period])
+        ports.states.save(states)
+    _finish(ports, totals, report)
+    return report
+
+
+def closed_by_exports(exports: Exports, states: dict[str, PeriodState]) -> dict[str, PeriodState]:
+    """The states, with every period that has an export marked closed: a run that stopped after writing an
+    export and before its state file closed the period all the same (an export is never rewritten)."""
+    for period in exports.exported():
+        state = states.get(period)
+        if state is None or not state.closed:
+            states[period] = replace(state or PeriodState(version=-1), closed_at_ms=exports.closed_at_ms(period))
+    return states
+
+
+def settle_closed_in_redis(exports: Exports, totals: Totals, closed: set[str], periods: Periods) -> None:
+    """Close in Redis, from its export, every closed period Redis does not know as closed (a run that stopped
+    between the export and Redis, or a Redis that lost its data)."""
+    for period in sorted(closed - set(totals.closed_periods())):
+        totals.close_period(period, periods.parse_key(period), exports.totals(period))
+
+
+def _send_conflicts(conflicts: ConflictsStore, report: RunReport, progress: Callable[[str], None]) -> None:
+    outcome = conflicts.send(progress)
+    if outcome is not None:
+        report.conflicts_sent, report.conflicts_unsent = outcome
+
+
+def _finish(ports: ClosingPorts, totals: Totals, report: RunReport) -> None:
+    """The run's record, for the health page, in Redis and beside the state (for `adbill restore-redis`)."""
+    report.finished_at_ms = ports.clock()
+    ports.states.record_run(report.record())
+    totals.record_reconciliation(report.record())
+
+
+def _starts(periods: Periods, corrections: Iterable[Correction]) -> dict[str, int]:
+    return {c.booked_period: periods.parse_key(c.booked_period) for c in corrections}

@@ -1,0 +1,165 @@
+"""The data folder's layout: where each thing adbill keeps lives under its root (`ADBILL_HOME`).
+
+The only module that spells a path of the data folder; every writer and reader asks it. Pure: it names paths and
+touches nothing (no file is read, made or listed here).
+
+```
+ROOT/
+  ledger/period=P/batch_id=N/             the stream's provisional bills (Parquet)
+  archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
+  quarantine/batch_id=N/                  bad input
+  checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
+  corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
+  conflicts/period=P.parquet              id conflicts found by reconciliation
+  exports/P/                              a closed period's finance export, never rewritten
+  reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
+                                          last-audit.json, lock (one run at a time)
+  kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
+  catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+EPOCH_FILE = "adbill-epoch.json"
+"""A checkpoint's epoch, inside its folder (`attribution.epoch`)."""
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """Every path under one data folder's root."""
+
+    root: Path
+
+    # What the streaming job writes.
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def archive(self) -> Path:
+        return self.root / "archive"
+
+    def archive_of(self, event_type: str) -> Path:
+        """The archive of one event type (`impression`, `click`), partitioned by period and batch."""
+        return self.archive / f"event_type={event_type}"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, query: str) -> Path:
+        """The checkpoint folder of a streaming query."""
+        return self.checkpoints / query
+
+    def epoch_file(self, query: str) -> Path:
+        return self.checkpoint(query) / EPOCH_FILE
+
+    # What reconciliation writes.
+    @property
+    def corrections(self) -> Path:
+        return self.root / "corrections"
+
+    def corrections_of(self, period: str) -> Path:
+        """The corrections of one corrected period: one `run-ID.parquet` per run."""
+        return self.corrections / f"period={period}"
+
+    @property
+    def conflicts(self) -> Path:
+        return self.root / "conflicts"
+
+    def conflicts_of(self, period: str) -> Path:
+        """Every id conflict of a period, in one Parquet file."""
+        return self.conflicts / f"period={period}.parquet"
+
+    @property
+    def exports(self) -> Path:
+        return self.root / "exports"
+
+    def export(self, period: str) -> Path:
+        """The folder of a closed period's export."""
+        return self.exports / period
+
+    @property
+    def reconcile(self) -> Path:
+        """Reconciliation's own state: the period states, the conflicts sent, the last records, the run lock."""
+        return self.root / "reconcile"
+
+    @property
+    def periods_file(self) -> Path:
+        return self.reconcile / "periods.json"
+
+    @property
+    def conflicts_sent_file(self) -> Path:
+        """The id conflicts already on the quarantine topic: period -> `topic/partition/offset` of each."""
+        return self.reconcile / "conflicts-sent.json"
+
+    @property
+    def last_run_file(self) -> Path:
+        """The last reconciliation run's record, for `adbill restore-redis`."""
+        return self.reconcile / "last-run.json"
+
+    @property
+    def last_audit_file(self) -> Path:
+        return self.reconcile / "last-audit.json"
+
+    @property
+    def run_lock(self) -> Path:
+        return self.reconcile / "lock"
+
+    # Services, processes and defaults of the settings.
+    @property
+    def kafka(self) -> Path:
+        return self.root / "kafka"
+
+    @property
+    def redis(self) -> Path:
+        return self.root / "redis"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def runs(self) -> Path:
+        """Records of `adbill up` and of simulator runs, one folder each."""
+        return self.root / "runs"
+
+    @property
+    def spark_events(self) -> Path:
+        return self.root / "spark-events"
+
+    def spark_scratch(self, job: str = "") -> Path:
+        """Spark's local scratch folder of a job (`stream` has `spark-tmp`, the others `spark-tmp-JOB`)."""
+        return self.root / ("spark-tmp" if job in ("", "stream") else f"spark-tmp-{job}")
+
+    @property
+    def catalog_file(self) -> Path:
+        return self.root / "catalog.json"
+
+    @property
+    def users_file(self) -> Path:
+        return self.root / "users.json"
+
+    @property
+    def api_tokens_file(self) -> Path:
+        return self.root / "api-tokens.json"
+
+    @property
+    def web_secret_file(self) -> Path:
+        return self.root / "web-secret.key"
+
+    @property
+    def schemas_file(self) -> Path:
+        return self.root / "schemas.json"

@@ -1,0 +1,211 @@
+"""The closing workflow in plain Python, over ports held in memory: due and held periods, a refused back-fill,
+corrections booked once, exports written once, and a run stopped after its export completed by the next."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from billing.catalog import Ad, Catalog
+from billing.closing import PeriodState, StreamPosition
+from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
+from billing.corrections import ArrivalFacts, Correction
+from billing.export import export_totals
+from billing.periods import Periods
+from billing.rule import BillableClick
+from billing.store.export_files import export_table, exported_bills
+
+H = 3_600_000
+PERIOD = "20260101T0000Z"
+START = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()) * 1000
+PAST_HORIZON = START + 2 * H
+AD = Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")
+CATALOG = Catalog([AD])
+OFFSETS = {"clicks": {0: 10}}
+
+
+def bill(click_id: str) -> BillableClick:
+    at = START + 60_000
+    return BillableClick(
+        click_id, "i1", AD.ad_id, AD.campaign_id, AD.advertiser_id, "u1", at, at - 1000, 250_000, "EUR"
+    )
+
+
+@dataclass
+class Final:
+    bills: list[BillableClick]
+    facts: ArrivalFacts = field(default_factory=ArrivalFacts)
+    conflicts: list[ConflictKey] = field(default_factory=list)
+
+    @property
+    def clicks(self) -> int:
+        return len(self.bills)
+
+    def of_period(self, period: str) -> list[BillableClick]:
+        return self.bills if period == PERIOD else []
+
+
+@dataclass
+class Ledger:
+    rows: list[BillableClick]
+
+    def of_period(self, period: str) -> list[BillableClick]:
+        return self.rows if period == PERIOD else []
+
+    def billed_after_close(self, period: str, given: list[Any]) -> set[str]:
+        return {r.click_id for r in self.of_period(period)} - {r["click_id"] for r in given}
+
+
+@dataclass
+class Memory:
+    """Every port of a run, in memory."""
+
+    final: list[BillableClick]
+    ledger: list[BillableClick]
+    committed: dict[str, dict[int, int]] | None = None
+    corrections: list[Correction] = field(default_factory=list)
+    files: int = 0
+    exports: dict[str, tuple[pa.Table, int]] = field(default_factory=dict)
+    states: dict[str, PeriodState] = field(default_factory=dict)
+    closed_in_totals: dict[str, Any] = field(default_factory=dict)
+    applied: set[str] = field(default_factory=set)
+    totals_made: int = 0
+    records: list[dict[str, object]] = field(default_factory=list)
+
+    # CorrectionsStore
+    def read(self) -> list[Correction]:
+        return list(self.corrections)
+
+    def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
+        self.corrections += corrections
+        self.files += 1
+
+    # ConflictsStore
+    def keep(self, due: list[str], found: list[ConflictKey]) -> list[ConflictKey]:
+        return found
+
+    def send(self, progress: Callable[[str], None]) -> tuple[int, int] | None:
+        return None
+
+    # Totals
+    def closed_periods(self) -> list[str]:
+        return list(self.closed_in_totals)
+
+    def close_period(self, period: str, period_start_ms: int, exported: Any) -> None:
+        self.closed_in_totals[period] = exported
+
+    def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> int:
+        new = {c.correction_id for c in corrections} - self.applied
+        self.applied |= new
+        return len(new)
+
+    def add_conflicts(self, conflicts: Iterable[ConflictKey]) -> int:
+        return len(list(conflicts))
+
+    def record_reconciliation(self, record: Mapping[str, Any]) -> None:
+        pass
+
+    def make_totals(self) -> Memory:
+        self.totals_made += 1
+        return self
+
+    # Exports
+    def exported(self) -> list[str]:
+        return sorted(self.exports)
+
+    def closed_at_ms(self, period: str) -> int:
+        return self.exports[period][1]
+
+    def given(self, period: str) -> list[Any]:
+        return exported_bills(self.exports[period][0]).to_pylist()
+
+    def totals(self, period: str) -> Any:
+        return export_totals(self.exports[period][0].to_pylist())
+
+    def write_export(self, period: str, export: list[Any], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
+        assert period not in self.exports, "an export is never rewritten"
+        self.exports[period] = (export_table(export), closed_at_ms)
+
+    # StateStore
+    def load(self) -> dict[str, PeriodState]:
+        return dict(self.states)
+
+    def save(self, states: Mapping[str, PeriodState]) -> None:
+        self.states = dict(states)
+
+    def record_run(self, record: dict[str, object]) -> None:
+        self.records.append(record)
+
+    def ports(self, now_ms: int) -> ClosingPorts:
+        exports = SimpleNamespace(
+            exported=self.exported,
+            closed_at_ms=self.closed_at_ms,
+            given=self.given,
+            totals=self.totals,
+            write=self.write_export,
+        )
+        states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
+        return ClosingPorts(
+            final_bills=lambda due: Final(self.final),
+            ledger=lambda: Ledger(self.ledger),
+            corrections=self,
+            conflicts=self,
+            totals=self.make_totals,
+            exports=exports,  # type: ignore[arg-type]
+            states=states,  # type: ignore[arg-type]
+            versions=lambda: {PERIOD: 1},
+            position=lambda: StreamPosition(
+                committed=self.committed, end=OFFSETS, silent_for_ms=1_000 if self.committed else None
+            ),
+            clock=lambda: now_ms,
+        )
+
+
+def run(memory: Memory, now_ms: int = PAST_HORIZON, **kwargs: Any) -> Any:
+    return close_periods(memory.ports(now_ms), Periods(H), 15 * 60_000, **kwargs)
+
+
+def test_a_period_the_stream_passed_is_reconciled_booked_exported_and_closed_once() -> None:
+    memory = Memory(final=[bill("c1"), bill("c2")], ledger=[bill("c1")], committed=OFFSETS)
+    report = run(memory)
+    assert (report.periods, report.closed, report.additions, report.retractions) == ([PERIOD], [PERIOD], 1, 0)
+    assert [c.click_id for c in memory.corrections] == ["c2"]
+    assert memory.applied == {memory.corrections[0].correction_id}
+    assert exported_bills(memory.exports[PERIOD][0])["click_id"].to_pylist() == ["c1", "c2"]
+    assert PERIOD in memory.closed_in_totals and memory.states[PERIOD].closed
+    again = run(memory)
+    assert (again.periods, again.closed, memory.files) == ([], [], 1)
+
+
+def test_a_period_ahead_of_the_stream_is_held_and_a_backfill_is_refused_before_redis() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[])
+    report = run(memory)
+    assert report.periods == [] and report.held == {PERIOD: "held: the streaming job has never reported"}
+    assert memory.states[PERIOD].target_offsets == OFFSETS  # the target, recorded once
+    with pytest.raises(HeldError):
+        run(memory, until_ms=START + H)
+    assert memory.totals_made == 1 and not memory.exports  # the refused run made no Redis client
+    forced = run(memory, until_ms=START + H, force=True)
+    assert forced.closed == [PERIOD]
+
+
+def test_a_run_stopped_after_its_export_is_completed_by_the_next_with_nothing_twice() -> None:
+    memory = Memory(final=[bill("c1"), bill("c2")], ledger=[bill("c1")], committed=OFFSETS)
+
+    def stop(message: str) -> None:
+        if message == f"period {PERIOD}: exported":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(memory, progress=stop)
+    assert PERIOD in memory.exports and PERIOD not in memory.closed_in_totals and not memory.states[PERIOD].closed
+    report = run(memory)  # the export closed the period: compared with it, nothing is missing
+    assert report.closed == [] and (report.additions, report.retractions) == (0, 0)
+    assert memory.states[PERIOD].closed and PERIOD in memory.closed_in_totals
+    assert memory.files == 1 and len(memory.applied) == 1
