@@ -24,9 +24,9 @@ from attribution.restore import save_record
 from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
 from billing.corrections import check_reconciled
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
+from billing.store.parquet_ledger import read_ledger
+from billing.store.redis_totals import RedisTotals
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
             books = exports.given(period)
             entries = [c for c in of_period if c.booked_period != period]
         else:
-            books = ledger.filter(pc.equal(ledger["period"], period))
+            books = ledger.filter(pc.equal(ledger["period"], period)).to_pylist()
             entries = of_period
         out.append(
             PeriodAudit(
@@ -77,9 +77,9 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 closed=period in closed,
                 rule_clicks=final.num_rows,
                 rule_micros=_micros(final),
-                books_clicks=books.num_rows + sum(c.clicks for c in entries),
-                books_micros=_micros(books) + sum(c.amount_micros for c in entries),
-                problems=check_reconciled(final, books, entries),
+                books_clicks=len(books) + sum(c.clicks for c in entries),
+                books_micros=sum(r["amount_micros"] for r in books) + sum(c.amount_micros for c in entries),
+                problems=check_reconciled(final.to_pylist(), books, entries),
             )
         )
     return out

@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from billing.durable import fsync_folder, make_folder, replace_files
-from billing.parquet_ledger import ledger_totals
 from billing.periods import Periods
-from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
+from billing.store.durable import fsync_folder, make_folder, replace_files
+from billing.store.parquet_ledger import ledger_totals
+from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
 
 KIND = "kind"
 """Which branch a row of the job's output comes from: `bill` or `intake`."""
@@ -67,7 +67,7 @@ class BatchOutput:
     """A micro-batch split into what the sink writes; every table carries `batch_id` and its period columns."""
 
     bills: pa.Table
-    """Ledger rows (`billing.parquet_ledger.LEDGER_COLUMNS`)."""
+    """Ledger rows (`billing.store.parquet_ledger.LEDGER_COLUMNS`)."""
     events: pa.Table
     """Archive rows (`ARCHIVE_COLUMNS`)."""
     bad: pa.Table
@@ -152,7 +152,7 @@ def write_batch_files(
     The partition columns are left out of the files (they are in the paths). A file of the same name is replaced,
     and with `prune` every other Parquet file in a folder written to is removed (`prune_batch_folders`), so
     writing a replayed batch again leaves what one write leaves. Every file and folder written is flushed to disk
-    before this returns (`billing.durable`): a batch that Spark or Redis counts as done is on disk, whatever
+    before this returns (`billing.store.durable`): a batch that Spark or Redis counts as done is on disk, whatever
     happens to the machine after."""
     if table.num_rows == 0:
         return []

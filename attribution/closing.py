@@ -6,13 +6,13 @@ The workflow itself (due, held, reconcile, book, export, close, and how a killed
 Python in `billing.closing_run`; this module gives it its ports:
 
 - `SparkFinalBills`: the final bills of the due periods, computed by Spark, collected as Arrow;
-- `LedgerTable`: the stream's ledger (`billing.parquet_ledger`);
+- `LedgerTable`: the stream's ledger (`billing.store.parquet_ledger`);
 - `CorrectionFiles`: `CORRECTIONS/period=P/run-ID.parquet`, one file per period and run, renamed into place;
 - `ConflictFiles`: `CONFLICTS/period=P.parquet` (all of a period's id conflicts, replaced whole) and the
   quarantine topic, each conflict sent once (`conflicts-sent.json`);
 - `ExportFolders`: the finance exports (`billing.export`), never rewritten;
 - `StateFile`: the periods' states (`periods.json`) and the last run's record;
-- Redis (`billing.redis_totals.RedisTotals`), the stream's position (`attribution.stream_position`), the clock.
+- Redis (`billing.store.redis_totals.RedisTotals`), the stream's position (`attribution.stream_position`), the clock.
 
 Every path comes from the data folder's layout (`billing.layout`).
 """
@@ -43,22 +43,25 @@ from attribution.join import catalog_frame
 from attribution.restore import save_record
 from attribution.stream_position import BILLING_QUERY, stream_position
 from billing.catalog import Catalog
-from billing.closing import PeriodState, StreamPosition, load_states, save_states
+from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
-from billing.corrections import ArrivalFacts, Correction, corrections_from_arrow, corrections_to_arrow
-from billing.durable import make_folder, replace_files
-from billing.export import (
+from billing.corrections import ArrivalFacts, Correction
+from billing.export import export_totals
+from billing.layout import DataLayout
+from billing.periods import Periods
+from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
+from billing.store.durable import make_folder, replace_files
+from billing.store.export_files import (
     MANIFEST_FILE,
-    export_totals,
+    export_table,
     exported_bills,
     read_export,
     read_manifest,
     write_export,
 )
-from billing.layout import DataLayout
-from billing.parquet_ledger import read_ledger
-from billing.periods import Periods
-from billing.redis_totals import RedisTotals
+from billing.store.parquet_ledger import read_ledger
+from billing.store.period_states import load_states, save_states
+from billing.store.redis_totals import RedisTotals
 
 CONFLICTS_SEND_TIMEOUT_S = 30.0
 """How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
@@ -77,7 +80,8 @@ class ReconcileConfig:
     topic_quarantine: str = "quarantine"
     """The dead-letter topic: id conflicts are sent there, once each (`ConflictFiles.send`)."""
     redis_timeout_ms: int = 5_000
-    """Deadline of one Redis call, tried again a few times before the run fails (`billing.redis_totals.connect`)."""
+    """Deadline of one Redis call, tried again a few times before the run fails
+    (`billing.store.redis_totals.connect`)."""
     period_ms: int = 3_600_000
     horizon_ms: int = 900_000
     """How long after a period's end late data is waited for before the period is reconciled and closed."""
@@ -226,8 +230,8 @@ class SparkFinalBills:
     def clicks(self) -> int:
         return self.bills.num_rows
 
-    def of_period(self, period: str) -> pa.Table:
-        return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"])
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
 
 
 @dataclass(frozen=True)
@@ -236,12 +240,12 @@ class LedgerTable:
 
     table: pa.Table
 
-    def of_period(self, period: str) -> pa.Table:
-        return self.table.filter(pc.equal(self.table["period"], period))
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.table.filter(pc.equal(self.table["period"], period)).to_pylist()
 
-    def billed_after_close(self, period: str, given: pa.Table) -> set[str]:
-        billed = set(self.of_period(period)["click_id"].to_pylist())
-        return billed - set(given["click_id"].to_pylist())
+    def billed_after_close(self, period: str, given: list[dict[str, Any]]) -> set[str]:
+        billed = set(self.table.filter(pc.equal(self.table["period"], period))["click_id"].to_pylist())
+        return billed - {r["click_id"] for r in given}
 
 
 @dataclass(frozen=True)
@@ -345,14 +349,14 @@ class ExportFolders:
     def closed_at_ms(self, period: str) -> int:
         return read_manifest(self.layout.export(period)).closed_at_ms
 
-    def given(self, period: str) -> pa.Table:
-        return exported_bills(read_export(self.layout.export(period)))
+    def given(self, period: str) -> list[dict[str, Any]]:
+        return exported_bills(read_export(self.layout.export(period))).to_pylist()
 
     def totals(self, period: str) -> dict[tuple[str, str], tuple[int, int, str]]:
-        return export_totals(read_export(self.layout.export(period)))
+        return export_totals(read_export(self.layout.export(period)).to_pylist())
 
-    def write(self, period: str, export: pa.Table, start_ms: int, end_ms: int, closed_at_ms: int) -> None:
-        write_export(self.layout.root, period, export, start_ms, end_ms, closed_at_ms)
+    def write(self, period: str, export: list[dict[str, Any]], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
+        write_export(self.layout.root, period, export_table(export), start_ms, end_ms, closed_at_ms)
 
 
 @dataclass(frozen=True)

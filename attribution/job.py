@@ -55,8 +55,8 @@ from attribution.progress import Heartbeat
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
-from billing.parquet_ledger import LEDGER_COLUMNS
-from billing.redis_totals import RedisTotals
+from billing.store.parquet_ledger import LEDGER_COLUMNS
+from billing.store.redis_totals import RedisTotals
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class StreamConfig:
     """Where this checkpoint's batch ids start and, for a new epoch, the offsets it reads from (`attribution.epoch`)."""
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call of the sink, tried again a few times before the batch fails
-    (`billing.redis_totals.connect`)."""
+    (`billing.store.redis_totals.connect`)."""
 
     @property
     def layout(self) -> DataLayout:

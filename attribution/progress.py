@@ -29,7 +29,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
-from billing.redis_totals import connect
+from billing.store.redis_keys import RedisKeys
+from billing.store.redis_totals import connect
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,13 @@ _CLOCK_AHEAD = Counter(
 )
 
 
-def heartbeat_key(prefix: str, query: str) -> str:
-    """The Redis key holding when `query` last reported (epoch ms)."""
-    return f"{prefix}:health:heartbeat:{query}"
-
-
 class Heartbeat(StreamingQueryListener):
     """Writes the wall-clock time of every batch and idle trigger of one query to Redis: proof that it is alive.
 
     Spark reports an idle query every `spark.sql.streaming.noDataProgressEventInterval` (10 s by default)."""
 
     def __init__(self, redis_url: str, prefix: str, query_name: str) -> None:
-        self.key = heartbeat_key(prefix, query_name)
+        self.key = RedisKeys(prefix).heartbeat(query_name)
         self.redis_url = redis_url
         self.query_name = query_name
         self.query_id: str | None = None
@@ -160,6 +156,7 @@ class HealthListener(StreamingQueryListener):
     def __init__(self, redis_url: str, prefix: str, delays_ms: Mapping[str, int]) -> None:
         self.redis_url = redis_url
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
         self.delays_ms = dict(delays_ms)
         self.seen_max: dict[str, int] = {}
         self._client: redis.Redis | None = None
@@ -176,11 +173,11 @@ class HealthListener(StreamingQueryListener):
             name = record["query"]
             pipe = client.pipeline()
             pipe.hset(
-                f"{self.prefix}:health:query:{name}",
+                self.keys.health_query(name),
                 mapping={k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in record.items()},
             )
-            pipe.lpush(f"{self.prefix}:health:history:{name}", json.dumps(record))
-            pipe.ltrim(f"{self.prefix}:health:history:{name}", 0, HISTORY - 1)
+            pipe.lpush(self.keys.health_history(name), json.dumps(record))
+            pipe.ltrim(self.keys.health_history(name), 0, HISTORY - 1)
             pipe.execute()
         except Exception:  # reporting must never take the billing job down
             log.exception("could not record query progress")
@@ -296,7 +293,7 @@ class ReconciliationCollector:
     separate process, now and then; the job's `/metrics` is the one place an operator scrapes)."""
 
     def __init__(self, redis_url: str, prefix: str) -> None:
-        self.key = f"{prefix}:reconcile:last"
+        self.key = RedisKeys(prefix).last_reconciliation()
         self.redis_url = redis_url
 
     def collect(self) -> Iterator[Metric]:
@@ -348,7 +345,7 @@ class BillingCollector:
         try:
             client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2)
             try:
-                counters, quarantined, corrections = _billing_counts(client, self.prefix)
+                counters, quarantined, corrections = _billing_counts(client, RedisKeys(self.prefix))
             finally:
                 client.close()
         except redis.RedisError:
@@ -373,12 +370,12 @@ class BillingCollector:
         yield applied
 
 
-def _billing_counts(client: redis.Redis, prefix: str) -> tuple[dict[str, int], dict[tuple[str, str], int], int]:
-    counters = {str(k): int(v) for k, v in client.hgetall(f"{prefix}:counters").items()}  # type: ignore[union-attr]
+def _billing_counts(client: redis.Redis, keys: RedisKeys) -> tuple[dict[str, int], dict[tuple[str, str], int], int]:
+    counters = {str(k): int(v) for k, v in client.hgetall(keys.counters()).items()}  # type: ignore[union-attr]
     quarantined: dict[tuple[str, str], int] = {}
-    for key in client.scan_iter(match=f"{prefix}:quarantine:*", count=100):
+    for key in client.scan_iter(match=keys.quarantine("*"), count=100):
         reason = str(key).rsplit(":", 1)[1]
         for topic, n in client.hgetall(key).items():  # type: ignore[union-attr]
             quarantined[(reason, str(topic))] = int(n)
-    corrections = int(client.scard(f"{prefix}:corrections:applied"))  # type: ignore[arg-type]
+    corrections = int(client.scard(keys.corrections_applied()))  # type: ignore[arg-type]
     return counters, quarantined, corrections

@@ -25,15 +25,16 @@ import pyarrow.parquet as pq
 
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
 from attribution.epoch import newest_batch_id
-from attribution.progress import heartbeat_key
 from billing.catalog import Catalog
-from billing.corrections import Correction, corrections_from_arrow
-from billing.durable import make_folder, replace_files
-from billing.export import MANIFEST_FILE, export_totals, read_export
+from billing.corrections import Correction
+from billing.export import export_totals
 from billing.layout import DataLayout
-from billing.parquet_ledger import ledger_totals, read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.store.corrections_arrow import corrections_from_arrow
+from billing.store.durable import make_folder, replace_files
+from billing.store.export_files import MANIFEST_FILE, read_export
+from billing.store.parquet_ledger import ledger_totals, read_ledger
+from billing.store.redis_totals import RedisTotals, TotalsRow
 
 
 class JobRunningError(RuntimeError):
@@ -56,7 +57,7 @@ class Restored:
 
 def job_activity(data_dir: Path, totals: RedisTotals, query: str, quiet_ms: int, now_ms: int) -> str | None:
     """Why the job looks alive (None: it does not): a heartbeat or a checkpoint file newer than `quiet_ms`."""
-    beat = totals.client.get(heartbeat_key(totals.prefix, query))
+    beat = totals.client.get(totals.keys.heartbeat(query))
     if beat is not None and now_ms - int(str(beat)) < quiet_ms:
         return f"the streaming job reported {(now_ms - int(str(beat))) / 1000:.0f} s ago"
     checkpoint = DataLayout(data_dir).checkpoint(query)
@@ -86,7 +87,7 @@ def restore_redis(
         why = job_activity(data_dir, totals, query, quiet_ms, int(time.time() * 1000))
         if why is not None:
             raise JobRunningError(f"{why}: stop it first (Ctrl-C, or `adbill down`), then restore, then start it")
-        if totals.client.exists(heartbeat_key(totals.prefix, query)) or time.monotonic() >= deadline:
+        if totals.client.exists(totals.keys.heartbeat(query)) or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
 
@@ -119,7 +120,9 @@ def restore_redis(
     exports = layout.exports
     for folder in sorted(exports.iterdir()) if exports.is_dir() else []:
         if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
-            totals.close_period(folder.name, periods.parse_key(folder.name), export_totals(read_export(folder)))
+            totals.close_period(
+                folder.name, periods.parse_key(folder.name), export_totals(read_export(folder).to_pylist())
+            )
             closed += 1
     if layout.last_run_file.exists():
         totals.record_reconciliation(json.loads(layout.last_run_file.read_text()))

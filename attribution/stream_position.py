@@ -12,9 +12,9 @@ import json
 import time
 from pathlib import Path
 
-from attribution.progress import heartbeat_key
 from billing.closing import Offsets, StreamPosition
-from billing.redis_totals import connect
+from billing.store.redis_keys import RedisKeys
+from billing.store.redis_totals import connect
 
 BILLING_QUERY = "billing"
 """The streaming job's one query: its checkpoint folder's name, its heartbeat's and its applied batches' key."""
@@ -75,7 +75,7 @@ def last_heartbeat_ms(redis_url: str, prefix: str, query: str) -> int | None:
     """When the query last reported a batch or an idle trigger (epoch ms), None if never."""
     client = connect(redis_url)
     try:
-        value = client.get(heartbeat_key(prefix, query))
+        value = client.get(RedisKeys(prefix).heartbeat(query))
     finally:
         client.close()
     return None if value is None else int(str(value))

@@ -6,12 +6,9 @@ Money is integer micros (millionths of the currency unit), never a float.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +31,10 @@ class Ad:
 
 
 class Catalog:
-    """Ads by id. Immutable once built; load it from and save it to a JSON file.
+    """Ads by id. Immutable once built; as JSON with `to_json`/`from_json` (the file: `billing.store.catalog_file`).
 
     An ad id names one ad, and a campaign id one advertiser's campaign: the live totals are kept per campaign id
-    (`billing.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
+    (`billing.store.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
     catalog where they do is refused.
     """
 
@@ -87,22 +84,6 @@ class Catalog:
         if not isinstance(data, dict) or not isinstance(data.get("ads"), list):
             raise ValueError('a catalog file is a JSON object {"ads": [...]}')
         return cls(Ad(**ad) for ad in data["ads"])
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: readers see the old file or the new one, never half of one."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".catalog-")
-        with os.fdopen(fd, "w") as out:
-            out.write(self.to_json())
-        os.replace(tmp, target)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Catalog:
-        try:
-            return cls.from_json(Path(path).read_text())
-        except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(f"cannot read the ad catalog {path}: {exc}") from exc
 
 
 def generate_catalog(

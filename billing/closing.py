@@ -14,17 +14,15 @@ horizon passed, and a few more); the period closes once the billing query is ali
 (the checkpoint's last committed batch) reach that target. A job that is down or behind holds the period, so
 nothing still unread in Kafka is left out of its export. `force` (a back-fill that knows better) closes anyway.
 
-Pure: the caller lists the files, reads the offsets and the job's heartbeat, and passes them in.
+Pure: the caller lists the files, reads the offsets and the job's heartbeat, and passes them in; the state file
+is `billing.store.period_states`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from billing.durable import make_folder, replace_files
 from billing.periods import Periods, format_elapsed
 
 Offsets = dict[str, dict[int, int]]
@@ -142,27 +140,6 @@ def hold_reason(position: StreamPosition, target: Offsets) -> str | None:
 def open_period(periods: Periods, now_ms: int, until_ms: int | None = None) -> str:
     """The period where adjustments of closed periods are booked: the one holding now (or `until`, if later)."""
     return periods.key_of(max(now_ms, until_ms if until_ms is not None else now_ms))
-
-
-def load_states(path: Path) -> dict[str, PeriodState]:
-    """The per-period state file (`{}` when there is none yet)."""
-    if not path.exists():
-        return {}
-    states = {}
-    for period, value in json.loads(path.read_text()).items():
-        target = value.get("target_offsets")
-        if target is not None:
-            value["target_offsets"] = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in target.items()}
-        states[period] = PeriodState(**value)
-    return states
-
-
-def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
-    """Replace the state file atomically and durably (write a sibling, flush it, rename, flush the folder)."""
-    touched = make_folder(path.parent)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
-    replace_files([(temporary, path)], touched)
 
 
 def _copy(offsets: Offsets) -> Offsets:

@@ -155,7 +155,7 @@ class ConflictsStore(Protocol):
 
 
 class Totals(Protocol):
-    """The figures the UI shows (Redis, `billing.redis_totals.RedisTotals`)."""
+    """The figures the UI shows (Redis, `billing.store.redis_totals.RedisTotals`)."""
 
     def closed_periods(self) -> list[str]: ...
 

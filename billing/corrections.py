@@ -23,8 +23,6 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-import pyarrow as pa
-
 from billing.rule import BillableClick
 
 
@@ -145,46 +143,12 @@ class Correction:
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> Correction:
-        """From `to_dict()` or a row of `CORRECTION_SCHEMA`; other keys (such as partition columns) are ignored."""
+        """From `to_dict()` or a row of the corrections table; other keys (such as partition columns) are ignored."""
         return cls(**{name: row[name] for name in CORRECTION_FIELDS})
 
 
 CORRECTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Correction))
 """The columns of a correction, in order."""
-
-CORRECTION_SCHEMA = pa.schema(
-    [
-        pa.field("correction_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("click_id", pa.string(), nullable=False),
-        pa.field("impression_id", pa.string(), nullable=True),
-        pa.field("ad_id", pa.string(), nullable=False),
-        pa.field("campaign_id", pa.string(), nullable=False),
-        pa.field("advertiser_id", pa.string(), nullable=False),
-        pa.field("amount_micros", pa.int64(), nullable=False),
-        pa.field("currency", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("corrects_period", pa.string(), nullable=False),
-        pa.field("booked_period", pa.string(), nullable=False),
-        pa.field("created_at_ms", pa.int64(), nullable=False),
-    ]
-)
-"""Corrections as Arrow/Parquet: plain strings and int64 (epoch ms), readable by pyarrow, pandas, DuckDB, Spark."""
-
-
-def corrections_to_arrow(corrections: Iterable[Correction]) -> pa.Table:
-    """A table of `CORRECTION_SCHEMA`, one row per correction, in the order given."""
-    rows = [correction.to_dict() for correction in corrections]
-    return pa.Table.from_pylist(rows, schema=CORRECTION_SCHEMA)
-
-
-def corrections_from_arrow(table: pa.Table) -> list[Correction]:
-    """Corrections from a table holding at least the columns of `CORRECTION_SCHEMA` (extra columns are ignored)."""
-    missing = [name for name in CORRECTION_FIELDS if name not in table.column_names]
-    if missing:
-        raise ValueError(f"not a corrections table: missing columns {missing}")
-    return [Correction.from_dict(row) for row in table.select(list(CORRECTION_FIELDS)).to_pylist()]
-
 
 # --- Ids ---------------------------------------------------------------------------------------------------
 
@@ -245,13 +209,9 @@ def _bill(row: BillRow) -> _Bill:
     return _Bill(get("click_id"), get("impression_id"), charge)
 
 
-def _rows(rows: Iterable[BillRow] | pa.Table) -> list[BillRow]:
-    return rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
-
-
-def _final_by_click(final: Iterable[BillRow] | pa.Table) -> dict[str, _Bill]:
+def _final_by_click(final: Iterable[BillRow]) -> dict[str, _Bill]:
     by_click: dict[str, _Bill] = {}
-    for row in _rows(final):
+    for row in final:
         bill = _bill(row)
         if by_click.setdefault(bill.click_id, bill) is not bill:
             raise ValueError(f"the final bill holds click {bill.click_id} twice: the rule bills a click once")
@@ -273,9 +233,9 @@ _Entry = tuple[int, Charge, str | None]
 """One thing that makes a click stand: (+1 for a ledger row or an addition, -1 for a retraction; charge; impression)."""
 
 
-def _entries_of(ledger: Iterable[BillRow] | pa.Table, corrections: Iterable[Correction]) -> dict[str, list[_Entry]]:
+def _entries_of(ledger: Iterable[BillRow], corrections: Iterable[Correction]) -> dict[str, list[_Entry]]:
     entries: dict[str, list[_Entry]] = {}
-    for row in _rows(ledger):
+    for row in ledger:
         bill = _bill(row)
         entries.setdefault(bill.click_id, []).append((1, bill.charge, bill.impression_id))
     for correction in corrections:
@@ -320,8 +280,8 @@ class _Step:
 
 def reconcile_period(
     period: str,
-    final: Iterable[BillRow] | pa.Table,
-    ledger: Iterable[BillRow] | pa.Table,
+    final: Iterable[BillRow],
+    ledger: Iterable[BillRow],
     corrections: Iterable[Correction],
     *,
     booked_period: str,
@@ -486,8 +446,8 @@ def booking_period(corrects_period: str, open_period: str, closed_periods: Colle
 
 
 def check_reconciled(
-    final: Iterable[BillRow] | pa.Table,
-    ledger: Iterable[BillRow] | pa.Table,
+    final: Iterable[BillRow],
+    ledger: Iterable[BillRow],
     corrections: Iterable[Correction],
 ) -> list[str]:
     """What breaks `ledger + corrections = final` for one period; [] when it holds.
@@ -498,7 +458,7 @@ def check_reconciled(
     """
     problems: list[str] = []
     wanted: dict[str, _Bill] = {}
-    for row in _rows(final):
+    for row in final:
         bill = _bill(row)
         if wanted.setdefault(bill.click_id, bill) is not bill:
             problems.append(f"click {bill.click_id}: the final bill holds it more than once")

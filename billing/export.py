@@ -1,39 +1,22 @@
-"""The finance export of a closed billing period: reconciled rows in Parquet and CSV, and a manifest.
+"""The finance export of a closed billing period: its rows, reconciled (the files are `billing.store.export_files`).
 
 In: for one period, the final billable clicks, the stream's ledger rows, the corrections of the period (all booked
-in it: it was open until it closed) and the adjustments booked in it (corrections of earlier, closed periods).
-Out: `ROOT/exports/PERIOD/billing.parquet`, `billing.csv` (the same rows) and `manifest.json` (row count, total
-micros, bytes and SHA-256 of each file). An export is written once, atomically, and never changes again.
+in it: it was open until it closed) and the adjustments booked in it (corrections of earlier, closed periods), as
+plain rows. Out: the export's rows, as plain dicts in the order and with the columns of the export's schema
+(`billing.store.export_files.EXPORT_SCHEMA`); what they bill per advertiser, campaign and ad (`export_totals`).
 
-Rows (`EXPORT_SCHEMA`): one `click` row per click the period billed, added or retracted, with its final status,
-then one `adjustment` row per correction booked in the period for an earlier one. `net_micros` is what a row
-counts in this period's bill, so `sum(net_micros)` is the period's reconciled total including adjustments.
-Types are plain strings and int64 (times in epoch ms, UTC), so pyarrow, pandas, DuckDB and Spark read them alike.
+Rows: one `click` row per click the period billed, added or retracted, with its final status, then one
+`adjustment` row per correction booked in the period for an earlier one. `net_micros` is what a row counts in this
+period's bill, so `sum(net_micros)` is the period's reconciled total including adjustments.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
-from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
-
 from billing.corrections import BillRow, Charge, Correction, CorrectionKind, check_reconciled
-from billing.durable import fsync_file, fsync_folder, make_folder
-from billing.layout import DataLayout
-from billing.periods import Periods
 
 
 class RecordType(StrEnum):
@@ -58,85 +41,11 @@ class ExportStatus(StrEnum):
     Adjustment: a retraction."""
 
 
-EXPORT_COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
-    ("record_type", pa.string(), False, "`click` or `adjustment`"),
-    ("click_id", pa.string(), False, "the click"),
-    (
-        "impression_id",
-        pa.string(),
-        True,
-        "click rows: the final (latest qualifying) impression; for a retracted click, the impression of the "
-        "retracted bill; adjustments: as in the correction",
-    ),
-    ("ad_id", pa.string(), False, "the ad charged"),
-    ("campaign_id", pa.string(), False, "the ad's campaign"),
-    ("advertiser_id", pa.string(), False, "the ad's advertiser, who pays"),
-    ("user_id", pa.string(), True, "the user who clicked; null on adjustments"),
-    ("click_time", pa.int64(), True, "click event time, epoch ms UTC; null on adjustments"),
-    ("impression_time", pa.int64(), True, "event time of `impression_id`, epoch ms UTC; null on adjustments"),
-    ("amount_micros", pa.int64(), False, "the price of the click (the ad's cpc_micros), never negative"),
-    (
-        "net_micros",
-        pa.int64(),
-        False,
-        "what the row counts in this period: click rows billed or added +amount, retracted 0; "
-        "adjustments the signed correction (+amount added, -amount retracted)",
-    ),
-    ("currency", pa.string(), False, "ISO 4217 code of both amounts"),
-    ("status", pa.string(), False, "`billed`, `added` or `retracted`"),
-    (
-        "reason",
-        pa.string(),
-        True,
-        "the reason of `correction_id` (late_click, late_impression, missed_match, duplicate, id_conflict, "
-        "not_billable); null when no correction touched the click",
-    ),
-    (
-        "correction_id",
-        pa.string(),
-        True,
-        "click rows: the click's latest correction in the period, null if none; adjustments: the correction",
-    ),
-    ("corrects_period", pa.string(), False, "the period of the click (the export's own period on click rows)"),
-    ("booked_period", pa.string(), False, "the period whose bill counts the row: always the export's period"),
-)
-"""Name, type, nullable and meaning of each export column, in order."""
-
-EXPORT_SCHEMA = pa.schema(
-    [
-        pa.field(name, dtype, nullable=nullable, metadata={"description": meaning})
-        for name, dtype, nullable, meaning in EXPORT_COLUMNS
-    ]
-)
-"""The finance export's rows; each field carries its meaning as `description` metadata."""
-
-PARQUET_FILE = "billing.parquet"
-CSV_FILE = "billing.csv"
-MANIFEST_FILE = "manifest.json"
-SUMS_FILE = "SHA256SUMS"
-"""The SHA-256 of the data files and the manifest, in the format `sha256sum -c SHA256SUMS` checks."""
-EXPORT_FILES = (PARQUET_FILE, CSV_FILE)
-"""The data files of an export, each listed in the manifest with its size and checksum."""
-MANIFEST_VERSION = 1
-
-
-class ExportExistsError(FileExistsError):
-    """An export of this period (or a copy of one) is already there: exports are written once."""
-
-
-class ExportCorruptError(ValueError):
-    """An export's files do not match its manifest."""
-
-
 # --- Rows ---------------------------------------------------------------------------------------------------
 
 
 def _get(row: BillRow, name: str) -> Any:
     return row[name] if isinstance(row, Mapping) else getattr(row, name)
-
-
-def _rows(rows: Iterable[BillRow] | pa.Table) -> list[BillRow]:
-    return rows.to_pylist() if isinstance(rows, pa.Table) else list(rows)
 
 
 def _charge(row: BillRow) -> Charge:
@@ -157,20 +66,20 @@ def _latest(corrections: list[Correction]) -> Correction | None:
 
 def build_export(
     period: str,
-    final_clicks: Iterable[BillRow] | pa.Table,
-    ledger_rows: Iterable[BillRow] | pa.Table,
+    final_clicks: Iterable[BillRow],
+    ledger_rows: Iterable[BillRow],
     corrections_corrected_in_period: Iterable[Correction],
     adjustments_booked_in_period: Iterable[Correction],
-) -> pa.Table:
-    """The export rows of `period` (`EXPORT_SCHEMA`): click rows by click id, then adjustments by
-    (corrects_period, click_id, correction_id).
+) -> list[dict[str, Any]]:
+    """The export rows of `period`, as dicts with the columns of `EXPORT_SCHEMA` in order: click rows by click id,
+    then adjustments by (corrects_period, click_id, correction_id).
 
     Refuses (ValueError) a period that is not reconciled (`check_reconciled` finds a problem), a correction of the
     period booked elsewhere (it belongs to that period's export as an adjustment), and an adjustment that is not
     booked in `period` or that corrects `period` itself.
     """
-    final = _rows(final_clicks)
-    ledger = _rows(ledger_rows)
+    final = list(final_clicks)
+    ledger = list(ledger_rows)
     corrections = list(corrections_corrected_in_period)
     adjustments = list(adjustments_booked_in_period)
     for correction in corrections:
@@ -220,16 +129,15 @@ def build_export(
         rows.append(
             _correction_row(RecordType.ADJUSTMENT, adjustment, status, adjustment.amount_micros, adjustment, period)
         )
-    return pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA)
+    return rows
 
 
-def export_totals(table: pa.Table) -> dict[tuple[str, str], tuple[int, int, str]]:
+def export_totals(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, str]]:
     """What an export bills per advertiser (`adv`), campaign (`cmp`) and ad (`ad`): (level, id) -> (clicks,
-    micros, advertiser). A click row billed or added counts one click, a retracted one none; an adjustment counts
-    plus or minus one; micros are `net_micros`."""
+    micros, advertiser), from the export's rows. A click row billed or added counts one click, a retracted one none;
+    an adjustment counts plus or minus one; micros are `net_micros`."""
     sums: dict[tuple[str, str], list[Any]] = {}
-    columns = ["record_type", "status", "ad_id", "campaign_id", "advertiser_id", "net_micros"]
-    for row in table.select(columns).to_pylist():
+    for row in rows:
         if row["status"] == ExportStatus.RETRACTED:
             clicks = -1 if row["record_type"] == RecordType.ADJUSTMENT else 0
         else:
@@ -239,15 +147,6 @@ def export_totals(table: pa.Table) -> dict[tuple[str, str], tuple[int, int, str]
             entry[0] += clicks
             entry[1] += row["net_micros"]
     return {key: (clicks, micros, adv) for key, (clicks, micros, adv) in sums.items()}
-
-
-def exported_bills(table: pa.Table) -> pa.Table:
-    """The click rows an export bills (billed or added): what finance was given for the period itself."""
-    mask = pc.and_(
-        pc.equal(table["record_type"], RecordType.CLICK.value),
-        pc.not_equal(table["status"], ExportStatus.RETRACTED.value),
-    )
-    return table.filter(mask)
 
 
 def _click_row(
@@ -301,267 +200,3 @@ def _correction_row(
         "corrects_period": described.corrects_period,
         "booked_period": period,
     }
-
-
-# --- Manifest -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExportFile:
-    """One data file of an export: its size and SHA-256 (hex)."""
-
-    size_bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What an export holds, written last into its folder (`manifest.json`).
-
-    `total_micros` is `sum(net_micros)` over every row, all currencies together; `total_micros_by_currency` splits
-    it. `rows` counts the rows of each data file (CSV without its header).
-    """
-
-    period: str
-    period_start_ms: int
-    period_end_ms: int
-    closed_at_ms: int
-    rows: int
-    total_micros: int
-    total_micros_by_currency: dict[str, int] = field(default_factory=dict)
-    files: dict[str, ExportFile] = field(default_factory=dict)
-    version: int = MANIFEST_VERSION
-
-    def to_json(self) -> str:
-        """The manifest file's text: keys in a fixed order, files as `{"bytes", "sha256"}`."""
-        data = {
-            "version": self.version,
-            "period": self.period,
-            "period_start_ms": self.period_start_ms,
-            "period_end_ms": self.period_end_ms,
-            "closed_at_ms": self.closed_at_ms,
-            "rows": self.rows,
-            "total_micros": self.total_micros,
-            "total_micros_by_currency": dict(sorted(self.total_micros_by_currency.items())),
-            "files": {
-                name: {"bytes": entry.size_bytes, "sha256": entry.sha256} for name, entry in sorted(self.files.items())
-            },
-        }
-        return json.dumps(data, indent=1) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        """From the manifest file's text; currencies and files in the order of their names, as written."""
-        data = json.loads(text)
-        return cls(
-            period=data["period"],
-            period_start_ms=data["period_start_ms"],
-            period_end_ms=data["period_end_ms"],
-            closed_at_ms=data["closed_at_ms"],
-            rows=data["rows"],
-            total_micros=data["total_micros"],
-            total_micros_by_currency=dict(sorted(data.get("total_micros_by_currency", {}).items())),
-            files={name: ExportFile(entry["bytes"], entry["sha256"]) for name, entry in sorted(data["files"].items())},
-            version=data.get("version", MANIFEST_VERSION),
-        )
-
-
-def export_folder(root: str | os.PathLike[str], period: str) -> Path:
-    """`ROOT/exports/PERIOD`: where the export of `period` lives (`billing.layout`)."""
-    return DataLayout(Path(root)).export(period)
-
-
-def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
-    """The manifest of the export in `folder` (`export_folder(root, period)`, or a copy made by `copy_export`)."""
-    path = Path(folder) / MANIFEST_FILE
-    try:
-        return Manifest.from_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no export in {folder}: {MANIFEST_FILE} is missing") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ExportCorruptError(f"{path} is not an export manifest: {exc}") from exc
-
-
-def read_export(folder: str | os.PathLike[str]) -> pa.Table:
-    """The rows of the export in `folder`, from its Parquet file."""
-    return pq.read_table(Path(folder) / PARQUET_FILE, schema=EXPORT_SCHEMA)
-
-
-# --- Writing ------------------------------------------------------------------------------------------------
-
-
-def write_export(
-    root: str | os.PathLike[str],
-    period: str,
-    table: pa.Table,
-    period_start_ms: int,
-    period_end_ms: int,
-    closed_at_ms: int,
-) -> Manifest:
-    """Write the export of `period` (a `build_export` table) to `ROOT/exports/PERIOD` and return its manifest.
-
-    The files go to a hidden temporary folder beside it (`.PERIOD.tmp-*`), are flushed to disk, made read-only,
-    and the folder is renamed into place: a reader sees the whole export or none. ExportExistsError if the export
-    is already there, whatever its content: an export never changes once written.
-    """
-    if not table.schema.equals(EXPORT_SCHEMA, check_metadata=False):
-        raise ValueError(f"an export table has EXPORT_SCHEMA, got:\n{table.schema}")
-    for name, _, nullable, _ in EXPORT_COLUMNS:
-        if not nullable and table.column(name).null_count:
-            raise ValueError(f"export column {name} holds nulls")
-    if set(table.column("booked_period").to_pylist()) - {period}:
-        raise ValueError(f"every row of the export of {period} is booked in {period}")
-    _check_period(period, period_start_ms, period_end_ms)
-
-    target = export_folder(root, period)
-    if target.exists():
-        raise ExportExistsError(f"the export of {period} already exists in {target}; exports are never rewritten")
-    touched = make_folder(target.parent)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
-    try:
-        table = table.replace_schema_metadata(None).cast(EXPORT_SCHEMA)
-        pq.write_table(table, staging / PARQUET_FILE, compression="snappy")
-        pa_csv.write_csv(table, staging / CSV_FILE, pa_csv.WriteOptions(quoting_style="needed"))
-        by_currency: Counter[str] = Counter()
-        for currency, net in zip(
-            table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True
-        ):
-            by_currency[currency] += net
-        manifest = Manifest(
-            period=period,
-            period_start_ms=period_start_ms,
-            period_end_ms=period_end_ms,
-            closed_at_ms=closed_at_ms,
-            rows=table.num_rows,
-            total_micros=sum(by_currency.values()),
-            total_micros_by_currency=dict(sorted(by_currency.items())),
-            files={name: _digest(staging / name) for name in EXPORT_FILES},
-        )
-        (staging / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-        (staging / SUMS_FILE).write_text(sha256sums(staging), encoding="utf-8")
-        _seal(staging)
-        try:
-            os.rename(staging, target)
-        except OSError as exc:  # another writer got there first (the target is a non-empty folder now)
-            raise ExportExistsError(f"the export of {period} appeared in {target} while writing it") from exc
-        for folder in [target.parent, *touched]:
-            fsync_folder(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
-
-
-def sha256sums(folder: Path) -> str:
-    """The text of `SHA256SUMS` for the export in `folder`: `HEX  NAME` a line (two blanks: a binary-safe
-    comparison, as `sha256sum` writes it), the data files and then the manifest."""
-    return "".join(f"{_digest(folder / name).sha256}  {name}\n" for name in (*EXPORT_FILES, MANIFEST_FILE))
-
-
-def _check_period(period: str, start_ms: int, end_ms: int) -> None:
-    try:
-        matches = Periods(end_ms - start_ms).key(start_ms) == period
-    except (TypeError, ValueError):
-        matches = False
-    if not matches:
-        raise ValueError(f"[{start_ms}, {end_ms}) is not the billing period {period}")
-
-
-def _digest(path: Path) -> ExportFile:
-    sha = hashlib.sha256()
-    with open(path, "rb") as data:
-        for block in iter(lambda: data.read(1 << 20), b""):
-            sha.update(block)
-    return ExportFile(path.stat().st_size, sha.hexdigest())
-
-
-def _seal(folder: Path) -> None:
-    """Flush every file of `folder` to disk and make it read-only, then flush the folder itself."""
-    for path in folder.iterdir():
-        fsync_file(path)
-        path.chmod(0o444)
-    fsync_folder(folder)
-
-
-# --- Checking and copying -----------------------------------------------------------------------------------
-
-
-def verify_export(folder: str | os.PathLike[str]) -> list[str]:
-    """What is wrong with the export in `folder`; [] when every file matches the manifest.
-
-    Recomputes each file's size and SHA-256, and from the Parquet file the row count and total micros; counts the
-    CSV's rows.
-    """
-    path = Path(folder)
-    try:
-        manifest = read_manifest(path)
-    except (FileNotFoundError, ExportCorruptError) as exc:
-        return [str(exc)]
-    problems: list[str] = []
-    if path.name != manifest.period:
-        problems.append(f"the folder {path.name} holds the export of {manifest.period}")
-    if sorted(manifest.files) != sorted(EXPORT_FILES):
-        problems.append(f"the manifest lists {sorted(manifest.files)}, expected {sorted(EXPORT_FILES)}")
-    for name, expected in sorted(manifest.files.items()):
-        if not (path / name).is_file():
-            problems.append(f"{name} is missing")
-            continue
-        actual = _digest(path / name)
-        if actual.size_bytes != expected.size_bytes:
-            problems.append(f"{name}: {actual.size_bytes} bytes, the manifest says {expected.size_bytes}")
-        if actual.sha256 != expected.sha256:
-            problems.append(f"{name}: SHA-256 {actual.sha256}, the manifest says {expected.sha256}")
-    if problems:
-        return problems
-    table = read_export(path)
-    total = sum(table.column("net_micros").to_pylist())
-    if table.num_rows != manifest.rows:
-        problems.append(f"{PARQUET_FILE} holds {table.num_rows} rows, the manifest says {manifest.rows}")
-    if total != manifest.total_micros:
-        problems.append(f"{PARQUET_FILE} totals {total} micros, the manifest says {manifest.total_micros}")
-    with open(path / CSV_FILE, "rb") as csv_file:
-        csv_rows = pa_csv.read_csv(csv_file).num_rows
-    if csv_rows != manifest.rows:
-        problems.append(f"{CSV_FILE} holds {csv_rows} rows, the manifest says {manifest.rows}")
-    sums = path / SUMS_FILE
-    if sums.is_file() and sums.read_text(encoding="utf-8") != sha256sums(path):  # exports before it have none
-        problems.append(f"{SUMS_FILE} does not match the files")
-    return problems
-
-
-def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLike[str]) -> Path:
-    """Copy the export of `period` to `DEST/PERIOD` (for `adbill export --out DEST`) and return that folder.
-
-    The source is verified first (ExportCorruptError), the copy is staged and renamed into place like the export,
-    then verified. An identical copy already at the destination is left as it is; a different one raises
-    ExportExistsError.
-    """
-    source = export_folder(root, period)
-    problems = verify_export(source)
-    if problems:
-        raise ExportCorruptError(f"the export of {period} in {source} does not verify: {'; '.join(problems)}")
-    target = Path(dest) / period
-    if target.exists():
-        if not verify_export(target) and read_manifest(target) == read_manifest(source):
-            return target
-        raise ExportExistsError(f"{target} already holds something other than the export of {period}")
-    touched = make_folder(target.parent)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
-    try:
-        for name in (*EXPORT_FILES, MANIFEST_FILE, SUMS_FILE):
-            if name != SUMS_FILE or (source / name).is_file():
-                shutil.copyfile(source / name, staging / name)
-        _seal(staging)
-        try:
-            os.rename(staging, target)
-        except OSError as exc:
-            raise ExportExistsError(f"{target} appeared while copying the export of {period}") from exc
-        for folder in [target.parent, *touched]:
-            fsync_folder(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    problems = verify_export(target)
-    if problems:
-        raise ExportCorruptError(f"the copy in {target} does not verify: {'; '.join(problems)}")
-    return target

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from billing.store.catalog_file import save_catalog
 from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
@@ -124,7 +125,7 @@ class Chaos:
         self.adbill("up", "--cluster", "--detach", "--no-traffic")
 
     def totals(self) -> Any:
-        from billing.redis_totals import RedisTotals
+        from billing.store.redis_totals import RedisTotals
 
         return RedisTotals.from_url(self.settings.redis_url, self.settings.redis_prefix)
 
@@ -163,7 +164,7 @@ class Chaos:
 
         config = SimulationConfig(seed=self.seed, duration_s=1)
         self.home.mkdir(parents=True)
-        config.catalog().save(self.settings.catalog_file)
+        save_catalog(config.catalog(), self.settings.catalog_file)
         plan = list(FAULTS)
         self.rng.shuffle(plan)
         self.faults = [FaultRecord(kind, round(self.rng.uniform(5, 30), 1)) for kind in plan]
@@ -401,8 +402,8 @@ class Chaos:
     def verdict(self, truth: dict[str, int]) -> dict[str, Any]:
         import pyarrow.dataset as ds
 
-        from billing.export import exported_bills, read_export
-        from billing.parquet_ledger import read_ledger
+        from billing.store.export_files import exported_bills, read_export
+        from billing.store.parquet_ledger import read_ledger
 
         # The job catches up with everything sent.
         caught = None

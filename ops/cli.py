@@ -330,33 +330,34 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.catalog import Catalog, generate_catalog
+    from billing.catalog import generate_catalog
     from billing.money import format_micros
+    from billing.store.catalog_file import load_catalog, save_catalog
 
     path = settings.catalog_file
     if args.action == "generate":
         if path.exists() and not args.force:
             raise ValueError(f"{path} exists; pass --force to replace it")
         catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
-        catalog.save(path)
+        save_catalog(catalog, path)
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
-    catalog = Catalog.load(path)
+    catalog = load_catalog(path)
     for ad in catalog:
         print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{format_micros(ad.cpc_micros, ad.currency)}")
     return 0
 
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.catalog import Catalog
-    from billing.schema_registry import open_registry
+    from billing.store.catalog_file import load_catalog
+    from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
 
     if args.live and args.rate and args.impression_rate:
         raise ValueError("--live sends at the simulated rate: give --rate or --impression-rate, not both")
     shape: dict[str, Any] = (
-        _catalog_shape(Catalog.load(settings.catalog_file)) if settings.catalog_file.exists() else {}
+        _catalog_shape(load_catalog(settings.catalog_file)) if settings.catalog_file.exists() else {}
     )
     config = SimulationConfig(
         **shape,
@@ -518,7 +519,7 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
 
     summary = replay_to_kafka(
@@ -570,13 +571,13 @@ def _catalog_shape(catalog: Catalog) -> dict[str, int]:
 
 def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     """The simulator bills from the catalog of its seed: the pipeline must read that same catalog."""
-    from billing.catalog import Catalog
+    from billing.store.catalog_file import load_catalog, save_catalog
 
     path = settings.catalog_file
     if not path.exists():
-        simulated.save(path)
+        save_catalog(simulated, path)
         print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
-    elif Catalog.load(path).to_json() != simulated.to_json():
+    elif load_catalog(path).to_json() != simulated.to_json():
         raise ValueError(
             f"the catalog in {path} is not the one the simulator derives from --seed {seed} "
             "and its shape; use the seed it was generated with, or remove the file to start afresh"

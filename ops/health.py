@@ -23,19 +23,20 @@ def check(settings: Settings, part: str) -> tuple[bool, str]:
             return False, f"{url}: {exc}"
     import redis
 
-    from attribution.progress import heartbeat_key
+    from billing.store.redis_keys import RedisKeys
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
+    keys = RedisKeys(settings.redis_prefix)
     now = int(time.time() * 1000)
     try:
         if part == "stream":
-            beat = client.get(heartbeat_key(settings.redis_prefix, "billing"))
+            beat = client.get(keys.heartbeat("billing"))
             if beat is None:
                 return False, "the billing query has not reported yet"
             silent = now - int(str(beat))
             return silent <= ALIVE_WITHIN_MS, f"the billing query reported {silent / 1000:.0f} s ago"
         if part == "reconcile":
-            finished = client.hget(f"{settings.redis_prefix}:reconcile:last", "finished_at_ms")
+            finished = client.hget(keys.last_reconciliation(), "finished_at_ms")
             if finished is None:
                 return False, "no reconciliation run has finished yet"
             ago = now - int(str(finished))

@@ -58,8 +58,8 @@ def run_reconcile(
     0 done (periods may be held: the output says why), 3 refused (a back-fill ahead of the stream without
     `force`), 4 another run holds the lock (a single run takes it before it starts Spark)."""
     from attribution.closing import run_closing, run_lock
-    from billing.catalog import Catalog
     from billing.closing_run import HeldError, ReconcileBusyError
+    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
 
@@ -83,7 +83,7 @@ def run_reconcile(
                     report = run_closing(
                         spark,
                         config,
-                        Catalog.load(settings.catalog_file),
+                        load_catalog(settings.catalog_file),
                         until_ms=until_ms,
                         progress=lambda message: print(f"reconcile: {message}", flush=True),
                         force=force,
@@ -164,7 +164,7 @@ class ReconcileMetrics:
 def run_audit(settings: Settings) -> int:
     """`adbill audit`: print the books against the rule per period; 0 when every period balances, 1 if not."""
     from attribution.audit import audit, record
-    from billing.catalog import Catalog
+    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
 
@@ -173,7 +173,7 @@ def run_audit(settings: Settings) -> int:
     spark = spark_session(settings, "adbill-audit", settings.layout.spark_scratch("audit"), stateful=False)
     config = reconcile_config(settings)
     try:
-        audits = audit(spark, config, Catalog.load(settings.catalog_file))
+        audits = audit(spark, config, load_catalog(settings.catalog_file))
     finally:
         spark.stop()
     record(config, audits)
@@ -225,8 +225,8 @@ def describe_run(report: RunReport) -> str:
 
 def export_periods(settings: Settings, first: str, last: str | None, out: Path) -> int:
     """Copy the exports of closed periods `first`..`last` to `out/PERIOD/`; an open period is an error."""
-    from billing.export import copy_export
     from billing.periods import Periods
+    from billing.store.export_files import copy_export
 
     periods = Periods(settings.period_ms)
     try:

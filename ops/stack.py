@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from billing.catalog import Catalog, generate_catalog
+from billing.store.catalog_file import load_catalog, save_catalog
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
 from ops.process import ManagedProcess, consecutive_free_port, free_ports, pid_alive, stop_pids
@@ -84,18 +85,18 @@ def ensure_stack_topics(settings: Settings) -> list[str]:
 def ensure_catalog(settings: Settings) -> Catalog:
     """The catalog file, generated (small and deterministic) when there is none yet."""
     if settings.catalog_file.exists():
-        return Catalog.load(settings.catalog_file)
+        return load_catalog(settings.catalog_file)
     catalog = generate_catalog(
         advertisers=5, campaigns_per_advertiser=3, ads_per_campaign=4, seed=settings.traffic_seed
     )
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     return catalog
 
 
 def ensure_schemas(settings: Settings) -> dict[str, int]:
     """Register the event schemas (idempotent); returns topic to schema id."""
-    from billing.schema_registry import open_registry
     from billing.schemas import schema_text, subject_of
+    from billing.store.schema_registry import open_registry
 
     registry = open_registry(settings.registry_location)
     return {

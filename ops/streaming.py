@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 def stream_config(settings: Settings) -> StreamConfig:
     """The job's sources and sinks, with every registered version of each event schema."""
     from attribution.job import StreamConfig
-    from billing.schema_registry import open_registry
     from billing.schemas import subject_of
+    from billing.store.schema_registry import open_registry
 
     registry = open_registry(settings.registry_location)
 
@@ -54,7 +54,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
-    from billing.catalog import Catalog
+    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
@@ -82,7 +82,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         )
     )
     try:
-        queries = start(spark, config, Catalog.load(settings.catalog_file), new_checkpoint=new_checkpoint)
+        queries = start(spark, config, load_catalog(settings.catalog_file), new_checkpoint=new_checkpoint)
     except CheckpointRefusedError as exc:
         print(f"streaming: refused: {exc}", file=sys.stderr, flush=True)
         spark.stop()
@@ -115,9 +115,9 @@ def restore_redis(settings: Settings) -> int:
     """`adbill restore-redis`: every billing figure in Redis from the data folder, with the job stopped."""
     from attribution.restore import JobRunningError, restore_redis
     from attribution.stream_position import BILLING_QUERY
-    from billing.catalog import Catalog
     from billing.periods import Periods
-    from billing.redis_totals import RedisTotals
+    from billing.store.catalog_file import load_catalog
+    from billing.store.redis_totals import RedisTotals
 
     # The whole ledger's totals go to Redis in one script: on a long history that takes longer than one live batch
     # may, and the job is stopped, so the deadline is a generous one.
@@ -129,7 +129,7 @@ def restore_redis(settings: Settings) -> int:
         done = restore_redis(
             settings.root,
             totals,
-            Catalog.load(settings.catalog_file),
+            load_catalog(settings.catalog_file),
             Periods(settings.period_ms),
             BILLING_QUERY,
             clock_tolerance_ms=settings.clock_tolerance_ms,

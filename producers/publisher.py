@@ -23,7 +23,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
 from billing.events import TOPIC_OF, Event
-from billing.schema_registry import SchemaRegistry, open_registry
+from billing.store.catalog_file import save_catalog
+from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import CaptureError, read_capture
 from producers.simulator import (
     Arrival,
@@ -344,7 +345,7 @@ def simulate_to_kafka(
     simulator = Simulator(config, clock, rate, live)
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    simulator.catalog.save(folder / "catalog.json")
+    save_catalog(simulator.catalog, folder / "catalog.json")
     spill = folder / ".ground-truth-work"
     truth = GroundTruth.for_config(config, simulator.catalog, str(spill))
     publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)

@@ -44,6 +44,7 @@ from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
 from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS, BillableClick, attribute
 from billing.schemas import schema_text
+from billing.store.catalog_file import save_catalog
 from producers.capture import capture_line
 from producers.wire import RawRecord, encode_body, event_record, frame, parse_avro_schema
 
@@ -749,7 +750,7 @@ def write_run(
     """Write the run folder: `catalog.json`, `billable.jsonl` (by click_id) and `summary.json`."""
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    catalog.save(folder / "catalog.json")
+    save_catalog(catalog, folder / "catalog.json")
     result = truth.finish(folder / "billable.jsonl")
     summary = {
         "config": asdict(config),

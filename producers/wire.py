@@ -16,9 +16,9 @@ from typing import Any
 import fastavro
 
 from billing.events import Click, Event, EventType, Impression, event_from_record
-from billing.schema_registry import SchemaRegistry
-from billing.schema_registry import UnknownSchemaError as _RegistryUnknownSchema
 from billing.schemas import schema_text, subject_of
+from billing.store.schema_registry import SchemaRegistry
+from billing.store.schema_registry import UnknownSchemaError as _RegistryUnknownSchema
 
 MAGIC = 0
 """The first byte of every Confluent-framed value."""

@@ -11,6 +11,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from billing.catalog import Catalog, generate_catalog
+from billing.store.catalog_file import save_catalog
 from ops.settings import Settings
 from web.access import Role
 from web.accounts import AccountsFile
@@ -47,7 +48,7 @@ class Seeded:
 def seed(settings: Settings, accounts: dict[str, tuple[Role, str | None]] | None = None) -> Seeded:
     """Three advertisers (2 campaigns x 2 ads each), six hourly periods, four closed and two exported, the accounts."""
     catalog = generate_catalog(advertisers=3, campaigns_per_advertiser=2, ads_per_campaign=2, seed=7)
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     seed_sample(
         SampleWriter(client, settings.redis_prefix, exports_dir(settings)),

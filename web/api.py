@@ -16,7 +16,7 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request, url_for
 
 from billing.corrections import Correction
-from billing.export import Manifest
+from billing.store.export_files import Manifest
 from web import lookups
 from web.access import visible_advertisers
 from web.guards import finance_or_404, logged_in

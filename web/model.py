@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from billing.corrections import Correction
-    from billing.export import Manifest
+    from billing.store.export_files import Manifest
 
 
 @dataclass(frozen=True, slots=True)

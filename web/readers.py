@@ -3,23 +3,10 @@
 Reads only, never writes. Each page costs one or two Redis round trips (pipelines), whatever the number of periods
 and ads; nothing is computed here that the streaming job or reconciliation did not already write.
 
-Keys read (PREFIX is `ADBILL_REDIS_PREFIX`; the layout is the contract of `billing/redis_totals.py` and of
-reconciliation):
-
-| key | written by | read for |
-| --- | --- | --- |
-| `PREFIX:periods`, `PREFIX:periods:closed` | stream, reconciliation | the periods, open or closed |
-| `PREFIX:period:P:advertisers`, `...:campaigns:ADV`, `...:ads:ADV` | stream | who has totals in a period |
-| `PREFIX:totals:P:{adv,cmp,ad}:ID` | stream | provisional clicks and micros |
-| `PREFIX:corrections:P:{adv,cmp,ad}:ID` | reconciliation | signed sums of the corrections of period P |
-| `PREFIX:correction-list:ADV` | reconciliation | an advertiser's corrections, newest first |
-| `PREFIX:late:P:{adv,ad}:ID`, `PREFIX:late-periods` | stream | events the watermark kept out, and in which periods |
-| `PREFIX:clock-ahead:P:{adv,ad}:ID`, `...:P:ads`, `PREFIX:clock-ahead-periods` | stream | events with a clock ahead |
-| `PREFIX:quarantined:adv:ADV`, `PREFIX:quarantine:REASON` | stream | quarantined events |
-| `PREFIX:health:query:NAME`, `PREFIX:health:history:NAME` | the job's listener | the pipeline's health |
-| `PREFIX:health:heartbeat:NAME` | the job's listener | `/readyz`: the job's last batch is recent |
-| `PREFIX:reconcile:last` | reconciliation | the last reconciliation run |
-| `PREFIX:audit:last` | `adbill audit` | the last audit of the books |
+Keys read (named by `billing.store.redis_keys.RedisKeys`, whose docstring has the whole layout and who writes each
+key): the periods, open and closed; who has totals in a period; provisional totals and the signed sums of
+corrections per advertiser, campaign and ad; each advertiser's list of corrections; late, clock-ahead and
+quarantined events; the job's health records and heartbeat; the last reconciliation run and the last audit.
 
 Exports: `EXPORTS/PERIOD/{billing.parquet,billing.csv,manifest.json}`; a folder counts once its manifest exists.
 """
@@ -37,8 +24,10 @@ import redis
 
 from billing.catalog import Catalog
 from billing.corrections import Correction
-from billing.export import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.intake import QuarantineReason
+from billing.store.catalog_file import load_catalog
+from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
+from billing.store.redis_keys import RedisKeys
 from web.model import (
     AdDetail,
     AdLine,
@@ -107,7 +96,7 @@ class CatalogFile:
         if stamp != self._stamp:
             self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
             try:
-                self._catalog = Catalog.load(self.path)
+                self._catalog = load_catalog(self.path)
             except ValueError as exc:  # broken, or refused (a campaign shared by two advertisers, say)
                 _log.warning("keeping the last good ad catalog: %s", exc)
         return self._catalog
@@ -127,9 +116,7 @@ class BillingReader:
         self.prefix = prefix
         self.exports_dir = exports_dir
         self.catalog = catalog
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
+        self.keys = RedisKeys(prefix)
 
     # Periods and advertisers ---------------------------------------------------------------------------------
     def periods(self) -> list[Period]:
@@ -141,7 +128,7 @@ class BillingReader:
     def known_advertisers(self) -> list[str]:
         """Advertisers with totals in any period, or in the catalog."""
         periods = self.periods()
-        keys = [self.key("period", p.key, "advertisers") for p in periods]
+        keys = [self.keys.period_advertisers(p.key) for p in periods]
         found: set[str] = set(self.client.sunion(keys)) if keys else set()  # type: ignore[arg-type]
         return sorted(found | set(self.catalog.get().advertiser_ids))
 
@@ -159,8 +146,8 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         self._queue_periods(pipe)
         if period_key is not None:
-            pipe.smembers(self.key("period", period_key, "campaigns", advertiser_id))
-            pipe.smembers(self.key("period", period_key, "ads", advertiser_id))
+            pipe.smembers(self.keys.period_campaigns(period_key, advertiser_id))
+            pipe.smembers(self.keys.period_ads(period_key, advertiser_id))
         first = pipe.execute()
         periods = self._periods_of(first[:2])
         period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
@@ -168,8 +155,8 @@ class BillingReader:
             return None
         if period is not None and period_key is None:
             pipe = self.client.pipeline(transaction=False)
-            pipe.smembers(self.key("period", period.key, "campaigns", advertiser_id))
-            pipe.smembers(self.key("period", period.key, "ads", advertiser_id))
+            pipe.smembers(self.keys.period_campaigns(period.key, advertiser_id))
+            pipe.smembers(self.keys.period_ads(period.key, advertiser_id))
             first += pipe.execute()
         campaign_ids, ad_ids = (set(first[2]), set(first[3])) if period is not None else (set(), set())
 
@@ -187,12 +174,12 @@ class BillingReader:
         if period is not None:
             for campaign_id in campaigns:
                 self._queue_billed(pipe, period.key, "cmp", campaign_id)
-                pipe.hget(self.key("totals", period.key, "cmp", campaign_id), "advertiser")
+                pipe.hget(self.keys.totals(period.key, "cmp", campaign_id), "advertiser")
             for ad_id in ads:
-                pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
-                pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
+                pipe.hmget(self.keys.totals(period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+                pipe.hmget(self.keys.corrections(period.key, "ad", ad_id), "clicks", "micros")
                 self._queue_counts(pipe, period.key, "ad", ad_id)
-        pipe.hgetall(self.key("quarantined", "adv", advertiser_id))
+        pipe.hgetall(self.keys.quarantined(advertiser_id))
         results = iter(pipe.execute())
 
         series = [
@@ -256,9 +243,9 @@ class BillingReader:
         owned = bool(ad_ids)
         pipe = self.client.pipeline(transaction=False)
         for p in periods:
-            pipe.sismember(self.key("period", p.key, "campaigns", advertiser_id), campaign_id)
+            pipe.sismember(self.keys.period_campaigns(p.key, advertiser_id), campaign_id)
         if period is not None:
-            pipe.smembers(self.key("period", period.key, "ads", advertiser_id))
+            pipe.smembers(self.keys.period_ads(period.key, advertiser_id))
         first = pipe.execute()
         owned = owned or any(first[: len(periods)])
         if not owned:
@@ -270,11 +257,11 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         for p in series_periods:
             self._queue_billed(pipe, p.key, "cmp", campaign_id)
-            pipe.hget(self.key("totals", p.key, "cmp", campaign_id), "advertiser")
+            pipe.hget(self.keys.totals(p.key, "cmp", campaign_id), "advertiser")
         if period is not None:
             for ad_id in ads:
-                pipe.hmget(self.key("totals", period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
-                pipe.hmget(self.key("corrections", period.key, "ad", ad_id), "clicks", "micros")
+                pipe.hmget(self.keys.totals(period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+                pipe.hmget(self.keys.corrections(period.key, "ad", ad_id), "clicks", "micros")
                 self._queue_counts(pipe, period.key, "ad", ad_id)
         results = iter(pipe.execute())
         series = []
@@ -304,8 +291,8 @@ class BillingReader:
         known = self.catalog.get().get(ad_id)
         pipe = self.client.pipeline(transaction=False)
         for p in periods:
-            pipe.hmget(self.key("totals", p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
-            pipe.hmget(self.key("corrections", p.key, "ad", ad_id), "clicks", "micros")
+            pipe.hmget(self.keys.totals(p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+            pipe.hmget(self.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
             self._queue_counts(pipe, p.key, "ad", ad_id)
         results = pipe.execute()
         owners = {totals[3] for totals in results[0::4] if totals[3] is not None}
@@ -322,7 +309,7 @@ class BillingReader:
 
     def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
         """One page of the advertiser's corrections, newest first."""
-        key = self.key("correction-list", advertiser_id)
+        key = self.keys.correction_list(advertiser_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.llen(key)
         pipe.lrange(key, offset, offset + limit - 1)
@@ -334,7 +321,7 @@ class BillingReader:
         """The advertiser's correction of this id, or None (reading the list in chunks, newest first)."""
         if not is_id(correction_id):
             return None
-        key = self.key("correction-list", advertiser_id)
+        key = self.keys.correction_list(advertiser_id)
         start = 0
         while True:
             raw = self.client.lrange(key, start, start + chunk - 1)
@@ -355,7 +342,7 @@ class BillingReader:
             return None
         lines: list[AdvertiserLine] = []
         if period is not None:
-            members = self.client.smembers(self.key("period", period.key, "advertisers"))
+            members = self.client.smembers(self.keys.period_advertisers(period.key))
             advertisers = sorted({str(m) for m in members} | set(self.catalog.get().advertiser_ids))  # type: ignore[union-attr]
             pipe = self.client.pipeline(transaction=False)
             for advertiser_id in advertisers:
@@ -365,7 +352,7 @@ class BillingReader:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
-        audited = self.client.hgetall(self.key("audit", "last"))
+        audited = self.client.hgetall(self.keys.last_audit())
         return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
 
     def exports(self) -> list[Manifest]:
@@ -395,30 +382,30 @@ class BillingReader:
     def heartbeat_ms(self) -> int | None:
         """When the streaming job last reported a batch or an idle trigger (epoch ms), None if never; raises the
         Redis client's error when Redis does not answer."""
-        return _int_field(self.client.get(self.key("health", "heartbeat", QUERY_NAMES[0])))  # type: ignore[arg-type]
+        return _int_field(self.client.get(self.keys.heartbeat(QUERY_NAMES[0])))  # type: ignore[arg-type]
 
     def health(self) -> Health:
         """The job's latest progress per query, recent batch durations, late, clock-ahead and quarantined counts,
         and the last reconciliation."""
         advertisers = self.known_advertisers()
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrange(self.key("late-periods"), -SERIES_PERIODS, -1, withscores=True)
-        pipe.zrange(self.key("clock-ahead-periods"), -SERIES_PERIODS, -1, withscores=True)
+        pipe.zrange(self.keys.late_periods(), -SERIES_PERIODS, -1, withscores=True)
+        pipe.zrange(self.keys.clock_ahead_periods(), -SERIES_PERIODS, -1, withscores=True)
         late_periods, ahead_periods = pipe.execute()
         periods = [Period(key, int(start), False) for key, start in late_periods]
         reasons = [r.value for r in QuarantineReason]
         pipe = self.client.pipeline(transaction=False)
         for name in QUERY_NAMES:
-            pipe.hgetall(self.key("health", "query", name))
-            pipe.lrange(self.key("health", "history", name), 0, HEALTH_HISTORY - 1)
+            pipe.hgetall(self.keys.health_query(name))
+            pipe.lrange(self.keys.health_history(name), 0, HEALTH_HISTORY - 1)
         for reason in reasons:
-            pipe.hgetall(self.key("quarantine", reason))
+            pipe.hgetall(self.keys.quarantine(reason))
         for p in periods:
             for advertiser_id in advertisers:
-                pipe.hmget(self.key("late", p.key, "adv", advertiser_id), "impressions", "clicks")
+                pipe.hmget(self.keys.late(p.key, "adv", advertiser_id), "impressions", "clicks")
         for key, _ in ahead_periods:
-            pipe.smembers(self.key("clock-ahead", key, "ads"))
-        pipe.hgetall(self.key("reconcile", "last"))
+            pipe.smembers(self.keys.clock_ahead_ads(key))
+        pipe.hgetall(self.keys.last_reconciliation())
         results = iter(pipe.execute())
 
         queries = []
@@ -448,7 +435,7 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         for period, ads in ads_by_period:
             for ad_id in ads:
-                pipe.hmget(self.key("clock-ahead", period.key, "ad", ad_id), "impressions", "clicks")
+                pipe.hmget(self.keys.clock_ahead(period.key, "ad", ad_id), "impressions", "clicks")
         results = iter(pipe.execute())
         catalog = self.catalog.get()
         lines = []
@@ -462,8 +449,8 @@ class BillingReader:
 
     # Pieces ----------------------------------------------------------------------------------------------------
     def _queue_periods(self, pipe: Any) -> None:
-        pipe.zrange(self.key("periods"), 0, -1, withscores=True)
-        pipe.zrange(self.key("periods", "closed"), 0, -1, withscores=True)
+        pipe.zrange(self.keys.periods(), 0, -1, withscores=True)
+        pipe.zrange(self.keys.closed_periods(), 0, -1, withscores=True)
 
     def _periods_of(self, results: Sequence[Any]) -> list[Period]:
         billed, closed = results[0], results[1]
@@ -472,13 +459,13 @@ class BillingReader:
         return [Period(key, start, key in closed_keys) for key, start in sorted(starts.items(), key=lambda kv: kv[1])]
 
     def _queue_billed(self, pipe: Any, period: str, level: str, ident: str) -> None:
-        pipe.hmget(self.key("totals", period, level, ident), "clicks", "micros")
-        pipe.hmget(self.key("corrections", period, level, ident), "clicks", "micros")
+        pipe.hmget(self.keys.totals(period, level, ident), "clicks", "micros")
+        pipe.hmget(self.keys.corrections(period, level, ident), "clicks", "micros")
 
     def _queue_counts(self, pipe: Any, period: str, level: str, ident: str) -> None:
         """The late, then the clock-ahead events of an advertiser (`adv`) or ad (`ad`) in a period."""
-        pipe.hmget(self.key("late", period, level, ident), "impressions", "clicks")
-        pipe.hmget(self.key("clock-ahead", period, level, ident), "impressions", "clicks")
+        pipe.hmget(self.keys.late(period, level, ident), "impressions", "clicks")
+        pipe.hmget(self.keys.clock_ahead(period, level, ident), "impressions", "clicks")
 
     def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
         pipe = self.client.pipeline(transaction=False)

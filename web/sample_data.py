@@ -3,9 +3,9 @@
 The provisional totals, late, clock-ahead and quarantined counts go through the streaming job's own adapter
 (`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
 (`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
-export's writer (`billing.export.write_export`). Only the job's health records are written here, in the shape of
-`attribution.progress.summarize` (see `web.readers`). This module writes what the real writers write; it decides
-nothing they decide.
+export's writer (`billing.store.export_files.write_export`). Only the job's health records are written here, under
+`RedisKeys` and in the shape of `attribution.progress.summarize` (see `web.readers`). This module writes what the
+real writers write; it decides nothing they decide.
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import redis
 
 from billing.catalog import Ad, Catalog
 from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
-from billing.export import EXPORT_SCHEMA, write_export
 from billing.layout import DataLayout
 from billing.periods import Periods, format_utc
-from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
+from billing.store.export_files import export_table, write_export
+from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
 
 ADDITIONS = sorted(ADDITION_REASONS - RETRACTION_REASONS)
 RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
@@ -32,7 +31,7 @@ RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
 
 class SampleWriter:
     """Writes under one prefix through the stream's own adapter where one exists, and the contract's keys elsewhere;
-    exports through `billing.export.write_export`."""
+    exports through `billing.store.export_files.write_export`."""
 
     def __init__(self, client: redis.Redis, prefix: str, exports_dir: Path) -> None:
         self.client = client
@@ -42,9 +41,7 @@ class SampleWriter:
             raise ValueError(f"exports live in {DataLayout(Path('ROOT')).exports}, not in {exports_dir}")
         self.exports_dir = exports_dir
         self.totals = RedisTotals(client, prefix)
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
+        self.keys = self.totals.keys
 
     def bill(
         self,
@@ -66,16 +63,17 @@ class SampleWriter:
 
     def close(self, period: str, start_ms: int) -> None:
         """Close a period as reconciliation does, its export being what Redis holds (provisional + corrections)."""
-        t = self.totals
+        keys, client = self.keys, self.client
         exported: dict[tuple[str, str], tuple[int, int, str]] = {}
-        for adv in t.advertisers(period):
-            items = [("adv", adv)] + [("cmp", c) for c in t.campaigns(period, adv)]
-            items += [("ad", a) for a in t.ads(period, adv)]
+        for adv in _texts(client.smembers(keys.period_advertisers(period))):
+            items = [("adv", adv)] + [("cmp", c) for c in _texts(client.smembers(keys.period_campaigns(period, adv)))]
+            items += [("ad", a) for a in _texts(client.smembers(keys.period_ads(period, adv)))]
             for level, item in items:
-                base = t._totals(t.key("totals", period, level, item))
-                fix = t.corrections_of(period, level, item)
-                exported[(level, item)] = (base.clicks + fix.clicks, base.micros + fix.micros, adv)
-        t.close_period(period, start_ms, exported)
+                base: Any = client.hmget(keys.totals(period, level, item), "clicks", "micros")
+                fix: Any = client.hmget(keys.corrections(period, level, item), "clicks", "micros")
+                clicks = int(base[0] or 0) + int(fix[0] or 0)
+                exported[(level, item)] = (clicks, int(base[1] or 0) + int(fix[1] or 0), adv)
+        self.totals.close_period(period, start_ms, exported)
 
     def reconciliation(self, record: dict[str, Any]) -> None:
         self.totals.record_reconciliation(record)
@@ -86,9 +84,9 @@ class SampleWriter:
         name = record["query"]
         pipe = self.client.pipeline()
         for item in [*reversed(history), record]:
-            pipe.lpush(self.key("health", "history", name), json.dumps(item))
+            pipe.lpush(self.keys.health_history(name), json.dumps(item))
         pipe.hset(
-            self.key("health", "query", name),
+            self.keys.health_query(name),
             mapping={k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in record.items()},
         )
         pipe.execute()
@@ -98,7 +96,7 @@ class SampleWriter:
         write_export(
             self.layout.root,
             period,
-            pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA),
+            export_table(rows),
             start_ms,
             end_ms,
             closed_at_ms,
@@ -278,3 +276,7 @@ def health_record(query: str, batch_id: int, now_ms: int, lag: tuple[int, int] =
             for topic in ("impressions", "clicks")
         ],
     }
+
+
+def _texts(values: Any) -> list[str]:
+    return sorted(v.decode() if isinstance(v, bytes) else v for v in values)

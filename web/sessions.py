@@ -1,5 +1,7 @@
 """Server-side sessions and the failed-login counts, in Redis (adapters; the arithmetic is `web.access.LoginLimit`).
 
+Keys (named by `billing.store.redis_keys.RedisKeys`):
+
 | key | type | holds |
 | --- | --- | --- |
 | `PREFIX:web:session:HMAC` | hash | `username`, `generation`, `csrf`, `created_at_ms`, `seen_at_ms` (last activity) |
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import redis
 
+from billing.store.redis_keys import RedisKeys
 from web.access import LoginLimit
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}", re.ASCII)
@@ -74,6 +77,7 @@ class SessionStore:
             raise ValueError("a session lasts at least a second, and so does its idle time")
         self.client = client
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
         self.secret = secret
         self.ttl_s = ttl_s
         self.idle_s = idle_s
@@ -125,7 +129,7 @@ class SessionStore:
 
     def _key(self, session_id: str) -> str:
         digest = hmac.new(self.secret, session_id.encode(), hashlib.sha256).hexdigest()
-        return f"{self.prefix}:web:session:{digest}"
+        return self.keys.web_session(digest)
 
 
 _ATTEMPT = """
@@ -164,6 +168,7 @@ class LoginLimiter:
     def __init__(self, client: redis.Redis, prefix: str, per_account: LoginLimit, per_address: LoginLimit) -> None:
         self.client = client
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
         self.limits = {"account": per_account, "address": per_address}
         self._attempt = client.register_script(_ATTEMPT)
 
@@ -203,10 +208,10 @@ class LoginLimiter:
     def _account_key(self, username: str) -> str:
         # Hashed: the name typed may be anything, of any length.
         digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()
-        return f"{self.prefix}:web:login-failures:account:{digest}"
+        return self.keys.login_failures_of_account(digest)
 
     def _address_key(self, address: str | None) -> str:
-        return f"{self.prefix}:web:login-failures:address:{client_network(address)}"
+        return self.keys.login_failures_of_address(client_network(address))
 
 
 def client_network(address: str | None) -> str:

@@ -268,9 +268,11 @@ class HealthRecorder:
     def poll(self, newest: int = 50) -> None:
         import redis
 
+        from billing.store.redis_keys import RedisKeys
+
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         try:
-            for text in client.lrange(f"{self.prefix}:health:history:{self.query}", 0, newest - 1):
+            for text in client.lrange(RedisKeys(self.prefix).health_history(self.query), 0, newest - 1):
                 record = json.loads(text)
                 self.records[int(record["batch_id"])] = record
         finally:

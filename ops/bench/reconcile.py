@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from billing.catalog import generate_catalog
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.catalog_file import load_catalog, save_catalog
 
 DAY_START_MS = 1_767_225_600_000  # 2026-01-01T00:00Z
 HOUR_MS = 3_600_000
@@ -95,7 +96,7 @@ def write_day(root: Path, events: int, seed: int, missed: float = 0.01, doubled:
         figures["billable"] += int(billable.sum())
         figures["ledger_rows"] += len(rows)
         print(f"  wrote {period}: {n_imp:,} impressions, {n_clk:,} clicks", end="\r", flush=True)
-    catalog.save(DataLayout(root).catalog_file)
+    save_catalog(catalog, DataLayout(root).catalog_file)
     print()
     return figures
 
@@ -131,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from attribution.closing import ReconcileConfig, run_closing
-    from billing.catalog import Catalog
-    from billing.corrections import corrections_from_arrow
+    from billing.store.corrections_arrow import corrections_from_arrow
     from ops.process import free_port
     from ops.redis_service import LocalRedis
     from ops.settings import Settings
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_closing(
             spark,
             config,
-            Catalog.load(DataLayout(home).catalog_file),
+            load_catalog(DataLayout(home).catalog_file),
             until_ms=DAY_START_MS + 24 * HOUR_MS,
             progress=lambda message: print(f"  {message}", flush=True),
             force=True,  # no streaming job here: the day is written straight into the archive and ledger

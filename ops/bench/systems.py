@@ -425,7 +425,7 @@ def ledger_rows(ledger_dir: Path, prefix: str) -> list[tuple[str, int, int, int]
     """(click_id, amount_micros, click_received_ms, batch_id) of the ledger's rows of one run (its id prefix)."""
     import pyarrow.compute as pc
 
-    from billing.parquet_ledger import read_ledger
+    from billing.store.parquet_ledger import read_ledger
 
     table = read_ledger(ledger_dir)
     table = table.filter(pc.starts_with(table["click_id"], f"{prefix}-"))
@@ -468,7 +468,7 @@ def read_clicks(settings: Settings, start: dict[int, int]) -> list[tuple[int, in
     records that do not decode are left out."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.wire import EventDeserializer
 
     topic = settings.topic_clicks

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from billing.store.catalog_file import save_catalog
+
 BASE_START_MS = 1_735_689_600_000
 """2025-01-01T00:00Z: the event time of the first run's first impression."""
 GAP_MS = 60_000
@@ -234,7 +236,7 @@ def plan_traffic(
         return TrafficPlan(
             folder, load(data["backlog"]), [Dataset.from_dict(d) for d in data["steps"]], load(data.get("burst"))
         )
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.simulator import Simulator, write_capture
 
     shutil.rmtree(folder, ignore_errors=True)
@@ -263,7 +265,7 @@ def plan_traffic(
         if burst_events:
             burst = run("burst", max(rates), burst_events)
     catalog = simulation_config("catalog", rates[0], 0, BASE_START_MS, seed).catalog()
-    catalog.save(folder / "catalog.json")
+    save_catalog(catalog, folder / "catalog.json")
     plan = TrafficPlan(folder, backlog, steps, burst)
     plan_file.write_text(
         json.dumps(
@@ -322,7 +324,7 @@ def cycle_span_ms(dataset: Dataset) -> int:
 
 def send(args: argparse.Namespace) -> dict[str, Any]:
     """Send frames (or cycles of a capture) at a rate, or as fast as possible; returns the report."""
-    from billing.schema_registry import open_registry
+    from billing.store.schema_registry import open_registry
     from producers.publisher import EventPublisher, Pacer
     from producers.wire import EventSerializer, RawRecord
 

@@ -35,6 +35,7 @@ import redis
 
 from billing.catalog import generate_catalog
 from billing.layout import DataLayout
+from billing.store.catalog_file import save_catalog
 from ops.process import free_ports
 from web.access import Role
 from web.accounts import AccountsFile
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait_port(redis_port, redis_proc, "redis-server", redis_log)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         catalog = generate_catalog(args.advertisers, 3, 4, seed=1)
-        catalog.save(DataLayout(home).catalog_file)
+        save_catalog(catalog, DataLayout(home).catalog_file)
         client = redis.Redis.from_url(redis_url, decode_responses=True)
         first_period = (int(time.time() * 1000) // 3_600_000 - args.periods) * 3_600_000
         seeded = seed_sample(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from billing.events import Click, Impression
-from billing.schema_registry import open_registry
+from billing.store.schema_registry import open_registry
 from producers.simulator import GroundTruth, SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer
 

@@ -29,12 +29,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.store.redis_totals import TotalsRow
 from ops import deps
 from ops.process import ManagedProcess, free_port, port_open
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
+from tests.redis_figures import RedisFigures
 from tests.web_support import OTHER, OWN, PASSWORD, Seeded, seed, web_screens_dir
 from web import display
 
@@ -141,11 +142,9 @@ def wait(driver: WebDriver, until: Callable[[WebDriver], object], timeout_s: flo
 
 def corrected(seeded: Seeded, period: str, level: str, ident: str) -> tuple[int, int]:
     """(clicks, micros) as Redis holds them: the stream's totals plus the corrections of that period."""
-    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
     provisional = {"adv": totals.advertiser, "cmp": totals.campaign, "ad": totals.ad}[level](period, ident)
-    fixes = seeded.client.hmget(
-        f"{seeded.settings.redis_prefix}:corrections:{period}:{level}:{ident}", "clicks", "micros"
-    )
+    fixes = seeded.client.hmget(totals.keys.corrections(period, level, ident), "clicks", "micros")
     return provisional.clicks + int(fixes[0] or 0), provisional.micros + int(fixes[1] or 0)  # type: ignore[index]
 
 
@@ -157,7 +156,7 @@ def test_advertiser_sees_its_totals_the_chart_live_updates_and_corrections(
     assert browser.current_url.endswith(f"/advertisers/{OWN}")
     wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
 
-    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
     periods = totals.periods()
     latest = periods[-1]
     clicks, micros = corrected(seeded, latest, "adv", OWN)
@@ -183,7 +182,7 @@ def test_advertiser_sees_its_totals_the_chart_live_updates_and_corrections(
 
     # The stream bills a new micro-batch: the open page shows it within a refresh or two, without reloading.
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
-    start_ms = int(seeded.client.zscore(f"{seeded.settings.redis_prefix}:periods", latest) or 0)
+    start_ms = int(seeded.client.zscore(totals.keys.periods(), latest) or 0)
     totals.apply_batch(
         "billing", 1_000, [TotalsRow(latest, start_ms, OWN, ad.campaign_id, ad.ad_id, 7, 7 * ad.cpc_micros)]
     )
@@ -194,8 +193,8 @@ def test_advertiser_sees_its_totals_the_chart_live_updates_and_corrections(
 
     browser.find_element(By.ID, "all-corrections").click()
     wait(browser, lambda d: d.current_url.endswith(f"/advertisers/{OWN}/corrections"))
-    newest = json.loads(seeded.client.lindex(f"{seeded.settings.redis_prefix}:correction-list:{OWN}", 0) or "{}")
-    listed = seeded.client.llen(f"{seeded.settings.redis_prefix}:correction-list:{OWN}")
+    newest = json.loads(seeded.client.lindex(totals.keys.correction_list(OWN), 0) or "{}")
+    listed = seeded.client.llen(totals.keys.correction_list(OWN))
     rows = browser.find_elements(By.CSS_SELECTOR, "#corrections tbody tr")
     assert len(rows) == min(50, int(listed)) > 0  # type: ignore[arg-type]
     first = [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")]

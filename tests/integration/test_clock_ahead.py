@@ -28,13 +28,12 @@ from attribution.closing import run_closing
 from attribution.job import start
 from attribution.progress import HealthListener
 from attribution.restore import restore_redis
-from billing.catalog import Catalog
-from billing.corrections import corrections_from_arrow
 from billing.events import Click, Event, Impression
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.corrections_arrow import corrections_from_arrow
+from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.kafka_service import LocalKafka
 from ops.reconciling import reconcile_config
 from ops.redis_service import LocalRedis
@@ -53,6 +52,7 @@ from producers.simulator import (
 )
 from producers.wire import EventSerializer
 from tests.conftest import fresh_topics, own_settings
+from tests.redis_figures import RedisFigures
 from web.model import EventCounts
 from web.readers import BillingReader, CatalogFile
 
@@ -129,7 +129,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     settings = dataclasses.replace(
         settings, impression_watermark_ms=WATERMARK_DELAY_MS, click_watermark_ms=WATERMARK_DELAY_MS
     )
-    STEADY.catalog().save(settings.catalog_file)
+    save_catalog(STEADY.catalog(), settings.catalog_file)
     ensure_schemas(settings)
     listener = HealthListener(
         settings.redis_url,
@@ -138,7 +138,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     )
     spark.streams.addListener(listener)
     counted_before = clock_ahead_metric()
-    queries = start(spark, stream_config(settings), Catalog.load(settings.catalog_file))
+    queries = start(spark, stream_config(settings), load_catalog(settings.catalog_file))
     try:
         truth, skewed = send_live(settings, run_dir, inject)
         for query in queries:
@@ -204,7 +204,7 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
     # Shown to people: on the advertiser's dashboard for the period of the events' own time, and on the health page
     # by period and ad.
     reader = BillingReader(
-        RedisTotals.from_url(settings.redis_url, settings.redis_prefix).client,
+        RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client,
         settings.redis_prefix,
         settings.root / "exports",
         CatalogFile(settings.catalog_file),
@@ -220,7 +220,7 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
     assert sum(op["numRowsRemoved"] for op in join) > 0
     reconciled_exactly(spark, run)
     # Redis lost and restored from the data folder: the counts come back from the archive.
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     totals.wipe_billing()
     restore_redis(
         settings.root,
@@ -299,7 +299,7 @@ def holds_up(run: LiveRun, baseline: LiveRun) -> None:
 
 def clock_ahead(run: LiveRun) -> dict[tuple[str, str], int]:
     """Clock-ahead counts in Redis per (ad, event type), over the periods of the skewed events."""
-    totals = RedisTotals.from_url(run.settings.redis_url, run.settings.redis_prefix)
+    totals = RedisFigures.from_url(run.settings.redis_url, run.settings.redis_prefix)
     periods = Periods(run.settings.period_ms)
     counted: Counter[tuple[str, str]] = Counter()
     for period in {periods.key_of(e.event_time) for e in run.skewed}:
@@ -310,8 +310,8 @@ def clock_ahead(run: LiveRun) -> dict[tuple[str, str], int]:
 
 
 def health_history(settings: Settings) -> list[dict[str, Any]]:
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
-    return [json.loads(line) for line in totals.client.lrange(f"{settings.redis_prefix}:health:history:billing", 0, -1)]
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    return [json.loads(line) for line in totals.client.lrange(totals.keys.health_history("billing"), 0, -1)]
 
 
 def reconciled_exactly(spark: SparkSession, run: LiveRun) -> None:

@@ -23,10 +23,11 @@ from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Catalog
 from billing.closing_run import HeldError, ReconcileBusyError
 from billing.events import Click, Impression
-from billing.export import export_folder, export_totals, read_export, verify_export
+from billing.export import export_totals
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.catalog_file import save_catalog
+from billing.store.export_files import export_folder, read_export, verify_export
+from billing.store.schema_registry import open_registry
 from ops.reconciling import audit_table, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -38,6 +39,7 @@ from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_reconcile import corrections, read_back
 from tests.integration.test_stream_job import wait_for
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -97,11 +99,13 @@ def exported_by_click(settings: Settings, periods: list[str]) -> dict[str, int]:
 
 def redis_matches_exports(settings: Settings, periods: list[str]) -> None:
     """A closed period's figures in Redis (provisional + corrections booked in it) are its export's, per ad."""
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     for period in periods:
         want = {
             item: (c, m)
-            for (level, item), (c, m, _) in export_totals(read_export(export_folder(settings.root, period))).items()
+            for (level, item), (c, m, _) in export_totals(
+                read_export(export_folder(settings.root, period)).to_pylist()
+            ).items()
             if level == "ad"
         }
         have = {}
@@ -117,7 +121,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
     catalog = SimulationConfig(events=10, seed=5).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_TRIGGER_MS="500")
     log = (tmp_path / "job.log").open("ab")
@@ -214,7 +218,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
 
 
 def read_ledger_ids(settings: Settings) -> set[str]:
-    from billing.parquet_ledger import read_ledger
+    from billing.store.parquet_ledger import read_ledger
 
     return set(read_ledger(settings.root / "ledger")["click_id"].to_pylist())
 
@@ -236,7 +240,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=6).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     on_time = pairs("s0", T0 + 30 * 60_000, 40, catalog) + pairs("s1", T0 + H + 30 * 60_000, 40, catalog)
     publish(settings, on_time)
@@ -278,7 +282,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     }
     assert exported_by_click(settings, [P0, P1]) == expected
     # Redis applied each correction once and shows each closed period as its export.
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     applied: dict[str, int] = defaultdict(int)
     for c in every:
         applied[c.booked_period] += c.amount_micros

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from billing.parquet_ledger import read_ledger
-from billing.redis_totals import RedisTotals
+from billing.store.catalog_file import save_catalog
+from billing.store.parquet_ledger import read_ledger
 from ops.kafka_service import partition_leaders
 from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env, local_spark_cluster
 from producers.publisher import simulate_to_kafka
 from producers.simulator import SimulationConfig
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
     env = cluster_env(tmp_path / "home")
     settings = Settings.from_env(env)
     settings.root.mkdir(parents=True)
-    BACKLOG.catalog().save(settings.catalog_file)  # the job bills from the simulator's catalog
+    save_catalog(BACKLOG.catalog(), settings.catalog_file)  # the job bills from the simulator's catalog
     try:
         adbill(env, *UP)
         yield settings, env
@@ -87,7 +88,7 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     cluster: tuple[Settings, dict[str, str]], tmp_path: Path
 ) -> None:
     settings, env = cluster
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     spark = local_spark_cluster(settings)
 
     # The topology: two workers, the job and reconciliation both running, each within its bounded cores.

@@ -1,5 +1,6 @@
 """The README's examples of reading an export, run as they are written: pandas, DuckDB and Spark, each on a real
-export written by `billing.export.write_export`, each printing every advertiser's net micros per currency."""
+export written by `billing.store.export_files.write_export`, each printing every advertiser's net micros per
+currency."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from billing.export import build_export, export_folder, write_export
+from billing.export import build_export
+from billing.store.export_files import export_folder, export_table, write_export
 from ops.settings import PROJECT_ROOT
 from tests.unit.test_export import CLOSED_AT, END, PERIOD, START, scenario
 
@@ -40,7 +42,7 @@ def test_a_readme_example_reads_the_export_and_prints_each_advertisers_net_micro
     tmp_path: Path, spark: SparkSession, library: str
 ) -> None:
     """`spark` is the session's own: the Spark example's getOrCreate finds it instead of starting another JVM."""
-    table = build_export(PERIOD, *scenario())
+    table = export_table(build_export(PERIOD, *scenario()))
     write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
     expected: Counter[tuple[str, str]] = Counter()
     for row in table.to_pylist():

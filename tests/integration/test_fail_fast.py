@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from billing.schema_registry import open_registry
+from billing.store.schema_registry import open_registry
 from ops.cli import EXIT_UNREACHABLE, _delivery_outcome
 from ops.kafka_service import broker_ready
 from ops.process import free_port

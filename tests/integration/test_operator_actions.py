@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 
 from attribution.epoch import EPOCH_FILE, CheckpointRefusedError, newest_batch_id
 from attribution.job import start
-from billing.parquet_ledger import read_ledger
-from billing.redis_totals import RedisTotals
+from billing.store.catalog_file import save_catalog
+from billing.store.parquet_ledger import read_ledger
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -24,6 +24,7 @@ from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_closing_follows_stream import T0, H, pairs, publish
 from tests.integration.test_reconcile import read_back
+from tests.redis_figures import RedisFigures
 from tests.web_support import login
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=7).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     first = pairs("e1", T0 + 30 * 60_000, 80, catalog)
     publish(settings, first)
@@ -81,7 +82,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
         for row in oracle.billable(read_back(settings, len(first) + len(second)), catalog)
     }
     assert {r["click_id"]: r["amount_micros"] for r in ledger} == expected
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     redis_micros = sum(t.micros for t in totals.all_ad_totals().values())
     assert redis_micros == sum(expected.values())
     # (a batch that read nothing, such as the one Spark runs to move the watermark on, writes no file)
@@ -142,7 +143,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     queries: list = []
     try:
         catalog = SimulationConfig(events=10, seed=8).catalog()
-        catalog.save(settings.catalog_file)
+        save_catalog(catalog, settings.catalog_file)
         ensure_schemas(settings)
         publish(settings, pairs("r0", T0 + 30 * 60_000, 40, catalog) + pairs("r1", T0 + H + 30 * 60_000, 40, catalog))
         queries = start(spark, stream_config(settings), catalog)
@@ -170,7 +171,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
             time.sleep(0.2)
         shutil.rmtree(tmp_path / "redis")
         own_redis.start()
-        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
         assert totals.periods() == []
 
         # While the job runs, the restore is refused; the job refuses to count a batch into the empty Redis.
@@ -207,7 +208,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     from tests.integration.test_reconcile import corrections
 
     catalog = SimulationConfig(events=10, seed=9).catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     publish(settings, pairs("k0", T0 + 30 * 60_000, 30, catalog))
     queries = start(spark, stream_config(settings), catalog)

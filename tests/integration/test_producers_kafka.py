@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
-from billing.schema_registry import open_registry
+from billing.store.schema_registry import open_registry
 from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
 from ops.settings import Settings

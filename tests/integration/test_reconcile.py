@@ -20,13 +20,13 @@ from attribution import closing as closing_module
 from attribution.closing import run_closing
 from attribution.job import start
 from billing.catalog import Ad, Catalog
-from billing.corrections import corrections_from_arrow
 from billing.events import Click, Impression
-from billing.export import export_folder, read_export, verify_export
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.corrections_arrow import corrections_from_arrow
+from billing.store.export_files import export_folder, read_export, verify_export
+from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.reconciling import reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -35,6 +35,7 @@ from producers.publisher import EventPublisher, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -145,14 +146,14 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         bad_fraction=0.01,
     )
     catalog = config.catalog()
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, tmp_path / "run", settings.topics, progress=False
     )
     raw = sum(1 for a in Simulator(config).arrivals() if a.raw is not None)  # bytes that never decode
     assert raw > 0
-    queries = start(spark, stream_config(settings), Catalog.load(settings.catalog_file))
+    queries = start(spark, stream_config(settings), load_catalog(settings.catalog_file))
     try:
         queries[0].processAllAvailable()
         # An id conflict the stream bills wrongly: the first copy of a click arrives behind the watermark (not
@@ -208,7 +209,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
                     exported[row["click_id"]] = row["amount_micros"]
         assert exported == expected
         # Redis: provisional + corrections per ad = the final ledger per ad.
-        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
         by_ad: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for (period, ad), t in totals.all_ad_totals().items():
             fix = totals.corrections_of(period, "ad", ad)
@@ -261,7 +262,7 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
-    catalog.save(settings.catalog_file)
+    save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     start_ms = 1_767_225_600_000  # P0
     publisher = EventPublisher(

@@ -31,10 +31,10 @@ from attribution.restore import restore_redis
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
-from billing.parquet_ledger import read_ledger
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals
-from billing.schema_registry import open_registry
+from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics
 from ops.process import free_port
 from ops.redis_service import LocalRedis
@@ -47,6 +47,7 @@ from producers.wire import EventSerializer
 from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_reconcile import read_back
+from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def ledger_rows(settings: Settings) -> list[dict]:
 
 
 def redis_ad_totals(settings: Settings) -> dict[str, tuple[int, int]]:
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     out: dict[str, tuple[int, int]] = {}
     for (_, ad), t in totals.all_ad_totals().items():
         clicks, micros = out.get(ad, (0, 0))
@@ -101,7 +102,7 @@ def job(spark: SparkSession, settings: Settings) -> Iterator[Callable[[], list[S
 
     def run() -> list[StreamingQuery]:
         ensure_schemas(settings)
-        started.extend(start(spark, stream_config(settings), Catalog.load(settings.catalog_file)))
+        started.extend(start(spark, stream_config(settings), load_catalog(settings.catalog_file)))
         return started
 
     yield run
@@ -134,7 +135,7 @@ def process(queries: list[StreamingQuery]) -> None:
 
 
 def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> None:
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     clicks = settings.topic_clicks
     # Every case has its own user; all times lie within 30 s (the watermark delay), so nothing here is late.
     first_phase: list[Event | tuple[str, bytes]] = [
@@ -196,7 +197,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
 
     # Redis holds the same totals as the ledger, per ad and per advertiser.
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.advertiser("20260101T0000Z", "adv-2").micros == 1_500_000 * 2 + 70_000 * 2
 
     # Bad input: in the quarantine table with its raw bytes and coordinates, counted in Redis, on the topic.
@@ -213,7 +214,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable", b"unknown_ad", b"unknown_ad"]
 
     # The health listener recorded the billing query's batches.
-    health = totals.client.hgetall(f"{settings.redis_prefix}:health:query:billing")
+    health = totals.client.hgetall(totals.keys.health_query("billing"))
     assert int(health["batch_id"]) >= 1
     assert json.loads(health["stream_watermarks_ms"])["clicks"] == T0 + 12 * S - 30_000
 
@@ -233,7 +234,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
 
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     # Both streams reach T0 + 100 s; with 30 s delays the watermark becomes T0 + 70 s.
     send(
         settings,
@@ -266,7 +267,7 @@ def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(set
     # Our flag agrees with the engine's own count of the rows its watermark dropped.
     dropped = sum(op["numRowsDroppedByWatermark"] for p in queries[0].recentProgress for op in p["stateOperators"])
     assert dropped == 3
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.late("20260101T0000Z", "ad", "ad-1") == {"click": 1, "impression": 1}
     assert totals.late("20260101T0000Z", "ad", "ad-2") == {"impression": 1}
     assert totals.late("20260101T0000Z", "adv", "adv-2") == {"impression": 1}
@@ -294,7 +295,7 @@ def simulated_run(settings: Settings, run_dir: Path, events: int, rate: float | 
     """Simulated traffic without late events, through Kafka; returns what the DuckDB oracle bills for the records
     read back from Kafka (click id -> micros), which the simulator's own ground truth must agree with."""
     config = SimulationConfig(events=events, seed=11, users=300, late_fraction=0.0, bad_fraction=0.005)
-    config.catalog().save(settings.catalog_file)
+    save_catalog(config.catalog(), settings.catalog_file)
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, run_dir, settings.topics, rate, progress=False
     )
@@ -327,10 +328,10 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     # Redis can be restored from the data folder alone: wipe it, restore, and the totals are the same again.
     for query in queries:
         query.stop()
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     totals.wipe_billing()
     assert redis_ad_totals(settings) == {}
-    catalog = Catalog.load(settings.catalog_file)
+    catalog = load_catalog(settings.catalog_file)
     # The job was stopped here, a moment ago: no need to wait for its heartbeat to age.
     restored = restore_redis(settings.root, totals, catalog, Periods(), "billing", quiet_ms=0, wait_for_heartbeat_s=0)
     assert (restored.billed_clicks, restored.billed_micros) == (len(truth), sum(truth.values()))
@@ -345,7 +346,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(settings: Setti
     def start_job() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "ops.cli", "stream"], env=env, stdout=log, stderr=log)
 
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     # Traffic first, so the job always has work in hand when it is killed.
     truth = simulated_run(settings, tmp_path / "run", events=60_000)
     killed_after: list[int] = []
@@ -405,7 +406,7 @@ def quarantine_table(settings: Settings) -> list[dict]:
 
 
 def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     clicks = settings.topic_clicks
     # The quarantine topic takes less than the input topics (4 KiB): a bad record that the quarantine table keeps
     # whole (10 kB) but Kafka refuses on the topic goes there as a stub too.
@@ -442,7 +443,7 @@ def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(s
     assert table[len(huge)]["reason"] in {"undecodable", "missing_field"}
     assert (table[len(medium)]["value"], table[len(small)]["value"]) == (medium, small)
     assert all(row["topic"] == clicks for row in table.values())
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert sum(sum(topics.values()) for topics in totals.quarantined().values()) == 3
 
     # The topic: each record once, keyed by its coordinates; a stub that says why where the bytes cannot go.
@@ -462,7 +463,7 @@ def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(s
 
 def test_a_burst_of_100k_bad_records_neither_fails_nor_stalls_a_batch(settings: Settings, job) -> None:
     records = 100_000
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     produce_raw(settings.kafka_bootstrap, settings.topic_clicks, [b"bad %d" % i for i in range(records)])
     send(settings, [Impression("i-after", "ad-2", "u-after", T0), Click("c-after", "ad-2", "u-after", T0 + S)])
     queries = job()
@@ -474,7 +475,7 @@ def test_a_burst_of_100k_bad_records_neither_fails_nor_stalls_a_batch(settings: 
     table = quarantine_table(settings)
     assert len(table) == len({(row["partition"], row["offset"]) for row in table}) == records
     assert {row["reason"] for row in table} == {"undecodable"}
-    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert totals.quarantined() == {"undecodable": {settings.topic_clicks: records}}
     assert messages_on(settings.kafka_bootstrap, settings.topic_quarantine) == records
     durations = [progress["durationMs"]["triggerExecution"] for progress in queries[0].recentProgress]
@@ -513,9 +514,9 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
     assert pid is not None
     # One-second deadlines: a call gives up after about 6 x 1 s + 7.5 s of pauses between tries.
     settings = dataclasses.replace(settings, redis_url=server.url, redis_timeout_ms=1_000)
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     ensure_schemas(settings)
-    catalog = Catalog.load(settings.catalog_file)
+    catalog = load_catalog(settings.catalog_file)
     config = stream_config(settings)
     queries: list[StreamingQuery] = []
     truth: set[str] = set()
@@ -579,7 +580,7 @@ def avro_long(n: int) -> bytes:
 
 
 def test_a_tiny_record_that_claims_a_huge_string_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
-    CATALOG.save(settings.catalog_file)
+    save_catalog(CATALOG, settings.catalog_file)
     click_schema = ensure_schemas(settings)[settings.topic_clicks]
     # Framed as a click of a known schema, its first field (the click id) says it is 2,000,000,000 bytes long: Avro
     # allocates what a string's length says before it reads it, and 2 GB is more than the job's heap.

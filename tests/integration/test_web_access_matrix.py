@@ -30,10 +30,11 @@ from flask.testing import FlaskClient
 from billing.catalog import Ad, Catalog
 from billing.corrections import Correction, CorrectionKind
 from billing.periods import Periods
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.store.redis_totals import TotalsRow
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
+from tests.redis_figures import RedisFigures
 from tests.web_support import ACCOUNTS, FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
 from web import display
 from web.access import Role
@@ -66,9 +67,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
     )
     seeded = seed(settings)
     ids: dict[str, dict[str, str]] = {}
-    totals = RedisTotals(seeded.client, settings.redis_prefix)
+    totals = RedisFigures(seeded.client, settings.redis_prefix)
     latest = totals.periods()[-1]
-    start_ms = int(seeded.client.zscore(f"{settings.redis_prefix}:periods", latest) or 0)
+    start_ms = int(seeded.client.zscore(totals.keys.periods(), latest) or 0)
     for n, advertiser in enumerate((OWN, OTHER, THIRD)):
         ad = next(a for a in seeded.catalog if a.advertiser_id == advertiser)
         # Ids that do not name the advertiser, and a batch of a click count no sample figure reaches: a leak of

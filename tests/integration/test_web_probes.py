@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from billing.store.redis_keys import RedisKeys
 from ops.process import ServiceError, free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
@@ -58,7 +59,7 @@ def test_healthz_is_open_and_readyz_follows_redis_and_the_jobs_last_batch(
     assert ready.status_code == 503
     assert ready.json["checks"] == {"redis": "ok", "job": "no batch yet"}
 
-    beat = f"{settings.redis_prefix}:health:heartbeat:billing"
+    beat = RedisKeys(settings.redis_prefix).heartbeat("billing")
     seeded.client.set(beat, str(NOW_MS - 5_000))  # a batch 5 s ago
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json["status"] == "ready", ready.json
@@ -75,7 +76,7 @@ def test_with_redis_stopped_pages_and_api_answer_503_and_healthz_still_200(
 ) -> None:
     settings = settings_for(tmp_path / "home", own_redis.url)
     seeded = seed(settings)
-    seeded.client.set(f"{settings.redis_prefix}:health:heartbeat:billing", str(int(time.time() * 1000)))
+    seeded.client.set(RedisKeys(settings.redis_prefix).heartbeat("billing"), str(int(time.time() * 1000)))
     app = create_app(settings, cache_s=0)
     alice = app.test_client()
     assert login(alice, "alice").status_code == 302

@@ -10,8 +10,10 @@ from flask import Flask
 
 from billing.catalog import generate_catalog
 from billing.corrections import Correction, CorrectionKind
-from billing.redis_totals import RedisTotals, TotalsRow
+from billing.store.catalog_file import save_catalog
+from billing.store.redis_totals import TotalsRow
 from ops.settings import Settings
+from tests.redis_figures import RedisFigures
 from tests.web_support import OWN, Seeded, login, seed
 from web.app import CACHE_S, create_app, exports_dir
 from web.sample_data import SampleWriter, health_record
@@ -35,7 +37,7 @@ def _client(settings: Settings) -> object:
 
 
 def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings) -> None:
-    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
     from web.access import Role
     from web.accounts import AccountsFile
 
@@ -59,8 +61,7 @@ def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings
 
 def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: Seeded) -> None:
     client = _client(seeded.settings)
-    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
-    prefix = seeded.settings.redis_prefix
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
     shown_ahead = 0
     for period in totals.periods():
         doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={period}").json  # type: ignore[attr-defined]
@@ -71,11 +72,11 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
         assert {c["campaign_id"] for c in doc["campaigns"]} == set(totals.campaigns(period, OWN))
         for level, ident, shown in checks:
             provisional = {"adv": totals.advertiser, "cmp": totals.campaign, "ad": totals.ad}[level](period, ident)
-            fix = seeded.client.hmget(f"{prefix}:corrections:{period}:{level}:{ident}", "clicks", "micros")
+            fix = seeded.client.hmget(totals.keys.corrections(period, level, ident), "clicks", "micros")
             assert shown["provisional"] == {"clicks": provisional.clicks, "micros": provisional.micros}
             assert shown["corrections"] == {"clicks": int(fix[0] or 0), "micros": int(fix[1] or 0)}  # type: ignore[index]
             assert shown["corrected"]["micros"] == provisional.micros + int(fix[1] or 0)  # type: ignore[index]
-        late = seeded.client.hmget(f"{prefix}:late:{period}:adv:{OWN}", "impressions", "clicks")
+        late = seeded.client.hmget(totals.keys.late(period, "adv", OWN), "impressions", "clicks")
         assert doc["late"] == {"late_impressions": int(late[0] or 0), "late_clicks": int(late[1] or 0)}  # type: ignore[index]
         ahead = totals.clock_ahead(period, "adv", OWN)
         assert doc["clock_ahead"] == {
@@ -89,14 +90,14 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
                 ahead.get("click", 0),
             )
         shown_ahead += doc["clock_ahead"]["clock_ahead_impressions"] + doc["clock_ahead"]["clock_ahead_clicks"]
-    quarantined = seeded.client.hgetall(f"{prefix}:quarantined:adv:{OWN}")
+    quarantined = seeded.client.hgetall(totals.keys.quarantined(OWN))
     assert doc["quarantined"] == {k: int(v) for k, v in quarantined.items()}  # type: ignore[union-attr]
     assert shown_ahead > 0, "the sample has clock-ahead events on one of this advertiser's ads"
 
 
 def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_settings: Settings) -> None:
     catalog = generate_catalog(1, 1, 2, seed=1)
-    catalog.save(redis_settings.catalog_file)
+    save_catalog(catalog, redis_settings.catalog_file)
     billed_ad, missed_ad = list(catalog)
     client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
     writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
@@ -189,9 +190,9 @@ def test_the_dashboard_is_kept_a_second_per_worker_and_then_fresh(seeded: Seeded
         return client.get(f"/api/v1/advertisers/{OWN}/dashboard").json["totals"]["provisional"]["clicks"]
 
     before = clicks()
-    totals = RedisTotals(seeded.client, seeded.settings.redis_prefix)
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
     period = totals.periods()[-1]
-    start = int(seeded.client.zscore(f"{seeded.settings.redis_prefix}:periods", period) or 0)
+    start = int(seeded.client.zscore(totals.keys.periods(), period) or 0)
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     totals.apply_batch("billing", 10_000, [TotalsRow(period, start, OWN, ad.campaign_id, ad.ad_id, 5, 5)])
     assert clicks() == before, "at once: the same document"
@@ -210,9 +211,9 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
     from web.access import Role
     from web.accounts import AccountsFile
 
-    generate_catalog(1, 1, 1, seed=1).save(redis_settings.catalog_file)
+    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
     AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
-    totals = RedisTotals.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
+    totals = RedisFigures.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
     held = {
         P0: "held: the streaming job has been down for 22 min",
         P1: "held: the streaming job is 1.2 M record(s) behind",

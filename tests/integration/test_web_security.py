@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 from flask import Flask
 
+from billing.store.redis_keys import RedisKeys
 from ops.settings import Settings
 from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
 from web.access import LoginLimit, Role
@@ -124,11 +125,14 @@ def test_after_logout_the_old_cookie_gives_no_access(app: Flask, seeded: Seeded)
     login(client, "fiona")
     cookie = session_cookie(client)
     token = form_token(client.get("/finance").text)
-    sessions_before = len(list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*")))
+    sessions_before = len(list(seeded.client.scan_iter(RedisKeys(seeded.settings.redis_prefix).web_session("*"))))
     response = client.post("/logout", data={"csrf_token": token})
     assert response.status_code == 302 and response.headers["Location"] == "/login"
     assert session_cookie(client) is None
-    assert len(list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))) == sessions_before - 1
+    assert (
+        len(list(seeded.client.scan_iter(RedisKeys(seeded.settings.redis_prefix).web_session("*"))))
+        == sessions_before - 1
+    )
     replay = app.test_client()
     replay.set_cookie("adbill_session", cookie or "")
     assert replay.get("/api/v1/finance").status_code == 401
@@ -142,7 +146,7 @@ def test_redis_holds_no_usable_session_id(app: Flask, seeded: Seeded) -> None:
     cookie = session_cookie(client)
     assert cookie and len(base64.urlsafe_b64decode(cookie + "=")) == 32, "256 random bits"
     assert cookie not in response.headers["Location"], "a session id is never put in a URL"
-    keys = list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*"))
+    keys = list(seeded.client.scan_iter(RedisKeys(seeded.settings.redis_prefix).web_session("*")))
     assert keys and not any(cookie in key for key in keys)
     assert 0 < seeded.client.ttl(keys[0]) <= seeded.settings.web_session_hours * 3600
 
@@ -566,7 +570,9 @@ def test_a_session_ends_when_idle_and_activity_keeps_it_open(app: Flask, seeded:
         assert client.get("/api/v1/me").status_code == 200
     clock.now_ms += idle_ms
     assert client.get("/api/v1/me").status_code == 401
-    assert not list(seeded.client.scan_iter(f"{seeded.settings.redis_prefix}:web:session:*")), "the record is gone"
+    assert not list(seeded.client.scan_iter(RedisKeys(seeded.settings.redis_prefix).web_session("*"))), (
+        "the record is gone"
+    )
     clock.now_ms += 1000
     assert client.get("/api/v1/me").status_code == 401, "it does not come back"
 

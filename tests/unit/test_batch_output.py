@@ -23,9 +23,9 @@ from attribution.batch_output import (
     write_batch_files,
 )
 from attribution.decode import QUARANTINE_COLUMNS
-from billing.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
 from billing.periods import Periods
-from billing.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
+from billing.store.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
+from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z

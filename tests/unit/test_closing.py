@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from billing.closing import PeriodState, StreamPosition, load_states, open_period, plan_run, save_states
+from billing.closing import PeriodState, StreamPosition, open_period, plan_run
 from billing.periods import Periods
 from ops.reconciling import export_periods, parse_time
 from ops.settings import Settings
@@ -110,15 +110,6 @@ def test_unknown_end_offsets_hold_every_period_that_would_close() -> None:
 def test_adjustments_are_booked_in_the_period_of_now_or_until_whichever_is_later() -> None:
     assert open_period(Periods(), T0 + 90 * 60_000) == P1
     assert open_period(Periods(), T0, until_ms=T0 + 2 * H) == P2
-
-
-def test_the_state_file_round_trips(tmp_path: Path) -> None:
-    path = tmp_path / "reconcile" / "periods.json"
-    assert load_states(path) == {}
-    states = {P0: PeriodState(7, T0 + H), P1: PeriodState(9, target_offsets={"clicks": {0: 12, 3: 4}})}
-    save_states(path, states)
-    assert load_states(path) == states
-    assert states[P0].closed and not states[P1].closed
 
 
 @pytest.mark.parametrize(

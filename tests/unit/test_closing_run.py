@@ -16,9 +16,10 @@ from billing.catalog import Ad, Catalog
 from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
-from billing.export import export_totals, exported_bills
+from billing.export import export_totals
 from billing.periods import Periods
 from billing.rule import BillableClick
+from billing.store.export_files import export_table, exported_bills
 
 H = 3_600_000
 PERIOD = "20260101T0000Z"
@@ -57,8 +58,8 @@ class Ledger:
     def of_period(self, period: str) -> list[BillableClick]:
         return self.rows if period == PERIOD else []
 
-    def billed_after_close(self, period: str, given: pa.Table) -> set[str]:
-        return {r.click_id for r in self.of_period(period)} - set(given["click_id"].to_pylist())
+    def billed_after_close(self, period: str, given: list[Any]) -> set[str]:
+        return {r.click_id for r in self.of_period(period)} - {r["click_id"] for r in given}
 
 
 @dataclass
@@ -121,15 +122,15 @@ class Memory:
     def closed_at_ms(self, period: str) -> int:
         return self.exports[period][1]
 
-    def given(self, period: str) -> pa.Table:
-        return exported_bills(self.exports[period][0])
+    def given(self, period: str) -> list[Any]:
+        return exported_bills(self.exports[period][0]).to_pylist()
 
     def totals(self, period: str) -> Any:
-        return export_totals(self.exports[period][0])
+        return export_totals(self.exports[period][0].to_pylist())
 
-    def write_export(self, period: str, export: pa.Table, start_ms: int, end_ms: int, closed_at_ms: int) -> None:
+    def write_export(self, period: str, export: list[Any], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
         assert period not in self.exports, "an export is never rewritten"
-        self.exports[period] = (export, closed_at_ms)
+        self.exports[period] = (export_table(export), closed_at_ms)
 
     # StateStore
     def load(self) -> dict[str, PeriodState]:

@@ -19,7 +19,6 @@ import pytest
 from billing.catalog import Ad, Catalog
 from billing.corrections import (
     CORRECTION_FIELDS,
-    CORRECTION_SCHEMA,
     ArrivalFacts,
     Correction,
     CorrectionKind,
@@ -27,13 +26,12 @@ from billing.corrections import (
     booking_period,
     check_reconciled,
     correction_id,
-    corrections_from_arrow,
-    corrections_to_arrow,
     reconcile_period,
 )
 from billing.intake import billable_from_arrivals
 from billing.periods import Periods
 from billing.rule import BillableClick
+from billing.store.corrections_arrow import CORRECTION_SCHEMA, corrections_from_arrow, corrections_to_arrow
 from producers.simulator import ArrivalKind, SimulationConfig, Simulator, Timing
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, the start of PERIOD
@@ -462,18 +460,18 @@ def test_checker_catches_a_wrong_ledger(
     assert check_reconciled(final, rows, corrections) == expected
 
 
-def test_checker_takes_arrow_tables() -> None:
+# --- Arrow and Parquet (billing.store.corrections_arrow) ----------------------------------------------------
+
+
+def test_checker_takes_the_rows_of_arrow_tables() -> None:
     final = pa.Table.from_pylist([bill("c1").to_dict()])
     rows = pa.Table.from_pylist([ledger("c1"), ledger("c2")])
-    assert check_reconciled(final, rows, []) == [
+    assert check_reconciled(final.to_pylist(), rows.to_pylist(), []) == [
         "click c2: stands 1 time(s) at 250000 EUR on ad ad-1 (advertiser adv-1), final wants 0",
         "total EUR: ledger + corrections = 500000 micros, final = 250000",
     ]
-    new = reconcile_period(PERIOD, final, rows, [], booked_period=PERIOD, now_ms=NOW)
+    new = reconcile_period(PERIOD, final.to_pylist(), rows.to_pylist(), [], booked_period=PERIOD, now_ms=NOW)
     assert summary(new) == [(RETRACT, R.NOT_BILLABLE, "c2", "ad-1", -250_000, "i1")]
-
-
-# --- Arrow and Parquet -------------------------------------------------------------------------------------------
 
 
 def test_corrections_round_trip_through_parquet(tmp_path: Path) -> None:

@@ -26,7 +26,9 @@ from billing.corrections import (
     CorrectionReason,
     reconcile_period,
 )
-from billing.export import (
+from billing.export import build_export
+from billing.rule import BillableClick
+from billing.store.export_files import (
     CSV_FILE,
     EXPORT_COLUMNS,
     EXPORT_SCHEMA,
@@ -36,15 +38,14 @@ from billing.export import (
     ExportCorruptError,
     ExportExistsError,
     Manifest,
-    build_export,
     copy_export,
     export_folder,
+    export_table,
     read_export,
     read_manifest,
     verify_export,
     write_export,
 )
-from billing.rule import BillableClick
 
 H = 3_600_000
 S = 1_000
@@ -107,7 +108,7 @@ def scenario() -> tuple[list[BillableClick], list[dict], list[Correction], list[
 
 @pytest.fixture
 def table() -> pa.Table:
-    return build_export(PERIOD, *scenario())
+    return export_table(build_export(PERIOD, *scenario()))
 
 
 def test_rows_statuses_and_net_micros(table: pa.Table) -> None:
@@ -267,7 +268,7 @@ def test_write_export_refuses_inconsistent_input(tmp_path: Path, table: pa.Table
 
 
 def test_an_empty_period_exports_an_empty_table(tmp_path: Path) -> None:
-    empty = build_export(PERIOD, [], [], [], [])
+    empty = export_table(build_export(PERIOD, [], [], [], []))
     manifest = write_export(tmp_path, PERIOD, empty, START, END, CLOSED_AT)
     assert (manifest.rows, manifest.total_micros, manifest.total_micros_by_currency) == (0, 0, {})
     assert verify_export(export_folder(tmp_path, PERIOD)) == []
@@ -428,5 +429,5 @@ def test_status_kinds_match_corrections() -> None:
     assert [(c.kind, c.reason, c.amount_micros) for c in free] == [
         (CorrectionKind.RETRACTION, CorrectionReason.NOT_BILLABLE, 0)
     ]
-    rows = build_export(PERIOD, [], [], [], free).to_pylist()
+    rows = build_export(PERIOD, [], [], [], free)
     assert [(r["record_type"], r["status"], r["net_micros"]) for r in rows] == [("adjustment", "retracted", 0)]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from billing.compatibility import IncompatibleSchemaError, InvalidSchemaError
-from billing.schema_registry import (
+from billing.schemas import SUBJECTS, schema_text
+from billing.store.schema_registry import (
     FileSchemaRegistry,
     HttpSchemaRegistry,
     SchemaRegistry,
@@ -19,7 +20,6 @@ from billing.schema_registry import (
     canonical_schema,
     open_registry,
 )
-from billing.schemas import SUBJECTS, schema_text
 
 CLICKS = SUBJECTS["clicks"]
 IMPRESSIONS = SUBJECTS["impressions"]

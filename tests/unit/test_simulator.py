@@ -11,7 +11,7 @@ import pytest
 
 from billing.events import Click, Impression
 from billing.intake import Intake, QuarantineReason
-from billing.schema_registry import open_registry
+from billing.store.schema_registry import open_registry
 from producers.capture import read_capture
 from producers.simulator import (
     UNKNOWN_SCHEMA_ID_BASE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from billing.corrections import Correction, CorrectionKind
-from billing.export import Manifest
+from billing.store.export_files import Manifest
 from web.model import Billed, Figures, consumer_lag
 
 

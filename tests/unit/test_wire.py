@@ -9,8 +9,8 @@ import fastavro
 import pytest
 
 from billing.events import Click, Impression
-from billing.schema_registry import open_registry
 from billing.schemas import schema_text, subject_of
+from billing.store.schema_registry import open_registry
 from producers.wire import (
     MAGIC,
     EventDeserializer,

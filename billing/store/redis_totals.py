@@ -1,31 +1,6 @@
 """Live totals in Redis: clicks and micros per advertiser, campaign and ad, per period, applied exactly once.
 
-Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting):
-
-| key | type | holds |
-| --- | --- | --- |
-| `PREFIX:totals:PERIOD:adv:ADVERTISER` | hash | `clicks`, `micros` (the stream's; closed: export less corrections) |
-| `PREFIX:totals:PERIOD:cmp:CAMPAIGN` | hash | the same per campaign, plus `advertiser` |
-| `PREFIX:totals:PERIOD:ad:AD` | hash | the same per ad, plus `advertiser`, `campaign` |
-| `PREFIX:periods` | sorted set | period keys with totals, scored by period start |
-| `PREFIX:period:PERIOD:advertisers` | set | advertisers with totals in that period |
-| `PREFIX:period:PERIOD:campaigns:ADVERTISER`, `...:ads:ADVERTISER` | set | an advertiser's campaigns and ads |
-| `PREFIX:applied:SINK` | string | the last micro-batch id applied by SINK |
-| `PREFIX:quarantine:REASON` | hash | quarantined records per topic |
-| `PREFIX:quarantined:adv:ADVERTISER` | hash | quarantined records on that advertiser's ads, per reason |
-| `PREFIX:late:PERIOD:ad:AD`, `...:adv:ADVERTISER` | hash | `impressions`, `clicks` the watermark kept out of the join |
-| `PREFIX:late-periods` | sorted set | event periods with late events, scored by period start |
-| `PREFIX:clock-ahead:PERIOD:ad:AD`, `...:adv:ADV` | hash | `impressions`, `clicks` too far ahead of Kafka's clock |
-| `PREFIX:clock-ahead:PERIOD:ads` | set | ads with clock-ahead events in that period |
-| `PREFIX:clock-ahead-periods` | sorted set | event periods with clock-ahead events, scored by period start |
-| `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
-| `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
-| `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
-| `PREFIX:periods:closed` | sorted set | closed periods, scored by period start |
-| `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
-| `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
-| `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
-| `PREFIX:counters` | hash | the stream's running counts: `billed_clicks`, `late_impressions`, `late_clicks` |
+The keys are named by `billing.store.redis_keys.RedisKeys` (their layout is in its docstring).
 
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
@@ -48,6 +23,8 @@ from typing import Any
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from billing.store.redis_keys import RedisKeys
 
 REDIS_TIMEOUT_S = 5.0
 """Default deadline of one Redis call (connecting, or a command and its reply), in seconds."""
@@ -216,11 +193,12 @@ class Totals:
 
 
 class RedisTotals:
-    """Reads and writes the live totals under one key prefix."""
+    """Writes the live totals under one key prefix (and reads the little the writers need back)."""
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
         self._apply = client.register_script(_APPLY_BATCH)
         self._apply_once = client.register_script(_APPLY_ONCE)
         self._close = client.register_script(_CLOSE_PERIOD)
@@ -228,9 +206,6 @@ class RedisTotals:
     @classmethod
     def from_url(cls, url: str, prefix: str, timeout_s: float = REDIS_TIMEOUT_S) -> RedisTotals:
         return cls(connect(url, timeout_s), prefix)
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
 
     def apply_batch(
         self,
@@ -247,13 +222,14 @@ class RedisTotals:
         refused (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its
         data. Bills of a closed period change nothing: finance has its export (reconciliation books what the
         stream billed after the close as adjustments in an open period)."""
+        k = self.keys
         ops: list[list[Any]] = []
-        counters = self.key("counters")
+        counters = k.counters()
         for row in rows:
             ops.append(["hincrby", counters, "billed_clicks", str(row.clicks)])
-            adv = self.key("totals", row.period, "adv", row.advertiser_id)
-            cmp = self.key("totals", row.period, "cmp", row.campaign_id)
-            ad = self.key("totals", row.period, "ad", row.ad_id)
+            adv = k.totals(row.period, "adv", row.advertiser_id)
+            cmp = k.totals(row.period, "cmp", row.campaign_id)
+            ad = k.totals(row.period, "ad", row.ad_id)
             for key in (adv, cmp, ad):
                 # Numbers travel as strings: Lua's doubles would print large integers in exponent form.
                 ops.append(["open-hincrby", row.period, key, "clicks", str(row.clicks)])
@@ -262,37 +238,32 @@ class RedisTotals:
                 ["hset", cmp, "advertiser", row.advertiser_id],
                 ["hset", ad, "advertiser", row.advertiser_id],
                 ["hset", ad, "campaign", row.campaign_id],
-                ["zadd", self.key("periods"), str(row.period_start_ms), row.period],
-                ["sadd", self.key("period", row.period, "advertisers"), row.advertiser_id],
-                ["sadd", self.key("period", row.period, "campaigns", row.advertiser_id), row.campaign_id],
-                ["sadd", self.key("period", row.period, "ads", row.advertiser_id), row.ad_id],
+                ["zadd", k.periods(), str(row.period_start_ms), row.period],
+                ["sadd", k.period_advertisers(row.period), row.advertiser_id],
+                ["sadd", k.period_campaigns(row.period, row.advertiser_id), row.campaign_id],
+                ["sadd", k.period_ads(row.period, row.advertiser_id), row.ad_id],
             ]
         for count in late:
             field = f"{count.event_type}s"
             ops += [
                 ["hincrby", counters, f"late_{field}", str(count.events)],
-                ["hincrby", self.key("late", count.period, "ad", count.ad_id), field, str(count.events)],
-                ["hincrby", self.key("late", count.period, "adv", count.advertiser_id), field, str(count.events)],
-                ["zadd", self.key("late-periods"), str(count.period_start_ms), count.period],
+                ["hincrby", k.late(count.period, "ad", count.ad_id), field, str(count.events)],
+                ["hincrby", k.late(count.period, "adv", count.advertiser_id), field, str(count.events)],
+                ["zadd", k.late_periods(), str(count.period_start_ms), count.period],
             ]
         for ahead in clock_ahead:
             field = f"{ahead.event_type}s"
             ops += [
-                ["hincrby", self.key("clock-ahead", ahead.period, "ad", ahead.ad_id), field, str(ahead.events)],
-                [
-                    "hincrby",
-                    self.key("clock-ahead", ahead.period, "adv", ahead.advertiser_id),
-                    field,
-                    str(ahead.events),
-                ],
-                ["sadd", self.key("clock-ahead", ahead.period, "ads"), ahead.ad_id],
-                ["zadd", self.key("clock-ahead-periods"), str(ahead.period_start_ms), ahead.period],
+                ["hincrby", k.clock_ahead(ahead.period, "ad", ahead.ad_id), field, str(ahead.events)],
+                ["hincrby", k.clock_ahead(ahead.period, "adv", ahead.advertiser_id), field, str(ahead.events)],
+                ["sadd", k.clock_ahead_ads(ahead.period), ahead.ad_id],
+                ["zadd", k.clock_ahead_periods(), str(ahead.period_start_ms), ahead.period],
             ]
         for q in quarantined:
-            ops.append(["hincrby", self.key("quarantine", q.reason), q.topic, str(q.records)])
+            ops.append(["hincrby", k.quarantine(q.reason), q.topic, str(q.records)])
             if q.advertiser_id is not None:
-                ops.append(["hincrby", self.key("quarantined", "adv", q.advertiser_id), q.reason, str(q.records)])
-        keys = [self.key("applied", sink), self.key("periods", "closed")]
+                ops.append(["hincrby", k.quarantined(q.advertiser_id), q.reason, str(q.records)])
+        keys = [k.applied(sink), k.closed_periods()]
         return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), "1" if require_history else "0"]))
 
     def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
@@ -300,40 +271,40 @@ class RedisTotals:
         (the corrected period while that is open; the open period for an adjustment of a closed one) and to its
         advertiser's list, once per correction id; returns how many were new. `period_start_ms` maps each
         booked period to its start, for the period index."""
+        k = self.keys
         items = []
         for c in corrections:
-            keys = {
-                "adv": self.key("corrections", c.booked_period, "adv", c.advertiser_id),
-                "cmp": self.key("corrections", c.booked_period, "cmp", c.campaign_id),
-                "ad": self.key("corrections", c.booked_period, "ad", c.ad_id),
-            }
+            period = c.booked_period
             ops: list[list[Any]] = []
-            for key in keys.values():
+            for key in (
+                k.corrections(period, "adv", c.advertiser_id),
+                k.corrections(period, "cmp", c.campaign_id),
+                k.corrections(period, "ad", c.ad_id),
+            ):
                 ops.append(["hincrby", key, "clicks", str(c.clicks)])
                 ops.append(["hincrby", key, "micros", str(c.amount_micros)])
-            period = c.booked_period
             ops += [
-                ["zadd", self.key("periods"), str(period_start_ms[period]), period],
-                ["sadd", self.key("period", period, "advertisers"), c.advertiser_id],
-                ["sadd", self.key("period", period, "campaigns", c.advertiser_id), c.campaign_id],
-                ["sadd", self.key("period", period, "ads", c.advertiser_id), c.ad_id],
-                ["hset", self.key("totals", period, "cmp", c.campaign_id), "advertiser", c.advertiser_id],
-                ["hset", self.key("totals", period, "ad", c.ad_id), "advertiser", c.advertiser_id],
-                ["hset", self.key("totals", period, "ad", c.ad_id), "campaign", c.campaign_id],
-                ["lpush", self.key("correction-list", c.advertiser_id), json.dumps(c.to_dict(), sort_keys=True)],
+                ["zadd", k.periods(), str(period_start_ms[period]), period],
+                ["sadd", k.period_advertisers(period), c.advertiser_id],
+                ["sadd", k.period_campaigns(period, c.advertiser_id), c.campaign_id],
+                ["sadd", k.period_ads(period, c.advertiser_id), c.ad_id],
+                ["hset", k.totals(period, "cmp", c.campaign_id), "advertiser", c.advertiser_id],
+                ["hset", k.totals(period, "ad", c.ad_id), "advertiser", c.advertiser_id],
+                ["hset", k.totals(period, "ad", c.ad_id), "campaign", c.campaign_id],
+                ["lpush", k.correction_list(c.advertiser_id), json.dumps(c.to_dict(), sort_keys=True)],
             ]
             items.append([c.correction_id, ops])
-        return self._apply_items(self.key("corrections", "applied"), items)
+        return self._apply_items(k.corrections_applied(), items)
 
     def add_conflicts(self, conflicts: Iterable[tuple[str, str, str | None]]) -> int:
         """Count quarantined id conflicts, each (`topic/partition/offset`, topic, advertiser) once."""
         items = []
         for coordinates, topic, advertiser in conflicts:
-            ops = [["hincrby", self.key("quarantine", "id_conflict"), topic, "1"]]
+            ops = [["hincrby", self.keys.quarantine("id_conflict"), topic, "1"]]
             if advertiser is not None:
-                ops.append(["hincrby", self.key("quarantined", "adv", advertiser), "id_conflict", "1"])
+                ops.append(["hincrby", self.keys.quarantined(advertiser), "id_conflict", "1"])
             items.append([coordinates, ops])
-        return self._apply_items(self.key("conflicts", "applied"), items)
+        return self._apply_items(self.keys.conflicts_applied(), items)
 
     def _apply_items(self, seen_key: str, items: list[list[Any]]) -> int:
         applied = 0
@@ -348,20 +319,20 @@ class RedisTotals:
         advertiser), as `billing.export.export_totals` sums them. Idempotent: it sets, never adds."""
         items = [[level, item, str(c), str(m), adv] for (level, item), (c, m, adv) in sorted(exported.items())]
         self._close(
-            keys=[self.key("periods", "closed")],
+            keys=[self.keys.closed_periods()],
             args=[self.prefix, period, str(period_start_ms), json.dumps(items)],
         )
 
     def closed_periods(self) -> list[str]:
-        return [_text(v) for v in self.client.zrange(self.key("periods", "closed"), 0, -1)]  # type: ignore[union-attr,arg-type]
+        return [_text(v) for v in self.client.zrange(self.keys.closed_periods(), 0, -1)]  # type: ignore[union-attr,arg-type]
 
     def record_reconciliation(self, record: Mapping[str, Any]) -> None:
         """The last reconciliation run, for the health page."""
-        self._record(self.key("reconcile", "last"), record)
+        self._record(self.keys.last_reconciliation(), record)
 
     def record_audit(self, record: Mapping[str, Any]) -> None:
         """The last `adbill audit`, for the finance page."""
-        self._record(self.key("audit", "last"), record)
+        self._record(self.keys.last_audit(), record)
 
     def _record(self, key: str, record: Mapping[str, Any]) -> None:
         """Replace the hash `key` with `record` (values as text; lists and dicts as JSON)."""
@@ -373,91 +344,23 @@ class RedisTotals:
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         pipe.execute()
 
-    def corrections_of(self, period: str, level: str, item_id: str) -> Totals:
-        """Signed sums of a period's corrections for an advertiser (`adv`), campaign (`cmp`) or ad (`ad`)."""
-        return self._totals(self.key("corrections", period, level, item_id))
-
     def last_applied(self, sink: str) -> int | None:
-        value = self.client.get(self.key("applied", sink))
+        value = self.client.get(self.keys.applied(sink))
         return None if value is None else int(value)
-
-    def periods(self) -> list[str]:
-        return [_text(v) for v in self.client.zrange(self.key("periods"), 0, -1)]  # type: ignore[arg-type]
-
-    def advertisers(self, period: str) -> list[str]:
-        return _texts(self.client.smembers(self.key("period", period, "advertisers")))
-
-    def advertiser(self, period: str, advertiser_id: str) -> Totals:
-        return self._totals(self.key("totals", period, "adv", advertiser_id))
-
-    def campaign(self, period: str, campaign_id: str) -> Totals:
-        return self._totals(self.key("totals", period, "cmp", campaign_id))
-
-    def ad(self, period: str, ad_id: str) -> Totals:
-        return self._totals(self.key("totals", period, "ad", ad_id))
-
-    def ads(self, period: str, advertiser_id: str) -> list[str]:
-        return _texts(self.client.smembers(self.key("period", period, "ads", advertiser_id)))
-
-    def campaigns(self, period: str, advertiser_id: str) -> list[str]:
-        return _texts(self.client.smembers(self.key("period", period, "campaigns", advertiser_id)))
-
-    def late(self, period: str, level: str, item_id: str) -> dict[str, int]:
-        """Late events of an ad (`level` `ad`) or an advertiser (`adv`) in a period: event type -> count."""
-        values = self.client.hgetall(self.key("late", period, level, item_id))
-        return {_text(k).removesuffix("s"): int(v) for k, v in values.items()}  # type: ignore[union-attr]
-
-    def clock_ahead(self, period: str, level: str, item_id: str) -> dict[str, int]:
-        """Clock-ahead events of an ad (`level` `ad`) or an advertiser (`adv`) in a period: event type -> count."""
-        values = self.client.hgetall(self.key("clock-ahead", period, level, item_id))
-        return {_text(k).removesuffix("s"): int(v) for k, v in values.items()}  # type: ignore[union-attr]
-
-    def quarantined_for(self, advertiser_id: str) -> dict[str, int]:
-        """Quarantined records on an advertiser's ads: reason -> count."""
-        values = self.client.hgetall(self.key("quarantined", "adv", advertiser_id))
-        return {_text(k): int(v) for k, v in values.items()}  # type: ignore[union-attr]
-
-    def quarantined(self) -> dict[str, dict[str, int]]:
-        """Quarantined records: reason -> topic -> count."""
-        out: dict[str, dict[str, int]] = {}
-        for key in self.client.scan_iter(match=self.key("quarantine", "*")):
-            reason = _text(key).rsplit(":", 1)[1]
-            out[reason] = {_text(topic): int(n) for topic, n in self.client.hgetall(key).items()}
-        return out
 
     def all_ad_totals(self) -> dict[tuple[str, str], Totals]:
         """(period, ad_id) -> totals, over every period: for checks and rebuilds."""
-        out = {}
-        for period in self.periods():
-            for advertiser in self.advertisers(period):
-                for ad in self.ads(period, advertiser):
-                    out[(period, ad)] = self.ad(period, ad)
+        k, out = self.keys, {}
+        for period in map(_text, self.client.zrange(k.periods(), 0, -1)):  # type: ignore[arg-type]
+            for advertiser in map(_text, self.client.smembers(k.period_advertisers(period))):  # type: ignore[arg-type]
+                for ad in map(_text, self.client.smembers(k.period_ads(period, advertiser))):  # type: ignore[arg-type]
+                    out[(period, ad)] = self._totals(k.totals(period, "ad", ad))
         return out
 
-    BILLING_KEYS = (
-        "totals:*",
-        "period:*",
-        "periods",
-        "periods:closed",
-        "applied:*",
-        "late:*",
-        "late-periods",
-        "clock-ahead:*",
-        "clock-ahead-periods",
-        "corrections:*",
-        "correction-list:*",
-        "quarantine:*",
-        "quarantined:*",
-        "conflicts:applied",
-        "reconcile:last",
-        "audit:last",
-    )
-    """Every key of the billing figures (not the job's health records, not the web UI's sessions)."""
-
     def wipe_billing(self) -> int:
-        """Delete every billing figure under the prefix (`BILLING_KEYS`); returns how many keys."""
+        """Delete every billing figure under the prefix (`RedisKeys.billing_patterns`); returns how many keys."""
         doomed = [
-            key for pattern in self.BILLING_KEYS for key in self.client.scan_iter(match=self.key(pattern), count=1000)
+            key for pattern in self.keys.billing_patterns() for key in self.client.scan_iter(match=pattern, count=1000)
         ]
         for start in range(0, len(doomed), 1000):
             self.client.delete(*doomed[start : start + 1000])
@@ -470,7 +373,3 @@ class RedisTotals:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _texts(values: Iterable[bytes | str]) -> list[str]:
-    return sorted(_text(v) for v in values)

@@ -1,0 +1,43 @@
+"""Corrections as Arrow tables and Parquet files: the schema and the conversions (`billing.corrections` holds the
+rules, over plain rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from billing.corrections import CORRECTION_FIELDS, Correction
+
+CORRECTION_SCHEMA = pa.schema(
+    [
+        pa.field("correction_id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("click_id", pa.string(), nullable=False),
+        pa.field("impression_id", pa.string(), nullable=True),
+        pa.field("ad_id", pa.string(), nullable=False),
+        pa.field("campaign_id", pa.string(), nullable=False),
+        pa.field("advertiser_id", pa.string(), nullable=False),
+        pa.field("amount_micros", pa.int64(), nullable=False),
+        pa.field("currency", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("corrects_period", pa.string(), nullable=False),
+        pa.field("booked_period", pa.string(), nullable=False),
+        pa.field("created_at_ms", pa.int64(), nullable=False),
+    ]
+)
+"""Corrections as Arrow/Parquet: plain strings and int64 (epoch ms), readable by pyarrow, pandas, DuckDB, Spark."""
+
+
+def corrections_to_arrow(corrections: Iterable[Correction]) -> pa.Table:
+    """A table of `CORRECTION_SCHEMA`, one row per correction, in the order given."""
+    rows = [correction.to_dict() for correction in corrections]
+    return pa.Table.from_pylist(rows, schema=CORRECTION_SCHEMA)
+
+
+def corrections_from_arrow(table: pa.Table) -> list[Correction]:
+    """Corrections from a table holding at least the columns of `CORRECTION_SCHEMA` (extra columns are ignored)."""
+    missing = [name for name in CORRECTION_FIELDS if name not in table.column_names]
+    if missing:
+        raise ValueError(f"not a corrections table: missing columns {missing}")
+    return [Correction.from_dict(row) for row in table.select(list(CORRECTION_FIELDS)).to_pylist()]

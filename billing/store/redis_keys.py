@@ -1,0 +1,172 @@
+"""The Redis keyspace: the one place that spells a key. Every writer and reader (the streaming job, reconciliation,
+restore, the job's listeners, the web UI, its sample data, the tests) builds keys through `RedisKeys`.
+
+Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` or `ad`):
+
+| key | type | holds |
+| --- | --- | --- |
+| `PREFIX:totals:PERIOD:adv:ADVERTISER` | hash | `clicks`, `micros` (the stream's; closed: export less corrections) |
+| `PREFIX:totals:PERIOD:cmp:CAMPAIGN` | hash | the same per campaign, plus `advertiser` |
+| `PREFIX:totals:PERIOD:ad:AD` | hash | the same per ad, plus `advertiser`, `campaign` |
+| `PREFIX:periods` | sorted set | period keys with totals, scored by period start |
+| `PREFIX:period:PERIOD:advertisers` | set | advertisers with totals in that period |
+| `PREFIX:period:PERIOD:campaigns:ADVERTISER`, `...:ads:ADVERTISER` | set | an advertiser's campaigns and ads |
+| `PREFIX:applied:SINK` | string | the last micro-batch id applied by SINK |
+| `PREFIX:quarantine:REASON` | hash | quarantined records per topic |
+| `PREFIX:quarantined:adv:ADVERTISER` | hash | quarantined records on that advertiser's ads, per reason |
+| `PREFIX:late:PERIOD:ad:AD`, `...:adv:ADVERTISER` | hash | `impressions`, `clicks` the watermark kept out of the join |
+| `PREFIX:late-periods` | sorted set | event periods with late events, scored by period start |
+| `PREFIX:clock-ahead:PERIOD:ad:AD`, `...:adv:ADV` | hash | `impressions`, `clicks` too far ahead of Kafka's clock |
+| `PREFIX:clock-ahead:PERIOD:ads` | set | ads with clock-ahead events in that period |
+| `PREFIX:clock-ahead-periods` | sorted set | event periods with clock-ahead events, scored by period start |
+| `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
+| `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
+| `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
+| `PREFIX:periods:closed` | sorted set | closed periods, scored by period start |
+| `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
+| `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
+| `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
+| `PREFIX:counters` | hash | the stream's running counts: `billed_clicks`, `late_impressions`, `late_clicks` |
+| `PREFIX:health:query:NAME`, `...:history:NAME` | hash, list | a query's last progress record; its recent ones |
+| `PREFIX:health:heartbeat:NAME` | string | when the query last reported (epoch ms) |
+| `PREFIX:web:session:HMAC` | hash | a web session (`web/sessions.py`) |
+| `PREFIX:web:login-failures:account:SHA256`, `...:address:ADDRESS` | sorted set | login attempts, by time |
+
+Who writes what: the stream (`apply_batch`) the totals, the period sets, `applied`, `counters`, `late*`,
+`clock-ahead*`, `quarantine*`; reconciliation the `corrections*` keys, `correction-list`, `conflicts:applied` and
+`reconcile:last`, and on closing a period `periods:closed` and the period's totals; `adbill audit` `audit:last`; the
+job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites the billing figures from the data
+folder (`billing_patterns`).
+
+The one exception: the Lua script that closes a period (`billing.store.redis_totals`) walks the period's sets and
+builds `totals`, `corrections` and `period` keys inside Redis, from the same prefix and the same names as above.
+"""
+
+from __future__ import annotations
+
+
+class RedisKeys:
+    """The names of every key under one prefix, a method per key family. Arguments may be `*` to make a pattern for
+    `SCAN MATCH`."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    # The figures of billing ------------------------------------------------------------------------------------
+    def totals(self, period: str, level: str, item_id: str) -> str:
+        """Provisional clicks and micros of an advertiser (`adv`), campaign (`cmp`) or ad (`ad`) in a period."""
+        return self._key("totals", period, level, item_id)
+
+    def corrections(self, period: str, level: str, item_id: str) -> str:
+        """Signed sums of the corrections booked in a period, per advertiser, campaign or ad."""
+        return self._key("corrections", period, level, item_id)
+
+    def corrections_applied(self) -> str:
+        return self._key("corrections", "applied")
+
+    def correction_list(self, advertiser_id: str) -> str:
+        return self._key("correction-list", advertiser_id)
+
+    def periods(self) -> str:
+        return self._key("periods")
+
+    def closed_periods(self) -> str:
+        return self._key("periods", "closed")
+
+    def period_advertisers(self, period: str) -> str:
+        return self._key("period", period, "advertisers")
+
+    def period_campaigns(self, period: str, advertiser_id: str) -> str:
+        return self._key("period", period, "campaigns", advertiser_id)
+
+    def period_ads(self, period: str, advertiser_id: str) -> str:
+        return self._key("period", period, "ads", advertiser_id)
+
+    def applied(self, sink: str) -> str:
+        """The last micro-batch id applied by `sink`."""
+        return self._key("applied", sink)
+
+    def counters(self) -> str:
+        return self._key("counters")
+
+    def late(self, period: str, level: str, item_id: str) -> str:
+        """Late events of an ad (`ad`) or an advertiser (`adv`) in a period."""
+        return self._key("late", period, level, item_id)
+
+    def late_periods(self) -> str:
+        return self._key("late-periods")
+
+    def clock_ahead(self, period: str, level: str, item_id: str) -> str:
+        """Clock-ahead events of an ad (`ad`) or an advertiser (`adv`) in a period."""
+        return self._key("clock-ahead", period, level, item_id)
+
+    def clock_ahead_ads(self, period: str) -> str:
+        return self._key("clock-ahead", period, "ads")
+
+    def clock_ahead_periods(self) -> str:
+        return self._key("clock-ahead-periods")
+
+    def quarantine(self, reason: str) -> str:
+        """Quarantined records of one reason, per topic."""
+        return self._key("quarantine", reason)
+
+    def quarantined(self, advertiser_id: str) -> str:
+        """Quarantined records on an advertiser's ads, per reason."""
+        return self._key("quarantined", "adv", advertiser_id)
+
+    def conflicts_applied(self) -> str:
+        return self._key("conflicts", "applied")
+
+    def last_reconciliation(self) -> str:
+        return self._key("reconcile", "last")
+
+    def last_audit(self) -> str:
+        return self._key("audit", "last")
+
+    def billing_patterns(self) -> list[str]:
+        """`SCAN MATCH` patterns of every key of the billing figures (not the job's health records, not the web
+        UI's sessions)."""
+        return [
+            self._key("totals", "*"),
+            self._key("period", "*"),
+            self.periods(),
+            self.closed_periods(),
+            self.applied("*"),
+            self._key("late", "*"),
+            self.late_periods(),
+            self._key("clock-ahead", "*"),
+            self.clock_ahead_periods(),
+            self._key("corrections", "*"),
+            self.correction_list("*"),
+            self.quarantine("*"),
+            self._key("quarantined", "*"),
+            self.conflicts_applied(),
+            self.last_reconciliation(),
+            self.last_audit(),
+        ]
+
+    # The job's health ------------------------------------------------------------------------------------------
+    def health_query(self, query: str) -> str:
+        """A streaming query's last progress record."""
+        return self._key("health", "query", query)
+
+    def health_history(self, query: str) -> str:
+        """A streaming query's recent progress records, newest first."""
+        return self._key("health", "history", query)
+
+    def heartbeat(self, query: str) -> str:
+        """When `query` last reported (epoch ms)."""
+        return self._key("health", "heartbeat", query)
+
+    # The web UI ------------------------------------------------------------------------------------------------
+    def web_session(self, digest: str) -> str:
+        return self._key("web", "session", digest)
+
+    def login_failures_of_account(self, digest: str) -> str:
+        return self._key("web", "login-failures", "account", digest)
+
+    def login_failures_of_address(self, network: str) -> str:
+        return self._key("web", "login-failures", "address", network)
