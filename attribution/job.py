@@ -88,6 +88,10 @@ class StreamConfig:
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call of the sink, tried again a few times before the batch fails
     (`billing.store.redis_totals.connect`)."""
+    write_on_executors: bool = True
+    """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
+    False: the batch is collected to the driver and written there (in local mode, where the executors are the
+    driver's own threads and a Python worker per task only adds a hop)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -178,7 +182,9 @@ class BatchSink:
     with pyarrow (`attribution.batch_output.PartitionWriter`), sends its bad records to the quarantine topic,
     and returns its figures: totals per period and ad, late, clock-ahead and quarantine counts, the files it
     wrote. Only those figures reach the driver, a few rows per ad and period; no event does, so the job's
-    throughput is the executors', not one driver's.
+    throughput is the executors', not one driver's. In local mode (`StreamConfig.write_on_executors` False) the
+    same writer runs on the driver over the batch collected as Arrow (one file per folder, `part-00000`): there
+    the executors are the driver's threads, and a Python worker per task costs about a second a batch.
 
     Parquet files of batch N live in `.../batch_id=N/`, one per task, named after its partition and each renamed
     into place, so a batch replayed after a crash replaces its own files and nothing else (the driver prunes any
@@ -223,11 +229,11 @@ class BatchSink:
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
         )
         task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
-        written = (
-            batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
-            .mapInArrow(task, FIGURES_DDL)
-            .toArrow()
-        )
+        rows = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
+        if self.config.write_on_executors:
+            written = rows.mapInArrow(task, FIGURES_DDL).toArrow()
+        else:
+            written = task.write(rows.toArrow(), partition=0)
         clock.lap("write")
         figures = batch_figures(written, self.advertiser_of)
         prune_batch_folders(figures.files)
@@ -267,10 +273,14 @@ class _TaskWrite:
             return
         context = TaskContext.get()
         assert context is not None, "runs in a Spark task"
-        out, figures = self.writer.write(pa.Table.from_batches(received), context.partitionId())
+        yield from self.write(pa.Table.from_batches(received), context.partitionId()).to_batches()
+
+    def write(self, rows: pa.Table, partition: int) -> pa.Table:
+        """Write `rows` as the share of task `partition`, send their bad records on; their figures."""
+        out, figures = self.writer.write(rows, partition)
         if out.bad.num_rows:
             _dead_letters(self.kafka_bootstrap, self.topic_quarantine).send(out.bad)
-        yield from figures.to_batches()
+        return figures
 
 
 _DEAD_LETTERS: dict[tuple[str, str], DeadLetters] = {}

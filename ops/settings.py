@@ -64,6 +64,11 @@ class Settings:
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
     max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
     state_store: str = _setting("rocksdb", "State store of the streaming job: rocksdb or hdfs (Spark's default).")
+    sink_writers: str = _setting(
+        "auto",
+        "Where the job writes each batch's files: executors (each task its share; the driver gets figures only), "
+        "driver (the batch collected to it), or auto (driver in local mode, executors on a cluster).",
+    )
     driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
     executor_memory: str = _setting("1g", "Memory of each executor of an application on a Spark cluster.")
     stream_cores: int = _setting(
@@ -184,6 +189,8 @@ class Settings:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
+        if self.sink_writers not in ("auto", "executors", "driver"):
+            raise ValueError("ADBILL_SINK_WRITERS must be auto, executors or driver")
         for name in (
             "impression_watermark_ms",
             "click_watermark_ms",
@@ -274,6 +281,13 @@ class Settings:
         controllers on ADBILL_KAFKA_CONTROLLER_PORT and the ports after it."""
         hosts = [server.rsplit(":", 1)[0] for server in self.kafka_bootstrap.split(",")]
         return all(host in LOOPBACK for host in hosts)
+
+    @property
+    def writes_on_executors(self) -> bool:
+        """Whether the streaming job's tasks write their batch's files (`ADBILL_SINK_WRITERS`)."""
+        if self.sink_writers == "auto":
+            return not self.spark_master.startswith("local")
+        return self.sink_writers == "executors"
 
     @property
     def spark_is_local_cluster(self) -> bool:

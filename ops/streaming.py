@@ -42,6 +42,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         redis_timeout_ms=settings.redis_timeout_ms,
+        write_on_executors=settings.writes_on_executors,
     )
 
 

@@ -338,9 +338,20 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 
-def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("writers", ["driver", "executors"])
+def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
+    settings: Settings, tmp_path: Path, writers: str
+) -> None:
+    """Both ways of writing a batch (`ADBILL_SINK_WRITERS`): collected to the driver (local mode's), and each task
+    its share on its executor (a cluster's), whose replayed tasks must replace their own files."""
     settings.catalog_file.parent.mkdir(parents=True, exist_ok=True)
-    env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_MAX_OFFSETS_PER_TRIGGER="4000", ADBILL_TRIGGER_MS="500")
+    env = child_env(
+        settings,
+        ADBILL_METRICS_PORT="0",
+        ADBILL_MAX_OFFSETS_PER_TRIGGER="4000",
+        ADBILL_TRIGGER_MS="500",
+        ADBILL_SINK_WRITERS=writers,
+    )
     log = (tmp_path / "job.log").open("ab")
 
     def start_job() -> subprocess.Popen:
