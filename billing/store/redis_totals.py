@@ -150,8 +150,8 @@ class TotalsRow:
 
 
 @dataclass(frozen=True, slots=True)
-class LateCount:
-    """Events of one type on one ad and period that the watermark kept out of the streaming join."""
+class EventCount:
+    """Events of one type on one ad and period, as a micro-batch counts them."""
 
     period: str
     period_start_ms: int
@@ -163,17 +163,14 @@ class LateCount:
 
 
 @dataclass(frozen=True, slots=True)
-class ClockAheadCount:
-    """Events of one type on one ad and period whose time was ahead of the time Kafka received them by more than
-    the tolerance: valid and billed on their own time, counted so that the producer's clock gets fixed."""
+class LateCount(EventCount):
+    """Events that the watermark kept out of the streaming join."""
 
-    period: str
-    period_start_ms: int
-    advertiser_id: str
-    ad_id: str
-    event_type: str
-    """`impression` or `click`."""
-    events: int
+
+@dataclass(frozen=True, slots=True)
+class ClockAheadCount(EventCount):
+    """Events whose time was ahead of the time Kafka received them by more than the tolerance: valid and billed on
+    their own time, counted so that the producer's clock gets fixed."""
 
 
 @dataclass(frozen=True, slots=True)
