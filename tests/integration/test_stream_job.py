@@ -213,8 +213,12 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     dead_letters = consume(settings.kafka_bootstrap, settings.topic_quarantine, 3)
     assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable", b"unknown_ad", b"unknown_ad"]
 
-    # The health listener recorded the billing query's batches.
-    health = totals.client.hgetall(totals.keys.health_query("billing"))
+    # The health listener recorded the billing query's batches. It hears of a batch on Spark's listener bus, after
+    # processAllAvailable() has returned: wait for the record of the last batch.
+    last_batch = max(int(p["batchId"]) for query in queries for p in query.recentProgress)
+    health_key = totals.keys.health_query("billing")
+    wait_for(lambda: int(totals.client.hget(health_key, "batch_id") or -1) >= last_batch, "the last batch's health", 30)
+    health = totals.client.hgetall(health_key)
     assert int(health["batch_id"]) >= 1
     assert json.loads(health["stream_watermarks_ms"])["clicks"] == T0 + 12 * S - 30_000
 
