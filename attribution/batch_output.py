@@ -129,9 +129,13 @@ def late_counts(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[Late
 def clock_ahead_counts(events: pa.Table, advertiser_of: Mapping[str, str], tolerance_ms: int) -> list[ClockAheadCount]:
     """Events whose time is more than `tolerance_ms` ahead of the time Kafka received them, per period (of the
     event time, as every count), ad and event type of a batch's archive rows."""
+    return [ClockAheadCount(*key) for key in _counts_per_ad(clock_ahead(events, tolerance_ms), advertiser_of)]
+
+
+def clock_ahead(events: pa.Table, tolerance_ms: int) -> pa.Table:
+    """The archive rows whose event time is more than `tolerance_ms` ahead of the time Kafka received them."""
     limit = pc.add(events.column("received_ms"), pa.scalar(tolerance_ms, pa.int64()))
-    ahead = events.filter(pc.greater(events.column("event_time"), limit))
-    return [ClockAheadCount(*key) for key in _counts_per_ad(ahead, advertiser_of)]
+    return events.filter(pc.greater(events.column("event_time"), limit))
 
 
 def quarantine_counts(bad: pa.Table, advertiser_of: Mapping[str, str]) -> list[QuarantineCount]:
@@ -201,17 +205,14 @@ def prune_batch_folders(written: Sequence[Path]) -> list[Path]:
 
 def _counts_per_ad(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[tuple[str, int, str, str, str, int]]:
     """(period, period start, advertiser, ad, event type, events) of archive rows."""
-    grouped = events.group_by(["period", "period_start_ms", "ad_id", "event_type"]).aggregate([([], "count_all")])
+    return _per_ad(_count(events, PER_AD), advertiser_of)
+
+
+def _per_ad(rows: list[dict[str, Any]], advertiser_of: Mapping[str, str]) -> list[tuple[str, int, str, str, str, int]]:
+    """Counts per `PER_AD` as (period, period start, advertiser, ad, event type, events), advertisers named."""
     return [
-        (
-            row["period"],
-            row["period_start_ms"],
-            advertiser_of[row["ad_id"]],
-            row["ad_id"],
-            row["event_type"],
-            row["count_all"],
-        )
-        for row in grouped.to_pylist()
+        (r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])
+        for r in rows
     ]
 
 
@@ -302,17 +303,20 @@ def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_m
         for total in ledger_totals(out.bills)
     ]
     late = out.events.filter(out.events.column("late"))
-    limit = pc.add(out.events.column("received_ms"), pa.scalar(clock_tolerance_ms, pa.int64()))
-    ahead = out.events.filter(pc.greater(out.events.column("event_time"), limit))
-    for kind, events in (("late", late), ("clock_ahead", ahead)):
-        rows += [{"kind": kind, **row} for row in _count(events, ["period", "period_start_ms", "ad_id", "event_type"])]
+    for kind, events in (("late", late), ("clock_ahead", clock_ahead(out.events, clock_tolerance_ms))):
+        rows += [{"kind": kind, **row} for row in _count(events, PER_AD)]
     rows += [{"kind": "quarantine", **row} for row in _count(out.bad, ["reason", "topic", "ad_id"])]
     rows.append({"kind": "archived", "rows": out.events.num_rows})
     rows += [{"kind": "file", "path": str(path)} for path in files]
     return pa.Table.from_pylist(rows, schema=FIGURES)
 
 
-def _count(table: pa.Table, keys: list[str]) -> list[dict[str, object]]:
+PER_AD = ["period", "period_start_ms", "ad_id", "event_type"]
+"""The keys late and clock-ahead events are counted by."""
+
+
+def _count(table: pa.Table, keys: list[str]) -> list[dict[str, Any]]:
+    """Rows of `table` per combination of `keys`, as `rows`."""
     if table.num_rows == 0:
         return []
     grouped = table.group_by(keys).aggregate([([], "count_all")])
@@ -354,13 +358,6 @@ def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchF
         for r in summed("bill", keys)
     ]
 
-    def per_ad(kind: str) -> list[tuple[str, int, str, str, str, int]]:
-        rows = summed(kind, ["period", "period_start_ms", "ad_id", "event_type"])
-        return [
-            (r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])
-            for r in rows
-        ]
-
     quarantined = [
         QuarantineCount(r["reason"], r["topic"], advertiser_of.get(r["ad_id"] or ""), r["rows"])
         for r in summed("quarantine", ["reason", "topic", "ad_id"])
@@ -369,8 +366,8 @@ def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchF
     archived = figures.filter(pc.equal(figures.column("kind"), "archived")).column("rows")
     return BatchFigures(
         totals=totals,
-        late=[LateCount(*row) for row in per_ad("late")],
-        clock_ahead=[ClockAheadCount(*row) for row in per_ad("clock_ahead")],
+        late=[LateCount(*row) for row in _per_ad(summed("late", PER_AD), advertiser_of)],
+        clock_ahead=[ClockAheadCount(*row) for row in _per_ad(summed("clock_ahead", PER_AD), advertiser_of)],
         quarantined=quarantined,
         bills=sum(t.clicks for t in totals),
         events=pc.sum(archived).as_py() or 0,

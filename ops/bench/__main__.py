@@ -226,7 +226,8 @@ def cluster(args: argparse.Namespace, command: str) -> int:
         "workers": results,
         "machine": {"cores": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
     }
-    data["scaling"] = report.cluster_rows(data)
+    scaling = report.cluster_rows(data)
+    data["scaling"] = scaling
     (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
     (out / "report.md").write_text(report.render_cluster(data))
     print(report.render_cluster(data), flush=True)
@@ -236,7 +237,7 @@ def cluster(args: argparse.Namespace, command: str) -> int:
             for part in ("services/kafka/data", "pipeline/archive", "pipeline/checkpoints", "pipeline/spark-tmp"):
                 shutil.rmtree(out / f"workers-{count}" / part, ignore_errors=True)
     failed = [n for n, result in results.items() if result.get("error")]
-    exact = all(row["ledger_exact"] is not False for row in report.cluster_rows(data))
+    exact = all(row["ledger_exact"] is not False for row in scaling)
     return 0 if exact and not failed else 1
 
 
