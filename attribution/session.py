@@ -64,17 +64,17 @@ def build_spark(
         # every batch. FileSystem.rename is a plain rename there, and as atomic on HDFS.
         .config("spark.sql.streaming.checkpointFileManagerClass", FILE_SYSTEM_CHECKPOINTS)
     )
+    # RocksDB's own settings hold whichever store a new checkpoint gets: a checkpoint keeps the store it started
+    # with (Spark records the provider in its offset log), so a job may run RocksDB state under a session set up
+    # for Spark's in-memory store.
+    builder = builder.config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true").config(
+        # One memory budget for the memtables and block caches of every RocksDB instance (one per state store and
+        # partition, 20 in the job), instead of RocksDB's defaults per instance.
+        "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage",
+        "true",
+    )
     if rocksdb_state:
-        builder = (
-            builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-            .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-            .config(
-                # One memory budget for the memtables and block caches of every RocksDB instance (one per state
-                # store and partition, 20 in the job), instead of RocksDB's defaults per instance.
-                "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage",
-                "true",
-            )
-        )
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     if local_dir is not None:
         builder = builder.config("spark.local.dir", str(local_dir))
     for key, value in (extra_conf or {}).items():

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ops import deps
-from ops.settings import Settings
+from ops.settings import Settings, spark_conf_pairs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,10 +32,11 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         shuffle_partitions=settings.shuffle_partitions,
         local_dir=local_dir,
         driver_memory=settings.driver_memory,
-        rocksdb_state=stateful and settings.state_store == "rocksdb",
+        rocksdb_state=stateful and settings.state_in_rocksdb,
         extra_conf={
             **observability_conf(settings),
             **application_conf(settings, settings.stream_cores if stateful else settings.batch_cores),
+            **spark_conf_pairs(settings.spark_conf),
         },
     )
 

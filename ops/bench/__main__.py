@@ -338,7 +338,9 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         *("spark_master", "shuffle_partitions", "trigger_ms", "max_offsets_per_trigger", "state_store"),
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
-    return {name: getattr(settings, name) for name in names}
+    summary = {name: getattr(settings, name) for name in names}
+    summary["state_store"] = "rocksdb" if settings.state_in_rocksdb else "hdfs"
+    return summary
 
 
 def _fields(settings: Settings) -> dict[str, Any]:

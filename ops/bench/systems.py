@@ -28,6 +28,7 @@ with the same amounts.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -76,16 +77,9 @@ class System:
 
 def make_system(name: str, services: Settings, folder: Path, registry: Path, catalog: Path) -> System:
     """The pipeline or the baseline, with topics and a Redis prefix of its own on the services of `services`."""
-    fields = {
-        f: getattr(services, f)
-        for f in ("deps_dir", "kafka_bootstrap", "kafka_controller_port", "redis_url", "spark_master")
-        + ("shuffle_partitions", "impression_watermark_ms", "click_watermark_ms", "trigger_ms")
-        + ("max_offsets_per_trigger", "state_store", "driver_memory", "topic_partitions")
-        + ("stream_cores", "executor_memory", "spark_master_ui_port")
-    }
-    settings = Settings.from_env(
-        {},
-        **fields,
+    # Every setting of the run (`--set` included) but what each system keeps apart: its folder, topics, keys.
+    settings = dataclasses.replace(
+        services,
         home=folder / name,
         topic_impressions=f"{name}-impressions",
         topic_clicks=f"{name}-clicks",
