@@ -64,9 +64,9 @@ class Settings:
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
     max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
     state_store: str = _setting(
-        "auto",
-        "State store of a new checkpoint of the streaming job: hdfs (Spark's, in the JVM's memory), rocksdb (off-heap, "
-        "changelog checkpointing) or auto (hdfs in local mode, rocksdb on a Spark cluster). A checkpoint keeps the "
+        "rocksdb",
+        "State store of a new checkpoint of the streaming job: rocksdb (off-heap, changelog checkpointing) or hdfs "
+        "(Spark's, in the JVM's memory: faster on one machine, see the README's Benchmarks). A checkpoint keeps the "
         "store it started with.",
     )
     sink_writers: str = _setting(
@@ -79,11 +79,7 @@ class Settings:
         "Further Spark settings for the job's and reconciliation's sessions, as key=value pairs separated by "
         "spaces (they win over the product's own).",
     )
-    driver_memory: str = _setting(
-        "4g",
-        "Memory of the Spark driver (in local mode, of the whole job, whose state then lives in it: about a million "
-        "rows at 20,000 events/s).",
-    )
+    driver_memory: str = _setting("2g", "Memory of the Spark driver (in local mode, of the whole job).")
     executor_memory: str = _setting("1g", "Memory of each executor of an application on a Spark cluster.")
     stream_cores: int = _setting(
         2, "Cores the streaming job takes on a Spark cluster (spark.cores.max; one core per executor)."
@@ -201,8 +197,8 @@ class Settings:
         for name in ("stream_cores", "batch_cores", "spark_workers", "spark_worker_cores"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
-        if self.state_store not in ("auto", "hdfs", "rocksdb"):
-            raise ValueError("ADBILL_STATE_STORE must be auto, hdfs or rocksdb")
+        if self.state_store not in ("rocksdb", "hdfs"):
+            raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
         spark_conf_pairs(self.spark_conf)
         if self.sink_writers not in ("auto", "executors", "driver"):
             raise ValueError("ADBILL_SINK_WRITERS must be auto, executors or driver")
@@ -303,13 +299,6 @@ class Settings:
         if self.sink_writers == "auto":
             return not self.spark_master.startswith("local")
         return self.sink_writers == "executors"
-
-    @property
-    def state_in_rocksdb(self) -> bool:
-        """Whether a new checkpoint of the streaming job keeps its state in RocksDB (`ADBILL_STATE_STORE`)."""
-        if self.state_store == "auto":
-            return not self.spark_master.startswith("local")
-        return self.state_store == "rocksdb"
 
     @property
     def spark_is_local_cluster(self) -> bool:

@@ -32,7 +32,7 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         shuffle_partitions=settings.shuffle_partitions,
         local_dir=local_dir,
         driver_memory=settings.driver_memory,
-        rocksdb_state=stateful and settings.state_in_rocksdb,
+        rocksdb_state=stateful and settings.state_store == "rocksdb",
         extra_conf={
             **observability_conf(settings),
             **application_conf(settings, settings.stream_cores if stateful else settings.batch_cores),

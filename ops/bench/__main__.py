@@ -338,9 +338,7 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         *("spark_master", "shuffle_partitions", "trigger_ms", "max_offsets_per_trigger", "state_store"),
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
-    summary = {name: getattr(settings, name) for name in names}
-    summary["state_store"] = "rocksdb" if settings.state_in_rocksdb else "hdfs"
-    return summary
+    return {name: getattr(settings, name) for name in names}
 
 
 def _fields(settings: Settings) -> dict[str, Any]:
