@@ -24,7 +24,16 @@ from typing import Any
 from billing.layout import DataLayout
 from ops.bench import ceiling, report
 from ops.bench.measure import Sampler
-from ops.bench.systems import BASELINE, PIPELINE, LoadOptions, System, prepare_system, run_system, start_services
+from ops.bench.systems import (
+    BASELINE,
+    PIPELINE,
+    LoadOptions,
+    System,
+    prepare_system,
+    run_system,
+    scratch_settings,
+    start_services,
+)
 from ops.bench.traffic import TrafficPlan, plan_traffic
 from ops.settings import Settings
 
@@ -282,7 +291,7 @@ def _ceiling(plan: TrafficPlan, services: Settings, out: Path) -> dict[str, Any]
     from ops.stack import ensure_stack_topics, local_kafka
 
     folder = out / "ceiling"
-    written = _scratch(services, folder / "write", "ceiling")
+    written = scratch_settings(services, folder / "write", "ceiling")
     ensure_stack_topics(written)
     largest = max(plan.datasets(), key=lambda d: d.frames)
     write = ceiling.send_unpaced(largest, plan.registry_file, services.kafka_bootstrap, written.topics, folder)
@@ -292,7 +301,7 @@ def _ceiling(plan: TrafficPlan, services: Settings, out: Path) -> dict[str, Any]
     print(f"ceiling: Kafka's ConsumerPerformance read {read_tool['records']:,} at {read_tool['rate']:,}/s", flush=True)
     read_python = ceiling.python_consumer(services.kafka_bootstrap, list(counts), sum(counts.values()))
     print(f"ceiling: a Python consumer read {read_python['records']:,} at {read_python['rate']:,}/s", flush=True)
-    simulating = _scratch(services, folder / "simulator", "simulator")
+    simulating = scratch_settings(services, folder / "simulator", "simulator")
     ensure_stack_topics(simulating)
     events = min(largest.frames, SIMULATOR_CEILING_EVENTS)
     simulated = ceiling.simulator_producer(simulating.to_env(), events, folder / "simulator" / "run")
@@ -303,20 +312,6 @@ def _ceiling(plan: TrafficPlan, services: Settings, out: Path) -> dict[str, Any]
         "read_kafka_tool": read_tool,
         "read_python": read_python,
     }
-
-
-def _scratch(services: Settings, home: Path, name: str) -> Settings:
-    """Settings of the services with topics `NAME-*` and a HOME of their own."""
-    return Settings.from_env(
-        {},
-        **{
-            **_fields(services),
-            "home": home,
-            "topic_impressions": f"{name}-impressions",
-            "topic_clicks": f"{name}-clicks",
-            "topic_quarantine": f"{name}-quarantine",
-        },
-    )
 
 
 def _load_backlog(plan: TrafficPlan, systems: list[System], services: Settings, out: Path) -> list[dict[str, Any]]:
@@ -339,12 +334,6 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
     return {name: getattr(settings, name) for name in names}
-
-
-def _fields(settings: Settings) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
 
 
 def _machine(sampler: Sampler, started: float) -> dict[str, Any]:

@@ -75,15 +75,21 @@ class System:
         return {**env, **self.settings.to_env(), "ADBILL_NO_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def make_system(name: str, services: Settings, folder: Path, registry: Path, catalog: Path) -> System:
-    """The pipeline or the baseline, with topics and a Redis prefix of its own on the services of `services`."""
-    # Every setting of the run (`--set` included) but what each system keeps apart: its folder, topics, keys.
-    settings = dataclasses.replace(
+def scratch_settings(services: Settings, home: Path, name: str) -> Settings:
+    """Every setting of the run (`--set` included) with a HOME and topics `NAME-*` of its own."""
+    return dataclasses.replace(
         services,
-        home=folder / name,
+        home=home,
         topic_impressions=f"{name}-impressions",
         topic_clicks=f"{name}-clicks",
         topic_quarantine=f"{name}-quarantine",
+    )
+
+
+def make_system(name: str, services: Settings, folder: Path, registry: Path, catalog: Path) -> System:
+    """The pipeline or the baseline, with topics and a Redis prefix of its own on the services of `services`."""
+    settings = dataclasses.replace(
+        scratch_settings(services, folder / name, name),
         redis_prefix=f"bench-{name}",
         schema_registry=str(registry),
         catalog_path=catalog,
