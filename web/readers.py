@@ -512,6 +512,10 @@ def _int_field(value: str | None) -> int | None:
     if value is None or value in ("", "None", "null"):
         return None
     try:
+        return int(value)  # exact: money passes 2^53
+    except ValueError:
+        pass
+    try:
         return int(float(value))
     except ValueError:
         return None

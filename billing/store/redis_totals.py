@@ -55,15 +55,22 @@ _CLOSE_PERIOD = """
 local closed, prefix, period, start = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local want = {}
 for _, item in ipairs(cjson.decode(ARGV[4])) do want[item[1] .. ':' .. item[2]] = item end
+local function negated(n)
+  if string.sub(n, 1, 1) == '-' then return string.sub(n, 2) end
+  return '-' .. n
+end
 local function settle(level, id, clicks, micros)
   local totals = prefix .. ':totals:' .. period .. ':' .. level .. ':' .. id
   local fixes = prefix .. ':corrections:' .. period .. ':' .. level .. ':' .. id
   local fixed = redis.call('HMGET', fixes, 'clicks', 'micros')
-  redis.call('HSET', totals, 'clicks', tostring(clicks - tonumber(fixed[1] or '0')),
-             'micros', tostring(micros - tonumber(fixed[2] or '0')))
+  -- Integer text in, integer arithmetic in Redis (HINCRBY, 64 bits): a Lua number is a double, which keeps
+  -- 14 significant digits in tostring() and 53 bits in arithmetic, and would round large totals.
+  redis.call('HSET', totals, 'clicks', clicks, 'micros', micros)
+  if fixed[1] and fixed[1] ~= '0' then redis.call('HINCRBY', totals, 'clicks', negated(fixed[1])) end
+  if fixed[2] and fixed[2] ~= '0' then redis.call('HINCRBY', totals, 'micros', negated(fixed[2])) end
 end
 for _, item in ipairs(cjson.decode(ARGV[4])) do
-  settle(item[1], item[2], tonumber(item[3]), tonumber(item[4]))
+  settle(item[1], item[2], item[3], item[4])
   if item[5] then
     redis.call('SADD', prefix .. ':period:' .. period .. ':advertisers', item[5])
     redis.call('ZADD', prefix .. ':periods', start, period)
@@ -80,7 +87,7 @@ for _, adv in ipairs(redis.call('SMEMBERS', prefix .. ':period:' .. period .. ':
     table.insert(listed, {'ad', a})
   end
   for _, pair in ipairs(listed) do
-    if not want[pair[1] .. ':' .. pair[2]] then settle(pair[1], pair[2], 0, 0) end
+    if not want[pair[1] .. ':' .. pair[2]] then settle(pair[1], pair[2], '0', '0') end
   end
 end
 redis.call('ZADD', closed, start, period)

@@ -235,3 +235,48 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
     assert "adbill_reconcile_periods_held 2.0" in scraped
     assert f'adbill_reconcile_period_held{{period="{P0}",reason="{held[P0]}"}} 1.0' in scraped
     assert "adbill_reconcile_last_run_timestamp_seconds 1.7672292e+09" in scraped
+
+
+def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_the_micro(
+    redis_settings: Settings,
+) -> None:
+    # An hour of IDR: 10^15 micros and more. The close must keep every digit (no Lua double on the way), and the
+    # pages and the API show them exactly.
+    from billing.catalog import Ad, Catalog
+    from web.access import Role
+    from web.accounts import AccountsFile
+    from web.display import money
+
+    big = 1_234_567_890_123_456_789  # far past 2^53, below 2^63 - 1
+    catalog = Catalog([Ad("ad-big", "cmp-big", OWN, 987_654_321_987_654, "IDR")])
+    save_catalog(catalog, redis_settings.catalog_file)
+    client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
+    writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
+    writer.bill(1, [TotalsRow(P0, P0_MS, OWN, "cmp-big", "ad-big", 1_250, big)])
+    fix = -987_654_321_987_653
+    writer.corrections(
+        [
+            Correction("c-big", CorrectionKind.RETRACTION, "k1", "i1", "ad-big", "cmp-big", OWN, fix, "IDR",
+                       "duplicate", P0, P0, P1_MS + 1),
+        ]
+    )  # fmt: skip
+    writer.close(P0, P0_MS)
+    figures = RedisFigures(client_redis, redis_settings.redis_prefix)
+    assert figures.advertiser(P0, OWN).micros == big  # provisional + corrections = the export
+    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    client = _client(redis_settings)
+    doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={P0}").json  # type: ignore[attr-defined]
+    assert doc["period"]["closed"] is True
+    for shown in (doc["totals"], doc["campaigns"][0], doc["ads"][0]):
+        assert shown["provisional"]["micros"] == big, shown
+        assert shown["corrections"]["micros"] == fix, shown
+        assert shown["corrected"]["micros"] == big + fix, shown
+    finance = client.get(f"/api/v1/finance?period={P0}").json  # type: ignore[attr-defined]
+    assert [a["corrected"]["micros"] for a in finance["advertisers"]] == [big + fix]
+    for url in (f"/advertisers/{OWN}?period={P0}", f"/finance?period={P0}"):
+        page = client.get(url)  # type: ignore[attr-defined]
+        assert page.status_code == 200, url
+        assert money(big + fix) in page.text, url
+    writer.totals.record_reconciliation({"run_id": "r1", "started_at_ms": P1_MS, "net_micros": fix - big})
+    health = client.get("/api/v1/health").json  # type: ignore[attr-defined]
+    assert health["last_reconciliation"]["net_micros"] == fix - big
