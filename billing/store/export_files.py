@@ -199,6 +199,25 @@ def read_export(folder: str | os.PathLike[str]) -> pa.Table:
 # --- Writing ------------------------------------------------------------------------------------------------
 
 
+FORMULA_TRIGGERS = "=+-@\t\r"
+"""First characters that make a spreadsheet read a CSV cell as a formula (OWASP, CSV injection)."""
+
+
+def spreadsheet_safe(table: pa.Table) -> pa.Table:
+    """`table` for the CSV file: every text cell that starts with a formula trigger (`FORMULA_TRIGGERS`) gets a
+    leading single quote, as OWASP's CSV injection guidance says, so that a spreadsheet shows it as text and runs
+    nothing; numbers are left as they are. Ids come from producers, so any text cell may be hostile. The Parquet
+    file keeps the exact values."""
+    pattern = "^[" + "".join("\\" + c if c in "-\\]^" else c for c in FORMULA_TRIGGERS) + "]"
+    columns = []
+    for column in table.columns:
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            quoted = pc.binary_join_element_wise("'", column, "")
+            column = pc.if_else(pc.match_substring_regex(column, pattern), quoted, column)
+        columns.append(column)
+    return pa.table(columns, schema=table.schema)
+
+
 def write_export(
     root: str | os.PathLike[str],
     period: str,
@@ -231,7 +250,7 @@ def write_export(
     try:
         table = table.replace_schema_metadata(None).cast(EXPORT_SCHEMA)
         pq.write_table(table, staging / PARQUET_FILE, compression="snappy")
-        pa_csv.write_csv(table, staging / CSV_FILE, pa_csv.WriteOptions(quoting_style="needed"))
+        pa_csv.write_csv(spreadsheet_safe(table), staging / CSV_FILE, pa_csv.WriteOptions(quoting_style="needed"))
         by_currency: Counter[str] = Counter()
         for currency, net in zip(
             table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True

@@ -431,3 +431,27 @@ def test_status_kinds_match_corrections() -> None:
     ]
     rows = build_export(PERIOD, [], [], [], free)
     assert [(r["record_type"], r["status"], r["net_micros"]) for r in rows] == [("adjustment", "retracted", 0)]
+
+
+def test_csv_cells_that_a_spreadsheet_would_read_as_formulas_are_neutralised_and_the_parquet_is_exact(
+    tmp_path: Path,
+) -> None:
+    # Ids come from producers: OWASP's CSV injection list (=, +, -, @, tab, carriage return) as the first character.
+    hostile = ["=HYPERLINK(\"http://x\",\"y\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1)", "\tx", "\rx", "ok-id"]
+    bills = [
+        BillableClick(cid, "i1", "ad-1", "cmp-1", "adv-1", "u1", START + 60 * S, START + 57 * S, 250_000, "EUR")
+        for cid in hostile
+    ]
+    rows = [{**b.to_dict(), "period": PERIOD, "batch_id": 1} for b in bills]
+    table = export_table(build_export(PERIOD, bills, rows, [], []))
+    write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
+    folder = export_folder(tmp_path, PERIOD)
+    with open(folder / CSV_FILE, newline="", encoding="utf-8") as f:
+        cells = {row["click_id"] for row in csv.DictReader(f)}
+    assert cells == {"'" + c for c in hostile[:-1]} | {"ok-id"}
+    for cell in cells:
+        assert cell[0] not in "=+-@\t\r", cell
+    assert sorted(pq.read_table(folder / PARQUET_FILE).column("click_id").to_pylist()) == sorted(hostile)
+    assert verify_export(folder) == []
+    # Numbers are not cells a producer wrote: a retraction's negative amount stays a number.
+    assert all(not str(v).startswith("'") for v in pq.read_table(folder / PARQUET_FILE).column("net_micros").to_pylist())
