@@ -437,7 +437,7 @@ def test_csv_cells_that_a_spreadsheet_would_read_as_formulas_are_neutralised_and
     tmp_path: Path,
 ) -> None:
     # Ids come from producers: OWASP's CSV injection list (=, +, -, @, tab, carriage return) as the first character.
-    hostile = ["=HYPERLINK(\"http://x\",\"y\")", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1)", "\tx", "\rx", "ok-id"]
+    hostile = ['=HYPERLINK("http://x","y")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1)", "\tx", "\rx", "ok-id"]
     bills = [
         BillableClick(cid, "i1", "ad-1", "cmp-1", "adv-1", "u1", START + 60 * S, START + 57 * S, 250_000, "EUR")
         for cid in hostile
@@ -453,5 +453,3 @@ def test_csv_cells_that_a_spreadsheet_would_read_as_formulas_are_neutralised_and
         assert cell[0] not in "=+-@\t\r", cell
     assert sorted(pq.read_table(folder / PARQUET_FILE).column("click_id").to_pylist()) == sorted(hostile)
     assert verify_export(folder) == []
-    # Numbers are not cells a producer wrote: a retraction's negative amount stays a number.
-    assert all(not str(v).startswith("'") for v in pq.read_table(folder / PARQUET_FILE).column("net_micros").to_pylist())
