@@ -66,8 +66,11 @@ def me() -> Response:
 
 @bp.get("/periods")
 def periods() -> Response:
-    logged_in()
-    return jsonify({"periods": [_period(p) for p in services().reader.periods()]})
+    principal = logged_in()
+    reader = services().reader
+    # An advertiser sees the periods of its own activity and the closed ones, nothing of the others' activity.
+    listed = reader.periods() if principal.advertiser_id is None else reader.periods_of(principal.advertiser_id)
+    return jsonify({"periods": [_period(p) for p in listed]})
 
 
 @bp.get("/advertisers")

@@ -125,6 +125,15 @@ class BillingReader:
         self._queue_periods(pipe)
         return self._periods_of(pipe.execute())
 
+    def periods_of(self, advertiser_id: str) -> list[Period]:
+        """The periods an advertiser may see listed: those with its own totals, and the closed ones."""
+        periods = self.periods()
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.sismember(self.keys.period_advertisers(p.key), advertiser_id)
+        own = pipe.execute() if periods else []
+        return [p for p, mine in zip(periods, own, strict=True) if p.closed or mine]
+
     def known_advertisers(self) -> list[str]:
         """Advertisers with totals in any period, or in the catalog."""
         periods = self.periods()

@@ -615,3 +615,28 @@ def test_a_new_account_added_while_serving_can_log_in(app: Flask, seeded: Seeded
     AccountsFile(seeded.settings.users_file).add("carol", Role.ADVERTISER, PASSWORD, "adv-0002")
     client = app.test_client()
     assert login(client, "carol").headers["Location"] == "/advertisers/adv-0002"
+
+
+def test_an_advertiser_lists_the_periods_of_its_own_activity_and_the_closed_ones(app: Flask, seeded: Seeded) -> None:
+    from billing.store.redis_totals import TotalsRow
+    from tests.web_support import OTHER, OWN
+
+    # A period in which only another advertiser had activity, and nobody closed yet.
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OTHER)
+    lone, lone_ms = "20260102T0000Z", 1_767_312_000_000
+    seeded.writer.bill(99, [TotalsRow(lone, lone_ms, OTHER, ad.campaign_id, ad.ad_id, 1, ad.cpc_micros)])
+
+    def listed(username: str) -> dict[str, bool]:
+        client = app.test_client()
+        assert login(client, username).status_code == 302
+        return {p["period"]: p["closed"] for p in client.get("/api/v1/periods").json["periods"]}
+
+    everyone = listed("fiona")
+    assert lone in everyone
+    assert listed("bob") == everyone
+    own = listed("alice")
+    assert lone not in own
+    assert {p for p, closed in everyone.items() if closed} <= set(own)
+    reader_keys = RedisKeys(seeded.settings.redis_prefix)
+    for period in own:
+        assert own[period] or seeded.client.sismember(reader_keys.period_advertisers(period), OWN)
