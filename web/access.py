@@ -84,3 +84,22 @@ class LoginLimit:
     def retry_after_s(self, oldest_failure_ms: int, now_ms: int) -> int:
         """Whole seconds until the oldest failure leaves the window (at least 1)."""
         return max(1, -(-(oldest_failure_ms + self.window_ms - now_ms) // 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class LoginDelay:
+    """Failed logins of one account from one client address: the first `free_failures` in `window_ms` cost
+    nothing, each one after them makes the next attempt from that address wait twice as long as the one before
+    (from `first_delay_ms` up to `max_delay_ms`). It slows a guesser without locking the account's owner out."""
+
+    free_failures: int = 5
+    first_delay_ms: int = 1_000
+    max_delay_ms: int = 900_000
+    window_ms: int = 3_600_000
+
+    def delay_ms(self, failures_in_window: int) -> int:
+        """How long after the newest failure the next attempt waits (0: none)."""
+        if failures_in_window < self.free_failures:
+            return 0
+        doublings = min(failures_in_window - self.free_failures, 40)
+        return min(self.first_delay_ms * 2**doublings, self.max_delay_ms)

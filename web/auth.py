@@ -1,8 +1,10 @@
 """Logging in and out, and the two checks every request goes through: who is it, and does an unsafe request carry
 its CSRF token.
 
-Login: the form's CSRF token, then the failed-login limits of the account name and of the client address (refused
-with 429, even with the right password; the attempt is counted in the same step), then the password. A successful
+Login: the form's CSRF token, then the failed-login limits of the account name and of the client address and the
+growing delay of the account from that address (refused with 429, even with the right password; the attempt is
+counted in the same step), then the password. The account's limit does not refuse a browser that has logged in to
+the account before (its device cookie), so an attacker cannot lock the owner out. A successful
 login always opens a new session (a new random id, a new CSRF token) and closes the one the browser had; logout
 closes it on the server, so its cookie opens nothing afterwards. A session ends after a time of no activity, and a
 while after login however active (`web.sessions`).
@@ -20,10 +22,15 @@ from werkzeug.wrappers import Response
 from web.access import Principal, Role
 from web.security import (
     BACKGROUND_HEADER,
+    DEVICE_COOKIE,
+    DEVICE_COOKIE_DAYS,
     LOGIN_COOKIE,
     SESSION_COOKIE,
     UNSAFE_METHODS,
     cookie_names,
+    device_cookie_name,
+    device_knows,
+    device_token,
     login_form_token,
     submitted_token,
     tokens_match,
@@ -143,7 +150,17 @@ def login() -> Response:
     password = request.form.get("password", "")
     now = svc.clock()
     address = request.remote_addr
-    attempt = svc.limiter.attempt(username, address, now)
+    device_cookie = device_cookie_name(wants_secure_cookies(request, svc.secure_cookies))
+    known_browser = device_knows(svc.secret, username, request.cookies.get(device_cookie))
+    attempt = svc.limiter.attempt(username, address, now, trusted=known_browser)
+    if attempt.refused_by == "client":
+        response = _login_page(
+            f"Too many failed logins for this account from your network address. Wait {attempt.wait_s} "
+            "second(s) before trying again; each failure makes the wait longer.",
+            429,
+        )
+        response.headers["Retry-After"] = str(attempt.wait_s)
+        return response
     if attempt.refused_by is not None:
         whose = "for this account" if attempt.refused_by == "account" else "from your network address"
         response = _login_page(
@@ -175,6 +192,16 @@ def login() -> Response:
         path="/",
     )
     response.delete_cookie(login_cookie, path="/login", secure=login_cookie != LOGIN_COOKIE)
+    # This browser has logged in to the account: the account's failed-login limit no longer refuses it.
+    response.set_cookie(
+        device_cookie,
+        device_token(svc.secret, account.username),
+        max_age=DEVICE_COOKIE_DAYS * 86_400,
+        httponly=True,
+        samesite="Strict",
+        secure=device_cookie != DEVICE_COOKIE,
+        path="/login",
+    )
     return response
 
 

@@ -103,6 +103,36 @@ def cookie_names(secure: bool) -> tuple[str, str]:
     return SESSION_COOKIE, LOGIN_COOKIE
 
 
+DEVICE_COOKIE = "adbill_device"
+"""Set on a successful login: the browser has logged in to that account (OWASP's device cookies). A browser that
+holds it is not refused by the account's failed-login limit, only slowed by its address's delay (`web.sessions`)."""
+DEVICE_COOKIE_DAYS = 365
+
+
+def device_cookie_name(secure: bool) -> str:
+    """The device cookie's name: with the `__Secure-` prefix when cookies are Secure (it lives on `/login`)."""
+    return "__Secure-" + DEVICE_COOKIE if secure else DEVICE_COOKIE
+
+
+def device_token(secret: bytes, username: str, nonce: str | None = None) -> str:
+    """A device cookie's value for the account `username`: a nonce and its HMAC, bound to the account's name."""
+    nonce = nonce or secrets.token_urlsafe(16)
+    return f"{nonce}.{_device_mac(secret, username, nonce)}"
+
+
+def device_knows(secret: bytes, username: str, token: str | None) -> bool:
+    """The browser's device cookie says it has logged in to the account `username` before."""
+    if not token or token.count(".") != 1:
+        return False
+    nonce, mac = token.split(".")
+    return tokens_match(_device_mac(secret, username, nonce), mac)
+
+
+def _device_mac(secret: bytes, username: str, nonce: str) -> str:
+    name = username.strip().lower().encode()
+    return hmac.new(secret, b"device:" + name + b":" + nonce.encode(), hashlib.sha256).hexdigest()
+
+
 def add_security_headers(response: Response, secure: bool) -> Response:
     """The headers every response carries; pages and API answers are not stored by caches."""
     for name, value in SECURITY_HEADERS.items():

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import redis
 
 from billing.store.redis_keys import RedisKeys
-from web.access import LoginLimit
+from web.access import LoginDelay, LoginLimit
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}", re.ASCII)
 
@@ -133,23 +133,40 @@ class SessionStore:
 
 
 _ATTEMPT = """
-for i, key in ipairs(KEYS) do
-  local max, window_ms = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', tonumber(ARGV[1]) - window_ms)
+local now = tonumber(ARGV[1])
+local function oldest_over(key, max, window_ms)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window_ms)
   local n = redis.call('ZCARD', key)
-  if n >= max then
-    return {i, redis.call('ZRANGE', key, n - max, n - max, 'WITHSCORES')[2]}
-  end
+  if n >= max then return redis.call('ZRANGE', key, n - max, n - max, 'WITHSCORES')[2] end
+  return nil
 end
+if ARGV[7] ~= '1' then
+  local unlocking = oldest_over(KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]))
+  if unlocking then return {1, unlocking, 0} end
+end
+local unlocking = oldest_over(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
+if unlocking then return {2, unlocking, 0} end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[9]))
+local n = redis.call('ZCARD', KEYS[3])
+if n >= tonumber(ARGV[8]) then
+  local newest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+  local waits = ARGV[10 + n - tonumber(ARGV[8])] or ARGV[#ARGV]
+  if now < tonumber(newest) + tonumber(waits) then return {3, newest, n} end
+end
+local windows = {ARGV[4], ARGV[6], ARGV[9]}
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, ARGV[1], ARGV[2])
-  redis.call('PEXPIRE', key, ARGV[2 + 2 * i])
+  redis.call('PEXPIRE', key, windows[i])
 end
-return {0, ''}
+return {0, '', 0}
 """
-"""Checks every limit (KEYS[i] with ARGV[1 + 2i] attempts in ARGV[2 + 2i] ms) and, only if none is used up, counts
-the attempt (member ARGV[2] at time ARGV[1]) under every key; returns {0} or {i, time of the attempt whose leaving
-the window unlocks KEYS[i]}."""
+"""One login attempt, checked and counted in one step. KEYS: the account's failures, the client address's, the
+account's from that address. Refused (1) when the account has ARGV[3] failures in ARGV[4] ms, unless the browser is
+one the account has logged in from (ARGV[7] = 1); (2) when the address has ARGV[5] in ARGV[6] ms; (3) when the
+account's failures from the address in ARGV[9] ms are ARGV[8] or more and the newest is more recent than the delay
+the count calls for (ARGV[10], ARGV[11], ...: the delays after ARGV[8], ARGV[8] + 1, ... failures). Else the attempt
+is counted (member ARGV[2] at time ARGV[1]) under every key. Returns {0} or {the limit, the failure's time that
+decides when it unlocks, the count}."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,31 +175,61 @@ class LoginAttempt:
 
     member: str | None = None
     refused_by: str | None = None
-    """`account` or `address` when refused."""
+    """`account`, `address` or `client` (this account from this address, slowed down) when refused."""
     wait_s: int = 0
 
 
 class LoginLimiter:
-    """Failed logins per account name and per client address over a sliding window, as each `LoginLimit` says."""
+    """Failed logins per account name and per client address over a sliding window, as each `LoginLimit` says,
+    and a growing delay per account name and client address (`LoginDelay`).
 
-    def __init__(self, client: redis.Redis, prefix: str, per_account: LoginLimit, per_address: LoginLimit) -> None:
+    The account's limit (ASVS 2.2.1: at most 100 failures an hour) refuses every browser the account has not
+    logged in from (`trusted` False); a browser it has logged in from (a device cookie, `web.security`) is slowed
+    by the delay of its address only, so an attacker who spreads guesses over addresses cannot lock the owner out."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        per_account: LoginLimit,
+        per_address: LoginLimit,
+        per_client: LoginDelay | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.keys = RedisKeys(prefix)
         self.limits = {"account": per_account, "address": per_address}
+        self.delay = per_client or LoginDelay()
         self._attempt = client.register_script(_ATTEMPT)
 
-    def attempt(self, username: str, address: str | None, now_ms: int) -> LoginAttempt:
-        """Check both limits and count this attempt as a failure, in one step; `succeeded` takes it back."""
-        keys = {"account": self._account_key(username), "address": self._address_key(address)}
+    def attempt(self, username: str, address: str | None, now_ms: int, trusted: bool = False) -> LoginAttempt:
+        """Check the limits and count this attempt as a failure, in one step; `succeeded` takes it back. `trusted`:
+        the browser is one the account has logged in from."""
+        keys = [self._account_key(username), self._address_key(address), self._client_key(username, address)]
         member = uuid.uuid4().hex
-        args: list[str | int] = [now_ms, member]
-        for kind in keys:
-            args += [self.limits[kind].max_failures, self.limits[kind].window_ms]
-        refused, unlocking = self._attempt(keys=list(keys.values()), args=args)
+        account, per_address, delay = self.limits["account"], self.limits["address"], self.delay
+        doublings = max(0, (delay.max_delay_ms // max(1, delay.first_delay_ms)).bit_length()) + 1
+        waits = [delay.delay_ms(delay.free_failures + i) for i in range(doublings)]
+        args: list[str | int] = [
+            now_ms,
+            member,
+            account.max_failures,
+            account.window_ms,
+            per_address.max_failures,
+            per_address.window_ms,
+            int(trusted),
+            delay.free_failures,
+            delay.window_ms,
+            *waits,
+        ]
+        refused, unlocking, failures = self._attempt(keys=keys, args=args)
         if not int(refused):
             return LoginAttempt(member=member)
-        kind = list(keys)[int(refused) - 1]
+        if int(refused) == 3:
+            newest = int(float(unlocking))
+            wait_ms = newest + delay.delay_ms(int(failures)) - now_ms
+            return LoginAttempt(refused_by="client", wait_s=max(1, -(-wait_ms // 1000)))
+        kind = ["account", "address"][int(refused) - 1]
         return LoginAttempt(refused_by=kind, wait_s=self.limits[kind].retry_after_s(int(float(unlocking)), now_ms))
 
     def succeeded(self, username: str, address: str | None, attempt: LoginAttempt) -> None:
@@ -192,6 +239,7 @@ class LoginLimiter:
         pipe = self.client.pipeline()
         pipe.zrem(self._account_key(username), attempt.member)
         pipe.zrem(self._address_key(address), attempt.member)
+        pipe.zrem(self._client_key(username, address), attempt.member)
         pipe.execute()
 
     def failures(self, username: str, now_ms: int) -> int:
@@ -206,12 +254,18 @@ class LoginLimiter:
         return int(self.client.zcount(key, f"({limit.window_start(now_ms)}", "+inf"))  # type: ignore[arg-type]
 
     def _account_key(self, username: str) -> str:
-        # Hashed: the name typed may be anything, of any length.
-        digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()
-        return self.keys.login_failures_of_account(digest)
+        return self.keys.login_failures_of_account(_name_digest(username))
 
     def _address_key(self, address: str | None) -> str:
         return self.keys.login_failures_of_address(client_network(address))
+
+    def _client_key(self, username: str, address: str | None) -> str:
+        return self.keys.login_failures_of_client(_name_digest(username), client_network(address))
+
+
+def _name_digest(username: str) -> str:
+    # Hashed: the name typed may be anything, of any length.
+    return hashlib.sha256(username.strip().lower().encode()).hexdigest()
 
 
 def client_network(address: str | None) -> str:

@@ -170,3 +170,7 @@ class RedisKeys:
 
     def login_failures_of_address(self, network: str) -> str:
         return self._key("web", "login-failures", "address", network)
+
+    def login_failures_of_client(self, digest: str, network: str) -> str:
+        """Failed logins of one account name (`digest`) from one client network."""
+        return self._key("web", "login-failures", "client", digest, network)

@@ -452,12 +452,15 @@ def test_every_numeric_query_argument_refuses_what_is_not_a_whole_number_in_rang
 
 # The failed-login limit --------------------------------------------------------------------------------------------
 def test_the_101st_login_in_an_hour_is_refused_even_with_the_right_password(app: Flask, clock: Clock) -> None:
-    client = app.test_client()
+    # From a browser that has never logged in to the account (no device cookie of it).
     for attempt in range(100):
+        guesser = app.test_client()
+        guesser.environ_base["REMOTE_ADDR"] = f"203.0.113.{attempt}"  # spread: no address is slowed down
         clock.now_ms += 1000
-        response = login(client, "alice", password=f"wrong guess {attempt}")
+        response = login(guesser, "alice", password=f"wrong guess {attempt}")
         assert response.status_code == 200 and "Wrong username or password" in response.text
     clock.now_ms += 1000
+    client = app.test_client()
     refused = login(client, "alice")
     assert refused.status_code == 429
     assert "Too many failed logins" in refused.text
@@ -640,3 +643,38 @@ def test_an_advertiser_lists_the_periods_of_its_own_activity_and_the_closed_ones
     reader_keys = RedisKeys(seeded.settings.redis_prefix)
     for period in own:
         assert own[period] or seeded.client.sismember(reader_keys.period_advertisers(period), OWN)
+
+
+def test_failures_spread_over_addresses_slow_the_attacker_and_do_not_lock_the_owner_out(
+    app: Flask, clock: Clock
+) -> None:
+    # The owner has logged in from this browser before (it keeps a device cookie of the account).
+    owner = app.test_client()
+    assert login(owner, "alice").status_code == 302
+    # An attacker spreads 100 wrong guesses over 20 addresses, 5 each, within the hour.
+    for i in range(100):
+        attacker = app.test_client()
+        attacker.environ_base["REMOTE_ADDR"] = f"203.0.113.{i % 20}"
+        clock.now_ms += 1000
+        assert "Wrong username or password" in login(attacker, "alice", password=f"wrong guess {i}").text
+    # ASVS 2.2.1: no more than 100 failed attempts an hour on the account; a browser it does not know is refused.
+    stranger = app.test_client()
+    stranger.environ_base["REMOTE_ADDR"] = "198.51.100.77"
+    refused = login(stranger, "alice")
+    assert refused.status_code == 429 and "for this account" in refused.text
+    # The owner, from the browser the account has logged in from, is not locked out; nor is another account.
+    assert login(owner, "alice").status_code == 302
+    assert login(app.test_client(), "bob").status_code == 302
+
+    # One address guessing one account: a few failures, then a delay that doubles with each failure.
+    guesser = app.test_client()
+    guesser.environ_base["REMOTE_ADDR"] = "192.0.2.50"
+    for i in range(5):
+        assert login(guesser, "bob", password=f"bob guess {i}").status_code == 200
+    for wait_s in (1, 2, 4, 8):
+        slowed = login(guesser, "bob", password="bob guess again")
+        assert slowed.status_code == 429 and slowed.headers["Retry-After"] == str(wait_s), slowed.headers
+        clock.now_ms += wait_s * 1000
+        assert login(guesser, "bob", password="bob guess again").status_code == 200
+    # Bob himself, from another address, is not slowed.
+    assert login(app.test_client(), "bob").status_code == 302
