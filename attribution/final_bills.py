@@ -2,8 +2,9 @@
 
 Spark's one job in closing periods (`billing.closing_run`) and in the audit (`attribution.audit`): the archived
 impressions of the due periods and of the period before each (a click may be attributed to an impression up to
-10 s earlier) and the clicks of the due periods, de-duplicated by first arrival, through the same `attribute()` as
-the stream (`attribution.join`); id conflicts and late events beside.
+10 s earlier) and the clicks of the due periods, with every other copy of their ids from any period, de-duplicated
+by first arrival, through the same `attribute()` as the stream (`attribution.join`); id conflicts and late events
+beside.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ def final_bills(
     `event_type` and event `period`, late events' `event_type` and `event_id`) from the event archive."""
     periods = Periods(period_ms)
     previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
-    events = (
-        spark.read.option("basePath", str(archive))
-        .parquet(str(archive))
-        .filter(
-            ((F.col("event_type") == "click") & F.col("period").isin(*due))
-            | ((F.col("event_type") == "impression") & F.col("period").isin(*(set(due) | previous)))
-        )
-        .withColumn("event_ts", F.timestamp_millis(F.col("event_time")))
+    archived = spark.read.option("basePath", str(archive)).parquet(str(archive))
+    of_due = ((F.col("event_type") == "click") & F.col("period").isin(*due)) | (
+        (F.col("event_type") == "impression") & F.col("period").isin(*(set(due) | previous))
     )
+    wanted = archived.filter(of_due)
+    # Every copy of those ids, whatever period its time falls in: the first copy to arrive stands and a later one
+    # with other content is a conflict, even when the copies are periods apart and their periods close in
+    # different runs (a copy in a period not due here could otherwise be missed, and one click billed twice).
+    ids = wanted.select("event_type", "event_id").distinct()
+    elsewhere = archived.filter(~of_due).join(ids, ["event_type", "event_id"], "left_semi")
+    events = wanted.unionByName(elsewhere).withColumn("event_ts", F.timestamp_millis(F.col("event_time")))
     columns = ["ad_id", "user_id", "event_time", "event_ts", "received_ms", "topic", "partition", "offset", "value"]
     impressions = events.filter(F.col("event_type") == "impression").select(
         F.col("event_id").alias("impression_id"), *columns
@@ -49,5 +52,5 @@ def final_bills(
     )
     final = attribute(dedupe(impressions, "impression_id"), dedupe(clicks, "click_id"), catalog)
     final = final.select("*", period_columns(F.col("click_time"), period_ms)[1]).filter(F.col("period").isin(*due))
-    late = events.filter(F.col("late")).select("event_type", "event_id")
+    late = wanted.filter(F.col("late")).select("event_type", "event_id")
     return final.select(*BILLABLE_FIELDS, "period"), quarantined, late

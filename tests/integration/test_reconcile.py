@@ -318,3 +318,61 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
     finally:
         for query in queries:
             query.stop()
+
+
+def test_an_id_conflict_across_a_period_boundary_is_billed_once_when_the_periods_close_in_separate_runs(
+    spark: SparkSession, settings: Settings
+) -> None:
+    # The first copy stands, whichever periods the copies' times fall in: here the first copy is just after the
+    # boundary (P1) and the conflicting later copy just before it (P0), and P0 closes one run before P1.
+    ad = Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")
+    catalog = Catalog([ad])
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    boundary = 1_767_229_200_000  # 01:00Z, P0 | P1
+    publisher = EventPublisher(
+        settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+    )
+
+    def publish(events: list) -> None:
+        for event in events:
+            publisher.publish_event(event)
+        assert publisher.flush(30) == 0  # each list is received before the next
+
+    # Clicks: the first copy of x-c in P1 (billable with x-i1), the second, other content, in P0 (would be
+    # billable with x-i0). Impressions: the first copy of y-i in P1, the second in P0, where y-c would match it.
+    publish([Impression("x-i1", ad.ad_id, "u1", boundary + 1_000), Click("x-c", ad.ad_id, "u1", boundary + 2_000)])
+    publish([Impression("y-i", ad.ad_id, "u3", boundary + 10_000)])
+    publish([Impression("x-i0", ad.ad_id, "u2", boundary - 5_000), Click("x-c", ad.ad_id, "u2", boundary - 3_000)])
+    publish([Impression("y-i", ad.ad_id, "u3", boundary - 4_000), Click("y-c", ad.ad_id, "u3", boundary - 2_000)])
+    delivered = 7
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        expected = {r["click_id"]: r["amount_micros"] for r in oracle.billable(read_back(settings, delivered), catalog)}
+        assert expected == {"x-c": ad.cpc_micros}
+        rc = reconcile_config(settings)
+        # Each period closes when its horizon has passed, one run each (the clock of each run says when).
+        first = run_closing(spark, rc, catalog, clock=lambda: boundary + rc.horizon_ms + 1)
+        assert first.closed == [P0]
+        second = run_closing(spark, rc, catalog, clock=lambda: boundary + 3_600_000 + rc.horizon_ms + 1)
+        assert second.closed == [P1]
+    finally:
+        for query in queries:
+            query.stop()
+    given: Counter[str] = Counter()
+    exported: dict[str, int] = {}
+    for period in (P0, P1):
+        folder = export_folder(settings.root, period)
+        assert verify_export(folder) == []
+        for row in read_export(folder).to_pylist():
+            if row["record_type"] == "click" and row["status"] != "retracted":
+                given[row["click_id"]] += 1
+                exported[row["click_id"]] = row["amount_micros"]
+    assert exported == expected and max(given.values()) == 1, (exported, given)
+    assert final_ledger(settings) == expected
+    conflicts = pq.read_table(settings.root / "conflicts" / f"period={P0}.parquet").to_pylist()
+    assert sorted((r["event_id"], r["event_time"]) for r in conflicts) == [
+        ("x-c", boundary - 3_000),
+        ("y-i", boundary - 4_000),
+    ]
