@@ -8,7 +8,10 @@ the earliest offsets would overwrite the old run's files, be skipped by Redis, a
 So a checkpoint that starts over the data of an earlier one starts a new epoch, recorded in the checkpoint folder
 (`CHECKPOINT/adbill-epoch.json`): its batch ids continue the earlier ones (the job writes batch `base + N`), and it
 reads each topic from the offset after the last record the earlier checkpoints handed to the sink (every record read
-is archived or quarantined with its offset, so the data folder itself says where they stopped). The stream's join
+is archived or quarantined with its offset, so the data folder itself says where they stopped). A batch the earlier
+checkpoint had started and not finished (after the last batch Redis applied: its files may be partial, its figures
+are nowhere) is set aside first (`DataLayout.uncommitted`), so the new epoch reads its records again and bills and
+counts them. The stream's join
 state does not carry over: a pair split across the change is billed by reconciliation (`missed_match`).
 
 Starting over the data of an earlier checkpoint happens only when asked (`adbill stream --new-checkpoint`); the job
@@ -18,6 +21,7 @@ refuses otherwise and says what to do.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,21 +58,60 @@ def checkpoint_started(checkpoint: Path) -> bool:
     return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
 
 
-def newest_batch_id(data_dir: Path) -> int | None:
-    """The largest batch id of the ledger, archive and quarantine folders (None: no batch written yet)."""
+def epoch_base(checkpoint: Path) -> int:
+    """The first batch id of the checkpoint's epoch (0 without an epoch file)."""
+    epoch_file = checkpoint / EPOCH_FILE
+    return int(json.loads(epoch_file.read_text())["batch_id_base"]) if epoch_file.exists() else 0
+
+
+def last_committed_batch(checkpoint: Path) -> int | None:
+    """The batch id (as the outputs carry it: the epoch's base + Spark's) of the newest batch the checkpoint
+    committed; for a new epoch that has committed none yet, the last batch of the earlier checkpoints (base - 1).
+    None when no batch was ever committed. The files of a newer batch may be partial: the job is replaying it."""
+    base = epoch_base(checkpoint)
+    commits = checkpoint / "commits"
+    committed = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
+    if committed:
+        return base + max(committed)
+    return base - 1 if base > 0 else None
+
+
+def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
+    """Every `batch_id=N` folder of the ledger, archive and quarantine, with its N."""
     layout = DataLayout(data_dir)
     batches = (
         (layout.ledger, "period=*/batch_id=*"),
         (layout.archive, "*/period=*/batch_id=*"),
         (layout.quarantine, "batch_id=*"),
     )
-    found = [
-        int(folder.name.removeprefix("batch_id="))
+    return [
+        (int(folder.name.removeprefix("batch_id=")), folder)
         for base, pattern in batches
         for folder in base.glob(pattern)
         if folder.name.removeprefix("batch_id=").isdigit()
     ]
-    return max(found, default=None)
+
+
+def set_aside_batches_after(data_dir: Path, last_complete: int) -> list[Path]:
+    """Move the folders of every batch after `last_complete` out of the data (to `DataLayout.uncommitted`, in the
+    same tree): a batch no checkpoint committed and Redis never applied, whose files may be partial. The new
+    epoch reads their records again from Kafka. Returns where they went."""
+    layout = DataLayout(data_dir)
+    moved = []
+    for batch, folder in batch_folders(data_dir):
+        if batch > last_complete:
+            target = layout.uncommitted / folder.relative_to(layout.root)
+            if target.exists():  # set aside by an earlier try: the newer copy replaces it
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            folder.rename(target)
+            moved.append(target)
+    return moved
+
+
+def newest_batch_id(data_dir: Path) -> int | None:
+    """The largest batch id of the ledger, archive and quarantine folders (None: no batch written yet)."""
+    return max((batch for batch, _ in batch_folders(data_dir)), default=None)
 
 
 def offsets_read(data_dir: Path, topics: list[str]) -> dict[str, dict[int, int]]:
@@ -127,6 +170,10 @@ def prepare_epoch(
             "the earlier checkpoint folder, or start a new epoch with `adbill stream --new-checkpoint`: its batches "
             f"continue from {newest + 1} and it reads each topic from where the earlier checkpoint stopped."
         )
+    if redis_last_applied is not None and newest > redis_last_applied:
+        # The earlier checkpoint stopped in the middle of a batch: written in part or whole, never applied to Redis
+        # nor committed. Its records are read again by this epoch; its files would otherwise stand for them.
+        set_aside_batches_after(data_dir, redis_last_applied)
     topics = partitions()
     read = offsets_read(data_dir, list(topics))
     starting = {t: {p: read[t].get(p, -2) for p in sorted(parts)} for t, parts in topics.items()}

@@ -49,7 +49,8 @@ from attribution.batch_output import (
 )
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
-from attribution.epoch import Epoch, prepare_epoch
+from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
+from attribution.job_lock import JobLock, JobLockedError
 from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
 from attribution.stream_position import BILLING_QUERY, end_offsets
@@ -336,6 +337,29 @@ def start(
     """Start the job's query, with its heartbeat; it runs until stopped. A new checkpoint over the output of an
     earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
     topics = [config.topic_impressions, config.topic_clicks]
+    # Held while the query runs: `adbill restore-redis` knows from it that the job runs (`attribution.job_lock`).
+    lock = JobLock(config.layout.job_lock(BILLING_QUERY))
+    try:
+        lock.acquire(wait_s=JOB_LOCK_WAIT_S)
+    except JobLockedError as exc:
+        raise CheckpointRefusedError(
+            f"another streaming job, or a restore of Redis, works on this data folder: {exc}"
+        ) from None
+    try:
+        return _start(spark, config, catalog, new_checkpoint, lock, topics)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start(
+    spark: SparkSession,
+    config: StreamConfig,
+    catalog: Catalog,
+    new_checkpoint: bool,
+    lock: JobLock,
+    topics: list[str],
+) -> list[StreamingQuery]:
     epoch = prepare_epoch(
         config.layout.checkpoint(BILLING_QUERY),
         config.data_dir,
@@ -349,6 +373,7 @@ def start(
     catalog_df = catalog_frame(spark, catalog).cache()
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
+    spark.streams.addListener(lock)
     checkpoint = config.layout.checkpoint(BILLING_QUERY)
     replayed = uncommitted_batch(checkpoint)
 
@@ -362,12 +387,19 @@ def start(
             .start()
         )
         heartbeat.follow(str(query.id))
+        lock.follow(str(query.id))
+        lock.acquire(wait_s=JOB_LOCK_WAIT_S)  # again after a restart (`_through_replay`); held: nothing to do
         return query
 
     query = start_query()
     if replayed is not None:
         query = _through_replay(spark, query, replayed, start_query)
     return [query]
+
+
+JOB_LOCK_WAIT_S = 60.0
+"""How long a starting job waits for the job lock: a query stopped a moment ago lets go of it when Spark reports
+the stop; a restore of Redis holds it until done."""
 
 
 def uncommitted_batch(checkpoint: Path) -> int | None:

@@ -6,15 +6,19 @@ the clock-ahead counts from the archive's event and receipt times, the quarantin
 the id-conflict files, the closed periods from the exports, the last reconciliation and audit from their records beside
 the state file. Only the job's own health records are not restored: the job writes them again on its next batch.
 
-The job must not apply a batch meanwhile: `restore_redis` refuses while it reports (its heartbeat) or its checkpoint
-moves, and the job itself refuses to apply a batch to a Redis that has lost the record of the batches applied
+Only the batches the job's checkpoint committed are restored, and the record of the batches applied is set to the
+last of them: a batch the job had started when it stopped (its files possibly partial) is replayed by the job when it
+starts again, which completes its files and applies it to Redis then.
+
+The job must not apply a batch meanwhile: `restore_redis` holds the job's lock (`attribution.job_lock`), which the
+running job holds (so the restore waits a while for a job stopped a moment ago, then refuses), and the job itself
+refuses to apply a batch to a Redis that has lost the record of the batches applied
 (`RedisTotals.apply_batch(..., require_history=True)`), so a job left running stops rather than count half.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +28,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
-from attribution.epoch import newest_batch_id
+from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
+from attribution.job_lock import FileLock, JobLockedError
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
@@ -55,17 +60,9 @@ class Restored:
     quarantined: int
 
 
-def job_activity(data_dir: Path, totals: RedisTotals, query: str, quiet_ms: int, now_ms: int) -> str | None:
-    """Why the job looks alive (None: it does not): a heartbeat or a checkpoint file newer than `quiet_ms`."""
-    beat = totals.client.get(totals.keys.heartbeat(query))
-    if beat is not None and now_ms - int(str(beat)) < quiet_ms:
-        return f"the streaming job reported {(now_ms - int(str(beat))) / 1000:.0f} s ago"
-    checkpoint = DataLayout(data_dir).checkpoint(query)
-    for folder in (checkpoint / "offsets", checkpoint / "commits"):
-        newest = max((p.stat().st_mtime for p in folder.iterdir()), default=0.0) if folder.is_dir() else 0.0
-        if now_ms - newest * 1000 < quiet_ms:
-            return f"the streaming job's checkpoint changed {(now_ms - newest * 1000) / 1000:.0f} s ago"
-    return None
+RESTORE_WAIT_S = 60.0
+"""How long a restore waits for the streaming job to let go of its lock before it refuses: a job stopped a moment
+ago lets go when Spark reports the stop."""
 
 
 def restore_redis(
@@ -74,40 +71,57 @@ def restore_redis(
     catalog: Catalog,
     periods: Periods,
     query: str,
-    quiet_ms: int = 30_000,
-    wait_for_heartbeat_s: float = 12.0,
+    wait_s: float = RESTORE_WAIT_S,
     clock_tolerance_ms: int = 60_000,
 ) -> Restored:
-    """Replace every billing figure under the prefix with what the data folder says (see the module's docstring).
+    """Replace every billing figure under the prefix with what the data folder says (see the module's docstring),
+    up to the last batch the job's checkpoint committed.
 
-    Refuses (JobRunningError) while the job is running. A Redis that lost its data has lost the heartbeat too, so
-    it first waits `wait_for_heartbeat_s` for one (a running job beats at least every 10 s, idle or not)."""
-    deadline = time.monotonic() + wait_for_heartbeat_s
-    while True:
-        why = job_activity(data_dir, totals, query, quiet_ms, int(time.time() * 1000))
-        if why is not None:
-            raise JobRunningError(f"{why}: stop it first (Ctrl-C, or `adbill down`), then restore, then start it")
-        if totals.client.exists(totals.keys.heartbeat(query)) or time.monotonic() >= deadline:
-            break
-        time.sleep(1.0)
+    Holds the job's lock (`attribution.job_lock`) while it works: refuses (JobRunningError) when the job still
+    holds it after `wait_s`, and a job started meanwhile waits for the restore."""
+    lock = FileLock(DataLayout(data_dir).job_lock(query), "adbill restore-redis")
+    try:
+        lock.acquire(wait_s=wait_s)
+    except JobLockedError as exc:
+        raise JobRunningError(
+            f"the streaming job runs: {exc.holder} holds {exc.path}: stop it first (Ctrl-C, or `adbill down`), "
+            "then restore, then start it"
+        ) from None
+    try:
+        return _restore(data_dir, totals, catalog, periods, query, clock_tolerance_ms)
+    finally:
+        lock.release()
 
+
+def _restore(
+    data_dir: Path, totals: RedisTotals, catalog: Catalog, periods: Periods, query: str, clock_tolerance_ms: int
+) -> Restored:
     layout = DataLayout(data_dir)
     totals.wipe_billing()
     advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+    # Up to the last batch the checkpoint committed: a newer batch's files may be partial (the job stopped in the
+    # middle of it), and the job replays it and applies it when it starts again. Without a checkpoint, every batch.
+    checkpoint = layout.checkpoint(query)
+    if checkpoint_started(checkpoint) or layout.epoch_file(query).exists():
+        last_batch = last_committed_batch(checkpoint)
+    else:
+        last_batch = newest_batch_id(data_dir)
+    through = -1 if last_batch is None else last_batch
     ledger = read_ledger(layout.ledger)
+    ledger = ledger.filter(pc.less_equal(ledger["batch_id"], through)) if ledger.num_rows else ledger
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
-    late = _late_events(layout.archive)
-    ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms)
-    bad = _table(layout.quarantine, ["reason", "topic", "ad_id"])
-    last_batch = max(newest_batch_id(data_dir) or -1, 0)
-    totals.apply_batch(
-        query,
-        last_batch,
-        rows,
-        late=late_counts(late, advertiser_of) if late.num_rows else [],
-        quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
-        clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
-    )
+    late = _late_events(layout.archive, through)
+    ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms, through)
+    bad = _table(layout.quarantine, ["reason", "topic", "ad_id"], pc.field("batch_id") <= through)
+    if last_batch is not None:
+        totals.apply_batch(
+            query,
+            last_batch,
+            rows,
+            late=late_counts(late, advertiser_of) if late.num_rows else [],
+            quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
+            clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
+        )
 
     corrections = _corrections_in_written_order(layout.corrections)
     totals.apply_corrections(corrections, {c.booked_period: periods.parse_key(c.booked_period) for c in corrections})
@@ -129,7 +143,7 @@ def restore_redis(
     if layout.last_audit_file.exists():
         totals.record_audit(json.loads(layout.last_audit_file.read_text()))
     return Restored(
-        last_batch=last_batch,
+        last_batch=through,
         billed_clicks=sum(r.clicks for r in rows),
         billed_micros=sum(r.micros for r in rows),
         corrections=len(corrections),
@@ -149,32 +163,32 @@ def save_record(path: Path, record: dict[str, object]) -> None:
     replace_files([(temporary, path)], touched)
 
 
-def _table(folder: Path, columns: list[str]) -> pa.Table:
+def _table(folder: Path, columns: list[str], where: pc.Expression | None = None) -> pa.Table:
     if not folder.is_dir() or not any(folder.rglob("*.parquet")):
         return pa.table({name: pa.array([], pa.string()) for name in columns})
-    return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns)
+    return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns, filter=where)
 
 
-def _late_events(archive: Path) -> pa.Table:
+def _late_events(archive: Path, through: int) -> pa.Table:
     columns = ["event_type", "period", "period_start_ms", "ad_id"]
     if not archive.is_dir() or not any(archive.rglob("*.parquet")):
         return pa.table({"late": pa.array([], pa.bool_())})
     dataset = ds.dataset(archive, format="parquet", partitioning="hive")
-    table = dataset.to_table(columns=[*columns, "late"], filter=pc.field("late"))
+    table = dataset.to_table(columns=[*columns, "late"], filter=pc.field("late") & (pc.field("batch_id") <= through))
     return table.cast(
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("late", pa.bool_())])
     )  # fmt: skip
 
 
-def _clock_ahead_events(archive: Path, tolerance_ms: int) -> pa.Table:
+def _clock_ahead_events(archive: Path, tolerance_ms: int, through: int) -> pa.Table:
     """The archived events more than `tolerance_ms` ahead of their receipt, as `clock_ahead_counts` reads them."""
     columns = ["event_type", "period", "period_start_ms", "ad_id", "event_time", "received_ms"]
     if not archive.is_dir() or not any(archive.rglob("*.parquet")):
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
     dataset = ds.dataset(archive, format="parquet", partitioning="hive")
     ahead = pc.field("event_time") > pc.field("received_ms") + tolerance_ms
-    table = dataset.to_table(columns=columns, filter=ahead)
+    table = dataset.to_table(columns=columns, filter=ahead & (pc.field("batch_id") <= through))
     return table.cast(
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("event_time", pa.int64()), ("received_ms", pa.int64())])

@@ -9,6 +9,8 @@ ROOT/
   archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
   quarantine/batch_id=N/                  bad input
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
+  checkpoints/QUERY.lock                  held by the streaming job while it runs
+  uncommitted/...                         files of batches no checkpoint committed, set aside by a new epoch
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
   exports/P/                              a closed period's finance export, never rewritten
@@ -61,6 +63,15 @@ class DataLayout:
 
     def epoch_file(self, query: str) -> Path:
         return self.checkpoint(query) / EPOCH_FILE
+
+    def job_lock(self, query: str) -> Path:
+        """Locked by the streaming job while it runs (`attribution.job`); `adbill restore-redis` checks it."""
+        return self.checkpoints / f"{query}.lock"
+
+    @property
+    def uncommitted(self) -> Path:
+        """Where a new epoch sets aside the files of batches that no checkpoint committed (`attribution.epoch`)."""
+        return self.root / "uncommitted"
 
     # What reconciliation writes.
     @property

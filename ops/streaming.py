@@ -125,7 +125,7 @@ def restore_redis(settings: Settings) -> int:
     totals = RedisTotals.from_url(
         settings.redis_url, settings.redis_prefix, timeout_s=max(settings.redis_timeout_ms / 1000, RESTORE_TIMEOUT_S)
     )
-    print("restore-redis: checking that the streaming job is stopped (up to 12 s) ...", flush=True)
+    print("restore-redis: taking the streaming job's lock (the job must be stopped; waits up to 60 s) ...", flush=True)
     try:
         done = restore_redis(
             settings.root,

@@ -228,8 +228,6 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
         STEADY.catalog(),
         Periods(settings.period_ms),
         "billing",
-        quiet_ms=0,
-        wait_for_heartbeat_s=0,
     )
     assert clock_ahead(run) == {(ad.ad_id, "impression"): 1, (ad.ad_id, "click"): 1}
 

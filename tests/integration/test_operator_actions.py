@@ -176,14 +176,13 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
 
         # While the job runs, the restore is refused; the job refuses to count a batch into the empty Redis.
         with pytest.raises(JobRunningError, match="stop it first"):
-            restore_redis(settings.root, totals, catalog, Periods(), "billing")
+            restore_redis(settings.root, totals, catalog, Periods(), "billing", wait_s=2)
         publish(settings, [Impression("after-loss", next(iter(catalog)).ad_id, "u-after", T0 + H + 45 * 60_000)])
         deadline = time.monotonic() + 120
         while queries[0].isActive and time.monotonic() < deadline:
             time.sleep(0.5)
         assert "restore-redis" in str(queries[0].exception())
-        time.sleep(1.5)
-        restored = restore_redis(settings.root, totals, catalog, Periods(), "billing", quiet_ms=1_000)
+        restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
         assert restored.closed_periods == 2 and restored.corrections == report.additions
         # The job comes back, replays the batch Redis refused: counted once (the restore read its files).
         queries = start(spark, stream_config(settings), catalog)
@@ -243,3 +242,151 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     ]
     again = run_closing(spark, reconcile_config(settings), catalog)  # the next run succeeds, and writes nothing
     assert (again.additions, again.retractions) == (0, 0)
+
+
+# A crash in the middle of a batch --------------------------------------------------------------------------------
+def _billed_per_ad(settings: Settings) -> dict[str, tuple[int, int]]:
+    out: dict[str, list[int]] = {}
+    for (_, ad), t in RedisFigures.from_url(settings.redis_url, settings.redis_prefix).all_ad_totals().items():
+        out.setdefault(ad, [0, 0])
+        out[ad][0] += t.clicks
+        out[ad][1] += t.micros
+    return {ad: (c, m) for ad, (c, m) in out.items() if c or m}
+
+
+def _expected_per_ad(settings: Settings, catalog, delivered: int, raw: int = 0) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    out: dict[str, tuple[int, int]] = {}
+    for row in oracle.billable(read_back(settings, delivered, undecodable=raw), catalog):
+        clicks, micros = out.get(row["ad_id"], (0, 0))
+        out[row["ad_id"]] = (clicks + 1, micros + row["amount_micros"])
+    return out
+
+
+def _a_batch_stopped_after_its_files(spark: SparkSession, settings: Settings, catalog, events: list) -> int:  # type: ignore[no-untyped-def]
+    """Run the job over `events` and a bad record, so that it stops in the middle of the batch that reads them:
+    its files written, Redis not told, the checkpoint not committed (Redis refuses the batch: the record of the
+    batches applied is gone for that moment). Returns the batch's id; Redis is as before the batch."""
+    import time
+
+    from billing.store.redis_keys import RedisKeys
+    from billing.store.schema_registry import open_registry
+    from producers.publisher import EventPublisher
+    from producers.wire import EventSerializer
+
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        client = RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client
+        marker = RedisKeys(settings.redis_prefix).applied("billing")
+        applied = client.get(marker)
+        client.delete(marker)
+        publish(settings, events)
+        publisher = EventPublisher(
+            settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+        )
+        publisher.publish_raw(settings.topic_clicks, b"ad-x", b"not framed avro")
+        assert publisher.flush(30) == 0
+        deadline = time.monotonic() + 180
+        while queries[0].isActive and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "restore-redis" in str(queries[0].exception())
+        client.set(marker, applied)
+    finally:
+        if queries[0].isActive:
+            queries[0].stop()
+    newest = newest_batch_id(settings.root)
+    assert newest is not None and newest > int(applied)
+    return newest
+
+
+def test_restore_after_a_crash_in_the_middle_of_a_batch_restores_up_to_the_committed_batch(
+    spark: SparkSession, settings: Settings
+) -> None:
+    from attribution.restore import restore_redis
+    from billing.periods import Periods
+
+    catalog = SimulationConfig(events=10, seed=12).catalog()
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    first, second = pairs("m0", T0 + 30 * 60_000, 20, catalog), pairs("m1", T0 + 40 * 60_000, 20, catalog)
+    publish(settings, first)
+    crashed = _a_batch_stopped_after_its_files(spark, settings, catalog, second)
+    # The stop came in the middle of writing: the batch's ledger and quarantine files never made it.
+    for folder in [*(settings.root / "ledger").glob(f"period=*/batch_id={crashed}"),
+                   *(settings.root / "quarantine").glob(f"batch_id={crashed}")]:  # fmt: skip
+        shutil.rmtree(folder)
+    # Redis is lost; the operator restores it, then starts the job, which replays the batch.
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    totals.wipe_billing()
+    restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
+    assert restored.last_batch < crashed
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+    assert _billed_per_ad(settings) == _expected_per_ad(settings, catalog, len(first) + len(second) + 1, raw=1)
+    assert sum(n for topics in totals.quarantined().values() for n in topics.values()) == 1, totals.quarantined()
+
+
+def test_a_new_checkpoint_after_a_crash_in_the_middle_of_a_batch_bills_and_counts_that_batch(
+    spark: SparkSession, settings: Settings
+) -> None:
+    catalog = SimulationConfig(events=10, seed=13).catalog()
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    first, second = pairs("n0", T0 + 30 * 60_000, 20, catalog), pairs("n1", T0 + 40 * 60_000, 20, catalog)
+    publish(settings, first)
+    crashed = _a_batch_stopped_after_its_files(spark, settings, catalog, second)
+    # The operator gives up the checkpoint and starts a new one.
+    shutil.rmtree(settings.root / "checkpoints" / "billing")
+    queries = start(spark, stream_config(settings), catalog, new_checkpoint=True)
+    try:
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+    ledger = read_ledger(settings.root / "ledger").to_pylist()
+    assert max(Counter(r["click_id"] for r in ledger).values()) == 1, "one bill per click"
+    assert crashed not in {r["batch_id"] for r in ledger}, "the uncommitted batch's files are set aside"
+    expected = _expected_per_ad(settings, catalog, len(first) + len(second) + 1, raw=1)
+    assert _billed_per_ad(settings) == expected
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    assert sum(n for topics in totals.quarantined().values() for n in topics.values()) == 1, totals.quarantined()
+
+
+def test_restore_right_after_the_job_was_stopped_is_not_refused(spark: SparkSession, settings: Settings) -> None:
+    import subprocess
+    import sys
+
+    from attribution.restore import restore_redis
+    from billing.periods import Periods
+
+    catalog = SimulationConfig(events=10, seed=14).catalog()
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    publish(settings, pairs("s0", T0 + 30 * 60_000, 20, catalog))
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        publish(settings, pairs("s1", T0 + 31 * 60_000, 5, catalog))
+        queries[0].processAllAvailable()  # the last batch, a moment before the stop
+    finally:
+        queries[0].stop()  # stopped: the job is gone, its checkpoint changed a moment ago
+    # Redis comes back empty (no heartbeat either), and the operator restores it at once, as the README says.
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    before = _billed_per_ad(settings)
+    totals.wipe_billing()
+    totals.client.delete(totals.keys.heartbeat("billing"))
+    restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
+    assert _billed_per_ad(settings) == before and restored.billed_clicks > 0
+    # And by the command, from another process.
+    totals.wipe_billing()
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "restore-redis"],
+        env=child_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _billed_per_ad(settings) == before

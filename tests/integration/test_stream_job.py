@@ -336,8 +336,8 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     totals.wipe_billing()
     assert redis_ad_totals(settings) == {}
     catalog = load_catalog(settings.catalog_file)
-    # The job was stopped here, a moment ago: no need to wait for its heartbeat to age.
-    restored = restore_redis(settings.root, totals, catalog, Periods(), "billing", quiet_ms=0, wait_for_heartbeat_s=0)
+    # The job was stopped here, a moment ago: the restore waits for it to let go of its lock.
+    restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
     assert (restored.billed_clicks, restored.billed_micros) == (len(truth), sum(truth.values()))
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
@@ -607,3 +607,4 @@ def test_a_tiny_record_that_claims_a_huge_string_is_quarantined_and_billing_goes
 
     assert [row["click_id"] for row in ledger_rows(settings)] == ["c-a"]
     assert [(row["reason"], row["value"]) for row in quarantine_table(settings)] == [("undecodable", liar)]
+
