@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
+from attribution.epoch import checkpoint_started, last_committed_batch
 from attribution.final_bills import final_bills
 from attribution.join import catalog_frame
 from attribution.restore import save_record
@@ -47,7 +48,7 @@ from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
-from billing.layout import DataLayout
+from billing.layout import EPOCH_FILE, DataLayout
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.durable import make_folder, replace_files
@@ -105,9 +106,10 @@ class ReconcileConfig:
         )
 
 
-def data_versions(layout: DataLayout, periods: Periods) -> dict[str, int]:
+def data_versions(layout: DataLayout, periods: Periods, through_batch: int | None = None) -> dict[str, int]:
     """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
-    impressions, the impressions of the period before it, and its ledger."""
+    impressions, the impressions of the period before it, and its ledger; batches after `through_batch` (not
+    committed yet) left out, so that a period is reconciled again once they are."""
     newest: dict[tuple[str, str], int] = defaultdict(lambda: -1)
     bases = {
         "click": layout.archive_of("click"),
@@ -119,6 +121,8 @@ def data_versions(layout: DataLayout, periods: Periods) -> dict[str, int]:
             period = period_dir.name.removeprefix("period=")
             for batch_dir in period_dir.glob("batch_id=*"):
                 batch = int(batch_dir.name.removeprefix("batch_id="))
+                if through_batch is not None and batch > through_batch:
+                    continue
                 newest[(kind, period)] = max(newest[(kind, period)], batch)
     versions: dict[str, int] = {}
     for (kind, period), batch in newest.items():
@@ -182,11 +186,16 @@ def run_closing(
 def closing_ports(
     spark: SparkSession, config: ReconcileConfig, catalog: Catalog, clock: Callable[[], int]
 ) -> ClosingPorts:
-    """The ports of a closing run over `config`'s data folder."""
+    """The ports of a closing run over `config`'s data folder.
+
+    The run reads the archive and the ledger up to one batch: the last the stream's checkpoint had committed when
+    the run first asked (`CommittedBatch`, after the stream's position), so that a batch committed between the two
+    reads is in neither, and the next run reconciles it."""
     layout = config.layout
+    through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
-        final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog),
-        ledger=lambda: LedgerTable(read_ledger(layout.ledger)),
+        final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog, through.batch()),
+        ledger=lambda: LedgerTable(_up_to(read_ledger(layout.ledger), through.batch())),
         corrections=CorrectionFiles(layout),
         conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
         totals=lambda: RedisTotals.from_url(
@@ -194,10 +203,34 @@ def closing_ports(
         ),
         exports=ExportFolders(layout),
         states=StateFile(layout),
-        versions=lambda: data_versions(layout, Periods(config.period_ms)),
+        versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch()),
         position=config.position,
         clock=clock,
     )
+
+
+class CommittedBatch:
+    """The last batch the stream's checkpoint committed (`attribution.epoch.last_committed_batch`), read once, at
+    the first question; None (no limit) without a checkpoint (a data folder closed by a back-fill)."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+        self._asked = False
+        self._batch: int | None = None
+
+    def batch(self) -> int | None:
+        if not self._asked:
+            if checkpoint_started(self.checkpoint) or (self.checkpoint / EPOCH_FILE).exists():
+                committed = last_committed_batch(self.checkpoint)
+                self._batch = -1 if committed is None else committed
+            self._asked = True
+        return self._batch
+
+
+def _up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
+    if through_batch is None or not ledger.num_rows:
+        return ledger
+    return ledger.filter(pc.less_equal(ledger["batch_id"], through_batch))
 
 
 @dataclass(frozen=True)
@@ -210,10 +243,16 @@ class SparkFinalBills:
 
     @classmethod
     def compute(
-        cls, spark: SparkSession, layout: DataLayout, period_ms: int, due: list[str], catalog: Catalog
+        cls,
+        spark: SparkSession,
+        layout: DataLayout,
+        period_ms: int,
+        due: list[str],
+        catalog: Catalog,
+        through_batch: int | None = None,
     ) -> SparkFinalBills:
         final_df, quarantined_df, late_df = final_bills(
-            spark, layout.archive, period_ms, due, catalog_frame(spark, catalog)
+            spark, layout.archive, period_ms, due, catalog_frame(spark, catalog), through_batch
         )
         bills = final_df.toArrow()
         late = late_df.toArrow()

@@ -21,13 +21,21 @@ from billing.rule import BILLABLE_FIELDS
 
 
 def final_bills(
-    spark: SparkSession, archive: Path, period_ms: int, due: list[str], catalog: DataFrame
+    spark: SparkSession,
+    archive: Path,
+    period_ms: int,
+    due: list[str],
+    catalog: DataFrame,
+    through_batch: int | None = None,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(final billable clicks of the due periods with their `period`, id-conflict quarantine rows with their
-    `event_type` and event `period`, late events' `event_type` and `event_id`) from the event archive."""
+    `event_type` and event `period`, late events' `event_type` and `event_id`) from the event archive; only its
+    batches up to `through_batch` when given (the batch a closing run reads the ledger up to as well)."""
     periods = Periods(period_ms)
     previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
     archived = spark.read.option("basePath", str(archive)).parquet(str(archive))
+    if through_batch is not None:
+        archived = archived.filter(F.col("batch_id") <= through_batch)
     of_due = ((F.col("event_type") == "click") & F.col("period").isin(*due)) | (
         (F.col("event_type") == "impression") & F.col("period").isin(*(set(due) | previous))
     )

@@ -227,14 +227,16 @@ def close_periods(
     now_ms = ports.clock()
     report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
     states = closed_by_exports(ports.exports, ports.states.load())
-    versions = ports.versions()
-    every_correction = ports.corrections.read()
-    for booked in {c.booked_period for c in every_correction}:
-        versions.setdefault(booked, -1)
     if position is None:
         # A forced run closes whatever the stream did: it need not ask (the job and Kafka may be gone for good).
         unasked = StreamPosition(committed=None, end=None, silent_for_ms=None, error="not asked: forced")
         position = unasked if force else ports.position()
+    # After the position: the data the run reads (up to the stream's committed batch, read now) holds at least
+    # what the position says the stream has passed.
+    versions = ports.versions()
+    every_correction = ports.corrections.read()
+    for booked in {c.booked_period for c in every_correction}:
+        versions.setdefault(booked, -1)
     plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force)
     for period, target in plan.targets.items():
         states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
