@@ -1,8 +1,10 @@
 """The books, proven: the rule applied to every event received, per period, against what finance holds.
 
-For a closed period that is its export's bills plus the adjustments booked for it in later periods; for an open
-one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at any time"). Compared click
-by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and micros summed beside.
+For a closed period that is its export's bills plus the adjustments booked for it in later periods, as the later
+closed periods' exports carry them (what finance was given; an adjustment booked in a period still open, from its
+correction file); for an open one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at
+any time"). Compared click by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and
+micros summed beside.
 
 A Spark batch job over the same archive as reconciliation (`attribution.final_bills`); it writes nothing but its
 record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and beside the reconciliation state.
@@ -23,8 +25,10 @@ from attribution.join import catalog_frame
 from attribution.restore import save_record
 from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
-from billing.corrections import check_reconciled
+from billing.corrections import Correction, CorrectionKind, check_reconciled
+from billing.export import ExportStatus, RecordType
 from billing.periods import Periods
+from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
 
@@ -61,13 +65,18 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
         0
     ].toArrow()
     ledger = read_ledger(layout.ledger)
+    given_adjustments = exported_adjustments(exports, sorted(closed))
     out = []
     for period in ordered:
         final = final_all.filter(pc.equal(final_all["period"], period)).drop(["period"])
         of_period = [c for c in corrections if c.corrects_period == period]
         if period in closed:
+            # What finance was given: the export, and the adjustments as the later closed periods' exports carry
+            # them (those booked in a period still open are in its correction files only, so far).
             books = exports.given(period)
-            entries = [c for c in of_period if c.booked_period != period]
+            entries = given_adjustments.get(period, []) + [
+                c for c in of_period if c.booked_period != period and c.booked_period not in closed
+            ]
         else:
             books = ledger.filter(pc.equal(ledger["period"], period)).to_pylist()
             entries = of_period
@@ -82,6 +91,35 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 problems=check_reconciled(final.to_pylist(), books, entries),
             )
         )
+    return out
+
+
+def exported_adjustments(exports: ExportFolders, closed: list[str]) -> dict[str, list[Correction]]:
+    """The adjustment rows of the closed periods' exports, as corrections, by the period they correct."""
+    out: dict[str, list[Correction]] = {}
+    for period in closed:
+        closed_at = exports.closed_at_ms(period)
+        for row in read_export(exports.layout.export(period)).to_pylist():
+            if row["record_type"] != RecordType.ADJUSTMENT.value:
+                continue
+            added = row["status"] == ExportStatus.ADDED.value
+            out.setdefault(row["corrects_period"], []).append(
+                Correction(
+                    correction_id=row["correction_id"],
+                    kind=CorrectionKind.ADDITION if added else CorrectionKind.RETRACTION,
+                    click_id=row["click_id"],
+                    impression_id=row["impression_id"],
+                    ad_id=row["ad_id"],
+                    campaign_id=row["campaign_id"],
+                    advertiser_id=row["advertiser_id"],
+                    amount_micros=row["net_micros"],
+                    currency=row["currency"],
+                    reason=row["reason"],
+                    corrects_period=row["corrects_period"],
+                    booked_period=row["booked_period"],
+                    created_at_ms=closed_at,
+                )
+            )
     return out
 
 

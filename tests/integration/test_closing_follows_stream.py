@@ -5,6 +5,7 @@ books, and a reconciliation stopped at any step is completed by the next run wit
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -291,3 +292,90 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
         assert booked == applied[period]
     redis_matches_exports(settings, [P0, P1])
     assert totals.closed_periods() == [P0, P1]
+
+
+def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_its_ledger(
+    spark: SparkSession, settings: Settings
+) -> None:
+    # The run reads the archive (the final bills), then the ledger; a batch the stream commits in between, with a
+    # bill for the period being closed, must not make the export show that click retracted.
+    from attribution.closing import closing_ports
+    from billing.closing_run import close_periods
+    from billing.store.parquet_ledger import read_ledger
+
+    catalog = SimulationConfig(events=10, seed=15).catalog()
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    publish(settings, pairs("b0", T0 + 30 * 60_000, 10, catalog))
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        rc = reconcile_config(settings)
+        ports = closing_ports(spark, rc, catalog, lambda: T0 + H + rc.horizon_ms + 1)
+        between = pairs("b1", T0 + 35 * 60_000, 1, catalog)
+
+        def final_bills_then_a_batch(due: list[str]):  # type: ignore[no-untyped-def]
+            bills = ports.final_bills(due)
+            publish(settings, between)
+            queries[0].processAllAvailable()
+            assert "b1-c0" in set(read_ledger(settings.root / "ledger")["click_id"].to_pylist())
+            return bills
+
+        first = close_periods(
+            dataclasses.replace(ports, final_bills=final_bills_then_a_batch), Periods(), rc.horizon_ms
+        )
+        assert first.closed == [P0]
+        rows = [r for r in read_export(export_folder(settings.root, P0)).to_pylist() if r["click_id"] == "b1-c0"]
+        assert rows == [], "the export neither bills nor retracts a click its run did not read"
+        # The next run books it as an adjustment of the closed period, once.
+        second = run_closing(spark, rc, catalog, clock=lambda: T0 + H + rc.horizon_ms + 2)
+        assert (second.additions, second.retractions) == (1, 0)
+        assert [(c.click_id, c.corrects_period) for c in corrections(settings) if c.click_id == "b1-c0"] == [
+            ("b1-c0", P0)
+        ]
+    finally:
+        queries[0].stop()
+
+
+def test_the_audit_checks_a_closed_periods_adjustments_against_the_exports_that_carry_them(
+    spark: SparkSession, settings: Settings
+) -> None:
+    import os
+    import shutil
+
+    from billing.store.export_files import write_export
+
+    catalog = SimulationConfig(events=10, seed=16).catalog()
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    publish(settings, pairs("a0", T0 + 30 * 60_000, 10, catalog))
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        queries[0].processAllAvailable()
+        rc = reconcile_config(settings)
+        horizon = rc.horizon_ms
+        assert run_closing(spark, rc, catalog, clock=lambda: T0 + H + horizon + 1).closed == [P0]
+        # A bill of P0 after its close: an adjustment booked in the open period P2, closed in its turn.
+        publish(settings, pairs("a1", T0 + 35 * 60_000, 1, catalog))
+        queries[0].processAllAvailable()
+        booked = run_closing(spark, rc, catalog, clock=lambda: T0 + 2 * H + horizon + 1)
+        assert booked.additions == 1
+        p2 = Periods().key(T0 + 2 * H)
+        assert p2 in run_closing(spark, rc, catalog, clock=lambda: T0 + 3 * H + horizon + 1).closed
+    finally:
+        queries[0].stop()
+    assert all(a.balanced for a in audit(spark, rc, catalog))
+
+    # P2's export, as finance has it, lacks the adjustment (the correction file still holds it): P0 does not balance.
+    folder = export_folder(settings.root, p2)
+    table = read_export(folder)
+    assert table.filter(pc.equal(table["record_type"], "adjustment")).num_rows == 1
+    manifest_closed_at = json.loads((folder / "manifest.json").read_text())["closed_at_ms"]
+    for path in [folder, *folder.iterdir()]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(folder)
+    start_ms = Periods().parse_key(p2)
+    kept = table.filter(pc.not_equal(table["record_type"], "adjustment"))
+    write_export(settings.root, p2, kept, start_ms, start_ms + H, manifest_closed_at)
+    audits = {a.period: a for a in audit(spark, rc, catalog)}
+    assert not audits[P0].balanced, audits[P0]
