@@ -51,7 +51,7 @@ from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
 from attribution.job_lock import JobLock, JobLockedError
-from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
+from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
@@ -139,7 +139,7 @@ def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataF
     valid_clicks, _ = split(clicks)
     bills = attribute(
         _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
-        _observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config),
+        _billed_live(_observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config), config),
         catalog,
     )
     bills = bills.drop("click_ts")
@@ -151,6 +151,14 @@ def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataF
     return bills.withColumn(KIND, F.lit("bill")).unionByName(
         intake.withColumn(KIND, F.lit("intake")), allowMissingColumns=True
     )
+
+
+def _billed_live(clicks: DataFrame, config: StreamConfig) -> DataFrame:
+    """The clicks the stream may bill: those whose time is ahead of their receipt by no more than the clicks'
+    watermark delay. A click further ahead stays in the stream's state by its receipt time, and the de-duplication
+    of its bill ends while its own time is still to come: a copy re-sent minutes later would not be late, and
+    would be billed again. Reconciliation bills such a click, once (it is counted as clock ahead meanwhile)."""
+    return clicks.filter(F.col(AHEAD_OF_RECEIPT) <= F.expr(f"INTERVAL {int(config.click_watermark_ms)} MILLISECONDS"))
 
 
 def _observed(events: DataFrame, stream: str, config: StreamConfig) -> DataFrame:

@@ -608,3 +608,54 @@ def test_a_tiny_record_that_claims_a_huge_string_is_quarantined_and_billing_goes
     assert [row["click_id"] for row in ledger_rows(settings)] == ["c-a"]
     assert [(row["reason"], row["value"]) for row in quarantine_table(settings)] == [("undecodable", liar)]
 
+
+def test_a_clock_ahead_pair_sent_again_minutes_later_is_not_billed_again_by_the_stream(
+    spark: SparkSession, settings: Settings
+) -> None:
+    # Short watermark delays, so that "minutes later" (past the first bill's de-duplication state) is seconds here.
+    settings = dataclasses.replace(settings, impression_watermark_ms=2_000, click_watermark_ms=2_000)
+    catalog = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    publisher = EventPublisher(
+        settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+    )
+
+    def send(events: list[Event]) -> None:
+        for event in events:  # one at a time: Kafka receives the click after its impression
+            publisher.publish_event(event)
+            assert publisher.flush(30) == 0
+
+    ahead = int(time.time() * 1000) + 10 * 60_000  # ten minutes ahead of Kafka's clock: valid, and clock ahead
+    pair: list[Event] = [
+        Impression("ahead-i", "ad-1", "ahead-u", ahead),
+        Click("ahead-c", "ad-1", "ahead-u", ahead + 2_000),
+    ]
+    queries = start(spark, stream_config(settings), catalog)
+    try:
+        send(pair)
+        queries[0].processAllAvailable()
+        # Traffic on time moves the watermark past the first copies' receipt plus the delays, more than once.
+        for round_ in range(3):
+            time.sleep(3)
+            now = int(time.time() * 1000)
+            send(
+                [
+                    Impression(f"on-time-i{round_}", "ad-1", f"u{round_}", now),
+                    Click(f"on-time-c{round_}", "ad-1", f"x{round_}", now),
+                ]
+            )
+            queries[0].processAllAvailable()
+        send(pair)  # the same events again: duplicates
+        queries[0].processAllAvailable()
+        time.sleep(3)
+        now = int(time.time() * 1000)
+        send([Impression("on-time-last", "ad-1", "u-last", now), Click("on-time-c-last", "ad-1", "x-last", now)])
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+    billed = [r["click_id"] for r in read_ledger(settings.root / "ledger").to_pylist()]
+    assert billed.count("ahead-c") <= 1, billed
+    # The on-time clicks have no impression of their user: the clock-ahead click is the only billable one.
+    totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    assert sum(t.clicks for t in totals.all_ad_totals().values()) <= 1
