@@ -569,8 +569,16 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.catalog import AdChange
+    from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
+
+    catalog = CatalogStore(settings.catalog_file)
+
+    def apply_catalog(change: AdChange) -> None:
+        # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
+        catalog.change(change, int(time.time() * 1000), backfill=True)
 
     summary = replay_to_kafka(
         args.file,
@@ -579,6 +587,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         topics=settings.topics,
         rate=args.rate,
         progress=_progress(args),
+        apply_catalog=apply_catalog,
     )
     return _delivery_outcome("replay", summary.publish.not_delivered, summary.bad_lines)
 
