@@ -386,7 +386,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             raise ValueError(f"unknown ad {args.ad_id}")
         print(f"{found.ad_id}\tcampaign {found.campaign_id}\tadvertiser {found.advertiser_id}\t{found.currency}")
         for entry in found.prices:
-            print(describe_entry(entry, ad.currency))
+            print(describe_entry(entry, found.currency))
         return 0
     from billing.catalog_changes import catalog_change
 
