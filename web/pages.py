@@ -98,4 +98,5 @@ def export_file(period: str, name: str) -> Response:
 
 @bp.get("/health")
 def health() -> str:
-    return render_template("health.html", h=lookups.health(), now_ms=services().clock())
+    svc = services()
+    return render_template("health.html", h=lookups.health(), now_ms=svc.clock(), currency=svc.reader.catalog_currency())

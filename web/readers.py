@@ -137,6 +137,11 @@ class BillingReader:
         currencies = {ad.currency for ad in self.catalog.get() if ad.advertiser_id == advertiser_id}
         return currencies.pop() if len(currencies) == 1 else ""
 
+    def catalog_currency(self) -> str:
+        """The one currency of every ad in the catalog; empty when the catalog is empty or holds several."""
+        currencies = {ad.currency for ad in self.catalog.get()}
+        return currencies.pop() if len(currencies) == 1 else ""
+
     # An advertiser's pages -------------------------------------------------------------------------------------
     def dashboard(self, advertiser_id: str, period_key: str | None) -> Dashboard | None:
         """The advertiser's selected period (default: the latest) in detail, and its recent periods.

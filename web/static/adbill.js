@@ -5,17 +5,23 @@
 
 const MICROS = 1000000n;
 
-function money(micros, currency) {
+// As web/display.py (Babel): the currency's decimals (`digits`, 2 unless the page says otherwise) where the amount
+// is whole cents, every digit down to the micro where it is not, and the currency's code.
+let currencyDigits = 2; // the page's currency's decimals: data-currency-digits of #dashboard
+
+function money(micros, currency, digits) {
+  const keep = digits === undefined ? currencyDigits : Number(digits);
   const value = BigInt(micros);
   const abs = value < 0n ? -value : value;
   const units = (abs / MICROS).toLocaleString("en-US");
-  const fraction = (abs % MICROS).toString().padStart(6, "0");
-  const text = (value < 0n ? "-" : "") + units + "." + fraction;
+  let fraction = (abs % MICROS).toString().padStart(6, "0");
+  while (fraction.length > keep && fraction.endsWith("0")) fraction = fraction.slice(0, -1);
+  const text = (value < 0n ? "-" : "") + units + (fraction ? "." + fraction : "");
   return currency ? text + " " + currency : text;
 }
 
-function signedMoney(micros, currency) {
-  return (BigInt(micros) > 0n ? "+" : "") + money(micros, currency);
+function signedMoney(micros, currency, digits) {
+  return (BigInt(micros) > 0n ? "+" : "") + money(micros, currency, digits);
 }
 
 function count(n) {
@@ -162,6 +168,7 @@ function refreshDashboard(root) {
 document.addEventListener("DOMContentLoaded", () => {
   const root = document.getElementById("dashboard");
   if (!root) return;
+  if (root.dataset.currencyDigits) currencyDigits = Number(root.dataset.currencyDigits);
   const every = Number(root.dataset.refreshMs || "3000");
   const tick = () => refreshDashboard(root).finally(() => window.setTimeout(tick, every));
   tick();
