@@ -19,6 +19,7 @@ from billing.corrections import Correction
 from billing.store.export_files import Manifest
 from web import lookups
 from web.access import visible_advertisers
+from web.freshness import worst
 from web.guards import finance_or_404, logged_in
 from web.model import (
     AdLine,
@@ -28,6 +29,7 @@ from web.model import (
     Period,
     PeriodBill,
 )
+from web.pricing import price_per_click
 from web.services import current_principal, services
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -105,6 +107,7 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
         "ads": [_ad_line(a) for a in d.ads],
         "series": [_period_bill(b) for b in d.series],
         "quarantined": d.quarantined,
+        "freshness": lookups.freshness().as_json(),
     }
     return json.dumps(document, separators=(",", ":")).encode()
 
@@ -133,6 +136,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             "campaign_id": a.campaign_id,
             "ad_id": a.ad_id,
             "currency": a.currency,
+            "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id),
             "series": [_period_bill(b) for b in a.series],
         }
     )
@@ -186,8 +190,16 @@ def exports() -> Response:
 @bp.get("/health")
 def health() -> Response:
     h = lookups.health()
+    fresh = lookups.freshness()
+    audit = services().reader.last_audit()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
     return jsonify(
         {
+            "status": {
+                "overall": worst([s.level for s in statuses]),
+                "components": [{"name": s.name, "level": s.level, "text": s.text} for s in statuses],
+                "freshness": fresh.as_json(),
+            },
             "queries": [
                 {
                     "name": q.name,

@@ -8,6 +8,7 @@ refreshes in the same way; `tests/unit/test_web_display.py` runs it with node on
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from babel.numbers import format_currency, format_decimal, get_currency_precision
@@ -60,6 +61,17 @@ def utc(ts_ms: int | None) -> str:
     if ts_ms is None:
         return "\u2014"
     return format_utc(ts_ms).replace("T", " ")[:19] + " UTC"
+
+
+def iso_utc(text: str | None) -> str:
+    """An ISO-8601 time (`2026-01-01T00:00:05.000Z`) in the pages' one format, `2026-01-01 00:00:05 UTC`."""
+    if not text:
+        return "\u2014"
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return text
+    return parsed.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def period_label(key: str) -> str:

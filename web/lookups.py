@@ -13,6 +13,15 @@ from typing import TypeVar
 from flask import abort
 
 from billing.corrections import Correction
+from web.freshness import (
+    ComponentStatus,
+    Freshness,
+    job_status,
+    kafka_status,
+    reconciliation_status,
+    redis_status,
+)
+from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
 from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
 from web.services import services
@@ -67,3 +76,23 @@ def finance() -> Finance:
 def health() -> Health:
     health_or_404()
     return services().reader.health()
+
+
+def freshness() -> Freshness:
+    """When the data was last billed (the job's heartbeat) and how that compares with the limits."""
+    svc = services()
+    return page_freshness(svc.reader.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
+
+
+def health_status(h: Health, fresh: Freshness, audit_differences: list[str]) -> list[ComponentStatus]:
+    """The job, Kafka, Redis and reconciliation, each summed up in one status."""
+    query = next((q for q in h.queries if q.name == "billing"), None)
+    r = h.reconciliation
+    return [
+        job_status(fresh),
+        kafka_status(query.lag if query else {}, query.lag_before if query else None),
+        redis_status(),
+        reconciliation_status(
+            r.finished_at_ms if r else None, r.held if r else {}, audit_differences, services().clock()
+        ),
+    ]

@@ -186,6 +186,8 @@ class QueryHealth:
     rows_dropped_by_watermark: int
     lag: dict[str, int | None]
     recent_durations_ms: list[int] = field(default_factory=list)
+    lag_before: dict[str, int | None] | None = None
+    """The lag of an older batch of the recent history (`LAG_LOOKBACK` batches back): whether the lag grows."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ from werkzeug.wrappers import Response
 
 from web import lookups
 from web.auth import home_for
+from web.freshness import worst
 from web.guards import finance_or_404
+from web.pricing import price_per_click
 from web.services import current_principal, services
 
 bp = Blueprint("pages", __name__)
@@ -44,22 +46,35 @@ def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
     dashboard = svc.reader.dashboard(advertiser_id, period)
     if dashboard is None:
         return None
-    corrections = svc.reader.corrections(advertiser_id, 0, 10)
+    if period is None:
+        corrections = svc.reader.corrections(advertiser_id, 0, 10)
+    else:
+        corrections = svc.reader.period_corrections(advertiser_id, period, 10)
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
         render_template(
-            "_advertiser_main.html", d=dashboard, corrections=corrections, refresh_ms=svc.refresh_ms, follow=period
+            "_advertiser_main.html",
+            d=dashboard,
+            corrections=corrections,
+            refresh_ms=svc.refresh_ms,
+            follow=period,
+            fresh=lookups.freshness(),
         )
     )
 
 
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> str:
-    return render_template("campaign.html", c=lookups.campaign(advertiser_id, campaign_id))
+    c = lookups.campaign(advertiser_id, campaign_id)
+    catalog = services().reader.catalog.get()
+    prices = {a.ad_id: price_per_click(catalog, a.ad_id) for a in c.ads}
+    return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness())
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str:
-    return render_template("ad.html", a=lookups.ad(advertiser_id, ad_id))
+    a = lookups.ad(advertiser_id, ad_id)
+    price = price_per_click(services().reader.catalog.get(), ad_id)
+    return render_template("ad.html", a=a, price=price, fresh=lookups.freshness())
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections")
@@ -75,7 +90,7 @@ def correction(advertiser_id: str, correction_id: str) -> str:
 
 @bp.get("/finance")
 def finance() -> str:
-    return render_template("finance.html", f=lookups.finance())
+    return render_template("finance.html", f=lookups.finance(), fresh=lookups.freshness())
 
 
 @bp.get("/exports/<period>/<name>")
@@ -99,4 +114,16 @@ def export_file(period: str, name: str) -> Response:
 @bp.get("/health")
 def health() -> str:
     svc = services()
-    return render_template("health.html", h=lookups.health(), now_ms=svc.clock(), currency=svc.reader.catalog_currency())
+    h = lookups.health()
+    fresh = lookups.freshness()
+    audit = svc.reader.last_audit()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    return render_template(
+        "health.html",
+        h=h,
+        now_ms=svc.clock(),
+        currency=svc.reader.catalog_currency(),
+        fresh=fresh,
+        statuses=statuses,
+        overall=worst([s.level for s in statuses]),
+    )

@@ -25,6 +25,7 @@ import redis
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
+from billing.periods import Periods
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.store.redis_keys import RedisKeys
@@ -61,6 +62,9 @@ QUERY_NAMES = ("billing",)
 
 HEALTH_HISTORY = 60
 """Batches of each query whose durations the health page shows."""
+
+LAG_LOOKBACK = 10
+"""How many batches back the health page looks to tell a growing consumer lag."""
 
 _log = logging.getLogger(__name__)
 
@@ -111,12 +115,14 @@ class BillingReader:
         prefix: str,
         exports_dir: Path,
         catalog: CatalogFile,
+        period_length: Periods | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.exports_dir = exports_dir
         self.catalog = catalog
         self.keys = RedisKeys(prefix)
+        self.period_length = period_length or Periods()
 
     # Periods and advertisers ---------------------------------------------------------------------------------
     def periods(self) -> list[Period]:
@@ -155,9 +161,7 @@ class BillingReader:
             pipe.smembers(self.keys.period_ads(period_key, advertiser_id))
         first = pipe.execute()
         periods = self._periods_of(first[:2])
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         if period is not None and period_key is None:
             pipe = self.client.pipeline(transaction=False)
             pipe.smembers(self.keys.period_campaigns(period.key, advertiser_id))
@@ -240,9 +244,7 @@ class BillingReader:
             return None
         periods = self.periods()
         series_periods = periods[-SERIES_PERIODS:]
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         catalog = self.catalog.get()
         ad_ids = {ad.ad_id for ad in catalog if ad.campaign_id == campaign_id and ad.advertiser_id == advertiser_id}
         owned = bool(ad_ids)
@@ -322,6 +324,26 @@ class BillingReader:
         items = [c for c in (_correction(text) for text in raw) if c and c.advertiser_id == advertiser_id]
         return CorrectionPage(advertiser_id, self.currency(advertiser_id), int(total), offset, limit, items)
 
+    def period_corrections(
+        self, advertiser_id: str, period_key: str, limit: int, scan: int = 5000, chunk: int = 1000
+    ) -> CorrectionPage:
+        """The advertiser's newest corrections (at most `limit`) that correct the period or are booked in it, from
+        the newest `scan` of its list; `total` counts those found there."""
+        key = self.keys.correction_list(advertiser_id)
+        items: list[Correction] = []
+        found = 0
+        for start in range(0, scan, chunk):
+            raw = self.client.lrange(key, start, start + chunk - 1)
+            for text in raw:  # type: ignore[union-attr]
+                c = _correction(str(text))
+                if c and c.advertiser_id == advertiser_id and period_key in (c.corrects_period, c.booked_period):
+                    found += 1
+                    if len(items) < limit:
+                        items.append(c)
+            if len(raw) < chunk:  # type: ignore[arg-type]
+                break
+        return CorrectionPage(advertiser_id, self.currency(advertiser_id), found, 0, limit, items)
+
     def correction(self, advertiser_id: str, correction_id: str, chunk: int = 1000) -> Correction | None:
         """The advertiser's correction of this id, or None (reading the list in chunks, newest first)."""
         if not is_id(correction_id):
@@ -342,9 +364,7 @@ class BillingReader:
     def finance(self, period_key: str | None) -> Finance | None:
         """Every advertiser's figures in the selected period (default: the latest), the periods and exports."""
         periods = self.periods()
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         lines: list[AdvertiserLine] = []
         if period is not None:
             members = self.client.smembers(self.keys.period_advertisers(period.key))
@@ -357,8 +377,12 @@ class BillingReader:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
+        return Finance(period, periods, lines, self.exports(), self.last_audit())
+
+    def last_audit(self) -> Audit | None:
+        """The last `adbill audit`, or None before the first."""
         audited = self.client.hgetall(self.keys.last_audit())
-        return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
+        return _audit(audited) if audited else None  # type: ignore[arg-type]
 
     def exports(self) -> list[Manifest]:
         """Every finished export (its manifest written), newest period first."""
@@ -452,6 +476,13 @@ class BillingReader:
                 )
         return lines
 
+    def _selected(self, periods: list[Period], key: str | None) -> Period | None:
+        """The period asked for (default: the latest); a well-formed period that holds no data is an empty open
+        period, shown with zero spend (the key was checked by `web.guards.period_arg`)."""
+        if key is None:
+            return periods[-1] if periods else None
+        return _find(periods, key) or Period(key, self.period_length.parse_key(key), False)
+
     # Pieces ----------------------------------------------------------------------------------------------------
     def _queue_periods(self, pipe: Any) -> None:
         pipe.zrange(self.keys.periods(), 0, -1, withscores=True)
@@ -531,10 +562,15 @@ def _float_field(value: str | None) -> float:
 
 def _query_health(name: str, record: dict[str, str], history: list[str]) -> QueryHealth:
     recent = []
-    for line in history:
+    lag_before = None
+    for n, line in enumerate(history):
         try:
-            recent.append(int(json.loads(line).get("batch_duration_ms") or 0))
-        except (ValueError, AttributeError):
+            older = json.loads(line)
+            recent.append(int(older.get("batch_duration_ms") or 0))
+            if n < LAG_LOOKBACK:
+                sources = older.get("sources")
+                lag_before = consumer_lag(_json_field(sources, []) if isinstance(sources, str) else sources or [])
+        except (ValueError, AttributeError, TypeError):
             continue
     watermarks = _json_field(record.get("stream_watermarks_ms"), {})
     return QueryHealth(
@@ -553,6 +589,7 @@ def _query_health(name: str, record: dict[str, str], history: list[str]) -> Quer
         rows_dropped_by_watermark=_int_field(record.get("rows_dropped_by_watermark")) or 0,
         lag=consumer_lag(_json_field(record.get("sources"), [])),
         recent_durations_ms=list(reversed(recent)),
+        lag_before=lag_before,
     )
 
 

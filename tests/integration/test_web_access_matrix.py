@@ -214,11 +214,11 @@ def test_no_response_to_an_advertiser_holds_another_advertisers_data(world: Worl
 def figures_of(world: World, advertiser: str) -> set[str]:
     """What would betray `advertiser` without its id, as the admin's API gives it: its correction and click ids
     and amounts, and its click counts and micros of every period (of four digits and more), as JSON and as
-    pages write them."""
+    pages write them (with the currency: short amounts such as `0.05` alone are found anywhere)."""
     admin = world.clients["ada"]
     out: set[str] = set()
     for c in admin.get(f"/api/v1/advertisers/{advertiser}/corrections?limit=500").json["corrections"]:
-        out |= {c["correction_id"], c["click_id"], str(c["amount_micros"]), display.signed_money(c["amount_micros"])}
+        out |= {c["correction_id"], c["click_id"], str(c["amount_micros"]), display.signed_money(c["amount_micros"], "EUR")}
     for period in admin.get("/api/v1/periods").json["periods"]:
         dashboard = admin.get(f"/api/v1/advertisers/{advertiser}/dashboard?period={period['period']}").json
         lines = [dashboard["totals"], *dashboard["campaigns"], *dashboard["ads"]]
@@ -228,7 +228,7 @@ def figures_of(world: World, advertiser: str) -> set[str]:
                 if abs(clicks) >= 1_000:
                     out |= {str(clicks), display.count(abs(clicks))}
                 if abs(micros) >= 1_000:
-                    out |= {str(micros), display.money(abs(micros))}
+                    out |= {str(micros), display.money(abs(micros), "EUR")}
     return out
 
 
@@ -277,8 +277,12 @@ def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> N
         response = alice.get(url)
         assert response.status_code == 200 and OTHER not in response.get_data(as_text=True), url
     assert alice.get("/api/v1/advertisers").json == {"advertisers": [{"advertiser_id": OWN, "currency": "EUR"}]}
-    assert alice.get(f"/advertisers/{OWN}?period=../../etc").status_code == 404
-    assert alice.get(f"/advertisers/{OWN}?period=20990101T0000Z").status_code == 404
+    assert alice.get(f"/advertisers/{OWN}?period=../../etc").status_code == 400
+    assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=../../etc").status_code == 404, "access first"
+    # A well-formed period without data is zero spend, for one's own advertiser only.
+    empty = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period=20990101T0000Z")
+    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=20990101T0000Z").status_code == 404
 
 
 def test_finance_and_admin_list_every_advertiser(world: World) -> None:

@@ -37,6 +37,21 @@ function periodLabel(key) {
   return key.slice(0, 4) + "-" + key.slice(4, 6) + "-" + key.slice(6, 8) + " " + key.slice(9, 11) + ":" + key.slice(11, 13) + " UTC";
 }
 
+// The pages' one time format: 2026-01-01 00:00:05 UTC (web/display.py `utc`).
+function utcText(ms) {
+  return new Date(ms).toISOString().slice(0, 19).replace("T", " ") + " UTC";
+}
+
+// The banner that says when the data was last billed (web/templates/_freshness.html), from the API's document.
+function showFreshness(freshness) {
+  const banner = document.getElementById("freshness");
+  if (!banner || !freshness) return;
+  banner.className = "freshness " + freshness.level;
+  banner.dataset.level = freshness.level;
+  const text = banner.querySelector(".freshness-text");
+  if (text) text.textContent = freshness.text;
+}
+
 function lookup(row, path) {
   return path.split(".").reduce((value, part) => (value == null ? undefined : value[part]), row);
 }
@@ -130,8 +145,10 @@ function drawChart(svg, series, currency) {
   svg.appendChild(bars);
   svg.appendChild(svgElement("polyline", { points: points.join(" "), class: "provisional-line" }));
   svg.appendChild(svgElement("text", { x: left, y: height - 10, class: "axis" }, periodLabel(series[0].period)));
-  svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
-    periodLabel(series[series.length - 1].period)));
+  if (series.length > 1) { // one period has one label, not the same one twice
+    svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
+      periodLabel(series[series.length - 1].period)));
+  }
 }
 
 function refreshDashboard(root) {
@@ -157,7 +174,8 @@ function refreshDashboard(root) {
       if (chart) drawChart(chart, data.series || [], currency);
       root.dataset.refreshes = String(Number(root.dataset.refreshes || "0") + 1);
       const status = document.getElementById("refresh-status");
-      if (status) status.textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";
+      if (status) status.textContent = "page updated " + utcText(Date.now());
+      showFreshness(data.freshness);
     })
     .catch((error) => {
       const status = document.getElementById("refresh-status");
