@@ -1,0 +1,156 @@
+"""The billing pages as people use them, over real Redis and the sample: freshness that tells the truth, the
+health page's status, correction reasons, the price behind a charge, an hour without data, a malformed period."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from flask.testing import FlaskClient
+
+from billing.store.redis_keys import RedisKeys
+from ops.settings import Settings
+from tests.redis_figures import RedisFigures
+from tests.web_support import OWN, Seeded, login, seed
+from web import display
+from web.app import create_app
+from web.reasons import REASONS
+
+pytestmark = pytest.mark.integration
+
+NOW_MS = 1_767_250_000_000  # 2026-01-01T06:46:40Z, just after the sample's six hours
+
+
+@pytest.fixture
+def seeded(redis_settings: Settings) -> Seeded:
+    return seed(redis_settings)
+
+
+def client_of(seeded: Seeded, who: str, now_ms: list[int] | None = None) -> FlaskClient:
+    clock = (lambda: now_ms[0]) if now_ms else (lambda: NOW_MS)
+    client = create_app(seeded.settings, clock=clock, cache_s=0).test_client()
+    assert login(client, who).status_code == 302
+    return client
+
+
+def beat(seeded: Seeded, at_ms: int) -> None:
+    seeded.client.set(RedisKeys(seeded.settings.redis_prefix).heartbeat("billing"), str(at_ms))
+
+
+@pytest.mark.parametrize(
+    "age_s, level, words",
+    [
+        (5, "ok", "Data last billed at"),
+        (90, "amber", "Delayed"),
+        (400, "red", "Stale"),
+        (None, "unknown", "not reported"),
+    ],
+)
+def test_every_live_page_says_when_the_data_was_last_billed(
+    seeded: Seeded, age_s: int | None, level: str, words: str
+) -> None:
+    """The job's heartbeat, not the page's fetch, decides: a stalled job turns the banner amber, then red."""
+    if age_s is not None:
+        beat(seeded, NOW_MS - age_s * 1000)
+    ids = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    alice, fiona, ada = (client_of(seeded, who) for who in ("alice", "fiona", "ada"))
+    pages = [
+        (alice, f"/advertisers/{OWN}"),
+        (alice, f"/advertisers/{OWN}/campaigns/{ids.campaign_id}"),
+        (alice, f"/advertisers/{OWN}/ads/{ids.ad_id}"),
+        (fiona, "/finance"),
+        (ada, "/health"),
+    ]
+    for client, url in pages:
+        page = client.get(url)
+        assert page.status_code == 200, url
+        match = re.search(
+            r'id="freshness" class="freshness (\w+)"[^>]*>\s*<span class="freshness-text">([^<]*)', page.text
+        )
+        assert match and match.group(1) == level and words in match.group(2), (url, match and match.groups())
+    document = alice.get(f"/api/v1/advertisers/{OWN}/dashboard").json
+    assert document["freshness"]["level"] == level
+    assert document["freshness"]["last_batch_ms"] == (None if age_s is None else NOW_MS - age_s * 1000)
+
+
+def test_the_health_page_sums_up_the_job_kafka_redis_and_reconciliation(seeded: Seeded) -> None:
+    ada = client_of(seeded, "ada")
+    beat(seeded, NOW_MS - 2_000)
+    status = ada.get("/api/v1/health").json["status"]
+    levels = {c["name"]: c["level"] for c in status["components"]}
+    # The sample's last reconciliation finished long before NOW_MS: amber; the rest is fine.
+    assert levels == {"Streaming job": "ok", "Kafka": "ok", "Redis": "ok", "Reconciliation": "amber"}
+    assert status["overall"] == "amber"
+    beat(seeded, NOW_MS - 600_000)  # the job stalled 10 min ago
+    page = ada.get("/health").text
+    assert 'id="overall-status" data-level="red"' in page and "Stale" in page
+    RedisFigures(seeded.client, seeded.settings.redis_prefix).record_audit(
+        {"ran_at_ms": NOW_MS, "periods": 6, "differences": ["20260101T0100Z"]}
+    )
+    levels = {c["name"]: c["level"] for c in ada.get("/api/v1/health").json["status"]["components"]}
+    assert levels["Reconciliation"] == "red"
+
+
+def test_an_hour_without_data_is_zero_spend_and_a_malformed_period_is_400(seeded: Seeded) -> None:
+    alice, fiona = client_of(seeded, "alice"), client_of(seeded, "fiona")
+    campaign = next(a for a in seeded.catalog if a.advertiser_id == OWN).campaign_id
+    empty = "20251231T2300Z"  # before the sample's first hour
+    doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period={empty}").json
+    assert doc["period"] == {"period": empty, "start_ms": 1_767_222_000_000, "closed": False}
+    assert doc["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    page = alice.get(f"/advertisers/{OWN}?period={empty}")
+    assert page.status_code == 200 and 'id="corrected-spend">0.00 EUR<' in page.text
+    assert alice.get(f"/api/v1/advertisers/{OWN}/campaigns/{campaign}?period={empty}").status_code == 200
+    assert fiona.get(f"/api/v1/finance?period={empty}").json["advertisers"] == []
+    for bad in ("2026-01-01", "20260101T0030Z", "20261301T0000Z", "../x", "20260101t0000z"):
+        for client, url in (
+            (alice, f"/advertisers/{OWN}?period={bad}"),
+            (alice, f"/api/v1/advertisers/{OWN}/dashboard?period={bad}"),
+            (alice, f"/advertisers/{OWN}/campaigns/{campaign}?period={bad}"),
+            (fiona, f"/finance?period={bad}"),
+            (fiona, f"/api/v1/finance?period={bad}"),
+        ):
+            assert client.get(url).status_code == 400, url
+    assert (
+        "period is the key of a billing period"
+        in alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period=x").json["error"]
+    )
+
+
+def test_the_dashboards_corrections_follow_the_selected_period_and_explain_their_reason(seeded: Seeded) -> None:
+    alice = client_of(seeded, "alice")
+    everything = alice.get(f"/api/v1/advertisers/{OWN}/corrections?limit=500").json["corrections"]
+    period = everything[-1]["corrects_period"]  # the oldest corrected period
+    page = alice.get(f"/advertisers/{OWN}?period={period}").text
+    table = page[page.index('id="corrections"') :]
+    listed = re.findall(r'/corrections/([^"]+)"', table)
+    expected = [c["correction_id"] for c in everything if period in (c["corrects_period"], c["booked_period"])]
+    assert listed == expected[:10] and listed, "only the selected period's corrections, newest first"
+    assert f"Corrections of {display.period_label(period)}" in page
+    for reason in {c["reason"] for c in everything if c["correction_id"] in listed}:
+        assert f'title="{REASONS[reason].explanation}">{REASONS[reason].label}<' in page.replace("&#39;", "'")
+    live = alice.get(f"/advertisers/{OWN}").text
+    assert "Latest corrections, all periods" in live
+    one = everything[0]
+    detail = alice.get(f"/advertisers/{OWN}/corrections/{one['correction_id']}").text.replace("&#39;", "'")
+    assert REASONS[one["reason"]].explanation in detail
+    assert 'id="reasons"' in alice.get(f"/advertisers/{OWN}/corrections").text
+
+
+def test_ad_and_campaign_pages_show_the_price_per_click(seeded: Seeded) -> None:
+    alice = client_of(seeded, "alice")
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    page = alice.get(f"/advertisers/{OWN}/ads/{ad.ad_id}").text
+    assert f"Price per click: <strong>{display.money(ad.cpc_micros, 'EUR')}</strong>" in page
+    assert alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}").json["price_per_click_micros"] == ad.cpc_micros
+    campaign = alice.get(f"/advertisers/{OWN}/campaigns/{ad.campaign_id}").text
+    assert display.money(ad.cpc_micros, "EUR") in campaign
+
+
+def test_labels_say_their_scope_and_the_chart_legend_names_every_mark(seeded: Seeded) -> None:
+    page = client_of(seeded, "alice").get(f"/advertisers/{OWN}").text
+    assert "<caption>Late and clock-ahead events, this period</caption>" in page
+    assert "<caption>Quarantined events, all time</caption>" in page
+    legend = page[page.index('id="chart-legend"') :].split("</figcaption>")[0]
+    for mark in ("closed period", "open period", "provisional spend"):
+        assert mark in legend
