@@ -30,6 +30,7 @@ from web.model import (
     PeriodBill,
 )
 from web.pricing import price_per_click
+from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
 from web.services import current_principal, services
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -92,10 +93,11 @@ def dashboard(advertiser_id: str) -> Response:
     return Response(lookups.dashboard(advertiser_id, "dashboard.json", _dashboard), mimetype="application/json")
 
 
-def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
+def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> bytes | None:
     d = services().reader.dashboard(advertiser_id, period)
     if d is None:
         return None
+    ranged = _range_document(lookups.range_figures("adv", advertiser_id, advertiser_id, span)) if span else {}
     document = {
         "advertiser_id": d.advertiser_id,
         "currency": d.currency,
@@ -108,6 +110,7 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
         "series": [_period_bill(b) for b in d.series],
         "quarantined": d.quarantined,
         "freshness": lookups.freshness().as_json(),
+        **ranged,
     }
     return json.dumps(document, separators=(",", ":")).encode()
 
@@ -115,6 +118,8 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> Response:
     c = lookups.campaign(advertiser_id, campaign_id)
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = _range_document(lookups.range_figures("cmp", campaign_id, advertiser_id, span)) if span else {}
     return jsonify(
         {
             "advertiser_id": c.advertiser_id,
@@ -123,6 +128,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
             "period": _period(c.period) if c.period else None,
             "series": [_period_bill(b) for b in c.series],
             "ads": [_ad_line(a) for a in c.ads],
+            **ranged,
         }
     )
 
@@ -130,6 +136,8 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> Response:
     a = lookups.ad(advertiser_id, ad_id)
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = _range_document(lookups.range_figures("ad", ad_id, advertiser_id, span)) if span else {}
     return jsonify(
         {
             "advertiser_id": a.advertiser_id,
@@ -138,6 +146,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             "currency": a.currency,
             "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id),
             "series": [_period_bill(b) for b in a.series],
+            **ranged,
         }
     )
 
@@ -247,6 +256,20 @@ def health() -> Response:
 @cache
 def _openapi_text() -> str:
     return json.dumps(json.loads(OPENAPI_FILE.read_text()), indent=1)
+
+
+def _range_document(r: dict[str, Any]) -> dict[str, Any]:
+    """A date range's figures: the range, its total, and its months and days (oldest first)."""
+    return {
+        "range": r["range"].as_json(),
+        "range_total": _billed(r["total"]),
+        "months": [_span(s) for s in r["months"]],
+        "days": [_span(s) for s in r["days"]],
+    }
+
+
+def _span(s: SpanTotal) -> dict[str, Any]:
+    return {"key": s.key, "closed": s.closed, "periods": s.periods, "open_periods": s.open_periods, **_billed(s.billed)}
 
 
 def _figures(f: Figures) -> dict[str, int]:

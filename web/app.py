@@ -23,6 +23,7 @@ from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.metrics import instrument
+from web.ranges import PRESETS
 from web.readers import BillingReader, CatalogFile
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
@@ -172,6 +173,8 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         Role=Role,
         age=display.age,
         reasons=REASONS,
+        range_presets=PRESETS,
+        range_url=pages.range_url,
     )
     app.jinja_env.filters.update(
         money=display.money,

@@ -8,9 +8,9 @@ order for both, so a page and its API document answer the same request alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from flask import abort
+from flask import abort, request
 
 from billing.corrections import Correction
 from web.freshness import (
@@ -24,6 +24,7 @@ from web.freshness import (
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
 from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
+from web.ranges import DEFAULT_PRESET, DateRange, RangeError, group, parse_range, today_of, total
 from web.services import services
 
 T = TypeVar("T")
@@ -36,13 +37,36 @@ def found(value: T | None) -> T:
     return value
 
 
-def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None], T | None]) -> T:
+def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None, DateRange | None], T | None]) -> T:
     """The advertiser's dashboard in one `form` (the page's content, the API's document), as `render` makes it from
-    the advertiser and the period asked for; kept a second per worker (`web.cache`), the same for everyone allowed
-    to see it."""
+    the advertiser, the period and the date range asked for; kept a second per worker (`web.cache`), the same for
+    everyone allowed to see it."""
     advertiser_or_404(advertiser_id)
     period = period_arg()
-    return found(services().recent.get((form, advertiser_id, period), lambda: render(advertiser_id, period)))
+    span = date_range(DEFAULT_PRESET)
+    key = (form, advertiser_id, period, span)
+    return found(services().recent.get(key, lambda: render(advertiser_id, period, span)))
+
+
+def date_range(default: str | None = None) -> DateRange | None:
+    """The `range` preset or the `from`/`to` dates of the query (today from the app's clock); 400 when they cannot
+    be read."""
+    try:
+        return parse_range(
+            request.args.get("range"),
+            request.args.get("from"),
+            request.args.get("to"),
+            today_of(services().clock()),
+            default,
+        )
+    except RangeError as exc:
+        abort(400, description=str(exc))
+
+
+def range_figures(level: str, ident: str, advertiser_id: str, span: DateRange) -> dict[str, Any]:
+    """The range's figures per day and per month and in all, for a page or a document."""
+    bills = services().reader.range_bills(level, ident, advertiser_id, span.start_ms, span.end_ms)
+    return {"range": span, "days": group(bills, 10), "months": group(bills, 7), "total": total(bills)}
 
 
 def campaign(advertiser_id: str, campaign_id: str) -> CampaignDetail:

@@ -5,6 +5,8 @@ Anonymous requests are sent to the login page; whatever the person may not see a
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, abort, redirect, render_template, request, send_file, url_for
 from markupsafe import Markup
 from werkzeug.wrappers import Response
@@ -14,6 +16,7 @@ from web.auth import home_for
 from web.freshness import worst
 from web.guards import finance_or_404
 from web.pricing import price_per_click
+from web.ranges import DEFAULT_PRESET, DateRange
 from web.services import current_principal, services
 
 bp = Blueprint("pages", __name__)
@@ -40,9 +43,10 @@ def advertiser(advertiser_id: str) -> str:
     return render_template("advertiser.html", advertiser_id=advertiser_id, content=content)
 
 
-def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
+def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> Markup | None:
     """The dashboard's content, the same for everyone allowed to see it (kept a second by `web.cache`)."""
     svc = services()
+    ranged = lookups.range_figures("adv", advertiser_id, advertiser_id, span) if span else None
     dashboard = svc.reader.dashboard(advertiser_id, period)
     if dashboard is None:
         return None
@@ -58,8 +62,23 @@ def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
             refresh_ms=svc.refresh_ms,
             follow=period,
             fresh=lookups.freshness(),
+            r=ranged,
+            range_args=_range_args(),
         )
     )
+
+
+def _range_args() -> dict[str, str]:
+    """The range arguments of this request, to carry into the links and the API address the page uses."""
+    return {k: v for k in ("range", "from", "to") if (v := request.args.get(k))}
+
+
+def range_url(preset: str) -> str:
+    """This page with the date range `preset` (and the period it shows, if any)."""
+    args: dict[str, Any] = {**(request.view_args or {}), "range": preset}
+    if request.args.get("period"):
+        args["period"] = request.args["period"]
+    return url_for(str(request.endpoint), **args)
 
 
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
@@ -67,14 +86,18 @@ def campaign(advertiser_id: str, campaign_id: str) -> str:
     c = lookups.campaign(advertiser_id, campaign_id)
     catalog = services().reader.catalog.get()
     prices = {a.ad_id: price_per_click(catalog, a.ad_id) for a in c.ads}
-    return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness())
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = lookups.range_figures("cmp", campaign_id, advertiser_id, span) if span else None
+    return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness(), r=ranged)
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str:
     a = lookups.ad(advertiser_id, ad_id)
     price = price_per_click(services().reader.catalog.get(), ad_id)
-    return render_template("ad.html", a=a, price=price, fresh=lookups.freshness())
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = lookups.range_figures("ad", ad_id, advertiser_id, span) if span else None
+    return render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged)
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections")

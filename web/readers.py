@@ -314,6 +314,21 @@ class BillingReader:
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
 
+    def range_bills(self, level: str, ident: str, advertiser_id: str, start_ms: int, end_ms: int) -> list[PeriodBill]:
+        """The figures of an advertiser (`adv`), or its campaign (`cmp`) or ad (`ad`), in every period that starts
+        in [start_ms, end_ms), oldest first; periods where the id named another advertiser's thing count zero."""
+        periods = [p for p in self.periods() if start_ms <= p.start_ms < end_ms]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            self._queue_billed(pipe, p.key, level, ident)
+            pipe.hget(self.keys.totals(p.key, level, ident), "advertiser")
+        results = iter(pipe.execute())
+        bills = []
+        for p in periods:
+            billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+            bills.append(PeriodBill(p, billed if level == "adv" or owner in (None, advertiser_id) else Billed()))
+        return bills
+
     def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
         """One page of the advertiser's corrections, newest first."""
         key = self.keys.correction_list(advertiser_id)

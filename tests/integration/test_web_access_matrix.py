@@ -218,7 +218,12 @@ def figures_of(world: World, advertiser: str) -> set[str]:
     admin = world.clients["ada"]
     out: set[str] = set()
     for c in admin.get(f"/api/v1/advertisers/{advertiser}/corrections?limit=500").json["corrections"]:
-        out |= {c["correction_id"], c["click_id"], str(c["amount_micros"]), display.signed_money(c["amount_micros"], "EUR")}
+        out |= {
+            c["correction_id"],
+            c["click_id"],
+            str(c["amount_micros"]),
+            display.signed_money(c["amount_micros"], "EUR"),
+        }
     for period in admin.get("/api/v1/periods").json["periods"]:
         dashboard = admin.get(f"/api/v1/advertisers/{advertiser}/dashboard?period={period['period']}").json
         lines = [dashboard["totals"], *dashboard["campaigns"], *dashboard["ads"]]

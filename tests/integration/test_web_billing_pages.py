@@ -154,3 +154,45 @@ def test_labels_say_their_scope_and_the_chart_legend_names_every_mark(seeded: Se
     legend = page[page.index('id="chart-legend"') :].split("</figcaption>")[0]
     for mark in ("closed period", "open period", "provisional spend"):
         assert mark in legend
+
+
+def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400(seeded: Seeded) -> None:
+    alice = client_of(seeded, "alice")
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    want_clicks = want_micros = 0
+    for period in totals.periods():
+        provisional = totals.advertiser(period, OWN)
+        fix = seeded.client.hmget(totals.keys.corrections(period, "adv", OWN), "clicks", "micros")
+        want_clicks += provisional.clicks + int(fix[0] or 0)
+        want_micros += provisional.micros + int(fix[1] or 0)
+    doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?from=2026-01-01&to=2026-01-01").json
+    assert doc["range"]["from"] == doc["range"]["to"] == "2026-01-01" and doc["range"]["preset"] is None
+    assert [d["key"] for d in doc["days"]] == ["2026-01-01"] and [m["key"] for m in doc["months"]] == ["2026-01"]
+    day, month = doc["days"][0], doc["months"][0]
+    assert day["corrected"] == month["corrected"] == doc["range_total"]["corrected"]
+    assert day["corrected"] == {"clicks": want_clicks, "micros": want_micros}
+    assert (day["periods"], day["open_periods"], day["closed"]) == (6, 2, False), "two open hours: provisional"
+    page = alice.get(f"/advertisers/{OWN}?from=2026-01-01&to=2026-01-01").text
+    assert (
+        f'id="range-spend" data-k="range_total.corrected.micros" data-f="money">{display.money(want_micros, "EUR")}<'
+        in page
+    )
+    # Presets follow the app's clock (NOW_MS is 2026-01-01): today and month to date hold the sample; last month not.
+    for preset, clicks in (
+        ("today", want_clicks),
+        ("month-to-date", want_clicks),
+        ("last-7-days", want_clicks),
+        ("last-month", 0),
+    ):
+        got = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?range={preset}").json
+        assert got["range"]["preset"] == preset and got["range_total"]["corrected"]["clicks"] == clicks, preset
+    assert alice.get(f"/api/v1/advertisers/{OWN}/dashboard").json["range"]["preset"] == "month-to-date"
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    for url in (f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}", f"/api/v1/advertisers/{OWN}/campaigns/{ad.campaign_id}"):
+        got = alice.get(f"{url}?from=2026-01-01&to=2026-01-31").json
+        assert got["range_total"]["corrected"]["micros"] == sum(b["corrected"]["micros"] for b in got["series"]), url
+    for bad in ("from=2026-13-01", "from=yesterday", "from=2026-01-02&to=2026-01-01", "range=fortnight",
+                "from=2020-01-01&to=2026-01-01", "to=2026-1-1"):  # fmt: skip
+        for url in (f"/api/v1/advertisers/{OWN}/dashboard?{bad}", f"/advertisers/{OWN}?{bad}",
+                    f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}?{bad}"):  # fmt: skip
+            assert alice.get(url).status_code == 400, url

@@ -67,6 +67,13 @@ function render(value, format, currency) {
   }
 }
 
+function spanBadge(closed) {
+  const span = document.createElement("span");
+  span.className = "badge " + (closed ? "closed" : "open");
+  span.textContent = closed ? "closed" : "provisional";
+  return span;
+}
+
 function statusBadge(closed) {
   const span = document.createElement("span");
   span.className = "badge " + (closed ? "closed" : "open");
@@ -87,6 +94,8 @@ function fillTable(table, rows, currency) {
       if (th.classList.contains("num")) td.className = "num";
       if (th.dataset.f === "status") {
         td.appendChild(statusBadge(value));
+      } else if (th.dataset.f === "span_status") {
+        td.appendChild(spanBadge(value));
       } else if (th.dataset.link) {
         const a = document.createElement("a");
         a.href = th.dataset.link.replace("__ID__", encodeURIComponent(value));
