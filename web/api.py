@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request, url_for
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from billing.corrections import Correction
 from billing.store.export_files import Manifest
@@ -28,7 +29,9 @@ from web.model import (
     Figures,
     Period,
     PeriodBill,
+    totals_by_currency,
 )
+from web.pages import send_export
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
 from web.services import current_principal, services
@@ -182,6 +185,15 @@ def finance() -> Response:
             "advertisers": [
                 {"advertiser_id": a.advertiser_id, "currency": a.currency, **_billed(a.billed)} for a in f.advertisers
             ],
+            "totals": [{"currency": c, **_billed(b)} for c, b in totals_by_currency(f.advertisers).items()],
+            "recent_periods": [
+                {
+                    **_period(fp.period),
+                    "totals": [{"currency": c, **_billed(b)} for c, b in fp.by_currency.items()],
+                    "held": fp.held,
+                }
+                for fp in services().reader.finance_periods()
+            ],
             "exports": [_export(e) for e in f.exports],
             "last_audit": None
             if f.audit is None
@@ -194,6 +206,13 @@ def finance() -> Response:
 def exports() -> Response:
     finance_or_404()
     return jsonify({"exports": [_export(e) for e in services().reader.exports()]})
+
+
+@bp.get("/exports/<period>/<name>")
+def export_file(period: str, name: str) -> WerkzeugResponse:
+    """A closed period's export file, for scripts: the page's download, opened with an API token too."""
+    finance_or_404()
+    return send_export(period, name)
 
 
 @bp.get("/health")
@@ -340,7 +359,8 @@ def _export(e: Manifest) -> dict[str, Any]:
                 "name": name,
                 "bytes": f.size_bytes,
                 "sha256": f.sha256,
-                "url": url_for("pages.export_file", period=e.period, name=name),
+                "url": url_for("api.export_file", period=e.period, name=name),
+                "page_url": url_for("pages.export_file", period=e.period, name=name),
             }
             for name, f in e.files.items()
         ],

@@ -15,6 +15,7 @@ from web import lookups
 from web.auth import home_for
 from web.freshness import worst
 from web.guards import finance_or_404
+from web.model import totals_by_currency
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange
 from web.services import current_principal, services
@@ -113,20 +114,32 @@ def correction(advertiser_id: str, correction_id: str) -> str:
 
 @bp.get("/finance")
 def finance() -> str:
-    return render_template("finance.html", f=lookups.finance(), fresh=lookups.freshness())
+    f = lookups.finance()
+    return render_template(
+        "finance.html",
+        f=f,
+        fresh=lookups.freshness(),
+        totals=totals_by_currency(f.advertisers),
+        periods=services().reader.finance_periods(),
+    )
 
 
 @bp.get("/exports/<period>/<name>")
 def export_file(period: str, name: str) -> Response:
     """A closed period's reconciled export: Parquet, CSV or its manifest, as an attachment."""
     finance_or_404()
+    return send_export(period, name)
+
+
+def send_export(period: str, name: str) -> Response:
+    """The file of a finished export as an attachment, or 404."""
     path = services().reader.export_file(period, name)
     if path is None:
         abort(404)
     mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}
     response = send_file(
         path,
-        mimetype=mimetypes[name.rsplit(".", 1)[1]],
+        mimetype=mimetypes.get(name.rsplit(".", 1)[-1], "text/plain"),
         as_attachment=True,
         download_name=f"adbill-{period}-{name}",
     )

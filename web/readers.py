@@ -43,12 +43,14 @@ from web.model import (
     EventCounts,
     Figures,
     Finance,
+    FinancePeriod,
     Health,
     Period,
     PeriodBill,
     QueryHealth,
     Reconciliation,
     consumer_lag,
+    totals_by_currency,
 )
 
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
@@ -393,6 +395,31 @@ class BillingReader:
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
         return Finance(period, periods, lines, self.exports(), self.last_audit())
+
+    def finance_periods(self, count: int = SERIES_PERIODS) -> list[FinancePeriod]:
+        """The latest `count` periods, newest first, each with every advertiser's figures added up per currency
+        and the reason the last reconciliation gave for holding it."""
+        periods = self.periods()[-count:]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.smembers(self.keys.period_advertisers(p.key))
+        pipe.hget(self.keys.last_reconciliation(), "held")
+        *members, held_text = pipe.execute()
+        held = {str(k): str(v) for k, v in _json_field(held_text, {}).items()}
+        pipe = self.client.pipeline(transaction=False)
+        for p, who in zip(periods, members, strict=True):
+            for advertiser_id in sorted(who):
+                self._queue_billed(pipe, p.key, "adv", advertiser_id)
+        results = iter(pipe.execute())
+        currency_of = {a: self.currency(a) for a in set().union(*members)}
+        out = []
+        for p, who in zip(periods, members, strict=True):
+            lines = [
+                AdvertiserLine(a, currency_of[a], Billed(_figures(next(results)), _figures(next(results))))
+                for a in sorted(who)
+            ]
+            out.append(FinancePeriod(p, totals_by_currency(lines), held.get(p.key)))
+        return list(reversed(out))
 
     def last_audit(self) -> Audit | None:
         """The last `adbill audit`, or None before the first."""

@@ -136,6 +136,7 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         ),
         "/api/v1/finance": "/api/v1/finance",
         "/api/v1/exports": "/api/v1/exports",
+        "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
         "/api/v1/health": "/api/v1/health",
         "/healthz": "/healthz",
         "/readyz": "/readyz",
@@ -144,7 +145,13 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
-FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
+FINANCE = {
+    "/finance",
+    "/exports/<period>/<name>",
+    "/api/v1/finance",
+    "/api/v1/exports",
+    "/api/v1/exports/<period>/<name>",
+}
 HEALTH = {"/health", "/api/v1/health"}
 POST_ROUTES = {"/login", "/logout"}
 
@@ -356,6 +363,35 @@ def test_another_advertisers_token_gets_404_like_an_id_that_does_not_exist(world
             assert response.status_code == 404 and OWN not in response.get_data(as_text=True), url
     mine = bob.get(f"/api/v1/advertisers/{OTHER}/dashboard", headers=bearer(world.tokens["bob"]))
     assert mine.status_code == 200 and mine.json["advertiser_id"] == OTHER
+
+
+@pytest.mark.parametrize("actor", ["fiona", "ada"])
+def test_every_file_url_the_exports_api_lists_opens_with_a_token(world: World, actor: str) -> None:
+    """Scripts fetch what the API lists: each file's `url`, with the same token, its bytes matching the manifest."""
+    import hashlib
+
+    scripted = world.app.test_client()
+    listed = scripted.get("/api/v1/exports", headers=bearer(world.tokens[actor])).json["exports"]
+    assert listed
+    for export in listed:
+        for f in export["files"]:
+            response = scripted.get(f["url"], headers=bearer(world.tokens[actor]))
+            assert response.status_code == 200, f["url"]
+            assert hashlib.sha256(response.get_data()).hexdigest() == f["sha256"], f["url"]
+            assert response.headers["Cache-Control"] == "no-store"
+    for name in ("manifest.json", "SHA256SUMS"):
+        url = f"/api/v1/exports/{world.export_period}/{name}"
+        assert scripted.get(url, headers=bearer(world.tokens[actor])).status_code == 200, url
+    for actor_without in ("alice", "bob"):
+        assert (
+            scripted.get(listed[0]["files"][0]["url"], headers=bearer(world.tokens[actor_without])).status_code == 404
+        )
+    assert (
+        scripted.get(
+            f"/api/v1/exports/{world.export_period}/users.json", headers=bearer(world.tokens[actor])
+        ).status_code
+        == 404
+    )
 
 
 def test_a_revoked_unknown_or_malformed_token_and_a_disabled_accounts_token_get_401(world: World) -> None:

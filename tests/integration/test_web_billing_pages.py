@@ -196,3 +196,40 @@ def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400
         for url in (f"/api/v1/advertisers/{OWN}/dashboard?{bad}", f"/advertisers/{OWN}?{bad}",
                     f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}?{bad}"):  # fmt: skip
             assert alice.get(url).status_code == 400, url
+
+
+def test_finance_shows_a_total_row_amounts_per_period_and_why_a_period_is_held(seeded: Seeded) -> None:
+    fiona = client_of(seeded, "fiona")
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    periods = totals.periods()
+    held = {periods[-1]: "held: the streaming job is 1.2 M record(s) behind"}
+    totals.record_reconciliation({"run_id": "r9", "finished_at_ms": NOW_MS, "periods": [], "closed": [], "held": held})
+
+    def corrected(period: str) -> int:
+        out = 0
+        for advertiser in {a.advertiser_id for a in seeded.catalog}:
+            fix = seeded.client.hmget(totals.keys.corrections(period, "adv", advertiser), "micros")
+            out += totals.advertiser(period, advertiser).micros + int(fix[0] or 0)
+        return out
+
+    doc = fiona.get("/api/v1/finance").json
+    assert doc["totals"] == [
+        {
+            "currency": "EUR",
+            "provisional": {k: sum(a["provisional"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
+            "corrections": {k: sum(a["corrections"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
+            "corrected": {k: sum(a["corrected"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
+        }
+    ]
+    assert doc["totals"][0]["corrected"]["micros"] == corrected(periods[-1])
+    recent = {p["period"]: p for p in doc["recent_periods"]}
+    assert [p["period"] for p in doc["recent_periods"]] == list(reversed(periods)), "newest first"
+    for period in periods:
+        assert recent[period]["totals"][0]["corrected"]["micros"] == corrected(period), period
+    assert recent[periods[-1]]["held"] == held[periods[-1]] and recent[periods[0]]["held"] is None
+    page = fiona.get("/finance").text
+    total_row = page[page.index('<tr class="total"') :].split("</tr>")[0]
+    assert display.money(corrected(periods[-1]), "EUR") in total_row
+    row = page[page.index(f'<tr data-period="{periods[-1]}">') :].split("</tr>")[0]
+    assert "1.2 M record(s) behind" in row and 'class="badge held"' in row
+    assert display.money(corrected(periods[-1]), "EUR") in row
