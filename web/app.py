@@ -18,7 +18,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
-from web import api, auth, display, pages, probes
+from web import api, auth, display, downloads, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -128,6 +128,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.before_request(auth.check_csrf)
     app.register_blueprint(auth.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(downloads.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(probes.bp)
 
@@ -175,6 +176,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         reasons=REASONS,
         range_presets=PRESETS,
         range_url=pages.range_url,
+        months_of=downloads.months_of,
     )
     app.jinja_env.filters.update(
         money=display.money,

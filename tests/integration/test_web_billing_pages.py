@@ -3,15 +3,23 @@ health page's status, correction reasons, the price behind a charge, an hour wit
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from flask.testing import FlaskClient
 
+from billing.money import format_micros
 from billing.store.redis_keys import RedisKeys
+from ops import deps
 from ops.settings import Settings
 from tests.redis_figures import RedisFigures
-from tests.web_support import OWN, Seeded, login, seed
+from tests.web_support import OWN, Seeded, login, seed, web_screens_dir
 from web import display
 from web.app import create_app
 from web.reasons import REASONS
@@ -233,3 +241,113 @@ def test_finance_shows_a_total_row_amounts_per_period_and_why_a_period_is_held(s
     row = page[page.index(f'<tr data-period="{periods[-1]}">') :].split("</tr>")[0]
     assert "1.2 M record(s) behind" in row and 'class="badge held"' in row
     assert display.money(corrected(periods[-1]), "EUR") in row
+
+
+def advertiser_corrected(seeded: Seeded, period: str, advertiser: str) -> tuple[int, int]:
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    provisional = totals.advertiser(period, advertiser)
+    fix = seeded.client.hmget(totals.keys.corrections(period, "adv", advertiser), "clicks", "micros")
+    return provisional.clicks + int(fix[0] or 0), provisional.micros + int(fix[1] or 0)
+
+
+def test_the_statement_is_the_exports_plus_adjustments_and_the_open_remainder_as_page_csv_and_pdf(
+    seeded: Seeded, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    alice = client_of(seeded, "alice")
+    exports = seeded.settings.root / "exports"
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    closed_from_exports = adjustments = provisional = closed_from_redis = 0
+    closed_keys = set(seeded.client.zrange(totals.keys.closed_periods(), 0, -1))
+    for period in totals.periods():
+        folder = exports / period
+        if (folder / "manifest.json").is_file():
+            rows = [r for r in pq.read_table(folder / "billing.parquet").to_pylist() if r["advertiser_id"] == OWN]
+            closed_from_exports += sum(r["net_micros"] for r in rows if r["record_type"] == "click")
+            adjustments += sum(r["net_micros"] for r in rows if r["record_type"] == "adjustment")
+            # The closing run sets Redis to the export's figures: both agree.
+            assert advertiser_corrected(seeded, period, OWN)[1] == sum(r["net_micros"] for r in rows)
+        elif period in closed_keys:
+            closed_from_redis += advertiser_corrected(seeded, period, OWN)[1]
+        else:
+            provisional += advertiser_corrected(seeded, period, OWN)[1]
+    assert closed_from_exports and provisional
+    total = closed_from_exports + closed_from_redis + adjustments + provisional
+
+    page = alice.get(f"/advertisers/{OWN}/statements/2026-01").text
+    assert f'id="statement-total">{display.money(total, "EUR")}<' in page
+    assert f'id="provisional">{display.money(provisional, "EUR")}<' in page
+    assert f'id="closed-charges">{display.money(closed_from_exports + closed_from_redis, "EUR")}<' in page
+    assert "provisional" in page
+
+    csv_response = alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.csv")
+    assert csv_response.headers["Content-Disposition"].startswith("attachment")
+    rows = list(csv.DictReader(io.StringIO(csv_response.text)))
+    total_row = rows[-1]
+    assert total_row["period"] == "TOTAL" and int(total_row["total_micros"]) == total
+    assert total_row["total"] == format_micros(total) and total_row["status"] == "provisional"
+    assert sum(int(r["total_micros"]) for r in rows[:-1]) == total
+    assert {r["status"] for r in rows[:-1]} == {"closed", "closed (export not on file)", "provisional"}
+
+    pdf = alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.pdf")
+    assert pdf.mimetype == "application/pdf" and pdf.data.startswith(b"%PDF")
+    path = tmp_path / "statement.pdf"
+    path.write_bytes(pdf.data)
+    try:
+        tool = deps.ensure_pdftoppm()
+    except deps.DependencyError as exc:
+        pytest.skip(str(exc))
+    text = subprocess.run(
+        [str(Path(tool).with_name("pdftotext")), "-layout", str(path), "-"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"Total (provisional) {display.money(total, 'EUR')}" in " ".join(text.split())
+    subprocess.run([tool, "-png", "-r", "80", str(path), str(tmp_path / "statement")], check=True)
+    pngs = sorted(tmp_path.glob("statement*.png"))
+    assert pngs and pngs[0].stat().st_size > 10_000
+    screens = web_screens_dir()
+    shutil.copy(pngs[0], screens / "statement-pdf-page-1.png")
+
+
+def test_charges_csv_and_finances_month_are_redis_and_the_exports(seeded: Seeded) -> None:
+    alice, fiona = client_of(seeded, "alice"), client_of(seeded, "fiona")
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    response = alice.get(f"/advertisers/{OWN}/charges.csv?from=2026-01-01&to=2026-01-01")
+    assert response.headers["Content-Disposition"] == (
+        f'attachment; filename="adbill-charges-{OWN}-2026-01-01-2026-01-01.csv"'
+    )
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert {r["advertiser_id"] for r in rows} == {OWN}
+    for period in totals.periods():
+        mine = [r for r in rows if r["period"] == period]
+        clicks, micros = advertiser_corrected(seeded, period, OWN)
+        assert sum(int(r["amount_micros"]) for r in mine) == micros, period
+        assert sum(int(r["clicks"]) for r in mine) == clicks, period
+    for r in rows:
+        assert r["amount"] == format_micros(int(r["amount_micros"]))
+        assert int(r["provisional_micros"]) + int(r["corrections_micros"]) == int(r["amount_micros"])
+    assert alice.get(f"/advertisers/{OWN}/charges.csv?from=2026-01-02&to=2026-01-01").status_code == 400
+
+    month = fiona.get("/finance/months/2026-01/billing.csv")
+    assert month.status_code == 200
+    lines = list(csv.DictReader(io.StringIO(month.text)))
+    manifests = [json.loads(p.read_text()) for p in sorted((seeded.settings.root / "exports").glob("*/manifest.json"))]
+    assert len(lines) == sum(m["rows"] for m in manifests)
+    assert sum(int(r["net_micros"]) for r in lines) == sum(m["total_micros"] for m in manifests)
+    assert all(r["net_amount"] == format_micros(int(r["net_micros"])) for r in lines)
+    assert fiona.get("/finance/months/2025-12/billing.csv").status_code == 404
+    assert fiona.get("/finance/months/2026-13/billing.csv").status_code == 400
+    assert alice.get("/finance/months/2026-01/billing.csv").status_code == 404
+
+
+def test_csv_cells_never_start_a_formula() -> None:
+    from web.statements import safe_cell
+
+    assert [safe_cell(t) for t in ("=1+1", "+a", "-x", "@SUM", "adv-1", "")] == [
+        "'=1+1",
+        "'+a",
+        "'-x",
+        "'@SUM",
+        "adv-1",
+        "",
+    ]
