@@ -147,7 +147,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             "campaign_id": a.campaign_id,
             "ad_id": a.ad_id,
             "currency": a.currency,
-            "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id),
+            "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id, services().clock()),
             "series": [_period_bill(b) for b in a.series],
             **ranged,
         }

@@ -86,7 +86,8 @@ def range_url(preset: str) -> str:
 def campaign(advertiser_id: str, campaign_id: str) -> str:
     c = lookups.campaign(advertiser_id, campaign_id)
     catalog = services().reader.catalog.get()
-    prices = {a.ad_id: price_per_click(catalog, a.ad_id) for a in c.ads}
+    now = services().clock()
+    prices = {a.ad_id: price_per_click(catalog, a.ad_id, now) for a in c.ads}
     span = lookups.date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("cmp", campaign_id, advertiser_id, span) if span else None
     return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness(), r=ranged)
@@ -95,7 +96,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str:
     a = lookups.ad(advertiser_id, ad_id)
-    price = price_per_click(services().reader.catalog.get(), ad_id)
+    price = price_per_click(services().reader.catalog.get(), ad_id, services().clock())
     span = lookups.date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("ad", ad_id, advertiser_id, span) if span else None
     return render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged)

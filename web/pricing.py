@@ -1,7 +1,6 @@
-"""The price behind a charge: what one click of an ad costs, as the catalog says.
+"""The price behind a charge: what one click of an ad costs at a moment, as the catalog's price history says.
 
-Kept in this one function so that the pages ask one place: the catalog holds one current price per ad today; when it
-holds each ad's price history, this answers with the price in force at the time asked for.
+The one place the pages ask (`billing.catalog.Ad.price_at`), so that the ad and campaign pages and the API agree.
 """
 
 from __future__ import annotations
@@ -9,8 +8,11 @@ from __future__ import annotations
 from billing.catalog import Catalog
 
 
-def price_per_click(catalog: Catalog, ad_id: str, at_ms: int | None = None) -> int | None:
-    """The ad's price of one click in micros (the catalog's current price; `at_ms` is for the price history), or
-    None when the catalog does not know the ad."""
+def price_per_click(catalog: Catalog, ad_id: str, at_ms: int) -> int | None:
+    """The ad's price of one click in micros in force at `at_ms` (the pages ask for now), or None when the ad is
+    paused then, not created yet, or unknown to the catalog."""
     ad = catalog.get(ad_id)
-    return None if ad is None else ad.cpc_micros
+    if ad is None:
+        return None
+    price = ad.price_at(at_ms)
+    return price if isinstance(price, int) and not isinstance(price, bool) else None

@@ -45,6 +45,12 @@ REASONS: dict[str, ReasonText] = {
         "Two different events arrived with the same id; the first one stands, and a charge made on the later copy "
         "is taken back (and, if the first copy is billable at another price, charged at that price).",
     ),
+    "catalog_change": ReasonText(
+        "Price change",
+        "The ad's price at the click's time differs from what the live bill used (a new ad, a new price or a pause "
+        "had not reached it yet): the click is charged at the price in force at its time, and a charge at any other "
+        "price is taken back.",
+    ),
     "not_billable": ReasonText(
         "Not billable",
         "Removed: the complete data does not support the charge (for instance no impression of the same user on "

@@ -20,14 +20,14 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from billing.catalog import Ad, Catalog
+from billing.catalog import FORMAT, Ad, Catalog
 from billing.corrections import Correction, CorrectionKind
 from billing.periods import Periods
 from billing.store.redis_totals import TotalsRow
@@ -467,7 +467,7 @@ def test_a_catalog_where_two_advertisers_share_a_campaign_id_is_refused() -> Non
     with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
         Catalog(ads)
     with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
-        Catalog.from_json(json.dumps({"ads": [asdict(ad) for ad in ads]}))
+        Catalog.from_json(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in ads]}))
     assert len(Catalog([*ads[:1], Ad("own-ad-2", SHARED, OWN, 1, "EUR")])) == 2, "one advertiser's campaign is fine"
 
 
@@ -508,7 +508,7 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
     # A catalog in which both advertisers have the campaign at once is refused by the running UI too: it keeps the
     # catalog it had, and says so in its log.
     shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, "EUR"), Ad("other-ad", SHARED, OTHER, 10**6, "EUR")]
-    settings.catalog_file.write_text(json.dumps({"ads": [asdict(ad) for ad in shared]}))
+    settings.catalog_file.write_text(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in shared]}))
     with caplog.at_level(logging.WARNING, logger="web.readers"):
         seen()
         assert clients["alice"].get("/api/v1/advertisers").json["advertisers"] == [

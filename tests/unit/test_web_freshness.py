@@ -66,3 +66,15 @@ def test_every_correction_reason_is_explained() -> None:
     assert reason_label("billed_after_close") == "Billed after close"
     assert "closed" in reason_explanation("billed_after_close")
     assert reason_label("some_new_reason") == "some new reason"
+
+
+def test_the_price_per_click_is_the_history_entry_in_force_at_the_time_asked() -> None:
+    from billing.catalog import Ad, Catalog, PriceChange
+    from web.pricing import price_per_click
+
+    history = (PriceChange(0, 250_000), PriceChange(NOW, 400_000, 1), PriceChange(NOW + 3_600_000, None, 2))
+    catalog = Catalog([Ad("a1", "c1", "adv-1", 250_000, "EUR", history)])
+    assert price_per_click(catalog, "a1", NOW - 1) == 250_000
+    assert price_per_click(catalog, "a1", NOW) == 400_000  # the new price from its effective time on
+    assert price_per_click(catalog, "a1", NOW + 3_600_000) is None  # paused
+    assert price_per_click(catalog, "nope", NOW) is None
