@@ -351,3 +351,30 @@ def test_csv_cells_never_start_a_formula() -> None:
         "adv-1",
         "",
     ]
+
+
+def test_an_adjustment_booked_in_a_later_closed_period_shows_on_the_statement(seeded: Seeded) -> None:
+    """Finance was given the adjustment in the export of the period it is booked in: the statement counts it
+    there, as an adjustment, beside the period's own clicks (none here)."""
+    alice = client_of(seeded, "alice")
+    before = list(csv.DictReader(io.StringIO(alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.csv").text)))
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    booked, start = "20260102T0000Z", 1_767_312_000_000
+    row = {
+        "record_type": "adjustment", "click_id": "click-late-retracted", "impression_id": None, "ad_id": ad.ad_id,
+        "campaign_id": ad.campaign_id, "advertiser_id": OWN, "user_id": None, "click_time": None,
+        "impression_time": None, "amount_micros": ad.cpc_micros, "net_micros": -ad.cpc_micros, "currency": "EUR",
+        "status": "retracted", "reason": "duplicate", "correction_id": "adj-1", "corrects_period": "20260101T0200Z",
+        "booked_period": booked,
+    }  # fmt: skip
+    seeded.writer.close(booked, start)
+    seeded.writer.export(booked, start, start + 3_600_000, start + 7_200_000, [row])
+    after = list(csv.DictReader(io.StringIO(alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.csv").text)))
+    adjusted = next(r for r in after if r["period"] == booked)
+    assert (adjusted["status"], adjusted["charges_micros"], adjusted["adjustments_micros"]) == (
+        "closed", "0", str(-ad.cpc_micros)
+    )  # fmt: skip
+    assert int(after[-1]["total_micros"]) == int(before[-1]["total_micros"]) - ad.cpc_micros
+    assert int(after[-1]["adjustments_micros"]) == -ad.cpc_micros
+    page = alice.get(f"/advertisers/{OWN}/statements/2026-01").text
+    assert f'id="adjustments">{display.signed_money(-ad.cpc_micros, "EUR")}<' in page
