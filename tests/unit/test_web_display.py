@@ -83,3 +83,36 @@ def test_sizes_and_durations() -> None:
     assert display.duration_ms(4400) == "4,400 ms"
     assert display.duration_ms(12_500) == "12.5 s"
     assert display.duration_ms(None) == "\u2014"
+
+
+def test_the_chart_of_one_period_labels_its_axis_once() -> None:
+    """adbill.js's chart, in node with a stand-in for the DOM: one period, one label on the time axis; two, two."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    dom = """
+globalThis.document = {
+  addEventListener() {},
+  createElementNS(_ns, name) {
+    return { name, attrs: {}, children: [], textContent: "",
+      setAttribute(k, v) { this.attrs[k] = v; }, appendChild(c) { this.children.push(c); } };
+  },
+};
+function svg() {
+  return { children: [], get firstChild() { return this.children[0]; },
+    removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
+    appendChild(c) { this.children.push(c); }, setAttribute() {} };
+}
+const bill = (p) => ({ period: p, closed: true, corrected: { micros: 5 }, provisional: { micros: 4 } });
+const labels = (series) => { const s = svg(); drawChart(s, series, "EUR");
+  return s.children.filter((c) => c.name === "text" && c.attrs.y === "250").map((c) => c.textContent); };
+"""
+    program = (
+        dom
+        + script.read_text()
+        + "\nconsole.log(JSON.stringify([labels([bill('20260101T0000Z')]),"
+        + " labels([bill('20260101T0000Z'), bill('20260101T0100Z')])]));"
+    )
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == [["2026-01-01 00:00 UTC"], ["2026-01-01 00:00 UTC", "2026-01-01 01:00 UTC"]]
