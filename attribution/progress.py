@@ -29,6 +29,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
+from billing.catalog import Unbillable
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -350,10 +351,10 @@ class ReconciliationCollector:
 
 
 class BillingCollector:
-    """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events,
-    quarantined records and corrections. The stream adds to them in the same script that applies each batch, so they
-    count every batch once; they start again from 0 when Redis is restored (`adbill restore-redis`), which
-    Prometheus reads as a counter reset."""
+    """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events, matched
+    clicks without a price, quarantined records and corrections. The stream adds to them in the same script that
+    applies each batch, so they count every batch once; they start again from 0 when Redis is restored (`adbill
+    restore-redis`), which Prometheus reads as a counter reset."""
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self.prefix = prefix
@@ -377,6 +378,14 @@ class BillingCollector:
         for kind in ("impression", "click"):
             late.add_metric([kind], counters.get(f"late_{kind}s", 0))
         yield late
+        unbilled = CounterMetricFamily(
+            "adbill_unbilled_clicks",
+            "Matched clicks the stream could not price: their ad paused or unknown at their time",
+            labels=["reason"],
+        )
+        for why in Unbillable:
+            unbilled.add_metric([why.value], counters.get(f"unbilled_{why.value}", 0))
+        yield unbilled
         quarantine = CounterMetricFamily(
             "adbill_quarantined_records", "Records sent to the quarantine", labels=["reason", "topic"]
         )

@@ -166,7 +166,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
         # An id conflict: the first copy is billed; the later one (next phase) changes nothing.
         Impression("i-conf", "ad-1", "u-conf", T0),
         Click("c-conf", "ad-1", "u-conf", T0 + 2 * S),
-        # A click on an ad the catalog does not know: quarantined, not billed.
+        # A click on an ad the catalog does not know: kept and counted as unbilled (`unknown_ad`), not quarantined.
         Impression("i-unknown", "ad-zzz", "u-unknown", T0),
         Click("c-unknown", "ad-zzz", "u-unknown", T0 + S),
         # Bytes that are not framed Avro: quarantined; the query keeps running.
@@ -203,15 +203,16 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     # Bad input: in the quarantine table with its raw bytes and coordinates, counted in Redis, on the topic.
     quarantine = ds.dataset(settings.root / "quarantine", format="parquet", partitioning="hive").to_table()
     reasons = Counter(quarantine.column("reason").to_pylist())
-    assert reasons == Counter({"unknown_ad": 2, "undecodable": 1})
+    assert reasons == Counter({"undecodable": 1})
     bad = [r for r in quarantine.to_pylist() if r["reason"] == "undecodable"][0]
     assert (bad["value"], bad["topic"]) == (b"definitely not avro", clicks)
-    assert totals.quarantined() == {
-        "unknown_ad": {settings.topic_impressions: 1, clicks: 1},
-        "undecodable": {clicks: 1},
-    }
-    dead_letters = consume(settings.kafka_bootstrap, settings.topic_quarantine, 3)
-    assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable", b"unknown_ad", b"unknown_ad"]
+    assert totals.quarantined() == {"undecodable": {clicks: 1}}
+    dead_letters = consume(settings.kafka_bootstrap, settings.topic_quarantine, 1)
+    assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable"]
+    # The click on the unknown ad: archived for reconciliation, and counted where people see it.
+    archived = ds.dataset(settings.root / "archive", format="parquet", partitioning="hive").to_table()
+    assert {"i-unknown", "c-unknown"} <= set(archived.column("event_id").to_pylist())
+    assert totals.client.hgetall(totals.keys.unbilled("20260101T0000Z", "ad", "ad-zzz")) == {"unknown_ad": "1"}
 
     # The health listener recorded the billing query's batches. It hears of a batch on Spark's listener bus, after
     # processAllAvailable() has returned: wait for the record of the last batch.
@@ -235,6 +236,8 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     assert scraped.get_sample_value("adbill_billed_clicks_total") == 6
     assert scraped.get_sample_value("adbill_quarantined_records_total", {"reason": "undecodable", "topic": clicks}) == 1
     assert scraped.get_sample_value("adbill_late_events_total", {"type": "click"}) == 0
+    assert scraped.get_sample_value("adbill_unbilled_clicks_total", {"reason": "unknown_ad"}) == 1
+    assert scraped.get_sample_value("adbill_unbilled_clicks_total", {"reason": "ad_paused"}) == 0
 
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
