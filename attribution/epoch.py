@@ -77,12 +77,13 @@ def last_committed_batch(checkpoint: Path) -> int | None:
 
 
 def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
-    """Every `batch_id=N` folder of the ledger, archive and quarantine, with its N."""
+    """Every `batch_id=N` folder of the ledger, archive, quarantine and unbilled clicks, with its N."""
     layout = DataLayout(data_dir)
     batches = (
         (layout.ledger, "period=*/batch_id=*"),
         (layout.archive, "*/period=*/batch_id=*"),
         (layout.quarantine, "batch_id=*"),
+        (layout.unbilled, "period=*/batch_id=*"),
     )
     return [
         (int(folder.name.removeprefix("batch_id=")), folder)

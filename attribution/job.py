@@ -6,11 +6,16 @@ of two branches over the same two Kafka sources, so that everything a batch read
 batch's id, together:
 
 - `bill`: decode -> valid -> watermark per stream (on the earlier of event time and Kafka's receipt time,
-  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click)
-  -> priced;
+  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click),
+  priced in the sink by the catalog's history at each click's time (`attribution.pricing`);
 - `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
   when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
   goes to the quarantine table and topic.
+
+The catalog is read again for every micro-batch (`billing.store.catalog_file.CatalogStore`: a stat, and a read when
+the file changed), so a change is seen by the next batch, without a restart. The version a batch is first priced
+with is kept (`DataLayout.catalog_versions`) and a replay of that batch prices with the same version: the ledger
+files a replay writes are those the first attempt wrote, and Redis (which skips the replay) agrees with them.
 
 The sink (`BatchSink`) has the executors write the ledger, the archive and the quarantine table as Parquet under
 `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its own files and nothing else) and send
@@ -51,11 +56,13 @@ from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
 from attribution.job_lock import JobLock, JobLockedError
-from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, catalog_frame, watermarked
+from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, watermarked
 from attribution.progress import Heartbeat
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
+from billing.store.catalog_file import CatalogStore
+from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
 
@@ -93,11 +100,17 @@ class StreamConfig:
     """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
     False: the batch is collected to the driver and written there (in local mode, where the executors are the
     driver's own threads and a Python worker per task only adds a hop)."""
+    catalog_file: Path | None = None
+    """The ad catalog's file (`billing.store.catalog_file`); the layout's `catalog.json` when None."""
 
     @property
     def layout(self) -> DataLayout:
         """Where in `data_dir` the job writes (`billing.layout`)."""
         return DataLayout(self.data_dir)
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.catalog_file or self.layout.catalog_file
 
 
 FETCH_MAX_WAIT_MS = 10
@@ -127,20 +140,18 @@ def _starting_offsets(config: StreamConfig, topics: list[str]) -> str:
     return config.starting_offsets
 
 
-def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
-    """The job's output: provisional bills (`KIND` `bill`) and every record received (`KIND` `intake`: valid
-    events with a null `reason`, bad input with its reason)."""
-    ad_ids = catalog.select("ad_id")
+def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
+    """The job's output: matched clicks to bill (`KIND` `bill`, priced by the sink) and every record received
+    (`KIND` `intake`: valid events with a null `reason`, bad input with its reason)."""
     impressions = decode_events(
-        kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas, ad_ids
+        kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas
     )
-    clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas, ad_ids)
+    clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas)
     valid_impressions, _ = split(impressions)
     valid_clicks, _ = split(clicks)
     bills = attribute(
         _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
         _billed_live(_observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config), config),
-        catalog,
     )
     bills = bills.drop("click_ts")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
@@ -209,9 +220,27 @@ class BatchSink:
     replayed from the checkpoint when the job restarts.
     """
 
-    def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
+    def __init__(self, config: StreamConfig, catalog: CatalogStore) -> None:
         self.config = config
-        self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        self.catalog = catalog
+
+    def catalog_of(self, batch_id: int) -> Catalog:
+        """The catalog batch `batch_id` is priced with: the version its first attempt used (a replay prices the
+        same), else the current one, whose version is recorded before anything of the batch is written."""
+        current = self.catalog.current()
+        folder = self.config.layout.catalog_versions
+        pin = folder / str(batch_id)
+        if pin.exists():
+            return current.as_of(int(pin.read_text()))
+        touched = make_folder(folder)
+        staging = folder / f".{batch_id}.tmp"
+        staging.write_text(str(current.version))
+        replace_files([(staging, pin)], touched)
+        if batch_id % 100 == 0:  # keep the versions of the last thousand batches
+            for old in folder.glob("*"):
+                if old.name.isdigit() and int(old.name) < batch_id - 1000:
+                    old.unlink(missing_ok=True)
+        return current
 
     @cached_property
     def totals(self) -> RedisTotals:
@@ -225,6 +254,7 @@ class BatchSink:
         watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
+        catalog = self.catalog_of(batch_id)
         writer = PartitionWriter(
             batch_id=batch_id,
             late_watermark_ms=watermark,
@@ -236,6 +266,8 @@ class BatchSink:
             quarantine_dir=self.config.layout.quarantine,
             ledger_columns=tuple(LEDGER_COLUMNS),
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
+            unbilled_dir=self.config.layout.unbilled,
+            catalog=catalog,
         )
         task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
         rows = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
@@ -244,7 +276,7 @@ class BatchSink:
         else:
             written = task.write(rows.toArrow(), partition=0)
         clock.lap("write")
-        figures = batch_figures(written, self.advertiser_of)
+        figures = batch_figures(written, {ad.ad_id: ad.advertiser_id for ad in catalog})
         prune_batch_folders(figures.files)
         self.totals.apply_batch(
             BILLING_QUERY,
@@ -254,15 +286,18 @@ class BatchSink:
             quarantined=figures.quarantined,
             clock_ahead=figures.clock_ahead,
             require_history=True,
+            unbilled=figures.unbilled,
         )
         clock.lap("redis")
         log.info(
-            "batch %d: %d bills, %d events, %d bad, %d files; %s",
+            "batch %d: %d bills, %d unbilled, %d events, %d bad, %d files, catalog version %d; %s",
             batch_id,
             figures.bills,
+            sum(u.clicks for u in figures.unbilled),
             figures.events,
             figures.bad,
             len(figures.files),
+            catalog.version,
             clock,
         )
 
@@ -339,11 +374,12 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
     return int(metadata.get("batchWatermarkMs", 0))
 
 
-def start(
-    spark: SparkSession, config: StreamConfig, catalog: Catalog, new_checkpoint: bool = False
-) -> list[StreamingQuery]:
-    """Start the job's query, with its heartbeat; it runs until stopped. A new checkpoint over the output of an
-    earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = False) -> list[StreamingQuery]:
+    """Start the job's query, with its heartbeat; it runs until stopped, pricing each batch with the catalog's file
+    as it stands then (`config.catalog_path`). A new checkpoint over the output of an earlier one is refused
+    (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+    catalog = CatalogStore(config.catalog_path)
+    catalog.current()  # a catalog that does not read stops the start, with the file's name
     topics = [config.topic_impressions, config.topic_clicks]
     # Held while the query runs: `adbill restore-redis` knows from it that the job runs (`attribution.job_lock`).
     lock = JobLock(config.layout.job_lock(BILLING_QUERY))
@@ -363,7 +399,7 @@ def start(
 def _start(
     spark: SparkSession,
     config: StreamConfig,
-    catalog: Catalog,
+    catalog: CatalogStore,
     new_checkpoint: bool,
     lock: JobLock,
     topics: list[str],
@@ -378,7 +414,6 @@ def _start(
     if epoch.batch_id_base:
         log.info("checkpoint epoch: batches from %d, starting offsets %s", epoch.batch_id_base, epoch.starting_offsets)
     config = replace(config, epoch=epoch)
-    catalog_df = catalog_frame(spark, catalog).cache()
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
     spark.streams.addListener(lock)
@@ -387,7 +422,7 @@ def _start(
 
     def start_query() -> StreamingQuery:
         query = (
-            attribution_stream(spark, config, catalog_df)
+            attribution_stream(spark, config)
             .writeStream.queryName(BILLING_QUERY)
             .foreachBatch(BatchSink(config, catalog))
             .option("checkpointLocation", str(checkpoint))

@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_down)
 
     p = sub.add_parser(
-        "deps", help="fetch Kafka's jars and Spark's connectors; install redis-server and chromium if missing"
+        "deps",
+        help="fetch the jars; install redis-server, chromium, promtool and pdftoppm if missing",
     )
     p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
     p.set_defaults(run=cmd_deps)
@@ -100,13 +101,26 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("topics", help="create the impressions, clicks and quarantine topics (idempotent)")
     p.set_defaults(run=cmd_topics, needs=("kafka",))
 
-    p = sub.add_parser("catalog", help="write or show the ad catalog")
-    p.add_argument("action", choices=["generate", "show"])
+    p = sub.add_parser(
+        "catalog",
+        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history",
+        description="The ad catalog and its price history. A change takes effect now or at a later --at, never in "
+        "the past (--backfill, for recorded history, is the one exception); the streaming job, reconciliation and "
+        "the web UI see it within seconds, without a restart.",
+    )
+    p.add_argument("action", choices=list(CATALOG_ACTIONS))
+    p.add_argument("ad_id", nargs="?", help="the ad (create-ad, set-price, pause, resume, history)")
+    p.add_argument("--campaign", help="create-ad: the campaign the ad belongs to")
+    p.add_argument("--advertiser", help="create-ad: the advertiser the ad belongs to")
+    p.add_argument("--currency", help="create-ad: ISO 4217 currency of its prices, such as EUR")
+    p.add_argument("--cpc-micros", help="create-ad, set-price, resume: the price of one click, in integer micros")
+    p.add_argument("--at", help="when the change takes effect: epoch ms or ISO-8601 (default: now)")
+    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
     p.add_argument("--advertisers", type=int, default=5)
-    p.add_argument("--campaigns", type=int, default=3, help="campaigns per advertiser")
-    p.add_argument("--ads", type=int, default=4, help="ads per campaign")
+    p.add_argument("--campaigns", type=int, default=3, help="generate: campaigns per advertiser")
+    p.add_argument("--ads", type=int, default=4, help="generate: ads per campaign")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--force", action="store_true", help="replace an existing catalog file")
+    p.add_argument("--force", action="store_true", help="generate: replace an existing catalog file")
     p.set_defaults(run=cmd_catalog)
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
@@ -130,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--late", type=float, default=0.01, help="fraction of events arriving past the watermark")
     p.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
     p.add_argument("--bad", type=float, default=0.002, help="fraction of bad records")
+    p.add_argument(
+        "--catalog-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="change the catalog every SECONDS of event time during the run: new prices, pauses and resumes, "
+        "--new-ads created (made in the pipeline's catalog as the run goes; default 0: no changes)",
+    )
+    p.add_argument("--new-ads", type=int, default=0, help="ads the run creates (with --catalog-every)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce, needs=("kafka",))
 
@@ -289,6 +312,10 @@ def _traffic_args(settings: Settings) -> list[str]:
         str(settings.traffic_rate),
         "--seed",
         str(settings.traffic_seed),
+        "--catalog-every",
+        str(settings.traffic_catalog_every_s),
+        "--new-ads",
+        "5" if settings.traffic_catalog_every_s else "0",
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -329,12 +356,17 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history")
+
+
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
-    from billing.money import format_micros
-    from billing.store.catalog_file import load_catalog, save_catalog
+    from billing.catalog_changes import describe_entry, price_status
+    from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+    from ops.reconciling import parse_time
 
     path = settings.catalog_file
+    now_ms = int(time.time() * 1000)
     if args.action == "generate":
         if path.exists() and not args.force:
             raise ValueError(f"{path} exists; pass --force to replace it")
@@ -342,14 +374,46 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         save_catalog(catalog, path)
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
-    catalog = load_catalog(path)
-    for ad in catalog:
-        print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{format_micros(ad.cpc_micros, ad.currency)}")
+    if args.action == "show":
+        catalog = load_catalog(path)
+        for ad in catalog:
+            print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{price_status(ad, now_ms)}")
+        return 0
+    if not args.ad_id:
+        raise ValueError(f"catalog {args.action} needs the ad's id")
+    if args.action == "history":
+        found = load_catalog(path).get(args.ad_id)
+        if found is None:
+            raise ValueError(f"unknown ad {args.ad_id}")
+        print(f"{found.ad_id}\tcampaign {found.campaign_id}\tadvertiser {found.advertiser_id}\t{found.currency}")
+        for entry in found.prices:
+            print(describe_entry(entry, found.currency))
+        return 0
+    from billing.catalog_changes import catalog_change
+
+    at_ms = parse_time(args.at, "--at") if args.at else now_ms
+    store = CatalogStore(path)
+    with store.locked():
+        current = load_catalog(path) if path.exists() else None
+    change = catalog_change(
+        args.action,
+        args.ad_id,
+        at_ms,
+        current,
+        cpc_micros=args.cpc_micros,
+        campaign_id=args.campaign,
+        advertiser_id=args.advertiser,
+        currency=args.currency,
+    )
+    catalog = store.change(change, now_ms, backfill=args.backfill)
+    ad = catalog[args.ad_id]
+    entry = next(p for p in ad.prices if p.version == catalog.version)
+    print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
     return 0
 
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.catalog_file import load_catalog
+    from billing.store.catalog_file import CatalogStore, load_catalog
     from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
@@ -372,6 +436,8 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
         events=args.events,
         duration_s=args.duration,
+        catalog_change_every_s=args.catalog_every,
+        new_ads=args.new_ads,
     )
     if args.live and args.rate:
         config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly
@@ -388,6 +454,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         rate=None if args.live else args.rate,
         progress=_progress(args),
         live=args.live,
+        catalog_store=CatalogStore(settings.catalog_file),
     )
     print(f"ground truth in {run_dir}")
     return _delivery_outcome("produce", summary.not_delivered, 0)
@@ -519,8 +586,16 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.catalog import AdChange
+    from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
+
+    catalog = CatalogStore(settings.catalog_file)
+
+    def apply_catalog(change: AdChange) -> None:
+        # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
+        catalog.change(change, int(time.time() * 1000), backfill=True)
 
     summary = replay_to_kafka(
         args.file,
@@ -529,6 +604,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         topics=settings.topics,
         rate=args.rate,
         progress=_progress(args),
+        apply_catalog=apply_catalog,
     )
     return _delivery_outcome("replay", summary.publish.not_delivered, summary.bad_lines)
 
@@ -570,18 +646,27 @@ def _catalog_shape(catalog: Catalog) -> dict[str, int]:
 
 
 def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
-    """The simulator bills from the catalog of its seed: the pipeline must read that same catalog."""
+    """The simulator draws its traffic from the ads of its seed: the pipeline's catalog must hold those ads, with
+    the same owners and currency (their prices are the catalog's history, whoever changed them)."""
     from billing.store.catalog_file import load_catalog, save_catalog
 
     path = settings.catalog_file
     if not path.exists():
         save_catalog(simulated, path)
         print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
-    elif load_catalog(path).to_json() != simulated.to_json():
-        raise ValueError(
-            f"the catalog in {path} is not the one the simulator derives from --seed {seed} "
-            "and its shape; use the seed it was generated with, or remove the file to start afresh"
-        )
+        return
+    held = load_catalog(path)
+    for ad in simulated:
+        other = held.get(ad.ad_id)
+        if other is None or (other.campaign_id, other.advertiser_id, other.currency) != (
+            ad.campaign_id,
+            ad.advertiser_id,
+            ad.currency,
+        ):
+            raise ValueError(
+                f"the catalog in {path} does not hold the ads the simulator derives from --seed {seed} and its "
+                f"shape (ad {ad.ad_id}); use the seed it was generated with, or remove the file to start afresh"
+            )
 
 
 def _progress(args: argparse.Namespace) -> bool:

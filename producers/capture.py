@@ -3,9 +3,14 @@
     {"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}
     {"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225605000}
     {"type": "raw", "topic": "clicks", "bytes_b64": "AAAAAAE="}
+    {"type": "ad", "ad_id": "a9", "campaign_id": "c1", "advertiser_id": "adv1", "currency": "EUR",
+     "effective_from": 1767225600000, "cpc_micros": 250000}
 
-A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on:
-no line is dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
+An `ad` line is a change to the catalog (a new ad, a new price, `cpc_micros` null: a pause), applied by the replay
+through the catalog's store with its own effective time (a back-fill of recorded history).
+
+A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on: no line is
+dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
 ignored, so a capture may carry annotations. Whether an event is valid for billing (time range, known ad, id
 conflicts) is not decided here: such events are sent, and the pipeline quarantines them.
 """
@@ -20,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from billing.catalog import AdChange, CatalogError
+from billing.catalog_changes import ad_line_change
 from billing.events import Click, Event, Impression
 from producers.wire import RawRecord
 
@@ -40,7 +47,16 @@ class CaptureError:
         return f"line {self.line_number}: {self.message}"
 
 
-CaptureLine = Event | RawRecord | CaptureError
+@dataclass(frozen=True, slots=True)
+class CatalogLine:
+    """A change to the ad catalog where it happened in the capture (`{"type": "ad", ...}`, DOMAIN.md "Recorded
+    traffic"): applied, with its own `effective_from`, before the lines after it are sent."""
+
+    change: AdChange
+    line_number: int = 0
+
+
+CaptureLine = Event | RawRecord | CatalogLine | CaptureError
 """What reading one non-blank line gives."""
 
 
@@ -79,7 +95,8 @@ def parse_capture_line(text: str, line_number: int = 1) -> CaptureLine:
     if not isinstance(data, dict):
         return CaptureError(line_number, f"a line is a JSON object, got {type(data).__name__}", _excerpt(text))
     try:
-        return _item(data)
+        item = _item(data)
+        return CatalogLine(item.change, line_number) if isinstance(item, CatalogLine) else item
     except _LineProblem as problem:
         return CaptureError(line_number, str(problem), _excerpt(text))
 
@@ -88,8 +105,13 @@ class _LineProblem(Exception):
     pass
 
 
-def _item(data: dict[str, Any]) -> Event | RawRecord:
+def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine:
     kind = data.get("type")
+    if kind == "ad":
+        try:
+            return CatalogLine(ad_line_change(data))
+        except CatalogError as exc:
+            raise _LineProblem(str(exc)) from None
     if kind == "raw":
         topic = _string(data, "topic")
         if not topic:
@@ -108,8 +130,8 @@ def _item(data: dict[str, Any]) -> Event | RawRecord:
             return Impression(event_id, ad_id, user_id, event_time)
         return Click(event_id, ad_id, user_id, event_time)
     if "type" not in data:
-        raise _LineProblem("missing field 'type' (impression, click or raw)")
-    raise _LineProblem(f"unknown type {kind!r}: expected impression, click or raw")
+        raise _LineProblem("missing field 'type' (impression, click, raw or ad)")
+    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw or ad")
 
 
 def _string(data: dict[str, Any], name: str) -> str:

@@ -22,10 +22,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
+from billing.catalog import AdChange, CatalogError
 from billing.events import TOPIC_OF, Event
-from billing.store.catalog_file import save_catalog
+from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
-from producers.capture import CaptureError, read_capture
+from producers.capture import CaptureError, CatalogLine, read_capture
 from producers.simulator import (
     Arrival,
     Clock,
@@ -316,6 +317,10 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
     return open_registry(registry) if isinstance(registry, str) else registry
 
 
+CATALOG_LEAD_MS = 2_000
+"""How long before it takes effect, in the run's time, a simulated catalog change is made."""
+
+
 def simulate_to_kafka(
     config: SimulationConfig,
     bootstrap_servers: str,
@@ -329,8 +334,14 @@ def simulate_to_kafka(
     flush_timeout_s: float = 120.0,
     live: bool = False,
     sleep: Sleep = time.sleep,
+    catalog_store: CatalogStore | None = None,
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
+
+    `catalog_store`: the pipeline's catalog, which the run's catalog changes (`SimulationConfig.catalog_changes`)
+    are made in as the run goes, each `CATALOG_LEAD_MS` of the run's time before it takes effect (so, live, before
+    the clock reaches it); the ground truth is then billed by that store's history as it stands at the end, which
+    holds every change anyone made meanwhile. Without a store the run's own history (`Simulator.catalog`) bills it.
 
     `live`: each record goes out when the clock reaches its arrival time (`LiveSchedule`), the line starting
     now, so the stream's event time tracks the clock; the rate is the config's own
@@ -359,10 +370,15 @@ def simulate_to_kafka(
 
     schedule = LiveSchedule(clock, wait) if live else None
     arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
+    changes = list(simulator.changes) if catalog_store is not None else []
     interrupted = False
     try:
         try:
             for arrival in arrivals:
+                while changes and changes[0].effective_from - CATALOG_LEAD_MS <= arrival.arrival_ms:
+                    # The run's schedule, like a capture's ad lines: made at its own effective time.
+                    assert catalog_store is not None
+                    catalog_store.change(changes.pop(0), clock(), backfill=True)
                 publisher.publish(arrival)
                 truth.observe(arrival)
                 pacer.pace()
@@ -374,7 +390,9 @@ def simulate_to_kafka(
         summary.interrupted = interrupted
         if schedule is not None and schedule.offset_ms is not None:
             summary.live_offset_ms, summary.live_max_behind_ms = schedule.offset_ms, schedule.max_behind_ms
-        write_run(folder, config, simulator.start_ms, truth, simulator.catalog, complete=not interrupted)
+        billed_by = catalog_store.current() if catalog_store is not None else simulator.catalog
+        truth.catalog = billed_by
+        write_run(folder, config, simulator.start_ms, truth, billed_by, complete=not interrupted)
         _write_json(folder / "publish.json", summary.to_dict())
     finally:
         truth.close()
@@ -393,6 +411,7 @@ class ReplaySummary:
     events: int = 0
     raw: int = 0
     bad_lines: int = 0
+    catalog_changes: int = 0
     errors: list[CaptureError] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -402,6 +421,7 @@ class ReplaySummary:
             "events": self.events,
             "raw": self.raw,
             "bad_lines": self.bad_lines,
+            "catalog_changes": self.catalog_changes,
             "errors": [
                 {"line_number": e.line_number, "message": e.message, "raw_text": e.raw_text} for e in self.errors
             ],
@@ -410,7 +430,8 @@ class ReplaySummary:
 
     def line(self) -> str:
         """One human line, for the end of a replay."""
-        text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.bad_lines} bad; "
+        text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.bad_lines} bad"
+        text += f", {self.catalog_changes} catalog changes; " if self.catalog_changes else "; "
         return text + self.publish.line()
 
 
@@ -423,8 +444,11 @@ def replay_to_kafka(
     progress: bool = True,
     extra_config: Mapping[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
+    apply_catalog: Callable[[AdChange], None] | None = None,
 ) -> ReplaySummary:
-    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent.
+    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent; `ad` lines
+    are handed to `apply_catalog` (the catalog's store, as a back-fill) where they stand, before the lines after
+    them are sent (a refused change is reported as a bad line). Without `apply_catalog` an `ad` line is a bad line.
 
     A raw line's topic is mapped like `EventPublisher.publish_raw` does: `clicks` and `impressions` go to the
     topics configured for those event types.
@@ -438,6 +462,12 @@ def replay_to_kafka(
     try:
         for item in read_capture(path):
             bar.advance()
+            if isinstance(item, CatalogLine):
+                refused = _apply(item, apply_catalog)
+                if refused is None:
+                    result.catalog_changes += 1
+                    continue
+                item = refused
             if isinstance(item, CaptureError):
                 result.bad_lines += 1
                 if len(result.errors) < MAX_REPORTED_LINES:
@@ -456,11 +486,23 @@ def replay_to_kafka(
     publisher.flush(flush_timeout_s)
     result.publish = publisher.summary()
     result.publish.interrupted = interrupted
-    result.lines = result.events + result.raw + result.bad_lines
+    result.lines = result.events + result.raw + result.bad_lines + result.catalog_changes
     print(result.line(), file=sys.stderr)
     for error in result.errors[:20]:
         print(f"  {error}", file=sys.stderr)
     return result
+
+
+def _apply(line: CatalogLine, apply_catalog: Callable[[AdChange], None] | None) -> CaptureError | None:
+    """Apply a capture's catalog change; the line as an error when there is no catalog to apply it to, or the
+    catalog refuses it."""
+    if apply_catalog is None:
+        return CaptureError(line.line_number, "an ad line needs the catalog (adbill replay applies it)", "")
+    try:
+        apply_catalog(line.change)
+    except CatalogError as exc:
+        return CaptureError(line.line_number, f"catalog change refused: {exc}", "")
+    return None
 
 
 def _count_lines(path: str | os.PathLike[str]) -> int | None:

@@ -245,7 +245,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     ensure_schemas(settings)
     on_time = pairs("s0", T0 + 30 * 60_000, 40, catalog) + pairs("s1", T0 + H + 30 * 60_000, 40, catalog)
     publish(settings, on_time)
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         # Late pairs of both periods (behind the watermark): reconciliation must add them.
@@ -307,7 +307,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
     save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     publish(settings, pairs("b0", T0 + 30 * 60_000, 10, catalog))
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)
@@ -349,7 +349,7 @@ def test_the_audit_checks_a_closed_periods_adjustments_against_the_exports_that_
     save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     publish(settings, pairs("a0", T0 + 30 * 60_000, 10, catalog))
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)

@@ -148,11 +148,17 @@ EDGE_CASES = [
     ),
     # A click late by minutes is still billed: the rule is about event time only.
     pytest.param([imp("i1", T0), click("c1", T0 + 3 * S, received=T0 + 300 * S)], {"c1": "i1"}, id="late-click"),
-    # An unknown ad is quarantined, not billed.
+    # An ad the catalog does not know is not billed (it is no bad input: the events are kept).
     pytest.param([imp("i1", T0, ad="ad-x"), click("c1", T0 + S, ad="ad-x")], {}, id="unknown-ad"),
-    # A quarantined first copy (unknown ad) does not claim the id: the later valid copy is billed.
+    # The first copy stands even when its ad is unknown: a later copy on a known ad is a conflict, not billed.
     pytest.param(
         [imp("i1", T0), click("c1", T0 + S, ad="ad-x"), click("c1", T0 + S, received=T0 + 2 * S)],
+        {},
+        id="first-copy-on-an-unknown-ad-stands",
+    ),
+    # A quarantined first copy (out of range) does not claim the id: the later valid copy is billed.
+    pytest.param(
+        [imp("i1", T0), click("c1", T0 + 2 * H, received=T0), click("c1", T0 + S, received=T0 + 2 * S)],
         {"c1": "i1"},
         id="valid-copy-after-quarantined-one",
     ),
@@ -210,14 +216,13 @@ def test_verdicts_and_conflicts() -> None:
         imp("i1", T0 + 1, received=T0 + 2 * S),  # conflict: other time
         click("c1", T0 + S),
         click("c1", T0 + S, user="u2", received=T0 + 3 * S),  # conflict: other user
-        click("c2", T0 + S, ad="ad-x"),  # unknown ad
+        click("c2", T0 + S, ad="ad-x"),  # unknown ad: accepted, not billable
         click("c3", 946_684_799_999, received=T0),  # before 2000
     ]
     assert oracle.verdicts(rows, CATALOG) == {
-        "accepted": 2,
+        "accepted": 3,
         "duplicate": 1,
         "id_conflict": 2,
-        "unknown_ad": 1,
         "time_out_of_range": 1,
     }
     assert oracle.conflicting_ids(rows, CATALOG) == {"impression": {"i1"}, "click": {"c1"}}
@@ -256,7 +261,7 @@ def test_oracle_matches_the_simulators_ground_truth(seed: int, tmp_path: Path) -
     reasons = Counter(a.expected_reason for a in arrivals if a.kind == ArrivalKind.BAD)
     assert timings[Timing.LATE] > 0 and timings[Timing.OUT_OF_ORDER] > 0
     assert kinds[ArrivalKind.DUPLICATE] > 0
-    assert all(reasons[reason] > 0 for reason in ("id_conflict", "unknown_ad", "time_out_of_range", "undecodable"))
+    assert all(reasons[reason] > 0 for reason in ("id_conflict", "time_out_of_range", "undecodable"))
 
     rows = oracle.received_rows(arrivals)
     catalog = config.catalog()
@@ -280,3 +285,31 @@ def test_oracle_ignores_the_order_of_its_input_rows() -> None:
     billed = oracle.billable(shuffled, config.catalog())
     assert billed == by_rule(rows, config.catalog())
     assert len(billed) > 200
+
+
+def test_a_run_that_changes_the_catalog_is_billed_by_the_history_at_each_clicks_time(tmp_path: Path) -> None:
+    """Prices changed every 2 s of event time, ads paused and resumed, two ads created mid-run: the simulator's
+    ground truth, the production rule and the oracle price every click by the history at its time."""
+    config = replace(TROUBLED, seed=4, catalog_change_every_s=2.0, new_ads=2)
+    arrivals = list(simulate(config, tmp_path, clock=lambda: NOW_MS))
+    simulator = Simulator(config, lambda: NOW_MS)
+    history = simulator.catalog
+    assert [c.ad_id for c in simulator.changes[:2]] == config.new_ad_ids()
+    assert any(c.cpc_micros is None for c in simulator.changes), "a pause, or the run proves less than it claims"
+    assert history.version == len(simulator.changes) > 10
+
+    rows = oracle.received_rows(arrivals)
+    billed = oracle.billable(rows, history)
+    truth = [json.loads(line) for line in (tmp_path / "billable.jsonl").read_text().splitlines()]
+    assert billed == truth == by_rule(rows, history)
+    # The history matters: priced by the catalog the run started with, the bill differs.
+    assert oracle.billable(rows, config.catalog()) != billed
+    new_ads = set(config.new_ad_ids())
+    assert any(row["ad_id"] in new_ads for row in billed), "the created ads are billed once they exist"
+    clicks_before = [
+        r
+        for r in rows
+        if r["type"] == "click" and r["ad_id"] in new_ads and r["event_time"] < history[r["ad_id"]].created_at
+    ]
+    assert clicks_before and not {r["id"] for r in clicks_before} & {row["click_id"] for row in billed}
+    assert json.loads((tmp_path / "catalog.json").read_text())["version"] == history.version
