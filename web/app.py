@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
-from web import api, auth, display, pages, probes
+from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -119,6 +119,9 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(probes.bp)
+    app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
+    app.register_blueprint(catalog_api.bp)
+    ad_catalog.register(app, settings.catalog_file)
 
     @app.after_request
     def headers(response: Response) -> Response:
