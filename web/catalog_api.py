@@ -42,7 +42,6 @@ def advertiser_ads(advertiser_id: str) -> Response:
     return jsonify(
         {
             "advertiser_id": advertiser_id,
-            "at_ms": now,
             "ads": [ad_document(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)],
         }
     )
@@ -54,9 +53,7 @@ def catalog_ads() -> Response:
     svc = services()
     now = svc.clock()
     catalog = svc.reader.catalog.get()
-    return jsonify(
-        {"catalog_version": catalog.version, "at_ms": now, "ads": [ad_document(ad, now) for ad in ads_of(catalog)]}
-    )
+    return jsonify({"catalog_version": catalog.version, "ads": [ad_document(ad, now) for ad in ads_of(catalog)]})
 
 
 @bp.get("/catalog/ads/<ad_id>")
