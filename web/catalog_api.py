@@ -1,7 +1,8 @@
 """The catalog under `/api/v1`: an advertiser's ads, every ad for finance and admin, and an admin's changes.
 
 - `GET /api/v1/advertisers/ID/ads`: the advertiser's ads with status, price now and history (the page's twin).
-- `GET /api/v1/catalog/ads`, `GET /api/v1/catalog/ads/AD`: every ad, one ad (finance and admin).
+- `GET /api/v1/catalog/ads`, `GET /api/v1/catalog/ads/AD`, `GET /api/v1/catalog/ads/AD/prices`: every ad, one ad,
+  one ad's price history (finance and admin).
 - `POST /api/v1/catalog/ads`: create an ad, `{"ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros",
   "effective_from"?}` (admin).
 - `POST /api/v1/catalog/ads/AD/prices`: `{"cpc_micros": int | null, "effective_from": ms?}` sets the price, or
@@ -64,6 +65,16 @@ def catalog_ad(ad_id: str) -> Response:
     if found is None:
         abort(404)
     return jsonify(ad_document(found, svc.clock()))
+
+
+@bp.get("/catalog/ads/<ad_id>/prices")
+def catalog_ad_prices(ad_id: str) -> Response:
+    """The ad's price history alone, oldest first (the collection a change is posted to)."""
+    catalog_or_404()
+    found = services().reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    if found is None:
+        abort(404)
+    return jsonify({"ad_id": found.ad_id, "currency": found.currency, "prices": [_entry(p) for p in found.prices]})
 
 
 @bp.post("/catalog/ads")

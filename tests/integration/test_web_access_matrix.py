@@ -323,7 +323,13 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
 
 
 # The catalog: advertisers' ads (theirs only), every ad for finance and admin, changes by an admin only ----------------
-CATALOG_READ = {"/catalog", "/catalog/ads/<ad_id>", "/api/v1/catalog/ads", "/api/v1/catalog/ads/<ad_id>"}
+CATALOG_READ = {
+    "/catalog",
+    "/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads",
+    "/api/v1/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads/<ad_id>/prices",
+}
 # Each POST-only route, with a change it accepts from an admin (an ad planned far ahead, so nothing read here moves).
 FAR_AHEAD_MS = 4_102_444_800_000  # 2100-01-01T00:00Z
 CATALOG_POST_ROUTES = {
@@ -353,6 +359,7 @@ def catalog_get_routes(world: World, adv: str) -> dict[str, str]:
         "/catalog/ads/<ad_id>": f"/catalog/ads/{ad}",
         "/api/v1/catalog/ads": "/api/v1/catalog/ads",
         "/api/v1/catalog/ads/<ad_id>": f"/api/v1/catalog/ads/{ad}",
+        "/api/v1/catalog/ads/<ad_id>/prices": f"/api/v1/catalog/ads/{ad}/prices",
     }
 
 
