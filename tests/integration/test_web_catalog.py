@@ -23,6 +23,7 @@ from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import RedisTotals, UnbilledCount
 from ops.settings import Settings
 from tests.web_support import ACCOUNTS, OTHER, OWN, Seeded, form_token, login, seed
+from web import display
 from web.accounts import AccountsFile
 from web.app import create_app
 from web.tokens import TokensFile
@@ -30,6 +31,7 @@ from web.tokens import TokensFile
 pytestmark = pytest.mark.integration
 
 HOUR_MS = 3_600_000
+PRICE, RAISED = display.money(250_000, "EUR"), display.money(1_250_000, "EUR")  # 0.25 and 1.25 EUR
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
         250_000,
     )
     page = ada.get(created.headers["Location"])
-    assert page.status_code == 200 and "Change made: catalog version" in page.text and "0.250000 EUR" in page.text
+    assert page.status_code == 200 and "Change made: catalog version" in page.text and PRICE in page.text
 
     later = now_ms() + HOUR_MS
     raised = ada.post(
@@ -121,7 +123,7 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
     assert [(p.effective_from, p.cpc_micros) for p in ad.prices][1:] == [(planned, 1_250_000)]
     assert ad.price_at(planned - 1) == 250_000 and ad.price_at(planned) == 1_250_000
     page = ada.get("/catalog/ads/spring-ad-1").text
-    assert "planned" in page and "1.250000 EUR" in page
+    assert "planned" in page and RAISED in page
 
     assert (
         ada.post("/catalog/ads/spring-ad-1/changes", data={"csrf_token": token, "action": "pause"}).status_code == 303
@@ -135,7 +137,7 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
 
     # The advertiser sees its new ad with its status and history; another advertiser does not.
     mine = web.clients["alice"].get(f"/advertisers/{OWN}/ads").text
-    assert "spring-ad-1" in mine and "1.250000 EUR" in mine
+    assert "spring-ad-1" in mine and RAISED in mine
     listed = web.clients["alice"].get(f"/api/v1/advertisers/{OWN}/ads").json
     new = next(a for a in listed["ads"] if a["ad_id"] == "spring-ad-1")
     assert new["status"] == "live" and new["cpc_micros"] == 250_000
