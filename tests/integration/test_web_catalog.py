@@ -325,23 +325,30 @@ def test_unbilled_clicks_show_on_the_dashboard_the_ad_page_the_health_page_and_t
         UnbilledCount(latest["period"], latest["start_ms"], OTHER, theirs, "ad_paused", 9_876),
         UnbilledCount(latest["period"], latest["start_ms"], "", "ghost-ad", "unknown_ad", 5_555),
     ]
+    alice = web.clients["alice"]
+    sample = alice.get(f"/api/v1/advertisers/{OWN}/dashboard").json["unbilled"]  # the sample's own, on another ad
+    health_before = {(u["period"], u["ad_id"]) for u in web.clients["ada"].get("/api/v1/health").json["unbilled"]}
     assert totals.apply_batch("billing", 77_000, [], unbilled=held)
 
-    alice = web.clients["alice"]
     dashboard = alice.get(f"/api/v1/advertisers/{OWN}/dashboard").json
-    assert dashboard["unbilled"] == {"unbilled_ad_paused": 4_321, "unbilled_unknown_ad": 17}
+    assert dashboard["unbilled"] == {
+        "unbilled_ad_paused": sample["unbilled_ad_paused"] + 4_321,
+        "unbilled_unknown_ad": sample["unbilled_unknown_ad"] + 17,
+    }
     line = next(a for a in dashboard["ads"] if a["ad_id"] == ad)
     assert (line["unbilled_ad_paused"], line["unbilled_unknown_ad"]) == (4_321, 17)
-    assert dashboard["series"][-1]["unbilled_ad_paused"] == 4_321
+    assert dashboard["series"][-1]["unbilled_ad_paused"] == sample["unbilled_ad_paused"] + 4_321
     page = alice.get(f"/advertisers/{OWN}").text
-    assert 'id="unbilled-ad-paused">4,321<' in page and 'id="unbilled-unknown-ad">17<' in page
+    paused, unknown = (display.count(n) for n in dashboard["unbilled"].values())
+    assert f'id="unbilled-ad-paused">{paused}<' in page and f'id="unbilled-unknown-ad">{unknown}<' in page
     assert "9,876" not in page and "ghost-ad" not in page
     ad_doc = alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad}").json
     assert ad_doc["series"][-1]["unbilled_ad_paused"] == 4_321
     assert "4,321" in alice.get(f"/advertisers/{OWN}/ads/{ad}").text
 
     health = web.clients["ada"].get("/api/v1/health").json["unbilled"]
-    assert {(u["advertiser_id"], u["ad_id"], u["unbilled_ad_paused"], u["unbilled_unknown_ad"]) for u in health} == {
+    planted = [u for u in health if (u["period"], u["ad_id"]) not in health_before]
+    assert {(u["advertiser_id"], u["ad_id"], u["unbilled_ad_paused"], u["unbilled_unknown_ad"]) for u in planted} == {
         (OWN, ad, 4_321, 17),
         (OTHER, theirs, 9_876, 0),
         ("", "ghost-ad", 0, 5_555),
