@@ -119,9 +119,12 @@ def effective_from_json(value: object, now_ms: int) -> int:
     return value
 
 
-def check_ids(**ids: str | None) -> None:
-    """Ids the web UI can show and address (`web.readers.is_id`); CatalogError naming the first that is not."""
-    for name, value in ids.items():
+def check_ids(ad_id: str, **ids: str | None) -> None:
+    """Ids the web UI can show and address (`web.readers.is_id`); CatalogError naming the first that is not. The ad's
+    id is needed (as `adbill catalog` says); a missing campaign or advertiser is the command's refusal to make."""
+    if not ad_id:
+        raise CatalogError("catalog create-ad needs the ad's id")
+    for name, value in {"ad_id": ad_id, **ids}.items():
         if value is not None and not is_id(value):
             raise CatalogError(
                 f"{name.replace('_', ' ')} {value!r}: an id is up to 128 letters, digits and . _ : @ -, starting "

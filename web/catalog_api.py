@@ -163,7 +163,7 @@ def _text(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
         raise CatalogError(f"{name} is a string, got {value!r}")
-    return value.strip() if value is not None else None
+    return (value.strip() or None) if value is not None else None  # empty is absent, as an empty form field
 
 
 def _refused(error: CatalogError) -> Response:

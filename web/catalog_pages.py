@@ -46,7 +46,9 @@ def create_ad() -> Response | str | tuple[str, int]:
     form = {k: request.form.get(k, "").strip() for k in _CREATE_FIELDS}
     now = services().clock()
     try:
-        check_ids(ad_id=form["ad_id"], campaign_id=form["campaign_id"], advertiser_id=form["advertiser_id"])
+        check_ids(
+            ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
+        )
         made = make_change(
             "create-ad",
             form["ad_id"],

@@ -246,6 +246,11 @@ def test_each_refusal_of_the_form_and_the_api_is_the_commands_with_its_message(
          {"ad_id": ad, "campaign_id": campaign, "advertiser_id": OTHER, "currency": "EUR", "cpc_micros": 5},
          ["create-ad", ad, "--campaign", campaign, "--advertiser", OTHER, "--currency", "EUR", "--cpc-micros", "5"],
          "exists already"),
+        # A new ad without its campaign.
+        ("no campaign", "/catalog/ads",
+         {"ad_id": "mine-2", "campaign_id": "", "advertiser_id": OWN, "currency": "EUR", "cpc_micros": "5"},
+         "/catalog/ads", {"ad_id": "mine-2", "advertiser_id": OWN, "currency": "EUR", "cpc_micros": 5},
+         ["create-ad", "mine-2", "--advertiser", OWN, "--currency", "EUR", "--cpc-micros", "5"], "give its campaign"),
         # Pausing an ad that is paused already is refused too (after the first pause below).
     ]  # fmt: skip
     before = settings.catalog_file.read_bytes()
