@@ -52,11 +52,15 @@ from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_va
 from attribution.epoch import Epoch, prepare_epoch
 from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
 from attribution.progress import Heartbeat
+from attribution.release import Release, release_quarantined
+from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchemaWatch, _Generation, registered_versions
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
+from billing.periods import Periods
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
+from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,9 @@ class StreamConfig:
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call of the sink, tried again a few times before the batch fails
     (`billing.store.redis_totals.connect`)."""
+    registry_location: str | None = None
+    """Where the job asks for schema versions registered while it runs (`attribution.schema_follow`); None: it
+    decodes `impression_schemas` and `click_schemas` only, and never starts its query again for new ones."""
     write_on_executors: bool = True
     """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
     False: the batch is collected to the driver and written there (in local mode, where the executors are the
@@ -203,6 +210,10 @@ class BatchSink:
     def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
         self.config = config
         self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        self.switch: SchemaSwitch | None = None
+        """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
+        self.released = False
+        """Whether this query's first batch released the quarantined records it can now decode."""
 
     @cached_property
     def totals(self) -> RedisTotals:
@@ -213,6 +224,7 @@ class BatchSink:
 
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
+        self.stop_for_new_schemas()
         watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
@@ -237,16 +249,18 @@ class BatchSink:
         clock.lap("write")
         figures = batch_figures(written, self.advertiser_of)
         prune_batch_folders(figures.files)
+        released = self.release(batch_id)
         self.totals.apply_batch(
             BILLING_QUERY,
             batch_id,
             figures.totals,
-            late=figures.late,
-            quarantined=figures.quarantined,
+            late=figures.late + released.late,
+            quarantined=figures.quarantined + released.quarantined,
             clock_ahead=figures.clock_ahead,
             require_history=True,
         )
         clock.lap("redis")
+        self.released = True
         log.info(
             "batch %d: %d bills, %d events, %d bad, %d files; %s",
             batch_id,
@@ -255,6 +269,44 @@ class BatchSink:
             figures.bad,
             len(figures.files),
             clock,
+        )
+        if released.count:
+            log.info(
+                "batch %d released %d quarantined record(s) of schema versions learnt since", batch_id, released.count
+            )
+
+    def stop_for_new_schemas(self) -> None:
+        """Raise SchemaSwitch, before the batch writes anything, when the registry holds schema versions this
+        query cannot decode (`attribution.schema_follow`)."""
+        if self.config.registry_location is None:
+            return
+        try:
+            new = self.schema_watch.new_versions()
+        except SchemaRegistryError as exc:
+            # Billing goes on: a record of an id the job cannot fetch now is held in quarantine and released by the
+            # first batch after a later switch or start.
+            log.warning("cannot ask the schema registry for new versions: %s", exc)
+            return
+        if new:
+            self.switch = SchemaSwitch(new)
+            raise self.switch
+
+    @cached_property
+    def schema_watch(self) -> WriterSchemaWatch:
+        known = {"impression": frozenset(self.config.impression_schemas), "click": frozenset(self.config.click_schemas)}
+        return WriterSchemaWatch(self.config.registry_location or "", known)
+
+    def release(self, batch_id: int) -> Release:
+        """On the query's first batch, the quarantined records it can decode now (`attribution.release`)."""
+        if self.released:
+            return Release.none()
+        return release_quarantined(
+            self.config.layout,
+            batch_id,
+            {"impression": self.config.impression_schemas, "click": self.config.click_schemas},
+            {self.config.topic_impressions: "impression", self.config.topic_clicks: "click"},
+            Periods(self.config.period_ms),
+            self.advertiser_of,
         )
 
 
@@ -350,13 +402,14 @@ def start(
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
     checkpoint = config.layout.checkpoint(BILLING_QUERY)
-    replayed = uncommitted_batch(checkpoint)
+    sinks: list[BatchSink] = []
 
-    def start_query() -> StreamingQuery:
+    def start_query(config: StreamConfig = config) -> StreamingQuery:
+        sinks.append(BatchSink(config, catalog))
         query = (
             attribution_stream(spark, config, catalog_df)
             .writeStream.queryName(BILLING_QUERY)
-            .foreachBatch(BatchSink(config, catalog))
+            .foreachBatch(sinks[-1])
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{config.trigger_ms} milliseconds")
             .start()
@@ -364,10 +417,34 @@ def start(
         heartbeat.follow(str(query.id))
         return query
 
-    query = start_query()
-    if replayed is not None:
-        query = _through_replay(spark, query, replayed, start_query)
-    return [query]
+    def run(config: StreamConfig) -> _Generation:
+        """Start the query with `config`'s writer schemas, through the replay of a batch left uncommitted."""
+        replayed = uncommitted_batch(checkpoint)
+        query = start_query(config)
+        if replayed is not None:
+            query = _through_replay(spark, query, replayed, lambda: start_query(config))
+        return _Generation(query, sinks[-1])
+
+    first = run(config)
+    if config.registry_location is None:
+        return [first.query]
+
+    def restart() -> _Generation:
+        """The query again, with every version the registry holds now (a batch stopped it for new ones)."""
+        spark.streams.resetTerminated()
+        return run(with_registered_schemas(config))
+
+    return [FollowingQuery(first, restart)]  # type: ignore[list-item]
+
+
+def with_registered_schemas(config: StreamConfig) -> StreamConfig:
+    """`config` with the writer schemas of every version its registry holds now."""
+    registry = open_registry(config.registry_location or "")
+    return replace(
+        config,
+        impression_schemas=registered_versions(registry, "impression"),
+        click_schemas=registered_versions(registry, "click"),
+    )
 
 
 def uncommitted_batch(checkpoint: Path) -> int | None:

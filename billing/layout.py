@@ -8,6 +8,7 @@ ROOT/
   ledger/period=P/batch_id=N/             the stream's provisional bills (Parquet)
   archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
   quarantine/batch_id=N/                  bad input
+  released/batch_id=N/                    quarantined records of a schema id learnt later, archived by batch N
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
@@ -50,6 +51,11 @@ class DataLayout:
     @property
     def quarantine(self) -> Path:
         return self.root / "quarantine"
+
+    @property
+    def released(self) -> Path:
+        """Which quarantined records each batch released to the archive (`attribution.release`)."""
+        return self.root / "released"
 
     @property
     def checkpoints(self) -> Path:
