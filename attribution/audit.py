@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from attribution.closing import CorrectionFiles, ExportFolders, ReconcileConfig, StateFile, data_versions
 from attribution.final_bills import final_bills
-from attribution.join import catalog_frame
+from attribution.pricing import price_matches
 from attribution.restore import save_record
 from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
@@ -57,9 +57,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
     if not every:
         return []
     ordered = sorted(every, key=periods.parse_key)
-    final_all = final_bills(spark, layout.archive, config.period_ms, ordered, catalog_frame(spark, catalog))[
-        0
-    ].toArrow()
+    final_all = price_matches(final_bills(spark, layout.archive, config.period_ms, ordered)[0].toArrow(), catalog).bills
     ledger = read_ledger(layout.ledger)
     out = []
     for period in ordered:

@@ -10,7 +10,12 @@ driver sums (`batch_figures`):
 - ledger: `LEDGER/period=P/batch_id=N/part-TTTTT.parquet`, one row per billed click;
 - archive: `ARCHIVE/event_type=T/period=P/batch_id=N/part-TTTTT.parquet`, one row per valid event received,
   `late` when the streaming join's watermark kept it out;
-- quarantine: `QUARANTINE/batch_id=N/part-TTTTT.parquet`, one row per bad record.
+- quarantine: `QUARANTINE/batch_id=N/part-TTTTT.parquet`, one row per bad record;
+- unbilled: `UNBILLED/period=P/batch_id=N/part-TTTTT.parquet`, one row per matched click that the catalog (as of
+  the batch's version) priced nothing at its time, with the reason (`ad_paused`, `unknown_ad`).
+
+Bills are priced here (`attribution.pricing`), from the catalog version the batch was first priced with, so a
+replayed batch bills what its first attempt billed.
 
 Partition columns live in the paths only (hive style), as Spark writes them, so pyarrow, DuckDB and Spark read
 the same tables. Each file is written under a dot-name in its folder, flushed to disk and renamed into place, and
@@ -30,10 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from attribution.pricing import UNBILLED_COLUMNS, price_matches
+from billing.catalog import Catalog
 from billing.periods import Periods
 from billing.store.durable import fsync_folder, make_folder, replace_files
 from billing.store.parquet_ledger import ledger_totals
-from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
+from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow, UnbilledCount
 
 KIND = "kind"
 """Which branch a row of the job's output comes from: `bill` or `intake`."""
@@ -72,6 +79,12 @@ class BatchOutput:
     """Archive rows (`ARCHIVE_COLUMNS`)."""
     bad: pa.Table
     """Quarantine rows (`attribution.decode.QUARANTINE_COLUMNS` and `batch_id`)."""
+    unbilled: pa.Table
+    """Matched clicks without a price at their time (`UNBILLED_ROWS`)."""
+
+
+UNBILLED_ROWS = (*UNBILLED_COLUMNS, "period_start_ms", "period", "batch_id")
+"""The unbilled table's columns; partitioned by period and batch_id."""
 
 
 def split_batch(
@@ -83,13 +96,17 @@ def split_batch(
     periods: Periods,
     ledger_columns: Sequence[str],
     quarantine_columns: Sequence[str],
+    catalog: Catalog,
 ) -> BatchOutput:
-    """The ledger, archive and quarantine rows of one collected batch.
+    """The ledger, archive, quarantine and unbilled rows of one collected batch; bills priced by `catalog`.
 
     A valid event is `late` when its watermark time (`watermark_time_ms`) is at or below `late_watermark_ms`, the
     watermark the join used to drop late input rows of this batch (`attribution.job.late_watermark_ms`)."""
     kind = batch.column(KIND)
-    bills = batch.filter(pc.equal(kind, "bill"))
+    priced = price_matches(batch.filter(pc.equal(kind, "bill")), catalog)
+    bills = priced.bills
+    unbilled = _with_period(priced.unbilled.select(list(UNBILLED_COLUMNS)), "click_time", periods)
+    unbilled = unbilled.append_column("batch_id", _constant(batch_id, unbilled.num_rows))
     intake = batch.filter(pc.equal(kind, "intake"))
     valid = pc.is_null(intake.column("reason"))
     events = intake.filter(valid).select(list(RECEIVED_COLUMNS))
@@ -107,6 +124,7 @@ def split_batch(
         bills=bills.select(list(ledger_columns)),
         events=events.select(list(ARCHIVE_COLUMNS)),
         bad=bad.select([*quarantine_columns, "batch_id"]),
+        unbilled=unbilled.select(list(UNBILLED_ROWS)),
     )
 
 
@@ -211,7 +229,7 @@ def _counts_per_ad(events: pa.Table, advertiser_of: Mapping[str, str]) -> list[t
 def _per_ad(rows: list[dict[str, Any]], advertiser_of: Mapping[str, str]) -> list[tuple[str, int, str, str, str, int]]:
     """Counts per `PER_AD` as (period, period start, advertiser, ad, event type, events), advertisers named."""
     return [
-        (r["period"], r["period_start_ms"], advertiser_of[r["ad_id"]], r["ad_id"], r["event_type"], r["rows"])
+        (r["period"], r["period_start_ms"], advertiser_of.get(r["ad_id"], ""), r["ad_id"], r["event_type"], r["rows"])
         for r in rows
     ]
 
@@ -249,6 +267,7 @@ FIGURES = pa.schema(
 )
 """What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `bill`
 (clicks as `rows`, and micros, per period and ad), `late` and `clock_ahead` (events per period, ad and type),
+`unbilled` (matched clicks without a price, per period, ad and reason),
 `quarantine` (records per reason, topic and ad), `archived` (the task's archive rows) and `file` (a file it
 wrote). Small: a few rows per ad and period, never one per event."""
 
@@ -275,6 +294,9 @@ class PartitionWriter:
     quarantine_dir: Path
     ledger_columns: tuple[str, ...]
     quarantine_columns: tuple[str, ...]
+    unbilled_dir: Path
+    catalog: Catalog
+    """The catalog as of the version the batch is priced with (`attribution.job.BatchSink`)."""
 
     def write(self, batch: pa.Table, partition: int) -> tuple[BatchOutput, pa.Table]:
         """Split `batch` (one task's rows), write its files, and return its output and figures."""
@@ -286,12 +308,14 @@ class PartitionWriter:
             periods=Periods(self.period_ms),
             ledger_columns=self.ledger_columns,
             quarantine_columns=self.quarantine_columns,
+            catalog=self.catalog,
         )
         name = f"part-{partition:05d}.parquet"
         files = [
             *write_batch_files(out.bills, self.ledger_dir, ("period", "batch_id"), name, prune=False),
             *write_batch_files(out.events, self.archive_dir, ("event_type", "period", "batch_id"), name, prune=False),
             *write_batch_files(out.bad, self.quarantine_dir, ("batch_id",), name, prune=False),
+            *write_batch_files(out.unbilled, self.unbilled_dir, ("period", "batch_id"), name, prune=False),
         ]
         return out, partition_figures(out, files, self.clock_tolerance_ms)
 
@@ -306,6 +330,7 @@ def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_m
     for kind, events in (("late", late), ("clock_ahead", clock_ahead(out.events, clock_tolerance_ms))):
         rows += [{"kind": kind, **row} for row in _count(events, PER_AD)]
     rows += [{"kind": "quarantine", **row} for row in _count(out.bad, ["reason", "topic", "ad_id"])]
+    rows += [{"kind": "unbilled", **row} for row in _count(out.unbilled, UNBILLED_PER_AD)]
     rows.append({"kind": "archived", "rows": out.events.num_rows})
     rows += [{"kind": "file", "path": str(path)} for path in files]
     return pa.Table.from_pylist(rows, schema=FIGURES)
@@ -313,6 +338,22 @@ def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_m
 
 PER_AD = ["period", "period_start_ms", "ad_id", "event_type"]
 """The keys late and clock-ahead events are counted by."""
+
+UNBILLED_PER_AD = ["period", "period_start_ms", "ad_id", "reason"]
+"""The keys unbilled clicks are counted by."""
+
+
+def unbilled_counts(unbilled: pa.Table, advertiser_of: Mapping[str, str]) -> list[UnbilledCount]:
+    """Matched clicks without a price per period, ad and reason, advertisers named when the catalog knows the ad."""
+    return _unbilled(_count(unbilled, UNBILLED_PER_AD), advertiser_of)
+
+
+def _unbilled(rows: list[dict[str, Any]], advertiser_of: Mapping[str, str]) -> list[UnbilledCount]:
+    return [
+        UnbilledCount(r["period"], r["period_start_ms"], advertiser_of.get(r["ad_id"], ""), r["ad_id"], r["reason"],
+                      r["rows"])
+        for r in rows
+    ]  # fmt: skip
 
 
 def _count(table: pa.Table, keys: list[str]) -> list[dict[str, Any]]:
@@ -331,6 +372,7 @@ class BatchFigures:
     late: list[LateCount]
     clock_ahead: list[ClockAheadCount]
     quarantined: list[QuarantineCount]
+    unbilled: list[UnbilledCount]
     bills: int
     events: int
     bad: int
@@ -369,6 +411,7 @@ def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchF
         late=[LateCount(*row) for row in _per_ad(summed("late", PER_AD), advertiser_of)],
         clock_ahead=[ClockAheadCount(*row) for row in _per_ad(summed("clock_ahead", PER_AD), advertiser_of)],
         quarantined=quarantined,
+        unbilled=_unbilled(summed("unbilled", UNBILLED_PER_AD), advertiser_of),
         bills=sum(t.clicks for t in totals),
         events=pc.sum(archived).as_py() or 0,
         bad=sum(q.records for q in quarantined),

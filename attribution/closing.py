@@ -39,7 +39,7 @@ from pyspark.sql import SparkSession
 
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.final_bills import final_bills
-from attribution.join import catalog_frame
+from attribution.pricing import price_matches
 from attribution.restore import save_record
 from attribution.stream_position import BILLING_QUERY, stream_position
 from billing.catalog import Catalog
@@ -49,6 +49,7 @@ from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.rule import BILLABLE_FIELDS
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.durable import make_folder, replace_files
 from billing.store.export_files import (
@@ -212,10 +213,9 @@ class SparkFinalBills:
     def compute(
         cls, spark: SparkSession, layout: DataLayout, period_ms: int, due: list[str], catalog: Catalog
     ) -> SparkFinalBills:
-        final_df, quarantined_df, late_df = final_bills(
-            spark, layout.archive, period_ms, due, catalog_frame(spark, catalog)
-        )
-        bills = final_df.toArrow()
+        final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, due)
+        priced = price_matches(final_df.toArrow(), catalog)
+        bills = priced.bills.select([*BILLABLE_FIELDS, "period"])
         late = late_df.toArrow()
         quarantined = quarantined_df.toArrow()
         facts = ArrivalFacts(
@@ -223,6 +223,7 @@ class SparkFinalBills:
             late_impression_ids=_ids_of(late, "impression"),
             conflicting_click_ids=_ids_of(quarantined, "click"),
             conflicting_impression_ids=_ids_of(quarantined, "impression"),
+            unpriced_click_ids=set(priced.unbilled["click_id"].to_pylist()) | unbilled_by_stream(layout, due),
         )
         return cls(bills, quarantined, facts)
 
@@ -232,6 +233,17 @@ class SparkFinalBills:
 
     def of_period(self, period: str) -> list[dict[str, Any]]:
         return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
+
+
+def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:
+    """The clicks of the due periods that the stream matched but could not price at their time (its `unbilled`
+    table): a bill reconciliation adds for one of them comes from a catalog change the stream had not seen."""
+    folder = layout.unbilled
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return set()
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    found = dataset.to_table(columns=["click_id"], filter=pc.field("period").isin(due))
+    return set(found["click_id"].to_pylist())
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,11 @@ records a second. Checks, first failing one wins (the order of `billing.intake`)
 2. `unknown_schema`: the 4-byte big-endian schema id is not a key of `writer_schemas`;
 3. `undecodable`: the Avro body does not decode with that writer schema;
 4. `missing_field`: a field of the event is absent from the writer schema or null in the record;
-5. `time_out_of_range`: `event_time` before 2000-01-01 or more than one hour after the Kafka timestamp;
-6. `unknown_ad`: the ad catalog does not know `ad_id` (a broadcast stream-static left join).
+5. `time_out_of_range`: `event_time` before 2000-01-01 or more than one hour after the Kafka timestamp.
+
+An ad the catalog does not know is no reason to quarantine (DOMAIN.md): the event is valid, archived, and its
+click, if matched, is priced by the catalog's history in the sink (`attribution.pricing`), which may know the ad by
+then.
 
 How Spark 4.0's `from_avro` behaves, and what we do about it:
 
@@ -75,7 +78,6 @@ near this size is junk, and a batch of junk records of up to a megabyte each (th
 be carried whole to the driver and sent on."""
 
 _RECORD = "_record"
-_KNOWN_AD = "_known_ad_id"
 
 
 def event_fields(event_type: str) -> list[str]:
@@ -105,13 +107,11 @@ def reader_schema(event_type: str) -> str:
     return json.dumps(reader)
 
 
-def decode_events(
-    kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[int, str], ad_ids_df: DataFrame
-) -> DataFrame:
+def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[int, str]) -> DataFrame:
     """Decode and check the Kafka records of one topic; works on a streaming and a batch DataFrame alike.
 
     `writer_schemas` maps each schema id that may appear in the frames (the versions of the topic's subject)
-    to its schema text; `ad_ids_df` is a small static DataFrame with a column `ad_id` (the catalog).
+    to its schema text.
 
     Output columns: the event's fields (`impression_id` or `click_id`, `ad_id`, `user_id`, `event_time` long
     ms), `event_ts` (timestamp of `event_time`, null when out of range; put the watermark on it), `topic`,
@@ -158,11 +158,7 @@ def decode_events(
         F.col(f"{_RECORD}.{DECODED_MARKER}").alias(DECODED_MARKER),
     )
 
-    # A catalog's ad ids are unique (`Catalog` refuses repeats), so this left join adds no rows; no per-batch
-    # distinct() on top of it.
-    known_ads = F.broadcast(ad_ids_df.select(F.col("ad_id").alias(_KNOWN_AD)))
-    checked = decoded.join(known_ads, decoded["ad_id"] == known_ads[_KNOWN_AD], "left")
-
+    checked = decoded
     event_time = F.col("event_time")
     time_in_range = (event_time >= F.lit(MIN_EVENT_TIME_MS)) & (
         event_time <= F.col("received_ms") + F.lit(MAX_FUTURE_MS)
@@ -177,7 +173,6 @@ def decode_events(
         .when(F.col(DECODED_MARKER).isNull(), F.lit(QuarantineReason.UNDECODABLE.value))
         .when(any_field_null, F.lit(QuarantineReason.MISSING_FIELD.value))
         .when(~time_in_range, F.lit(QuarantineReason.TIME_OUT_OF_RANGE.value))
-        .when(F.col(_KNOWN_AD).isNull(), F.lit(QuarantineReason.UNKNOWN_AD.value))
     )
     return checked.select(
         *[F.col(name) for name in fields],

@@ -6,11 +6,16 @@ of two branches over the same two Kafka sources, so that everything a batch read
 batch's id, together:
 
 - `bill`: decode -> valid -> watermark per stream (on the earlier of event time and Kafka's receipt time,
-  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click)
-  -> priced;
+  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click),
+  priced in the sink by the catalog's history at each click's time (`attribution.pricing`);
 - `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
   when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
   goes to the quarantine table and topic.
+
+The catalog is read again for every micro-batch (`billing.store.catalog_file.CatalogStore`: a stat, and a read when
+the file changed), so a change is seen by the next batch, without a restart. The version a batch is first priced
+with is kept (`DataLayout.catalog_versions`) and a replay of that batch prices with the same version: the ledger
+files a replay writes are those the first attempt wrote, and Redis (which skips the replay) agrees with them.
 
 The sink (`BatchSink`) has the executors write the ledger, the archive and the quarantine table as Parquet under
 `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its own files and nothing else) and send
@@ -50,7 +55,7 @@ from attribution.batch_output import (
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import Epoch, prepare_epoch
-from attribution.join import WATERMARK_TS, attribute, catalog_frame, watermarked
+from attribution.join import WATERMARK_TS, attribute, watermarked
 from attribution.progress import Heartbeat
 from attribution.release import Release, release_quarantined
 from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchemaWatch, _Generation, registered_versions
@@ -58,6 +63,8 @@ from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.catalog_file import CatalogStore
+from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -99,11 +106,17 @@ class StreamConfig:
     """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
     False: the batch is collected to the driver and written there (in local mode, where the executors are the
     driver's own threads and a Python worker per task only adds a hop)."""
+    catalog_file: Path | None = None
+    """The ad catalog's file (`billing.store.catalog_file`); the layout's `catalog.json` when None."""
 
     @property
     def layout(self) -> DataLayout:
         """Where in `data_dir` the job writes (`billing.layout`)."""
         return DataLayout(self.data_dir)
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.catalog_file or self.layout.catalog_file
 
 
 FETCH_MAX_WAIT_MS = 10
@@ -133,20 +146,18 @@ def _starting_offsets(config: StreamConfig, topics: list[str]) -> str:
     return config.starting_offsets
 
 
-def attribution_stream(spark: SparkSession, config: StreamConfig, catalog: DataFrame) -> DataFrame:
-    """The job's output: provisional bills (`KIND` `bill`) and every record received (`KIND` `intake`: valid
-    events with a null `reason`, bad input with its reason)."""
-    ad_ids = catalog.select("ad_id")
+def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
+    """The job's output: matched clicks to bill (`KIND` `bill`, priced by the sink) and every record received
+    (`KIND` `intake`: valid events with a null `reason`, bad input with its reason)."""
     impressions = decode_events(
-        kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas, ad_ids
+        kafka_stream(spark, config, [config.topic_impressions]), "impression", config.impression_schemas
     )
-    clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas, ad_ids)
+    clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas)
     valid_impressions, _ = split(impressions)
     valid_clicks, _ = split(clicks)
     bills = attribute(
         _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
         _observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config),
-        catalog,
     )
     bills = bills.drop("click_ts")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
@@ -207,13 +218,31 @@ class BatchSink:
     replayed from the checkpoint when the job restarts.
     """
 
-    def __init__(self, config: StreamConfig, catalog: Catalog) -> None:
+    def __init__(self, config: StreamConfig, catalog: CatalogStore) -> None:
         self.config = config
-        self.advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        self.catalog = catalog
         self.switch: SchemaSwitch | None = None
         """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
         self.released = False
         """Whether this query's first batch released the quarantined records it can now decode."""
+
+    def catalog_of(self, batch_id: int) -> Catalog:
+        """The catalog batch `batch_id` is priced with: the version its first attempt used (a replay prices the
+        same), else the current one, whose version is recorded before anything of the batch is written."""
+        current = self.catalog.current()
+        folder = self.config.layout.catalog_versions
+        pin = folder / str(batch_id)
+        if pin.exists():
+            return current.as_of(int(pin.read_text()))
+        touched = make_folder(folder)
+        staging = folder / f".{batch_id}.tmp"
+        staging.write_text(str(current.version))
+        replace_files([(staging, pin)], touched)
+        if batch_id % 100 == 0:  # keep the versions of the last thousand batches
+            for old in folder.glob("*"):
+                if old.name.isdigit() and int(old.name) < batch_id - 1000:
+                    old.unlink(missing_ok=True)
+        return current
 
     @cached_property
     def totals(self) -> RedisTotals:
@@ -228,6 +257,7 @@ class BatchSink:
         watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
+        catalog = self.catalog_of(batch_id)
         writer = PartitionWriter(
             batch_id=batch_id,
             late_watermark_ms=watermark,
@@ -239,6 +269,8 @@ class BatchSink:
             quarantine_dir=self.config.layout.quarantine,
             ledger_columns=tuple(LEDGER_COLUMNS),
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
+            unbilled_dir=self.config.layout.unbilled,
+            catalog=catalog,
         )
         task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
         rows = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
@@ -247,9 +279,10 @@ class BatchSink:
         else:
             written = task.write(rows.toArrow(), partition=0)
         clock.lap("write")
-        figures = batch_figures(written, self.advertiser_of)
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        figures = batch_figures(written, advertiser_of)
         prune_batch_folders(figures.files)
-        released = self.release(batch_id)
+        released = self.release(batch_id, advertiser_of)
         self.totals.apply_batch(
             BILLING_QUERY,
             batch_id,
@@ -258,16 +291,19 @@ class BatchSink:
             quarantined=figures.quarantined + released.quarantined,
             clock_ahead=figures.clock_ahead,
             require_history=True,
+            unbilled=figures.unbilled,
         )
         clock.lap("redis")
         self.released = True
         log.info(
-            "batch %d: %d bills, %d events, %d bad, %d files; %s",
+            "batch %d: %d bills, %d unbilled, %d events, %d bad, %d files, catalog version %d; %s",
             batch_id,
             figures.bills,
+            sum(u.clicks for u in figures.unbilled),
             figures.events,
             figures.bad,
             len(figures.files),
+            catalog.version,
             clock,
         )
         if released.count:
@@ -296,7 +332,7 @@ class BatchSink:
         known = {"impression": frozenset(self.config.impression_schemas), "click": frozenset(self.config.click_schemas)}
         return WriterSchemaWatch(self.config.registry_location or "", known)
 
-    def release(self, batch_id: int) -> Release:
+    def release(self, batch_id: int, advertiser_of: dict[str, str]) -> Release:
         """On the query's first batch, the quarantined records it can decode now (`attribution.release`)."""
         if self.released:
             return Release.none()
@@ -306,7 +342,7 @@ class BatchSink:
             {"impression": self.config.impression_schemas, "click": self.config.click_schemas},
             {self.config.topic_impressions: "impression", self.config.topic_clicks: "click"},
             Periods(self.config.period_ms),
-            self.advertiser_of,
+            advertiser_of,
         )
 
 
@@ -382,11 +418,12 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
     return int(metadata.get("batchWatermarkMs", 0))
 
 
-def start(
-    spark: SparkSession, config: StreamConfig, catalog: Catalog, new_checkpoint: bool = False
-) -> list[StreamingQuery]:
-    """Start the job's query, with its heartbeat; it runs until stopped. A new checkpoint over the output of an
-    earlier one is refused (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = False) -> list[StreamingQuery]:
+    """Start the job's query, with its heartbeat; it runs until stopped, pricing each batch with the catalog's file
+    as it stands then (`config.catalog_path`). A new checkpoint over the output of an earlier one is refused
+    (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+    catalog = CatalogStore(config.catalog_path)
+    catalog.current()  # a catalog that does not read stops the start, with the file's name
     topics = [config.topic_impressions, config.topic_clicks]
     epoch = prepare_epoch(
         config.layout.checkpoint(BILLING_QUERY),
@@ -398,7 +435,6 @@ def start(
     if epoch.batch_id_base:
         log.info("checkpoint epoch: batches from %d, starting offsets %s", epoch.batch_id_base, epoch.starting_offsets)
     config = replace(config, epoch=epoch)
-    catalog_df = catalog_frame(spark, catalog).cache()
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
     checkpoint = config.layout.checkpoint(BILLING_QUERY)
@@ -407,7 +443,7 @@ def start(
     def start_query(config: StreamConfig = config) -> StreamingQuery:
         sinks.append(BatchSink(config, catalog))
         query = (
-            attribution_stream(spark, config, catalog_df)
+            attribution_stream(spark, config)
             .writeStream.queryName(BILLING_QUERY)
             .foreachBatch(sinks[-1])
             .option("checkpointLocation", str(checkpoint))

@@ -2,35 +2,34 @@
 for the streaming job and for reconciliation.
 
 In: valid decoded events (`attribution.decode.split`); on a stream, each set up by `watermarked`.
-Out: billable clicks, one row per click (`BILLABLE_COLUMNS`), priced from the catalog in integer micros.
-The exact reference is `billing.rule.attribute`; the batch path here returns the same rows.
+Out: the clicks the rule bills, one row per click (`MATCH_COLUMNS`), not yet priced: the price is the catalog's at
+the click's time, which `attribution.pricing` adds (on the driver or an executor, from the catalog version of the
+batch), so that a catalog change reaches the running job without a restart. The exact reference is
+`billing.rule.attribute`; the batch path here returns the same rows once priced.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.sql.window import WindowSpec
 
 from attribution.decode import to_quarantine
-from billing.catalog import Catalog
 from billing.intake import QuarantineReason
-from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS
+from billing.rule import ATTRIBUTION_WINDOW_MS
 
-BILLABLE_COLUMNS = (*BILLABLE_FIELDS, "click_received_ms", "click_ts")
+MATCH_COLUMNS = (
+    "click_id",
+    "impression_id",
+    "ad_id",
+    "user_id",
+    "click_time",
+    "impression_time",
+    "click_received_ms",
+    "click_ts",
+)
 """The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp.
 `click_received_ms` is when Kafka received the click (its record timestamp), for latency figures."""
-
-CATALOG_SCHEMA = StructType(
-    [
-        StructField("ad_id", StringType(), nullable=False),
-        StructField("campaign_id", StringType(), nullable=False),
-        StructField("advertiser_id", StringType(), nullable=False),
-        StructField("cpc_micros", LongType(), nullable=False),
-        StructField("currency", StringType(), nullable=False),
-    ]
-)
 
 WATERMARK_TS = "watermark_ts"
 """The column a stream's watermark is on: the earlier of the event time and the time Kafka received the record."""
@@ -41,12 +40,6 @@ that `event_ts` is exactly `watermark_ts + ahead_of_receipt`."""
 
 _CONTENT = ("ad_id", "user_id", "event_time")
 """An event's content besides its id: two copies that agree on these are duplicates, else a conflict."""
-
-
-def catalog_frame(spark: SparkSession, catalog: Catalog) -> DataFrame:
-    """The ad catalog as a small static DataFrame (`CATALOG_SCHEMA`), to broadcast into joins."""
-    rows = [(ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.cpc_micros, ad.currency) for ad in catalog]
-    return spark.createDataFrame(rows, CATALOG_SCHEMA)
 
 
 def watermarked(events: DataFrame, delay_ms: int) -> DataFrame:
@@ -101,10 +94,9 @@ def conflicts(events: DataFrame, id_col: str) -> DataFrame:
     return to_quarantine(later, F.lit(QuarantineReason.ID_CONFLICT.value), id_col)
 
 
-def attribute(
-    impressions: DataFrame, clicks: DataFrame, catalog: DataFrame, window_ms: int = ATTRIBUTION_WINDOW_MS
-) -> DataFrame:
-    """Billable clicks: THE rule, on two streaming or two batch DataFrames of valid, de-duplicated events.
+def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIBUTION_WINDOW_MS) -> DataFrame:
+    """Matched clicks: THE rule, on two streaming or two batch DataFrames of valid, de-duplicated events; the
+    catalog prices them afterwards (`attribution.pricing`).
 
     A click is matched to the impressions of the same `ad_id` and `user_id` with
     `imp_ts <= click_ts <= imp_ts + window_ms`, both bounds inclusive to the millisecond (`event_ts` is
@@ -117,9 +109,6 @@ def attribute(
       reconciliation carries the latest one. Only the click's watermark column leaves the join: with both
       sides' in its input the de-duplication fails at run time ("More than one event time columns are
       available").
-
-    The catalog (`catalog_frame`) is broadcast for `campaign_id`, `advertiser_id`, `amount_micros` (the long
-    `cpc_micros`) and `currency`; clicks on ads it does not know are not billed (the intake quarantined them).
 
     A stream's inputs come from `watermarked`: the watermarks are on `watermark_ts` (`imp_wm`, `click_wm` here;
     Spark's global watermark is the minimum of the two, `spark.sql.streaming.multipleWatermarkPolicy=min`), join
@@ -197,17 +186,7 @@ def attribute(
         latest = Window.partitionBy("click_id").orderBy(F.col("impression_time").desc(), F.col("impression_id"))
         ranked = matches.withColumn("_rank", F.row_number().over(latest))
         one_per_click = ranked.filter(F.col("_rank") == 1).drop("_rank")
-    prices = F.broadcast(
-        catalog.select(
-            F.col("ad_id").alias("cat_ad_id"),
-            "campaign_id",
-            "advertiser_id",
-            F.col("cpc_micros").cast("long").alias("amount_micros"),
-            "currency",
-        )
-    )
-    priced = one_per_click.join(prices, one_per_click["ad_id"] == prices["cat_ad_id"], "inner")
-    return priced.select(*BILLABLE_COLUMNS)
+    return one_per_click.select(*MATCH_COLUMNS)
 
 
 def _watermark_columns(side: str, streaming: bool) -> list[Column]:

@@ -2,7 +2,8 @@
 
 Redis holds nothing that the data folder does not: the billed totals come from the ledger (closed periods from their
 exports), the corrections and their lists from the corrections Parquet, the late counts from the archive's `late` flags,
-the clock-ahead counts from the archive's event and receipt times, the quarantine counts from the quarantine table and
+the clock-ahead counts from the archive's event and receipt times, the unbilled counts from the stream's unbilled
+table, the quarantine counts from the quarantine table and
 the id-conflict files, the closed periods from the exports, the last reconciliation and audit from their records beside
 the state file. Only the job's own health records are not restored: the job writes them again on its next batch.
 
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts
+from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
 from attribution.epoch import newest_batch_id
 from billing.catalog import Catalog
 from billing.corrections import Correction
@@ -99,6 +100,7 @@ def restore_redis(
     late = _late_events(layout.archive)
     ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms)
     bad = _table(layout.quarantine, ["reason", "topic", "ad_id"])
+    unbilled = _unbilled_clicks(layout.unbilled)
     last_batch = max(newest_batch_id(data_dir) or -1, 0)
     totals.apply_batch(
         query,
@@ -107,6 +109,7 @@ def restore_redis(
         late=late_counts(late, advertiser_of) if late.num_rows else [],
         quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
         clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
+        unbilled=unbilled_counts(unbilled, advertiser_of),
     )
 
     corrections = _corrections_in_written_order(layout.corrections)
@@ -165,6 +168,17 @@ def _late_events(archive: Path) -> pa.Table:
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("late", pa.bool_())])
     )  # fmt: skip
+
+
+def _unbilled_clicks(folder: Path) -> pa.Table:
+    """The stream's unbilled clicks, as `unbilled_counts` reads them."""
+    schema = pa.schema(
+        [("period", pa.string()), ("period_start_ms", pa.int64()), ("ad_id", pa.string()), ("reason", pa.string())]
+    )
+    if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+        return schema.empty_table()
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    return dataset.to_table(columns=schema.names).cast(schema)
 
 
 def _clock_ahead_events(archive: Path, tolerance_ms: int) -> pa.Table:

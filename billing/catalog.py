@@ -1,56 +1,176 @@
-"""The ad catalog: which advertiser and campaign an ad belongs to, and what one click on it costs.
+"""The ad catalog: which advertiser and campaign an ad belongs to, and its price history.
 
-Money is integer micros (millionths of the currency unit), never a float.
+An ad's price is a history of entries (`PriceChange`): from `effective_from` (epoch ms, UTC) on, one click costs
+`cpc_micros` (integer micros, millionths of the currency unit, never a float), or the ad is paused (`None`). A click
+is priced at the entry with the greatest `effective_from` at or before its event time (`Catalog.price`); before an
+ad's first entry the ad did not exist. Every change carries the catalog `version` it was made in (the catalog's
+version counts changes), so a reader can see the catalog as it stood at an earlier version (`Catalog.as_of`): the
+streaming job prices a replayed micro-batch with the version it priced it with the first time.
+
+A change (`AdChange`) creates an ad or sets, pauses or resumes its price from an `effective_from` that is not in the
+past (`Catalog.with_change`); an ad's advertiser, campaign and currency never change. Only a back-fill of recorded
+history (`backfill=True`, which the operator asks for) may take effect in the past.
+
+The file, shared by the job, reconciliation and the web UI, is `billing.store.catalog_file`.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+FORMAT = 2
+"""The catalog file's format: 2 holds price histories; a file without `format` is a list of constant prices (1)."""
+
+
+class Unbillable(StrEnum):
+    """Why a click that the rule matched has no price at its time."""
+
+    AD_PAUSED = "ad_paused"
+    """The ad was paused at the click's time."""
+    UNKNOWN_AD = "unknown_ad"
+    """The catalog does not know the ad, or the ad's first entry is after the click."""
+
+
+class CatalogError(ValueError):
+    """A change the catalog refuses; the message is one line, for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChange:
+    """From `effective_from` on, a click costs `cpc_micros`, or the ad is paused (`cpc_micros` None)."""
+
+    effective_from: int
+    cpc_micros: int | None
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        _check_time(self.effective_from, "effective_from")
+        if self.cpc_micros is not None:
+            _check_price(self.cpc_micros)
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise CatalogError(f"a change's version is a non-negative integer, got {self.version!r}")
+
+    @property
+    def paused(self) -> bool:
+        return self.cpc_micros is None
 
 
 @dataclass(frozen=True, slots=True)
 class Ad:
-    """One ad of the catalog; `cpc_micros` is the price of one billable click."""
+    """One ad of the catalog and its price history (oldest first).
+
+    Built as `Ad(ad_id, campaign_id, advertiser_id, cpc_micros, currency)`, the ad costs `cpc_micros` from the
+    beginning of time (`effective_from` 0): a catalog of constant prices. `cpc_micros` is the ad's first price."""
 
     ad_id: str
     campaign_id: str
     advertiser_id: str
-    cpc_micros: int
+    cpc_micros: int | None
     currency: str
+    prices: tuple[PriceChange, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if isinstance(self.cpc_micros, bool) or not isinstance(self.cpc_micros, int):
-            raise TypeError(f"ad {self.ad_id}: cpc_micros must be an integer number of micros")
-        if self.cpc_micros < 0:
-            raise ValueError(f"ad {self.ad_id}: cpc_micros must not be negative")
-        if not (len(self.currency) == 3 and self.currency.isalpha() and self.currency.isupper()):
-            raise ValueError(f"ad {self.ad_id}: currency must be an ISO 4217 code such as EUR")
+        for name in ("ad_id", "campaign_id", "advertiser_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or not value.isprintable() or value != value.strip():
+                raise CatalogError(f"ad {self.ad_id!r}: {name} must be a non-empty printable id, got {value!r}")
+        if self.cpc_micros is not None:
+            try:
+                _check_price(self.cpc_micros)
+            except CatalogError as exc:
+                raise CatalogError(f"ad {self.ad_id}: {exc}") from None
+        if not (isinstance(self.currency, str) and len(self.currency) == 3 and self.currency.isalpha()) or (
+            not self.currency.isupper()
+        ):
+            raise CatalogError(f"ad {self.ad_id}: currency must be an ISO 4217 code such as EUR")
+        prices = self.prices or (PriceChange(0, self.cpc_micros, 0),)
+        ordered = tuple(sorted(prices, key=lambda p: (p.effective_from, p.version)))
+        object.__setattr__(self, "prices", ordered)
+        object.__setattr__(self, "cpc_micros", ordered[0].cpc_micros)
+
+    def price_at(self, at_ms: int) -> int | Unbillable:
+        """The price of a click at `at_ms`, or why it has none."""
+        index = bisect_right(self._starts, at_ms) - 1
+        if index < 0:
+            return Unbillable.UNKNOWN_AD
+        entry = self.prices[index]
+        return Unbillable.AD_PAUSED if entry.cpc_micros is None else entry.cpc_micros
+
+    @property
+    def _starts(self) -> list[int]:
+        return [p.effective_from for p in self.prices]
+
+    @property
+    def created_at(self) -> int:
+        """When the ad's first entry takes effect."""
+        return self.prices[0].effective_from
+
+    def entry_at(self, at_ms: int) -> PriceChange | None:
+        """The history entry in force at `at_ms`; None before the first."""
+        index = bisect_right(self._starts, at_ms) - 1
+        return self.prices[index] if index >= 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ad_id": self.ad_id,
+            "campaign_id": self.campaign_id,
+            "advertiser_id": self.advertiser_id,
+            "currency": self.currency,
+            "prices": [
+                {"effective_from": p.effective_from, "cpc_micros": p.cpc_micros, "version": p.version}
+                for p in self.prices
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AdChange:
+    """A change to the catalog: create `ad_id` (owners and currency given) or set its price from `effective_from`
+    on; `cpc_micros` None pauses it. For an existing ad the owners and currency, when given, must be its own."""
+
+    ad_id: str
+    effective_from: int
+    cpc_micros: int | None
+    campaign_id: str | None = None
+    advertiser_id: str | None = None
+    currency: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
 class Catalog:
-    """Ads by id. Immutable once built; as JSON with `to_json`/`from_json` (the file: `billing.store.catalog_file`).
+    """Ads by id with their price histories. Immutable; a change makes a new catalog (`with_change`); as JSON with
+    `to_json`/`from_json` (the file: `billing.store.catalog_file`).
 
     An ad id names one ad, and a campaign id one advertiser's campaign: the live totals are kept per campaign id
     (`billing.store.redis_totals`), so two advertisers sharing one would see each other's figures added to their own. A
     catalog where they do is refused.
     """
 
-    def __init__(self, ads: Iterable[Ad]) -> None:
+    def __init__(self, ads: Iterable[Ad], version: int | None = None) -> None:
         self._ads: dict[str, Ad] = {}
         owners: dict[str, str] = {}
         for ad in ads:
             if ad.ad_id in self._ads:
-                raise ValueError(f"ad {ad.ad_id} appears twice in the catalog")
+                raise CatalogError(f"ad {ad.ad_id} appears twice in the catalog")
             owner = owners.setdefault(ad.campaign_id, ad.advertiser_id)
             if owner != ad.advertiser_id:
-                raise ValueError(
+                raise CatalogError(
                     f"campaign {ad.campaign_id} belongs to advertiser {owner} and to {ad.advertiser_id} (ad "
                     f"{ad.ad_id}); a campaign id must name one advertiser's campaign, so rename one of them"
                 )
             self._ads[ad.ad_id] = ad
+        newest = max((p.version for ad in self._ads.values() for p in ad.prices), default=0)
+        self.version = newest if version is None else max(version, newest)
+        self._owners = owners
 
     def __len__(self) -> int:
         return len(self._ads)
@@ -60,6 +180,12 @@ class Catalog:
 
     def __contains__(self, ad_id: object) -> bool:
         return ad_id in self._ads
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Catalog) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
 
     def get(self, ad_id: str) -> Ad | None:
         return self._ads.get(ad_id)
@@ -75,15 +201,118 @@ class Catalog:
     def advertiser_ids(self) -> list[str]:
         return sorted({ad.advertiser_id for ad in self._ads.values()})
 
+    def advertiser_of(self, ad_id: str) -> str | None:
+        ad = self._ads.get(ad_id)
+        return ad.advertiser_id if ad is not None else None
+
+    def price(self, ad_id: str, at_ms: int) -> tuple[Ad, int] | Unbillable:
+        """The ad and the price of a click on `ad_id` at `at_ms` (the entry with the greatest `effective_from` at or
+        before it), or why the click has none: THE pricing rule, for the stream, reconciliation and the ground
+        truth alike."""
+        ad = self._ads.get(ad_id)
+        if ad is None:
+            return Unbillable.UNKNOWN_AD
+        amount = ad.price_at(at_ms)
+        return amount if isinstance(amount, Unbillable) else (ad, amount)
+
+    def as_of(self, version: int) -> Catalog:
+        """The catalog as it stood at `version`: the changes made up to it, and the ads they made."""
+        if version >= self.version:
+            return self
+        ads = []
+        for ad in self._ads.values():
+            kept = tuple(p for p in ad.prices if p.version <= version)
+            if kept:
+                ads.append(replace(ad, cpc_micros=kept[0].cpc_micros, prices=kept))
+        return Catalog(ads, version)
+
+    def with_change(self, change: AdChange, now_ms: int, backfill: bool = False) -> Catalog:
+        """The catalog with `change` made at `now_ms` as version `version + 1`; CatalogError when it is refused:
+        an effective time in the past (unless `backfill`), a negative or non-integer price, an ad's advertiser,
+        campaign or currency changed, an unknown ad without its owners and currency, or a campaign of another
+        advertiser."""
+        _check_time(change.effective_from, "the effective time")
+        if change.cpc_micros is not None:
+            _check_price(change.cpc_micros)
+        if not backfill and change.effective_from < now_ms:
+            raise CatalogError(
+                f"ad {change.ad_id}: the effective time {format_time(change.effective_from)} is in the past (now is "
+                f"{format_time(now_ms)}): the past is never re-priced"
+            )
+        entry = PriceChange(change.effective_from, change.cpc_micros, self.version + 1)
+        ad = self._ads.get(change.ad_id)
+        if ad is None:
+            missing = [n for n in ("campaign_id", "advertiser_id", "currency") if not getattr(change, n)]
+            if missing:
+                raise CatalogError(f"unknown ad {change.ad_id}: to create it, give its {', '.join(missing)}")
+            owner = self._owners.get(change.campaign_id or "")
+            if owner is not None and owner != change.advertiser_id:
+                raise CatalogError(
+                    f"campaign {change.campaign_id} belongs to advertiser {owner}, not {change.advertiser_id}"
+                )
+            created = Ad(
+                change.ad_id,
+                change.campaign_id or "",
+                change.advertiser_id or "",
+                change.cpc_micros,
+                change.currency or "",
+                (entry,),
+            )
+            return Catalog([*self._ads.values(), created], self.version + 1)
+        for name in ("campaign_id", "advertiser_id", "currency"):
+            given = getattr(change, name)
+            if given is not None and given != getattr(ad, name):
+                raise CatalogError(
+                    f"ad {ad.ad_id}: its {name.removesuffix('_id')} is {getattr(ad, name)}, not {given}; an ad's "
+                    "advertiser, campaign and currency never change"
+                )
+        changed = replace(ad, prices=(*ad.prices, entry))
+        return Catalog([changed if a.ad_id == ad.ad_id else a for a in self._ads.values()], self.version + 1)
+
     def to_json(self) -> str:
-        return json.dumps({"ads": [asdict(ad) for ad in self._ads.values()]}, indent=1, sort_keys=True)
+        document = {"format": FORMAT, "version": self.version, "ads": [ad.to_dict() for ad in self._ads.values()]}
+        return json.dumps(document, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Catalog:
+        """A catalog file: format 2 (histories), or the earlier list of constant prices, which becomes a history in
+        force from the beginning of time (`effective_from` 0)."""
         data = json.loads(text)
         if not isinstance(data, dict) or not isinstance(data.get("ads"), list):
-            raise ValueError('a catalog file is a JSON object {"ads": [...]}')
-        return cls(Ad(**ad) for ad in data["ads"])
+            raise CatalogError('a catalog file is a JSON object {"ads": [...]}')
+        if data.get("format") is None:
+            return cls(Ad(**ad) for ad in data["ads"])
+        if data["format"] != FORMAT:
+            raise CatalogError(f"catalog format {data['format']!r} is not one this version reads ({FORMAT})")
+        ads = []
+        for row in data["ads"]:
+            prices = tuple(PriceChange(**p) for p in row["prices"])
+            if not prices:
+                raise CatalogError(f"ad {row.get('ad_id')!r} has no price history")
+            fields = {k: row[k] for k in ("ad_id", "campaign_id", "advertiser_id", "currency")}
+            ads.append(Ad(**fields, cpc_micros=prices[0].cpc_micros, prices=prices))
+        return cls(ads, int(data.get("version", 0)))
+
+
+def _check_price(cpc_micros: object) -> None:
+    if isinstance(cpc_micros, bool) or not isinstance(cpc_micros, int):
+        raise CatalogError(f"a price is a whole number of micros, got {cpc_micros!r}")
+    if cpc_micros < 0:
+        raise CatalogError(f"a price must not be negative, got {cpc_micros}")
+    if cpc_micros > 2**63 - 1:
+        raise CatalogError(f"a price must fit in 63 bits, got {cpc_micros}")
+
+
+def _check_time(at_ms: object, name: str) -> None:
+    if isinstance(at_ms, bool) or not isinstance(at_ms, int) or at_ms < 0:
+        raise CatalogError(f"{name} is a non-negative number of epoch milliseconds, got {at_ms!r}")
+
+
+def format_time(at_ms: int) -> str:
+    """An effective time for a person: ISO-8601 UTC to the millisecond, or `the beginning` for 0."""
+    if at_ms == 0:
+        return "the beginning"
+    return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def generate_catalog(
@@ -93,7 +322,7 @@ def generate_catalog(
     seed: int,
     currency: str = "EUR",
 ) -> Catalog:
-    """A deterministic catalog: the same arguments give the same ads and prices."""
+    """A deterministic catalog: the same arguments give the same ads and prices, in force from the beginning."""
     rng = random.Random(f"catalog-{seed}")
     ads = []
     for a in range(advertisers):

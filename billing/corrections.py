@@ -54,6 +54,11 @@ class CorrectionReason(StrEnum):
     click at another charge, the wrong bill is retracted and the right one added, both with this reason."""
     NOT_BILLABLE = "not_billable"
     """Retraction: anything else the complete data does not support."""
+    CATALOG_CHANGE = "catalog_change"
+    """Addition or retraction: the catalog's history prices the click otherwise than the stream did, because the
+    stream had not yet seen a change in force at the click's time (a new ad, a new price, a pause): the click the
+    stream could not price is added, a bill at a price no longer in force at the click's time is retracted and
+    the right one added."""
 
 
 ADDITION_REASONS = frozenset(
@@ -63,12 +68,18 @@ ADDITION_REASONS = frozenset(
         CorrectionReason.MISSED_MATCH,
         CorrectionReason.ID_CONFLICT,
         CorrectionReason.BILLED_AFTER_CLOSE,
+        CorrectionReason.CATALOG_CHANGE,
     }
 )
 """Reasons an addition may carry."""
 
 RETRACTION_REASONS = frozenset(
-    {CorrectionReason.DUPLICATE, CorrectionReason.ID_CONFLICT, CorrectionReason.NOT_BILLABLE}
+    {
+        CorrectionReason.DUPLICATE,
+        CorrectionReason.ID_CONFLICT,
+        CorrectionReason.NOT_BILLABLE,
+        CorrectionReason.CATALOG_CHANGE,
+    }
 )
 """Reasons a retraction may carry."""
 
@@ -179,7 +190,9 @@ class ArrivalFacts:
     - `conflicting_click_ids`, `conflicting_impression_ids`: ids that had a later copy with other content (the
       stream may have billed either copy; the first by arrival stands).
     - `billed_after_close_click_ids`: clicks of a closed period that the stream billed after the period's export
-      was written.
+      was written;
+    - `unpriced_click_ids`: matched clicks that the stream could not price, or that the catalog's history prices
+      at nothing now (their ad paused or unknown at their time).
     Click and impression ids are kept apart: they come from different generators and may collide.
     """
 
@@ -188,6 +201,7 @@ class ArrivalFacts:
     conflicting_click_ids: Collection[str] = frozenset()
     conflicting_impression_ids: Collection[str] = frozenset()
     billed_after_close_click_ids: Collection[str] = frozenset()
+    unpriced_click_ids: Collection[str] = frozenset()
 
 
 BillRow = BillableClick | Mapping[str, Any]
@@ -305,11 +319,15 @@ def reconcile_period(
     retractions (retractions first, then additions; by click id). Reasons:
 
     - a retraction at the final charge (an extra copy) is `duplicate`; at another charge, every copy but one is
-      `duplicate` and the last is `id_conflict` when the final bills the click at another charge or the click or
-      the bill's impression had a conflicting copy, else `not_billable`;
-    - an addition is `id_conflict` when the click stood at another charge (the pair of a replaced bill), else
-      `billed_after_close` when the stream billed it after its period closed, else `late_click` when the click
-      arrived late, else `late_impression` when its final impression did, else `missed_match`.
+      `duplicate` and the last is `catalog_change` when the final bills the click on the same ad at another
+      price (a price change the stream had not seen) and no copy conflicts, `id_conflict` when the final bills
+      the click at another charge or the click or the bill's impression had a conflicting copy, `catalog_change`
+      when the catalog prices the matched click at nothing (`unpriced_click_ids`), else `not_billable`;
+    - an addition is `catalog_change` when it replaces a bill at another price of the same ad, `id_conflict` when
+      the click stood at another charge (the pair of a replaced bill), else `billed_after_close` when the stream
+      billed it after its period closed, else `catalog_change` when the stream could not price it
+      (`unpriced_click_ids`), else `late_click` when the click arrived late, else `late_impression` when its final
+      impression did, else `missed_match`.
 
     The work is independent per click id: the caller may pass only the click ids that can differ, as long as it
     passes every final row, ledger row and correction of each id it passes.
@@ -332,6 +350,7 @@ def reconcile_period(
     ordinals = Counter((c.click_id, c.kind) for c in existing)
     taken = {c.correction_id for c in existing} | set(reserved_ids)
     after_close = facts.billed_after_close_click_ids if facts else frozenset()
+    unpriced = facts.unpriced_click_ids if facts else frozenset()
 
     new: list[Correction] = []
     for click_id in sorted(wanted.keys() | entries.keys()):
@@ -347,6 +366,7 @@ def reconcile_period(
             late_impression=target is not None and target.impression_id in late_impressions,
             conflicting_click=click_id in conflicting_clicks,
             conflicting_impressions=conflicting_impressions,
+            unpriced=click_id in unpriced,
         )
         for step in steps:
             ordinal = ordinals[(click_id, step.kind)]
@@ -386,10 +406,19 @@ def _steps_for_click(
     late_impression: bool,
     conflicting_click: bool,
     conflicting_impressions: Collection[str],
+    unpriced: bool = False,
 ) -> list[_Step]:
     final_charge = target.charge if target is not None else None
     charges = sorted(stands.count.keys() | ({final_charge} if final_charge is not None else set()))
-    stands_elsewhere = any(n > 0 for charge, n in stands.count.items() if charge != final_charge)
+    elsewhere = [charge for charge, n in stands.count.items() if n > 0 and charge != final_charge]
+    stands_elsewhere = bool(elsewhere)
+    # The stream billed the click on the same ad at another price: a price change it had not seen yet.
+    repriced = (
+        final_charge is not None
+        and not conflicting_click
+        and stands_elsewhere
+        and all(c.ad_id == final_charge.ad_id and c.currency == final_charge.currency for c in elsewhere)
+    )
     retractions: list[_Step] = []
     additions: list[_Step] = []
     for charge in charges:
@@ -401,22 +430,29 @@ def _steps_for_click(
             held = sorted(stands.impressions.get(charge, []), key=lambda imp: (imp == keep, imp))
             for n in range(have - want):
                 impression_id = held[n] if n < len(held) else None
+                conflicting = conflicting_click or any(
+                    imp in conflicting_impressions for imp in stands.impressions.get(charge, [])
+                )
                 if want == 1 or n < have - 1:
                     reason = CorrectionReason.DUPLICATE
-                elif (
-                    target is not None
-                    or conflicting_click
-                    or any(imp in conflicting_impressions for imp in stands.impressions.get(charge, []))
-                ):
+                elif repriced and not conflicting:
+                    reason = CorrectionReason.CATALOG_CHANGE
+                elif target is not None or conflicting:
                     reason = CorrectionReason.ID_CONFLICT
+                elif unpriced:
+                    reason = CorrectionReason.CATALOG_CHANGE
                 else:
                     reason = CorrectionReason.NOT_BILLABLE
                 retractions.append(_Step(CorrectionKind.RETRACTION, reason, charge, impression_id))
         elif have < want and target is not None and charge == final_charge:
-            if stands_elsewhere:
+            if repriced:
+                reason = CorrectionReason.CATALOG_CHANGE
+            elif stands_elsewhere:
                 reason = CorrectionReason.ID_CONFLICT
             elif billed_after_close:
                 reason = CorrectionReason.BILLED_AFTER_CLOSE
+            elif unpriced:
+                reason = CorrectionReason.CATALOG_CHANGE
             elif late_click:
                 reason = CorrectionReason.LATE_CLICK
             elif late_impression:

@@ -34,7 +34,9 @@ class QuarantineReason(StrEnum):
     TIME_OUT_OF_RANGE = "time_out_of_range"
     """event_time is before 2000-01-01 or more than one hour after the event was received."""
     UNKNOWN_AD = "unknown_ad"
-    """The catalog does not know the ad (impressions and clicks alike)."""
+    """Earlier versions quarantined events on ads the catalog did not know. Such events are valid now (the catalog may
+    learn the ad later, DOMAIN.md): kept, and counted as `billing.catalog.Unbillable` when a click has no price.
+    The reason stays so that quarantine rows written before read back."""
     ID_CONFLICT = "id_conflict"
     """An event of this type and id, with other content, was accepted earlier; the first copy stands."""
 
@@ -75,12 +77,11 @@ ACCEPTED = Verdict(Admission.ACCEPTED)
 DUPLICATE = Verdict(Admission.DUPLICATE)
 
 
-def check_event(event: Event, received_at_ms: int, catalog: Catalog) -> QuarantineReason | None:
-    """Why a decoded event must be quarantined (time range first, then unknown ad), or None if valid."""
+def check_event(event: Event, received_at_ms: int) -> QuarantineReason | None:
+    """Why a decoded event must be quarantined (its time out of range), or None if valid. An ad the catalog does
+    not know is no reason: the click is kept, and priced by the catalog's history (`billing.catalog`)."""
     if not MIN_EVENT_TIME_MS <= event.event_time <= received_at_ms + MAX_FUTURE_MS:
         return QuarantineReason.TIME_OUT_OF_RANGE
-    if event.ad_id not in catalog:
-        return QuarantineReason.UNKNOWN_AD
     return None
 
 
@@ -92,8 +93,7 @@ class Intake:
     and id makes it an ID_CONFLICT; otherwise it is ACCEPTED.
     """
 
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
+    def __init__(self) -> None:
         self.impressions: list[Impression] = []
         self.clicks: list[Click] = []
         self.counts: dict[str, int] = {kind.value: 0 for kind in (Admission.ACCEPTED, Admission.DUPLICATE)}
@@ -106,7 +106,7 @@ class Intake:
         earlier = self._accepted.get(key)
         if earlier is not None and earlier == event:
             return self._count(DUPLICATE)
-        reason = check_event(event, received_at_ms, self.catalog)
+        reason = check_event(event, received_at_ms)
         if reason is not None:
             return self.reject(reason)
         if earlier is not None:
@@ -136,7 +136,7 @@ def billable_from_arrivals(
     arrivals: Iterable[tuple[Event, int]], catalog: Catalog
 ) -> tuple[list[BillableClick], Intake]:
     """Admit (event, received_at_ms) pairs in order, then apply the rule to what was accepted."""
-    intake = Intake(catalog)
+    intake = Intake()
     for event, received_at_ms in arrivals:
         intake.admit(event, received_at_ms)
     return attribute(intake.impressions, intake.clicks, catalog), intake

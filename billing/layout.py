@@ -9,7 +9,9 @@ ROOT/
   archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
   quarantine/batch_id=N/                  bad input
   released/batch_id=N/                    quarantined records of a schema id learnt later, archived by batch N
+  unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
+  checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
   exports/P/                              a closed period's finance export, never rewritten
@@ -58,8 +60,18 @@ class DataLayout:
         return self.root / "released"
 
     @property
+    def unbilled(self) -> Path:
+        """Clicks the rule matched that had no price at their time (`billing.catalog.Unbillable`), by period."""
+        return self.root / "unbilled"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def catalog_versions(self) -> Path:
+        """One file per micro-batch: the catalog version the stream priced it with, so a replay prices the same."""
+        return self.checkpoints / "catalog-versions"
 
     def checkpoint(self, query: str) -> Path:
         """The checkpoint folder of a streaming query."""

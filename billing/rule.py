@@ -2,7 +2,8 @@
 
 A click is billable when an impression of the same ad for the same user happened at most 10 s before it (both
 bounds inclusive, to the millisecond). The click is billed once, attributed to the latest qualifying
-impression (ties: the smallest impression id), at the ad's `cpc_micros`. This is the exact reference that
+impression (ties: the smallest impression id), at the ad's price in force at the click's time
+(`billing.catalog.Catalog.price`). This is the exact reference that
 reconciliation and the tests hold the streaming join to.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from billing.catalog import Catalog
+from billing.catalog import Catalog, Unbillable
 from billing.events import Click, Impression
 
 ATTRIBUTION_WINDOW_MS = 10_000
@@ -68,7 +69,8 @@ BILLABLE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(BillableClick))
 def attribute(impressions: Iterable[Impression], clicks: Iterable[Click], catalog: Catalog) -> list[BillableClick]:
     """Apply the attribution rule to de-duplicated, validated events; one row per billable click, by click_id.
 
-    Clicks on ads the catalog does not know are skipped (the intake quarantines them). An identical repeat of
+    A click is priced by the catalog's history at its event time; one with no price then (its ad unknown, not yet
+    created, or paused: `billing.catalog.Unbillable`) is not billable, and is left out. An identical repeat of
     an event is ignored; two different events with the same id raise ValueError, because the intake must have
     decided which copy stands before the rule runs.
     """
@@ -90,9 +92,8 @@ def attribute(impressions: Iterable[Impression], clicks: Iterable[Click], catalo
         if earlier_click is not click:
             _same_or_conflict(earlier_click, click)
             continue
-        ad = catalog.get(click.ad_id)
         key = (click.ad_id, click.user_id)
-        if ad is None or key not in by_ad_user:
+        if key not in by_ad_user:
             continue
         times = index.get(key)
         if times is None:
@@ -100,6 +101,10 @@ def attribute(impressions: Iterable[Impression], clicks: Iterable[Click], catalo
         match = times.attributed(click.event_time)
         if match is None:
             continue
+        priced = catalog.price(click.ad_id, click.event_time)
+        if isinstance(priced, Unbillable):
+            continue
+        ad, amount = priced
         impression_time, impression_id = match
         billable.append(
             BillableClick(
@@ -111,7 +116,7 @@ def attribute(impressions: Iterable[Impression], clicks: Iterable[Click], catalo
                 user_id=click.user_id,
                 click_time=click.event_time,
                 impression_time=impression_time,
-                amount_micros=ad.cpc_micros,
+                amount_micros=amount,
                 currency=ad.currency,
             )
         )

@@ -100,13 +100,26 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("topics", help="create the impressions, clicks and quarantine topics (idempotent)")
     p.set_defaults(run=cmd_topics, needs=("kafka",))
 
-    p = sub.add_parser("catalog", help="write or show the ad catalog")
-    p.add_argument("action", choices=["generate", "show"])
+    p = sub.add_parser(
+        "catalog",
+        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history",
+        description="The ad catalog and its price history. A change takes effect now or at a later --at, never in "
+        "the past (--backfill, for recorded history, is the one exception); the streaming job, reconciliation and "
+        "the web UI see it within seconds, without a restart.",
+    )
+    p.add_argument("action", choices=list(CATALOG_ACTIONS))
+    p.add_argument("ad_id", nargs="?", help="the ad (create-ad, set-price, pause, resume, history)")
+    p.add_argument("--campaign", help="create-ad: the campaign the ad belongs to")
+    p.add_argument("--advertiser", help="create-ad: the advertiser the ad belongs to")
+    p.add_argument("--currency", help="create-ad: ISO 4217 currency of its prices, such as EUR")
+    p.add_argument("--cpc-micros", help="create-ad, set-price, resume: the price of one click, in integer micros")
+    p.add_argument("--at", help="when the change takes effect: epoch ms or ISO-8601 (default: now)")
+    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
     p.add_argument("--advertisers", type=int, default=5)
-    p.add_argument("--campaigns", type=int, default=3, help="campaigns per advertiser")
-    p.add_argument("--ads", type=int, default=4, help="ads per campaign")
+    p.add_argument("--campaigns", type=int, default=3, help="generate: campaigns per advertiser")
+    p.add_argument("--ads", type=int, default=4, help="generate: ads per campaign")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--force", action="store_true", help="replace an existing catalog file")
+    p.add_argument("--force", action="store_true", help="generate: replace an existing catalog file")
     p.set_defaults(run=cmd_catalog)
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
@@ -329,12 +342,17 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history")
+
+
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
-    from billing.money import format_micros
-    from billing.store.catalog_file import load_catalog, save_catalog
+    from billing.catalog_changes import describe_entry, price_status
+    from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+    from ops.reconciling import parse_time
 
     path = settings.catalog_file
+    now_ms = int(time.time() * 1000)
     if args.action == "generate":
         if path.exists() and not args.force:
             raise ValueError(f"{path} exists; pass --force to replace it")
@@ -342,9 +360,41 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         save_catalog(catalog, path)
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
-    catalog = load_catalog(path)
-    for ad in catalog:
-        print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{format_micros(ad.cpc_micros, ad.currency)}")
+    if args.action == "show":
+        catalog = load_catalog(path)
+        for ad in catalog:
+            print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{price_status(ad, now_ms)}")
+        return 0
+    if not args.ad_id:
+        raise ValueError(f"catalog {args.action} needs the ad's id")
+    if args.action == "history":
+        found = load_catalog(path).get(args.ad_id)
+        if found is None:
+            raise ValueError(f"unknown ad {args.ad_id}")
+        print(f"{found.ad_id}\tcampaign {found.campaign_id}\tadvertiser {found.advertiser_id}\t{found.currency}")
+        for entry in found.prices:
+            print(describe_entry(entry, ad.currency))
+        return 0
+    from billing.catalog_changes import catalog_change
+
+    at_ms = parse_time(args.at, "--at") if args.at else now_ms
+    store = CatalogStore(path)
+    with store.locked():
+        current = load_catalog(path) if path.exists() else None
+    change = catalog_change(
+        args.action,
+        args.ad_id,
+        at_ms,
+        current,
+        cpc_micros=args.cpc_micros,
+        campaign_id=args.campaign,
+        advertiser_id=args.advertiser,
+        currency=args.currency,
+    )
+    catalog = store.change(change, now_ms, backfill=args.backfill)
+    ad = catalog[args.ad_id]
+    entry = next(p for p in ad.prices if p.version == catalog.version)
+    print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
     return 0
 
 
@@ -519,8 +569,16 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.catalog import AdChange
+    from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
+
+    catalog = CatalogStore(settings.catalog_file)
+
+    def apply_catalog(change: AdChange) -> None:
+        # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
+        catalog.change(change, int(time.time() * 1000), backfill=True)
 
     summary = replay_to_kafka(
         args.file,
@@ -529,6 +587,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         topics=settings.topics,
         rate=args.rate,
         progress=_progress(args),
+        apply_catalog=apply_catalog,
     )
     return _delivery_outcome("replay", summary.publish.not_delivered, summary.bad_lines)
 

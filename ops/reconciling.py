@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from billing.closing_run import RunReport
 
 
-def parse_time(text: str) -> int:
+def parse_time(text: str, option: str = "--until") -> int:
     """Epoch ms from `1767225600000` or an ISO-8601 time (UTC unless it says otherwise)."""
     if text.isdigit():
         return int(text)
@@ -28,7 +28,7 @@ def parse_time(text: str) -> int:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
         raise SystemExit(
-            f"--until: {text!r} is neither epoch ms nor an ISO-8601 time such as 2026-01-01T10:00Z"
+            f"{option}: {text!r} is neither epoch ms nor an ISO-8601 time such as 2026-01-01T10:00Z"
         ) from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

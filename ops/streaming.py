@@ -44,6 +44,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         redis_timeout_ms=settings.redis_timeout_ms,
         registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
+        catalog_file=settings.catalog_file,
     )
 
 
@@ -56,7 +57,6 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
-    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
@@ -84,7 +84,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         )
     )
     try:
-        queries = start(spark, config, load_catalog(settings.catalog_file), new_checkpoint=new_checkpoint)
+        queries = start(spark, config, new_checkpoint=new_checkpoint)
     except CheckpointRefusedError as exc:
         print(f"streaming: refused: {exc}", file=sys.stderr, flush=True)
         spark.stop()

@@ -3,14 +3,19 @@
     {"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}
     {"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225605000}
     {"type": "raw", "topic": "clicks", "bytes_b64": "AAAAAAE="}
+    {"type": "ad", "ad_id": "a9", "campaign_id": "c1", "advertiser_id": "adv1", "currency": "EUR",
+     "effective_from": 1767225600000, "cpc_micros": 250000}
     {"type": "schema", "subject": "clicks-value", "schema": {"type": "record", "name": "Click", ...}}
 
 A `schema` line is a schema version a producer deployed at that point: the replay registers it and writes the
 events of its subject after it with that version, taking the fields it adds from the event lines
 (`read_capture_with_extras`) or their defaults.
 
-A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on:
-no line is dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
+An `ad` line is a change to the catalog (a new ad, a new price, `cpc_micros` null: a pause), applied by the replay
+through the catalog's store with its own effective time (a back-fill of recorded history).
+
+A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on: no line is
+dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
 ignored, so a capture may carry annotations. Whether an event is valid for billing (time range, known ad, id
 conflicts) is not decided here: such events are sent, and the pipeline quarantines them.
 """
@@ -25,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from billing.catalog import AdChange, CatalogError
+from billing.catalog_changes import ad_line_change
 from billing.events import Click, Event, Impression
 from producers.wire import RawRecord
 
@@ -46,6 +53,15 @@ class CaptureError:
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogLine:
+    """A change to the ad catalog where it happened in the capture (`{"type": "ad", ...}`, DOMAIN.md "Recorded
+    traffic"): applied, with its own `effective_from`, before the lines after it are sent."""
+
+    change: AdChange
+    line_number: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaLine:
     """A schema version deployed by a producer: the registry subject and the schema as JSON text."""
 
@@ -54,7 +70,7 @@ class SchemaLine:
     line_number: int = 0
 
 
-CaptureLine = Event | RawRecord | SchemaLine | CaptureError
+CaptureLine = Event | RawRecord | CatalogLine | SchemaLine | CaptureError
 """What reading one non-blank line gives."""
 
 
@@ -111,6 +127,8 @@ def _parse(text: str, line_number: int) -> tuple[CaptureLine, dict[str, Any]]:
         item = _item(data)
     except _LineProblem as problem:
         return CaptureError(line_number, str(problem), _excerpt(text)), {}
+    if isinstance(item, CatalogLine):
+        return CatalogLine(item.change, line_number), {}
     if isinstance(item, SchemaLine):
         return SchemaLine(item.subject, item.schema_text, line_number), {}
     if isinstance(item, Impression | Click) and len(data) > 5:
@@ -123,8 +141,13 @@ class _LineProblem(Exception):
     pass
 
 
-def _item(data: dict[str, Any]) -> Event | RawRecord | SchemaLine:
+def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine | SchemaLine:
     kind = data.get("type")
+    if kind == "ad":
+        try:
+            return CatalogLine(ad_line_change(data))
+        except CatalogError as exc:
+            raise _LineProblem(str(exc)) from None
     if kind == "schema":
         subject = _string(data, "subject")
         schema = data.get("schema")
@@ -149,8 +172,8 @@ def _item(data: dict[str, Any]) -> Event | RawRecord | SchemaLine:
             return Impression(event_id, ad_id, user_id, event_time)
         return Click(event_id, ad_id, user_id, event_time)
     if "type" not in data:
-        raise _LineProblem("missing field 'type' (impression, click, raw or schema)")
-    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw or schema")
+        raise _LineProblem("missing field 'type' (impression, click, raw, ad or schema)")
+    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw, ad or schema")
 
 
 def _string(data: dict[str, Any], name: str) -> str:

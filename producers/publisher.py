@@ -22,10 +22,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
+from billing.catalog import AdChange, CatalogError
 from billing.events import TOPIC_OF, Event
 from billing.store.catalog_file import save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
-from producers.capture import CaptureError, SchemaLine, read_capture_with_extras
+from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
 from producers.simulator import (
     Arrival,
     Clock,
@@ -394,6 +395,7 @@ class ReplaySummary:
     events: int = 0
     raw: int = 0
     bad_lines: int = 0
+    catalog_changes: int = 0
     schemas: int = 0
     """Schema versions registered, and used from their line on."""
     errors: list[CaptureError] = field(default_factory=list)
@@ -405,6 +407,7 @@ class ReplaySummary:
             "events": self.events,
             "raw": self.raw,
             "bad_lines": self.bad_lines,
+            "catalog_changes": self.catalog_changes,
             "schemas": self.schemas,
             "errors": [
                 {"line_number": e.line_number, "message": e.message, "raw_text": e.raw_text} for e in self.errors
@@ -414,8 +417,9 @@ class ReplaySummary:
 
     def line(self) -> str:
         """One human line, for the end of a replay."""
-        text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.schemas} schema versions, "
-        text += f"{self.bad_lines} bad; "
+        text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.bad_lines} bad"
+        text += f", {self.catalog_changes} catalog changes" if self.catalog_changes else ""
+        text += f", {self.schemas} schema versions; " if self.schemas else "; "
         return text + self.publish.line()
 
 
@@ -428,8 +432,11 @@ def replay_to_kafka(
     progress: bool = True,
     extra_config: Mapping[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
+    apply_catalog: Callable[[AdChange], None] | None = None,
 ) -> ReplaySummary:
-    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent.
+    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent; `ad` lines
+    are handed to `apply_catalog` (the catalog's store, as a back-fill) where they stand, before the lines after
+    them are sent (a refused change is reported as a bad line). Without `apply_catalog` an `ad` line is a bad line.
 
     A raw line's topic is mapped like `EventPublisher.publish_raw` does: `clicks` and `impressions` go to the
     topics configured for those event types.
@@ -444,11 +451,18 @@ def replay_to_kafka(
     try:
         for item, extra in read_capture_with_extras(path):
             bar.advance()
+            if isinstance(item, CatalogLine):
+                refused = _apply(item, apply_catalog)
+                if refused is None:
+                    result.catalog_changes += 1
+                    continue
+                item = refused
             if isinstance(item, SchemaLine):
-                item = deploy_schema(serializer, schema_registry, item)
-                if not isinstance(item, CaptureError):
+                deployed = deploy_schema(serializer, schema_registry, item)
+                if not isinstance(deployed, CaptureError):
                     result.schemas += 1
                     continue
+                item = deployed
             if isinstance(item, CaptureError):
                 result.bad_lines += 1
                 if len(result.errors) < MAX_REPORTED_LINES:
@@ -470,7 +484,7 @@ def replay_to_kafka(
     publisher.flush(flush_timeout_s)
     result.publish = publisher.summary()
     result.publish.interrupted = interrupted
-    result.lines = result.events + result.raw + result.bad_lines + result.schemas
+    result.lines = result.events + result.raw + result.bad_lines + result.catalog_changes + result.schemas
     print(result.line(), file=sys.stderr)
     for error in result.errors[:20]:
         print(f"  {error}", file=sys.stderr)
@@ -489,6 +503,18 @@ def deploy_schema(serializer: EventSerializer, registry: SchemaRegistry, line: S
     except (IncompatibleSchemaError, InvalidSchemaError, SchemaRegistryError, ValueError) as exc:
         return CaptureError(line.line_number, f"schema version refused: {exc}", line.schema_text[:2_000])
     return line
+
+
+def _apply(line: CatalogLine, apply_catalog: Callable[[AdChange], None] | None) -> CaptureError | None:
+    """Apply a capture's catalog change; the line as an error when there is no catalog to apply it to, or the
+    catalog refuses it."""
+    if apply_catalog is None:
+        return CaptureError(line.line_number, "an ad line needs the catalog (adbill replay applies it)", "")
+    try:
+        apply_catalog(line.change)
+    except CatalogError as exc:
+        return CaptureError(line.line_number, f"catalog change refused: {exc}", "")
+    return None
 
 
 def _count_lines(path: str | os.PathLike[str]) -> int | None:

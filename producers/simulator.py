@@ -66,7 +66,6 @@ UNKNOWN_SCHEMA_ID_BASE = 2_000_000_000
 BAD_KINDS: tuple[QuarantineReason, ...] = (
     QuarantineReason.UNDECODABLE,
     QuarantineReason.UNKNOWN_SCHEMA,
-    QuarantineReason.UNKNOWN_AD,
     QuarantineReason.TIME_OUT_OF_RANGE,
     QuarantineReason.ID_CONFLICT,
 )
@@ -475,9 +474,6 @@ class _Generation:
         elif reason == QuarantineReason.UNKNOWN_SCHEMA:
             value = frame(UNKNOWN_SCHEMA_ID_BASE + rng.randrange(1000), self._body(event))
             self._push(now, RawRecord(topic, key, value), ArrivalKind.BAD, Timing.IN_ORDER, reason)
-        elif reason == QuarantineReason.UNKNOWN_AD:
-            bad = self._new(event.type[0], f"unknown-ad-{rng.randrange(100):03d}", event.user_id, now)
-            self._push(now, bad, ArrivalKind.BAD, Timing.IN_ORDER, reason)
         elif reason == QuarantineReason.TIME_OUT_OF_RANGE:
             bad = self._new(event.type[0], event.ad_id, event.user_id, rng.randrange(0, MIN_EVENT_TIME_MS))
             self._push(now, bad, ArrivalKind.BAD, Timing.IN_ORDER, reason)
@@ -542,7 +538,7 @@ class GroundTruth:
         self.raw_quarantined: Counter[str] = Counter()
         self.first_event_ms: int | None = None
         self.last_event_ms: int | None = None
-        self._intake = Intake(catalog) if partitions == 1 else None
+        self._intake = Intake() if partitions == 1 else None
         self._spill = _Spill(self.workdir / "by-id", partitions) if partitions > 1 else None
 
     @classmethod
@@ -588,12 +584,12 @@ class GroundTruth:
             intake_counts.update(self._intake.counts)
             rows = attribute(self._intake.impressions, self._intake.clicks, self.catalog)
             runs.append(self._write_run(rows, totals, 0))
-            self._intake = Intake(self.catalog)  # release the events
+            self._intake = Intake()  # release the events
         else:
             assert self._spill is not None
             by_pair = _Spill(self.workdir / "by-pair", self.partitions)
             for arrivals in self._spill.partitions():
-                intake = Intake(self.catalog)
+                intake = Intake()
                 for received_ms, *stored in arrivals:
                     intake.admit(_event_of(stored), received_ms)
                 intake_counts.update(intake.counts)

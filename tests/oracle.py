@@ -6,14 +6,15 @@ It is written from DOMAIN.md alone and imports nothing of the production rule (`
 `attribution.join`), so a shared mistake would have to be made twice.
 
 The contract, step by step, as the SQL below reads it:
-1. An event is quarantined when its ad is unknown, its event_time is before 2000-01-01, or it is more than one
-   hour after the moment the event was received.
+1. An event is quarantined when its event_time is before 2000-01-01 or more than one hour after the moment the
+   event was received (an ad the catalog does not know is no reason: the click is simply not billable).
 2. Of the valid copies of one (type, id), the first by arrival (`received_ms`, `partition`, `offset`) stands; a
    later copy with the same content is a duplicate, one with other content a conflict (quarantined).
 3. A click is billable when an impression of the same ad and user stands with
    `impression.event_time <= click.event_time <= impression.event_time + 10 000` (both ends inclusive); it is
-   attributed to the latest such impression, ties to the smallest impression id, and priced at the ad's
-   `cpc_micros`.
+   attributed to the latest such impression, ties to the smallest impression id, and priced at the entry of the
+   ad's price history with the greatest `effective_from` at or before the click's time (the later change on a
+   tie); a click whose ad is paused then, not yet created, or unknown is not billable.
 """
 
 from __future__ import annotations
@@ -64,9 +65,8 @@ WITH checked AS (
            CASE
                WHEN e.event_time < {MIN_EVENT_TIME_MS}
                  OR e.event_time > e.received_ms + {MAX_AHEAD_OF_RECEIPT_MS} THEN 'time_out_of_range'
-               WHEN c.ad_id IS NULL THEN 'unknown_ad'
            END AS invalid_reason
-    FROM events e LEFT JOIN catalog c ON c.ad_id = e.ad_id
+    FROM events e
 ),
 valid AS (
     SELECT *,
@@ -111,24 +111,34 @@ matches AS (
       ON k.type = 'click' AND i.type = 'impression'
      AND i.ad_id = k.ad_id AND i.user_id = k.user_id
      AND i.event_time <= k.event_time AND k.event_time <= i.event_time + {WINDOW_MS}
+),
+priced AS (
+    SELECT m.*, p.campaign_id, p.advertiser_id, p.cpc_micros, p.currency,
+           row_number() OVER (PARTITION BY m.click_id ORDER BY p.effective_from DESC, p.version DESC) AS in_force
+    FROM matches m JOIN catalog p ON p.ad_id = m.ad_id AND p.effective_from <= m.click_time
+    WHERE m.preference = 1
 )
-SELECT m.click_id, m.impression_id, m.ad_id, c.campaign_id, c.advertiser_id, m.user_id,
-       m.click_time, m.impression_time, c.cpc_micros AS amount_micros, c.currency
-FROM matches m JOIN catalog c ON c.ad_id = m.ad_id
-WHERE m.preference = 1
-ORDER BY m.click_id
+SELECT click_id, impression_id, ad_id, campaign_id, advertiser_id, user_id,
+       click_time, impression_time, cpc_micros AS amount_micros, currency
+FROM priced
+WHERE in_force = 1 AND cpc_micros IS NOT NULL
+ORDER BY click_id
 """
 )
 
 
 def _catalog_table(catalog: Catalog) -> pa.Table:
+    """One row per entry of each ad's price history (`cpc_micros` null: paused)."""
+    entries = [(ad, entry) for ad in catalog for entry in ad.prices]
     return pa.table(
         {
-            "ad_id": pa.array([ad.ad_id for ad in catalog], pa.string()),
-            "campaign_id": pa.array([ad.campaign_id for ad in catalog], pa.string()),
-            "advertiser_id": pa.array([ad.advertiser_id for ad in catalog], pa.string()),
-            "cpc_micros": pa.array([ad.cpc_micros for ad in catalog], pa.int64()),
-            "currency": pa.array([ad.currency for ad in catalog], pa.string()),
+            "ad_id": pa.array([ad.ad_id for ad, _ in entries], pa.string()),
+            "campaign_id": pa.array([ad.campaign_id for ad, _ in entries], pa.string()),
+            "advertiser_id": pa.array([ad.advertiser_id for ad, _ in entries], pa.string()),
+            "currency": pa.array([ad.currency for ad, _ in entries], pa.string()),
+            "effective_from": pa.array([e.effective_from for _, e in entries], pa.int64()),
+            "version": pa.array([e.version for _, e in entries], pa.int64()),
+            "cpc_micros": pa.array([e.cpc_micros for _, e in entries], pa.int64()),
         }
     )
 
@@ -156,8 +166,7 @@ def billable(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> list[dict
 
 
 def verdicts(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> dict[str, int]:
-    """How many records were accepted, duplicates, or quarantined per reason (`time_out_of_range`, `unknown_ad`,
-    `id_conflict`)."""
+    """How many records were accepted, duplicates, or quarantined per reason (`time_out_of_range`, `id_conflict`)."""
     rows = _query(events, catalog, _VALID_AND_RANKED + "SELECT verdict, count(*) AS n FROM verdicts GROUP BY verdict")
     return {row["verdict"]: row["n"] for row in rows}
 

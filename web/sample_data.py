@@ -130,7 +130,7 @@ def seed_sample(
         clicks = {ad.ad_id: rng.randint(0, 40) for ad in ads}
         rows = [
             TotalsRow(period, start, ad.advertiser_id, ad.campaign_id, ad.ad_id, clicks[ad.ad_id],
-                      clicks[ad.ad_id] * ad.cpc_micros)
+                      clicks[ad.ad_id] * _price(ad))
             for ad in ads
             if clicks[ad.ad_id]
         ]  # fmt: skip
@@ -200,7 +200,7 @@ def _sample_correction(rng: random.Random, ad: Ad, period: str, start: int, bill
         ad_id=ad.ad_id,
         campaign_id=ad.campaign_id,
         advertiser_id=ad.advertiser_id,
-        amount_micros=(-1 if retract else 1) * ad.cpc_micros,
+        amount_micros=(-1 if retract else 1) * _price(ad),
         currency=ad.currency,
         reason=reason,
         corrects_period=period,
@@ -232,8 +232,8 @@ def _export_rows(
                     "user_id": f"user-{click_id}",
                     "click_time": None,
                     "impression_time": None,
-                    "amount_micros": ad.cpc_micros,
-                    "net_micros": 0 if status == "retracted" else ad.cpc_micros,
+                    "amount_micros": _price(ad),
+                    "net_micros": 0 if status == "retracted" else _price(ad),
                     "currency": ad.currency,
                     "status": status,
                     "reason": None if correction is None else correction.reason,
@@ -280,3 +280,8 @@ def health_record(query: str, batch_id: int, now_ms: int, lag: tuple[int, int] =
 
 def _texts(values: Any) -> list[str]:
     return sorted(v.decode() if isinstance(v, bytes) else v for v in values)
+
+
+def _price(ad: Ad) -> int:
+    """The sample's ads keep the price they were generated with."""
+    return ad.cpc_micros or 0

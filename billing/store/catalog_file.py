@@ -1,27 +1,93 @@
-"""The ad catalog's JSON file (`billing.catalog.Catalog.to_json`), saved atomically."""
+"""The ad catalog's file: the one store of the catalog's history, shared by the streaming job, reconciliation, the
+web UI and the commands (`HOME/catalog.json`, `billing.layout.DataLayout.catalog_file`).
+
+Why a file in the data folder: every part of the product already shares that folder (the ledger, the archive and
+the exports live there, on one machine and, as a shared volume, on a cluster), a reader sees a change by comparing
+the file's identity (`os.stat`) before re-reading it, and a change is one rename, so a reader sees the catalog
+before or after it, never half of it. Changes are made under an exclusive lock (`CatalogStore.change`), so two
+writers (a command and the admin page) never lose one another's change; each is numbered (`Catalog.version`).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from billing.catalog import Catalog
+from billing.catalog import AdChange, Catalog
+from billing.store.durable import fsync_folder
 
 
 def save_catalog(catalog: Catalog, path: str | os.PathLike[str]) -> None:
-    """Write atomically: readers see the old file or the new one, never half of one."""
+    """Write atomically and durably: readers see the old file or the new one, never half of one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".catalog-")
     with os.fdopen(fd, "w") as out:
         out.write(catalog.to_json())
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, target)
+    fsync_folder(target.parent)
 
 
 def load_catalog(path: str | os.PathLike[str]) -> Catalog:
     """The catalog in the JSON file `path`; ValueError, naming the file, when it does not read or is refused."""
     try:
         return Catalog.from_json(Path(path).read_text())
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"cannot read the ad catalog {path}: {exc}") from exc
+
+
+class CatalogStore:
+    """The catalog file, read again whenever it changed (`current`), changed under a lock (`change`)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._catalog: Catalog | None = None
+        self._mutex = threading.Lock()
+
+    def current(self) -> Catalog:
+        """The catalog as the file holds it now; the last good one when the file is being replaced or is refused
+        after a good read (ValueError when no good read was ever made)."""
+        with self._mutex:
+            try:
+                stat = self.path.stat()
+            except OSError:
+                if self._catalog is not None:
+                    return self._catalog
+                raise ValueError(f"cannot read the ad catalog {self.path}: no such file") from None
+            identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if identity != self._seen or self._catalog is None:
+                try:
+                    self._catalog = load_catalog(self.path)
+                except ValueError:
+                    if self._catalog is None:
+                        raise
+                    return self._catalog
+                self._seen = identity
+            return self._catalog
+
+    def change(self, change: AdChange, now_ms: int, backfill: bool = False) -> Catalog:
+        """Make `change` (`Catalog.with_change`, CatalogError when refused) and write the file; the new catalog."""
+        with self.locked():
+            catalog = load_catalog(self.path) if self.path.exists() else Catalog([])
+            changed = catalog.with_change(change, now_ms, backfill)
+            save_catalog(changed, self.path)
+            return changed
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the catalog's write lock (a file beside it), across processes."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(f".{self.path.name}.lock"), "a+") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -19,6 +19,9 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:clock-ahead:PERIOD:ad:AD`, `...:adv:ADV` | hash | `impressions`, `clicks` too far ahead of Kafka's clock |
 | `PREFIX:clock-ahead:PERIOD:ads` | set | ads with clock-ahead events in that period |
 | `PREFIX:clock-ahead-periods` | sorted set | event periods with clock-ahead events, scored by period start |
+| `PREFIX:unbilled:PERIOD:ad:AD`, `...:adv:ADV` | hash | matched clicks without a price: `ad_paused`, `unknown_ad` |
+| `PREFIX:unbilled:PERIOD:ads` | set | ads with unbilled clicks in that period |
+| `PREFIX:unbilled-periods` | sorted set | event periods with unbilled clicks, scored by period start |
 | `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
 | `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
 | `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
@@ -26,17 +29,17 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
 | `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
 | `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
-| `PREFIX:counters` | hash | the stream's running counts: `billed_clicks`, `late_impressions`, `late_clicks` |
+| `PREFIX:counters` | hash | the stream's counts: `billed_clicks`, `late_impressions`, `late_clicks`, `unbilled_clicks`|
 | `PREFIX:health:query:NAME`, `...:history:NAME` | hash, list | a query's last progress record; its recent ones |
 | `PREFIX:health:heartbeat:NAME` | string | when the query last reported (epoch ms) |
 | `PREFIX:web:session:HMAC` | hash | a web session (`web/sessions.py`) |
 | `PREFIX:web:login-failures:account:SHA256`, `...:address:ADDRESS` | sorted set | login attempts, by time |
 
 Who writes what: the stream (`apply_batch`) the totals, the period sets, `applied`, `counters`, `late*`,
-`clock-ahead*`, `quarantine*`; reconciliation the `corrections*` keys, `correction-list`, `conflicts:applied` and
-`reconcile:last`, and on closing a period `periods:closed` and the period's totals; `adbill audit` `audit:last`; the
-job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites the billing figures from the data
-folder (`billing_patterns`).
+`clock-ahead*`, `unbilled*`, `quarantine*`; reconciliation the `corrections*` keys, `correction-list`,
+`conflicts:applied` and `reconcile:last`, and on closing a period `periods:closed` and the period's totals;
+`adbill audit` `audit:last`; the job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites
+the billing figures from the data folder (`billing_patterns`).
 
 The one exception: the Lua script that closes a period (`billing.store.redis_totals`) walks the period's sets and
 builds `totals`, `corrections` and `period` keys inside Redis, from the same prefix and the same names as above.
@@ -109,6 +112,17 @@ class RedisKeys:
     def clock_ahead_periods(self) -> str:
         return self._key("clock-ahead-periods")
 
+    def unbilled(self, period: str, level: str, item_id: str) -> str:
+        """Matched clicks without a price at their time, of an ad (`ad`) or an advertiser (`adv`) in a period, per
+        reason (`billing.catalog.Unbillable`)."""
+        return self._key("unbilled", period, level, item_id)
+
+    def unbilled_ads(self, period: str) -> str:
+        return self._key("unbilled", period, "ads")
+
+    def unbilled_periods(self) -> str:
+        return self._key("unbilled-periods")
+
     def quarantine(self, reason: str) -> str:
         """Quarantined records of one reason, per topic."""
         return self._key("quarantine", reason)
@@ -139,6 +153,8 @@ class RedisKeys:
             self.late_periods(),
             self._key("clock-ahead", "*"),
             self.clock_ahead_periods(),
+            self._key("unbilled", "*"),
+            self.unbilled_periods(),
             self._key("corrections", "*"),
             self.correction_list("*"),
             self.quarantine("*"),

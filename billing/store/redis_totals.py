@@ -174,6 +174,19 @@ class ClockAheadCount(EventCount):
 
 
 @dataclass(frozen=True, slots=True)
+class UnbilledCount:
+    """Matched clicks on one ad and period that had no price at their time, for one reason (`ad_paused`,
+    `unknown_ad`); `advertiser_id` is empty when the catalog does not know the ad."""
+
+    period: str
+    period_start_ms: int
+    advertiser_id: str
+    ad_id: str
+    reason: str
+    clicks: int
+
+
+@dataclass(frozen=True, slots=True)
 class QuarantineCount:
     """Quarantined records of one reason from one topic (and one advertiser when the ad is known)."""
 
@@ -213,9 +226,10 @@ class RedisTotals:
         quarantined: Iterable[QuarantineCount] = (),
         clock_ahead: Iterable[ClockAheadCount] = (),
         require_history: bool = False,
+        unbilled: Iterable[UnbilledCount] = (),
     ) -> bool:
-        """Add a micro-batch's totals, late, quarantine and clock-ahead counts once; False when that batch (or a
-        later one) was already applied. With `require_history` (the streaming job), a batch after the first is
+        """Add a micro-batch's totals, late, quarantine, clock-ahead and unbilled counts once; False when that batch
+        (or a later one) was already applied. With `require_history` (the streaming job), a batch after the first is
         refused (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its
         data. Bills of a closed period change nothing: finance has its export (reconciliation books what the
         stream billed after the close as adjustments in an open period)."""
@@ -245,17 +259,31 @@ class RedisTotals:
             ops += [
                 ["hincrby", counters, f"late_{field}", str(count.events)],
                 ["hincrby", k.late(count.period, "ad", count.ad_id), field, str(count.events)],
-                ["hincrby", k.late(count.period, "adv", count.advertiser_id), field, str(count.events)],
                 ["zadd", k.late_periods(), str(count.period_start_ms), count.period],
             ]
+            if count.advertiser_id:  # empty for an ad the catalog does not know
+                ops.append(["hincrby", k.late(count.period, "adv", count.advertiser_id), field, str(count.events)])
         for ahead in clock_ahead:
             field = f"{ahead.event_type}s"
             ops += [
                 ["hincrby", k.clock_ahead(ahead.period, "ad", ahead.ad_id), field, str(ahead.events)],
-                ["hincrby", k.clock_ahead(ahead.period, "adv", ahead.advertiser_id), field, str(ahead.events)],
                 ["sadd", k.clock_ahead_ads(ahead.period), ahead.ad_id],
                 ["zadd", k.clock_ahead_periods(), str(ahead.period_start_ms), ahead.period],
             ]
+            if ahead.advertiser_id:
+                adv = k.clock_ahead(ahead.period, "adv", ahead.advertiser_id)
+                ops.append(["hincrby", adv, field, str(ahead.events)])
+        for held in unbilled:
+            ops += [
+                ["hincrby", counters, "unbilled_clicks", str(held.clicks)],
+                ["hincrby", k.unbilled(held.period, "ad", held.ad_id), held.reason, str(held.clicks)],
+                ["sadd", k.unbilled_ads(held.period), held.ad_id],
+                ["zadd", k.unbilled_periods(), str(held.period_start_ms), held.period],
+            ]
+            if held.advertiser_id:
+                ops.append(
+                    ["hincrby", k.unbilled(held.period, "adv", held.advertiser_id), held.reason, str(held.clicks)]
+                )
         for q in quarantined:
             ops.append(["hincrby", k.quarantine(q.reason), q.topic, str(q.records)])
             if q.advertiser_id is not None:

@@ -187,7 +187,7 @@ def run_the_pipeline(spark: SparkSession, settings: Settings, tmp_path: Path) ->
         {"impressions": settings.impression_watermark_ms, "clicks": settings.click_watermark_ms},
     )
     spark.streams.addListener(listener)
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     delivered = 0
     try:
         for n, traffic in enumerate((TRAFFIC, LATE_TRAFFIC)):

@@ -35,10 +35,12 @@ from pyspark.sql.types import (
 from pyspark.testing import assertDataFrameEqual
 
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
-from attribution.join import BILLABLE_COLUMNS, attribute, catalog_frame, conflicts, dedupe, watermarked
+from attribution.join import MATCH_COLUMNS, attribute, conflicts, dedupe, watermarked
+from attribution.pricing import price_matches
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, billable_from_arrivals
+from billing.rule import BILLABLE_FIELDS
 from billing.schemas import schema_text
 
 pytestmark = pytest.mark.integration
@@ -244,13 +246,9 @@ CASES = [
         {"c1": "i1"},
         stream_bills=False,
     ),
-    # A click on an ad the catalog does not know is quarantined, not billed; so is its impression.
-    Case(
-        "unknown-ad",
-        [imp("i1", T0, ad="ad-x"), click("c1", T0 + S, ad="ad-x")],
-        {},
-        [("unknown_ad", "i1"), ("unknown_ad", "c1")],
-    ),
+    # A click on an ad the catalog does not know is matched but not billed: no bad input, nothing quarantined (the
+    # catalog may learn the ad later; pricing decides, `attribution.pricing`).
+    Case("unknown-ad", [imp("i1", T0, ad="ad-x"), click("c1", T0 + S, ad="ad-x")], {}),
     # event_time before 2000-01-01 is out of range; exactly 2000-01-01 is not.
     Case(
         "before-2000",
@@ -342,8 +340,10 @@ CASE_OF = {(r.topic, r.offset): r.case.name for r in RECORDS}
 
 @dataclass
 class PipelineOutput:
-    billed: list[Row]
+    matched: list[Row]
     quarantined: list[Row]
+    billed: list[dict[str, object]]
+    """The matches priced by the catalog (`attribution.pricing`)."""
 
 
 def kafka_frame(spark: SparkSession, topic: str) -> DataFrame:
@@ -356,10 +356,8 @@ def pipeline(spark: SparkSession, impressions: DataFrame, clicks: DataFrame) -> 
 
     On a batch, id conflicts are found with `conflicts()`; a stream cannot see them (see the streaming test).
     """
-    catalog = catalog_frame(spark, CATALOG)
-    ad_ids = catalog.select("ad_id")
-    valid_imps, bad_imps = split(decode_events(impressions, "impression", WRITER_SCHEMAS["impression"], ad_ids))
-    valid_clicks, bad_clicks = split(decode_events(clicks, "click", WRITER_SCHEMAS["click"], ad_ids))
+    valid_imps, bad_imps = split(decode_events(impressions, "impression", WRITER_SCHEMAS["impression"]))
+    valid_clicks, bad_clicks = split(decode_events(clicks, "click", WRITER_SCHEMAS["click"]))
     quarantined = bad_imps.unionByName(bad_clicks)
     if impressions.isStreaming:
         # A watermark far behind the table's times: nothing here is late, so the stream sees what the batch sees.
@@ -369,8 +367,8 @@ def pipeline(spark: SparkSession, impressions: DataFrame, clicks: DataFrame) -> 
         quarantined = quarantined.unionByName(conflicts(valid_imps, "impression_id")).unionByName(
             conflicts(valid_clicks, "click_id")
         )
-    billed = attribute(dedupe(valid_imps, "impression_id"), dedupe(valid_clicks, "click_id"), catalog)
-    return billed, quarantined
+    matched = attribute(dedupe(valid_imps, "impression_id"), dedupe(valid_clicks, "click_id"))
+    return matched, quarantined
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -379,15 +377,20 @@ def pipeline(spark: SparkSession, impressions: DataFrame, clicks: DataFrame) -> 
 
 @pytest.fixture(scope="module")
 def batch(spark: SparkSession) -> PipelineOutput:
-    billed, quarantined = pipeline(spark, kafka_frame(spark, "impressions"), kafka_frame(spark, "clicks"))
-    assert tuple(billed.columns) == BILLABLE_COLUMNS
+    matched, quarantined = pipeline(spark, kafka_frame(spark, "impressions"), kafka_frame(spark, "clicks"))
+    assert tuple(matched.columns) == MATCH_COLUMNS
     assert tuple(quarantined.columns) == QUARANTINE_COLUMNS
-    return PipelineOutput(billed.collect(), quarantined.collect())
+    billed = price_matches(matched.toArrow(), CATALOG).bills
+    return PipelineOutput(matched.collect(), quarantined.collect(), billed.to_pylist())
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
 def test_batch_case(case: Case, batch: PipelineOutput) -> None:
-    billed = {row.click_id: row.impression_id for row in batch.billed if row.click_id.startswith(f"{case.name}/")}
+    billed = {
+        row["click_id"]: row["impression_id"]
+        for row in batch.billed
+        if str(row["click_id"]).startswith(f"{case.name}/")
+    }
     assert billed == {case.scope(c): case.scope(i) for c, i in case.billed.items()}
     quarantined = Counter(
         (row.reason, row.event_id) for row in batch.quarantined if CASE_OF[(row.topic, row.offset)] == case.name
@@ -400,19 +403,22 @@ def test_batch_rows_equal_the_plain_python_rule(spark: SparkSession, batch: Pipe
     """The same records through `billing.intake` and `billing.rule`: the same rows, to the micro."""
     arrivals = [(r.sent.event, r.received_ms) for r in RECORDS if r.sent.event is not None]
     reference, intake = billable_from_arrivals(arrivals, CATALOG)
-    actual = spark.createDataFrame(batch.billed).drop("click_ts", "click_received_ms")
-    assertDataFrameEqual(actual, [Row(**b.to_dict()) for b in reference])
+    actual = sorted(
+        ({name: row[name] for name in BILLABLE_FIELDS} for row in batch.billed), key=lambda r: r["click_id"]
+    )
+    assert actual == [b.to_dict() for b in reference]
     # The intake sees decoded events only: it decides the event-level reasons, the same way.
-    event_reasons = ("time_out_of_range", "unknown_ad", "id_conflict")
+    event_reasons = ("time_out_of_range", "id_conflict")
     spark_counts = Counter(row.reason for row in batch.quarantined if row.reason in event_reasons)
     assert spark_counts == Counter({reason: intake.counts[reason] for reason in event_reasons})
     assert intake.quarantined == sum(spark_counts.values())
 
 
 def test_billed_rows_have_the_contract_types(batch: PipelineOutput) -> None:
-    row = next(r for r in batch.billed if r.click_id == "two-ads/c1")
-    assert row.amount_micros == 1_000_000 and isinstance(row.amount_micros, int)
-    assert (row.campaign_id, row.advertiser_id, row.currency) == ("cmp-2", "adv-2", "USD")
+    priced = next(r for r in batch.billed if r["click_id"] == "two-ads/c1")
+    assert priced["amount_micros"] == 1_000_000 and isinstance(priced["amount_micros"], int)
+    assert (priced["campaign_id"], priced["advertiser_id"], priced["currency"]) == ("cmp-2", "adv-2", "USD")
+    row = next(r for r in batch.matched if r.click_id == "two-ads/c1")
     assert row.click_time == T0 + S and row.impression_time == T0
     assert row.click_ts == datetime(2026, 1, 1, 0, 0, 1)  # naive UTC: the session time zone is UTC
 
@@ -503,15 +509,15 @@ def test_the_join_over_micro_batches_of_files_bills_what_the_batch_bills(
         for query in queries:
             query.stop()
 
-    # Every click billed once, at the same amount: the amount does not depend on the impression.
+    # Every click matched once (its price is the catalog's at its time, whichever impression it is matched to).
     left_out = {c.name for c in CASES if not c.stream_bills}
-    assert sorted((r.click_id, r.amount_micros) for r in stream_billed) == sorted(
-        (r.click_id, r.amount_micros) for r in batch.billed if r.click_id.split("/")[0] not in left_out
+    assert sorted(r.click_id for r in stream_billed) == sorted(
+        r.click_id for r in batch.matched if r.click_id.split("/")[0] not in left_out
     )
     exact = {c.name for c in CASES if c.stream_exact and c.stream_bills}
     assertDataFrameEqual(
         spark.createDataFrame([r for r in stream_billed if r.click_id.split("/")[0] in exact]),
-        [r for r in batch.billed if r.click_id.split("/")[0] in exact],
+        [r for r in batch.matched if r.click_id.split("/")[0] in exact],
     )
     # The stream quarantines what the batch does, except id conflicts: dropDuplicatesWithinWatermark keeps the
     # first copy and drops the later ones, conflicting or not, and reconciliation quarantines the conflicts.

@@ -30,7 +30,7 @@ from attribution.progress import HealthListener
 from attribution.restore import restore_redis
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
@@ -138,7 +138,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     )
     spark.streams.addListener(listener)
     counted_before = clock_ahead_metric()
-    queries = start(spark, stream_config(settings), load_catalog(settings.catalog_file))
+    queries = start(spark, stream_config(settings))
     try:
         truth, skewed = send_live(settings, run_dir, inject)
         for query in queries:

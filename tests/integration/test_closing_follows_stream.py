@@ -244,7 +244,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     ensure_schemas(settings)
     on_time = pairs("s0", T0 + 30 * 60_000, 40, catalog) + pairs("s1", T0 + H + 30 * 60_000, 40, catalog)
     publish(settings, on_time)
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         # Late pairs of both periods (behind the watermark): reconciliation must add them.

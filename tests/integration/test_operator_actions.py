@@ -43,7 +43,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     first = pairs("e1", T0 + 30 * 60_000, 80, catalog)
     publish(settings, first)
     config = stream_config(settings)
-    queries = start(spark, config, catalog)
+    queries = start(spark, config)
     try:
         queries[0].processAllAvailable()
     finally:
@@ -56,9 +56,9 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     second = pairs("e2", T0 + H + 10 * 60_000, 80, catalog)
     publish(settings, second)
     with pytest.raises(CheckpointRefusedError, match="adbill stream --new-checkpoint"):
-        start(spark, config, catalog)
+        start(spark, config)
 
-    queries = start(spark, config, catalog, new_checkpoint=True)
+    queries = start(spark, config, new_checkpoint=True)
     try:
         queries[0].processAllAvailable()
     finally:
@@ -66,7 +66,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     assert (settings.root / "checkpoints" / "billing" / EPOCH_FILE).exists()
     # Asking again on the checkpoint that now exists is refused: it is not new.
     with pytest.raises(CheckpointRefusedError, match="is not new"):
-        start(spark, config, catalog, new_checkpoint=True)
+        start(spark, config, new_checkpoint=True)
 
     # No file of the earlier checkpoint was overwritten; the new epoch's batches come after its batches.
     for name, files in before.items():
@@ -146,7 +146,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         save_catalog(catalog, settings.catalog_file)
         ensure_schemas(settings)
         publish(settings, pairs("r0", T0 + 30 * 60_000, 40, catalog) + pairs("r1", T0 + H + 30 * 60_000, 40, catalog))
-        queries = start(spark, stream_config(settings), catalog)
+        queries = start(spark, stream_config(settings))
         queries[0].processAllAvailable()
         publish(settings, pairs("late", T0 + 20 * 60_000, 10, catalog))  # behind the watermark: corrections
         queries[0].processAllAvailable()
@@ -186,7 +186,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         restored = restore_redis(settings.root, totals, catalog, Periods(), "billing", quiet_ms=1_000)
         assert restored.closed_periods == 2 and restored.corrections == report.additions
         # The job comes back, replays the batch Redis refused: counted once (the restore read its files).
-        queries = start(spark, stream_config(settings), catalog)
+        queries = start(spark, stream_config(settings))
         queries[0].processAllAvailable()
         queries[0].stop()
         assert api_figures(settings, catalog, periods) == before
@@ -211,7 +211,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     save_catalog(catalog, settings.catalog_file)
     ensure_schemas(settings)
     publish(settings, pairs("k0", T0 + 30 * 60_000, 30, catalog))
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)

@@ -22,7 +22,7 @@ from attribution.job import start
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.parquet_ledger import read_ledger
@@ -153,7 +153,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
     )
     raw = sum(1 for a in Simulator(config).arrivals() if a.raw is not None)  # bytes that never decode
     assert raw > 0
-    queries = start(spark, stream_config(settings), load_catalog(settings.catalog_file))
+    queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
         # An id conflict the stream bills wrongly: the first copy of a click arrives behind the watermark (not
@@ -277,7 +277,7 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
     def on_topic() -> list:
         return read_whole(settings.kafka_bootstrap, settings.topic_quarantine)
 
-    queries = start(spark, stream_config(settings), catalog)
+    queries = start(spark, stream_config(settings))
     try:
         publish([Impression("i-1", "ad-1", "u-1", start_ms + 1_000), Click("c-1", "ad-1", "u-1", start_ms + 2_000)])
         queries[0].processAllAvailable()

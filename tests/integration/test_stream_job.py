@@ -102,7 +102,7 @@ def job(spark: SparkSession, settings: Settings) -> Iterator[Callable[[], list[S
 
     def run() -> list[StreamingQuery]:
         ensure_schemas(settings)
-        started.extend(start(spark, stream_config(settings), load_catalog(settings.catalog_file)))
+        started.extend(start(spark, stream_config(settings)))
         return started
 
     yield run
@@ -531,7 +531,6 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
     settings = dataclasses.replace(settings, redis_url=server.url, redis_timeout_ms=1_000)
     save_catalog(CATALOG, settings.catalog_file)
     ensure_schemas(settings)
-    catalog = load_catalog(settings.catalog_file)
     config = stream_config(settings)
     queries: list[StreamingQuery] = []
     truth: set[str] = set()
@@ -545,7 +544,7 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
 
     try:
         bill("before", T0)
-        queries += start(spark, config, catalog)
+        queries += start(spark, config)
         process(queries)
 
         # A pause shorter than the tries: the batch waits, then goes through; the query stays up.
@@ -569,7 +568,7 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
         assert "Timeout" in str(queries[-1].exception()), queries[-1].exception()
 
         # The job restarted: the failed batch is replayed from the checkpoint; nothing lost, nothing twice.
-        queries += start(spark, config, catalog)
+        queries += start(spark, config)
         process(queries[-1:])
         rows = ledger_rows(settings)
         assert sorted(row["click_id"] for row in rows) == sorted(truth)

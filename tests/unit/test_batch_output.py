@@ -23,6 +23,7 @@ from attribution.batch_output import (
     write_batch_files,
 )
 from attribution.decode import QUARANTINE_COLUMNS
+from billing.catalog import Ad, Catalog, PriceChange
 from billing.periods import Periods
 from billing.store.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
@@ -30,6 +31,15 @@ from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCou
 HOUR = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 ADVERTISER_OF = {"ad-1": "adv-1", "ad-2": "adv-2"}
+CATALOG = Catalog(
+    [
+        Ad("ad-1", "camp-ad-1", "adv-1", 1_500_000, "USD"),
+        Ad("ad-2", "camp-ad-2", "adv-2", 70_000, "USD"),
+        # Paused an hour in, priced again two hours in.
+        Ad("ad-p", "camp-ad-p", "adv-2", 10_000, "USD",
+           (PriceChange(0, 10_000), PriceChange(T0 + HOUR, None, 1), PriceChange(T0 + 2 * HOUR, 20_000, 2))),
+    ]
+)  # fmt: skip
 
 SCHEMA = pa.schema(
     [
@@ -69,7 +79,7 @@ def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, o
         "impression_id": f"i-{click_id}",
         "ad_id": ad_id,
         "campaign_id": f"camp-{ad_id}",
-        "advertiser_id": ADVERTISER_OF[ad_id],
+        "advertiser_id": ADVERTISER_OF.get(ad_id, ""),
         "user_id": "u-1",
         "click_time": click_time,
         "impression_time": click_time - 1_000,
@@ -134,6 +144,7 @@ def split(batch: pa.Table, batch_id: int = 7):
         periods=Periods(HOUR),
         ledger_columns=LEDGER_COLUMNS,
         quarantine_columns=QUARANTINE_COLUMNS,
+        catalog=CATALOG,
     )
 
 
@@ -254,6 +265,7 @@ def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_
         periods=Periods(HOUR),
         ledger_columns=LEDGER_COLUMNS,
         quarantine_columns=QUARANTINE_COLUMNS,
+        catalog=CATALOG,
     )
     write_batch_files(again.bills, tmp_path, ("period", "batch_id"))
     back = read_ledger(tmp_path)
@@ -322,6 +334,8 @@ def _writer(tmp_path: Path, batch_id: int = 7) -> PartitionWriter:
         quarantine_dir=tmp_path / "quarantine",
         ledger_columns=tuple(LEDGER_COLUMNS),
         quarantine_columns=tuple(QUARANTINE_COLUMNS),
+        unbilled_dir=tmp_path / "unbilled",
+        catalog=CATALOG,
     )
 
 
@@ -375,3 +389,33 @@ def test_a_replayed_batch_spread_otherwise_leaves_only_its_last_attempts_files(b
     removed = prune_batch_folders(again.files)
     assert {path.name for path in removed} == {"part-00003.parquet"} and set(removed) <= set(first.files)
     assert sorted(read_ledger(tmp_path / "ledger").column("click_id").to_pylist()) == ["c-1", "c-2", "c-3", "c-4"]
+
+
+def test_bills_are_priced_by_the_history_at_their_time_and_clicks_without_a_price_are_kept_and_counted(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        bill("c-before", "ad-p", T0 + HOUR - 1, 0),  # the last millisecond of the first price
+        bill("c-paused", "ad-p", T0 + HOUR, 0),  # the pause takes effect at its millisecond
+        bill("c-again", "ad-p", T0 + 2 * HOUR, 0),  # the new price, from its millisecond
+        bill("c-unknown", "ad-new", T0, 0),  # an ad the catalog does not know (yet)
+    ]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    out = split(table)
+    priced = {r["click_id"]: (r["amount_micros"], r["campaign_id"], r["currency"]) for r in out.bills.to_pylist()}
+    assert priced == {"c-before": (10_000, "camp-ad-p", "USD"), "c-again": (20_000, "camp-ad-p", "USD")}
+    held = {r["click_id"]: (r["reason"], r["period"], r["batch_id"]) for r in out.unbilled.to_pylist()}
+    assert held == {
+        "c-paused": ("ad_paused", "20260101T0100Z", 7),
+        "c-unknown": ("unknown_ad", "20260101T0000Z", 7),
+    }
+
+    out_files, figures = _writer(tmp_path).write(table, 3)
+    counted = batch_figures(figures, {"ad-p": "adv-2"}).unbilled
+    assert sorted((c.ad_id, c.advertiser_id, c.reason, c.clicks) for c in counted) == [
+        ("ad-new", "", "unknown_ad", 1),
+        ("ad-p", "adv-2", "ad_paused", 1),
+    ]
+    unbilled = ds.dataset(tmp_path / "unbilled", format="parquet", partitioning="hive").to_table()
+    assert sorted(unbilled.column("click_id").to_pylist()) == ["c-paused", "c-unknown"]
+    assert out_files.unbilled.num_rows == 2

@@ -615,3 +615,31 @@ def test_one_shot_iterables_are_read_once_and_fully() -> None:
     ]
     new = reconcile_period(PERIOD, final(), rows(), iter([]), booked_period=PERIOD, now_ms=NOW)
     assert summary(new) == [(RETRACT, R.NOT_BILLABLE, "c2", "ad-1", -250_000, "i1")]
+
+
+def test_a_price_change_the_stream_had_not_seen_is_a_catalog_change_retraction_and_addition() -> None:
+    # The stream priced the click before it saw the new price in force at the click's time.
+    stale = {**ledger("c1"), "amount_micros": 100_000}
+    new = reconcile_period(PERIOD, [bill("c1")], [stale], [], booked_period=PERIOD, now_ms=NOW)
+    assert [(c.kind, c.reason, c.amount_micros) for c in new] == [
+        (CorrectionKind.RETRACTION, CorrectionReason.CATALOG_CHANGE, -100_000),
+        (CorrectionKind.ADDITION, CorrectionReason.CATALOG_CHANGE, 250_000),
+    ]
+    assert check_reconciled([bill("c1")], [stale], new) == []
+
+
+def test_clicks_the_catalog_priced_otherwise_are_added_or_retracted_as_catalog_changes() -> None:
+    facts = ArrivalFacts(unpriced_click_ids={"held", "paused"})
+    new = reconcile_period(
+        PERIOD,
+        [bill("held")],  # the stream could not price it (a new ad it had not seen yet); the history prices it
+        [ledger("paused")],  # the stream billed it; the history has the ad paused at its time
+        [],
+        booked_period=PERIOD,
+        now_ms=NOW,
+        facts=facts,
+    )
+    assert sorted((c.click_id, c.kind, c.reason) for c in new) == [
+        ("held", CorrectionKind.ADDITION, CorrectionReason.CATALOG_CHANGE),
+        ("paused", CorrectionKind.RETRACTION, CorrectionReason.CATALOG_CHANGE),
+    ]

@@ -148,11 +148,17 @@ EDGE_CASES = [
     ),
     # A click late by minutes is still billed: the rule is about event time only.
     pytest.param([imp("i1", T0), click("c1", T0 + 3 * S, received=T0 + 300 * S)], {"c1": "i1"}, id="late-click"),
-    # An unknown ad is quarantined, not billed.
+    # An ad the catalog does not know is not billed (it is no bad input: the events are kept).
     pytest.param([imp("i1", T0, ad="ad-x"), click("c1", T0 + S, ad="ad-x")], {}, id="unknown-ad"),
-    # A quarantined first copy (unknown ad) does not claim the id: the later valid copy is billed.
+    # The first copy stands even when its ad is unknown: a later copy on a known ad is a conflict, not billed.
     pytest.param(
         [imp("i1", T0), click("c1", T0 + S, ad="ad-x"), click("c1", T0 + S, received=T0 + 2 * S)],
+        {},
+        id="first-copy-on-an-unknown-ad-stands",
+    ),
+    # A quarantined first copy (out of range) does not claim the id: the later valid copy is billed.
+    pytest.param(
+        [imp("i1", T0), click("c1", T0 + 2 * H, received=T0), click("c1", T0 + S, received=T0 + 2 * S)],
         {"c1": "i1"},
         id="valid-copy-after-quarantined-one",
     ),
@@ -210,14 +216,13 @@ def test_verdicts_and_conflicts() -> None:
         imp("i1", T0 + 1, received=T0 + 2 * S),  # conflict: other time
         click("c1", T0 + S),
         click("c1", T0 + S, user="u2", received=T0 + 3 * S),  # conflict: other user
-        click("c2", T0 + S, ad="ad-x"),  # unknown ad
+        click("c2", T0 + S, ad="ad-x"),  # unknown ad: accepted, not billable
         click("c3", 946_684_799_999, received=T0),  # before 2000
     ]
     assert oracle.verdicts(rows, CATALOG) == {
-        "accepted": 2,
+        "accepted": 3,
         "duplicate": 1,
         "id_conflict": 2,
-        "unknown_ad": 1,
         "time_out_of_range": 1,
     }
     assert oracle.conflicting_ids(rows, CATALOG) == {"impression": {"i1"}, "click": {"c1"}}
@@ -256,7 +261,7 @@ def test_oracle_matches_the_simulators_ground_truth(seed: int, tmp_path: Path) -
     reasons = Counter(a.expected_reason for a in arrivals if a.kind == ArrivalKind.BAD)
     assert timings[Timing.LATE] > 0 and timings[Timing.OUT_OF_ORDER] > 0
     assert kinds[ArrivalKind.DUPLICATE] > 0
-    assert all(reasons[reason] > 0 for reason in ("id_conflict", "unknown_ad", "time_out_of_range", "undecodable"))
+    assert all(reasons[reason] > 0 for reason in ("id_conflict", "time_out_of_range", "undecodable"))
 
     rows = oracle.received_rows(arrivals)
     catalog = config.catalog()

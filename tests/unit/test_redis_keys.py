@@ -54,6 +54,8 @@ def test_the_billing_figures_are_every_key_but_health_and_sessions() -> None:
             "late-periods",
             "clock-ahead:*",
             "clock-ahead-periods",
+            "unbilled:*",
+            "unbilled-periods",
             "corrections:*",
             "correction-list:*",
             "quarantine:*",

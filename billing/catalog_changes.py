@@ -1,0 +1,138 @@
+"""What a person asks of the catalog, as a change: create an ad, set its price, pause it, resume it.
+
+The one reading of such a request for the command line (`adbill catalog`), the web UI's admin page and its API, and
+the replay of recorded `ad` lines, so each refuses the same things with the same one-line message
+(`billing.catalog.CatalogError`). The catalog itself refuses what no change may do (`Catalog.with_change`); here is
+what a request may get wrong before that: a price that is not a whole number of micros, an action it does not know,
+a resume with no price to go back to.
+"""
+
+from __future__ import annotations
+
+import re
+
+from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange, format_time
+from billing.money import format_micros
+
+ACTIONS = ("create-ad", "set-price", "pause", "resume")
+"""The changes a person can ask for."""
+
+_WHOLE = re.compile(r"[0-9]+", re.ASCII)
+
+
+def parse_price(text: object) -> int:
+    """A price in micros from the request (text or an integer); CatalogError unless a non-negative whole number."""
+    if isinstance(text, bool):
+        raise CatalogError(f"a price is a whole number of micros, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    elif isinstance(text, str) and _WHOLE.fullmatch(text.strip()):
+        value = int(text.strip())
+    elif isinstance(text, str) and text.strip().startswith("-"):
+        raise CatalogError(f"a price must not be negative, got {text.strip()}")
+    else:
+        raise CatalogError(f"a price is a whole number of micros such as 250000 (0.25 of the currency), got {text!r}")
+    if value < 0:
+        raise CatalogError(f"a price must not be negative, got {value}")
+    if value > 2**63 - 1:
+        raise CatalogError(f"a price must fit in 63 bits, got {value}")
+    return value
+
+
+def catalog_change(
+    action: str,
+    ad_id: str,
+    at_ms: int,
+    catalog: Catalog | None,
+    *,
+    cpc_micros: object = None,
+    campaign_id: str | None = None,
+    advertiser_id: str | None = None,
+    currency: str | None = None,
+) -> AdChange:
+    """The change `action` asks for `ad_id` from `at_ms` on, read against `catalog` (None: no catalog yet)."""
+    if action not in ACTIONS:
+        raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
+    ad = catalog.get(ad_id) if catalog is not None else None
+    if action == "create-ad":
+        if ad is not None:
+            raise CatalogError(f"ad {ad_id} exists already (advertiser {ad.advertiser_id}); set its price instead")
+        if cpc_micros is None:
+            raise CatalogError(f"create-ad {ad_id}: give its price in micros")
+        given = (("campaign", campaign_id), ("advertiser", advertiser_id), ("currency", currency))
+        missing = [name for name, value in given if not value]
+        if missing:
+            raise CatalogError(f"create-ad {ad_id}: give its {', '.join(missing)}")
+        return AdChange(ad_id, at_ms, parse_price(cpc_micros), campaign_id, advertiser_id, currency)
+    if ad is None:
+        raise CatalogError(f"unknown ad {ad_id}")
+    owners = AdChange(ad_id, at_ms, None, campaign_id, advertiser_id, currency)  # checked by the catalog
+    if action == "set-price":
+        if cpc_micros is None:
+            raise CatalogError(f"set-price {ad_id}: give the new price in micros")
+        return _with_price(owners, parse_price(cpc_micros))
+    if action == "pause":
+        entry = ad.entry_at(at_ms)
+        if entry is not None and entry.paused:
+            raise CatalogError(f"ad {ad_id} is already paused at {format_time(at_ms)}")
+        return owners
+    entry = ad.entry_at(at_ms)
+    if entry is None or not entry.paused:
+        raise CatalogError(f"ad {ad_id} is not paused at {format_time(at_ms)}: set its price instead")
+    if cpc_micros is not None:
+        return _with_price(owners, parse_price(cpc_micros))
+    before = last_price(ad, at_ms)
+    if before is None:
+        raise CatalogError(f"ad {ad_id} never had a price before {format_time(at_ms)}: give one in micros")
+    return _with_price(owners, before)
+
+
+def ad_line_change(line: dict[str, object]) -> AdChange:
+    """The change a recorded `ad` line makes (DOMAIN.md, "Recorded traffic"): it creates the ad or sets its price
+    (`cpc_micros` null pauses it) from its own `effective_from`."""
+    try:
+        ad_id, at_ms = line["ad_id"], line["effective_from"]
+    except KeyError as exc:
+        raise CatalogError(f"an ad line needs {exc.args[0]!r}") from None
+    if not isinstance(ad_id, str) or isinstance(at_ms, bool) or not isinstance(at_ms, int):
+        raise CatalogError("an ad line's ad_id is a string and its effective_from epoch ms")
+    price = line.get("cpc_micros")
+    owners = {name: line.get(name) for name in ("campaign_id", "advertiser_id", "currency")}
+    if any(value is not None and not isinstance(value, str) for value in owners.values()):
+        raise CatalogError("an ad line's campaign_id, advertiser_id and currency are strings")
+    return AdChange(
+        ad_id,
+        at_ms,
+        None if price is None else parse_price(price),
+        owners["campaign_id"],  # type: ignore[arg-type]
+        owners["advertiser_id"],  # type: ignore[arg-type]
+        owners["currency"],  # type: ignore[arg-type]
+    )
+
+
+def last_price(ad: Ad, at_ms: int) -> int | None:
+    """The last price the ad had in force at or before `at_ms` (None: it never had one)."""
+    for entry in reversed(ad.prices):
+        if entry.effective_from <= at_ms and entry.cpc_micros is not None:
+            return entry.cpc_micros
+    return None
+
+
+def price_status(ad: Ad, at_ms: int) -> str:
+    """The ad's price at `at_ms` for a person: `0.250000 EUR`, `paused`, or `not yet live`."""
+    entry = ad.entry_at(at_ms)
+    if entry is None:
+        return f"not yet live (from {format_time(ad.created_at)})"
+    return "paused" if entry.cpc_micros is None else format_micros(entry.cpc_micros, ad.currency)
+
+
+def describe_entry(entry: PriceChange, currency: str) -> str:
+    """One history entry for a person: `from 2026-01-01T10:00:00.000Z: 0.250000 EUR (version 3)`."""
+    price = "paused" if entry.cpc_micros is None else format_micros(entry.cpc_micros, currency)
+    return f"from {format_time(entry.effective_from)}: {price} (version {entry.version})"
+
+
+def _with_price(change: AdChange, cpc_micros: int) -> AdChange:
+    return AdChange(
+        change.ad_id, change.effective_from, cpc_micros, change.campaign_id, change.advertiser_id, change.currency
+    )
