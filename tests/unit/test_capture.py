@@ -72,7 +72,7 @@ def test_reads_good_and_reports_bad_lines_with_numbers(capture):
     ("line", "message"),
     [
         ("[1, 2]", "a line is a JSON object, got list"),
-        ('{"impression_id": "i1"}', "missing field 'type' (impression, click, raw or schema)"),
+        ('{"impression_id": "i1"}', "missing field 'type' (impression, click, raw, ad or schema)"),
         ('{"type": null}', "unknown type None"),
         (
             CLICK_WITH_TIME % '"1767225600000"',
