@@ -465,10 +465,18 @@ def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = Fals
     if config.registry_location is None:
         return [first.query]
 
+    latest = [config]
+
     def restart() -> _Generation:
         """The query again, with every version the registry holds now (a batch stopped it for new ones)."""
         spark.streams.resetTerminated()
-        return run(with_registered_schemas(config))
+        try:
+            latest.append(with_registered_schemas(latest[-1]))
+        except SchemaRegistryError as exc:
+            # Billing goes on with the versions it has: records of the new ones wait in quarantine, released by the
+            # first batch of a later start of the query.
+            log.warning("cannot read the schema registry's versions, going on with those known: %s", exc)
+        return run(latest[-1])
 
     return [FollowingQuery(first, restart)]  # type: ignore[list-item]
 

@@ -155,6 +155,15 @@ def held_records(layout: DataLayout, before_batch: int) -> pa.Table:
     return held
 
 
+def without_released(layout: DataLayout, quarantine: pa.Table) -> pa.Table:
+    """The rows of `quarantine` (with `topic`, `partition`, `offset`) that no batch released."""
+    done = released_before(layout, 2**62)
+    if not done or not quarantine.num_rows:
+        return quarantine
+    keys = zip(*(quarantine.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True)
+    return quarantine.filter(pa.array([f"{t}/{p}/{o}" not in done for t, p, o in keys], pa.bool_()))
+
+
 def released_before(layout: DataLayout, before_batch: int) -> set[str]:
     """`topic/partition/offset` of every record a batch before `before_batch` released."""
     if not layout.released.is_dir() or not any(layout.released.glob("batch_id=*/*.parquet")):

@@ -24,8 +24,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from attribution.closing import run_closing
+from attribution.restore import restore_redis
 from billing.compatibility import IncompatibleSchemaError
 from billing.events import Click, Impression
+from billing.periods import Periods
 from billing.schemas import schema_text, subject_of
 from billing.store.catalog_file import save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
@@ -227,6 +229,13 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     again = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
     assert (again.additions, again.retractions) == (0, 0)
     assert quarantine_reasons(settings) == Counter({"unknown_schema": 25}), "the table keeps what arrived"
+
+    # Redis restored from the data folder counts the same: the released records are quarantined no more.
+    for query in queries:
+        query.stop()
+    figures.wipe_billing()
+    restore_redis(settings.root, figures, _catalog(settings), Periods(), "billing", quiet_ms=0, wait_for_heartbeat_s=0)
+    assert figures.quarantined() == {"unknown_schema": {settings.topic_clicks: 5}}
 
 
 def _catalog(settings: Settings):  # noqa: ANN202 - billing.catalog.Catalog
