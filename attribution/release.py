@@ -141,9 +141,12 @@ def held_records(layout: DataLayout, before_batch: int) -> pa.Table:
     if not layout.quarantine.is_dir() or not any(layout.quarantine.glob("batch_id=*/*.parquet")):
         return pa.table({name: [] for name in ("topic", "partition", "offset", "received_ms", "value", "batch_id")})
     quarantine = ds.dataset(layout.quarantine, format="parquet", partitioning="hive")
+    wanted = (ds.field("reason") == _REASON) & (ds.field("batch_id") < before_batch)
+    # The raw bytes only when there is a record to release: a quarantine of junk can be large.
+    if not quarantine.count_rows(filter=wanted):
+        return pa.table({name: [] for name in ("topic", "partition", "offset", "received_ms", "value", "batch_id")})
     held = quarantine.to_table(
-        columns=["topic", "partition", "offset", "received_ms", "value", "batch_id"],
-        filter=(ds.field("reason") == _REASON) & (ds.field("batch_id") < before_batch),
+        columns=["topic", "partition", "offset", "received_ms", "value", "batch_id"], filter=wanted
     )
     done = released_before(layout, before_batch)
     if done and held.num_rows:
