@@ -36,7 +36,7 @@ lock: $(LOCK_VENV)/.installed ## re-resolve requirements.lock from pyproject.tom
 		--strip-extras --no-emit-find-links --extra dev --extra bench --all-build-deps $(LOCK_ARGS) \
 		--output-file $(LOCK) pyproject.toml
 
-deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-server if missing
+deps: venv ## fetch Kafka's and Spark's jars from Maven Central; install redis-server, chromium, promtool, pdftoppm if missing
 	$(BIN)/adbill deps
 
 up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-C stops it
@@ -84,6 +84,11 @@ EVENTS ?= 10000000
 bench-reconcile: deps ## reconcile, close and export a synthetic day of EVENTS events (default 10 million) and print the time
 	$(BIN)/python -m ops.bench.reconcile --events $(EVENTS)
 
+CHANGES ?= 10
+CATALOG_DURATION ?= 300
+bench-catalog: deps ## a catalog change to its first bill (median of CHANGES), and a run whose prices change every minute: stream, final and ground truth
+	$(BIN)/python -m ops.bench.catalog --changes $(CHANGES) --duration $(CATALOG_DURATION)
+
 CLIENTS ?= 50
 WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
@@ -123,4 +128,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-web audit chaos lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web audit chaos lint format clean

@@ -339,21 +339,21 @@ def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_m
 PER_AD = ["period", "period_start_ms", "ad_id", "event_type"]
 """The keys late and clock-ahead events are counted by."""
 
-UNBILLED_PER_AD = ["period", "period_start_ms", "ad_id", "reason"]
-"""The keys unbilled clicks are counted by."""
+UNBILLED_PER_AD = ["period", "period_start_ms", "advertiser_id", "ad_id", "reason"]
+"""The keys unbilled clicks are counted by: the advertiser is the one the catalog named when the stream priced the
+click (none for an ad it did not know), so a count restored later is the count the stream made."""
 
 
-def unbilled_counts(unbilled: pa.Table, advertiser_of: Mapping[str, str]) -> list[UnbilledCount]:
-    """Matched clicks without a price per period, ad and reason, advertisers named when the catalog knows the ad."""
-    return _unbilled(_count(unbilled, UNBILLED_PER_AD), advertiser_of)
+def unbilled_counts(unbilled: pa.Table) -> list[UnbilledCount]:
+    """Matched clicks without a price per period, advertiser, ad and reason."""
+    return _unbilled(_count(unbilled, UNBILLED_PER_AD))
 
 
-def _unbilled(rows: list[dict[str, Any]], advertiser_of: Mapping[str, str]) -> list[UnbilledCount]:
+def _unbilled(rows: list[dict[str, Any]]) -> list[UnbilledCount]:
     return [
-        UnbilledCount(r["period"], r["period_start_ms"], advertiser_of.get(r["ad_id"], ""), r["ad_id"], r["reason"],
-                      r["rows"])
+        UnbilledCount(r["period"], r["period_start_ms"], r["advertiser_id"] or "", r["ad_id"], r["reason"], r["rows"])
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def _count(table: pa.Table, keys: list[str]) -> list[dict[str, Any]]:
@@ -411,7 +411,7 @@ def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchF
         late=[LateCount(*row) for row in _per_ad(summed("late", PER_AD), advertiser_of)],
         clock_ahead=[ClockAheadCount(*row) for row in _per_ad(summed("clock_ahead", PER_AD), advertiser_of)],
         quarantined=quarantined,
-        unbilled=_unbilled(summed("unbilled", UNBILLED_PER_AD), advertiser_of),
+        unbilled=_unbilled(summed("unbilled", UNBILLED_PER_AD)),
         bills=sum(t.clicks for t in totals),
         events=pc.sum(archived).as_py() or 0,
         bad=sum(q.records for q in quarantined),

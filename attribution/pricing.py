@@ -18,8 +18,18 @@ from billing.catalog import Catalog, Unbillable
 PRICE_COLUMNS = ("campaign_id", "advertiser_id", "amount_micros", "currency")
 """What pricing adds to a matched click."""
 
-UNBILLED_COLUMNS = ("click_id", "impression_id", "ad_id", "user_id", "click_time", "impression_time", "reason")
-"""A matched click without a price: the match and `reason` (`ad_paused` or `unknown_ad`)."""
+UNBILLED_COLUMNS = (
+    "click_id",
+    "impression_id",
+    "ad_id",
+    "advertiser_id",
+    "user_id",
+    "click_time",
+    "impression_time",
+    "reason",
+)
+"""A matched click without a price: the match, the ad's advertiser when the catalog knew the ad (else null), and
+`reason` (`ad_paused` or `unknown_ad`)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ def price_matches(matches: pa.Table, catalog: Catalog) -> Priced:
         priced = catalog.price(ad_id, at_ms)
         if isinstance(priced, Unbillable):
             campaign.append(None)
-            advertiser.append(None)
+            advertiser.append(catalog.advertiser_of(ad_id))
             amount.append(None)
             currency.append(None)
             reason.append(priced.value)
@@ -64,7 +74,7 @@ def price_matches(matches: pa.Table, catalog: Catalog) -> Priced:
     ):
         with_prices = _set_column(with_prices, name, pa.array(values, kind))
     bills = with_prices.filter(pc.invert(unpriced))
-    unbilled = _set_column(matches, "reason", pa.array(reason, pa.string())).filter(unpriced)
+    unbilled = _set_column(with_prices, "reason", pa.array(reason, pa.string())).filter(unpriced)
     return Priced(bills, unbilled)
 
 

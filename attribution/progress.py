@@ -29,6 +29,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from pyspark.sql.streaming import StreamingQueryListener
 
+from billing.catalog import Unbillable
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -294,15 +295,35 @@ class ReconciliationCollector:
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self.key = RedisKeys(prefix).last_reconciliation()
+        self.audit_key = RedisKeys(prefix).last_audit()
+        self.heartbeat_key = RedisKeys(prefix).heartbeat("billing")
         self.redis_url = redis_url
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            record = connect(self.redis_url, timeout_s=2.0, retries=0).hgetall(self.key)
+            client = connect(self.redis_url, timeout_s=2.0, retries=0)
+            record = client.hgetall(self.key)
+            audit = client.hgetall(self.audit_key)
+            heartbeat = client.get(self.heartbeat_key)
         except redis.RedisError:
             return
+        if heartbeat:
+            # Read from Redis at each scrape: it stops moving when the job stalls, even while this process answers.
+            beat = GaugeMetricFamily(
+                "adbill_heartbeat_timestamp_seconds",
+                "When the streaming job last finished a batch or an idle trigger",
+                labels=["query"],
+            )
+            beat.add_metric(["billing"], int(heartbeat) / 1000)
+            yield beat
+        if audit:
+            differing = GaugeMetricFamily(
+                "adbill_audit_periods_differing", "Periods whose books differed from the rule in the last audit"
+            )
+            differing.add_metric([], len(json.loads(audit.get("differences") or "[]")))
+            yield differing
         if not record:
             return
         held = json.loads(record.get("held") or "{}")
@@ -330,10 +351,10 @@ class ReconciliationCollector:
 
 
 class BillingCollector:
-    """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events,
-    quarantined records and corrections. The stream adds to them in the same script that applies each batch, so they
-    count every batch once; they start again from 0 when Redis is restored (`adbill restore-redis`), which
-    Prometheus reads as a counter reset."""
+    """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events, matched
+    clicks without a price, quarantined records and corrections. The stream adds to them in the same script that
+    applies each batch, so they count every batch once; they start again from 0 when Redis is restored (`adbill
+    restore-redis`), which Prometheus reads as a counter reset."""
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self.prefix = prefix
@@ -357,6 +378,14 @@ class BillingCollector:
         for kind in ("impression", "click"):
             late.add_metric([kind], counters.get(f"late_{kind}s", 0))
         yield late
+        unbilled = CounterMetricFamily(
+            "adbill_unbilled_clicks",
+            "Matched clicks the stream could not price: their ad paused or unknown at their time",
+            labels=["reason"],
+        )
+        for why in Unbillable:
+            unbilled.add_metric([why.value], counters.get(f"unbilled_{why.value}", 0))
+        yield unbilled
         quarantine = CounterMetricFamily(
             "adbill_quarantined_records", "Records sent to the quarantine", labels=["reason", "topic"]
         )

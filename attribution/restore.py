@@ -111,7 +111,7 @@ def restore_redis(
         late=late_counts(late, advertiser_of) if late.num_rows else [],
         quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
         clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
-        unbilled=unbilled_counts(unbilled, advertiser_of),
+        unbilled=unbilled_counts(unbilled),
     )
 
     corrections = _corrections_in_written_order(layout.corrections)
@@ -175,8 +175,9 @@ def _late_events(archive: Path) -> pa.Table:
 def _unbilled_clicks(folder: Path) -> pa.Table:
     """The stream's unbilled clicks, as `unbilled_counts` reads them."""
     schema = pa.schema(
-        [("period", pa.string()), ("period_start_ms", pa.int64()), ("ad_id", pa.string()), ("reason", pa.string())]
-    )
+        [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
+         ("ad_id", pa.string()), ("reason", pa.string())]
+    )  # fmt: skip
     if not folder.is_dir() or not any(folder.rglob("*.parquet")):
         return schema.empty_table()
     dataset = ds.dataset(folder, format="parquet", partitioning="hive")

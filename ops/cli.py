@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_down)
 
     p = sub.add_parser(
-        "deps", help="fetch Kafka's jars and Spark's connectors; install redis-server and chromium if missing"
+        "deps",
+        help="fetch the jars; install redis-server, chromium, promtool and pdftoppm if missing",
     )
     p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
     p.set_defaults(run=cmd_deps)
@@ -143,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--late", type=float, default=0.01, help="fraction of events arriving past the watermark")
     p.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
     p.add_argument("--bad", type=float, default=0.002, help="fraction of bad records")
+    p.add_argument(
+        "--catalog-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="change the catalog every SECONDS of event time during the run: new prices, pauses and resumes, "
+        "--new-ads created (made in the pipeline's catalog as the run goes; default 0: no changes)",
+    )
+    p.add_argument("--new-ads", type=int, default=0, help="ads the run creates (with --catalog-every)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce, needs=("kafka",))
 
@@ -302,6 +312,10 @@ def _traffic_args(settings: Settings) -> list[str]:
         str(settings.traffic_rate),
         "--seed",
         str(settings.traffic_seed),
+        "--catalog-every",
+        str(settings.traffic_catalog_every_s),
+        "--new-ads",
+        "5" if settings.traffic_catalog_every_s else "0",
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -373,7 +387,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             raise ValueError(f"unknown ad {args.ad_id}")
         print(f"{found.ad_id}\tcampaign {found.campaign_id}\tadvertiser {found.advertiser_id}\t{found.currency}")
         for entry in found.prices:
-            print(describe_entry(entry, ad.currency))
+            print(describe_entry(entry, found.currency))
         return 0
     from billing.catalog_changes import catalog_change
 
@@ -399,7 +413,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.catalog_file import load_catalog
+    from billing.store.catalog_file import CatalogStore, load_catalog
     from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
@@ -422,6 +436,8 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         seed=args.seed,
         events=args.events,
         duration_s=args.duration,
+        catalog_change_every_s=args.catalog_every,
+        new_ads=args.new_ads,
     )
     if args.live and args.rate:
         config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly
@@ -438,6 +454,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         rate=None if args.live else args.rate,
         progress=_progress(args),
         live=args.live,
+        catalog_store=CatalogStore(settings.catalog_file),
     )
     print(f"ground truth in {run_dir}")
     return _delivery_outcome("produce", summary.not_delivered, 0)
@@ -629,18 +646,27 @@ def _catalog_shape(catalog: Catalog) -> dict[str, int]:
 
 
 def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
-    """The simulator bills from the catalog of its seed: the pipeline must read that same catalog."""
+    """The simulator draws its traffic from the ads of its seed: the pipeline's catalog must hold those ads, with
+    the same owners and currency (their prices are the catalog's history, whoever changed them)."""
     from billing.store.catalog_file import load_catalog, save_catalog
 
     path = settings.catalog_file
     if not path.exists():
         save_catalog(simulated, path)
         print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
-    elif load_catalog(path).to_json() != simulated.to_json():
-        raise ValueError(
-            f"the catalog in {path} is not the one the simulator derives from --seed {seed} "
-            "and its shape; use the seed it was generated with, or remove the file to start afresh"
-        )
+        return
+    held = load_catalog(path)
+    for ad in simulated:
+        other = held.get(ad.ad_id)
+        if other is None or (other.campaign_id, other.advertiser_id, other.currency) != (
+            ad.campaign_id,
+            ad.advertiser_id,
+            ad.currency,
+        ):
+            raise ValueError(
+                f"the catalog in {path} does not hold the ads the simulator derives from --seed {seed} and its "
+                f"shape (ad {ad.ad_id}); use the seed it was generated with, or remove the file to start afresh"
+            )
 
 
 def _progress(args: argparse.Namespace) -> bool:

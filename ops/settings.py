@@ -161,6 +161,10 @@ class Settings:
 
     traffic_rate: int = _setting(200, "Events per second the local stack's traffic simulator offers (0: none).")
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
+    traffic_catalog_every_s: int = _setting(
+        60,
+        "Seconds between the catalog changes the local stack's traffic makes (new prices, pauses, new ads; 0: none).",
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from billing.catalog import AdChange, CatalogError
 from billing.events import TOPIC_OF, Event
-from billing.store.catalog_file import save_catalog
+from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
 from producers.simulator import (
@@ -318,6 +318,10 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
     return open_registry(registry) if isinstance(registry, str) else registry
 
 
+CATALOG_LEAD_MS = 2_000
+"""How long before it takes effect, in the run's time, a simulated catalog change is made."""
+
+
 def simulate_to_kafka(
     config: SimulationConfig,
     bootstrap_servers: str,
@@ -331,8 +335,14 @@ def simulate_to_kafka(
     flush_timeout_s: float = 120.0,
     live: bool = False,
     sleep: Sleep = time.sleep,
+    catalog_store: CatalogStore | None = None,
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
+
+    `catalog_store`: the pipeline's catalog, which the run's catalog changes (`SimulationConfig.catalog_changes`)
+    are made in as the run goes, each `CATALOG_LEAD_MS` of the run's time before it takes effect (so, live, before
+    the clock reaches it); the ground truth is then billed by that store's history as it stands at the end, which
+    holds every change anyone made meanwhile. Without a store the run's own history (`Simulator.catalog`) bills it.
 
     `live`: each record goes out when the clock reaches its arrival time (`LiveSchedule`), the line starting
     now, so the stream's event time tracks the clock; the rate is the config's own
@@ -361,10 +371,15 @@ def simulate_to_kafka(
 
     schedule = LiveSchedule(clock, wait) if live else None
     arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
+    changes = list(simulator.changes) if catalog_store is not None else []
     interrupted = False
     try:
         try:
             for arrival in arrivals:
+                while changes and changes[0].effective_from - CATALOG_LEAD_MS <= arrival.arrival_ms:
+                    # The run's schedule, like a capture's ad lines: made at its own effective time.
+                    assert catalog_store is not None
+                    catalog_store.change(changes.pop(0), clock(), backfill=True)
                 publisher.publish(arrival)
                 truth.observe(arrival)
                 pacer.pace()
@@ -376,7 +391,9 @@ def simulate_to_kafka(
         summary.interrupted = interrupted
         if schedule is not None and schedule.offset_ms is not None:
             summary.live_offset_ms, summary.live_max_behind_ms = schedule.offset_ms, schedule.max_behind_ms
-        write_run(folder, config, simulator.start_ms, truth, simulator.catalog, complete=not interrupted)
+        billed_by = catalog_store.current() if catalog_store is not None else simulator.catalog
+        truth.catalog = billed_by
+        write_run(folder, config, simulator.start_ms, truth, billed_by, complete=not interrupted)
         _write_json(folder / "publish.json", summary.to_dict())
     finally:
         truth.close()

@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from billing.catalog import Catalog, generate_catalog
+from billing.catalog import AdChange, Catalog, generate_catalog
 from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
 from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS, BillableClick, attribute
@@ -116,6 +116,12 @@ class SimulationConfig:
     """Seconds of event time; every arrival of an event in that span is sent, late ones included."""
     id_prefix: str | None = None
     """Prefix of event ids; default `s<seed>`, so runs with different seeds never share an id."""
+    catalog_change_every_s: float = 0.0
+    """Seconds of event time between two changes to the catalog during the run (`catalog_changes`: mostly a new
+    price, sometimes a pause and its resume a step later, and the `new_ads` created); 0: the catalog stands still."""
+    new_ads: int = 0
+    """Ads created during the run, one at each of the first changes. Their traffic starts with the run, so their
+    clicks before they exist are not billable (`unknown_ad`), and the ones after are."""
 
     def __post_init__(self) -> None:
         if (self.events is None) == (self.duration_s is None):
@@ -154,6 +160,10 @@ class SimulationConfig:
             raise ValueError("need 0 <= late_min_ms <= late_max_ms")
         if self.max_resend_delay_ms < 0:
             raise ValueError("max_resend_delay_ms must not be negative")
+        if not self.catalog_change_every_s >= 0 or self.new_ads < 0:
+            raise ValueError("catalog_change_every_s and new_ads must not be negative")
+        if self.new_ads and not self.catalog_change_every_s:
+            raise ValueError("new_ads are created by catalog changes: set catalog_change_every_s too")
         if self.start_ms is not None and self.start_ms < MIN_EVENT_TIME_MS:
             raise ValueError("start_ms must not be before 2000-01-01: such events are quarantined")
 
@@ -191,8 +201,49 @@ class SimulationConfig:
         return math.ceil(estimate + self.click_through_rate * mean_click_delay + margin)
 
     def catalog(self) -> Catalog:
-        """The run's ad catalog, from the same seed."""
+        """The run's ad catalog as it stands at the start, from the same seed."""
         return generate_catalog(self.advertisers, self.campaigns_per_advertiser, self.ads_per_campaign, self.seed)
+
+    def catalog_changes(self, start_ms: int) -> list[AdChange]:
+        """The changes the run makes to the catalog, in order, at event times `start_ms + k *
+        catalog_change_every_s` within the run's span: the `new_ads` created first, one a step (in the
+        advertisers' existing campaigns, at a price of their own); then at each step a new price for one ad (in
+        whole cents, 0.05 to 2.50), or, one step in six, a pause of one ad that the next step resumes."""
+        if not self.catalog_change_every_s:
+            return []
+        rng = random.Random(f"adbill-catalog-changes-{self.seed}")
+        base = self.catalog()
+        ads = sorted(base.ad_ids)
+        campaigns = sorted({(ad.campaign_id, ad.advertiser_id, ad.currency) for ad in base})
+        every_ms = max(1, round(self.catalog_change_every_s * 1000))
+        changes: list[AdChange] = []
+        paused: str | None = None
+        for step in range(1, self.expected_span_ms() // every_ms + 1):
+            at_ms = start_ms + step * every_ms
+            price = rng.randint(5, 250) * 10_000
+            if step <= self.new_ads:
+                campaign, advertiser, currency = campaigns[(step - 1) % len(campaigns)]
+                changes.append(AdChange(self.new_ad_ids()[step - 1], at_ms, price, campaign, advertiser, currency))
+            elif paused is not None:
+                changes.append(AdChange(paused, at_ms, price))
+                paused = None
+            elif rng.random() < 1 / 6:
+                paused = rng.choice(ads)
+                changes.append(AdChange(paused, at_ms, None))
+            else:
+                changes.append(AdChange(rng.choice(ads), at_ms, price))
+        return changes
+
+    def new_ad_ids(self) -> list[str]:
+        """The ids of the ads the run creates (`new_ads`)."""
+        return [f"{self.prefix}-new-ad-{n:03d}" for n in range(self.new_ads)]
+
+    def catalog_history(self, start_ms: int) -> Catalog:
+        """The run's catalog with every change it makes (`catalog_changes`): the history the run is billed by."""
+        catalog = self.catalog()
+        for change in self.catalog_changes(start_ms):
+            catalog = catalog.with_change(change, change.effective_from, backfill=True)
+        return catalog
 
 
 def resolve_start_ms(config: SimulationConfig, now_ms: int, rate_per_s: float | None = None, live: bool = False) -> int:
@@ -278,8 +329,11 @@ class Simulator:
         if live and rate_per_s is not None:
             raise ValueError("a live run goes at the config's own rate: set it with at_arrival_rate, not rate_per_s")
         self.config = config
-        self.catalog = config.catalog()
         self.start_ms = resolve_start_ms(config, clock(), rate_per_s, live)
+        self.changes = config.catalog_changes(self.start_ms)
+        """The run's catalog changes, by effective time (`SimulationConfig.catalog_changes`)."""
+        self.catalog = config.catalog_history(self.start_ms)
+        """The run's catalog with its changes: every ad the traffic uses, and the prices it is billed by."""
 
     def arrivals(self) -> Iterator[Arrival]:
         """Every arrival of the run, in send order; memory holds only pending clicks and delayed arrivals."""

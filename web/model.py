@@ -168,6 +168,26 @@ class Finance:
 
 
 @dataclass(frozen=True, slots=True)
+class FinancePeriod:
+    """One period on finance's page: every advertiser's figures added up per currency, and why it is held."""
+
+    period: Period
+    by_currency: dict[str, Billed]
+    held: str | None = None
+
+
+def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
+    """Advertisers' figures added up per currency (an advertiser of no single currency under "")."""
+    out: dict[str, Billed] = {}
+    for line in lines:
+        was = out.get(line.currency, Billed())
+        out[line.currency] = Billed(
+            was.provisional + line.billed.provisional, was.corrections + line.billed.corrections
+        )
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True, slots=True)
 class QueryHealth:
     """The latest micro-batch of one streaming query, from its health record."""
 
@@ -186,6 +206,8 @@ class QueryHealth:
     rows_dropped_by_watermark: int
     lag: dict[str, int | None]
     recent_durations_ms: list[int] = field(default_factory=list)
+    lag_before: dict[str, int | None] | None = None
+    """The lag of an older batch of the recent history (`LAG_LOOKBACK` batches back): whether the lag grows."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ import redis
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
+from billing.periods import Periods
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.store.redis_keys import RedisKeys
@@ -42,12 +43,14 @@ from web.model import (
     EventCounts,
     Figures,
     Finance,
+    FinancePeriod,
     Health,
     Period,
     PeriodBill,
     QueryHealth,
     Reconciliation,
     consumer_lag,
+    totals_by_currency,
 )
 
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
@@ -61,6 +64,9 @@ QUERY_NAMES = ("billing",)
 
 HEALTH_HISTORY = 60
 """Batches of each query whose durations the health page shows."""
+
+LAG_LOOKBACK = 10
+"""How many batches back the health page looks to tell a growing consumer lag."""
 
 _log = logging.getLogger(__name__)
 
@@ -111,12 +117,14 @@ class BillingReader:
         prefix: str,
         exports_dir: Path,
         catalog: CatalogFile,
+        period_length: Periods | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.exports_dir = exports_dir
         self.catalog = catalog
         self.keys = RedisKeys(prefix)
+        self.period_length = period_length or Periods()
 
     # Periods and advertisers ---------------------------------------------------------------------------------
     def periods(self) -> list[Period]:
@@ -137,6 +145,11 @@ class BillingReader:
         currencies = {ad.currency for ad in self.catalog.get() if ad.advertiser_id == advertiser_id}
         return currencies.pop() if len(currencies) == 1 else ""
 
+    def catalog_currency(self) -> str:
+        """The one currency of every ad in the catalog; empty when the catalog is empty or holds several."""
+        currencies = {ad.currency for ad in self.catalog.get()}
+        return currencies.pop() if len(currencies) == 1 else ""
+
     # An advertiser's pages -------------------------------------------------------------------------------------
     def dashboard(self, advertiser_id: str, period_key: str | None) -> Dashboard | None:
         """The advertiser's selected period (default: the latest) in detail, and its recent periods.
@@ -150,9 +163,7 @@ class BillingReader:
             pipe.smembers(self.keys.period_ads(period_key, advertiser_id))
         first = pipe.execute()
         periods = self._periods_of(first[:2])
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         if period is not None and period_key is None:
             pipe = self.client.pipeline(transaction=False)
             pipe.smembers(self.keys.period_campaigns(period.key, advertiser_id))
@@ -235,9 +246,7 @@ class BillingReader:
             return None
         periods = self.periods()
         series_periods = periods[-SERIES_PERIODS:]
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         catalog = self.catalog.get()
         ad_ids = {ad.ad_id for ad in catalog if ad.campaign_id == campaign_id and ad.advertiser_id == advertiser_id}
         owned = bool(ad_ids)
@@ -307,6 +316,21 @@ class BillingReader:
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
 
+    def range_bills(self, level: str, ident: str, advertiser_id: str, start_ms: int, end_ms: int) -> list[PeriodBill]:
+        """The figures of an advertiser (`adv`), or its campaign (`cmp`) or ad (`ad`), in every period that starts
+        in [start_ms, end_ms), oldest first; periods where the id named another advertiser's thing count zero."""
+        periods = [p for p in self.periods() if start_ms <= p.start_ms < end_ms]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            self._queue_billed(pipe, p.key, level, ident)
+            pipe.hget(self.keys.totals(p.key, level, ident), "advertiser")
+        results = iter(pipe.execute())
+        bills = []
+        for p in periods:
+            billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+            bills.append(PeriodBill(p, billed if level == "adv" or owner in (None, advertiser_id) else Billed()))
+        return bills
+
     def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
         """One page of the advertiser's corrections, newest first."""
         key = self.keys.correction_list(advertiser_id)
@@ -316,6 +340,26 @@ class BillingReader:
         total, raw = pipe.execute()
         items = [c for c in (_correction(text) for text in raw) if c and c.advertiser_id == advertiser_id]
         return CorrectionPage(advertiser_id, self.currency(advertiser_id), int(total), offset, limit, items)
+
+    def period_corrections(
+        self, advertiser_id: str, period_key: str, limit: int, scan: int = 5000, chunk: int = 1000
+    ) -> CorrectionPage:
+        """The advertiser's newest corrections (at most `limit`) that correct the period or are booked in it, from
+        the newest `scan` of its list; `total` counts those found there."""
+        key = self.keys.correction_list(advertiser_id)
+        items: list[Correction] = []
+        found = 0
+        for start in range(0, scan, chunk):
+            raw = self.client.lrange(key, start, start + chunk - 1)
+            for text in raw:  # type: ignore[union-attr]
+                c = _correction(str(text))
+                if c and c.advertiser_id == advertiser_id and period_key in (c.corrects_period, c.booked_period):
+                    found += 1
+                    if len(items) < limit:
+                        items.append(c)
+            if len(raw) < chunk:  # type: ignore[arg-type]
+                break
+        return CorrectionPage(advertiser_id, self.currency(advertiser_id), found, 0, limit, items)
 
     def correction(self, advertiser_id: str, correction_id: str, chunk: int = 1000) -> Correction | None:
         """The advertiser's correction of this id, or None (reading the list in chunks, newest first)."""
@@ -337,9 +381,7 @@ class BillingReader:
     def finance(self, period_key: str | None) -> Finance | None:
         """Every advertiser's figures in the selected period (default: the latest), the periods and exports."""
         periods = self.periods()
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         lines: list[AdvertiserLine] = []
         if period is not None:
             members = self.client.smembers(self.keys.period_advertisers(period.key))
@@ -352,8 +394,37 @@ class BillingReader:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
+        return Finance(period, periods, lines, self.exports(), self.last_audit())
+
+    def finance_periods(self, count: int = SERIES_PERIODS) -> list[FinancePeriod]:
+        """The latest `count` periods, newest first, each with every advertiser's figures added up per currency
+        and the reason the last reconciliation gave for holding it."""
+        periods = self.periods()[-count:]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.smembers(self.keys.period_advertisers(p.key))
+        pipe.hget(self.keys.last_reconciliation(), "held")
+        *members, held_text = pipe.execute()
+        held = {str(k): str(v) for k, v in _json_field(held_text, {}).items()}
+        pipe = self.client.pipeline(transaction=False)
+        for p, who in zip(periods, members, strict=True):
+            for advertiser_id in sorted(who):
+                self._queue_billed(pipe, p.key, "adv", advertiser_id)
+        results = iter(pipe.execute())
+        currency_of = {a: self.currency(a) for a in set().union(*members)}
+        out = []
+        for p, who in zip(periods, members, strict=True):
+            lines = [
+                AdvertiserLine(a, currency_of[a], Billed(_figures(next(results)), _figures(next(results))))
+                for a in sorted(who)
+            ]
+            out.append(FinancePeriod(p, totals_by_currency(lines), held.get(p.key)))
+        return list(reversed(out))
+
+    def last_audit(self) -> Audit | None:
+        """The last `adbill audit`, or None before the first."""
         audited = self.client.hgetall(self.keys.last_audit())
-        return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
+        return _audit(audited) if audited else None  # type: ignore[arg-type]
 
     def exports(self) -> list[Manifest]:
         """Every finished export (its manifest written), newest period first."""
@@ -447,6 +518,13 @@ class BillingReader:
                 )
         return lines
 
+    def _selected(self, periods: list[Period], key: str | None) -> Period | None:
+        """The period asked for (default: the latest); a well-formed period that holds no data is an empty open
+        period, shown with zero spend (the key was checked by `web.guards.period_arg`)."""
+        if key is None:
+            return periods[-1] if periods else None
+        return _find(periods, key) or Period(key, self.period_length.parse_key(key), False)
+
     # Pieces ----------------------------------------------------------------------------------------------------
     def _queue_periods(self, pipe: Any) -> None:
         pipe.zrange(self.keys.periods(), 0, -1, withscores=True)
@@ -526,10 +604,15 @@ def _float_field(value: str | None) -> float:
 
 def _query_health(name: str, record: dict[str, str], history: list[str]) -> QueryHealth:
     recent = []
-    for line in history:
+    lag_before = None
+    for n, line in enumerate(history):
         try:
-            recent.append(int(json.loads(line).get("batch_duration_ms") or 0))
-        except (ValueError, AttributeError):
+            older = json.loads(line)
+            recent.append(int(older.get("batch_duration_ms") or 0))
+            if n < LAG_LOOKBACK:
+                sources = older.get("sources")
+                lag_before = consumer_lag(_json_field(sources, []) if isinstance(sources, str) else sources or [])
+        except (ValueError, AttributeError, TypeError):
             continue
     watermarks = _json_field(record.get("stream_watermarks_ms"), {})
     return QueryHealth(
@@ -548,6 +631,7 @@ def _query_health(name: str, record: dict[str, str], history: list[str]) -> Quer
         rows_dropped_by_watermark=_int_field(record.get("rows_dropped_by_watermark")) or 0,
         lag=consumer_lag(_json_field(record.get("sources"), [])),
         recent_durations_ms=list(reversed(recent)),
+        lag_before=lag_before,
     )
 
 

@@ -29,7 +29,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
 | `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
 | `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
-| `PREFIX:counters` | hash | the stream's counts: `billed_clicks`, `late_impressions`, `late_clicks`, `unbilled_clicks`|
+| `PREFIX:counters` | hash | the stream's counts: `billed_clicks`, `late_impressions`, `late_clicks`, `unbilled_*` |
 | `PREFIX:health:query:NAME`, `...:history:NAME` | hash, list | a query's last progress record; its recent ones |
 | `PREFIX:health:heartbeat:NAME` | string | when the query last reported (epoch ms) |
 | `PREFIX:web:session:HMAC` | hash | a web session (`web/sessions.py`) |

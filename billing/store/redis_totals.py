@@ -275,7 +275,7 @@ class RedisTotals:
                 ops.append(["hincrby", adv, field, str(ahead.events)])
         for held in unbilled:
             ops += [
-                ["hincrby", counters, "unbilled_clicks", str(held.clicks)],
+                ["hincrby", counters, f"unbilled_{held.reason}", str(held.clicks)],
                 ["hincrby", k.unbilled(held.period, "ad", held.ad_id), held.reason, str(held.clicks)],
                 ["sadd", k.unbilled_ads(held.period), held.ad_id],
                 ["zadd", k.unbilled_periods(), str(held.period_start_ms), held.period],

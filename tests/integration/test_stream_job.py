@@ -29,10 +29,10 @@ from attribution.job import start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
 from attribution.stream_position import committed_offsets, end_offsets
-from billing.catalog import Ad, Catalog
+from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics
@@ -166,7 +166,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
         # An id conflict: the first copy is billed; the later one (next phase) changes nothing.
         Impression("i-conf", "ad-1", "u-conf", T0),
         Click("c-conf", "ad-1", "u-conf", T0 + 2 * S),
-        # A click on an ad the catalog does not know: quarantined, not billed.
+        # A click on an ad the catalog does not know: kept and counted as unbilled (`unknown_ad`), not quarantined.
         Impression("i-unknown", "ad-zzz", "u-unknown", T0),
         Click("c-unknown", "ad-zzz", "u-unknown", T0 + S),
         # Bytes that are not framed Avro: quarantined; the query keeps running.
@@ -203,15 +203,16 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     # Bad input: in the quarantine table with its raw bytes and coordinates, counted in Redis, on the topic.
     quarantine = ds.dataset(settings.root / "quarantine", format="parquet", partitioning="hive").to_table()
     reasons = Counter(quarantine.column("reason").to_pylist())
-    assert reasons == Counter({"unknown_ad": 2, "undecodable": 1})
+    assert reasons == Counter({"undecodable": 1})
     bad = [r for r in quarantine.to_pylist() if r["reason"] == "undecodable"][0]
     assert (bad["value"], bad["topic"]) == (b"definitely not avro", clicks)
-    assert totals.quarantined() == {
-        "unknown_ad": {settings.topic_impressions: 1, clicks: 1},
-        "undecodable": {clicks: 1},
-    }
-    dead_letters = consume(settings.kafka_bootstrap, settings.topic_quarantine, 3)
-    assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable", b"unknown_ad", b"unknown_ad"]
+    assert totals.quarantined() == {"undecodable": {clicks: 1}}
+    dead_letters = consume(settings.kafka_bootstrap, settings.topic_quarantine, 1)
+    assert sorted(dict(m.headers())["reason"] for m in dead_letters) == [b"undecodable"]
+    # The click on the unknown ad: archived for reconciliation, and counted where people see it.
+    archived = ds.dataset(settings.root / "archive", format="parquet", partitioning="hive").to_table()
+    assert {"i-unknown", "c-unknown"} <= set(archived.column("event_id").to_pylist())
+    assert totals.client.hgetall(totals.keys.unbilled("20260101T0000Z", "ad", "ad-zzz")) == {"unknown_ad": "1"}
 
     # The health listener recorded the billing query's batches. It hears of a batch on Spark's listener bus, after
     # processAllAvailable() has returned: wait for the record of the last batch.
@@ -235,6 +236,8 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     assert scraped.get_sample_value("adbill_billed_clicks_total") == 6
     assert scraped.get_sample_value("adbill_quarantined_records_total", {"reason": "undecodable", "topic": clicks}) == 1
     assert scraped.get_sample_value("adbill_late_events_total", {"type": "click"}) == 0
+    assert scraped.get_sample_value("adbill_unbilled_clicks_total", {"reason": "unknown_ad"}) == 1
+    assert scraped.get_sample_value("adbill_unbilled_clicks_total", {"reason": "ad_paused"}) == 0
 
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
@@ -347,7 +350,9 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     settings: Settings, tmp_path: Path, writers: str
 ) -> None:
     """Both ways of writing a batch (`ADBILL_SINK_WRITERS`): collected to the driver (local mode's), and each task
-    its share on its executor (a cluster's), whose replayed tasks must replace their own files."""
+    its share on its executor (a cluster's), whose replayed tasks must replace their own files. The catalog
+    changes while the job is down, between a batch's first attempt and its replay: the replay prices as the first
+    attempt did, and every later batch by the new history."""
     settings.catalog_file.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(
         settings,
@@ -364,8 +369,10 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     # Traffic first, so the job always has work in hand when it is killed.
     truth = simulated_run(settings, tmp_path / "run", events=60_000)
+    store = CatalogStore(settings.catalog_file)
+    received = read_ledger_times(tmp_path / "run")
     killed_after: list[int] = []
-    for _ in range(3):
+    for kill in range(3):
         process_ = start_job()
         # Kill it at a different point each time: once a new batch has been applied to Redis.
         after = killed_after[-1] if killed_after else -1
@@ -373,6 +380,10 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         killed_after.append(totals.last_applied("billing") or -1)
         process_.send_signal(signal.SIGKILL)
         assert process_.wait(timeout=30) == -signal.SIGKILL, "the job was running when it was killed"
+        # A new price for every ad from the middle of the traffic on, made while the job is down (recorded
+        # history: in the past of the clock): the batch in flight was priced, and is replayed, with the old one.
+        for ad in sorted(store.current().ad_ids):
+            store.change(AdChange(ad, received[len(received) // 2], 1_000 * (kill + 1)), 0, backfill=True)
     assert killed_after == sorted(set(killed_after)), "each kill came after a newer batch"
     assert not read_to_the_end(settings), "the kills left work for the restart, or the test proves nothing"
     final = start_job()
@@ -384,8 +395,20 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         final.send_signal(signal.SIGTERM)
         final.wait(timeout=60)
     assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click across restarts"
-    assert {row["click_id"]: row["amount_micros"] for row in rows} == truth
+    assert {row["click_id"] for row in rows} == set(truth)
+    # Each bill at the price of its click's time in the catalog version its batch was first priced with.
+    history = store.current()
+    versions = settings.root / "checkpoints" / "catalog-versions"
+    for row in rows:
+        as_of = history.as_of(int((versions / str(row["batch_id"])).read_text()))
+        assert as_of.price(row["ad_id"], row["click_time"])[1] == row["amount_micros"], row  # type: ignore[index]
+    assert {int((versions / str(row["batch_id"])).read_text()) for row in rows} > {0}, "the changes were used"
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+
+
+def read_ledger_times(run_dir: Path) -> list[int]:
+    """The click times of a run's ground truth, in order."""
+    return sorted(json.loads(line)["click_time"] for line in (run_dir / "billable.jsonl").read_text().splitlines())
 
 
 # --- Poison and flooding records, a hung Redis ---------------------------------------------------------------

@@ -285,3 +285,31 @@ def test_oracle_ignores_the_order_of_its_input_rows() -> None:
     billed = oracle.billable(shuffled, config.catalog())
     assert billed == by_rule(rows, config.catalog())
     assert len(billed) > 200
+
+
+def test_a_run_that_changes_the_catalog_is_billed_by_the_history_at_each_clicks_time(tmp_path: Path) -> None:
+    """Prices changed every 2 s of event time, ads paused and resumed, two ads created mid-run: the simulator's
+    ground truth, the production rule and the oracle price every click by the history at its time."""
+    config = replace(TROUBLED, seed=4, catalog_change_every_s=2.0, new_ads=2)
+    arrivals = list(simulate(config, tmp_path, clock=lambda: NOW_MS))
+    simulator = Simulator(config, lambda: NOW_MS)
+    history = simulator.catalog
+    assert [c.ad_id for c in simulator.changes[:2]] == config.new_ad_ids()
+    assert any(c.cpc_micros is None for c in simulator.changes), "a pause, or the run proves less than it claims"
+    assert history.version == len(simulator.changes) > 10
+
+    rows = oracle.received_rows(arrivals)
+    billed = oracle.billable(rows, history)
+    truth = [json.loads(line) for line in (tmp_path / "billable.jsonl").read_text().splitlines()]
+    assert billed == truth == by_rule(rows, history)
+    # The history matters: priced by the catalog the run started with, the bill differs.
+    assert oracle.billable(rows, config.catalog()) != billed
+    new_ads = set(config.new_ad_ids())
+    assert any(row["ad_id"] in new_ads for row in billed), "the created ads are billed once they exist"
+    clicks_before = [
+        r
+        for r in rows
+        if r["type"] == "click" and r["ad_id"] in new_ads and r["event_time"] < history[r["ad_id"]].created_at
+    ]
+    assert clicks_before and not {r["id"] for r in clicks_before} & {row["click_id"] for row in billed}
+    assert json.loads((tmp_path / "catalog.json").read_text())["version"] == history.version

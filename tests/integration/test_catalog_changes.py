@@ -1,0 +1,213 @@
+"""The catalog changed under the running streaming job, on real Kafka, Redis and Spark: ads created, prices raised,
+ads paused and resumed, changes the stream had not seen yet, a closed period's export after its ad was re-priced,
+paused or removed, and Redis restored from the data folder afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from pyspark.sql import SparkSession
+
+from attribution.closing import run_closing
+from attribution.job import BatchSink, start
+from attribution.restore import restore_redis
+from billing.catalog import Ad, AdChange, Catalog
+from billing.catalog_changes import catalog_change
+from billing.events import Click, Event, Impression
+from billing.periods import Periods
+from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.export_files import export_folder
+from billing.store.parquet_ledger import read_ledger
+from billing.store.redis_totals import RedisTotals
+from ops.reconciling import reconcile_config
+from ops.settings import Settings
+from ops.stack import ensure_schemas
+from ops.streaming import stream_config
+from tests import oracle
+from tests.integration.test_reconcile import corrections, final_ledger, read_back
+from tests.integration.test_stream_job import send
+from tests.redis_figures import RedisFigures
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
+S = 1_000
+P0 = "20260101T0000Z"
+UNTIL = T0 + 3 * 3_600_000
+
+CATALOG = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"), Ad("ad-2", "cmp-2", "adv-2", 1_500_000, "EUR")])
+
+
+def pair(name: str, ad_id: str, click_ms: int) -> list[Event]:
+    """An impression and its click 1 s later, on `ad_id`, for a user of their own."""
+    return [Impression(f"i-{name}", ad_id, f"u-{name}", click_ms - S), Click(f"c-{name}", ad_id, f"u-{name}", click_ms)]
+
+
+def ledger_prices(settings: Settings) -> dict[str, int]:
+    return {row["click_id"]: row["amount_micros"] for row in read_ledger(settings.root / "ledger").to_pylist()}
+
+
+def unbilled(settings: Settings) -> dict[str, str]:
+    table = ds.dataset(settings.root / "unbilled", format="parquet", partitioning="hive").to_table()
+    return {row["click_id"]: row["reason"] for row in table.to_pylist()}
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def figures(settings: Settings) -> dict[str, object]:
+    """Every billing figure Redis holds that the pages read: totals, corrections and the unbilled counts per ad."""
+    read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    client = read.client
+    keys = sorted(
+        key
+        for pattern in ("totals:*", "corrections:*", "unbilled:*", "late:*", "quarantined:*")
+        for key in client.scan_iter(match=f"{settings.redis_prefix}:{pattern}")
+        if not key.endswith(":applied")
+    )
+    out: dict[str, object] = {}
+    for key in keys:
+        kind = client.type(key)
+        out[key] = client.hgetall(key) if kind == "hash" else sorted(client.smembers(key))
+    return out
+
+
+def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_history(
+    spark: SparkSession, settings: Settings
+) -> None:
+    save_catalog(CATALOG, settings.catalog_file)
+    ensure_schemas(settings)
+    store = CatalogStore(settings.catalog_file)
+    now_ms = int(time.time() * 1000)
+
+    def backfill(action: str, ad_id: str, at_ms: int, **given: object) -> None:
+        # Effective times in the past of the machine's clock: the traffic's times are 2026-01-01's.
+        store.change(catalog_change(action, ad_id, at_ms, store.current(), **given), now_ms, backfill=True)
+
+    queries = start(spark, stream_config(settings))
+    sent = 0
+
+    def stream(events: list[Event]) -> None:
+        nonlocal sent
+        send(settings, events)  # type: ignore[arg-type]
+        sent += len(events)
+        for query in queries:
+            query.processAllAvailable()
+
+    try:
+        stream(pair("old", "ad-1", T0 + 10 * S))
+        assert ledger_prices(settings) == {"c-old": 250_000}
+
+        # Changed while the job runs, no restart: ad-1 raised, ad-9 created, ad-2 paused, all from T0 + 60 s.
+        backfill("set-price", "ad-1", T0 + 60 * S, cpc_micros=1_250_000)
+        backfill("create-ad", "ad-9", T0 + 60 * S, campaign_id="cmp-9", advertiser_id="adv-1", currency="EUR",
+                 cpc_micros=70_000)  # fmt: skip
+        backfill("pause", "ad-2", T0 + 60 * S)
+        stream(
+            pair("edge-before", "ad-1", T0 + 60 * S - 1)  # the last millisecond of the old price
+            + pair("edge-at", "ad-1", T0 + 60 * S)  # the new price from its millisecond
+            + pair("new-ad-early", "ad-9", T0 + 59 * S)  # before the ad existed: unknown_ad, not billed
+            + pair("new-ad", "ad-9", T0 + 61 * S)
+            + pair("paused", "ad-2", T0 + 61 * S)
+        )
+        backfill("resume", "ad-2", T0 + 120 * S)
+        stream(pair("resumed", "ad-2", T0 + 121 * S))
+        assert ledger_prices(settings) == {
+            "c-old": 250_000,
+            "c-edge-before": 250_000,
+            "c-edge-at": 1_250_000,
+            "c-new-ad": 70_000,
+            "c-resumed": 1_500_000,
+        }
+        assert unbilled(settings) == {"c-new-ad-early": "unknown_ad", "c-paused": "ad_paused"}
+        read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+        assert read.client.hgetall(read.keys.unbilled(P0, "ad", "ad-2")) == {"ad_paused": "1"}
+        assert read.client.hgetall(read.keys.unbilled(P0, "adv", "adv-1")) == {"unknown_ad": "1"}
+
+        # Changes the stream had not seen when their clicks came: a click on an ad not yet in the catalog, and a
+        # price that takes effect before a click the stream has already billed.
+        stream(pair("unseen-ad", "ad-10", T0 + 130 * S) + pair("unseen-price", "ad-1", T0 + 140 * S))
+        assert unbilled(settings)["c-unseen-ad"] == "unknown_ad"
+        assert ledger_prices(settings)["c-unseen-price"] == 1_250_000
+        backfill("create-ad", "ad-10", T0 + 125 * S, campaign_id="cmp-10", advertiser_id="adv-2", currency="EUR",
+                 cpc_micros=30_000)  # fmt: skip
+        backfill("set-price", "ad-1", T0 + 135 * S, cpc_micros=2_000_000)
+
+        history = store.current()
+        expected = {r["click_id"]: r["amount_micros"] for r in oracle.billable(read_back(settings, sent), history)}
+        assert expected["c-unseen-ad"] == 30_000 and expected["c-unseen-price"] == 2_000_000
+        assert "c-paused" not in expected and "c-new-ad-early" not in expected
+
+        rc = reconcile_config(settings)
+        report = run_closing(spark, rc, history, until_ms=UNTIL, force=True)
+        assert P0 in report.closed
+        # Ledger + corrections = the rule priced by the history, click for click and micro for micro.
+        assert final_ledger(settings) == expected
+        fixes = sorted((c.click_id, c.kind.value, c.reason.value, c.amount_micros) for c in corrections(settings))
+        assert fixes == [
+            ("c-unseen-ad", "addition", "catalog_change", 30_000),
+            ("c-unseen-price", "addition", "catalog_change", 2_000_000),
+            ("c-unseen-price", "retraction", "catalog_change", -1_250_000),
+        ]
+
+        # The closed period's export never changes with the catalog: re-priced, paused and removed ads, then a
+        # late event that re-opens the period's reconciliation.
+        before = folder_digest(export_folder(settings.root, P0))
+        later = int(time.time() * 1000) + 1_000
+        store.change(AdChange("ad-1", later, 9_999_999), later - 1_000)
+        store.change(AdChange("ad-2", later, None), later - 1_000)
+        removed = Catalog([ad for ad in store.current() if ad.ad_id != "ad-9"], store.current().version + 1)
+        save_catalog(removed, settings.catalog_file)  # by hand: no command removes an ad
+        stream(pair("very-late", "ad-1", T0 + 200 * S))
+        again = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
+        assert P0 in again.periods and P0 not in again.closed
+        assert folder_digest(export_folder(settings.root, P0)) == before
+        open_period = Periods().key_of(max(UNTIL, int(time.time() * 1000)))
+        adjustments = sorted(
+            (c.click_id, c.reason.value, c.amount_micros, c.booked_period)
+            for c in corrections(settings)
+            if c.booked_period != P0
+        )
+        # The click the stream billed after the close, at the price in force at its time; the removed ad's bill
+        # retracted, with its reason.
+        assert adjustments == [
+            ("c-new-ad", "catalog_change", -70_000, open_period),
+            ("c-very-late", "billed_after_close", 2_000_000, open_period),
+        ]
+
+        # Redis restored from the data folder, after the changes and the removed ad, gives back every figure.
+        for query in queries:
+            query.stop()
+        kept = figures(settings)
+        totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+        totals.wipe_billing()
+        assert figures(settings) == {}
+        restore_redis(settings.root, totals, store.current(), Periods(), "billing", quiet_ms=0, wait_for_heartbeat_s=0)
+        assert figures(settings) == kept
+    finally:
+        for query in queries:
+            query.stop()
+
+
+def test_a_replayed_batch_is_priced_with_the_catalog_version_of_its_first_attempt(settings: Settings) -> None:
+    save_catalog(CATALOG, settings.catalog_file)
+    store = CatalogStore(settings.catalog_file)
+    sink = BatchSink(stream_config(settings), store)
+    first = sink.catalog_of(41)
+    assert first.version == 0
+    # A change lands between the first attempt at batch 41 and its replay after a crash.
+    store.change(AdChange("ad-1", int(time.time() * 1000) + 60_000, 1), int(time.time() * 1000))
+    assert sink.catalog_of(41).to_json() == first.to_json(), "the replay prices as the first attempt did"
+    assert sink.catalog_of(42).version == 1, "the next batch sees the change"
+    assert json.loads((settings.root / "checkpoints" / "catalog-versions" / "42").read_text()) == 1
+    assert Counter(p.name for p in (settings.root / "checkpoints" / "catalog-versions").iterdir()) == {
+        "41": 1,
+        "42": 1,
+    }
