@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
 from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
 from attribution.job_lock import FileLock, JobLockedError
+from attribution.release import without_released
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
@@ -113,7 +114,11 @@ def _restore(
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
     late = _late_events(layout.archive, through)
     ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms, through)
-    bad = _table(layout.quarantine, ["reason", "topic", "ad_id"], pc.field("batch_id") <= through)
+    # A record released from quarantine (its schema id became known: `attribution.release`) is counted no more.
+    bad = without_released(
+        layout,
+        _table(layout.quarantine, ["reason", "topic", "partition", "offset", "ad_id"], pc.field("batch_id") <= through),
+    )
     unbilled = _unbilled_clicks(layout.unbilled, through)
     if last_batch is not None:
         totals.apply_batch(

@@ -42,6 +42,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         redis_timeout_ms=settings.redis_timeout_ms,
+        registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
     )
@@ -95,7 +96,8 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     )
     try:
         with contextlib.suppress(StreamingQueryException):  # a failed query: said below, exit 1
-            spark.streams.awaitAnyTermination()
+            # The query's own wait: it goes on across the restarts new schema versions cause (schema_follow).
+            queries[0].awaitTermination()
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:

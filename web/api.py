@@ -29,6 +29,7 @@ from web.model import (
     Figures,
     Period,
     PeriodBill,
+    UnbilledCounts,
     totals_by_currency,
 )
 from web.pages import send_export
@@ -111,6 +112,7 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         "totals": _billed(d.billed),
         "late": _late(d.late),
         "clock_ahead": _clock_ahead(d.clock_ahead),
+        "unbilled": _unbilled(d.unbilled),
         "campaigns": [{"campaign_id": c.campaign_id, **_billed(c.billed)} for c in d.campaigns],
         "ads": [_ad_line(a) for a in d.ads],
         "series": [_period_bill(b) for b in d.series],
@@ -257,6 +259,10 @@ def health() -> Response:
                 {"period": c.period.key, "advertiser_id": c.advertiser_id, "ad_id": c.ad_id, **_clock_ahead(c.counts)}
                 for c in h.clock_ahead
             ],
+            "unbilled": [
+                {"period": u.period.key, "advertiser_id": u.advertiser_id, "ad_id": u.ad_id, **_unbilled(u.counts)}
+                for u in h.unbilled
+            ],
             "last_reconciliation": None
             if h.reconciliation is None
             else {
@@ -314,12 +320,22 @@ def _clock_ahead(ahead: EventCounts) -> dict[str, int]:
     return {"clock_ahead_impressions": ahead.impressions, "clock_ahead_clicks": ahead.clicks}
 
 
+def _unbilled(u: UnbilledCounts) -> dict[str, int]:
+    return {"unbilled_ad_paused": u.ad_paused, "unbilled_unknown_ad": u.unknown_ad}
+
+
 def _period(p: Period) -> dict[str, Any]:
     return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed}
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:
-    return {**_period(b.period), **_billed(b.billed), **_late(b.late), **_clock_ahead(b.clock_ahead)}
+    return {
+        **_period(b.period),
+        **_billed(b.billed),
+        **_late(b.late),
+        **_clock_ahead(b.clock_ahead),
+        **_unbilled(b.unbilled),
+    }
 
 
 def _ad_line(a: AdLine) -> dict[str, Any]:
@@ -329,6 +345,7 @@ def _ad_line(a: AdLine) -> dict[str, Any]:
         **_billed(a.billed),
         **_late(a.late),
         **_clock_ahead(a.clock_ahead),
+        **_unbilled(a.unbilled),
     }
 
 

@@ -18,7 +18,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
-from web import api, auth, display, downloads, pages, probes
+from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, downloads, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -131,6 +131,9 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.register_blueprint(downloads.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(probes.bp)
+    app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
+    app.register_blueprint(catalog_api.bp)
+    ad_catalog.register(app, settings.catalog_file)
 
     @app.after_request
     def headers(response: Response) -> Response:

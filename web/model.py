@@ -70,6 +70,23 @@ class EventCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class UnbilledCounts:
+    """Clicks the rule matched that had no price at their time (DOMAIN.md): the ad was paused (`ad_paused`), or the
+    catalog did not know it then (`unknown_ad`: not in the catalog, or before its first entry). Kept and counted,
+    never dropped; reconciliation bills them if the catalog shows a price at their time after all."""
+
+    ad_paused: int = 0
+    unknown_ad: int = 0
+
+    def __add__(self, other: UnbilledCounts) -> UnbilledCounts:
+        return UnbilledCounts(self.ad_paused + other.ad_paused, self.unknown_ad + other.unknown_ad)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.ad_paused == 0 and self.unknown_ad == 0
+
+
+@dataclass(frozen=True, slots=True)
 class Period:
     """A billing period: its key (`20260101T0000Z`), start and whether reconciliation closed it."""
 
@@ -91,6 +108,7 @@ class AdLine:
     billed: Billed
     late: EventCounts
     clock_ahead: EventCounts = EventCounts()
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,7 @@ class PeriodBill:
     billed: Billed
     late: EventCounts = EventCounts()
     clock_ahead: EventCounts = EventCounts()
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,7 @@ class Dashboard:
     ads: list[AdLine]
     series: list[PeriodBill]
     quarantined: dict[str, int]
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +268,17 @@ class ClockAheadLine:
 
 
 @dataclass(frozen=True, slots=True)
+class UnbilledLine:
+    """An ad's clicks in one period that had no price at their time; `advertiser_id` is empty when the catalog does
+    not know the ad."""
+
+    period: Period
+    advertiser_id: str
+    ad_id: str
+    counts: UnbilledCounts
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """The admin's page."""
 
@@ -256,6 +287,7 @@ class Health:
     late: list[PeriodBill]
     clock_ahead: list[ClockAheadLine]
     reconciliation: Reconciliation | None
+    unbilled: list[UnbilledLine] = field(default_factory=list)
 
     @property
     def quarantined_total(self) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from billing.catalog import Catalog
+from billing.catalog import Catalog, Unbillable
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
 from billing.periods import Periods
@@ -49,6 +49,8 @@ from web.model import (
     PeriodBill,
     QueryHealth,
     Reconciliation,
+    UnbilledCounts,
+    UnbilledLine,
     consumer_lag,
     totals_by_currency,
 )
@@ -67,6 +69,9 @@ HEALTH_HISTORY = 60
 
 LAG_LOOKBACK = 10
 """How many batches back the health page looks to tell a growing consumer lag."""
+
+UNBILLED_REASONS = (Unbillable.AD_PAUSED.value, Unbillable.UNKNOWN_AD.value)
+"""The fields of an unbilled hash, in the order `UnbilledCounts` takes them."""
 
 _log = logging.getLogger(__name__)
 
@@ -88,7 +93,7 @@ class CatalogFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._catalog = Catalog([])
 
     def get(self) -> Catalog:
@@ -98,7 +103,7 @@ class CatalogFile:
             stat = self.path.stat()
         except FileNotFoundError:
             return self._catalog
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # a change is a rename: a new inode, whatever the clock
         if stamp != self._stamp:
             self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
             try:
@@ -208,6 +213,7 @@ class BillingReader:
                 Billed(_figures(next(results)), _figures(next(results))),
                 _counts(next(results)),
                 _counts(next(results)),
+                _unbilled(next(results)),
             )
             for p in series_periods
         ]
@@ -220,6 +226,7 @@ class BillingReader:
                     campaign_lines.append(CampaignLine(campaign_id, billed))
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
+                unbilled = next(results)
                 if totals[3] not in (None, advertiser_id):
                     continue  # an ad of another advertiser must never show here, whatever a set says
                 line = AdLine(
@@ -228,6 +235,7 @@ class BillingReader:
                     Billed(_figures(totals), _figures(corrections)),
                     _counts(late),
                     _counts(ahead),
+                    _unbilled(unbilled),
                 )
                 ad_lines.append(line)
         quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
@@ -244,9 +252,10 @@ class BillingReader:
             late=selected.late if selected else EventCounts(),
             clock_ahead=selected.clock_ahead if selected else EventCounts(),
             campaigns=[c for c in campaign_lines if not c.billed.is_zero],
-            ads=[a for a in ad_lines if not (a.billed.is_zero and a.late.is_zero and a.clock_ahead.is_zero)],
+            ads=[a for a in ad_lines if not _quiet(a)],
             series=series,
             quarantined=quarantined,
+            unbilled=selected.unbilled if selected else UnbilledCounts(),
         )
 
     def campaign(self, advertiser_id: str, campaign_id: str, period_key: str | None) -> CampaignDetail | None:
@@ -292,11 +301,12 @@ class BillingReader:
             ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
+                unbilled = next(results)
                 if (ad_campaign.get(ad_id) or totals[2]) != campaign_id or totals[3] not in (None, advertiser_id):
                     continue
                 billed = Billed(_figures(totals), _figures(corrections))
-                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead))
-                if not (line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero):
+                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead), _unbilled(unbilled))
+                if not _quiet(line):
                     lines.append(line)
         return CampaignDetail(advertiser_id, campaign_id, self.currency(advertiser_id), period, series, lines)
 
@@ -313,15 +323,17 @@ class BillingReader:
             pipe.hmget(self.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
             self._queue_counts(pipe, p.key, "ad", ad_id)
         results = pipe.execute()
-        owners = {totals[3] for totals in results[0::4] if totals[3] is not None}
+        owners = {totals[3] for totals in results[0::5] if totals[3] is not None}
         if known is not None:
             owners.add(known.advertiser_id)
         if owners != {advertiser_id}:
             return None
-        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::4] if t[2]), "")
+        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::5] if t[2]), "")
         series = [
-            PeriodBill(p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
-            for p, (totals, corrections, late, ahead) in zip(periods, _fours(results), strict=True)
+            PeriodBill(
+                p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+            )
+            for p, (totals, corrections, late, ahead, unbilled) in zip(periods, _fives(results), strict=True)
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
 
@@ -471,7 +483,8 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(self.keys.late_periods(), -SERIES_PERIODS, -1, withscores=True)
         pipe.zrange(self.keys.clock_ahead_periods(), -SERIES_PERIODS, -1, withscores=True)
-        late_periods, ahead_periods = pipe.execute()
+        pipe.zrange(self.keys.unbilled_periods(), -SERIES_PERIODS, -1, withscores=True)
+        late_periods, ahead_periods, unbilled_periods = pipe.execute()
         periods = [Period(key, int(start), False) for key, start in late_periods]
         reasons = [r.value for r in QuarantineReason]
         pipe = self.client.pipeline(transaction=False)
@@ -485,6 +498,8 @@ class BillingReader:
                 pipe.hmget(self.keys.late(p.key, "adv", advertiser_id), "impressions", "clicks")
         for key, _ in ahead_periods:
             pipe.smembers(self.keys.clock_ahead_ads(key))
+        for key, _ in unbilled_periods:
+            pipe.smembers(self.keys.unbilled_ads(key))
         pipe.hgetall(self.keys.last_reconciliation())
         results = iter(pipe.execute())
 
@@ -505,10 +520,31 @@ class BillingReader:
                 total += _counts(next(results))
             late.append(PeriodBill(p, Billed(), total))
         ahead_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in ahead_periods]
+        unbilled_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in unbilled_periods]
         last = next(results)
         return Health(
-            queries, quarantined, late, self._clock_ahead_lines(ahead_ads), _reconciliation(last) if last else None
+            queries,
+            quarantined,
+            late,
+            self._clock_ahead_lines(ahead_ads),
+            _reconciliation(last) if last else None,
+            self._unbilled_lines(unbilled_ads),
         )
+
+    def _unbilled_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[UnbilledLine]:
+        """Each ad's unbilled clicks in each of the periods, with the ad's advertiser (from the catalog; empty for an
+        ad the catalog does not know)."""
+        pipe = self.client.pipeline(transaction=False)
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                pipe.hmget(self.keys.unbilled(period.key, "ad", ad_id), *UNBILLED_REASONS)
+        results = iter(pipe.execute())
+        catalog = self.catalog.get()
+        lines = []
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                lines.append(UnbilledLine(period, catalog.advertiser_of(ad_id) or "", ad_id, _unbilled(next(results))))
+        return lines
 
     def _clock_ahead_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[ClockAheadLine]:
         """Each ad's clock-ahead events in each of the periods, with the ad's advertiser (from the catalog)."""
@@ -550,16 +586,20 @@ class BillingReader:
         pipe.hmget(self.keys.corrections(period, level, ident), "clicks", "micros")
 
     def _queue_counts(self, pipe: Any, period: str, level: str, ident: str) -> None:
-        """The late, then the clock-ahead events of an advertiser (`adv`) or ad (`ad`) in a period."""
+        """The late, then the clock-ahead events, then the unbilled clicks of an advertiser (`adv`) or ad (`ad`) in a
+        period."""
         pipe.hmget(self.keys.late(period, level, ident), "impressions", "clicks")
         pipe.hmget(self.keys.clock_ahead(period, level, ident), "impressions", "clicks")
+        pipe.hmget(self.keys.unbilled(period, level, ident), *UNBILLED_REASONS)
 
     def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
         pipe = self.client.pipeline(transaction=False)
         self._queue_billed(pipe, period.key, level, ident)
         self._queue_counts(pipe, period.key, level, ident)
-        totals, corrections, late, ahead = pipe.execute()
-        return PeriodBill(period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
+        totals, corrections, late, ahead, unbilled = pipe.execute()
+        return PeriodBill(
+            period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+        )
 
 
 def _find(periods: list[Period], key: str | None) -> Period | None:
@@ -574,9 +614,19 @@ def _counts(values: Sequence[str | None]) -> EventCounts:
     return EventCounts(int(values[0] or 0), int(values[1] or 0))
 
 
-def _fours(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any]]:
-    """Pipeline results read four at a time."""
-    return [(results[i], results[i + 1], results[i + 2], results[i + 3]) for i in range(0, len(results), 4)]
+def _unbilled(values: Sequence[str | None]) -> UnbilledCounts:
+    """The `UNBILLED_REASONS` fields of an unbilled hash, in that order."""
+    return UnbilledCounts(int(values[0] or 0), int(values[1] or 0))
+
+
+def _quiet(line: AdLine) -> bool:
+    """An ad line with nothing to show: no bill, no late, clock-ahead or unbilled event."""
+    return line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero and line.unbilled.is_zero
+
+
+def _fives(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any, Any]]:
+    """Pipeline results read five at a time: totals, corrections, late, clock-ahead, unbilled."""
+    return [tuple(results[i : i + 5]) for i in range(0, len(results), 5)]  # type: ignore[misc]
 
 
 def _correction(text: str) -> Correction | None:

@@ -150,7 +150,7 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         "/healthz": "/healthz",
         "/readyz": "/readyz",
         "/metrics": "/metrics",
-    }
+    } | catalog_get_routes(world, adv)
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
@@ -176,6 +176,8 @@ def expected_status(actor: str, rule: str) -> int:
         return 401 if rule.startswith("/api/") else 302
     if rule == "/":
         return 302
+    if rule in CATALOG_READ:
+        return 200 if actor in ("fiona", "ada") else 404
     if rule in HEALTH:
         return 200 if actor == "ada" else 404
     if rule in FINANCE:
@@ -187,7 +189,7 @@ def expected_status(actor: str, rule: str) -> int:
 
 def test_the_matrix_covers_every_route(world: World) -> None:
     rules = {rule.rule for rule in world.app.url_map.iter_rules()}
-    assert rules == set(get_routes(world, OWN)) | POST_ROUTES
+    assert rules == set(get_routes(world, OWN)) | POST_ROUTES | set(CATALOG_POST_ROUTES)
 
 
 @pytest.mark.parametrize("actor", ACTORS)
@@ -344,6 +346,105 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
     anonymous = world.app.test_client()
     assert anonymous.post("/logout").status_code == 400
     assert anonymous.post("/login", data={"username": "alice", "password": "x"}).status_code == 400
+
+
+# The catalog: advertisers' ads (theirs only), every ad for finance and admin, changes by an admin only ----------------
+CATALOG_READ = {
+    "/catalog",
+    "/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads",
+    "/api/v1/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads/<ad_id>/prices",
+}
+# Each POST-only route, with a change it accepts from an admin (an ad planned far ahead, so nothing read here moves).
+FAR_AHEAD_MS = 4_102_444_800_000  # 2100-01-01T00:00Z
+CATALOG_POST_ROUTES = {
+    "/catalog/ads": (
+        "/catalog/ads",
+        {"ad_id": "matrix-page-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
+         "cpc_micros": "5", "effective_from": str(FAR_AHEAD_MS)},
+    ),
+    "/catalog/ads/<ad_id>/changes": (
+        "/catalog/ads/matrix-page-ad/changes",
+        {"action": "set-price", "cpc_micros": "6", "effective_from": str(FAR_AHEAD_MS + 1)},
+    ),
+    "/api/v1/catalog/ads/<ad_id>/prices": (
+        "/api/v1/catalog/ads/matrix-page-ad/prices", {"cpc_micros": 7, "effective_from": FAR_AHEAD_MS + 2}
+    ),
+}  # fmt: skip
+API_CREATE = {"ad_id": "matrix-api-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
+              "cpc_micros": 5, "effective_from": FAR_AHEAD_MS}  # fmt: skip
+
+
+def catalog_get_routes(world: World, adv: str) -> dict[str, str]:
+    ad = world.ids[adv]["ad"]
+    return {
+        "/advertisers/<advertiser_id>/ads": f"/advertisers/{adv}/ads",
+        "/api/v1/advertisers/<advertiser_id>/ads": f"/api/v1/advertisers/{adv}/ads",
+        "/catalog": "/catalog",
+        "/catalog/ads/<ad_id>": f"/catalog/ads/{ad}",
+        "/api/v1/catalog/ads": "/api/v1/catalog/ads",
+        "/api/v1/catalog/ads/<ad_id>": f"/api/v1/catalog/ads/{ad}",
+        "/api/v1/catalog/ads/<ad_id>/prices": f"/api/v1/catalog/ads/{ad}/prices",
+    }
+
+
+def test_an_advertisers_ads_of_another_answer_exactly_like_an_advertiser_that_does_not_exist(world: World) -> None:
+    alice = world.clients["alice"]
+    for forbidden, missing in [
+        (f"/advertisers/{OTHER}/ads", "/advertisers/adv-9999/ads"),
+        (f"/api/v1/advertisers/{OTHER}/ads", "/api/v1/advertisers/adv-9999/ads"),
+        (f"/catalog/ads/{world.ids[OTHER]['ad']}", "/catalog/ads/no-such-ad"),
+        (f"/api/v1/catalog/ads/{world.ids[OTHER]['ad']}", "/api/v1/catalog/ads/no-such-ad"),
+    ]:
+        a, b = alice.get(forbidden), alice.get(missing)
+        assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404, forbidden
+    listed = alice.get(f"/api/v1/advertisers/{OWN}/ads").json
+    assert listed["ads"] and {a["advertiser_id"] for a in listed["ads"]} == {OWN}
+
+
+@pytest.mark.parametrize("actor", ACTORS)
+def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: World, actor: str) -> None:
+    """Only an admin changes the catalog; anyone else logged in gets 404 (the route does not exist for it), an
+    anonymous visitor 400 on a page (no session, no CSRF token) and 401 on the API; a token needs no CSRF token."""
+    client = world.clients[actor]
+    token = form_token(client.get("/", follow_redirects=True).text) if actor != "anonymous" else ""
+    admin = actor == "ada"
+    catalog_file = world.seeded.settings.catalog_file
+    before = catalog_file.read_bytes()
+    for rule, (url, fields) in CATALOG_POST_ROUTES.items():
+        if url.startswith("/api/"):
+            response = client.post(url, json=fields, headers={"X-CSRF-Token": token})
+            want = 401 if actor == "anonymous" else 201 if admin else 404
+        else:
+            response = client.post(url, data={**fields, "csrf_token": token})
+            want = 400 if actor == "anonymous" else 303 if admin else 404
+        assert response.status_code == want, (rule, response.status_code, response.get_data(as_text=True)[:300])
+    scripted = world.app.test_client()
+    headers = bearer(world.tokens[actor]) if actor in world.tokens else {}
+    created = scripted.post("/api/v1/catalog/ads", json=API_CREATE, headers=headers)
+    assert created.status_code == (401 if actor == "anonymous" else 201 if admin else 404)
+    if admin:
+        made = json.loads(catalog_file.read_text())
+        assert {"matrix-page-ad", "matrix-api-ad"} <= {ad["ad_id"] for ad in made["ads"]}
+    else:
+        assert catalog_file.read_bytes() == before, f"{actor} changed the catalog"
+
+
+def test_a_non_admins_change_answers_exactly_like_one_to_a_route_that_does_not_exist(world: World) -> None:
+    for actor in ("alice", "bob", "fiona"):
+        scripted = world.app.test_client()
+        real = scripted.post(
+            f"/api/v1/catalog/ads/{world.ids[OWN]['ad']}/prices",
+            json={"cpc_micros": 5},
+            headers=bearer(world.tokens[actor]),
+        )
+        missing = scripted.post("/api/v1/no-such-route", json={"cpc_micros": 5}, headers=bearer(world.tokens[actor]))
+        assert (
+            (real.status_code, real.get_data())
+            == (missing.status_code, missing.get_data())
+            == (404, missing.get_data())
+        )
 
 
 # API tokens: exactly the account's access, on the API only -----------------------------------------------------

@@ -157,7 +157,7 @@ def test_ad_and_campaign_pages_show_the_price_per_click(seeded: Seeded) -> None:
 
 def test_labels_say_their_scope_and_the_chart_legend_names_every_mark(seeded: Seeded) -> None:
     page = client_of(seeded, "alice").get(f"/advertisers/{OWN}").text
-    assert "<caption>Late and clock-ahead events, this period</caption>" in page
+    assert "<caption>Late, clock-ahead and unbilled events, this period</caption>" in page
     assert "<caption>Quarantined events, all time</caption>" in page
     legend = page[page.index('id="chart-legend"') :].split("</figcaption>")[0]
     for mark in ("closed period", "open period", "provisional spend"):

@@ -57,6 +57,7 @@ def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings
         "quarantined": {},
         "late": [],
         "clock_ahead": [],
+        "unbilled": [],
         "last_reconciliation": None,
     }
 
