@@ -125,6 +125,16 @@ def _without_wall_clock(doc):  # type: ignore[no-untyped-def]
     return doc
 
 
+def _failure_of(query, deadline_s: float = 30.0):  # type: ignore[no-untyped-def]
+    """The failure that stopped `query`: the job's query says it a moment after it stops being active."""
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while query.exception() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return query.exception()
+
+
 PASSWORD = "a long operator password 42"
 
 
@@ -190,7 +200,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         deadline = time.monotonic() + 120
         while queries[0].isActive and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "restore-redis" in str(queries[0].exception())
+        assert "restore-redis" in str(_failure_of(queries[0]))
         restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
         assert restored.closed_periods == 2 and restored.corrections == report.additions
         # The job comes back, replays the batch Redis refused: counted once (the restore read its files).
@@ -298,7 +308,7 @@ def _a_batch_stopped_after_its_files(spark: SparkSession, settings: Settings, ca
         deadline = time.monotonic() + 180
         while queries[0].isActive and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "restore-redis" in str(queries[0].exception())
+        assert "restore-redis" in str(_failure_of(queries[0]))
         client.set(marker, applied)
     finally:
         if queries[0].isActive:
