@@ -34,7 +34,7 @@ from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
 
-DISK_MB = 128
+DISK_MB = 256
 FULL_FOR_S = 30.0
 
 
