@@ -289,7 +289,8 @@ class Chaos:
         struck = time.monotonic()
         try:
             getattr(self, f"fault_{fault.kind.replace('+', '_')}")(fault, before)
-            after = max(before, self.last_batch()) if fault.kind.startswith("redis") else before
+            # Redis restored, or the disk freed: billed again means a batch after the last one before the recovery.
+            after = max(before, self.last_batch()) if fault.kind.startswith(("redis", "disk")) else before
             recovered = self.wait_billed_after(after, RECOVERY_DEADLINE_S)
             fault.recovered_s = None if recovered is None else round(time.monotonic() - struck, 1)
         except Exception as exc:  # a recovery step that failed: reported at once, with the step
@@ -441,10 +442,12 @@ class Chaos:
         lock (exit 4), for up to a minute, so that a run of its own is under way."""
         for _ in range(30):
             run = Reconciliation(self.env, self.out / f"reconcile-{tag}-{int(time.monotonic())}.log")
-            time.sleep(3)
+            for _ in range(60):  # a single run takes the lock before it starts Spark
+                time.sleep(1)
+                if run.process.poll() is not None or "Spark" in run.log.read_text(errors="replace"):
+                    break
             if run.process.poll() != 4:
                 return run
-            time.sleep(2)
         return run
 
     # The full disk -------------------------------------------------------------------------------------------------
@@ -824,7 +827,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *(
             f"| {i} | {x['kind']} | {x['at_s']} | {x['target']} | {x['recovered_s']} | {x['delayed_events']:,} | "
-            f"{x.get('failed_step') or ''} | {x['note']} |"
+            f"{x.get('failed_step') or ''} | {' '.join(str(x['note']).split())} |"
             for i, x in enumerate(report["faults"], 1)
         ),
         "",
