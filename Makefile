@@ -36,7 +36,7 @@ lock: $(LOCK_VENV)/.installed ## re-resolve requirements.lock from pyproject.tom
 		--strip-extras --no-emit-find-links --extra dev --extra bench --all-build-deps $(LOCK_ARGS) \
 		--output-file $(LOCK) pyproject.toml
 
-deps: venv ## fetch Kafka's and Spark's jars from Maven Central, install redis-server if missing
+deps: venv ## fetch Kafka's and Spark's jars from Maven Central; install redis-server, chromium, promtool, pdftoppm if missing
 	$(BIN)/adbill deps
 
 up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-C stops it

@@ -57,13 +57,17 @@ from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_va
 from attribution.epoch import Epoch, prepare_epoch
 from attribution.join import WATERMARK_TS, attribute, watermarked
 from attribution.progress import Heartbeat
+from attribution.release import Release, release_quarantined
+from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchemaWatch, _Generation, registered_versions
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
+from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore
 from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
+from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,9 @@ class StreamConfig:
     redis_timeout_ms: int = 5_000
     """Deadline of one Redis call of the sink, tried again a few times before the batch fails
     (`billing.store.redis_totals.connect`)."""
+    registry_location: str | None = None
+    """Where the job asks for schema versions registered while it runs (`attribution.schema_follow`); None: it
+    decodes `impression_schemas` and `click_schemas` only, and never starts its query again for new ones."""
     write_on_executors: bool = True
     """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
     False: the batch is collected to the driver and written there (in local mode, where the executors are the
@@ -214,6 +221,10 @@ class BatchSink:
     def __init__(self, config: StreamConfig, catalog: CatalogStore) -> None:
         self.config = config
         self.catalog = catalog
+        self.switch: SchemaSwitch | None = None
+        """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
+        self.released = False
+        """Whether this query's first batch released the quarantined records it can now decode."""
 
     def catalog_of(self, batch_id: int) -> Catalog:
         """The catalog batch `batch_id` is priced with: the version its first attempt used (a replay prices the
@@ -242,6 +253,7 @@ class BatchSink:
 
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
         clock = _PhaseClock()
+        self.stop_for_new_schemas()
         watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
@@ -267,19 +279,22 @@ class BatchSink:
         else:
             written = task.write(rows.toArrow(), partition=0)
         clock.lap("write")
-        figures = batch_figures(written, {ad.ad_id: ad.advertiser_id for ad in catalog})
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        figures = batch_figures(written, advertiser_of)
         prune_batch_folders(figures.files)
+        released = self.release(batch_id, advertiser_of)
         self.totals.apply_batch(
             BILLING_QUERY,
             batch_id,
             figures.totals,
-            late=figures.late,
-            quarantined=figures.quarantined,
+            late=figures.late + released.late,
+            quarantined=figures.quarantined + released.quarantined,
             clock_ahead=figures.clock_ahead,
             require_history=True,
             unbilled=figures.unbilled,
         )
         clock.lap("redis")
+        self.released = True
         log.info(
             "batch %d: %d bills, %d unbilled, %d events, %d bad, %d files, catalog version %d; %s",
             batch_id,
@@ -290,6 +305,44 @@ class BatchSink:
             len(figures.files),
             catalog.version,
             clock,
+        )
+        if released.count:
+            log.info(
+                "batch %d released %d quarantined record(s) of schema versions learnt since", batch_id, released.count
+            )
+
+    def stop_for_new_schemas(self) -> None:
+        """Raise SchemaSwitch, before the batch writes anything, when the registry holds schema versions this
+        query cannot decode (`attribution.schema_follow`)."""
+        if self.config.registry_location is None:
+            return
+        try:
+            new = self.schema_watch.new_versions()
+        except SchemaRegistryError as exc:
+            # Billing goes on: a record of an id the job cannot fetch now is held in quarantine and released by the
+            # first batch after a later switch or start.
+            log.warning("cannot ask the schema registry for new versions: %s", exc)
+            return
+        if new:
+            self.switch = SchemaSwitch(new)
+            raise self.switch
+
+    @cached_property
+    def schema_watch(self) -> WriterSchemaWatch:
+        known = {"impression": frozenset(self.config.impression_schemas), "click": frozenset(self.config.click_schemas)}
+        return WriterSchemaWatch(self.config.registry_location or "", known)
+
+    def release(self, batch_id: int, advertiser_of: dict[str, str]) -> Release:
+        """On the query's first batch, the quarantined records it can decode now (`attribution.release`)."""
+        if self.released:
+            return Release.none()
+        return release_quarantined(
+            self.config.layout,
+            batch_id,
+            {"impression": self.config.impression_schemas, "click": self.config.click_schemas},
+            {self.config.topic_impressions: "impression", self.config.topic_clicks: "click"},
+            Periods(self.config.period_ms),
+            advertiser_of,
         )
 
 
@@ -385,13 +438,14 @@ def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = Fals
     heartbeat = Heartbeat(config.redis_url, config.redis_prefix, BILLING_QUERY)
     spark.streams.addListener(heartbeat)
     checkpoint = config.layout.checkpoint(BILLING_QUERY)
-    replayed = uncommitted_batch(checkpoint)
+    sinks: list[BatchSink] = []
 
-    def start_query() -> StreamingQuery:
+    def start_query(config: StreamConfig = config) -> StreamingQuery:
+        sinks.append(BatchSink(config, catalog))
         query = (
             attribution_stream(spark, config)
             .writeStream.queryName(BILLING_QUERY)
-            .foreachBatch(BatchSink(config, catalog))
+            .foreachBatch(sinks[-1])
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{config.trigger_ms} milliseconds")
             .start()
@@ -399,10 +453,42 @@ def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = Fals
         heartbeat.follow(str(query.id))
         return query
 
-    query = start_query()
-    if replayed is not None:
-        query = _through_replay(spark, query, replayed, start_query)
-    return [query]
+    def run(config: StreamConfig) -> _Generation:
+        """Start the query with `config`'s writer schemas, through the replay of a batch left uncommitted."""
+        replayed = uncommitted_batch(checkpoint)
+        query = start_query(config)
+        if replayed is not None:
+            query = _through_replay(spark, query, replayed, lambda: start_query(config))
+        return _Generation(query, sinks[-1])
+
+    first = run(config)
+    if config.registry_location is None:
+        return [first.query]
+
+    latest = [config]
+
+    def restart() -> _Generation:
+        """The query again, with every version the registry holds now (a batch stopped it for new ones)."""
+        spark.streams.resetTerminated()
+        try:
+            latest.append(with_registered_schemas(latest[-1]))
+        except SchemaRegistryError as exc:
+            # Billing goes on with the versions it has: records of the new ones wait in quarantine, released by the
+            # first batch of a later start of the query.
+            log.warning("cannot read the schema registry's versions, going on with those known: %s", exc)
+        return run(latest[-1])
+
+    return [FollowingQuery(first, restart)]  # type: ignore[list-item]
+
+
+def with_registered_schemas(config: StreamConfig) -> StreamConfig:
+    """`config` with the writer schemas of every version its registry holds now."""
+    registry = open_registry(config.registry_location or "")
+    return replace(
+        config,
+        impression_schemas=registered_versions(registry, "impression"),
+        click_schemas=registered_versions(registry, "click"),
+    )
 
 
 def uncommitted_batch(checkpoint: Path) -> int | None:

@@ -169,17 +169,7 @@ def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIB
     )
     if streaming:
         condition = condition & (imp_wm <= click_wm) & (click_wm <= imp_wm + window)
-    matches = clks.join(imps, condition, "inner").select(
-        "click_id",
-        "impression_id",
-        "ad_id",
-        "user_id",
-        "click_time",
-        "impression_time",
-        "click_received_ms",
-        "click_ts",
-        *(["click_wm"] if streaming else []),
-    )
+    matches = clks.join(imps, condition, "inner").select(*MATCH_COLUMNS, *(["click_wm"] if streaming else []))
     if streaming:
         one_per_click = matches.dropDuplicatesWithinWatermark(["click_id"])
     else:

@@ -295,15 +295,35 @@ class ReconciliationCollector:
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self.key = RedisKeys(prefix).last_reconciliation()
+        self.audit_key = RedisKeys(prefix).last_audit()
+        self.heartbeat_key = RedisKeys(prefix).heartbeat("billing")
         self.redis_url = redis_url
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         try:
-            record = connect(self.redis_url, timeout_s=2.0, retries=0).hgetall(self.key)
+            client = connect(self.redis_url, timeout_s=2.0, retries=0)
+            record = client.hgetall(self.key)
+            audit = client.hgetall(self.audit_key)
+            heartbeat = client.get(self.heartbeat_key)
         except redis.RedisError:
             return
+        if heartbeat:
+            # Read from Redis at each scrape: it stops moving when the job stalls, even while this process answers.
+            beat = GaugeMetricFamily(
+                "adbill_heartbeat_timestamp_seconds",
+                "When the streaming job last finished a batch or an idle trigger",
+                labels=["query"],
+            )
+            beat.add_metric(["billing"], int(heartbeat) / 1000)
+            yield beat
+        if audit:
+            differing = GaugeMetricFamily(
+                "adbill_audit_periods_differing", "Periods whose books differed from the rule in the last audit"
+            )
+            differing.add_metric([], len(json.loads(audit.get("differences") or "[]")))
+            yield differing
         if not record:
             return
         held = json.loads(record.get("held") or "{}")

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
 from attribution.epoch import newest_batch_id
+from attribution.release import without_released
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
@@ -99,7 +100,8 @@ def restore_redis(
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
     late = _late_events(layout.archive)
     ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms)
-    bad = _table(layout.quarantine, ["reason", "topic", "ad_id"])
+    # A record released from quarantine (its schema id became known: `attribution.release`) is counted no more.
+    bad = without_released(layout, _table(layout.quarantine, ["reason", "topic", "partition", "offset", "ad_id"]))
     unbilled = _unbilled_clicks(layout.unbilled)
     last_batch = max(newest_batch_id(data_dir) or -1, 0)
     totals.apply_batch(

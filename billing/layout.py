@@ -8,6 +8,7 @@ ROOT/
   ledger/period=P/batch_id=N/             the stream's provisional bills (Parquet)
   archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
   quarantine/batch_id=N/                  bad input
+  released/batch_id=N/                    quarantined records of a schema id learnt later, archived by batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
@@ -52,6 +53,11 @@ class DataLayout:
     @property
     def quarantine(self) -> Path:
         return self.root / "quarantine"
+
+    @property
+    def released(self) -> Path:
+        """Which quarantined records each batch released to the archive (`attribution.release`)."""
+        return self.root / "released"
 
     @property
     def unbilled(self) -> Path:

@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_down)
 
     p = sub.add_parser(
-        "deps", help="fetch Kafka's jars and Spark's connectors; install redis-server and chromium if missing"
+        "deps",
+        help="fetch the jars; install redis-server, chromium, promtool and pdftoppm if missing",
     )
     p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
     p.set_defaults(run=cmd_deps)

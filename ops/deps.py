@@ -109,6 +109,36 @@ def ensure_browser() -> tuple[Path, Path]:
     return CHROMIUM, CHROMEDRIVER
 
 
+def ensure_debian_tool(binary: str, package: str, why: str) -> str:
+    """Path of `binary`, installing Debian's `package` with apt when it is missing and we may (root)."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise DependencyError(
+            f"{binary} ({why}) is not installed; install Debian's package with: "
+            f"sudo apt-get update && sudo apt-get install -y {package}"
+        )
+    print(f"installing Debian's {package} package ({why}) ...", file=sys.stderr, flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env)
+    found = shutil.which(binary)
+    if not found:
+        raise DependencyError(f"apt-get installed {package} but {binary} is not on PATH")
+    return found
+
+
+def ensure_promtool() -> str:
+    """Prometheus's `promtool` (Debian's `prometheus` package), which tests the alert rules of `ops/alerts/`."""
+    return ensure_debian_tool("promtool", "prometheus", "tests the alert rules")
+
+
+def ensure_pdftoppm() -> str:
+    """Poppler's `pdftoppm` (Debian's `poppler-utils`), which renders the monthly statement's PDF for its test."""
+    return ensure_debian_tool("pdftoppm", "poppler-utils", "renders statement PDFs in the tests")
+
+
 def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
@@ -128,6 +158,8 @@ def ensure_all(deps_dir: Path, redis: bool = True, browser: bool = True) -> None
         print(f"redis-server: {ensure_redis_server()}")
     if browser:
         print("chromium, chromedriver (browser tests): {}, {}".format(*ensure_browser()))
+        print(f"promtool (alert rule tests): {ensure_promtool()}")
+        print(f"pdftoppm (statement PDF tests): {ensure_pdftoppm()}")
     print(f"java: {java_binary()}")
 
 

@@ -45,6 +45,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         period_ms=settings.period_ms,
         max_offsets_per_trigger=settings.max_offsets_per_trigger,
         redis_timeout_ms=settings.redis_timeout_ms,
+        registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
     )
@@ -101,6 +102,8 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         flush=True,
     )
     try:
+        # The query's own wait: it goes on across the restarts new schema versions cause (schema_follow), and
+        # across a full disk (below).
         _run_through_full_disks(spark, settings, queries)
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
@@ -118,18 +121,16 @@ def _run_through_full_disks(spark: SparkSession, settings: Settings, queries: li
     """Wait for the queries to end; a query that failed because the data folder's disk is full is started again
     from its checkpoint once there is room (`billing.store.disk_space`: a log line each minute, the wait in the
     job's status record), and the batch it failed in is replayed in place. `queries` holds the running ones."""
-    from pyspark.errors import StreamingQueryException
-
     from attribution.job import start
     from billing.store.disk_space import probe_room, retry_while_disk_full
     from billing.store.part_status import PartStatus
 
     status = PartStatus(settings.redis_url, settings.redis_prefix, "stream")
     while True:
-        with contextlib.suppress(StreamingQueryException):  # a failed query: said by the caller, exit 1
-            spark.streams.awaitAnyTermination()
-        if any(q.isActive for q in queries):  # a query ended and was started again by the job itself
-            spark.streams.resetTerminated()
+        # A failed query is said by the caller (exit 1); a restart for new schema versions that failed too.
+        with contextlib.suppress(Exception):
+            queries[0].awaitTermination()
+        if queries[0].isActive:
             continue
         failed = [q for q in queries if q.exception() is not None]
         if not failed or not all(stopped_by_full_disk(q) for q in failed):
@@ -152,9 +153,12 @@ def stopped_by_full_disk(query: StreamingQuery) -> bool:
     so (the JVM's IOException, or the Python sink's OSError as text)."""
     from billing.store.disk_space import is_disk_full
 
-    if is_disk_full(str(query.exception())):
+    if is_disk_full(query.exception()) or is_disk_full(str(query.exception())):
         return True
-    failure: Any = query._jsq.exception()  # type: ignore[attr-defined]
+    try:
+        failure: Any = query._jsq.exception()  # type: ignore[attr-defined]
+    except Exception:  # no run of the query in the JVM to ask
+        return False
     cause = None if failure.isEmpty() else failure.get()
     for _ in range(20):  # the chain of causes, as far as it goes
         if cause is None:

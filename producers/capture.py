@@ -5,6 +5,11 @@
     {"type": "raw", "topic": "clicks", "bytes_b64": "AAAAAAE="}
     {"type": "ad", "ad_id": "a9", "campaign_id": "c1", "advertiser_id": "adv1", "currency": "EUR",
      "effective_from": 1767225600000, "cpc_micros": 250000}
+    {"type": "schema", "subject": "clicks-value", "schema": {"type": "record", "name": "Click", ...}}
+
+A `schema` line is a schema version a producer deployed at that point: the replay registers it and writes the
+events of its subject after it with that version, taking the fields it adds from the event lines
+(`read_capture_with_extras`) or their defaults.
 
 An `ad` line is a change to the catalog (a new ad, a new price, `cpc_micros` null: a pause), applied by the replay
 through the catalog's store with its own effective time (a back-fill of recorded history).
@@ -56,17 +61,28 @@ class CatalogLine:
     line_number: int = 0
 
 
-CaptureLine = Event | RawRecord | CatalogLine | CaptureError
+@dataclass(frozen=True, slots=True)
+class SchemaLine:
+    """A schema version deployed by a producer: the registry subject and the schema as JSON text."""
+
+    subject: str
+    schema_text: str
+    line_number: int = 0
+
+
+CaptureLine = Event | RawRecord | CatalogLine | SchemaLine | CaptureError
 """What reading one non-blank line gives."""
 
 
-def capture_line(item: Event | RawRecord) -> str:
+def capture_line(item: Event | RawRecord | SchemaLine) -> str:
     """One line of a capture for an event or a raw record, without the newline.
 
     The format has no key: a raw record read back from a capture has none, and is sent without one.
     """
     if isinstance(item, RawRecord):
         record: dict[str, Any] = {"type": "raw", "topic": item.topic, "bytes_b64": _b64(item.value)}
+    elif isinstance(item, SchemaLine):
+        record = {"type": "schema", "subject": item.subject, "schema": json.loads(item.schema_text)}
     else:
         record = {"type": item.type, **item.to_record()}
     return json.dumps(record, ensure_ascii=False)
@@ -74,44 +90,70 @@ def capture_line(item: Event | RawRecord) -> str:
 
 def read_capture(path: str | os.PathLike[str]) -> Iterator[CaptureLine]:
     """The capture's lines in order (line numbers from 1); bad lines come out as `CaptureError`."""
+    for item, _ in read_capture_with_extras(path):
+        yield item
+
+
+def read_capture_with_extras(path: str | os.PathLike[str]) -> Iterator[tuple[CaptureLine, dict[str, Any]]]:
+    """The capture's lines in order, each with the fields of an event line beyond the event's own (empty for
+    other lines): the values of fields that a schema version in use adds."""
     with open(path, "rb") as source:
         for line_number, data in enumerate(source, start=1):
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield CaptureError(line_number, f"not UTF-8: {exc}", _excerpt(data.decode("utf-8", "replace")))
+                error = CaptureError(line_number, f"not UTF-8: {exc}", _excerpt(data.decode("utf-8", "replace")))
+                yield error, {}
                 continue
             if not text.strip():
                 continue
-            yield parse_capture_line(text, line_number)
+            yield _parse(text, line_number)
 
 
 def parse_capture_line(text: str, line_number: int = 1) -> CaptureLine:
-    """One line of a capture (with or without its newline) as an event, a raw record or a CaptureError."""
+    """One line of a capture (with or without its newline) as an event, a raw record, a schema version or a
+    CaptureError."""
+    return _parse(text, line_number)[0]
+
+
+def _parse(text: str, line_number: int) -> tuple[CaptureLine, dict[str, Any]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        return CaptureError(line_number, f"not JSON: {exc.msg} at column {exc.colno}", _excerpt(text))
+        return CaptureError(line_number, f"not JSON: {exc.msg} at column {exc.colno}", _excerpt(text)), {}
     if not isinstance(data, dict):
-        return CaptureError(line_number, f"a line is a JSON object, got {type(data).__name__}", _excerpt(text))
+        return CaptureError(line_number, f"a line is a JSON object, got {type(data).__name__}", _excerpt(text)), {}
     try:
         item = _item(data)
-        return CatalogLine(item.change, line_number) if isinstance(item, CatalogLine) else item
     except _LineProblem as problem:
-        return CaptureError(line_number, str(problem), _excerpt(text))
+        return CaptureError(line_number, str(problem), _excerpt(text)), {}
+    if isinstance(item, CatalogLine):
+        return CatalogLine(item.change, line_number), {}
+    if isinstance(item, SchemaLine):
+        return SchemaLine(item.subject, item.schema_text, line_number), {}
+    if isinstance(item, Impression | Click) and len(data) > 5:
+        own = {"type", *item.to_record()}
+        return item, {name: value for name, value in data.items() if name not in own}
+    return item, {}
 
 
 class _LineProblem(Exception):
     pass
 
 
-def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine:
+def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine | SchemaLine:
     kind = data.get("type")
     if kind == "ad":
         try:
             return CatalogLine(ad_line_change(data))
         except CatalogError as exc:
             raise _LineProblem(str(exc)) from None
+    if kind == "schema":
+        subject = _string(data, "subject")
+        schema = data.get("schema")
+        if not isinstance(schema, dict | list | str) or not schema:
+            raise _LineProblem("field 'schema' must be an Avro schema (a JSON object, array or type name)")
+        return SchemaLine(subject, json.dumps(schema))
     if kind == "raw":
         topic = _string(data, "topic")
         if not topic:
@@ -130,8 +172,8 @@ def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine:
             return Impression(event_id, ad_id, user_id, event_time)
         return Click(event_id, ad_id, user_id, event_time)
     if "type" not in data:
-        raise _LineProblem("missing field 'type' (impression, click, raw or ad)")
-    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw or ad")
+        raise _LineProblem("missing field 'type' (impression, click, raw, ad or schema)")
+    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw, ad or schema")
 
 
 def _string(data: dict[str, Any], name: str) -> str:

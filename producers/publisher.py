@@ -26,7 +26,7 @@ from billing.catalog import AdChange, CatalogError
 from billing.events import TOPIC_OF, Event
 from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
-from producers.capture import CaptureError, CatalogLine, read_capture
+from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
 from producers.simulator import (
     Arrival,
     Clock,
@@ -185,9 +185,10 @@ class EventPublisher:
         else:
             self.publish_event(item)
 
-    def publish_event(self, event: Event) -> None:
-        """Send one event to its type's topic, keyed by its ad_id."""
-        self._produce(self.topics[event.type], self.serializer.serialize(event), event.ad_id.encode("utf-8"))
+    def publish_event(self, event: Event, extra: Mapping[str, Any] | None = None) -> None:
+        """Send one event to its type's topic, keyed by its ad_id; `extra`: values of fields the schema version in
+        use adds (`EventSerializer.serialize`)."""
+        self._produce(self.topics[event.type], self.serializer.serialize(event, extra), event.ad_id.encode("utf-8"))
         self._sent[event.type] += 1
 
     def publish_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -412,6 +413,8 @@ class ReplaySummary:
     raw: int = 0
     bad_lines: int = 0
     catalog_changes: int = 0
+    schemas: int = 0
+    """Schema versions registered, and used from their line on."""
     errors: list[CaptureError] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -422,6 +425,7 @@ class ReplaySummary:
             "raw": self.raw,
             "bad_lines": self.bad_lines,
             "catalog_changes": self.catalog_changes,
+            "schemas": self.schemas,
             "errors": [
                 {"line_number": e.line_number, "message": e.message, "raw_text": e.raw_text} for e in self.errors
             ],
@@ -431,7 +435,8 @@ class ReplaySummary:
     def line(self) -> str:
         """One human line, for the end of a replay."""
         text = f"replayed {self.lines} lines: {self.events} events, {self.raw} raw, {self.bad_lines} bad"
-        text += f", {self.catalog_changes} catalog changes; " if self.catalog_changes else "; "
+        text += f", {self.catalog_changes} catalog changes" if self.catalog_changes else ""
+        text += f", {self.schemas} schema versions; " if self.schemas else "; "
         return text + self.publish.line()
 
 
@@ -453,14 +458,15 @@ def replay_to_kafka(
     A raw line's topic is mapped like `EventPublisher.publish_raw` does: `clicks` and `impressions` go to the
     topics configured for those event types.
     """
-    serializer = EventSerializer(_registry(registry))
+    schema_registry = _registry(registry)
+    serializer = EventSerializer(schema_registry)
     publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)
     pacer = Pacer(rate)
     bar = _Progress(progress, _count_lines(path), "replay")
     result = ReplaySummary(PublishSummary())
     interrupted = False
     try:
-        for item in read_capture(path):
+        for item, extra in read_capture_with_extras(path):
             bar.advance()
             if isinstance(item, CatalogLine):
                 refused = _apply(item, apply_catalog)
@@ -468,12 +474,21 @@ def replay_to_kafka(
                     result.catalog_changes += 1
                     continue
                 item = refused
+            if isinstance(item, SchemaLine):
+                deployed = deploy_schema(serializer, schema_registry, item)
+                if not isinstance(deployed, CaptureError):
+                    result.schemas += 1
+                    continue
+                item = deployed
             if isinstance(item, CaptureError):
                 result.bad_lines += 1
                 if len(result.errors) < MAX_REPORTED_LINES:
                     result.errors.append(item)
                 continue
-            publisher.publish(item)
+            if extra and not isinstance(item, RawRecord):
+                publisher.publish_event(item, extra)
+            else:
+                publisher.publish(item)
             if isinstance(item, RawRecord):
                 result.raw += 1
             else:
@@ -486,11 +501,25 @@ def replay_to_kafka(
     publisher.flush(flush_timeout_s)
     result.publish = publisher.summary()
     result.publish.interrupted = interrupted
-    result.lines = result.events + result.raw + result.bad_lines + result.catalog_changes
+    result.lines = result.events + result.raw + result.bad_lines + result.catalog_changes + result.schemas
     print(result.line(), file=sys.stderr)
     for error in result.errors[:20]:
         print(f"  {error}", file=sys.stderr)
     return result
+
+
+def deploy_schema(serializer: EventSerializer, registry: SchemaRegistry, line: SchemaLine) -> SchemaLine | CaptureError:
+    """Register a capture's schema version and write its subject's events with it from now on, as the producer that
+    deployed it did; a CaptureError (the version in use unchanged) when the registry refuses it."""
+    from billing.compatibility import IncompatibleSchemaError, InvalidSchemaError
+    from billing.schemas import event_type_of_subject
+    from billing.store.schema_registry import SchemaRegistryError
+
+    try:
+        serializer.use_version(registry, event_type_of_subject(line.subject), line.schema_text)
+    except (IncompatibleSchemaError, InvalidSchemaError, SchemaRegistryError, ValueError) as exc:
+        return CaptureError(line.line_number, f"schema version refused: {exc}", line.schema_text[:2_000])
+    return line
 
 
 def _apply(line: CatalogLine, apply_catalog: Callable[[AdChange], None] | None) -> CaptureError | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -106,12 +107,24 @@ class EventSerializer:
             self._schemas[event_type] = parse_avro_schema(text)
             self._headers[event_type] = _HEADER.pack(MAGIC, schema_id)
 
-    def serialize(self, event: Event) -> bytes:
-        """The Kafka value of one event: framed Avro under its type's registered schema id."""
+    def use_version(self, registry: SchemaRegistry, event_type: EventType, text: str) -> int:
+        """Register `text` as a version of `event_type`'s subject (or find it) and write that type's events with it
+        from now on, as a producer that deployed the version does; its schema id."""
+        schema_id = registry.register(subject_of(event_type), text)
+        self.schema_ids[event_type] = schema_id
+        self._schemas[event_type] = parse_avro_schema(text)
+        self._headers[event_type] = _HEADER.pack(MAGIC, schema_id)
+        return schema_id
+
+    def serialize(self, event: Event, extra: Mapping[str, Any] | None = None) -> bytes:
+        """The Kafka value of one event: framed Avro under its type's registered schema id. `extra` gives fields
+        that the version in use adds to the event's; a field it adds and `extra` lacks takes its default."""
         event_type = event.type
         buffer = io.BytesIO(self._headers[event_type])
         buffer.seek(HEADER_SIZE)
         record = {name: getattr(event, name) for name in _FIELDS[event_type]}
+        if extra:
+            record = {**extra, **record}
         fastavro.schemaless_writer(buffer, self._schemas[event_type], record)
         return buffer.getvalue()
 

@@ -54,6 +54,11 @@ def may_see_health(principal: Principal) -> bool:
     return principal.role is Role.ADMIN
 
 
+def may_change_catalog(principal: Principal) -> bool:
+    """Create ads, set, pause and resume their prices: an admin only (finance and advertisers read the catalog)."""
+    return principal.role is Role.ADMIN
+
+
 def visible_advertisers(principal: Principal, known: Iterable[str]) -> list[str]:
     """The advertisers of `known` the principal may see, sorted; an advertiser always sees its own."""
     if principal.role is Role.ADVERTISER:

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request, url_for
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from billing.corrections import Correction
 from billing.store.export_files import Manifest
 from web import lookups
 from web.access import visible_advertisers
+from web.freshness import worst
 from web.guards import finance_or_404, logged_in
 from web.model import (
     AdLine,
@@ -27,7 +29,12 @@ from web.model import (
     Figures,
     Period,
     PeriodBill,
+    UnbilledCounts,
+    totals_by_currency,
 )
+from web.pages import send_export
+from web.pricing import price_per_click
+from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
 from web.services import current_principal, services
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -90,10 +97,11 @@ def dashboard(advertiser_id: str) -> Response:
     return Response(lookups.dashboard(advertiser_id, "dashboard.json", _dashboard), mimetype="application/json")
 
 
-def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
+def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> bytes | None:
     d = services().reader.dashboard(advertiser_id, period)
     if d is None:
         return None
+    ranged = _range_document(lookups.range_figures("adv", advertiser_id, advertiser_id, span)) if span else {}
     document = {
         "advertiser_id": d.advertiser_id,
         "currency": d.currency,
@@ -101,10 +109,13 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
         "totals": _billed(d.billed),
         "late": _late(d.late),
         "clock_ahead": _clock_ahead(d.clock_ahead),
+        "unbilled": _unbilled(d.unbilled),
         "campaigns": [{"campaign_id": c.campaign_id, **_billed(c.billed)} for c in d.campaigns],
         "ads": [_ad_line(a) for a in d.ads],
         "series": [_period_bill(b) for b in d.series],
         "quarantined": d.quarantined,
+        "freshness": lookups.freshness().as_json(),
+        **ranged,
     }
     return json.dumps(document, separators=(",", ":")).encode()
 
@@ -112,6 +123,8 @@ def _dashboard(advertiser_id: str, period: str | None) -> bytes | None:
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> Response:
     c = lookups.campaign(advertiser_id, campaign_id)
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = _range_document(lookups.range_figures("cmp", campaign_id, advertiser_id, span)) if span else {}
     return jsonify(
         {
             "advertiser_id": c.advertiser_id,
@@ -120,6 +133,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
             "period": _period(c.period) if c.period else None,
             "series": [_period_bill(b) for b in c.series],
             "ads": [_ad_line(a) for a in c.ads],
+            **ranged,
         }
     )
 
@@ -127,13 +141,17 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> Response:
     a = lookups.ad(advertiser_id, ad_id)
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = _range_document(lookups.range_figures("ad", ad_id, advertiser_id, span)) if span else {}
     return jsonify(
         {
             "advertiser_id": a.advertiser_id,
             "campaign_id": a.campaign_id,
             "ad_id": a.ad_id,
             "currency": a.currency,
+            "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id, services().clock()),
             "series": [_period_bill(b) for b in a.series],
+            **ranged,
         }
     )
 
@@ -169,6 +187,15 @@ def finance() -> Response:
             "advertisers": [
                 {"advertiser_id": a.advertiser_id, "currency": a.currency, **_billed(a.billed)} for a in f.advertisers
             ],
+            "totals": [{"currency": c, **_billed(b)} for c, b in totals_by_currency(f.advertisers).items()],
+            "recent_periods": [
+                {
+                    **_period(fp.period),
+                    "totals": [{"currency": c, **_billed(b)} for c, b in fp.by_currency.items()],
+                    "held": fp.held,
+                }
+                for fp in services().reader.finance_periods()
+            ],
             "exports": [_export(e) for e in f.exports],
             "last_audit": None
             if f.audit is None
@@ -183,11 +210,26 @@ def exports() -> Response:
     return jsonify({"exports": [_export(e) for e in services().reader.exports()]})
 
 
+@bp.get("/exports/<period>/<name>")
+def export_file(period: str, name: str) -> WerkzeugResponse:
+    """A closed period's export file, for scripts: the page's download, opened with an API token too."""
+    finance_or_404()
+    return send_export(period, name)
+
+
 @bp.get("/health")
 def health() -> Response:
     h = lookups.health()
+    fresh = lookups.freshness()
+    audit = services().reader.last_audit()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
     return jsonify(
         {
+            "status": {
+                "overall": worst([s.level for s in statuses]),
+                "components": [{"name": s.name, "level": s.level, "text": s.text} for s in statuses],
+                "freshness": fresh.as_json(),
+            },
             "queries": [
                 {
                     "name": q.name,
@@ -214,6 +256,10 @@ def health() -> Response:
                 {"period": c.period.key, "advertiser_id": c.advertiser_id, "ad_id": c.ad_id, **_clock_ahead(c.counts)}
                 for c in h.clock_ahead
             ],
+            "unbilled": [
+                {"period": u.period.key, "advertiser_id": u.advertiser_id, "ad_id": u.ad_id, **_unbilled(u.counts)}
+                for u in h.unbilled
+            ],
             "last_reconciliation": None
             if h.reconciliation is None
             else {
@@ -237,6 +283,20 @@ def _openapi_text() -> str:
     return json.dumps(json.loads(OPENAPI_FILE.read_text()), indent=1)
 
 
+def _range_document(r: dict[str, Any]) -> dict[str, Any]:
+    """A date range's figures: the range, its total, and its months and days (oldest first)."""
+    return {
+        "range": r["range"].as_json(),
+        "range_total": _billed(r["total"]),
+        "months": [_span(s) for s in r["months"]],
+        "days": [_span(s) for s in r["days"]],
+    }
+
+
+def _span(s: SpanTotal) -> dict[str, Any]:
+    return {"key": s.key, "closed": s.closed, "periods": s.periods, "open_periods": s.open_periods, **_billed(s.billed)}
+
+
 def _figures(f: Figures) -> dict[str, int]:
     return {"clicks": f.clicks, "micros": f.micros}
 
@@ -257,12 +317,22 @@ def _clock_ahead(ahead: EventCounts) -> dict[str, int]:
     return {"clock_ahead_impressions": ahead.impressions, "clock_ahead_clicks": ahead.clicks}
 
 
+def _unbilled(u: UnbilledCounts) -> dict[str, int]:
+    return {"unbilled_ad_paused": u.ad_paused, "unbilled_unknown_ad": u.unknown_ad}
+
+
 def _period(p: Period) -> dict[str, Any]:
     return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed}
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:
-    return {**_period(b.period), **_billed(b.billed), **_late(b.late), **_clock_ahead(b.clock_ahead)}
+    return {
+        **_period(b.period),
+        **_billed(b.billed),
+        **_late(b.late),
+        **_clock_ahead(b.clock_ahead),
+        **_unbilled(b.unbilled),
+    }
 
 
 def _ad_line(a: AdLine) -> dict[str, Any]:
@@ -272,6 +342,7 @@ def _ad_line(a: AdLine) -> dict[str, Any]:
         **_billed(a.billed),
         **_late(a.late),
         **_clock_ahead(a.clock_ahead),
+        **_unbilled(a.unbilled),
     }
 
 
@@ -305,7 +376,8 @@ def _export(e: Manifest) -> dict[str, Any]:
                 "name": name,
                 "bytes": f.size_bytes,
                 "sha256": f.sha256,
-                "url": url_for("pages.export_file", period=e.period, name=name),
+                "url": url_for("api.export_file", period=e.period, name=name),
+                "page_url": url_for("pages.export_file", period=e.period, name=name),
             }
             for name, f in e.files.items()
         ],

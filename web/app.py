@@ -17,12 +17,15 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
-from web import api, auth, display, pages, probes
+from billing.periods import Periods
+from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, downloads, pages, probes
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.metrics import instrument
+from web.ranges import PRESETS
 from web.readers import BillingReader, CatalogFile
+from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms
 from web.sessions import LoginLimiter, SessionStore
@@ -69,6 +72,8 @@ class WebSettings(Protocol):
     def web_address_login_limit(self) -> int: ...
     @property
     def web_ready_batch_age_s(self) -> int: ...
+    @property
+    def period_ms(self) -> int: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -86,7 +91,13 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
     accounts = AccountsFile(settings.users_file)
     app.extensions["adbill"] = Services(
-        reader=BillingReader(client, settings.redis_prefix, exports_dir(settings), CatalogFile(settings.catalog_file)),
+        reader=BillingReader(
+            client,
+            settings.redis_prefix,
+            exports_dir(settings),
+            CatalogFile(settings.catalog_file),
+            Periods(settings.period_ms),
+        ),
         accounts=accounts,
         tokens=TokensFile(settings.api_tokens_file, accounts),
         sessions=SessionStore(
@@ -117,8 +128,12 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.before_request(auth.check_csrf)
     app.register_blueprint(auth.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(downloads.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(probes.bp)
+    app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
+    app.register_blueprint(catalog_api.bp)
+    ad_catalog.register(app, settings.catalog_file)
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -161,16 +176,24 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         may_see_health=may_see_health,
         Role=Role,
         age=display.age,
+        reasons=REASONS,
+        range_presets=PRESETS,
+        range_url=pages.range_url,
+        months_of=downloads.months_of,
     )
     app.jinja_env.filters.update(
         money=display.money,
+        currency_digits=display.currency_digits,
         signed_money=display.signed_money,
         count=display.count,
         signed_count=display.signed_count,
         utc=display.utc,
+        iso_utc=display.iso_utc,
         period_label=display.period_label,
         size=display.size,
         duration=display.duration_ms,
+        reason_label=reason_label,
+        reason_explanation=reason_explanation,
     )
     return app
 

@@ -77,9 +77,12 @@ def load_principal() -> None:
 
 
 def check_csrf() -> None:
-    """Refuse (400) an unsafe request without the token of its session, or of the login form."""
+    """Refuse (400) an unsafe request without the token of its session, or of the login form. A request under
+    `/api/` without a session carries an API token or nothing, no credential a browser adds by itself: it needs none."""
     if request.method not in UNSAFE_METHODS:
         return
+    if request.path.startswith("/api/") and current_session() is None:
+        return  # no cookie is looked at here: an API token (which a browser never sends by itself), or 401
     given = submitted_token(request)
     if request.endpoint == "auth.login":
         nonce = request.cookies.get(_cookie_names()[1], "")

@@ -1,18 +1,45 @@
-"""Formatting for people, at the edge: money from integer micros (integer arithmetic only), times, sizes.
+"""Formatting for people, at the edge: money from integer micros (exact decimals, never a float), times, sizes.
 
-The static script `web/static/adbill.js` formats the figures it refreshes in the same way; a unit test keeps the two
-in step on the cases listed there.
+Money goes through Babel's `format_currency`: grouped thousands, the currency's own decimals (two for EUR and USD,
+none for JPY) where the amount is whole cents, every digit down to the micro where it is not, and the currency's
+code always (`291.97 EUR`, `0.123456 EUR`). The static script `web/static/adbill.js` formats the figures it
+refreshes in the same way; `tests/unit/test_web_display.py` runs it with node on the same cases when node is there.
 """
 
 from __future__ import annotations
 
-from billing.money import format_micros
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from babel.numbers import format_currency, format_decimal, get_currency_precision
+
 from billing.periods import format_elapsed, format_utc
+
+LOCALE = "en_US"
+"""Grouping with commas, a point before the decimals: the pages' one locale."""
+
+_PATTERN = "#,##0.00 \xa4\xa4"  # the amount, a space, the ISO code (`EUR`)
+
+
+def decimal_amount(micros: int) -> Decimal:
+    """Integer micros as an exact `Decimal` of currency units (`1_230_000` -> `1.230000`)."""
+    if isinstance(micros, bool) or not isinstance(micros, int):
+        raise TypeError(f"an amount is an integer number of micros, got {type(micros).__name__} {micros!r}")
+    return Decimal(micros).scaleb(-6)
+
+
+def currency_digits(currency: str) -> int:
+    """The decimals a currency is written with where the amount is whole (2 for EUR, 0 for JPY)."""
+    return get_currency_precision(currency) if currency else 2
 
 
 def money(micros: int, currency: str = "") -> str:
-    """`12_345_678_900, "EUR"` -> `"12,345.678900 EUR"`: `billing.money.format_micros` with grouped units."""
-    return format_micros(micros, currency, grouped=True)
+    """`12_345_670_000, "EUR"` -> `"12,345.67 EUR"`; `1_234_567, "EUR"` -> `"1.234567 EUR"`: the currency's decimals,
+    more where the micros need them, never rounded. Without a currency (unknown, or several) the amount alone."""
+    amount = decimal_amount(micros)
+    if not currency:
+        return format_decimal(amount, format="#,##0.00", locale=LOCALE, decimal_quantization=False)
+    return format_currency(amount, currency, format=_PATTERN, locale=LOCALE, decimal_quantization=False)
 
 
 def signed_money(micros: int, currency: str = "") -> str:
@@ -34,6 +61,17 @@ def utc(ts_ms: int | None) -> str:
     if ts_ms is None:
         return "\u2014"
     return format_utc(ts_ms).replace("T", " ")[:19] + " UTC"
+
+
+def iso_utc(text: str | None) -> str:
+    """An ISO-8601 time (`2026-01-01T00:00:05.000Z`) in the pages' one format, `2026-01-01 00:00:05 UTC`."""
+    if not text:
+        return "\u2014"
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return text
+    return parsed.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def period_label(key: str) -> str:

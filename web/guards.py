@@ -54,12 +54,17 @@ def health_or_404() -> Principal:
 
 
 def period_arg() -> str | None:
-    """The `period` query argument: absent (the latest period), or a period key; anything else is 404."""
+    """The `period` query argument: absent (the latest period), or the key of a period (one that holds no data shows
+    zero spend); anything else is 400."""
     value = request.args.get("period")
     if value is None or value == "":
         return None
-    if not is_period_key(value):
-        abort(404)
+    try:
+        if not is_period_key(value):
+            raise ValueError(value)
+        services().reader.period_length.parse_key(value)
+    except ValueError:
+        abort(400, description="period is the key of a billing period, such as 20260101T0000Z")
     return value
 
 

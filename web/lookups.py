@@ -8,13 +8,23 @@ order for both, so a page and its API document answer the same request alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from flask import abort
+from flask import abort, request
 
 from billing.corrections import Correction
+from web.freshness import (
+    ComponentStatus,
+    Freshness,
+    job_status,
+    kafka_status,
+    reconciliation_status,
+    redis_status,
+)
+from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
 from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
+from web.ranges import DEFAULT_PRESET, DateRange, RangeError, group, parse_range, today_of, total
 from web.services import services
 
 T = TypeVar("T")
@@ -27,13 +37,36 @@ def found(value: T | None) -> T:
     return value
 
 
-def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None], T | None]) -> T:
+def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None, DateRange | None], T | None]) -> T:
     """The advertiser's dashboard in one `form` (the page's content, the API's document), as `render` makes it from
-    the advertiser and the period asked for; kept a second per worker (`web.cache`), the same for everyone allowed
-    to see it."""
+    the advertiser, the period and the date range asked for; kept a second per worker (`web.cache`), the same for
+    everyone allowed to see it."""
     advertiser_or_404(advertiser_id)
     period = period_arg()
-    return found(services().recent.get((form, advertiser_id, period), lambda: render(advertiser_id, period)))
+    span = date_range(DEFAULT_PRESET)
+    key = (form, advertiser_id, period, span)
+    return found(services().recent.get(key, lambda: render(advertiser_id, period, span)))
+
+
+def date_range(default: str | None = None) -> DateRange | None:
+    """The `range` preset or the `from`/`to` dates of the query (today from the app's clock); 400 when they cannot
+    be read."""
+    try:
+        return parse_range(
+            request.args.get("range"),
+            request.args.get("from"),
+            request.args.get("to"),
+            today_of(services().clock()),
+            default,
+        )
+    except RangeError as exc:
+        abort(400, description=str(exc))
+
+
+def range_figures(level: str, ident: str, advertiser_id: str, span: DateRange) -> dict[str, Any]:
+    """The range's figures per day and per month and in all, for a page or a document."""
+    bills = services().reader.range_bills(level, ident, advertiser_id, span.start_ms, span.end_ms)
+    return {"range": span, "days": group(bills, 10), "months": group(bills, 7), "total": total(bills)}
 
 
 def campaign(advertiser_id: str, campaign_id: str) -> CampaignDetail:
@@ -67,3 +100,23 @@ def finance() -> Finance:
 def health() -> Health:
     health_or_404()
     return services().reader.health()
+
+
+def freshness() -> Freshness:
+    """When the data was last billed (the job's heartbeat) and how that compares with the limits."""
+    svc = services()
+    return page_freshness(svc.reader.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
+
+
+def health_status(h: Health, fresh: Freshness, audit_differences: list[str]) -> list[ComponentStatus]:
+    """The job, Kafka, Redis and reconciliation, each summed up in one status."""
+    query = next((q for q in h.queries if q.name == "billing"), None)
+    r = h.reconciliation
+    return [
+        job_status(fresh),
+        kafka_status(query.lag if query else {}, query.lag_before if query else None),
+        redis_status(),
+        reconciliation_status(
+            r.finished_at_ms if r else None, r.held if r else {}, audit_differences, services().clock()
+        ),
+    ]

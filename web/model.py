@@ -70,6 +70,23 @@ class EventCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class UnbilledCounts:
+    """Clicks the rule matched that had no price at their time (DOMAIN.md): the ad was paused (`ad_paused`), or the
+    catalog did not know it then (`unknown_ad`: not in the catalog, or before its first entry). Kept and counted,
+    never dropped; reconciliation bills them if the catalog shows a price at their time after all."""
+
+    ad_paused: int = 0
+    unknown_ad: int = 0
+
+    def __add__(self, other: UnbilledCounts) -> UnbilledCounts:
+        return UnbilledCounts(self.ad_paused + other.ad_paused, self.unknown_ad + other.unknown_ad)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.ad_paused == 0 and self.unknown_ad == 0
+
+
+@dataclass(frozen=True, slots=True)
 class Period:
     """A billing period: its key (`20260101T0000Z`), start and whether reconciliation closed it."""
 
@@ -91,6 +108,7 @@ class AdLine:
     billed: Billed
     late: EventCounts
     clock_ahead: EventCounts = EventCounts()
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,7 @@ class PeriodBill:
     billed: Billed
     late: EventCounts = EventCounts()
     clock_ahead: EventCounts = EventCounts()
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,7 @@ class Dashboard:
     ads: list[AdLine]
     series: list[PeriodBill]
     quarantined: dict[str, int]
+    unbilled: UnbilledCounts = UnbilledCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +188,26 @@ class Finance:
 
 
 @dataclass(frozen=True, slots=True)
+class FinancePeriod:
+    """One period on finance's page: every advertiser's figures added up per currency, and why it is held."""
+
+    period: Period
+    by_currency: dict[str, Billed]
+    held: str | None = None
+
+
+def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
+    """Advertisers' figures added up per currency (an advertiser of no single currency under "")."""
+    out: dict[str, Billed] = {}
+    for line in lines:
+        was = out.get(line.currency, Billed())
+        out[line.currency] = Billed(
+            was.provisional + line.billed.provisional, was.corrections + line.billed.corrections
+        )
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True, slots=True)
 class QueryHealth:
     """The latest micro-batch of one streaming query, from its health record."""
 
@@ -186,6 +226,8 @@ class QueryHealth:
     rows_dropped_by_watermark: int
     lag: dict[str, int | None]
     recent_durations_ms: list[int] = field(default_factory=list)
+    lag_before: dict[str, int | None] | None = None
+    """The lag of an older batch of the recent history (`LAG_LOOKBACK` batches back): whether the lag grows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +268,17 @@ class ClockAheadLine:
 
 
 @dataclass(frozen=True, slots=True)
+class UnbilledLine:
+    """An ad's clicks in one period that had no price at their time; `advertiser_id` is empty when the catalog does
+    not know the ad."""
+
+    period: Period
+    advertiser_id: str
+    ad_id: str
+    counts: UnbilledCounts
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """The admin's page."""
 
@@ -234,6 +287,7 @@ class Health:
     late: list[PeriodBill]
     clock_ahead: list[ClockAheadLine]
     reconciliation: Reconciliation | None
+    unbilled: list[UnbilledLine] = field(default_factory=list)
 
     @property
     def quarantined_total(self) -> int:

@@ -5,13 +5,19 @@ Anonymous requests are sent to the login page; whatever the person may not see a
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, abort, redirect, render_template, request, send_file, url_for
 from markupsafe import Markup
 from werkzeug.wrappers import Response
 
 from web import lookups
 from web.auth import home_for
+from web.freshness import worst
 from web.guards import finance_or_404
+from web.model import totals_by_currency
+from web.pricing import price_per_click
+from web.ranges import DEFAULT_PRESET, DateRange
 from web.services import current_principal, services
 
 bp = Blueprint("pages", __name__)
@@ -38,28 +44,62 @@ def advertiser(advertiser_id: str) -> str:
     return render_template("advertiser.html", advertiser_id=advertiser_id, content=content)
 
 
-def _dashboard(advertiser_id: str, period: str | None) -> Markup | None:
+def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> Markup | None:
     """The dashboard's content, the same for everyone allowed to see it (kept a second by `web.cache`)."""
     svc = services()
+    ranged = lookups.range_figures("adv", advertiser_id, advertiser_id, span) if span else None
     dashboard = svc.reader.dashboard(advertiser_id, period)
     if dashboard is None:
         return None
-    corrections = svc.reader.corrections(advertiser_id, 0, 10)
+    if period is None:
+        corrections = svc.reader.corrections(advertiser_id, 0, 10)
+    else:
+        corrections = svc.reader.period_corrections(advertiser_id, period, 10)
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
         render_template(
-            "_advertiser_main.html", d=dashboard, corrections=corrections, refresh_ms=svc.refresh_ms, follow=period
+            "_advertiser_main.html",
+            d=dashboard,
+            corrections=corrections,
+            refresh_ms=svc.refresh_ms,
+            follow=period,
+            fresh=lookups.freshness(),
+            r=ranged,
+            range_args=_range_args(),
         )
     )
 
 
+def _range_args() -> dict[str, str]:
+    """The range arguments of this request, to carry into the links and the API address the page uses."""
+    return {k: v for k in ("range", "from", "to") if (v := request.args.get(k))}
+
+
+def range_url(preset: str) -> str:
+    """This page with the date range `preset` (and the period it shows, if any)."""
+    args: dict[str, Any] = {**(request.view_args or {}), "range": preset}
+    if request.args.get("period"):
+        args["period"] = request.args["period"]
+    return url_for(str(request.endpoint), **args)
+
+
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> str:
-    return render_template("campaign.html", c=lookups.campaign(advertiser_id, campaign_id))
+    c = lookups.campaign(advertiser_id, campaign_id)
+    catalog = services().reader.catalog.get()
+    now = services().clock()
+    prices = {a.ad_id: price_per_click(catalog, a.ad_id, now) for a in c.ads}
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = lookups.range_figures("cmp", campaign_id, advertiser_id, span) if span else None
+    return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness(), r=ranged)
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str:
-    return render_template("ad.html", a=lookups.ad(advertiser_id, ad_id))
+    a = lookups.ad(advertiser_id, ad_id)
+    price = price_per_click(services().reader.catalog.get(), ad_id, services().clock())
+    span = lookups.date_range(DEFAULT_PRESET)
+    ranged = lookups.range_figures("ad", ad_id, advertiser_id, span) if span else None
+    return render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged)
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections")
@@ -75,20 +115,32 @@ def correction(advertiser_id: str, correction_id: str) -> str:
 
 @bp.get("/finance")
 def finance() -> str:
-    return render_template("finance.html", f=lookups.finance())
+    f = lookups.finance()
+    return render_template(
+        "finance.html",
+        f=f,
+        fresh=lookups.freshness(),
+        totals=totals_by_currency(f.advertisers),
+        periods=services().reader.finance_periods(),
+    )
 
 
 @bp.get("/exports/<period>/<name>")
 def export_file(period: str, name: str) -> Response:
     """A closed period's reconciled export: Parquet, CSV or its manifest, as an attachment."""
     finance_or_404()
+    return send_export(period, name)
+
+
+def send_export(period: str, name: str) -> Response:
+    """The file of a finished export as an attachment, or 404."""
     path = services().reader.export_file(period, name)
     if path is None:
         abort(404)
     mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}
     response = send_file(
         path,
-        mimetype=mimetypes[name.rsplit(".", 1)[1]],
+        mimetype=mimetypes.get(name.rsplit(".", 1)[-1], "text/plain"),
         as_attachment=True,
         download_name=f"adbill-{period}-{name}",
     )
@@ -98,4 +150,17 @@ def export_file(period: str, name: str) -> Response:
 
 @bp.get("/health")
 def health() -> str:
-    return render_template("health.html", h=lookups.health(), now_ms=services().clock())
+    svc = services()
+    h = lookups.health()
+    fresh = lookups.freshness()
+    audit = svc.reader.last_audit()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    return render_template(
+        "health.html",
+        h=h,
+        now_ms=svc.clock(),
+        currency=svc.reader.catalog_currency(),
+        fresh=fresh,
+        statuses=statuses,
+        overall=worst([s.level for s in statuses]),
+    )

@@ -22,9 +22,10 @@ from typing import Any
 
 import redis
 
-from billing.catalog import Catalog
+from billing.catalog import Catalog, Unbillable
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
+from billing.periods import Periods
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.store.redis_keys import RedisKeys
@@ -42,12 +43,16 @@ from web.model import (
     EventCounts,
     Figures,
     Finance,
+    FinancePeriod,
     Health,
     Period,
     PeriodBill,
     QueryHealth,
     Reconciliation,
+    UnbilledCounts,
+    UnbilledLine,
     consumer_lag,
+    totals_by_currency,
 )
 
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
@@ -61,6 +66,12 @@ QUERY_NAMES = ("billing",)
 
 HEALTH_HISTORY = 60
 """Batches of each query whose durations the health page shows."""
+
+LAG_LOOKBACK = 10
+"""How many batches back the health page looks to tell a growing consumer lag."""
+
+UNBILLED_REASONS = (Unbillable.AD_PAUSED.value, Unbillable.UNKNOWN_AD.value)
+"""The fields of an unbilled hash, in the order `UnbilledCounts` takes them."""
 
 _log = logging.getLogger(__name__)
 
@@ -82,7 +93,7 @@ class CatalogFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._catalog = Catalog([])
 
     def get(self) -> Catalog:
@@ -92,7 +103,7 @@ class CatalogFile:
             stat = self.path.stat()
         except FileNotFoundError:
             return self._catalog
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # a change is a rename: a new inode, whatever the clock
         if stamp != self._stamp:
             self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
             try:
@@ -111,12 +122,14 @@ class BillingReader:
         prefix: str,
         exports_dir: Path,
         catalog: CatalogFile,
+        period_length: Periods | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.exports_dir = exports_dir
         self.catalog = catalog
         self.keys = RedisKeys(prefix)
+        self.period_length = period_length or Periods()
 
     # Periods and advertisers ---------------------------------------------------------------------------------
     def periods(self) -> list[Period]:
@@ -137,6 +150,11 @@ class BillingReader:
         currencies = {ad.currency for ad in self.catalog.get() if ad.advertiser_id == advertiser_id}
         return currencies.pop() if len(currencies) == 1 else ""
 
+    def catalog_currency(self) -> str:
+        """The one currency of every ad in the catalog; empty when the catalog is empty or holds several."""
+        currencies = {ad.currency for ad in self.catalog.get()}
+        return currencies.pop() if len(currencies) == 1 else ""
+
     # An advertiser's pages -------------------------------------------------------------------------------------
     def dashboard(self, advertiser_id: str, period_key: str | None) -> Dashboard | None:
         """The advertiser's selected period (default: the latest) in detail, and its recent periods.
@@ -150,9 +168,7 @@ class BillingReader:
             pipe.smembers(self.keys.period_ads(period_key, advertiser_id))
         first = pipe.execute()
         periods = self._periods_of(first[:2])
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         if period is not None and period_key is None:
             pipe = self.client.pipeline(transaction=False)
             pipe.smembers(self.keys.period_campaigns(period.key, advertiser_id))
@@ -188,6 +204,7 @@ class BillingReader:
                 Billed(_figures(next(results)), _figures(next(results))),
                 _counts(next(results)),
                 _counts(next(results)),
+                _unbilled(next(results)),
             )
             for p in series_periods
         ]
@@ -200,6 +217,7 @@ class BillingReader:
                     campaign_lines.append(CampaignLine(campaign_id, billed))
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
+                unbilled = next(results)
                 if totals[3] not in (None, advertiser_id):
                     continue  # an ad of another advertiser must never show here, whatever a set says
                 line = AdLine(
@@ -208,6 +226,7 @@ class BillingReader:
                     Billed(_figures(totals), _figures(corrections)),
                     _counts(late),
                     _counts(ahead),
+                    _unbilled(unbilled),
                 )
                 ad_lines.append(line)
         quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
@@ -224,9 +243,10 @@ class BillingReader:
             late=selected.late if selected else EventCounts(),
             clock_ahead=selected.clock_ahead if selected else EventCounts(),
             campaigns=[c for c in campaign_lines if not c.billed.is_zero],
-            ads=[a for a in ad_lines if not (a.billed.is_zero and a.late.is_zero and a.clock_ahead.is_zero)],
+            ads=[a for a in ad_lines if not _quiet(a)],
             series=series,
             quarantined=quarantined,
+            unbilled=selected.unbilled if selected else UnbilledCounts(),
         )
 
     def campaign(self, advertiser_id: str, campaign_id: str, period_key: str | None) -> CampaignDetail | None:
@@ -235,9 +255,7 @@ class BillingReader:
             return None
         periods = self.periods()
         series_periods = periods[-SERIES_PERIODS:]
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         catalog = self.catalog.get()
         ad_ids = {ad.ad_id for ad in catalog if ad.campaign_id == campaign_id and ad.advertiser_id == advertiser_id}
         owned = bool(ad_ids)
@@ -274,11 +292,12 @@ class BillingReader:
             ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
+                unbilled = next(results)
                 if (ad_campaign.get(ad_id) or totals[2]) != campaign_id or totals[3] not in (None, advertiser_id):
                     continue
                 billed = Billed(_figures(totals), _figures(corrections))
-                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead))
-                if not (line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero):
+                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead), _unbilled(unbilled))
+                if not _quiet(line):
                     lines.append(line)
         return CampaignDetail(advertiser_id, campaign_id, self.currency(advertiser_id), period, series, lines)
 
@@ -295,17 +314,34 @@ class BillingReader:
             pipe.hmget(self.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
             self._queue_counts(pipe, p.key, "ad", ad_id)
         results = pipe.execute()
-        owners = {totals[3] for totals in results[0::4] if totals[3] is not None}
+        owners = {totals[3] for totals in results[0::5] if totals[3] is not None}
         if known is not None:
             owners.add(known.advertiser_id)
         if owners != {advertiser_id}:
             return None
-        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::4] if t[2]), "")
+        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::5] if t[2]), "")
         series = [
-            PeriodBill(p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
-            for p, (totals, corrections, late, ahead) in zip(periods, _fours(results), strict=True)
+            PeriodBill(
+                p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+            )
+            for p, (totals, corrections, late, ahead, unbilled) in zip(periods, _fives(results), strict=True)
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
+
+    def range_bills(self, level: str, ident: str, advertiser_id: str, start_ms: int, end_ms: int) -> list[PeriodBill]:
+        """The figures of an advertiser (`adv`), or its campaign (`cmp`) or ad (`ad`), in every period that starts
+        in [start_ms, end_ms), oldest first; periods where the id named another advertiser's thing count zero."""
+        periods = [p for p in self.periods() if start_ms <= p.start_ms < end_ms]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            self._queue_billed(pipe, p.key, level, ident)
+            pipe.hget(self.keys.totals(p.key, level, ident), "advertiser")
+        results = iter(pipe.execute())
+        bills = []
+        for p in periods:
+            billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+            bills.append(PeriodBill(p, billed if level == "adv" or owner in (None, advertiser_id) else Billed()))
+        return bills
 
     def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
         """One page of the advertiser's corrections, newest first."""
@@ -316,6 +352,26 @@ class BillingReader:
         total, raw = pipe.execute()
         items = [c for c in (_correction(text) for text in raw) if c and c.advertiser_id == advertiser_id]
         return CorrectionPage(advertiser_id, self.currency(advertiser_id), int(total), offset, limit, items)
+
+    def period_corrections(
+        self, advertiser_id: str, period_key: str, limit: int, scan: int = 5000, chunk: int = 1000
+    ) -> CorrectionPage:
+        """The advertiser's newest corrections (at most `limit`) that correct the period or are booked in it, from
+        the newest `scan` of its list; `total` counts those found there."""
+        key = self.keys.correction_list(advertiser_id)
+        items: list[Correction] = []
+        found = 0
+        for start in range(0, scan, chunk):
+            raw = self.client.lrange(key, start, start + chunk - 1)
+            for text in raw:  # type: ignore[union-attr]
+                c = _correction(str(text))
+                if c and c.advertiser_id == advertiser_id and period_key in (c.corrects_period, c.booked_period):
+                    found += 1
+                    if len(items) < limit:
+                        items.append(c)
+            if len(raw) < chunk:  # type: ignore[arg-type]
+                break
+        return CorrectionPage(advertiser_id, self.currency(advertiser_id), found, 0, limit, items)
 
     def correction(self, advertiser_id: str, correction_id: str, chunk: int = 1000) -> Correction | None:
         """The advertiser's correction of this id, or None (reading the list in chunks, newest first)."""
@@ -337,9 +393,7 @@ class BillingReader:
     def finance(self, period_key: str | None) -> Finance | None:
         """Every advertiser's figures in the selected period (default: the latest), the periods and exports."""
         periods = self.periods()
-        period = _find(periods, period_key) if period_key is not None else (periods[-1] if periods else None)
-        if period_key is not None and period is None:
-            return None
+        period = self._selected(periods, period_key)
         lines: list[AdvertiserLine] = []
         if period is not None:
             members = self.client.smembers(self.keys.period_advertisers(period.key))
@@ -352,8 +406,37 @@ class BillingReader:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
                 if not billed.is_zero:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
+        return Finance(period, periods, lines, self.exports(), self.last_audit())
+
+    def finance_periods(self, count: int = SERIES_PERIODS) -> list[FinancePeriod]:
+        """The latest `count` periods, newest first, each with every advertiser's figures added up per currency
+        and the reason the last reconciliation gave for holding it."""
+        periods = self.periods()[-count:]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.smembers(self.keys.period_advertisers(p.key))
+        pipe.hget(self.keys.last_reconciliation(), "held")
+        *members, held_text = pipe.execute()
+        held = {str(k): str(v) for k, v in _json_field(held_text, {}).items()}
+        pipe = self.client.pipeline(transaction=False)
+        for p, who in zip(periods, members, strict=True):
+            for advertiser_id in sorted(who):
+                self._queue_billed(pipe, p.key, "adv", advertiser_id)
+        results = iter(pipe.execute())
+        currency_of = {a: self.currency(a) for a in set().union(*members)}
+        out = []
+        for p, who in zip(periods, members, strict=True):
+            lines = [
+                AdvertiserLine(a, currency_of[a], Billed(_figures(next(results)), _figures(next(results))))
+                for a in sorted(who)
+            ]
+            out.append(FinancePeriod(p, totals_by_currency(lines), held.get(p.key)))
+        return list(reversed(out))
+
+    def last_audit(self) -> Audit | None:
+        """The last `adbill audit`, or None before the first."""
         audited = self.client.hgetall(self.keys.last_audit())
-        return Finance(period, periods, lines, self.exports(), _audit(audited) if audited else None)  # type: ignore[arg-type]
+        return _audit(audited) if audited else None  # type: ignore[arg-type]
 
     def exports(self) -> list[Manifest]:
         """Every finished export (its manifest written), newest period first."""
@@ -391,7 +474,8 @@ class BillingReader:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrange(self.keys.late_periods(), -SERIES_PERIODS, -1, withscores=True)
         pipe.zrange(self.keys.clock_ahead_periods(), -SERIES_PERIODS, -1, withscores=True)
-        late_periods, ahead_periods = pipe.execute()
+        pipe.zrange(self.keys.unbilled_periods(), -SERIES_PERIODS, -1, withscores=True)
+        late_periods, ahead_periods, unbilled_periods = pipe.execute()
         periods = [Period(key, int(start), False) for key, start in late_periods]
         reasons = [r.value for r in QuarantineReason]
         pipe = self.client.pipeline(transaction=False)
@@ -405,6 +489,8 @@ class BillingReader:
                 pipe.hmget(self.keys.late(p.key, "adv", advertiser_id), "impressions", "clicks")
         for key, _ in ahead_periods:
             pipe.smembers(self.keys.clock_ahead_ads(key))
+        for key, _ in unbilled_periods:
+            pipe.smembers(self.keys.unbilled_ads(key))
         pipe.hgetall(self.keys.last_reconciliation())
         results = iter(pipe.execute())
 
@@ -425,10 +511,31 @@ class BillingReader:
                 total += _counts(next(results))
             late.append(PeriodBill(p, Billed(), total))
         ahead_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in ahead_periods]
+        unbilled_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in unbilled_periods]
         last = next(results)
         return Health(
-            queries, quarantined, late, self._clock_ahead_lines(ahead_ads), _reconciliation(last) if last else None
+            queries,
+            quarantined,
+            late,
+            self._clock_ahead_lines(ahead_ads),
+            _reconciliation(last) if last else None,
+            self._unbilled_lines(unbilled_ads),
         )
+
+    def _unbilled_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[UnbilledLine]:
+        """Each ad's unbilled clicks in each of the periods, with the ad's advertiser (from the catalog; empty for an
+        ad the catalog does not know)."""
+        pipe = self.client.pipeline(transaction=False)
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                pipe.hmget(self.keys.unbilled(period.key, "ad", ad_id), *UNBILLED_REASONS)
+        results = iter(pipe.execute())
+        catalog = self.catalog.get()
+        lines = []
+        for period, ads in ads_by_period:
+            for ad_id in ads:
+                lines.append(UnbilledLine(period, catalog.advertiser_of(ad_id) or "", ad_id, _unbilled(next(results))))
+        return lines
 
     def _clock_ahead_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[ClockAheadLine]:
         """Each ad's clock-ahead events in each of the periods, with the ad's advertiser (from the catalog)."""
@@ -447,6 +554,13 @@ class BillingReader:
                 )
         return lines
 
+    def _selected(self, periods: list[Period], key: str | None) -> Period | None:
+        """The period asked for (default: the latest); a well-formed period that holds no data is an empty open
+        period, shown with zero spend (the key was checked by `web.guards.period_arg`)."""
+        if key is None:
+            return periods[-1] if periods else None
+        return _find(periods, key) or Period(key, self.period_length.parse_key(key), False)
+
     # Pieces ----------------------------------------------------------------------------------------------------
     def _queue_periods(self, pipe: Any) -> None:
         pipe.zrange(self.keys.periods(), 0, -1, withscores=True)
@@ -463,16 +577,20 @@ class BillingReader:
         pipe.hmget(self.keys.corrections(period, level, ident), "clicks", "micros")
 
     def _queue_counts(self, pipe: Any, period: str, level: str, ident: str) -> None:
-        """The late, then the clock-ahead events of an advertiser (`adv`) or ad (`ad`) in a period."""
+        """The late, then the clock-ahead events, then the unbilled clicks of an advertiser (`adv`) or ad (`ad`) in a
+        period."""
         pipe.hmget(self.keys.late(period, level, ident), "impressions", "clicks")
         pipe.hmget(self.keys.clock_ahead(period, level, ident), "impressions", "clicks")
+        pipe.hmget(self.keys.unbilled(period, level, ident), *UNBILLED_REASONS)
 
     def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
         pipe = self.client.pipeline(transaction=False)
         self._queue_billed(pipe, period.key, level, ident)
         self._queue_counts(pipe, period.key, level, ident)
-        totals, corrections, late, ahead = pipe.execute()
-        return PeriodBill(period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead))
+        totals, corrections, late, ahead, unbilled = pipe.execute()
+        return PeriodBill(
+            period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+        )
 
 
 def _find(periods: list[Period], key: str | None) -> Period | None:
@@ -487,9 +605,19 @@ def _counts(values: Sequence[str | None]) -> EventCounts:
     return EventCounts(int(values[0] or 0), int(values[1] or 0))
 
 
-def _fours(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any]]:
-    """Pipeline results read four at a time."""
-    return [(results[i], results[i + 1], results[i + 2], results[i + 3]) for i in range(0, len(results), 4)]
+def _unbilled(values: Sequence[str | None]) -> UnbilledCounts:
+    """The `UNBILLED_REASONS` fields of an unbilled hash, in that order."""
+    return UnbilledCounts(int(values[0] or 0), int(values[1] or 0))
+
+
+def _quiet(line: AdLine) -> bool:
+    """An ad line with nothing to show: no bill, no late, clock-ahead or unbilled event."""
+    return line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero and line.unbilled.is_zero
+
+
+def _fives(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any, Any]]:
+    """Pipeline results read five at a time: totals, corrections, late, clock-ahead, unbilled."""
+    return [tuple(results[i : i + 5]) for i in range(0, len(results), 5)]  # type: ignore[misc]
 
 
 def _correction(text: str) -> Correction | None:
@@ -526,10 +654,15 @@ def _float_field(value: str | None) -> float:
 
 def _query_health(name: str, record: dict[str, str], history: list[str]) -> QueryHealth:
     recent = []
-    for line in history:
+    lag_before = None
+    for n, line in enumerate(history):
         try:
-            recent.append(int(json.loads(line).get("batch_duration_ms") or 0))
-        except (ValueError, AttributeError):
+            older = json.loads(line)
+            recent.append(int(older.get("batch_duration_ms") or 0))
+            if n < LAG_LOOKBACK:
+                sources = older.get("sources")
+                lag_before = consumer_lag(_json_field(sources, []) if isinstance(sources, str) else sources or [])
+        except (ValueError, AttributeError, TypeError):
             continue
     watermarks = _json_field(record.get("stream_watermarks_ms"), {})
     return QueryHealth(
@@ -548,6 +681,7 @@ def _query_health(name: str, record: dict[str, str], history: list[str]) -> Quer
         rows_dropped_by_watermark=_int_field(record.get("rows_dropped_by_watermark")) or 0,
         lag=consumer_lag(_json_field(record.get("sources"), [])),
         recent_durations_ms=list(reversed(recent)),
+        lag_before=lag_before,
     )
 
 

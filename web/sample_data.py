@@ -1,6 +1,6 @@
 """A realistic sample of what the pipeline writes and the web UI reads, for the benchmark, the tests and demos.
 
-The provisional totals, late, clock-ahead and quarantined counts go through the streaming job's own adapter
+The provisional totals, late, clock-ahead, unbilled and quarantined counts go through the streaming job's own adapter
 (`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
 (`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
 export's writer (`billing.store.export_files.write_export`). Only the job's health records are written here, under
@@ -23,7 +23,14 @@ from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction
 from billing.layout import DataLayout
 from billing.periods import Periods, format_utc
 from billing.store.export_files import export_table, write_export
-from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, RedisTotals, TotalsRow
+from billing.store.redis_totals import (
+    ClockAheadCount,
+    LateCount,
+    QuarantineCount,
+    RedisTotals,
+    TotalsRow,
+    UnbilledCount,
+)
 
 ADDITIONS = sorted(ADDITION_REASONS - RETRACTION_REASONS)
 RETRACTIONS = sorted(RETRACTION_REASONS - ADDITION_REASONS)
@@ -50,10 +57,11 @@ class SampleWriter:
         late: Iterable[LateCount] = (),
         quarantined: Iterable[QuarantineCount] = (),
         clock_ahead: Iterable[ClockAheadCount] = (),
+        unbilled: Iterable[UnbilledCount] = (),
     ) -> bool:
-        """Provisional totals, late, quarantine and clock-ahead counts, exactly as the streaming job applies a
-        micro-batch."""
-        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined, clock_ahead)
+        """Provisional totals, late, quarantine, clock-ahead and unbilled counts, exactly as the streaming job
+        applies a micro-batch."""
+        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined, clock_ahead, unbilled=unbilled)
 
     def corrections(self, items: Sequence[Correction]) -> None:
         """Corrections as reconciliation applies them, oldest first (so each advertiser's list is newest first)."""
@@ -152,7 +160,18 @@ def seed_sample(
             for event_type, n in (("impression", 3), ("click", 1))
             if index % 5 == 4
         ]
-        writer.bill(index, rows, [c for c in late if c.events], [q for q in quarantined if q.records], clock_ahead)
+        # Every third period, clicks on the second ad while it was paused, and on an ad the catalog never knew.
+        unbilled = [
+            UnbilledCount(period, start, owner, ad_id, reason, n)
+            for owner, ad_id, reason, n in (
+                (ads[1 % len(ads)].advertiser_id, ads[1 % len(ads)].ad_id, "ad_paused", 2),
+                ("", "retired-ad-7", "unknown_ad", 1),
+            )
+            if index % 3 == 2
+        ]
+        writer.bill(
+            index, rows, [c for c in late if c.events], [q for q in quarantined if q.records], clock_ahead, unbilled
+        )
         corrections = [_sample_correction(rng, ad, period, start, clicks[ad.ad_id]) for ad in touched]
         corrections = corrections if index < closed else []
         writer.corrections(corrections)

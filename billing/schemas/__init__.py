@@ -34,3 +34,11 @@ def subject_of(event_type: str) -> str:
     if event_type not in TOPIC_OF:
         raise ValueError(f"unknown event type {event_type!r}; expected one of {sorted(TOPIC_OF)}")
     return SUBJECTS[TOPIC_OF[event_type]]
+
+
+def event_type_of_subject(subject: str) -> EventType:
+    """`impression` or `click`, the event type whose values a subject describes; ValueError for another subject."""
+    for topic, name in SUBJECTS.items():
+        if name == subject:
+            return EVENT_TYPE_OF_TOPIC[topic]
+    raise ValueError(f"unknown schema subject {subject!r}; expected one of {sorted(SUBJECTS.values())}")

@@ -202,6 +202,9 @@ class HttpSchemaRegistry:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self._cache: dict[int, str] = {}
+        self._entries: dict[tuple[str, int], dict[str, Any]] = {}
+        """A subject's versions by number: a version's id and schema never change, so each is fetched once (the
+        streaming job asks for the ids of its subjects every batch)."""
 
     def __repr__(self) -> str:
         return f"HttpSchemaRegistry({self.url!r})"
@@ -265,13 +268,19 @@ class HttpSchemaRegistry:
             raise SchemaRegistryError(f"{self.endpoint('subjects', subject, 'versions')} did not answer a list")
         entries = []
         for number in sorted(numbers):
+            known = self._entries.get((subject, number))
+            if known is not None:
+                entries.append(known)
+                continue
             answer = self._request("GET", ["subjects", subject, "versions", str(number)])
             if answer is None:
                 continue  # deleted between the two requests
             schema_id = _int_field(answer, "id", self.url)
             text = _str_field(answer, "schema", self.url)
             self._cache[schema_id] = text
-            entries.append({"version": _int_field(answer, "version", self.url), "id": schema_id, "schema": text})
+            entry = {"version": _int_field(answer, "version", self.url), "id": schema_id, "schema": text}
+            self._entries[(subject, number)] = entry
+            entries.append(entry)
         return entries
 
     def _request(self, method: str, parts: list[str], body: Any = None) -> Any:

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attribution.closing import CorrectionFiles
+from attribution.closing import CorrectionFiles, ExportFolders
 from billing.catalog import AdChange
+from billing.corrections import Correction
 from billing.events import Click, Impression
 from billing.layout import DataLayout
 from billing.store.catalog_file import CatalogStore
@@ -137,14 +138,7 @@ def bills_of_a_changing_run(env: dict[str, str], settings: Settings, duration_s:
     stream = [r for r in ledger if r["click_id"].startswith("s5-")]  # the run's clicks (seed 5's ids)
     truth = [json.loads(line) for line in (run_dir / "billable.jsonl").read_text().splitlines()]
     fixes = [c for c in CorrectionFiles(settings.layout).read() if c.click_id.startswith("s5-")]
-    final: dict[str, int] = {}
-    for row in stream:
-        final[row["click_id"]] = final.get(row["click_id"], 0) + row["amount_micros"]
-    count: dict[str, int] = {r["click_id"]: 1 for r in stream}
-    for fix in fixes:
-        final[fix.click_id] = final.get(fix.click_id, 0) + fix.amount_micros
-        count[fix.click_id] = count.get(fix.click_id, 0) + fix.clicks
-    final_bill = {c: m for c, m in final.items() if count.get(c) == 1}
+    final_bill = books(settings, stream, fixes)
     truth_bill = {r["click_id"]: r["amount_micros"] for r in truth}
     reasons: dict[str, int] = {}
     for fix in fixes:
@@ -159,6 +153,31 @@ def bills_of_a_changing_run(env: dict[str, str], settings: Settings, duration_s:
         "final_equals_ground_truth": final_bill == truth_bill,
         "corrections": reasons,
     }
+
+
+def books(settings: Settings, ledger: list[dict[str, Any]], fixes: list[Correction]) -> dict[str, int]:
+    """What the books bill, click id -> micros (DOMAIN.md): a closed period's export plus the adjustments booked for
+    it elsewhere, an open period's ledger plus its corrections."""
+    exports = ExportFolders(settings.layout)
+    closed = set(exports.exported())
+    count: dict[str, int] = {}
+    micros: dict[str, int] = {}
+
+    def add(click_id: str, clicks: int, amount: int) -> None:
+        count[click_id] = count.get(click_id, 0) + clicks
+        micros[click_id] = micros.get(click_id, 0) + amount
+
+    for period in closed:
+        for row in exports.given(period):
+            if row["click_id"].startswith("s5-"):
+                add(row["click_id"], 1, row["amount_micros"])
+    for row in ledger:
+        if row["period"] not in closed:
+            add(row["click_id"], 1, row["amount_micros"])
+    for fix in fixes:
+        if fix.corrects_period not in closed or fix.booked_period != fix.corrects_period:
+            add(fix.click_id, fix.clicks, fix.amount_micros)
+    return {click: micros[click] for click, n in count.items() if n == 1}
 
 
 def main(argv: list[str] | None = None) -> int:

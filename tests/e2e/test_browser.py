@@ -234,10 +234,14 @@ def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
     period = rows[0].get_attribute("data-period")
     manifest = json.loads((served.seeded.settings.root / "exports" / str(period) / "manifest.json").read_text())
     assert rows[0].find_elements(By.TAG_NAME, "td")[1].text == display.count(manifest["rows"])
-    advertisers = [
-        r.find_element(By.TAG_NAME, "a").text for r in browser.find_elements(By.CSS_SELECTOR, "#advertisers tbody tr")
-    ]
+    lines = browser.find_elements(By.CSS_SELECTOR, "#advertisers tbody tr:not(.total)")
+    advertisers = [r.find_element(By.TAG_NAME, "a").text for r in lines]
     assert advertisers == ["adv-0000", "adv-0001", "adv-0002"]
+    # The total row adds the advertisers up, to the micro, as Redis holds them.
+    seeded = served.seeded
+    latest = RedisFigures(seeded.client, seeded.settings.redis_prefix).periods()[-1]
+    want = sum(corrected(seeded, latest, "adv", a)[1] for a in advertisers)
+    assert browser.find_element(By.CSS_SELECTOR, "#advertisers tr.total td.strong").text == display.money(want, "EUR")
     screens(browser, "finance")
 
     for name in ("billing.parquet", "billing.csv"):
@@ -262,3 +266,130 @@ def test_admin_sees_the_pipelines_health(
     assert "UTC" in browser.find_element(By.ID, "billing-watermark-clicks").text
     assert browser.find_element(By.ID, "reconcile-finished").text
     screens(browser, "health")
+
+
+WIDTHS = (1360, 390)
+
+
+def at_width(driver: WebDriver, width: int, height: int = 900) -> None:
+    """The viewport of a desktop (1360 px) or a phone (390 px), exactly, through Chromium's device metrics."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600},
+    )
+
+
+OVERFLOW_SCRIPT = """
+const width = window.innerWidth;
+let worst = document.documentElement.scrollWidth - width;
+const clipped = (el) => {
+  for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX !== "visible") return true;
+  }
+  return false;
+};
+for (const el of document.querySelectorAll("body *")) {
+  const r = el.getBoundingClientRect();
+  if (r.width && r.right - width > worst && !clipped(el)) worst = r.right - width;
+}
+return Math.ceil(worst);
+"""
+
+
+def overflow_px(driver: WebDriver) -> int:
+    """How far the page or anything on it reaches past the viewport's right edge (0 or less: nothing is cut off and
+    nothing scrolls sideways); wide tables scroll inside their own box, which is allowed."""
+    return int(driver.execute_script(OVERFLOW_SCRIPT))
+
+
+def shoot_whole_page(driver: WebDriver, shoot: Callable[[WebDriver, str], Path], width: int, name: str) -> None:
+    """A screenshot of the whole page at this width (the viewport made as tall as the page, up to 5,000 px)."""
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    at_width(driver, width, min(max(height, 600), 5000))
+    shoot(driver, f"{name}-{width}")
+    at_width(driver, width)
+
+
+def set_heartbeat(seeded: Seeded, age_s: float) -> None:
+    from billing.store.redis_keys import RedisKeys
+
+    seeded.client.set(
+        RedisKeys(seeded.settings.redis_prefix).heartbeat("billing"), str(int(time.time() * 1000 - age_s * 1000))
+    )
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_advertiser_pages_fit_the_screen_and_show_ranges_prices_and_statements(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path], width: int
+) -> None:
+    seeded = served.seeded
+    set_heartbeat(seeded, 2)
+    at_width(browser, width)
+    log_in(browser, served.base_url, "alice", f"/advertisers/{OWN}?from=2026-01-01&to=2026-01-31")
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+    assert overflow_px(browser) <= 0, "the dashboard scrolls sideways"
+    assert browser.find_element(By.ID, "freshness").get_attribute("data-level") == "ok"
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    month = sum(corrected(seeded, p, "adv", OWN)[1] for p in totals.periods())
+    assert browser.find_element(By.ID, "range-spend").text == display.money(month, "EUR")
+    days = browser.find_elements(By.CSS_SELECTOR, "#days tbody tr")
+    assert [r.find_elements(By.TAG_NAME, "td")[0].text for r in days] == ["2026-01-01"]
+    assert "provisional" in days[0].text
+    shoot_whole_page(browser, screens, width, "dashboard")
+
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    pages = {
+        "campaign": f"/advertisers/{OWN}/campaigns/{ad.campaign_id}?from=2026-01-01&to=2026-01-31",
+        "ad": f"/advertisers/{OWN}/ads/{ad.ad_id}?from=2026-01-01&to=2026-01-31",
+        "corrections": f"/advertisers/{OWN}/corrections",
+        "statement": f"/advertisers/{OWN}/statements/2026-01",
+    }
+    for name, url in pages.items():
+        browser.get(served.base_url + url)
+        assert overflow_px(browser) <= 0, f"{name} scrolls sideways at {width} px"
+        if name == "ad":
+            assert display.money(ad.cpc_micros, "EUR") in browser.find_element(By.ID, "price").text
+        if name == "corrections":
+            browser.find_element(By.CSS_SELECTOR, "#reasons summary").click()
+        shoot_whole_page(browser, screens, width, name)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_finance_and_health_pages_fit_the_screen(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path], width: int
+) -> None:
+    set_heartbeat(served.seeded, 2)
+    at_width(browser, width)
+    log_in(browser, served.base_url, "fiona", "/finance")
+    assert overflow_px(browser) <= 0
+    assert browser.find_elements(By.CSS_SELECTOR, "#advertisers tr.total")
+    shoot_whole_page(browser, screens, width, "finance")
+    browser.delete_all_cookies()
+    log_in(browser, served.base_url, "ada", "/health")
+    assert overflow_px(browser) <= 0
+    assert browser.find_element(By.ID, "overall-status").get_attribute("data-level") in ("ok", "amber")
+    shoot_whole_page(browser, screens, width, "health")
+
+
+def test_a_stalled_job_turns_the_live_dashboard_red_and_back(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    """The job stops beating (a paused JVM): the open dashboard's banner says the data is stale, though the page
+    itself keeps refreshing; when the job beats again, the banner says so at the next refresh."""
+    seeded = served.seeded
+    set_heartbeat(seeded, 2)
+    log_in(browser, served.base_url, "alice", f"/advertisers/{OWN}")
+    wait(browser, lambda d: d.find_element(By.ID, "freshness").get_attribute("data-level") == "ok")
+    set_heartbeat(seeded, 400)  # more than 5 x 60 s ago
+    wait(browser, lambda d: d.find_element(By.ID, "freshness").get_attribute("data-level") == "red", timeout_s=12)
+    assert "Stale" in browser.find_element(By.ID, "freshness").text
+    screens(browser, "dashboard-job-stalled")
+    set_heartbeat(seeded, 90)
+    wait(browser, lambda d: d.find_element(By.ID, "freshness").get_attribute("data-level") == "amber", timeout_s=12)
+    set_heartbeat(seeded, 1)
+    wait(browser, lambda d: d.find_element(By.ID, "freshness").get_attribute("data-level") == "ok", timeout_s=12)
+    browser.delete_all_cookies()
+    set_heartbeat(seeded, 400)
+    log_in(browser, served.base_url, "ada", "/health")
+    assert browser.find_element(By.ID, "overall-status").get_attribute("data-level") == "red"
+    screens(browser, "health-job-stalled")

@@ -279,6 +279,19 @@ def test_the_ui_shows_what_the_pipeline_billed_and_finance_downloads_what_the_or
     assert max(b.size["height"] for b in bars) > 50, "the chart is drawn, with visible bars"
     screens(browser, "dashboard")
 
+    # The day's total and the month's statement (both periods closed and exported): the oracle's sum.
+    day_clicks = sum(truth.by_period(truth.billable, own, p)[0] for p in (P0, P1))
+    day_micros = sum(truth.by_period(truth.billable, own, p)[1] for p in (P0, P1))
+    browser.get(f"{base_url}/advertisers/{own}?from=2026-01-01&to=2026-01-01")
+    assert browser.find_element(By.ID, "range-spend").text == display.money(day_micros, currency)
+    day_row = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#days tbody tr td")]
+    assert day_row[0] == "2026-01-01" and day_row[6] == display.count(day_clicks) and "closed" in day_row[1]
+    browser.get(f"{base_url}/advertisers/{own}/statements/2026-01")
+    assert browser.find_element(By.ID, "statement-total").text == display.money(day_micros, currency)
+    assert browser.find_element(By.ID, "provisional").text == display.money(0, currency)
+    screens(browser, "statement")
+    browser.get(f"{base_url}/advertisers/{own}")
+
     browser.find_element(By.ID, "all-corrections").click()
     wait(browser, lambda d: d.current_url.endswith(f"/advertisers/{own}/corrections"))
     shown = Counter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import statistics
@@ -13,11 +14,13 @@ from collections import Counter, defaultdict
 from itertools import islice
 from pathlib import Path
 
+import fastavro
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
+from billing.schemas import schema_text
 from billing.store.schema_registry import open_registry
 from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
@@ -229,3 +232,43 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
     again = islice(Simulator(config).arrivals(), len(received))
     expected = [a.item.value if isinstance(a.item, RawRecord) else serializer.serialize(a.item) for a in again]
     assert Counter(value for value, *_ in received) == Counter(expected)
+
+
+def test_replay_registers_a_schema_line_and_writes_its_subjects_events_with_it(settings: Settings, tmp_path: Path):
+    """A `schema` line (DOMAIN.md "Recorded traffic"): the version is registered, and the events of its subject after
+    it are written with it, fields it adds taken from the event line or defaulted; an incompatible one is a bad line."""
+    tag = uuid.uuid4().hex[:10]
+    topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
+    ensure_topics(settings.kafka_bootstrap, list(topics.values()), partitions=1)
+    version_2 = json.loads(schema_text("click"))
+    version_2["fields"].append({"name": "placement", "type": ["null", "string"], "default": None})
+    incompatible = json.loads(schema_text("click"))
+    incompatible["fields"].append({"name": "token", "type": "string"})  # required, no default
+    lines = [
+        capture_line(Click("c1", "ad-1", "u1", T0)),
+        json.dumps({"type": "schema", "subject": "clicks-value", "schema": version_2}),
+        capture_line(Impression("i2", "ad-1", "u2", T0)),  # another subject: unchanged
+        json.dumps({**json.loads(capture_line(Click("c2", "ad-1", "u2", T0 + 1))), "placement": "feed"}),
+        capture_line(Click("c3", "ad-1", "u3", T0 + 2)),  # the added field takes its default
+        json.dumps({"type": "schema", "subject": "clicks-value", "schema": incompatible}),
+        capture_line(Click("c4", "ad-1", "u4", T0 + 3)),  # still version 2
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("\n".join(lines) + "\n")
+    registry = open_registry(str(tmp_path / "registry.json"))
+
+    result = replay_to_kafka(capture, settings.kafka_bootstrap, registry, topics=topics, progress=False)
+
+    assert (result.lines, result.events, result.schemas, result.bad_lines) == (7, 5, 1, 1)
+    assert [e.line_number for e in result.errors] == [6] and "token" in result.errors[0].message
+    v1_id, v2_id = registry.ids("clicks-value")
+    assert json.loads(registry.schema_by_id(v2_id)) == version_2
+    clicks = sorted(read_all(settings.kafka_bootstrap, topics["click"], 4), key=lambda m: m.offset())
+    assert [int.from_bytes(m.value()[1:5], "big") for m in clicks] == [v1_id, v2_id, v2_id, v2_id]
+    reader = fastavro.parse_schema(version_2)
+    added = [fastavro.schemaless_reader(io.BytesIO(m.value()[5:]), reader, reader)["placement"] for m in clicks[1:]]
+    assert added == ["feed", None, None]
+    deserializer = EventDeserializer(registry)
+    assert [deserializer.deserialize("click", m.value()).click_id for m in clicks] == ["c1", "c2", "c3", "c4"]
+    impressions = read_all(settings.kafka_bootstrap, topics["impression"], 1)
+    assert [int.from_bytes(m.value()[1:5], "big") for m in impressions] == registry.ids("impressions-value")

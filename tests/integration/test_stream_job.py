@@ -29,10 +29,10 @@ from attribution.job import start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
 from attribution.stream_position import committed_offsets, end_offsets
-from billing.catalog import Ad, Catalog
+from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics
@@ -350,7 +350,9 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     settings: Settings, tmp_path: Path, writers: str
 ) -> None:
     """Both ways of writing a batch (`ADBILL_SINK_WRITERS`): collected to the driver (local mode's), and each task
-    its share on its executor (a cluster's), whose replayed tasks must replace their own files."""
+    its share on its executor (a cluster's), whose replayed tasks must replace their own files. The catalog
+    changes while the job is down, between a batch's first attempt and its replay: the replay prices as the first
+    attempt did, and every later batch by the new history."""
     settings.catalog_file.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(
         settings,
@@ -367,8 +369,10 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     # Traffic first, so the job always has work in hand when it is killed.
     truth = simulated_run(settings, tmp_path / "run", events=60_000)
+    store = CatalogStore(settings.catalog_file)
+    received = read_ledger_times(tmp_path / "run")
     killed_after: list[int] = []
-    for _ in range(3):
+    for kill in range(3):
         process_ = start_job()
         # Kill it at a different point each time: once a new batch has been applied to Redis.
         after = killed_after[-1] if killed_after else -1
@@ -376,6 +380,10 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         killed_after.append(totals.last_applied("billing") or -1)
         process_.send_signal(signal.SIGKILL)
         assert process_.wait(timeout=30) == -signal.SIGKILL, "the job was running when it was killed"
+        # A new price for every ad from the middle of the traffic on, made while the job is down (recorded
+        # history: in the past of the clock): the batch in flight was priced, and is replayed, with the old one.
+        for ad in sorted(store.current().ad_ids):
+            store.change(AdChange(ad, received[len(received) // 2], 1_000 * (kill + 1)), 0, backfill=True)
     assert killed_after == sorted(set(killed_after)), "each kill came after a newer batch"
     assert not read_to_the_end(settings), "the kills left work for the restart, or the test proves nothing"
     final = start_job()
@@ -387,8 +395,20 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         final.send_signal(signal.SIGTERM)
         final.wait(timeout=60)
     assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click across restarts"
-    assert {row["click_id"]: row["amount_micros"] for row in rows} == truth
+    assert {row["click_id"] for row in rows} == set(truth)
+    # Each bill at the price of its click's time in the catalog version its batch was first priced with.
+    history = store.current()
+    versions = settings.root / "checkpoints" / "catalog-versions"
+    for row in rows:
+        as_of = history.as_of(int((versions / str(row["batch_id"])).read_text()))
+        assert as_of.price(row["ad_id"], row["click_time"])[1] == row["amount_micros"], row  # type: ignore[index]
+    assert {int((versions / str(row["batch_id"])).read_text()) for row in rows} > {0}, "the changes were used"
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+
+
+def read_ledger_times(run_dir: Path) -> list[int]:
+    """The click times of a run's ground truth, in order."""
+    return sorted(json.loads(line)["click_time"] for line in (run_dir / "billable.jsonl").read_text().splitlines())
 
 
 # --- Poison and flooding records, a hung Redis ---------------------------------------------------------------

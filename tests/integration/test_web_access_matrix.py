@@ -20,14 +20,14 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from billing.catalog import Ad, Catalog
+from billing.catalog import FORMAT, Ad, Catalog
 from billing.corrections import Correction, CorrectionKind
 from billing.periods import Periods
 from billing.store.redis_totals import TotalsRow
@@ -117,7 +117,16 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         "/advertisers/<advertiser_id>/corrections/<correction_id>": (
             f"/advertisers/{adv}/corrections/{ids['correction']}"
         ),
+        "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
+        "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
+        "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
+            f"/advertisers/{adv}/statements/2026-01/statement.csv"
+        ),
+        "/advertisers/<advertiser_id>/statements/<month>/statement.pdf": (
+            f"/advertisers/{adv}/statements/2026-01/statement.pdf"
+        ),
         "/finance": "/finance",
+        "/finance/months/<month>/billing.csv": "/finance/months/2026-01/billing.csv",
         "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
         "/health": "/health",
         "/static/<path:filename>": "/static/adbill.js",
@@ -136,15 +145,23 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         ),
         "/api/v1/finance": "/api/v1/finance",
         "/api/v1/exports": "/api/v1/exports",
+        "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
         "/api/v1/health": "/api/v1/health",
         "/healthz": "/healthz",
         "/readyz": "/readyz",
         "/metrics": "/metrics",
-    }
+    } | catalog_get_routes(world, adv)
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
-FINANCE = {"/finance", "/exports/<period>/<name>", "/api/v1/finance", "/api/v1/exports"}
+FINANCE = {
+    "/finance",
+    "/finance/months/<month>/billing.csv",
+    "/exports/<period>/<name>",
+    "/api/v1/finance",
+    "/api/v1/exports",
+    "/api/v1/exports/<period>/<name>",
+}
 HEALTH = {"/health", "/api/v1/health"}
 POST_ROUTES = {"/login", "/logout"}
 
@@ -159,6 +176,8 @@ def expected_status(actor: str, rule: str) -> int:
         return 401 if rule.startswith("/api/") else 302
     if rule == "/":
         return 302
+    if rule in CATALOG_READ:
+        return 200 if actor in ("fiona", "ada") else 404
     if rule in HEALTH:
         return 200 if actor == "ada" else 404
     if rule in FINANCE:
@@ -170,7 +189,7 @@ def expected_status(actor: str, rule: str) -> int:
 
 def test_the_matrix_covers_every_route(world: World) -> None:
     rules = {rule.rule for rule in world.app.url_map.iter_rules()}
-    assert rules == set(get_routes(world, OWN)) | POST_ROUTES
+    assert rules == set(get_routes(world, OWN)) | POST_ROUTES | set(CATALOG_POST_ROUTES)
 
 
 @pytest.mark.parametrize("actor", ACTORS)
@@ -188,7 +207,7 @@ def test_every_get_route_for_every_actor(world: World, actor: str) -> None:
         if want == 401:
             assert response.json == {"error": "login required", "status": 401}, url
         if want == 200 and "<advertiser_id>" in rule:
-            assert OWN in response.text, f"{url} answered without adv-0000's data"
+            assert OWN.encode() in response.get_data(), f"{url} answered without adv-0000's data"
     assert not failures, "\n".join(failures)
 
 
@@ -202,7 +221,7 @@ def test_no_response_to_an_advertiser_holds_another_advertisers_data(world: Worl
     assert any(f.startswith("matrix-") for f in theirs) and len(theirs) > 20, theirs
     for url in urls:
         response = client.get(url, follow_redirects=True)
-        body = response.get_data(as_text=True)
+        body = response.get_data().decode("latin-1")  # a PDF too; ids and figures are ASCII
         for other in others:
             assert other not in body, f"{actor} got {other}'s data from {url}"
         for figure in theirs:
@@ -214,11 +233,16 @@ def test_no_response_to_an_advertiser_holds_another_advertisers_data(world: Worl
 def figures_of(world: World, advertiser: str) -> set[str]:
     """What would betray `advertiser` without its id, as the admin's API gives it: its correction and click ids
     and amounts, and its click counts and micros of every period (of four digits and more), as JSON and as
-    pages write them."""
+    pages write them (with the currency: short amounts such as `0.05` alone are found anywhere)."""
     admin = world.clients["ada"]
     out: set[str] = set()
     for c in admin.get(f"/api/v1/advertisers/{advertiser}/corrections?limit=500").json["corrections"]:
-        out |= {c["correction_id"], c["click_id"], str(c["amount_micros"]), display.signed_money(c["amount_micros"])}
+        out |= {
+            c["correction_id"],
+            c["click_id"],
+            str(c["amount_micros"]),
+            display.signed_money(c["amount_micros"], "EUR"),
+        }
     for period in admin.get("/api/v1/periods").json["periods"]:
         dashboard = admin.get(f"/api/v1/advertisers/{advertiser}/dashboard?period={period['period']}").json
         lines = [dashboard["totals"], *dashboard["campaigns"], *dashboard["ads"]]
@@ -228,7 +252,7 @@ def figures_of(world: World, advertiser: str) -> set[str]:
                 if abs(clicks) >= 1_000:
                     out |= {str(clicks), display.count(abs(clicks))}
                 if abs(micros) >= 1_000:
-                    out |= {str(micros), display.money(abs(micros))}
+                    out |= {str(micros), display.money(abs(micros), "EUR")}
     return out
 
 
@@ -277,8 +301,12 @@ def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> N
         response = alice.get(url)
         assert response.status_code == 200 and OTHER not in response.get_data(as_text=True), url
     assert alice.get("/api/v1/advertisers").json == {"advertisers": [{"advertiser_id": OWN, "currency": "EUR"}]}
-    assert alice.get(f"/advertisers/{OWN}?period=../../etc").status_code == 404
-    assert alice.get(f"/advertisers/{OWN}?period=20990101T0000Z").status_code == 404
+    assert alice.get(f"/advertisers/{OWN}?period=../../etc").status_code == 400
+    assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=../../etc").status_code == 404, "access first"
+    # A well-formed period without data is zero spend, for one's own advertiser only.
+    empty = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period=20990101T0000Z")
+    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=20990101T0000Z").status_code == 404
 
 
 def test_finance_and_admin_list_every_advertiser(world: World) -> None:
@@ -320,6 +348,105 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
     assert anonymous.post("/login", data={"username": "alice", "password": "x"}).status_code == 400
 
 
+# The catalog: advertisers' ads (theirs only), every ad for finance and admin, changes by an admin only ----------------
+CATALOG_READ = {
+    "/catalog",
+    "/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads",
+    "/api/v1/catalog/ads/<ad_id>",
+    "/api/v1/catalog/ads/<ad_id>/prices",
+}
+# Each POST-only route, with a change it accepts from an admin (an ad planned far ahead, so nothing read here moves).
+FAR_AHEAD_MS = 4_102_444_800_000  # 2100-01-01T00:00Z
+CATALOG_POST_ROUTES = {
+    "/catalog/ads": (
+        "/catalog/ads",
+        {"ad_id": "matrix-page-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
+         "cpc_micros": "5", "effective_from": str(FAR_AHEAD_MS)},
+    ),
+    "/catalog/ads/<ad_id>/changes": (
+        "/catalog/ads/matrix-page-ad/changes",
+        {"action": "set-price", "cpc_micros": "6", "effective_from": str(FAR_AHEAD_MS + 1)},
+    ),
+    "/api/v1/catalog/ads/<ad_id>/prices": (
+        "/api/v1/catalog/ads/matrix-page-ad/prices", {"cpc_micros": 7, "effective_from": FAR_AHEAD_MS + 2}
+    ),
+}  # fmt: skip
+API_CREATE = {"ad_id": "matrix-api-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
+              "cpc_micros": 5, "effective_from": FAR_AHEAD_MS}  # fmt: skip
+
+
+def catalog_get_routes(world: World, adv: str) -> dict[str, str]:
+    ad = world.ids[adv]["ad"]
+    return {
+        "/advertisers/<advertiser_id>/ads": f"/advertisers/{adv}/ads",
+        "/api/v1/advertisers/<advertiser_id>/ads": f"/api/v1/advertisers/{adv}/ads",
+        "/catalog": "/catalog",
+        "/catalog/ads/<ad_id>": f"/catalog/ads/{ad}",
+        "/api/v1/catalog/ads": "/api/v1/catalog/ads",
+        "/api/v1/catalog/ads/<ad_id>": f"/api/v1/catalog/ads/{ad}",
+        "/api/v1/catalog/ads/<ad_id>/prices": f"/api/v1/catalog/ads/{ad}/prices",
+    }
+
+
+def test_an_advertisers_ads_of_another_answer_exactly_like_an_advertiser_that_does_not_exist(world: World) -> None:
+    alice = world.clients["alice"]
+    for forbidden, missing in [
+        (f"/advertisers/{OTHER}/ads", "/advertisers/adv-9999/ads"),
+        (f"/api/v1/advertisers/{OTHER}/ads", "/api/v1/advertisers/adv-9999/ads"),
+        (f"/catalog/ads/{world.ids[OTHER]['ad']}", "/catalog/ads/no-such-ad"),
+        (f"/api/v1/catalog/ads/{world.ids[OTHER]['ad']}", "/api/v1/catalog/ads/no-such-ad"),
+    ]:
+        a, b = alice.get(forbidden), alice.get(missing)
+        assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404, forbidden
+    listed = alice.get(f"/api/v1/advertisers/{OWN}/ads").json
+    assert listed["ads"] and {a["advertiser_id"] for a in listed["ads"]} == {OWN}
+
+
+@pytest.mark.parametrize("actor", ACTORS)
+def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: World, actor: str) -> None:
+    """Only an admin changes the catalog; anyone else logged in gets 404 (the route does not exist for it), an
+    anonymous visitor 400 on a page (no session, no CSRF token) and 401 on the API; a token needs no CSRF token."""
+    client = world.clients[actor]
+    token = form_token(client.get("/", follow_redirects=True).text) if actor != "anonymous" else ""
+    admin = actor == "ada"
+    catalog_file = world.seeded.settings.catalog_file
+    before = catalog_file.read_bytes()
+    for rule, (url, fields) in CATALOG_POST_ROUTES.items():
+        if url.startswith("/api/"):
+            response = client.post(url, json=fields, headers={"X-CSRF-Token": token})
+            want = 401 if actor == "anonymous" else 201 if admin else 404
+        else:
+            response = client.post(url, data={**fields, "csrf_token": token})
+            want = 400 if actor == "anonymous" else 303 if admin else 404
+        assert response.status_code == want, (rule, response.status_code, response.get_data(as_text=True)[:300])
+    scripted = world.app.test_client()
+    headers = bearer(world.tokens[actor]) if actor in world.tokens else {}
+    created = scripted.post("/api/v1/catalog/ads", json=API_CREATE, headers=headers)
+    assert created.status_code == (401 if actor == "anonymous" else 201 if admin else 404)
+    if admin:
+        made = json.loads(catalog_file.read_text())
+        assert {"matrix-page-ad", "matrix-api-ad"} <= {ad["ad_id"] for ad in made["ads"]}
+    else:
+        assert catalog_file.read_bytes() == before, f"{actor} changed the catalog"
+
+
+def test_a_non_admins_change_answers_exactly_like_one_to_a_route_that_does_not_exist(world: World) -> None:
+    for actor in ("alice", "bob", "fiona"):
+        scripted = world.app.test_client()
+        real = scripted.post(
+            f"/api/v1/catalog/ads/{world.ids[OWN]['ad']}/prices",
+            json={"cpc_micros": 5},
+            headers=bearer(world.tokens[actor]),
+        )
+        missing = scripted.post("/api/v1/no-such-route", json={"cpc_micros": 5}, headers=bearer(world.tokens[actor]))
+        assert (
+            (real.status_code, real.get_data())
+            == (missing.status_code, missing.get_data())
+            == (404, missing.get_data())
+        )
+
+
 # API tokens: exactly the account's access, on the API only -----------------------------------------------------
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
@@ -347,6 +474,35 @@ def test_another_advertisers_token_gets_404_like_an_id_that_does_not_exist(world
             assert response.status_code == 404 and OWN not in response.get_data(as_text=True), url
     mine = bob.get(f"/api/v1/advertisers/{OTHER}/dashboard", headers=bearer(world.tokens["bob"]))
     assert mine.status_code == 200 and mine.json["advertiser_id"] == OTHER
+
+
+@pytest.mark.parametrize("actor", ["fiona", "ada"])
+def test_every_file_url_the_exports_api_lists_opens_with_a_token(world: World, actor: str) -> None:
+    """Scripts fetch what the API lists: each file's `url`, with the same token, its bytes matching the manifest."""
+    import hashlib
+
+    scripted = world.app.test_client()
+    listed = scripted.get("/api/v1/exports", headers=bearer(world.tokens[actor])).json["exports"]
+    assert listed
+    for export in listed:
+        for f in export["files"]:
+            response = scripted.get(f["url"], headers=bearer(world.tokens[actor]))
+            assert response.status_code == 200, f["url"]
+            assert hashlib.sha256(response.get_data()).hexdigest() == f["sha256"], f["url"]
+            assert response.headers["Cache-Control"] == "no-store"
+    for name in ("manifest.json", "SHA256SUMS"):
+        url = f"/api/v1/exports/{world.export_period}/{name}"
+        assert scripted.get(url, headers=bearer(world.tokens[actor])).status_code == 200, url
+    for actor_without in ("alice", "bob"):
+        assert (
+            scripted.get(listed[0]["files"][0]["url"], headers=bearer(world.tokens[actor_without])).status_code == 404
+        )
+    assert (
+        scripted.get(
+            f"/api/v1/exports/{world.export_period}/users.json", headers=bearer(world.tokens[actor])
+        ).status_code
+        == 404
+    )
 
 
 def test_a_revoked_unknown_or_malformed_token_and_a_disabled_accounts_token_get_401(world: World) -> None:
@@ -412,7 +568,7 @@ def test_a_catalog_where_two_advertisers_share_a_campaign_id_is_refused() -> Non
     with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
         Catalog(ads)
     with pytest.raises(ValueError, match=f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}"):
-        Catalog.from_json(json.dumps({"ads": [asdict(ad) for ad in ads]}))
+        Catalog.from_json(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in ads]}))
     assert len(Catalog([*ads[:1], Ad("own-ad-2", SHARED, OWN, 1, "EUR")])) == 2, "one advertiser's campaign is fine"
 
 
@@ -453,7 +609,7 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
     # A catalog in which both advertisers have the campaign at once is refused by the running UI too: it keeps the
     # catalog it had, and says so in its log.
     shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, "EUR"), Ad("other-ad", SHARED, OTHER, 10**6, "EUR")]
-    settings.catalog_file.write_text(json.dumps({"ads": [asdict(ad) for ad in shared]}))
+    settings.catalog_file.write_text(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in shared]}))
     with caplog.at_level(logging.WARNING, logger="web.readers"):
         seen()
         assert clients["alice"].get("/api/v1/advertisers").json["advertisers"] == [

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
 from billing.events import Click, Impression
-from producers.capture import CaptureError, capture_line, parse_capture_line, read_capture
+from producers.capture import (
+    CaptureError,
+    SchemaLine,
+    capture_line,
+    parse_capture_line,
+    read_capture,
+    read_capture_with_extras,
+)
 from producers.simulator import write_capture
 from producers.wire import RawRecord
 
@@ -64,7 +72,7 @@ def test_reads_good_and_reports_bad_lines_with_numbers(capture):
     ("line", "message"),
     [
         ("[1, 2]", "a line is a JSON object, got list"),
-        ('{"impression_id": "i1"}', "missing field 'type' (impression, click, raw or ad)"),
+        ('{"impression_id": "i1"}', "missing field 'type' (impression, click, raw, ad or schema)"),
         ('{"type": null}', "unknown type None"),
         (
             CLICK_WITH_TIME % '"1767225600000"',
@@ -139,4 +147,25 @@ def test_capture_lines_round_trip(tmp_path):
     )
     assert capture_line(items[0]) == (
         '{"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}'
+    )
+
+
+def test_a_schema_line_is_a_schema_version_with_its_line_number(tmp_path):
+    schema = {"type": "record", "name": "Click", "fields": [{"name": "click_id", "type": "string"}]}
+    path = tmp_path / "capture.jsonl"
+    lines = [
+        capture_line(Click("c1", "a1", "u1", 1)),
+        json.dumps({"type": "schema", "subject": "clicks-value", "schema": schema}),
+        json.dumps({**json.loads(capture_line(Click("c2", "a1", "u1", 2))), "placement": "feed"}),
+        json.dumps({"type": "schema", "subject": "clicks-value"}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    read = list(read_capture_with_extras(path))
+    assert read[0] == (Click("c1", "a1", "u1", 1), {})
+    assert read[1] == (SchemaLine("clicks-value", json.dumps(schema), 2), {})
+    assert read[2] == (Click("c2", "a1", "u1", 2), {"placement": "feed"}), "an event line's added fields come along"
+    assert isinstance(read[3][0], CaptureError) and "schema" in read[3][0].message
+    assert [item for item, _ in read[:3]] == list(read_capture(path))[:3]
+    assert parse_capture_line(capture_line(SchemaLine("clicks-value", json.dumps(schema)))) == SchemaLine(
+        "clicks-value", json.dumps(schema), 1
     )

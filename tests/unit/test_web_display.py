@@ -1,27 +1,52 @@
-"""Formatting for people: money from integer micros, exactly, never through a float."""
+"""Formatting for people: money from integer micros, exactly, never through a float; the script formats alike."""
 
 from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from web import display
 
+MONEY_CASES = [
+    (0, "EUR", "0.00 EUR"),
+    (1, "EUR", "0.000001 EUR"),  # not whole cents: every digit
+    (1_230_000, "EUR", "1.23 EUR"),  # whole cents: two decimals
+    (291_970_000, "EUR", "291.97 EUR"),
+    (1_234_567, "EUR", "1.234567 EUR"),
+    (-50_000, "USD", "-0.05 USD"),
+    (12_345_678_900, "EUR", "12,345.6789 EUR"),
+    (5_000_000, "JPY", "5 JPY"),  # a currency without decimals
+    (5_500_000, "JPY", "5.5 JPY"),
+    (-1_000_000_000_000_001, "", "-1,000,000,000.000001"),
+    # Past 2**53 a float would already be wrong in the last digit; integers are exact.
+    (9_007_199_254_740_993, "EUR", "9,007,199,254.740993 EUR"),
+    (2**63 - 1, "EUR", "9,223,372,036,854.775807 EUR"),
+]
 
-@pytest.mark.parametrize(
-    "micros, currency, text",
-    [
-        (0, "EUR", "0.000000 EUR"),
-        (1, "EUR", "0.000001 EUR"),
-        (1_230_000, "EUR", "1.230000 EUR"),
-        (-50_000, "USD", "-0.050000 USD"),
-        (12_345_678_900, "EUR", "12,345.678900 EUR"),
-        (-1_000_000_000_000_001, "", "-1,000,000,000.000001"),
-        # Past 2**53 a float would already be wrong in the last digit; integers are exact.
-        (9_007_199_254_740_993, "EUR", "9,007,199,254.740993 EUR"),
-    ],
-)
+
+@pytest.mark.parametrize("micros, currency, text", MONEY_CASES)
 def test_money(micros: int, currency: str, text: str) -> None:
     assert display.money(micros, currency) == text
+
+
+def test_the_script_formats_money_as_the_server_does() -> None:
+    """adbill.js's `money` on the same cases, run by node (skipped where node is not installed)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    cases = [[str(m), c, display.currency_digits(c)] for m, c, _ in MONEY_CASES]
+    program = (
+        "globalThis.document = { addEventListener() {} };\n"
+        + script.read_text()
+        + f"\nconsole.log(JSON.stringify({json.dumps(cases)}.map(([m, c, d]) => money(m, c, d))));"
+    )
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == [text for _, _, text in MONEY_CASES]
 
 
 def test_money_refuses_anything_but_integers() -> None:
@@ -31,9 +56,9 @@ def test_money_refuses_anything_but_integers() -> None:
 
 
 def test_signed_figures_for_corrections() -> None:
-    assert display.signed_money(250_000, "EUR") == "+0.250000 EUR"
-    assert display.signed_money(-250_000, "EUR") == "-0.250000 EUR"
-    assert display.signed_money(0, "EUR") == "0.000000 EUR"
+    assert display.signed_money(250_000, "EUR") == "+0.25 EUR"
+    assert display.signed_money(-250_000, "EUR") == "-0.25 EUR"
+    assert display.signed_money(0, "EUR") == "0.00 EUR"
     assert display.signed_count(3) == "+3"
     assert display.signed_count(-1200) == "-1,200"
     assert display.count(1234567) == "1,234,567"
@@ -58,3 +83,36 @@ def test_sizes_and_durations() -> None:
     assert display.duration_ms(4400) == "4,400 ms"
     assert display.duration_ms(12_500) == "12.5 s"
     assert display.duration_ms(None) == "\u2014"
+
+
+def test_the_chart_of_one_period_labels_its_axis_once() -> None:
+    """adbill.js's chart, in node with a stand-in for the DOM: one period, one label on the time axis; two, two."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    dom = """
+globalThis.document = {
+  addEventListener() {},
+  createElementNS(_ns, name) {
+    return { name, attrs: {}, children: [], textContent: "",
+      setAttribute(k, v) { this.attrs[k] = v; }, appendChild(c) { this.children.push(c); } };
+  },
+};
+function svg() {
+  return { children: [], get firstChild() { return this.children[0]; },
+    removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
+    appendChild(c) { this.children.push(c); }, setAttribute() {} };
+}
+const bill = (p) => ({ period: p, closed: true, corrected: { micros: 5 }, provisional: { micros: 4 } });
+const labels = (series) => { const s = svg(); drawChart(s, series, "EUR");
+  return s.children.filter((c) => c.name === "text" && c.attrs.y === "250").map((c) => c.textContent); };
+"""
+    program = (
+        dom
+        + script.read_text()
+        + "\nconsole.log(JSON.stringify([labels([bill('20260101T0000Z')]),"
+        + " labels([bill('20260101T0000Z'), bill('20260101T0100Z')])]));"
+    )
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == [["2026-01-01 00:00 UTC"], ["2026-01-01 00:00 UTC", "2026-01-01 01:00 UTC"]]

@@ -5,17 +5,23 @@
 
 const MICROS = 1000000n;
 
-function money(micros, currency) {
+// As web/display.py (Babel): the currency's decimals (`digits`, 2 unless the page says otherwise) where the amount
+// is whole cents, every digit down to the micro where it is not, and the currency's code.
+let currencyDigits = 2; // the page's currency's decimals: data-currency-digits of #dashboard
+
+function money(micros, currency, digits) {
+  const keep = digits === undefined ? currencyDigits : Number(digits);
   const value = BigInt(micros);
   const abs = value < 0n ? -value : value;
   const units = (abs / MICROS).toLocaleString("en-US");
-  const fraction = (abs % MICROS).toString().padStart(6, "0");
-  const text = (value < 0n ? "-" : "") + units + "." + fraction;
+  let fraction = (abs % MICROS).toString().padStart(6, "0");
+  while (fraction.length > keep && fraction.endsWith("0")) fraction = fraction.slice(0, -1);
+  const text = (value < 0n ? "-" : "") + units + (fraction ? "." + fraction : "");
   return currency ? text + " " + currency : text;
 }
 
-function signedMoney(micros, currency) {
-  return (BigInt(micros) > 0n ? "+" : "") + money(micros, currency);
+function signedMoney(micros, currency, digits) {
+  return (BigInt(micros) > 0n ? "+" : "") + money(micros, currency, digits);
 }
 
 function count(n) {
@@ -31,6 +37,21 @@ function periodLabel(key) {
   return key.slice(0, 4) + "-" + key.slice(4, 6) + "-" + key.slice(6, 8) + " " + key.slice(9, 11) + ":" + key.slice(11, 13) + " UTC";
 }
 
+// The pages' one time format: 2026-01-01 00:00:05 UTC (web/display.py `utc`).
+function utcText(ms) {
+  return new Date(ms).toISOString().slice(0, 19).replace("T", " ") + " UTC";
+}
+
+// The banner that says when the data was last billed (web/templates/_freshness.html), from the API's document.
+function showFreshness(freshness) {
+  const banner = document.getElementById("freshness");
+  if (!banner || !freshness) return;
+  banner.className = "freshness " + freshness.level;
+  banner.dataset.level = freshness.level;
+  const text = banner.querySelector(".freshness-text");
+  if (text) text.textContent = freshness.text;
+}
+
 function lookup(row, path) {
   return path.split(".").reduce((value, part) => (value == null ? undefined : value[part]), row);
 }
@@ -44,6 +65,13 @@ function render(value, format, currency) {
     case "period": return periodLabel(value);
     default: return value == null ? "" : String(value);
   }
+}
+
+function spanBadge(closed) {
+  const span = document.createElement("span");
+  span.className = "badge " + (closed ? "closed" : "open");
+  span.textContent = closed ? "closed" : "provisional";
+  return span;
 }
 
 function statusBadge(closed) {
@@ -66,6 +94,8 @@ function fillTable(table, rows, currency) {
       if (th.classList.contains("num")) td.className = "num";
       if (th.dataset.f === "status") {
         td.appendChild(statusBadge(value));
+      } else if (th.dataset.f === "span_status") {
+        td.appendChild(spanBadge(value));
       } else if (th.dataset.link) {
         const a = document.createElement("a");
         a.href = th.dataset.link.replace("__ID__", encodeURIComponent(value));
@@ -124,8 +154,10 @@ function drawChart(svg, series, currency) {
   svg.appendChild(bars);
   svg.appendChild(svgElement("polyline", { points: points.join(" "), class: "provisional-line" }));
   svg.appendChild(svgElement("text", { x: left, y: height - 10, class: "axis" }, periodLabel(series[0].period)));
-  svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
-    periodLabel(series[series.length - 1].period)));
+  if (series.length > 1) { // one period has one label, not the same one twice
+    svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
+      periodLabel(series[series.length - 1].period)));
+  }
 }
 
 function refreshDashboard(root) {
@@ -151,7 +183,8 @@ function refreshDashboard(root) {
       if (chart) drawChart(chart, data.series || [], currency);
       root.dataset.refreshes = String(Number(root.dataset.refreshes || "0") + 1);
       const status = document.getElementById("refresh-status");
-      if (status) status.textContent = "updated " + new Date().toISOString().slice(11, 19) + " UTC";
+      if (status) status.textContent = "page updated " + utcText(Date.now());
+      showFreshness(data.freshness);
     })
     .catch((error) => {
       const status = document.getElementById("refresh-status");
@@ -162,6 +195,7 @@ function refreshDashboard(root) {
 document.addEventListener("DOMContentLoaded", () => {
   const root = document.getElementById("dashboard");
   if (!root) return;
+  if (root.dataset.currencyDigits) currencyDigits = Number(root.dataset.currencyDigits);
   const every = Number(root.dataset.refreshMs || "3000");
   const tick = () => refreshDashboard(root).finally(() => window.setTimeout(tick, every));
   tick();

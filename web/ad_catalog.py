@@ -1,0 +1,177 @@
+"""The ad catalog as the web UI shows and changes it: each ad's status and price now, and an admin's change made.
+
+What a page and its API twin share (`web.catalog_pages`, `web.catalog_api`): the access check (`catalog_or_404`),
+an ad's status at a time (`AdStatus`), and `make_change`, which reads a request as the command line does
+(`billing.catalog_changes.catalog_change`, so the web refuses what `adbill catalog` refuses, with the same one-line
+message) and makes it in the catalog file under its lock (`billing.store.catalog_file.CatalogStore`). The web UI
+reads the file back like every other part of the product; a change is seen by the streaming job and reconciliation
+within seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from flask import Flask, abort, current_app
+
+from billing.catalog import Ad, Catalog, CatalogError, PriceChange
+from billing.catalog_changes import ACTIONS, catalog_change
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+from web.access import Principal, may_change_catalog, may_see_finance
+from web.guards import logged_in
+from web.readers import is_id
+
+EXTENSION = "adbill_catalog"
+"""Where `register` keeps the app's `CatalogStore` (`app.extensions`)."""
+
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,3}))?)?Z?", re.ASCII)
+_DIGITS = re.compile(r"[0-9]{1,16}", re.ASCII)
+
+
+class Status(StrEnum):
+    """Where an ad stands at a time."""
+
+    LIVE = "live"
+    PAUSED = "paused"
+    NOT_YET_LIVE = "not_yet_live"
+    """Its first entry takes effect later (or the ad does not exist yet at that time)."""
+
+    @property
+    def label(self) -> str:
+        return self.value.replace("_", " ")
+
+
+@dataclass(frozen=True, slots=True)
+class AdStatus:
+    """One ad as a person sees it at `at_ms`: its status, the price in force, the next change planned."""
+
+    ad: Ad
+    status: Status
+    cpc_micros: int | None
+    next_change: PriceChange | None
+
+    @classmethod
+    def of(cls, ad: Ad, at_ms: int) -> AdStatus:
+        entry = ad.entry_at(at_ms)
+        later = next((p for p in ad.prices if p.effective_from > at_ms), None)
+        if entry is None:
+            return cls(ad, Status.NOT_YET_LIVE, None, later)
+        if entry.cpc_micros is None:
+            return cls(ad, Status.PAUSED, None, later)
+        return cls(ad, Status.LIVE, entry.cpc_micros, later)
+
+
+def register(app: Flask, catalog_file: Path) -> None:
+    """Keep the catalog's store for the app's views (`create_app` calls this once)."""
+    app.extensions[EXTENSION] = CatalogStore(catalog_file)
+
+
+def store() -> CatalogStore:
+    found: CatalogStore = current_app.extensions[EXTENSION]
+    return found
+
+
+def catalog_or_404(change: bool = False) -> Principal:
+    """Every ad of the catalog: finance and admin see it, only an admin changes it; anyone else gets 404."""
+    principal = logged_in()
+    if not (may_change_catalog(principal) if change else may_see_finance(principal)):
+        abort(404)
+    return principal
+
+
+def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
+    """The catalog's ads (of one advertiser when given), by advertiser, campaign and ad id."""
+    ads = [ad for ad in catalog if advertiser_id is None or ad.advertiser_id == advertiser_id]
+    return sorted(ads, key=lambda ad: (ad.advertiser_id, ad.campaign_id, ad.ad_id))
+
+
+def effective_from_text(text: str | None, now_ms: int) -> int:
+    """A form's effective time: empty for now, epoch ms, or an ISO-8601 time in UTC (`2026-01-01T10:00`, as a
+    `datetime-local` field sends it, seconds and a trailing `Z` optional); CatalogError otherwise."""
+    value = (text or "").strip()
+    if not value:
+        return now_ms
+    if _DIGITS.fullmatch(value):
+        return int(value)
+    match = _ISO.fullmatch(value)
+    if match:
+        year, month, day, hour, minute, second, fraction = match.groups()
+        try:
+            moment = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0), tzinfo=UTC)
+            return int(moment.timestamp()) * 1000 + int((fraction or "0").ljust(3, "0"))
+        except ValueError:
+            pass  # a day or hour that does not exist: refused below
+    raise CatalogError(
+        f"the effective time is epoch ms or a UTC time such as 2026-01-01T10:00, or empty for now; got {value!r}"
+    )
+
+
+def effective_from_json(value: object, now_ms: int) -> int:
+    """An API request's `effective_from`: absent or null for now, else whole epoch milliseconds."""
+    if value is None:
+        return now_ms
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CatalogError(f"the effective time is a non-negative number of epoch milliseconds, got {value!r}")
+    return value
+
+
+def check_ids(ad_id: str, **ids: str | None) -> None:
+    """Ids the web UI can show and address (`web.readers.is_id`); CatalogError naming the first that is not. The ad's
+    id is needed (as `adbill catalog` says); a missing campaign or advertiser is the command's refusal to make."""
+    if not ad_id:
+        raise CatalogError("catalog create-ad needs the ad's id")
+    for name, value in {"ad_id": ad_id, **ids}.items():
+        if value is not None and not is_id(value):
+            raise CatalogError(
+                f"{name.replace('_', ' ')} {value!r}: an id is up to 128 letters, digits and . _ : @ -, starting "
+                "with a letter or digit"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """A change made: the catalog after it, the ad, and the entry it added."""
+
+    catalog: Catalog
+    ad: Ad
+    entry: PriceChange
+
+
+def make_change(
+    action: str,
+    ad_id: str,
+    at_ms: int,
+    now_ms: int,
+    *,
+    cpc_micros: object = None,
+    campaign_id: str | None = None,
+    advertiser_id: str | None = None,
+    currency: str | None = None,
+) -> Made:
+    """Read the request (`catalog_change`) against the catalog as the file holds it, make it
+    (`Catalog.with_change`) and write the file, all under the catalog's lock, so a request is judged against the
+    catalog it changes; CatalogError, with the command line's one-line message, when it is refused."""
+    if action not in ACTIONS:
+        raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
+    target = store()
+    with target.locked():
+        current = load_catalog(target.path) if target.path.exists() else None
+        change = catalog_change(
+            action,
+            ad_id,
+            at_ms,
+            current,
+            cpc_micros=cpc_micros,
+            campaign_id=campaign_id,
+            advertiser_id=advertiser_id,
+            currency=currency,
+        )
+        changed = (current or Catalog([])).with_change(change, now_ms)
+        save_catalog(changed, target.path)
+    ad = changed[ad_id]
+    entry = next(p for p in ad.prices if p.version == changed.version)
+    return Made(changed, ad, entry)

@@ -1,0 +1,180 @@
+"""The catalog under `/api/v1`: an advertiser's ads, every ad for finance and admin, and an admin's changes.
+
+- `GET /api/v1/advertisers/ID/ads`: the advertiser's ads with status, price now and history (the page's twin).
+- `GET /api/v1/catalog/ads`, `GET /api/v1/catalog/ads/AD`, `GET /api/v1/catalog/ads/AD/prices`: every ad, one ad,
+  one ad's price history (finance and admin).
+- `POST /api/v1/catalog/ads`: create an ad, `{"ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros",
+  "effective_from"?}` (admin).
+- `POST /api/v1/catalog/ads/AD/prices`: `{"cpc_micros": int | null, "effective_from": ms?}` sets the price, or
+  pauses with null; `"action": "set-price" | "pause" | "resume"` says it explicitly (a resume without a price goes
+  back to the last one); `campaign_id`, `advertiser_id`, `currency` when given must be the ad's own (admin).
+
+A refused change answers 400 `{"error": MESSAGE, "status": 400}` with the command line's one-line message; a change
+made answers 201 with the ad. Access as the pages (`web.ad_catalog.catalog_or_404`, `web.guards`); the login and
+token checks are the API blueprint's (`web.api.require_login`), and a request with a token needs no CSRF token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, abort, jsonify, request, url_for
+
+from billing.catalog import Ad, CatalogError, PriceChange
+from web.ad_catalog import AdStatus, Made, ads_of, catalog_or_404, check_ids, effective_from_json, make_change
+from web.api import require_login
+from web.guards import advertiser_or_404
+from web.readers import is_id
+from web.services import services
+
+bp = Blueprint("catalog_api", __name__, url_prefix="/api/v1")
+bp.before_request(require_login)
+
+_CREATE_FIELDS = frozenset({"ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros", "effective_from"})
+_CHANGE_FIELDS = frozenset({"action", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency"})
+_CHANGE_ACTIONS = ("set-price", "pause", "resume")
+
+
+@bp.get("/advertisers/<advertiser_id>/ads")
+def advertiser_ads(advertiser_id: str) -> Response:
+    advertiser_or_404(advertiser_id)
+    svc = services()
+    now = svc.clock()
+    return jsonify(
+        {
+            "advertiser_id": advertiser_id,
+            "ads": [ad_document(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)],
+        }
+    )
+
+
+@bp.get("/catalog/ads")
+def catalog_ads() -> Response:
+    catalog_or_404()
+    svc = services()
+    now = svc.clock()
+    catalog = svc.reader.catalog.get()
+    return jsonify({"catalog_version": catalog.version, "ads": [ad_document(ad, now) for ad in ads_of(catalog)]})
+
+
+@bp.get("/catalog/ads/<ad_id>")
+def catalog_ad(ad_id: str) -> Response:
+    catalog_or_404()
+    svc = services()
+    found = svc.reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    if found is None:
+        abort(404)
+    return jsonify(ad_document(found, svc.clock()))
+
+
+@bp.get("/catalog/ads/<ad_id>/prices")
+def catalog_ad_prices(ad_id: str) -> Response:
+    """The ad's price history alone, oldest first (the collection a change is posted to)."""
+    catalog_or_404()
+    found = services().reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    if found is None:
+        abort(404)
+    return jsonify({"ad_id": found.ad_id, "currency": found.currency, "prices": [_entry(p) for p in found.prices]})
+
+
+@bp.post("/catalog/ads")
+def create_ad() -> Response:
+    catalog_or_404(change=True)
+    now = services().clock()
+    try:
+        body = _body(_CREATE_FIELDS)
+        ad_id = _text(body, "ad_id") or ""
+        owners = {name: _text(body, name) for name in ("campaign_id", "advertiser_id", "currency")}
+        check_ids(ad_id=ad_id, campaign_id=owners["campaign_id"], advertiser_id=owners["advertiser_id"])
+        made = make_change(
+            "create-ad",
+            ad_id,
+            effective_from_json(body.get("effective_from"), now),
+            now,
+            cpc_micros=body.get("cpc_micros"),
+            **owners,
+        )
+    except CatalogError as refused:
+        return _refused(refused)
+    return _made(made, now)
+
+
+@bp.post("/catalog/ads/<ad_id>/prices")
+def change_ad(ad_id: str) -> Response:
+    catalog_or_404(change=True)
+    if not is_id(ad_id):
+        abort(404)
+    now = services().clock()
+    try:
+        body = _body(_CHANGE_FIELDS)
+        action = body.get("action")
+        if action is None:
+            action = "pause" if "cpc_micros" in body and body["cpc_micros"] is None else "set-price"
+        if action not in _CHANGE_ACTIONS:
+            raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
+        if action == "pause" and body.get("cpc_micros") is not None:
+            raise CatalogError(f"pause {ad_id}: a pause has no price (cpc_micros null or absent)")
+        made = make_change(
+            str(action),
+            ad_id,
+            effective_from_json(body.get("effective_from"), now),
+            now,
+            cpc_micros=body.get("cpc_micros"),
+            campaign_id=_text(body, "campaign_id"),
+            advertiser_id=_text(body, "advertiser_id"),
+            currency=_text(body, "currency"),
+        )
+    except CatalogError as refused:
+        return _refused(refused)
+    return _made(made, now)
+
+
+def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
+    """An ad as the API gives it: owners, currency, status and price at `at_ms`, the next change, the history."""
+    status = AdStatus.of(ad, at_ms)
+    return {
+        "ad_id": ad.ad_id,
+        "campaign_id": ad.campaign_id,
+        "advertiser_id": ad.advertiser_id,
+        "currency": ad.currency,
+        "status": status.status.value,
+        "cpc_micros": status.cpc_micros,
+        "next_change": _entry(status.next_change) if status.next_change else None,
+        "prices": [_entry(p) for p in ad.prices],
+    }
+
+
+def _entry(p: PriceChange) -> dict[str, Any]:
+    return {"effective_from": p.effective_from, "cpc_micros": p.cpc_micros, "version": p.version}
+
+
+def _body(allowed: frozenset[str]) -> dict[str, Any]:
+    """The request's JSON object; CatalogError when it is not one or names a field the route does not take."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise CatalogError("the request body is a JSON object (Content-Type: application/json)")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise CatalogError(f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(allowed))}")
+    return body
+
+
+def _text(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise CatalogError(f"{name} is a string, got {value!r}")
+    return (value.strip() or None) if value is not None else None  # empty is absent, as an empty form field
+
+
+def _refused(error: CatalogError) -> Response:
+    response = jsonify({"error": str(error), "status": 400})
+    response.status_code = 400
+    return response
+
+
+def _made(made: Made, now: int) -> Response:
+    document = {**ad_document(made.ad, now), "catalog_version": made.catalog.version, "made": _entry(made.entry)}
+    response = jsonify(document)
+    response.status_code = 201
+    response.headers["Location"] = url_for(".catalog_ad", ad_id=made.ad.ad_id)
+    return response

@@ -1,0 +1,132 @@
+"""The catalog's pages: an advertiser's ads with their status and prices; every ad for finance and admin; an admin's
+forms to create an ad and to set, pause and resume its price (CSRF-protected POSTs, `web.auth.check_csrf`).
+
+A refused change answers 400 with the form again and the command line's one-line message (`web.ad_catalog`); a
+change made redirects (303) to the ad's page, which names the entry it added. Whatever a person may not see answers
+404, as everywhere (`web.guards`).
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response
+
+from billing.catalog import CatalogError
+from web.ad_catalog import AdStatus, ads_of, catalog_or_404, check_ids, effective_from_text, make_change
+from web.guards import advertiser_or_404
+from web.pages import require_login
+from web.readers import is_id
+from web.services import services
+
+bp = Blueprint("catalog_pages", __name__)
+bp.before_request(require_login)
+
+_CHANGE_ACTIONS = ("set-price", "pause", "resume")
+
+
+@bp.get("/advertisers/<advertiser_id>/ads")
+def advertiser_ads(advertiser_id: str) -> str:
+    """The advertiser's ads: status, price now, the next planned change and the price history."""
+    advertiser_or_404(advertiser_id)
+    svc = services()
+    now = svc.clock()
+    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)]
+    return render_template("catalog_advertiser.html", advertiser_id=advertiser_id, ads=listed, now_ms=now)
+
+
+@bp.get("/catalog")
+def catalog() -> str | tuple[str, int]:
+    catalog_or_404()
+    return _catalog_page({}, "", 200)
+
+
+@bp.post("/catalog/ads")
+def create_ad() -> Response | str | tuple[str, int]:
+    catalog_or_404(change=True)
+    form = {k: request.form.get(k, "").strip() for k in _CREATE_FIELDS}
+    now = services().clock()
+    try:
+        check_ids(
+            ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
+        )
+        made = make_change(
+            "create-ad",
+            form["ad_id"],
+            effective_from_text(form["effective_from"], now),
+            now,
+            cpc_micros=form["cpc_micros"] or None,
+            campaign_id=form["campaign_id"] or None,
+            advertiser_id=form["advertiser_id"] or None,
+            currency=form["currency"] or None,
+        )
+    except CatalogError as refused:
+        return _catalog_page(form, str(refused), 400)
+    return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
+
+
+@bp.get("/catalog/ads/<ad_id>")
+def ad(ad_id: str) -> str | tuple[str, int]:
+    catalog_or_404()
+    return _ad_page(ad_id, {}, "", 200)
+
+
+@bp.post("/catalog/ads/<ad_id>/changes")
+def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
+    """Set, pause or resume the ad's price from now or a later time; the optional `campaign_id`, `advertiser_id` and
+    `currency` fields are checked against the ad's own (they never change)."""
+    catalog_or_404(change=True)
+    if not is_id(ad_id):
+        abort(404)
+    form = {k: request.form.get(k, "").strip() for k in _CHANGE_FIELDS}
+    now = services().clock()
+    try:
+        action = form["action"]
+        if action not in _CHANGE_ACTIONS:
+            raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
+        made = make_change(
+            action,
+            ad_id,
+            effective_from_text(form["effective_from"], now),
+            now,
+            cpc_micros=form["cpc_micros"] or None,
+            campaign_id=form["campaign_id"] or None,
+            advertiser_id=form["advertiser_id"] or None,
+            currency=form["currency"] or None,
+        )
+    except CatalogError as refused:
+        return _ad_page(ad_id, form, str(refused), 400)
+    return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
+
+
+_CREATE_FIELDS = ("ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros", "effective_from")
+_CHANGE_FIELDS = ("action", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency")
+
+
+def _catalog_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+    svc = services()
+    now = svc.clock()
+    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get())]
+    body = render_template("catalog.html", ads=listed, now_ms=now, form=form, error=error)
+    return body if status == 200 else (body, status)
+
+
+def _ad_page(ad_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+    """The ad's history and, for an admin, the forms to change it; a refused change of an ad that does not exist
+    answers with the catalog's page (400), and a page of one 404."""
+    svc = services()
+    found = svc.reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    if found is None:
+        if status == 200:
+            abort(404)
+        return _catalog_page({}, error, status)
+    now = svc.clock()
+    made = request.args.get("made", "")
+    body = render_template(
+        "catalog_ad.html",
+        a=AdStatus.of(found, now),
+        now_ms=now,
+        form=form,
+        error=error,
+        made=int(made) if made.isdigit() and len(made) < 16 else None,
+    )
+    return body if status == 200 else (body, status)

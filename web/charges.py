@@ -1,0 +1,165 @@
+"""Adapter: what the downloads and statements read, from Redis (open periods, live figures) and the export folder
+(closed periods, as finance was given them), into `web.statements` values and CSV text.
+
+Every CSV keeps money as integer micros and adds a decimal column beside it (exact: `billing.money.format_micros`);
+text cells a producer or user wrote never start a formula (`web.statements.safe_cell`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from billing.money import format_micros
+from billing.store.export_files import CSV_FILE, PARQUET_FILE
+from web.model import Period
+from web.ranges import DateRange
+from web.readers import BillingReader, _figures
+from web.statements import CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL, PeriodCharges, safe_cell
+
+
+def periods_in(reader: BillingReader, span: DateRange) -> list[Period]:
+    return [p for p in reader.periods() if span.start_ms <= p.start_ms < span.end_ms]
+
+
+def statement_periods(reader: BillingReader, advertiser_id: str, span: DateRange) -> list[PeriodCharges]:
+    """Each period of the span for the advertiser: a closed one from its export when the export is on file (its
+    clicks, and the adjustments booked in it), otherwise, and for open ones, the corrected Redis figures."""
+    periods = periods_in(reader, span)
+    pipe = reader.client.pipeline(transaction=False)
+    for p in periods:
+        reader._queue_billed(pipe, p.key, "adv", advertiser_id)
+    results = iter(pipe.execute())
+    out = []
+    for p in periods:
+        provisional, corrections = _figures(next(results)), _figures(next(results))
+        corrected = provisional + corrections
+        export = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
+        if export is not None:
+            out.append(_from_export(p, export, advertiser_id))
+        elif not corrected.is_zero:
+            status = CLOSED_WITHOUT_EXPORT if p.closed else PROVISIONAL
+            out.append(PeriodCharges(p.key, p.start_ms, status, corrected.clicks, corrected.micros))
+    return out
+
+
+def _from_export(period: Period, path: Any, advertiser_id: str) -> PeriodCharges:
+    table = pq.read_table(
+        path,
+        columns=["record_type", "advertiser_id", "status", "net_micros"],
+        filters=[("advertiser_id", "=", advertiser_id)],
+    )
+    clicks = table.filter(pc.equal(table["record_type"], "click"))
+    adjustments = table.filter(pc.equal(table["record_type"], "adjustment"))
+    billed = clicks.filter(pc.not_equal(clicks["status"], "retracted"))
+    return PeriodCharges(
+        period.key,
+        period.start_ms,
+        CLOSED,
+        billed.num_rows,
+        int(pc.sum(clicks["net_micros"]).as_py() or 0),
+        int(pc.sum(adjustments["net_micros"]).as_py() or 0),
+        adjustments.num_rows,
+    )
+
+
+CHARGES_COLUMNS = (
+    "period",
+    "period_start_utc",
+    "status",
+    "advertiser_id",
+    "campaign_id",
+    "ad_id",
+    "clicks",
+    "provisional_micros",
+    "corrections_micros",
+    "amount_micros",
+    "amount",
+    "currency",
+)
+
+
+def charges_csv(reader: BillingReader, advertiser_id: str, span: DateRange) -> str:
+    """The advertiser's charges per period and ad in the span: what the stream billed, what reconciliation
+    corrected, and the corrected amount (micros and decimal); open periods are marked provisional."""
+    periods = periods_in(reader, span)
+    catalog = reader.catalog.get()
+    own_ads = {ad.ad_id: ad.campaign_id for ad in catalog if ad.advertiser_id == advertiser_id}
+    pipe = reader.client.pipeline(transaction=False)
+    for p in periods:
+        pipe.smembers(reader.keys.period_ads(p.key, advertiser_id))
+    listed = pipe.execute()
+    pipe = reader.client.pipeline(transaction=False)
+    wanted = []
+    for p, ads in zip(periods, listed, strict=True):
+        for ad_id in sorted(set(ads) | set(own_ads)):
+            wanted.append((p, ad_id))
+            pipe.hmget(reader.keys.totals(p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
+            pipe.hmget(reader.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
+    results = iter(pipe.execute())
+    currency = reader.currency(advertiser_id)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(CHARGES_COLUMNS)
+    for p, ad_id in wanted:
+        totals, fixes = next(results), next(results)
+        if totals[3] not in (None, advertiser_id):
+            continue  # another advertiser's ad never shows here
+        provisional, corrections = _figures(totals), _figures(fixes)
+        corrected = provisional + corrections
+        if provisional.is_zero and corrections.is_zero:
+            continue
+        writer.writerow(
+            [
+                p.key,
+                _utc(p.start_ms),
+                "closed" if p.closed else "provisional",
+                safe_cell(advertiser_id),
+                safe_cell(own_ads.get(ad_id) or totals[2] or ""),
+                safe_cell(ad_id),
+                corrected.clicks,
+                provisional.micros,
+                corrections.micros,
+                corrected.micros,
+                format_micros(corrected.micros),
+                currency,
+            ]
+        )
+    return out.getvalue()
+
+
+def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
+    """Every closed period's export in the span as one CSV (the exports' rows and columns in period order, plus
+    `net_amount`, the decimal of `net_micros`); None when no export of the span is on file."""
+    tables = []
+    for p in periods_in(reader, span):
+        path = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
+        if path is not None and reader.export_file(p.key, CSV_FILE) is not None:
+            tables.append(pq.read_table(path))
+    if not tables:
+        return None
+    table = pa.concat_tables(tables)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    names = table.column_names
+    writer.writerow([*names, "net_amount"])
+    for row in table.to_pylist():
+        writer.writerow([*(_cell(row[n]) for n in names), format_micros(int(row["net_micros"]))])
+    return out.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return safe_cell(value) if isinstance(value, str) else value
+
+
+def _utc(ms: int) -> str:
+    from web.display import utc
+
+    return utc(ms)

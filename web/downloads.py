@@ -1,0 +1,92 @@
+"""Downloads and statements: an advertiser's charges for a date range (CSV), its monthly statement (page, CSV,
+PDF), and finance's month of exports as one CSV. The same access rules as the pages (`web.guards`): an advertiser
+its own, finance and admin all; anything else 404, anonymous visitors to the login page.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, abort, redirect, render_template, request, url_for
+
+from web import lookups
+from web.charges import charges_csv, month_export_csv, statement_periods
+from web.guards import advertiser_or_404, finance_or_404
+from web.ranges import DEFAULT_PRESET, DateRange, RangeError, parse_month
+from web.services import current_principal, services
+from web.statement_pdf import statement_pdf
+from web.statements import Statement, build_statement, statement_csv
+
+bp = Blueprint("downloads", __name__)
+
+
+@bp.before_request
+def require_login() -> Response | None:
+    if current_principal() is None:
+        return redirect(url_for("auth.login_form", next=request.full_path.rstrip("?")))  # type: ignore[return-value]
+    return None
+
+
+@bp.get("/advertisers/<advertiser_id>/charges.csv")
+def charges(advertiser_id: str) -> Response:
+    """The advertiser's charges per period and ad in the date range asked for (default: month to date)."""
+    advertiser_or_404(advertiser_id)
+    span = lookups.date_range(DEFAULT_PRESET)
+    assert span is not None  # a default is given
+    text = charges_csv(services().reader, advertiser_id, span)
+    return _attachment(text, "text/csv", f"adbill-charges-{advertiser_id}-{span.first}-{span.last}.csv")
+
+
+@bp.get("/advertisers/<advertiser_id>/statements/<month>")
+def statement_page(advertiser_id: str, month: str) -> str:
+    s = _statement(advertiser_id, month)
+    return render_template("statement.html", s=s, fresh=lookups.freshness())
+
+
+@bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.csv")
+def statement_csv_file(advertiser_id: str, month: str) -> Response:
+    s = _statement(advertiser_id, month)
+    return _attachment(statement_csv(s), "text/csv", f"adbill-statement-{advertiser_id}-{month}.csv")
+
+
+@bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.pdf")
+def statement_pdf_file(advertiser_id: str, month: str) -> Response:
+    s = _statement(advertiser_id, month)
+    pdf = statement_pdf(s, services().clock())
+    return _attachment(pdf, "application/pdf", f"adbill-statement-{advertiser_id}-{month}.pdf")
+
+
+@bp.get("/finance/months/<month>/billing.csv")
+def finance_month(month: str) -> Response:
+    """Every closed period's export of the month, as one CSV; 404 when none is on file."""
+    finance_or_404()
+    span = _month(month)
+    text = month_export_csv(services().reader, span)
+    if text is None:
+        abort(404)
+    return _attachment(text, "text/csv", f"adbill-{month}-billing.csv")
+
+
+def _statement(advertiser_id: str, month: str) -> Statement:
+    advertiser_or_404(advertiser_id)
+    span = _month(month)
+    reader = services().reader
+    periods = statement_periods(reader, advertiser_id, span)
+    return build_statement(advertiser_id, reader.currency(advertiser_id), month, span, periods)
+
+
+def _month(text: str) -> DateRange:
+    try:
+        return parse_month(text)
+    except RangeError as exc:
+        abort(400, description=str(exc))
+
+
+def _attachment(body: str | bytes, mimetype: str, filename: str) -> Response:
+    response = Response(body, mimetype=mimetype)
+    response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
+    return response
+
+
+def months_of(period_starts: list[str]) -> list[str]:
+    """`YYYY-MM` of each month that the period keys touch, newest first."""
+    return sorted({f"{key[0:4]}-{key[4:6]}" for key in period_starts}, reverse=True)

@@ -1,0 +1,120 @@
+"""How fresh the figures are, and the pipeline's overall status: pure rules over what Redis says of the job.
+
+A page with live figures says when the data was last billed: the streaming job's last batch or idle trigger (its
+heartbeat, `PREFIX:health:heartbeat:billing`), which proves the job had read everything Kafka held then. The page's
+own fetch time says nothing about that. Past `amber_after_s` (the readiness limit, `ADBILL_WEB_READY_BATCH_AGE_S`,
+60 s by default) the banner turns amber, past `red_after_s` (5 times that) red.
+
+The admin's health page sums the job, Kafka (consumer lag), Redis and reconciliation up in one status each and an
+overall one, the worst of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from billing.periods import format_elapsed, format_utc
+
+OK, AMBER, RED, UNKNOWN = "ok", "amber", "red", "unknown"
+_RANK = {OK: 0, UNKNOWN: 1, AMBER: 2, RED: 3}
+
+RED_FACTOR = 5
+"""The banner turns red at this many times the amber limit."""
+
+LAG_GROWING_RECORDS = 10_000
+"""A consumer lag above this that grew over the recent batches is amber: the job falls behind."""
+
+RECONCILE_LATE_S = 1_800
+"""No reconciliation finished for this long: amber (it runs every 5 min in `adbill up`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Freshness:
+    """How fresh the figures are: `level` is ok, amber, red, or unknown (the job never reported)."""
+
+    level: str
+    last_batch_ms: int | None
+    age_ms: int | None
+    text: str
+
+    def as_json(self) -> dict[str, object]:
+        return {"level": self.level, "last_batch_ms": self.last_batch_ms, "age_ms": self.age_ms, "text": self.text}
+
+
+def freshness(last_batch_ms: int | None, now_ms: int, amber_after_s: int, red_after_s: int | None = None) -> Freshness:
+    """The banner of a page whose figures the streaming job writes."""
+    red_after_s = amber_after_s * RED_FACTOR if red_after_s is None else red_after_s
+    if last_batch_ms is None:
+        return Freshness(UNKNOWN, None, None, "The billing job has not reported yet: figures may be incomplete.")
+    age = max(0, now_ms - last_batch_ms)
+    when = f"{_utc(last_batch_ms)} ({format_elapsed(age)} ago)"
+    if age > red_after_s * 1000:
+        return Freshness(
+            RED, last_batch_ms, age, f"Stale: the billing job last billed at {when}; figures are not being updated."
+        )
+    if age > amber_after_s * 1000:
+        return Freshness(AMBER, last_batch_ms, age, f"Delayed: data last billed at {when}.")
+    return Freshness(OK, last_batch_ms, age, f"Data last billed at {when}.")
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentStatus:
+    name: str
+    level: str
+    text: str
+
+
+def worst(levels: Sequence[str]) -> str:
+    return max(levels, key=lambda level: _RANK[level]) if levels else UNKNOWN
+
+
+def job_status(fresh: Freshness) -> ComponentStatus:
+    return ComponentStatus("Streaming job", fresh.level, fresh.text)
+
+
+def kafka_status(lag_now: dict[str, int | None], lag_before: dict[str, int | None] | None) -> ComponentStatus:
+    """Kafka as the job sees it: records waiting per topic, and whether that grew since `lag_before` (an older
+    batch's lag)."""
+    if not lag_now:
+        return ComponentStatus("Kafka", UNKNOWN, "No offsets reported by the job yet.")
+    unknown = [topic for topic, n in lag_now.items() if n is None]
+    if unknown:
+        return ComponentStatus("Kafka", UNKNOWN, f"Latest offsets not reported for {', '.join(unknown)}.")
+    total = sum(n or 0 for n in lag_now.values())
+    before = (
+        None
+        if lag_before is None or any(n is None for n in lag_before.values())
+        else sum(n or 0 for n in lag_before.values())
+    )
+    if total > LAG_GROWING_RECORDS and before is not None and total > before:
+        return ComponentStatus("Kafka", AMBER, f"Lag growing: {total:,} records waiting (was {before:,}).")
+    return ComponentStatus("Kafka", OK, f"{total:,} records waiting to be read.")
+
+
+def redis_status() -> ComponentStatus:
+    """Redis answered (this page was read from it)."""
+    return ComponentStatus("Redis", OK, "Answering.")
+
+
+def reconciliation_status(
+    finished_at_ms: int | None, held: dict[str, str], differences: Sequence[str], now_ms: int
+) -> ComponentStatus:
+    """Red when the last audit found a period that differs from the rule; amber when periods are held or no run
+    finished for `RECONCILE_LATE_S`; unknown before the first run."""
+    if differences:
+        return ComponentStatus(
+            "Reconciliation", RED, f"The last audit found {len(differences)} period(s) differing from the rule."
+        )
+    if finished_at_ms is None:
+        return ComponentStatus("Reconciliation", UNKNOWN, "No reconciliation has run yet.")
+    age = max(0, now_ms - finished_at_ms)
+    if held:
+        return ComponentStatus("Reconciliation", AMBER, f"{len(held)} period(s) held; see the reasons below.")
+    if age > RECONCILE_LATE_S * 1000:
+        return ComponentStatus("Reconciliation", AMBER, f"No run finished for {format_elapsed(age)}.")
+    return ComponentStatus("Reconciliation", OK, f"Last run finished {format_elapsed(age)} ago.")
+
+
+def _utc(ts_ms: int) -> str:
+    return format_utc(ts_ms).replace("T", " ")[:19] + " UTC"
