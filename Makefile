@@ -113,7 +113,7 @@ audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every p
 
 CHAOS_SEED ?=
 CHAOS_RATE ?= 100
-chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, poison, an outage past the horizon; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=)
+chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, overlapping faults, a full disk, poison, an outage past the horizon, prices changing; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=)
 	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 lint: venv ## ruff (lint and format check) and mypy

@@ -20,7 +20,7 @@ replayed batch bills what its first attempt billed.
 Partition columns live in the paths only (hive style), as Spark writes them, so pyarrow, DuckDB and Spark read
 the same tables. Each file is written under a dot-name in its folder, flushed to disk and renamed into place, and
 its folder flushed: readers skip dot files, a crash leaves no half file, a power loss no missing one, and a
-replayed batch replaces its files with the same names.
+replayed batch replaces its files with the same names. A write that fails (a full disk) removes its dot files.
 """
 
 from __future__ import annotations
@@ -192,12 +192,19 @@ def write_batch_files(
             parts.append((table.filter(mask).drop_columns(list(partitions)), folder))
     moves: list[tuple[Path, Path]] = []
     touched: list[Path] = []
-    for part, folder in parts:
-        touched += make_folder(folder)
-        staging = folder / f".{file_name}.{os.getpid()}.tmp"
-        pq.write_table(part, staging, compression="snappy")
-        moves.append((staging, folder / file_name))
-    replace_files(moves, touched)
+    try:
+        for part, folder in parts:
+            touched += make_folder(folder)
+            staging = folder / f".{file_name}.{os.getpid()}.tmp"
+            moves.append((staging, folder / file_name))
+            pq.write_table(part, staging, compression="snappy")
+        replace_files(moves, touched)
+    except BaseException:
+        # A failed write (a full disk) leaves no staging file behind: readers skip them, but they hold the room
+        # the next attempt needs. Files already renamed into place are replaced when the batch is written again.
+        for staging, _ in moves:
+            staging.unlink(missing_ok=True)
+        raise
     written = [target for _, target in moves]
     if prune:
         prune_batch_folders(written)

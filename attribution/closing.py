@@ -52,7 +52,7 @@ from billing.layout import EPOCH_FILE, DataLayout
 from billing.periods import Periods
 from billing.rule import BILLABLE_FIELDS
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
-from billing.store.durable import make_folder, replace_files
+from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
     MANIFEST_FILE,
     export_table,
@@ -314,9 +314,9 @@ class CorrectionFiles:
     def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
         folder = self.layout.corrections_of(period)
         touched = make_folder(folder)
-        temporary = folder / f".run-{run_id}.parquet.tmp"
-        pq.write_table(corrections_to_arrow(corrections), temporary)
-        replace_files([(temporary, folder / f"run-{run_id}.parquet")], touched)
+        with staged(folder / f".run-{run_id}.parquet.tmp") as temporary:
+            pq.write_table(corrections_to_arrow(corrections), temporary)
+            replace_files([(temporary, folder / f"run-{run_id}.parquet")], touched)
 
 
 @dataclass(frozen=True)

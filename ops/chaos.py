@@ -14,7 +14,19 @@ come one after the other in a seeded order, each after a seeded pause, and each 
 - `redis`: Redis SIGKILLed and its data folder removed; the job stopped, Redis started empty, the totals rebuilt
   from the ledger (`adbill rebuild-totals`), the job started;
 - `outage`: the job stopped for longer than the lateness horizon; reconciliation must hold the periods it has not
-  read, and close them once it has.
+  read, and close them once it has;
+- overlapping: `driver+broker` (the leader broker of a partition SIGKILLed while the job starts again after its
+  own SIGKILL), `redis+reconcile` (Redis lost while a reconciliation runs), `worker+closing` (a Spark worker
+  SIGKILLed while a reconciliation closes periods);
+- `disk`: the data folder, on a small tmpfs of its own (the services' folders and the catalog stay on the
+  machine's disk), filled with a ballast file until writes fail with ENOSPC for 30 s, then freed: the job and
+  reconciliation wait, say so in their status records, and go on by themselves. Skipped, with the mount's error in
+  the report, where the suite may not mount a filesystem.
+
+The traffic changes the catalog all through the run (`--catalog-every 60 --new-ads 2`): its ground truth is priced
+by the history, as the pipeline prices. A recovery step that fails (a command's exit code, a process missing) is
+reported at once with the step; the suite then starts whatever is missing once more and, if billing does not come
+back within 5 minutes, stops the schedule there and gives its verdict on the books as they stand.
 
 Then the traffic stops, the job catches up, `adbill reconcile --until` closes every period (never `--force`) and
 `adbill audit` proves the books. The verdict: the ledger equals the ground truth, no click is billed in two
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import http.cookiejar
 import json
@@ -52,10 +65,21 @@ from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
 
-FAULTS = ["driver"] * 5 + ["worker"] + ["broker"] * 3 + ["redis", "outage"]
+FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "outage"]
+FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk"]
+"""One at a time, then overlapping (a second fault while the first one's recovery runs), then the full disk."""
 PERIOD_MS = 60_000
 HORIZON_MS = 60_000
 POISON_FRACTION = 0.01
+CATALOG_EVERY_S = 60
+NEW_ADS = 2
+DISK_SIZE = "1g"
+"""The small filesystem of the data folder (a tmpfs), which the `disk` fault fills."""
+DISK_FULL_S = 30.0
+OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "run", "logs", "spark", "spark-events")
+"""Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
+fault, not a broker or a log that dies of it)."""
+RECOVERY_DEADLINE_S = 600.0
 
 
 @dataclass
@@ -71,6 +95,8 @@ class FaultRecord:
     delayed_events: int = 0
     """Records that reached Kafka between the fault and the recovery."""
     note: str = ""
+    failed_step: str = ""
+    """The recovery step that failed (the command and its output's last line); empty when none did."""
 
 
 @dataclass
@@ -82,10 +108,11 @@ class WebReads:
 
 
 class Chaos:
-    def __init__(self, out: Path, seed: int, rate: int) -> None:
+    def __init__(self, out: Path, seed: int, rate: int, faults: list[str] | None = None) -> None:
         self.out = out
         self.seed = seed
         self.rate = rate
+        self.plan = list(faults or FAULTS)
         self.rng = random.Random(seed)
         self.home = out / "home"
         self.env = cluster_env(self.home)
@@ -99,6 +126,11 @@ class Chaos:
         self.poison_failed = 0
         self.traffic: subprocess.Popen[bytes] | None = None
         self.log = (out / "chaos.log").open("a")
+        self.disk = ""
+        """How the data folder's small filesystem was mounted, or why it was not."""
+        self.disk_mounted = False
+        self.stopped = ""
+        """Why the schedule stopped early (a recovery that failed and could not be made good); empty if it ran."""
 
     # Helpers -----------------------------------------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -164,11 +196,12 @@ class Chaos:
 
         config = SimulationConfig(seed=self.seed, duration_s=1)
         self.home.mkdir(parents=True)
+        self.mount_data_disk()
         save_catalog(config.catalog(), self.settings.catalog_file)
-        plan = list(FAULTS)
+        plan = list(self.plan)
         self.rng.shuffle(plan)
         self.faults = [FaultRecord(kind, round(self.rng.uniform(5, 30), 1)) for kind in plan]
-        self.say(f"chaos: seed {self.seed}, {self.rate} events/s, home {self.home}")
+        self.say(f"chaos: seed {self.seed}, {self.rate} events/s, home {self.home}; {self.disk}")
         self.say("chaos: plan " + ", ".join(f"{f.kind} after {f.pause_s} s" for f in self.faults))
         started = time.monotonic()
         try:
@@ -190,6 +223,10 @@ class Chaos:
             for fault in self.faults:
                 time.sleep(fault.pause_s)
                 self.strike(fault)
+                if fault.recovered_s is None and not self.bring_back(fault):
+                    self.stopped = f"stopped after fault {fault.kind}: {fault.failed_step or 'no batch billed'}"
+                    self.say(f"chaos: {self.stopped}; the verdict on the books as they stand")
+                    break
             time.sleep(30)
             truth = self.stop_traffic()
             self.stop.set()
@@ -204,6 +241,7 @@ class Chaos:
                     self.traffic.wait(timeout=60)
             done = self.adbill("down", "--cluster", check=False)
             self.say(f"down: {done.stdout.strip()}")
+            self.unmount_data_disk()
 
     def start_traffic(self) -> None:
         run_dir = self.out / "traffic"
@@ -220,6 +258,10 @@ class Chaos:
             "0",
             "--bad",
             "0",
+            "--catalog-every",
+            str(CATALOG_EVERY_S),
+            "--new-ads",
+            str(NEW_ADS),
             "--run-dir",
             str(run_dir),
             "--no-progress",
@@ -246,17 +288,34 @@ class Chaos:
         before = self.last_batch()
         struck = time.monotonic()
         try:
-            getattr(self, f"fault_{fault.kind}")(fault, before)
-            recovered = self.wait_billed_after(max(before, self.last_batch()) if fault.kind == "redis" else before)
+            getattr(self, f"fault_{fault.kind.replace('+', '_')}")(fault, before)
+            # Redis restored, or the disk freed: billed again means a batch after the last one before the recovery.
+            after = max(before, self.last_batch()) if fault.kind.startswith(("redis", "disk")) else before
+            recovered = self.wait_billed_after(after, RECOVERY_DEADLINE_S)
             fault.recovered_s = None if recovered is None else round(time.monotonic() - struck, 1)
-        except Exception as exc:  # a fault that could not be dealt is reported, not fatal to the suite
-            fault.note = f"{fault.note} FAILED: {exc}".strip()
+        except Exception as exc:  # a recovery step that failed: reported at once, with the step
+            fault.failed_step = _first_lines(str(exc))
+            fault.note = f"{fault.note} FAILED: {fault.failed_step}".strip()
         fault.delayed_events = max(0, self.kafka_end() - before_end)
         self.active_fault = ""
         self.say(
             f"fault {fault.kind:<7} at {fault.at_s:7.1f} s on {fault.target}: recovered in "
             f"{fault.recovered_s} s, {fault.delayed_events} events delayed {fault.note}"
         )
+
+    def bring_back(self, fault: FaultRecord) -> bool:
+        """After a fault that did not recover: start whatever is missing once more and wait a few minutes for a
+        batch. False when billing does not come back (the schedule stops there, with its verdict)."""
+        self.say(f"fault {fault.kind}: not recovered ({fault.failed_step or 'no batch billed'}); bringing it back")
+        before = self.last_batch()
+        try:
+            self.up()
+        except Exception as exc:
+            fault.note += f"; bringing back failed: {_first_lines(str(exc))}"
+            return False
+        back = self.wait_billed_after(before, 300)
+        fault.note += f"; brought back by `adbill up`: {'billed after ' + str(round(back)) + ' s' if back else 'no'}"
+        return back is not None
 
     def fault_driver(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
@@ -293,9 +352,22 @@ class Chaos:
         pid = self.pid("redis")
         fault.target = f"redis pid {pid}, data folder removed"
         os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.settings.redis_dir, ignore_errors=True)
+        self.lose_redis_data()
         time.sleep(5)
-        # The operator: stop the job, start Redis empty, rebuild the totals from the ledger, start the job.
+        self.restore_redis(fault)
+
+    def lose_redis_data(self) -> None:
+        """Remove what Redis kept on disk (its folder may be a link to the machine's disk: its contents go)."""
+        folder = self.settings.redis_dir
+        for item in folder.iterdir() if folder.is_dir() else []:
+            if item.is_dir() and not item.is_symlink():
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                item.unlink(missing_ok=True)
+
+    def restore_redis(self, fault: FaultRecord) -> None:
+        """The operator after Redis lost its data: stop the job, start Redis empty, rebuild the totals from the
+        data folder, start the job."""
         stream = pid_alive(self.settings.run_dir / "stream.pid")
         if stream is not None:
             os.kill(stream, signal.SIGTERM)
@@ -304,10 +376,136 @@ class Chaos:
                     break
                 time.sleep(0.5)
         self.adbill("up", "--cluster", "--detach", "--no-traffic", "--no-job", "--no-web")
-        rebuilt = self.adbill("rebuild-totals").stdout.strip()
+        for attempt in range(4):  # refused while the job's last heartbeat is fresh: the operator tries again
+            done = self.adbill("rebuild-totals", check=attempt == 3)
+            if done.returncode == 0:
+                break
+            time.sleep(15)
         self.adbill("users", "list")
         self.up()
-        fault.note = rebuilt
+        fault.note = done.stdout.strip()
+
+    # Overlapping faults: the second strikes while the first one's recovery runs -------------------------------
+    def fault_driver_broker(self, fault: FaultRecord, before: int) -> None:
+        """The driver SIGKILLed, and the leader broker of a partition SIGKILLed while the job starts again."""
+        pid = self.pid("stream")
+        os.kill(pid, signal.SIGKILL)
+        restarting = Background(self.up)
+        time.sleep(round(self.rng.uniform(3, 15), 1))
+        leader, where = self.partition_leader()
+        broker = self.pid(f"kafka-{leader}")
+        os.kill(broker, signal.SIGKILL)
+        fault.target = f"stream driver pid {pid}, then kafka-{leader} ({where}) pid {broker} while it restarted"
+        away = round(self.rng.uniform(15, 30), 1)
+        time.sleep(away)
+        restarting.join("adbill up (the job starting again)")
+        self.up()
+        fault.note = f"broker restarted after {away} s"
+
+    def fault_redis_reconcile(self, fault: FaultRecord, before: int) -> None:
+        """Redis SIGKILLed and its data folder removed while a reconciliation runs; then the operator's restore."""
+        run = self.reconcile_in_background("redis")
+        time.sleep(round(self.rng.uniform(5, 20), 1))
+        pid = self.pid("redis")
+        fault.target = f"redis pid {pid}, data folder removed, during `adbill reconcile` ({run.what})"
+        os.kill(pid, signal.SIGKILL)
+        self.lose_redis_data()
+        code = run.wait()
+        fault.note = f"the reconciliation ended with exit {code}; "
+        time.sleep(5)
+        self.restore_redis(fault)
+        fault.note = f"reconciliation during the fault: exit {code}; {fault.note}"
+
+    def fault_worker_closing(self, fault: FaultRecord, before: int) -> None:
+        """A Spark worker SIGKILLed while a reconciliation closes periods; restarted after a while."""
+        run = self.reconcile_in_background("worker")
+        time.sleep(round(self.rng.uniform(5, 20), 1))
+        n = self.rng.randint(1, self.settings.spark_workers)
+        pid = self.pid(f"spark-worker-{n}")
+        fault.target = f"spark-worker-{n} pid {pid}, during `adbill reconcile` ({run.what})"
+        os.kill(pid, signal.SIGKILL)
+        away = round(self.rng.uniform(20, 40), 1)
+        time.sleep(away)
+        self.up()
+        code = run.wait()
+        fault.note = f"worker restarted after {away} s; the reconciliation ended with exit {code}"
+
+    def partition_leader(self) -> tuple[int, str]:
+        from ops.kafka_service import partition_leaders
+
+        topic = self.rng.choice(list(self.settings.topics.values()))
+        partition = self.rng.randrange(self.settings.topic_partitions)
+        return partition_leaders(self.settings.kafka_bootstrap, topic)[partition], f"leader of {topic}/{partition}"
+
+    def reconcile_in_background(self, tag: str) -> Reconciliation:
+        """`adbill reconcile` started beside the scheduled runs; started again while the scheduled one holds the
+        lock (exit 4), for up to a minute, so that a run of its own is under way."""
+        for _ in range(30):
+            run = Reconciliation(self.env, self.out / f"reconcile-{tag}-{int(time.monotonic())}.log")
+            for _ in range(60):  # a single run takes the lock before it starts Spark
+                time.sleep(1)
+                if run.process.poll() is not None or "Spark" in run.log.read_text(errors="replace"):
+                    break
+            if run.process.poll() != 4:
+                return run
+        return run
+
+    # The full disk -------------------------------------------------------------------------------------------------
+    def mount_data_disk(self) -> None:
+        """The data folder (HOME) on a small tmpfs of its own; the services' folders stay on the machine's disk
+        (links). When the mount is refused, the `disk` fault is skipped and the report says why."""
+        command = ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(self.home)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            self.disk = f"data folder on the machine's disk: `{' '.join(command)}` refused: {done.stderr.strip()}"
+            return
+        self.disk_mounted = True
+        self.disk = f"data folder on a {DISK_SIZE} tmpfs of its own"
+        system = self.out / "system"
+        for name in OUTSIDE_THE_DATA_DISK:
+            (system / name).mkdir(parents=True, exist_ok=True)
+            (self.home / name).symlink_to(system / name)
+
+    def unmount_data_disk(self) -> None:
+        """Keep the data folder (copied to the machine's disk, at the same place) and unmount the tmpfs."""
+        if not self.disk_mounted:
+            return
+        for ballast in self.home.glob(".ballast*"):
+            ballast.unlink()
+        copy = self.out / "home-copy"
+        shutil.copytree(self.home, copy, symlinks=True)
+        subprocess.run(["umount", "-l", str(self.home)], check=False)
+        if not any(self.home.iterdir()):
+            self.home.rmdir()
+            copy.rename(self.home)
+        self.disk_mounted = False
+
+    def fault_disk(self, fault: FaultRecord, before: int) -> None:
+        """The data folder's disk filled with a ballast file until writes fail with ENOSPC, for DISK_FULL_S, then
+        freed: the job and reconciliation wait, say so, and go on by themselves."""
+        from billing.store.part_status import read_status
+
+        if not self.disk_mounted:
+            fault.target = "skipped"
+            fault.note = self.disk
+            return
+        ballast = self.home / ".ballast"
+        size = fill_disk(ballast)
+        fault.target = f"data folder's {DISK_SIZE} tmpfs filled ({size / 1e6:.0f} MB ballast) for {DISK_FULL_S:.0f} s"
+        started = time.monotonic()
+        said: dict[str, dict[str, str]] = {}
+        while time.monotonic() - started < DISK_FULL_S:
+            time.sleep(1)
+            fill_disk(ballast)  # what a failed write gave back is taken again
+            with contextlib.suppress(Exception):
+                client = self.totals().client
+                for part in ("stream", "reconcile"):
+                    status = read_status(client, self.settings.redis_prefix, part)
+                    if status:
+                        said[part] = status
+        ballast.unlink()
+        fault.note = "; ".join(f"{part} said: {status.get('message', '')[:160]}" for part, status in said.items())
+        fault.note = fault.note or "nothing wrote to the data folder while it was full"
 
     def fault_outage(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
@@ -471,7 +669,9 @@ class Chaos:
             quarantined = {(r["topic"], r["partition"], r["offset"]) for r in table.to_pylist()}
         poison_missing = [p for p in self.poison if (p[0], p[1], p[2]) not in quarantined]
 
-        reads_failed_outside_redis = self.web.failed - self.web.failed_during.get("redis", 0)
+        reads_failed_outside_redis = self.web.failed - sum(
+            n for kind, n in self.web.failed_during.items() if kind.startswith("redis")
+        )
         checks = {
             "ledger equals the ground truth": not (missing or extra or wrong),
             "no click billed in two batches": not twice,
@@ -480,12 +680,16 @@ class Chaos:
             "audit balances": audit.returncode == 0,
             "every poison record is in quarantine": not poison_missing and self.poison_failed == 0,
             "web API reads all answered (outside the Redis fault)": reads_failed_outside_redis == 0,
-            "every fault recovered": all(f.recovered_s is not None for f in self.faults),
+            "every fault recovered": all(f.recovered_s is not None for f in self.faults if f.target != "skipped"),
+            "the schedule ran to its end": not self.stopped,
         }
         report = {
             "seed": self.seed,
             "rate": self.rate,
             "home": str(self.home),
+            "plan": self.plan,
+            "data_disk": self.disk,
+            "stopped": self.stopped,
             "passed": all(checks.values()),
             "checks": checks,
             "figures": {
@@ -515,10 +719,78 @@ class Chaos:
         return report
 
 
+class Background:
+    """A step run in a thread (a recovery under way while the next fault strikes)."""
+
+    def __init__(self, step: Any) -> None:
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(step,), daemon=True)
+        self.thread.start()
+
+    def _run(self, step: Any) -> None:
+        try:
+            step()
+        except BaseException as exc:
+            self.failure = exc
+
+    def join(self, what: str) -> None:
+        """Wait for the step; its failure raised here, naming the step."""
+        self.thread.join(timeout=900)
+        if self.thread.is_alive():
+            raise RuntimeError(f"{what}: still running after 900 s")
+        if self.failure is not None:
+            raise RuntimeError(f"{what}: {self.failure}") from self.failure
+
+
+class Reconciliation:
+    """An `adbill reconcile` run in the background, its output in `log`."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.what = f"log {log.name}"
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", "reconcile"], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def wait(self, timeout: float = 900) -> int | None:
+        """Its exit code; None when it is still running after `timeout` (then it is stopped)."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()
+            return None
+
+
+def fill_disk(ballast: Path) -> int:
+    """Append zeros to `ballast` until its disk is full (ENOSPC, in 1 MiB then 4 KiB steps); the bytes it holds."""
+    size = 0
+    for step in (1 << 20, 4096):
+        block = b"\0" * step
+        try:
+            with ballast.open("ab") as out:
+                while True:
+                    out.write(block)
+                    out.flush()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+        size = ballast.stat().st_size if ballast.exists() else 0
+    return size
+
+
+def _first_lines(text: str, lines: int = 3) -> str:
+    """The start of a failure's text, on one line (a recovery step's command, exit code and output)."""
+    return " / ".join(line.strip() for line in text.strip().splitlines()[:lines] if line.strip())[:400]
+
+
 def cluster_env(home: Path) -> dict[str, str]:
     """The environment of every adbill process of the run: the local cluster on free loopback ports."""
     return local_cluster_env(
         home,
+        # The catalog beside the data folder, on the machine's disk: the advertisers' changes go on while the data
+        # folder is full (its own fault).
+        ADBILL_CATALOG=str(home.parent / "catalog.json"),
         ADBILL_PERIOD_MS=str(PERIOD_MS),
         ADBILL_LATENESS_HORIZON_MS=str(HORIZON_MS),
         ADBILL_RECONCILE_INTERVAL_S="30",
@@ -532,9 +804,13 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     lines = [
         f"# Chaos run, seed {report['seed']}: {'PASSED' if report['passed'] else 'FAILED'}",
         "",
-        f"`python -m ops.chaos --seed {report['seed']} --rate {report['rate']}`, {report['rate']} events/s live, "
-        f"1 % poison; home `{report['home']}`.",
+        f"`python -m ops.chaos --seed {report['seed']} --rate {report['rate']}"
+        f"{' --faults ' + ','.join(report['plan']) if report.get('plan') and report['plan'] != FAULTS else ''}`, "
+        f"{report['rate']} events/s live, "
+        f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads); home `{report['home']}`, "
+        f"{report.get('data_disk', '')}.",
         "",
+        *([f"**The schedule stopped early**: {report['stopped']}.", ""] if report.get("stopped") else []),
         "| check | result |",
         "| --- | --- |",
         *(f"| {name} | {'ok' if ok else 'FAILED'} |" for name, ok in report["checks"].items()),
@@ -547,11 +823,11 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         f"quarantine; web reads {f['web_reads_ok']:,} ok, {f['web_reads_failed']} failed "
         f"{f['web_reads_failed_by_fault']}; the job caught up {f['caught_up_s']} s after the traffic stopped.",
         "",
-        "| # | fault | at (s) | target | recovered in (s) | events delayed | note |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| # | fault | at (s) | target | recovered in (s) | events delayed | failed step | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *(
             f"| {i} | {x['kind']} | {x['at_s']} | {x['target']} | {x['recovered_s']} | {x['delayed_events']:,} | "
-            f"{x['note']} |"
+            f"{x.get('failed_step') or ''} | {' '.join(str(x['note']).split())} |"
             for i, x in enumerate(report["faults"], 1)
         ),
         "",
@@ -569,11 +845,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the faults' order and moments (default: random)")
     parser.add_argument("--rate", type=int, default=100, help="live traffic, events per second")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default var/chaos/<time>)")
+    parser.add_argument(
+        "--faults",
+        default=None,
+        help=f"a shorter run: these faults only, comma-separated (default: all of {','.join(sorted(set(FAULTS)))})",
+    )
     args = parser.parse_args(argv)
+    faults = args.faults.split(",") if args.faults else None
+    if faults and set(faults) - set(FAULTS):
+        parser.error(f"--faults: unknown {sorted(set(faults) - set(FAULTS))}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     out = args.out or PROJECT_ROOT / "var" / "chaos" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
-    report = Chaos(out, seed, args.rate).run()
+    report = Chaos(out, seed, args.rate, faults).run()
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}, {out / 'report.json'}")
     return 0 if report["passed"] else 1

@@ -13,7 +13,8 @@ ALIVE_WITHIN_MS = 120_000
 
 def check(settings: Settings, part: str) -> tuple[bool, str]:
     """(healthy, why) of `part`: `stream` (its heartbeat in Redis is recent), `reconcile` (its last run finished
-    within two intervals and five minutes), `web` (its login page answers)."""
+    within two intervals and five minutes), `web` (its login page answers). A part that records that it waits
+    (for disk space: `billing.store.part_status`) is not healthy, and the reason says what it waits for."""
     if part == "web":
         url = f"http://127.0.0.1:{settings.web_port}/login"
         try:
@@ -23,12 +24,16 @@ def check(settings: Settings, part: str) -> tuple[bool, str]:
             return False, f"{url}: {exc}"
     import redis
 
+    from billing.store.part_status import read_status
     from billing.store.redis_keys import RedisKeys
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5)
     keys = RedisKeys(settings.redis_prefix)
     now = int(time.time() * 1000)
     try:
+        waiting = read_status(client, settings.redis_prefix, part)
+        if waiting:
+            return False, f"{waiting.get('message', waiting.get('state', 'waiting'))}"
         if part == "stream":
             beat = client.get(keys.heartbeat("billing"))
             if beat is None:

@@ -60,11 +60,15 @@ def run_reconcile(
     from attribution.closing import run_closing, run_lock
     from billing.closing_run import HeldError, ReconcileBusyError
     from billing.store.catalog_file import load_catalog
+    from billing.store.disk_space import probe_room, retry_while_disk_full
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    status = ReconcileStatus(settings)
+    # Room first: the run lock, Spark's scratch and event log, and the run's files are in the data folder.
+    retry_while_disk_full(lambda: probe_room(settings.root), "starting reconciliation", settings.root, status)
     ensure_catalog(settings)
     config = reconcile_config(settings)
     with ExitStack() as held:
@@ -80,14 +84,20 @@ def run_reconcile(
             while True:
                 started = time.monotonic()
                 try:
-                    report = run_closing(
-                        spark,
-                        config,
-                        load_catalog(settings.catalog_file),
-                        until_ms=until_ms,
-                        progress=lambda message: print(f"reconcile: {message}", flush=True),
-                        force=force,
-                        locked=not every_s,
+                    # A run stopped by a full disk is run again once there is room: it completes what it left.
+                    report = retry_while_disk_full(
+                        lambda: run_closing(
+                            spark,
+                            config,
+                            load_catalog(settings.catalog_file),
+                            until_ms=until_ms,
+                            progress=lambda message: print(f"reconcile: {message}", flush=True),
+                            force=force,
+                            locked=not every_s,
+                        ),
+                        "the reconciliation run",
+                        settings.root,
+                        status,
                     )
                     print(describe_run(report), flush=True)
                     if metrics:
@@ -109,6 +119,19 @@ def run_reconcile(
             return 0
         finally:
             spark.stop()
+
+
+class ReconcileStatus:
+    """Reconciliation's status record (`billing.store.part_status`), and the same on its output."""
+
+    def __init__(self, settings: Settings) -> None:
+        from billing.store.part_status import PartStatus
+
+        self.record = PartStatus(settings.redis_url, settings.redis_prefix, "reconcile")
+
+    def __call__(self, message: str | None) -> None:
+        print(f"reconcile: {message or 'disk space is back: going on'}", file=sys.stderr, flush=True)
+        self.record(message)
 
 
 class ReconcileMetrics:

@@ -6,11 +6,14 @@ import contextlib
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ops.settings import Settings
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
     from attribution.job import StreamConfig
 
 
@@ -52,16 +55,20 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     """Run the streaming job in the foreground until Ctrl-C/SIGTERM or a query fails; 2 when the checkpoint is
     refused (`attribution.epoch`)."""
     from prometheus_client import REGISTRY, start_http_server
-    from pyspark.errors import StreamingQueryException
 
     from attribution.epoch import CheckpointRefusedError
     from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
+    from billing.store.disk_space import probe_room, retry_while_disk_full
+    from billing.store.part_status import PartStatus
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Room first: the checkpoint, Spark's scratch and the batches' files are in the data folder.
+    status = PartStatus(settings.redis_url, settings.redis_prefix, "stream")
+    retry_while_disk_full(lambda: probe_room(settings.root), "starting the job", settings.root, status)
     ensure_stack_topics(settings)
     ensure_catalog(settings)
     ensure_schemas(settings)
@@ -95,9 +102,9 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
         flush=True,
     )
     try:
-        with contextlib.suppress(StreamingQueryException):  # a failed query: said below, exit 1
-            # The query's own wait: it goes on across the restarts new schema versions cause (schema_follow).
-            queries[0].awaitTermination()
+        # The query's own wait: it goes on across the restarts new schema versions cause (schema_follow), and
+        # across a full disk (below).
+        _run_through_full_disks(spark, settings, queries)
     except KeyboardInterrupt:
         print("stopping the streaming queries ...", flush=True)
     finally:
@@ -108,6 +115,58 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
             print(f"query {query.name} failed: {query.exception()}", file=sys.stderr)
         spark.stop()
     return 1 if failed else 0
+
+
+def _run_through_full_disks(spark: SparkSession, settings: Settings, queries: list[StreamingQuery]) -> None:
+    """Wait for the queries to end; a query that failed because the data folder's disk is full is started again
+    from its checkpoint once there is room (`billing.store.disk_space`: a log line each minute, the wait in the
+    job's status record), and the batch it failed in is replayed in place. `queries` holds the running ones."""
+    from attribution.job import start
+    from billing.store.disk_space import probe_room, retry_while_disk_full
+    from billing.store.part_status import PartStatus
+
+    status = PartStatus(settings.redis_url, settings.redis_prefix, "stream")
+    while True:
+        # A failed query is said by the caller (exit 1); a restart for new schema versions that failed too.
+        with contextlib.suppress(Exception):
+            queries[0].awaitTermination()
+        if queries[0].isActive:
+            continue
+        failed = [q for q in queries if q.exception() is not None]
+        if not failed or not all(stopped_by_full_disk(q) for q in failed):
+            return
+        message = f"query billing stopped: the disk of {settings.root} is full; it starts again once there is room"
+        logging.getLogger(__name__).warning(message)
+        status(message)
+        spark.streams.resetTerminated()
+
+        def start_again() -> list[StreamingQuery]:
+            probe_room(settings.root)
+            return start(spark, stream_config(settings))
+
+        queries[:] = retry_while_disk_full(start_again, "starting the billing query again", settings.root, status)
+        status(None)
+
+
+def stopped_by_full_disk(query: StreamingQuery) -> bool:
+    """Whether `query` failed because a write found the disk (or a quota) full: its failure, or a cause of it, says
+    so (the JVM's IOException, or the Python sink's OSError as text)."""
+    from billing.store.disk_space import is_disk_full
+
+    if is_disk_full(query.exception()) or is_disk_full(str(query.exception())):
+        return True
+    try:
+        failure: Any = query._jsq.exception()  # type: ignore[attr-defined]
+    except Exception:  # no run of the query in the JVM to ask
+        return False
+    cause = None if failure.isEmpty() else failure.get()
+    for _ in range(20):  # the chain of causes, as far as it goes
+        if cause is None:
+            return False
+        if is_disk_full(str(cause.toString())):
+            return True
+        cause = cause.getCause()
+    return False
 
 
 RESTORE_TIMEOUT_S = 300.0

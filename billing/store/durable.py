@@ -9,8 +9,9 @@ committed anywhere else (the Spark checkpoint, Redis, the reconciliation state f
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -57,3 +58,14 @@ def replace_files(moves: Iterable[tuple[Path, Path]], touched: Iterable[Path] = 
             os.replace(staging, target)
         folders = {target.parent for _, target in moves} | set(touched)
         list(pool.map(fsync_folder, sorted(folders)))
+
+
+@contextmanager
+def staged(staging: Path) -> Iterator[Path]:
+    """`staging`, a dot-file to write and then rename into place, removed when the block fails (a full disk): no
+    half-written staging file is left to hold the room the next attempt needs."""
+    try:
+        yield staging
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise

@@ -32,6 +32,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:counters` | hash | the stream's counts: `billed_clicks`, `late_impressions`, `late_clicks`, `unbilled_*` |
 | `PREFIX:health:query:NAME`, `...:history:NAME` | hash, list | a query's last progress record; its recent ones |
 | `PREFIX:health:heartbeat:NAME` | string | when the query last reported (epoch ms) |
+| `PREFIX:health:status:PART` | hash | what `stream` or `reconcile` waits for while it waits (disk space) |
 | `PREFIX:web:session:HMAC` | hash | a web session (`web/sessions.py`) |
 | `PREFIX:web:login-failures:account:SHA256`, `...:address:ADDRESS` | sorted set | login attempts, by time |
 
@@ -176,6 +177,10 @@ class RedisKeys:
     def heartbeat(self, query: str) -> str:
         """When `query` last reported (epoch ms)."""
         return self._key("health", "heartbeat", query)
+
+    def health_status(self, part: str) -> str:
+        """What a part (`stream`, `reconcile`) is waiting for, while it waits (such as disk space)."""
+        return self._key("health", "status", part)
 
     # The web UI ------------------------------------------------------------------------------------------------
     def web_session(self, digest: str) -> str:

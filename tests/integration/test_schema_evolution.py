@@ -234,7 +234,7 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     for query in queries:
         query.stop()
     figures.wipe_billing()
-    restore_redis(settings.root, figures, _catalog(settings), Periods(), "billing", quiet_ms=0, wait_for_heartbeat_s=0)
+    restore_redis(settings.root, figures, _catalog(settings), Periods(), "billing")
     assert figures.quarantined() == {"unknown_schema": {settings.topic_clicks: 5}}
 
 

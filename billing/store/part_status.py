@@ -1,0 +1,52 @@
+"""What a long-running part says of itself beyond its heartbeat: that it waits, and for what (disk space).
+
+`PREFIX:health:status:PART` (hash `state`, `message`, `since_ms`) is set while the streaming job (`stream`) or
+reconciliation (`reconcile`) waits, and removed when it goes on; `adbill health PART` shows it. Recording it never
+stops the part: a Redis that does not answer is logged and passed over.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from billing.store.redis_keys import RedisKeys
+from billing.store.redis_totals import connect
+
+log = logging.getLogger(__name__)
+
+WAITING_FOR_DISK = "waiting for disk space"
+
+
+class PartStatus:
+    """The status record of one part; call it with a message while the part waits, with None when it goes on."""
+
+    def __init__(self, redis_url: str, prefix: str, part: str, state: str = WAITING_FOR_DISK) -> None:
+        self.redis_url = redis_url
+        self.key = RedisKeys(prefix).health_status(part)
+        self.state = state
+        self.since_ms: int | None = None
+
+    def __call__(self, message: str | None) -> None:
+        try:
+            client = connect(self.redis_url, timeout_s=5.0, retries=0)
+            try:
+                if message is None:
+                    self.since_ms = None
+                    client.delete(self.key)
+                else:
+                    self.since_ms = self.since_ms or int(time.time() * 1000)
+                    client.hset(
+                        self.key, mapping={"state": self.state, "message": message, "since_ms": str(self.since_ms)}
+                    )
+            finally:
+                client.close()
+        except redis.RedisError:
+            log.exception("could not record the status %r in %s", message, self.key)
+
+
+def read_status(client: redis.Redis, prefix: str, part: str) -> dict[str, str]:
+    """The status record of `part` ({} when it is not waiting)."""
+    return {str(k): str(v) for k, v in client.hgetall(RedisKeys(prefix).health_status(part)).items()}  # type: ignore[union-attr]
