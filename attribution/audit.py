@@ -19,10 +19,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from attribution.closing import CorrectionFiles, ExportFolders, ReconcileConfig, StateFile, data_versions
+from attribution.closing import (
+    CommittedBatch,
+    CorrectionFiles,
+    ExportFolders,
+    ReconcileConfig,
+    StateFile,
+    data_versions,
+    ledger_up_to,
+)
 from attribution.final_bills import final_bills
 from attribution.pricing import price_matches
 from attribution.restore import save_record
+from attribution.stream_position import BILLING_QUERY
 from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
 from billing.corrections import Correction, CorrectionKind, check_reconciled
@@ -54,15 +63,19 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
     """Every period with events, bills, corrections or an export, oldest first."""
     periods = Periods(config.period_ms)
     layout = config.layout
+    # The archive and the ledger as of one point, the batch the stream's checkpoint had committed when the audit
+    # started: a batch the stream writes meanwhile is in neither, so a running stream makes no false difference.
+    through = CommittedBatch(layout.checkpoint(BILLING_QUERY)).batch()
     exports = ExportFolders(layout)
     closed = {p for p, s in closed_by_exports(exports, StateFile(layout).load()).items() if s.closed}
     corrections = CorrectionFiles(layout).read()
-    every = set(data_versions(layout, periods)) | closed | {c.corrects_period for c in corrections}
+    every = set(data_versions(layout, periods, through)) | closed | {c.corrects_period for c in corrections}
     if not every:
         return []
     ordered = sorted(every, key=periods.parse_key)
-    final_all = price_matches(final_bills(spark, layout.archive, config.period_ms, ordered)[0].toArrow(), catalog).bills
-    ledger = read_ledger(layout.ledger)
+    matches = final_bills(spark, layout.archive, config.period_ms, ordered, through)[0]
+    final_all = price_matches(matches.toArrow(), catalog).bills
+    ledger = ledger_up_to(read_ledger(layout.ledger), through)
     given_adjustments = exported_adjustments(exports, sorted(closed))
     out = []
     for period in ordered:

@@ -196,7 +196,7 @@ def closing_ports(
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
         final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog, through.batch()),
-        ledger=lambda: LedgerTable(_up_to(read_ledger(layout.ledger), through.batch())),
+        ledger=lambda: LedgerTable(ledger_up_to(read_ledger(layout.ledger), through.batch())),
         corrections=CorrectionFiles(layout),
         conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
         totals=lambda: RedisTotals.from_url(
@@ -228,7 +228,7 @@ class CommittedBatch:
         return self._batch
 
 
-def _up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
+def ledger_up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
     if through_batch is None or not ledger.num_rows:
         return ledger
     return ledger.filter(pc.less_equal(ledger["batch_id"], through_batch))
