@@ -484,7 +484,7 @@ def _start(
             .start()
         )
         heartbeat.follow(str(query.id))
-        lock.follow(str(query.id))
+        lock.follow(str(query.id), query)
         lock.acquire(wait_s=JOB_LOCK_WAIT_S)  # again after a restart (`_through_replay`); held: nothing to do
         return query
 
