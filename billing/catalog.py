@@ -75,6 +75,8 @@ class Ad:
     cpc_micros: int | None
     currency: str
     prices: tuple[PriceChange, ...] = field(default=())
+    _starts: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    """The entries' `effective_from`, for the lookup: made once, not per priced click."""
 
     def __post_init__(self) -> None:
         for name in ("ad_id", "campaign_id", "advertiser_id"):
@@ -94,6 +96,7 @@ class Ad:
         ordered = tuple(sorted(prices, key=lambda p: (p.effective_from, p.version)))
         object.__setattr__(self, "prices", ordered)
         object.__setattr__(self, "cpc_micros", ordered[0].cpc_micros)
+        object.__setattr__(self, "_starts", tuple(p.effective_from for p in ordered))
 
     def price_at(self, at_ms: int) -> int | Unbillable:
         """The price of a click at `at_ms`, or why it has none."""
@@ -102,10 +105,6 @@ class Ad:
             return Unbillable.UNKNOWN_AD
         entry = self.prices[index]
         return Unbillable.AD_PAUSED if entry.cpc_micros is None else entry.cpc_micros
-
-    @property
-    def _starts(self) -> list[int]:
-        return [p.effective_from for p in self.prices]
 
     @property
     def created_at(self) -> int:
