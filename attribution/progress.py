@@ -124,6 +124,8 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
     duration_ms = (progress.get("durationMs") or {}).get("triggerExecution", 0)
     return {
         "query": progress.get("name"),
+        "query_id": progress.get("id"),
+        "run_id": progress.get("runId"),
         "batch_id": progress.get("batchId"),
         "timestamp": progress.get("timestamp"),
         "input_rows": records,

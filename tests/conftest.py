@@ -6,7 +6,10 @@ registry file and Redis key prefix, so tests never see each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,10 +26,29 @@ from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
 
 DEPS_DIR = PROJECT_ROOT / ".deps"
+SPARK_STOP_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def _timed(config: pytest.Config, service: str) -> Iterator[None]:
+    """Says on the terminal how long a session service took to stop (it counts in the last test's teardown)."""
+    started = time.monotonic()
+    yield
+    _say(config, f"{service} stopped in {time.monotonic() - started:.1f} s")
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """A line on the terminal, past the output capture of the test being torn down."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if capture is None or reporter is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+def kafka(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[LocalKafka]:
     """A real single-node Kafka broker on free ports, for the whole test session."""
     home = tmp_path_factory.mktemp("kafka")
     port, controller_port = free_ports(2)
@@ -35,17 +57,19 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     )
     broker.start()
     yield broker
-    broker.stop()
+    with _timed(pytestconfig, "Kafka"):
+        broker.stop()
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[LocalRedis]:
     """A real redis-server on a free port, for the whole test session."""
     home = tmp_path_factory.mktemp("redis")
     server = LocalRedis(data_dir=home, port=free_port(), run_dir=home / "run", appendonly=False)
     server.start()
     yield server
-    server.stop()
+    with _timed(pytestconfig, "Redis"):
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +78,9 @@ def spark_jars() -> list[Path]:
 
 
 @pytest.fixture(scope="session")
-def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+def spark(
+    spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[SparkSession]:
     """One local Spark (2 cores, 2 shuffle partitions) with the Kafka and Avro connectors, for the session."""
     session = build_spark(
         "adbill-tests",
@@ -66,7 +92,14 @@ def spark(spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> I
         extra_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"},
     )
     yield session
-    session.stop()
+    with _timed(pytestconfig, "Spark"):
+        # A graceful stop after hundreds of queries can take minutes; the session's JVM ends with this process
+        # anyway (it exits when its parent's pipe closes), so the wait is bounded.
+        stopping = threading.Thread(target=session.stop, name="spark-stop", daemon=True)
+        stopping.start()
+        stopping.join(SPARK_STOP_WAIT_S)
+        if stopping.is_alive():
+            _say(pytestconfig, f"Spark still stopping after {SPARK_STOP_WAIT_S:.0f} s: left to end with the tests")
 
 
 def child_env(settings: Settings, **overrides: str) -> dict[str, str]:
