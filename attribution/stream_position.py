@@ -1,5 +1,6 @@
 """Where the streaming job stands, for reconciliation: the billing query's committed offsets (read from its
-checkpoint), the topics' end offsets (asked of Kafka), and the job's heartbeat (in Redis).
+checkpoint), the topics' end offsets (asked of Kafka), and the job's heartbeat and what it says it waits for (in
+Redis).
 
 The checkpoint is Spark's own record of what the query has read and written: `offsets/N` holds the end offsets of
 micro-batch N, one line per source after two header lines, and `commits/N` exists once batch N's sink finished.
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 from billing.closing import Offsets, StreamPosition
+from billing.periods import format_elapsed
+from billing.store.part_status import STREAM_PART, read_status
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -100,10 +103,27 @@ def stream_position(
         end, error = None, str(exc)
     beat = last_heartbeat_ms(redis_url, prefix, query)
     now = int(time.time() * 1000)
+    waiting = waiting_for(redis_url, prefix, now)
     return StreamPosition(
         committed=committed_offsets(checkpoint),
         end=end,
         silent_for_ms=None if beat is None else max(0, now - beat),
         alive_within_ms=alive_within_ms,
         error=error,
+        waiting=waiting,
     )
+
+
+def waiting_for(redis_url: str, prefix: str, now_ms: int) -> str | None:
+    """What the streaming job's status record says it waits for, and for how long (`waiting for disk space for 3
+    min`); None when it has no such record (`billing.store.part_status`)."""
+    client = connect(redis_url)
+    try:
+        status = read_status(client, prefix, STREAM_PART)
+    finally:
+        client.close()
+    if not status:
+        return None
+    since = status.get("since_ms")
+    elapsed = f" for {format_elapsed(now_ms - int(since))}" if since and since.isdigit() else ""
+    return f"{status.get('state', 'waiting')}{elapsed}"

@@ -56,6 +56,9 @@ class StreamPosition:
     alive_within_ms: int = 120_000
     """A job silent for longer than this is down."""
     error: str | None = None
+    waiting: str | None = None
+    """What the job says it is waiting for, and since when (its status record: `waiting for disk space for 3
+    min`); None when it says nothing. A waiting job bills nothing, and holds the periods it has not passed."""
 
     @property
     def alive(self) -> bool:
@@ -125,6 +128,8 @@ def plan_run(
 
 def hold_reason(position: StreamPosition, target: Offsets) -> str | None:
     """Why a period whose horizon passed cannot close yet (None: it can)."""
+    if position.waiting is not None:
+        return f"held: the streaming job is {position.waiting}"
     if position.silent_for_ms is None:
         return "held: the streaming job has never reported"
     if not position.alive:

@@ -125,9 +125,9 @@ class ReconcileStatus:
     """Reconciliation's status record (`billing.store.part_status`), and the same on its output."""
 
     def __init__(self, settings: Settings) -> None:
-        from billing.store.part_status import PartStatus
+        from billing.store.part_status import RECONCILE_PART, PartStatus
 
-        self.record = PartStatus(settings.redis_url, settings.redis_prefix, "reconcile")
+        self.record = PartStatus(settings.redis_url, settings.redis_prefix, RECONCILE_PART)
 
     def __call__(self, message: str | None) -> None:
         print(f"reconcile: {message or 'disk space is back: going on'}", file=sys.stderr, flush=True)

@@ -60,14 +60,14 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     from attribution.job import start
     from attribution.progress import BillingCollector, HealthListener, ReconciliationCollector
     from billing.store.disk_space import probe_room, retry_while_disk_full
-    from billing.store.part_status import PartStatus
+    from billing.store.part_status import STREAM_PART, PartStatus
     from ops.spark import spark_session
     from ops.stack import ensure_catalog, ensure_schemas, ensure_stack_topics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     # Room first: the checkpoint, Spark's scratch and the batches' files are in the data folder.
-    status = PartStatus(settings.redis_url, settings.redis_prefix, "stream")
+    status = PartStatus(settings.redis_url, settings.redis_prefix, STREAM_PART)
     retry_while_disk_full(lambda: probe_room(settings.root), "starting the job", settings.root, status)
     ensure_stack_topics(settings)
     ensure_catalog(settings)
@@ -123,9 +123,9 @@ def _run_through_full_disks(spark: SparkSession, settings: Settings, queries: li
     job's status record), and the batch it failed in is replayed in place. `queries` holds the running ones."""
     from attribution.job import start
     from billing.store.disk_space import probe_room, retry_while_disk_full
-    from billing.store.part_status import PartStatus
+    from billing.store.part_status import STREAM_PART, PartStatus
 
-    status = PartStatus(settings.redis_url, settings.redis_prefix, "stream")
+    status = PartStatus(settings.redis_url, settings.redis_prefix, STREAM_PART)
     while True:
         # A failed query is said by the caller (exit 1); a restart for new schema versions that failed too.
         with contextlib.suppress(Exception):

@@ -11,7 +11,7 @@ overall one, the worst of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from billing.periods import format_elapsed, format_utc
@@ -71,6 +71,15 @@ def worst(levels: Sequence[str]) -> str:
 
 def job_status(fresh: Freshness) -> ComponentStatus:
     return ComponentStatus("Streaming job", fresh.level, fresh.text)
+
+
+def waiting_status(name: str, status: Mapping[str, str], now_ms: int) -> ComponentStatus:
+    """A part that says it waits (a status record: `waiting for disk space`, since when, what failed): red, with
+    its own words."""
+    since = status.get("since_ms", "")
+    elapsed = f" for {format_elapsed(now_ms - int(since))}" if since.isdigit() else ""
+    state = status.get("state", "waiting")
+    return ComponentStatus(name, RED, f"{state[:1].upper()}{state[1:]}{elapsed}: {status.get('message', '')}")
 
 
 def kafka_status(lag_now: dict[str, int | None], lag_before: dict[str, int | None] | None) -> ComponentStatus:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from flask import abort, request
 
 from billing.corrections import Correction
+from billing.store.part_status import RECONCILE_PART, STREAM_PART
 from web.freshness import (
     ComponentStatus,
     Freshness,
@@ -20,6 +21,7 @@ from web.freshness import (
     kafka_status,
     reconciliation_status,
     redis_status,
+    waiting_status,
 )
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
@@ -109,14 +111,19 @@ def freshness() -> Freshness:
 
 
 def health_status(h: Health, fresh: Freshness, audit_differences: list[str]) -> list[ComponentStatus]:
-    """The job, Kafka, Redis and reconciliation, each summed up in one status."""
+    """The job, Kafka, Redis and reconciliation, each summed up in one status; a part that says it waits (for disk
+    space) shows that instead."""
+    svc = services()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
+    stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
     return [
-        job_status(fresh),
+        waiting_status("Streaming job", stream_waits, svc.clock()) if stream_waits else job_status(fresh),
         kafka_status(query.lag if query else {}, query.lag_before if query else None),
         redis_status(),
-        reconciliation_status(
-            r.finished_at_ms if r else None, r.held if r else {}, audit_differences, services().clock()
+        waiting_status("Reconciliation", reconcile_waits, svc.clock())
+        if reconcile_waits
+        else reconciliation_status(
+            r.finished_at_ms if r else None, r.held if r else {}, audit_differences, svc.clock()
         ),
     ]

@@ -28,6 +28,7 @@ from billing.intake import QuarantineReason
 from billing.periods import Periods
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
+from billing.store.part_status import read_status
 from billing.store.redis_keys import RedisKeys
 from web.model import (
     AdDetail,
@@ -475,6 +476,11 @@ class BillingReader:
         """When the streaming job last reported a batch or an idle trigger (epoch ms), None if never; raises the
         Redis client's error when Redis does not answer."""
         return _int_field(self.client.get(self.keys.heartbeat(QUERY_NAMES[0])))  # type: ignore[arg-type]
+
+    def part_waiting(self, part: str) -> dict[str, str]:
+        """What a part (`stream`, `reconcile`) says it waits for: its status record (`state`, `message`,
+        `since_ms`), {} when it waits for nothing (`billing.store.part_status`)."""
+        return read_status(self.client, self.keys.prefix, part)
 
     def health(self) -> Health:
         """The job's latest progress per query, recent batch durations, late, clock-ahead and quarantined counts,

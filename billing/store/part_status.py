@@ -18,6 +18,8 @@ from billing.store.redis_totals import connect
 log = logging.getLogger(__name__)
 
 WAITING_FOR_DISK = "waiting for disk space"
+STREAM_PART, RECONCILE_PART = "stream", "reconcile"
+"""The parts that keep a status record: the streaming job and reconciliation."""
 
 
 class PartStatus:

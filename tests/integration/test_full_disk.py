@@ -18,6 +18,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
+from attribution.stream_position import stream_position
+from billing.closing import hold_reason
 from billing.store.parquet_ledger import read_ledger
 from billing.store.part_status import read_status
 from ops.settings import Settings
@@ -125,6 +127,19 @@ def test_a_full_disk_makes_the_job_and_reconciliation_wait_and_go_on_with_nothin
             [sys.executable, "-m", "ops.cli", "health", "stream"], env=env, capture_output=True, text=True
         )
         assert health.returncode == 1 and "disk" in health.stdout + health.stderr, health
+        # Reconciliation holds the periods the job has not passed, saying that the job waits, not that it is down.
+        position = stream_position(
+            settings.layout.checkpoint("billing"),
+            settings.kafka_bootstrap,
+            [settings.topic_impressions, settings.topic_clicks],
+            settings.redis_url,
+            settings.redis_prefix,
+            "billing",
+            alive_within_ms=1,
+        )
+        assert position.end is not None, position
+        held = hold_reason(position, position.end) or ""
+        assert held.startswith("held: the streaming job is waiting for disk space for "), held
         ballast.unlink()
         freed_at = time.monotonic()
 

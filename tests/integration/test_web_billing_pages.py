@@ -15,6 +15,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from billing.money import format_micros
+from billing.store.part_status import STREAM_PART, PartStatus
 from billing.store.redis_keys import RedisKeys
 from ops import deps
 from ops.settings import Settings
@@ -97,6 +98,17 @@ def test_the_health_page_sums_up_the_job_kafka_redis_and_reconciliation(seeded: 
     )
     levels = {c["name"]: c["level"] for c in ada.get("/api/v1/health").json["status"]["components"]}
     assert levels["Reconciliation"] == "red"
+    # The job waits for disk space: its silence is explained, in its own words, not called stale.
+    PartStatus(seeded.settings.redis_url, seeded.settings.redis_prefix, STREAM_PART)(
+        "waiting for disk space in /data: writing batch 7 failed (No space left on device); trying again"
+    )
+    components = {c["name"]: c for c in ada.get("/api/v1/health").json["status"]["components"]}
+    assert components["Streaming job"]["level"] == "red"
+    assert components["Streaming job"]["text"].startswith("Waiting for disk space for "), components
+    assert "writing batch 7 failed" in components["Streaming job"]["text"]
+    PartStatus(seeded.settings.redis_url, seeded.settings.redis_prefix, STREAM_PART)(None)
+    components = {c["name"]: c for c in ada.get("/api/v1/health").json["status"]["components"]}
+    assert "Stale" in components["Streaming job"]["text"]
 
 
 def test_an_hour_without_data_is_zero_spend_and_a_malformed_period_is_400(seeded: Seeded) -> None:

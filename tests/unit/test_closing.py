@@ -81,6 +81,24 @@ def test_a_period_past_its_horizon_closes_only_once_the_stream_has_passed_it(
     assert plan.targets == {}, "the target recorded at the horizon is kept, not moved to today's end offsets"
 
 
+def test_a_job_waiting_for_disk_space_holds_the_period_and_says_so_not_that_it_is_down() -> None:
+    # Silent for 5 minutes, as a job whose query stopped on a full disk is: its status record says why.
+    waiting = StreamPosition(
+        committed={"clicks": {0: 100, 1: 50}},
+        end={"clicks": {0: 500, 1: 500}},
+        silent_for_ms=5 * 60_000,
+        waiting="waiting for disk space for 5 min",
+    )
+    plan = plan_run({P0: 3}, {P0: PeriodState(3, target_offsets=AT_HORIZON)}, Periods(), T0 + 5 * H, HORIZON, waiting)
+    assert plan.held == {P0: "held: the streaming job is waiting for disk space for 5 min"}
+    # Caught up and reporting, but waiting (a batch's write failed on a full disk and is tried again): still held.
+    caught_up = StreamPosition(
+        committed={"clicks": {0: 100, 1: 50}}, end={"clicks": {0: 500, 1: 500}}, silent_for_ms=0, waiting="waiting"
+    )
+    plan = plan_run({P0: 3}, {P0: PeriodState(3, target_offsets=AT_HORIZON)}, Periods(), T0 + 5 * H, HORIZON, caught_up)
+    assert plan.held == {P0: "held: the streaming job is waiting"}
+
+
 def test_the_first_run_past_the_horizon_records_kafkas_end_offsets_as_the_target() -> None:
     position = StreamPosition(committed={"clicks": {0: 40}}, end={"clicks": {0: 90}}, silent_for_ms=0)
     plan = plan_run({P0: 3, P1: 4}, {}, Periods(), T0 + H + HORIZON, HORIZON, position)
