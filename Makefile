@@ -113,8 +113,8 @@ audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every p
 
 CHAOS_SEED ?=
 CHAOS_RATE ?= 100
-chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, overlapping faults, a full disk, poison, an outage past the horizon, prices changing; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=)
-	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, overlapping faults, a full disk, poison, a 20-minute outage, prices changing, a schema version deployed; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=, CHAOS_ARGS="--outage-minutes 2")
+	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .

@@ -13,8 +13,8 @@ come one after the other in a seeded order, each after a seeded pause, and each 
 - `broker`: SIGKILL of the leader broker of a partition, restarted after a while;
 - `redis`: Redis SIGKILLed and its data folder removed; the job stopped, Redis started empty, the totals rebuilt
   from the ledger (`adbill rebuild-totals`), the job started;
-- `outage`: the job stopped for longer than the lateness horizon; reconciliation must hold the periods it has not
-  read, and close them once it has;
+- `outage`: the job stopped for 20 minutes (`--outage-minutes`) under live traffic, far past the lateness horizon,
+  prices changing meanwhile; reconciliation must hold the periods it has not read, and close them once it has;
 - overlapping: `driver+broker` (the leader broker of a partition SIGKILLed while the job starts again after its
   own SIGKILL), `redis+reconcile` (Redis lost while a reconciliation runs), `worker+closing` (a Spark worker
   SIGKILLed while a reconciliation closes periods);
@@ -24,9 +24,12 @@ come one after the other in a seeded order, each after a seeded pause, and each 
   the report, where the suite may not mount a filesystem.
 
 The traffic changes the catalog all through the run (`--catalog-every 60 --new-ads 2`): its ground truth is priced
-by the history, as the pipeline prices. A recovery step that fails (a command's exit code, a process missing) is
-reported at once with the step; the suite then starts whatever is missing once more and, if billing does not come
-back within 5 minutes, stops the schedule there and gives its verdict on the books as they stand.
+by the history, as the pipeline prices. Its producers deploy a new schema version of both event types 20 minutes in
+(`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart by hand.
+
+A recovery step that fails (a command's exit code, a process missing) is reported at once with the step; the suite
+then starts whatever is missing once more and, if billing does not come back within 5 minutes, stops the schedule
+there and gives its verdict on the books as they stand.
 
 Then the traffic stops, the job catches up, `adbill reconcile --until` closes every period (never `--force`) and
 `adbill audit` proves the books. The verdict: the ledger equals the ground truth, no click is billed in two
@@ -80,6 +83,11 @@ OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "run", "logs", "spark", "spark-events
 """Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
 fault, not a broker or a log that dies of it)."""
 RECOVERY_DEADLINE_S = 600.0
+OUTAGE_S = 1200.0
+"""How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
+SCHEMA_DEPLOY_AT_S = 1200.0
+"""When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
+the traffic started: about halfway through a full run."""
 
 
 @dataclass
@@ -108,10 +116,20 @@ class WebReads:
 
 
 class Chaos:
-    def __init__(self, out: Path, seed: int, rate: int, faults: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        seed: int,
+        rate: int,
+        faults: list[str] | None = None,
+        outage_s: float = OUTAGE_S,
+        schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S,
+    ) -> None:
         self.out = out
         self.seed = seed
         self.rate = rate
+        self.outage_s = outage_s
+        self.schema_deploy_at_s = schema_deploy_at_s
         self.plan = list(faults or FAULTS)
         self.rng = random.Random(seed)
         self.home = out / "home"
@@ -262,6 +280,8 @@ class Chaos:
             str(CATALOG_EVERY_S),
             "--new-ads",
             str(NEW_ADS),
+            "--deploy-schema-at",
+            str(self.schema_deploy_at_s),
             "--run-dir",
             str(run_dir),
             "--no-progress",
@@ -509,16 +529,16 @@ class Chaos:
 
     def fault_outage(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
-        fault.target = f"stream stopped (pid {pid}) for the horizon + 45 s"
+        fault.target = f"stream stopped (pid {pid}) for {self.outage_s:.0f} s under live traffic"
         log_file = self.settings.logs_dir / "reconcile.log"
         seen = log_file.stat().st_size
         os.kill(pid, signal.SIGTERM)
-        time.sleep(HORIZON_MS / 1000 + 45)
+        time.sleep(self.outage_s)
         with log_file.open(errors="replace") as log:
             log.seek(seen)
             held = dict(re.findall(r"period (\S+) held: ([^\n]+)", log.read()))  # the last reason of each
         self.up()
-        fault.note = f"recovery includes the {HORIZON_MS / 1000 + 45:.0f} s outage; held while down: " + (
+        fault.note = f"recovery includes the {self.outage_s:.0f} s outage; held while down: " + (
             "; ".join(f"{p} ({why})" for p, why in sorted(held.items())) or "none"
         )
 
@@ -683,11 +703,18 @@ class Chaos:
             "every fault recovered": all(f.recovered_s is not None for f in self.faults if f.target != "skipped"),
             "the schedule ran to its end": not self.stopped,
         }
+        publish_file = self.out / "traffic" / "publish.json"
+        deployed = json.loads(publish_file.read_text()).get("schema_deployed") if publish_file.exists() else None
+        if time.monotonic() - self.t0 > self.schema_deploy_at_s:
+            # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
+            checks["the producers deployed a schema version mid-run"] = bool(deployed)
         report = {
             "seed": self.seed,
             "rate": self.rate,
             "home": str(self.home),
             "plan": self.plan,
+            "outage_s": self.outage_s,
+            "schema_deployed": {"at_s": self.schema_deploy_at_s, "ids": deployed},
             "data_disk": self.disk,
             "stopped": self.stopped,
             "passed": all(checks.values()),
@@ -798,6 +825,14 @@ def cluster_env(home: Path) -> dict[str, str]:
     )
 
 
+def _deployed(deploy: dict[str, Any] | None) -> str:
+    if not deploy:
+        return "no schema version deployed"
+    ids = deploy.get("ids")
+    when = f"{deploy['at_s']:.0f} s in"
+    return f"a schema version deployed {when} (ids {ids})" if ids else f"no schema version deployed (due {when})"
+
+
 def write_report(out: Path, report: dict[str, Any]) -> None:
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     f = report["figures"]
@@ -807,8 +842,9 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         f"`python -m ops.chaos --seed {report['seed']} --rate {report['rate']}"
         f"{' --faults ' + ','.join(report['plan']) if report.get('plan') and report['plan'] != FAULTS else ''}`, "
         f"{report['rate']} events/s live, "
-        f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads); home `{report['home']}`, "
-        f"{report.get('data_disk', '')}.",
+        f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads), "
+        f"{_deployed(report.get('schema_deployed'))}, an outage of {report.get('outage_s', 0):.0f} s; "
+        f"home `{report['home']}`, {report.get('data_disk', '')}.",
         "",
         *([f"**The schedule stopped early**: {report['stopped']}.", ""] if report.get("stopped") else []),
         "| check | result |",
@@ -850,6 +886,20 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"a shorter run: these faults only, comma-separated (default: all of {','.join(sorted(set(FAULTS)))})",
     )
+    parser.add_argument(
+        "--outage-minutes",
+        type=float,
+        default=OUTAGE_S / 60,
+        help=f"how long the outage fault keeps the job down (default {OUTAGE_S / 60:.0f})",
+    )
+    parser.add_argument(
+        "--deploy-schema-at",
+        type=float,
+        default=SCHEMA_DEPLOY_AT_S,
+        metavar="SECONDS",
+        help="when the producers deploy a new schema version, seconds after the traffic starts "
+        f"(default {SCHEMA_DEPLOY_AT_S:.0f})",
+    )
     args = parser.parse_args(argv)
     faults = args.faults.split(",") if args.faults else None
     if faults and set(faults) - set(FAULTS):
@@ -857,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     out = args.out or PROJECT_ROOT / "var" / "chaos" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
-    report = Chaos(out, seed, args.rate, faults).run()
+    report = Chaos(out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at).run()
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}, {out / 'report.json'}")
     return 0 if report["passed"] else 1

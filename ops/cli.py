@@ -153,6 +153,14 @@ def _parser() -> argparse.ArgumentParser:
         "--new-ads created (made in the pipeline's catalog as the run goes; default 0: no changes)",
     )
     p.add_argument("--new-ads", type=int, default=0, help="ads the run creates (with --catalog-every)")
+    p.add_argument(
+        "--deploy-schema-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="SECONDS of the run's time after its start, the producers deploy a new schema version of both event "
+        "types (one more optional field, `placement`), registered then, and write every later event with it",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce, needs=("kafka",))
 
@@ -455,6 +463,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         progress=_progress(args),
         live=args.live,
         catalog_store=CatalogStore(settings.catalog_file),
+        deploy_schema_at_s=args.deploy_schema_at,
     )
     print(f"ground truth in {run_dir}")
     return _delivery_outcome("produce", summary.not_delivered, 0)

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from billing.catalog import AdChange, CatalogError
 from billing.events import TOPIC_OF, Event
+from billing.schemas import schema_text
 from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
@@ -38,7 +39,7 @@ from producers.simulator import (
     system_clock_ms,
     write_run,
 )
-from producers.wire import EventSerializer, RawRecord
+from producers.wire import EventSerializer, RawRecord, with_optional_field
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -77,6 +78,8 @@ class PublishSummary:
     """Live runs: clock time minus simulated time (how far behind the clock in-order events were sent)."""
     live_max_behind_ms: int | None = None
     """Live runs: the most any record went out after its due time (a sender behind schedule)."""
+    schema_deployed: dict[str, int] | None = None
+    """Runs that deployed a schema version part-way (`deploy_schema_at_s`): its id per event type."""
 
     @property
     def not_delivered(self) -> int:
@@ -106,6 +109,7 @@ class PublishSummary:
             "elapsed_s": round(self.elapsed_s, 3),
             "rate_per_s": round(self.rate_per_s, 1),
             "interrupted": self.interrupted,
+            "schema_deployed": self.schema_deployed,
             "live": None
             if self.live_offset_ms is None
             else {"offset_ms": self.live_offset_ms, "max_behind_ms": self.live_max_behind_ms},
@@ -176,14 +180,14 @@ class EventPublisher:
             self._started = time.monotonic()
         return self._producer
 
-    def publish(self, item: Arrival | Event | RawRecord) -> None:
-        """Send one simulator arrival, event or raw record."""
+    def publish(self, item: Arrival | Event | RawRecord, extra: Mapping[str, Any] | None = None) -> None:
+        """Send one simulator arrival, event or raw record (`extra`: as `publish_event` takes it)."""
         if isinstance(item, Arrival):
             item = item.item
         if isinstance(item, RawRecord):
             self.publish_raw(item.topic, item.key, item.value)
         else:
-            self.publish_event(item)
+            self.publish_event(item, extra)
 
     def publish_event(self, event: Event, extra: Mapping[str, Any] | None = None) -> None:
         """Send one event to its type's topic, keyed by its ad_id; `extra`: values of fields the schema version in
@@ -322,6 +326,22 @@ CATALOG_LEAD_MS = 2_000
 """How long before it takes effect, in the run's time, a simulated catalog change is made."""
 
 
+DEPLOYED_FIELD = "placement"
+"""The field the schema version a run deploys part-way adds (`deploy_schema_at_s`)."""
+DEPLOYED_VALUES = {DEPLOYED_FIELD: "feed"}
+
+
+def deploy_schema_version(serializer: EventSerializer, registry: SchemaRegistry) -> dict[str, int]:
+    """Register a new version of both event types' schemas (their shipped version plus `DEPLOYED_FIELD`) and write
+    with it from now on, as producer teams deploying it do; its id per event type."""
+    return {
+        event_type: serializer.use_version(
+            registry, event_type, with_optional_field(schema_text(event_type), DEPLOYED_FIELD)
+        )
+        for event_type in ("impression", "click")
+    }
+
+
 def simulate_to_kafka(
     config: SimulationConfig,
     bootstrap_servers: str,
@@ -336,6 +356,7 @@ def simulate_to_kafka(
     live: bool = False,
     sleep: Sleep = time.sleep,
     catalog_store: CatalogStore | None = None,
+    deploy_schema_at_s: float | None = None,
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
 
@@ -349,11 +370,16 @@ def simulate_to_kafka(
     (`SimulationConfig.at_arrival_rate`), and `rate` must be None. Otherwise records go out at `rate` per second,
     or as fast as possible.
 
+    `deploy_schema_at_s`: once the run's time is that many seconds past its start, the producers deploy a new
+    schema version of both event types (one more optional field, `DEPLOYED_FIELD`: `with_optional_field`),
+    registered then, and write every later event with it, the field set; the ground truth is the same.
+
     `catalog.json` is written before the first record, so the pipeline can load it. The ground truth assumes
     every record sent was received: check the summary's delivery failures. On Ctrl-C the run stops, what was
     sent is flushed and its ground truth written, with `"complete": false` in `summary.json`.
     """
-    serializer = EventSerializer(_registry(registry))
+    schema_registry = _registry(registry)
+    serializer = EventSerializer(schema_registry)
     simulator = Simulator(config, clock, rate, live)
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -372,6 +398,8 @@ def simulate_to_kafka(
     schedule = LiveSchedule(clock, wait) if live else None
     arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
     changes = list(simulator.changes) if catalog_store is not None else []
+    deploy_at_ms = None if deploy_schema_at_s is None else simulator.start_ms + int(deploy_schema_at_s * 1000)
+    deployed: dict[str, int] | None = None
     interrupted = False
     try:
         try:
@@ -380,7 +408,10 @@ def simulate_to_kafka(
                     # The run's schedule, like a capture's ad lines: made at its own effective time.
                     assert catalog_store is not None
                     catalog_store.change(changes.pop(0), clock(), backfill=True)
-                publisher.publish(arrival)
+                if deploy_at_ms is not None and deployed is None and arrival.arrival_ms >= deploy_at_ms:
+                    deployed = deploy_schema_version(serializer, schema_registry)
+                    print(f"deployed a schema version: ids {deployed}", file=sys.stderr, flush=True)
+                publisher.publish(arrival, DEPLOYED_VALUES if deployed else None)
                 truth.observe(arrival)
                 pacer.pace()
                 bar.advance()
@@ -389,6 +420,7 @@ def simulate_to_kafka(
         publisher.flush(flush_timeout_s)
         summary = publisher.summary()
         summary.interrupted = interrupted
+        summary.schema_deployed = deployed
         if schedule is not None and schedule.offset_ms is not None:
             summary.live_offset_ms, summary.live_max_behind_ms = schedule.offset_ms, schedule.max_behind_ms
         billed_by = catalog_store.current() if catalog_store is not None else simulator.catalog

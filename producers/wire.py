@@ -90,6 +90,17 @@ def event_record(event: Event) -> dict[str, Any]:
     return {name: getattr(event, name) for name in _FIELDS[event.type]}
 
 
+def with_optional_field(text: str, name: str) -> str:
+    """The Avro schema `text` with one more field, an optional string with a null default: a new version that
+    readers of the old one and the old one's records stay compatible with (BACKWARD and FORWARD), as a producer team
+    deploys it."""
+    schema = json.loads(text)
+    if any(f["name"] == name for f in schema["fields"]):
+        raise ValueError(f"the schema has a field {name!r} already")
+    schema["fields"].append({"name": name, "type": ["null", "string"], "default": None})
+    return json.dumps(schema)
+
+
 class EventSerializer:
     """Serializes events to framed Avro with the schemas shipped in `billing.schemas`.
 

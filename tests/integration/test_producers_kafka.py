@@ -26,7 +26,7 @@ from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
 from ops.settings import Settings
 from producers.capture import capture_line
-from producers.publisher import replay_to_kafka, simulate_to_kafka
+from producers.publisher import DEPLOYED_FIELD, replay_to_kafka, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator, simulate, system_clock_ms
 from producers.wire import EventDeserializer, EventSerializer, RawRecord, UnknownSchemaError, WireFormatError
 from tests.conftest import child_env
@@ -111,6 +111,43 @@ def test_simulated_events_are_read_back_exactly_keyed_and_partitioned_by_ad(sett
     assert sum(end_offsets(settings.kafka_bootstrap, t, 4) for t in settings.topics.values()) == 3_000
     truth = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert truth == json.loads((tmp_path / "expected-run" / "summary.json").read_text())
+    assert (tmp_path / "run" / "billable.jsonl").read_text() == (
+        tmp_path / "expected-run" / "billable.jsonl"
+    ).read_text()
+
+
+def test_a_run_that_deploys_a_schema_version_part_way_writes_the_rest_with_it(settings: Settings, tmp_path: Path):
+    config = SimulationConfig(events=2_000, seed=8, start_ms=T0, users=50, bad_fraction=0.0)
+    expected = [a.item for a in simulate(config, tmp_path / "expected-run")]
+    registry = open_registry(str(tmp_path / "registry.json"))
+    halfway_s = config.expected_span_ms() / 2 / 1000
+
+    summary = simulate_to_kafka(
+        config,
+        settings.kafka_bootstrap,
+        registry,
+        tmp_path / "run",
+        topics=settings.topics,
+        progress=False,
+        deploy_schema_at_s=halfway_s,
+    )
+
+    assert summary.delivery_failures == 0 and summary.total == 2_000
+    deployed = summary.schema_deployed
+    assert deployed is not None and set(deployed) == {"impression", "click"}
+    first = EventSerializer(registry).schema_ids  # the shipped versions: registered already, found again
+    assert all(deployed[t] != first[t] for t in deployed), (deployed, first)
+    assert DEPLOYED_FIELD in registry.schema_by_id(deployed["click"]), "the new version adds the field"
+    deserializer = EventDeserializer(registry)
+    received: Counter = Counter()
+    ids: Counter = Counter()
+    for event_type, topic in settings.topics.items():
+        for message in read_all(settings.kafka_bootstrap, topic, sum(1 for e in expected if e.type == event_type)):
+            received[deserializer.deserialize(event_type, message.value())] += 1
+            ids[int.from_bytes(message.value()[1:5], "big")] += 1
+    assert received == Counter(expected), "the same events, whichever version wrote them"
+    assert set(ids) == set(first.values()) | set(deployed.values())
+    assert min(ids[i] for i in [*deployed.values(), *first.values()]) > 20, "each version wrote a share of each type"
     assert (tmp_path / "run" / "billable.jsonl").read_text() == (
         tmp_path / "expected-run" / "billable.jsonl"
     ).read_text()
