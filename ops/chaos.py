@@ -125,14 +125,14 @@ class Chaos:
         outage_s: float = OUTAGE_S,
         schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S,
     ) -> None:
-        self.out = out
+        self.out = out.resolve()  # the services' folders are links from the data disk: absolute ones
         self.seed = seed
         self.rate = rate
         self.outage_s = outage_s
         self.schema_deploy_at_s = schema_deploy_at_s
         self.plan = list(faults or FAULTS)
         self.rng = random.Random(seed)
-        self.home = out / "home"
+        self.home = self.out / "home"
         self.env = cluster_env(self.home)
         self.settings = Settings.from_env(self.env)
         self.t0 = 0.0
