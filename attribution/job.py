@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -485,15 +485,12 @@ def _start(
         )
         heartbeat.follow(str(query.id))
         lock.follow(str(query.id), query)
-        lock.acquire(wait_s=JOB_LOCK_WAIT_S)  # again after a restart (`_through_replay`); held: nothing to do
+        lock.acquire(wait_s=JOB_LOCK_WAIT_S)  # again after a restart for new schema versions; held: nothing to do
         return query
 
     def run(config: StreamConfig) -> _Generation:
-        """Start the query with `config`'s writer schemas, through the replay of a batch left uncommitted."""
-        replayed = uncommitted_batch(checkpoint)
+        """Start the query with `config`'s writer schemas."""
         query = start_query(config)
-        if replayed is not None:
-            query = _through_replay(spark, query, replayed, lambda: start_query(config))
         return _Generation(query, sinks[-1])
 
     first = run(config)
@@ -529,56 +526,3 @@ def with_registered_schemas(config: StreamConfig) -> StreamConfig:
 JOB_LOCK_WAIT_S = 60.0
 """How long a starting job waits for the job lock: a query stopped a moment ago lets go of it when Spark reports
 the stop; a restore of Redis holds it until done."""
-
-
-def uncommitted_batch(checkpoint: Path) -> int | None:
-    """The batch a restart of the query replays: the newest in the checkpoint's offset log without a commit (planned
-    before the job stopped, not finished); None when every planned batch is committed."""
-    planned = [int(p.name) for p in (checkpoint / "offsets").glob("*") if p.name.isdigit()]
-    if not planned:
-        return None
-    newest = max(planned)
-    return None if (checkpoint / "commits" / str(newest)).exists() else newest
-
-
-def _through_replay(
-    spark: SparkSession, query: StreamingQuery, batch_id: int, start_query: Callable[[], StreamingQuery]
-) -> StreamingQuery:
-    """Wait for `query` to replay batch `batch_id`, and start it again if Spark 4.1.1's Kafka source stopped it
-    reporting that batch (`replay_progress_failure`): Spark has run and committed the batch by then, so the
-    query started again goes on with the next batch."""
-    while query.isActive:
-        progress = query.lastProgress
-        if progress is not None and int(progress["batchId"]) >= batch_id:
-            return query
-        time.sleep(0.2)
-    if not replay_progress_failure(*failure_cause(query)):
-        return query  # another failure: the caller sees it as before
-    log.warning(
-        "the query stopped reporting batch %d, which it replayed after a restart (Spark 4.1.1's Kafka source, "
-        "SPARK-55271); the batch is committed: starting the query again",
-        batch_id,
-    )
-    spark.streams.resetTerminated()  # so that awaitAnyTermination() waits for the query started again
-    return start_query()
-
-
-def replay_progress_failure(cause: str, frames: Sequence[str]) -> bool:
-    """Whether a query failed with Spark 4.1.1's Kafka source bug SPARK-55271, from the failure's cause
-    (`failure_cause`): the source cannot report the progress of the first batch after a restart when that batch is
-    one the checkpoint replays (planned before a crash, not committed), and the query stops with a
-    NullPointerException in `KafkaMicroBatchStream.metrics`. Spark has run and committed the batch by then; started
-    again, the query goes on with the next one."""
-    return cause.startswith("java.lang.NullPointerException") and any(
-        "kafka010.KafkaMicroBatchStream" in frame and ".metrics(" in frame for frame in frames
-    )
-
-
-def failure_cause(query: StreamingQuery) -> tuple[str, list[str]]:
-    """The exception that stopped `query` (the cause Spark wrapped in a StreamingQueryException) and its stack
-    frames, as text; empty when the query did not fail."""
-    failed: Any = query._jsq.exception()  # type: ignore[attr-defined]
-    if failed.isEmpty():
-        return "", []
-    cause = failed.get().getCause() or failed.get()
-    return str(cause.toString()), [str(frame.toString()) for frame in cause.getStackTrace()]

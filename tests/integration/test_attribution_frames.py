@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -53,7 +55,11 @@ RECEIVED = T0 + 60 * S  # records arrive from here on, one millisecond apart, in
 IMPRESSION_SCHEMA_ID = 10
 CLICK_SCHEMA_ID = 11
 CLICK_NULLABLE_USER_SCHEMA_ID = 12  # an evolved click writer whose user_id may be null
+IMPRESSION_ADDED_FIELD_SCHEMA_ID = 13  # a newer impression writer with an optional field the job does not read
+CLICK_ADDED_FIELD_SCHEMA_ID = 14  # the same for clicks (as a producer deploys it, `test_schema_evolution.py`)
+CLICK_WITHOUT_USER_SCHEMA_ID = 15  # a click writer that lacks user_id altogether
 UNKNOWN_SCHEMA_ID = 99
+ADDED_FIELD = "placement"
 
 CATALOG = Catalog(
     [
@@ -83,11 +89,31 @@ def _nullable_user_click_schema() -> str:
     return json.dumps(schema)
 
 
+def _added_field_schema(event_type: str) -> str:
+    """The shipped schema plus an optional string with a null default: a BACKWARD compatible new version."""
+    schema = json.loads(schema_text(event_type))
+    schema["fields"].append({"name": ADDED_FIELD, "type": ["null", "string"], "default": None})
+    return json.dumps(schema)
+
+
+def _click_schema_without(field_name: str) -> str:
+    schema = json.loads(schema_text("click"))
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != field_name]
+    return json.dumps(schema)
+
+
+# Every shape of writer schema the job decodes: the shipped `billing/schemas` of each event type, and the evolved
+# ones (a field added, a field made nullable, a field missing), all through spark-avro's `from_avro`.
 WRITER_SCHEMAS: dict[str, dict[int, str]] = {
-    "impression": {IMPRESSION_SCHEMA_ID: schema_text("impression")},
+    "impression": {
+        IMPRESSION_SCHEMA_ID: schema_text("impression"),
+        IMPRESSION_ADDED_FIELD_SCHEMA_ID: _added_field_schema("impression"),
+    },
     "click": {
         CLICK_SCHEMA_ID: schema_text("click"),
         CLICK_NULLABLE_USER_SCHEMA_ID: _nullable_user_click_schema(),
+        CLICK_ADDED_FIELD_SCHEMA_ID: _added_field_schema("click"),
+        CLICK_WITHOUT_USER_SCHEMA_ID: _click_schema_without("user_id"),
     },
 }
 _PARSED = {
@@ -116,10 +142,18 @@ class Sent:
     topic: str = "clicks"
     received_ms: int | None = None  # the Kafka timestamp; default: RECEIVED + the place in the table
     schema_id: int | None = None  # the writer schema of an event; default: the shipped one of its type
+    extra: tuple[tuple[str, Any], ...] = ()  # fields of a newer writer schema that the event does not have
 
 
-def imp(impression_id: str, at: int, ad: str = "ad-1", user: str = "u1") -> Sent:
-    return Sent(Impression(impression_id, ad, user, at), topic="impressions")
+def imp(
+    impression_id: str,
+    at: int,
+    ad: str = "ad-1",
+    user: str = "u1",
+    schema_id: int | None = None,
+    extra: tuple[tuple[str, Any], ...] = (),
+) -> Sent:
+    return Sent(Impression(impression_id, ad, user, at), topic="impressions", schema_id=schema_id, extra=extra)
 
 
 def click(
@@ -129,8 +163,9 @@ def click(
     user: str = "u1",
     received_ms: int | None = None,
     schema_id: int | None = None,
+    extra: tuple[tuple[str, Any], ...] = (),
 ) -> Sent:
-    return Sent(Click(click_id, ad, user, at), received_ms=received_ms, schema_id=schema_id)
+    return Sent(Click(click_id, ad, user, at), received_ms=received_ms, schema_id=schema_id, extra=extra)
 
 
 def raw(value: bytes, topic: str = "clicks") -> Sent:
@@ -235,6 +270,18 @@ CASES = [
         [imp("i1", T0), click("c1", T0 + S, schema_id=CLICK_NULLABLE_USER_SCHEMA_ID)],
         {"c1": "i1"},
     ),
+    # Both events written with a newer version that adds an optional field, given and left null: the job skips the
+    # field and bills the pair.
+    Case(
+        "added-field-writers",
+        [
+            imp("i1", T0, schema_id=IMPRESSION_ADDED_FIELD_SCHEMA_ID, extra=((ADDED_FIELD, "feed"),)),
+            click("c1", T0 + S, schema_id=CLICK_ADDED_FIELD_SCHEMA_ID, extra=((ADDED_FIELD, "feed"),)),
+            imp("i2", T0, ad="ad-2", schema_id=IMPRESSION_ADDED_FIELD_SCHEMA_ID),
+            click("c2", T0 + S, ad="ad-2", schema_id=CLICK_ADDED_FIELD_SCHEMA_ID),
+        ],
+        {"c1": "i1", "c2": "i2"},
+    ),
     # A phone whose clock is 50 minutes ahead: valid (less than an hour ahead of Kafka's timestamp) and billed on
     # its own times; the stream bills it too, as Kafka received the click after the impression.
     Case("clock-ahead", [imp("i1", T0 + 50 * MINUTE), click("c1", T0 + 50 * MINUTE + S)], {"c1": "i1"}),
@@ -295,6 +342,20 @@ CASES = [
         {},
         [("missing_field", "c1")],
     ),
+    # A writer schema without user_id at all: the record decodes, the field is missing. (Raw bytes, as above.)
+    Case(
+        "writer-without-a-field",
+        [
+            raw(
+                encode(
+                    CLICK_WITHOUT_USER_SCHEMA_ID,
+                    {k: v for k, v in CLICK_OK.items() if k != "user_id"} | {"click_id": "writer-without-a-field/c1"},
+                )
+            )
+        ],
+        {},
+        [("missing_field", "c1")],
+    ),
 ]
 
 
@@ -316,7 +377,7 @@ class Record:
         schema_id = self.sent.schema_id
         if schema_id is None:
             schema_id = IMPRESSION_SCHEMA_ID if isinstance(self.sent.event, Impression) else CLICK_SCHEMA_ID
-        return encode(schema_id, self.sent.event.to_record())
+        return encode(schema_id, {**self.sent.event.to_record(), **dict(self.sent.extra)})
 
     def row(self) -> tuple[Any, ...]:
         received = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=self.received_ms)
@@ -429,6 +490,40 @@ def test_quarantine_rows_keep_the_raw_bytes_and_coordinates(batch: PipelineOutpu
         record = by_offset[(row.topic, row.offset)]
         assert bytes(row.value) == record.value
         assert row.received_ms == record.received_ms
+
+
+def test_the_avro_connector_is_the_spark_runtime_s_own_version(spark: SparkSession) -> None:
+    """The cases above ran through the spark-avro jar the job loads (`ops.deps`): the one of the running Spark."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    avro = jvm.java.lang.Class.forName("org.apache.spark.sql.avro.AvroDataToCatalyst", False, loader)
+    jar = str(avro.getProtectionDomain().getCodeSource().getLocation().getPath())
+    assert Path(jar).name == f"spark-avro_2.13-{spark.version}.jar"
+
+
+def test_the_shipped_schemas_decode_with_their_logical_type(spark: SparkSession) -> None:
+    """The benchmark's textbook baseline (`ops.bench.baseline`) reads with the shipped schemas as they are:
+    `event_time` through `timestamp-millis`, a timestamp."""
+    for topic, event_type, id_field in (
+        ("impressions", "impression", "impression_id"),
+        ("clicks", "click", "click_id"),
+    ):
+        expected = {
+            r.sent.event.event_id: r.sent.event.event_time
+            for r in RECORDS
+            if r.topic == topic and r.case.name == "two-ads" and r.sent.event is not None
+        }
+        body = F.expr("substring(value, 6)")
+        rows = (
+            kafka_frame(spark, topic)
+            .select(from_avro(body, schema_text(event_type), {"mode": "PERMISSIVE"}).alias("event"))
+            .select("event.*")
+            .filter(F.col(id_field).startswith("two-ads/"))
+            .collect()
+        )
+        epoch = datetime(1970, 1, 1)  # naive UTC: the session time zone is UTC
+        assert {row[id_field]: (row.event_time - epoch) // timedelta(milliseconds=1) for row in rows} == expected
 
 
 # ----------------------------------------------------------------------------------------------------
