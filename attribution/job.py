@@ -60,6 +60,7 @@ from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, watermar
 from attribution.progress import Heartbeat
 from attribution.release import Release, release_quarantined
 from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchemaWatch, _Generation, registered_versions
+from attribution.session import JOIN_STATE_FORMAT
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
 from billing.layout import DataLayout
@@ -471,6 +472,7 @@ def _start(
     spark.streams.addListener(heartbeat)
     spark.streams.addListener(lock)
     checkpoint = config.layout.checkpoint(BILLING_QUERY)
+    _log_join_state_format(spark, checkpoint)
     sinks: list[BatchSink] = []
 
     def start_query(config: StreamConfig = config) -> StreamingQuery:
@@ -526,3 +528,36 @@ def with_registered_schemas(config: StreamConfig) -> StreamConfig:
 JOB_LOCK_WAIT_S = 60.0
 """How long a starting job waits for the job lock: a query stopped a moment ago lets go of it when Spark reports
 the stop; a restore of Redis holds it until done."""
+
+
+def checkpoint_join_state_format(checkpoint: Path) -> int | None:
+    """The join state format the checkpoint runs with: Spark recorded it in the offset log when the query first
+    started, and a restart takes it from there. None for a checkpoint that has planned no batch yet."""
+    planned = [int(p.name) for p in (checkpoint / "offsets").glob("*") if p.name.isdigit()]
+    if not planned:
+        return None
+    lines = (checkpoint / "offsets" / str(max(planned))).read_text().splitlines()
+    recorded = json.loads(lines[1]).get("conf", {}).get(JOIN_STATE_FORMAT) if len(lines) > 1 else None
+    return None if recorded is None else int(recorded)
+
+
+def _log_join_state_format(spark: SparkSession, checkpoint: Path) -> None:
+    """Say which join state format the query runs with, and when it is not the one asked for, why."""
+    asked = spark.conf.get(JOIN_STATE_FORMAT, None)
+    try:
+        recorded = checkpoint_join_state_format(checkpoint)
+    except (OSError, ValueError) as exc:  # a log line only: Spark reads the offset log itself and says what it finds
+        log.warning("cannot read the join state format from the checkpoint's offset log: %s", exc)
+        return
+    if recorded is None:
+        log.info("join state format of the new checkpoint: %s", asked or "Spark's default")
+    elif asked is not None and int(asked) != recorded:
+        log.warning(
+            "join state format %s is asked for, but the checkpoint %s keeps the format %d it started with: the "
+            "setting applies to a new checkpoint (README, Operations)",
+            asked,
+            checkpoint,
+            recorded,
+        )
+    else:
+        log.info("join state format of the checkpoint: %d", recorded)

@@ -69,6 +69,12 @@ class Settings:
         "(Spark's, in the JVM's memory: faster on one machine, see the README's Benchmarks). A checkpoint keeps the "
         "store it started with.",
     )
+    join_state_format: str = _setting(
+        "default",
+        "State format of the stream-stream join of a new checkpoint of the streaming job: default (Spark's, 2) or 4 "
+        "(Spark 4.2's format 4, still marked under development: evicts by time instead of scanning the whole state "
+        "every batch; RocksDB only). A checkpoint keeps the format it started with; see the README's Operations.",
+    )
     sink_writers: str = _setting(
         "auto",
         "Where the job writes each batch's files: executors (each task its share; the driver gets figures only), "
@@ -203,6 +209,14 @@ class Settings:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
         if self.state_store not in ("rocksdb", "hdfs"):
             raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
+        if self.join_state_format not in JOIN_STATE_FORMATS:
+            raise ValueError(f"ADBILL_JOIN_STATE_FORMAT must be {' or '.join(JOIN_STATE_FORMATS)}")
+        if self.join_state_format == "4" and self.state_store != "rocksdb":
+            raise ValueError(
+                "ADBILL_JOIN_STATE_FORMAT=4 keeps the join's state in RocksDB column families, which Spark's "
+                f"in-memory store does not have: set ADBILL_STATE_STORE=rocksdb (now {self.state_store}) or leave "
+                "ADBILL_JOIN_STATE_FORMAT at default"
+            )
         spark_conf_pairs(self.spark_conf)
         if self.sink_writers not in ("auto", "executors", "driver"):
             raise ValueError("ADBILL_SINK_WRITERS must be auto, executors or driver")
@@ -350,6 +364,9 @@ CLUSTER_DEFAULTS: dict[str, str] = {
 }
 """The settings `ADBILL_CLUSTER=1` (`adbill up --cluster`) changes, by field name; an ADBILL_* variable still wins.
 Its own folder, so that a checkpoint of the one-node stack never meets the cluster's offsets."""
+
+JOIN_STATE_FORMATS = ("default", "4")
+"""The values of ADBILL_JOIN_STATE_FORMAT: Spark's default format of the join's state, or format 4."""
 
 # Variables with the prefix that are not settings of the pipeline but of the tools around it.
 _NOT_SETTINGS = {"ADBILL_NO_PROGRESS", "ADBILL_DEBUG"}

@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 
 def spark_session(settings: Settings, app_name: str, local_dir: Path, *, stateful: bool) -> SparkSession:
-    """A session for `app_name` built from `settings`; `stateful` jobs use the configured state store, batch jobs
-    the default one. The streaming job is the stateful one: it takes ADBILL_STREAM_CORES on a cluster, the others
-    ADBILL_BATCH_CORES, so that the job and reconciliation always both run."""
+    """A session for `app_name` built from `settings`; `stateful` jobs use the configured state store and join state
+    format, batch jobs the default ones. The streaming job is the stateful one: it takes ADBILL_STREAM_CORES on a
+    cluster, the others ADBILL_BATCH_CORES, so that the job and reconciliation always both run."""
     from attribution.session import build_spark
 
     if is_local(settings):
@@ -33,12 +33,18 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         local_dir=local_dir,
         driver_memory=settings.driver_memory,
         rocksdb_state=stateful and settings.state_store == "rocksdb",
+        join_state_format=join_state_format(settings) if stateful else None,
         extra_conf={
             **observability_conf(settings),
             **application_conf(settings, settings.stream_cores if stateful else settings.batch_cores),
             **spark_conf_pairs(settings.spark_conf),
         },
     )
+
+
+def join_state_format(settings: Settings) -> int | None:
+    """The join state format a new checkpoint of the job gets (`ADBILL_JOIN_STATE_FORMAT`); None: Spark's default."""
+    return None if settings.join_state_format == "default" else int(settings.join_state_format)
 
 
 def is_local(settings: Settings) -> bool:

@@ -331,6 +331,7 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
     """The settings both systems run with, for the report."""
     names = [
         *("spark_master", "shuffle_partitions", "trigger_ms", "max_offsets_per_trigger", "state_store"),
+        "join_state_format",
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
     return {name: getattr(settings, name) for name in names}

@@ -7,10 +7,10 @@ the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range
 -> a no-op sink (`format("noop")`). No intake checks, no de-duplication, no catalog, no Parquet, no Redis.
 
 It runs in its own Spark session built like the job's (`ops.spark.spark_session`: same master, shuffle
-partitions, state store, driver memory, checkpoint file manager) with the same trigger, `maxOffsetsPerTrigger`
-and Kafka fetch wait, and records each
-batch's progress with the job's own listener (`attribution.progress.HealthListener`, query `baseline`), so the
-benchmark measures both systems from the same records.
+partitions, state store, join state format, driver memory, checkpoint file manager) with the same trigger,
+`maxOffsetsPerTrigger` and Kafka fetch wait, and records each batch's progress with the job's own listener
+(`attribution.progress.HealthListener`, query `baseline`), so the benchmark measures both systems from the same
+records.
 
 Run: `python -m ops.bench.baseline` with the `ADBILL_*` settings of the topics, Redis and Spark in the
 environment; it runs until SIGTERM.

@@ -337,7 +337,8 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
     return (
         f"Spark `{settings.get('spark_master')}`, {settings.get('shuffle_partitions')} shuffle partitions, "
         f"trigger {settings.get('trigger_ms')} ms, at most {_rate(settings.get('max_offsets_per_trigger'))} "
-        f"records per topic per batch, state store {settings.get('state_store')}, driver memory "
+        f"records per topic per batch, state store {settings.get('state_store')}, join state format "
+        f"{settings.get('join_state_format', 'default')}, driver memory "
         f"{settings.get('driver_memory')}, watermarks {settings.get('impression_watermark_ms')} / "
         f"{settings.get('click_watermark_ms')} ms, {settings.get('topic_partitions')} partitions per topic."
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from attribution.job import checkpoint_join_state_format
 from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.kafka_service import partition_leaders
@@ -40,13 +41,14 @@ FLOWING = SimulationConfig(
 FLOWING_RATE = 300.0  # events/s: 40 s of traffic, so the broker dies while records flow
 
 
-def cluster_env(home: Path) -> dict[str, str]:
+def cluster_env(home: Path, **overrides: str) -> dict[str, str]:
     return local_cluster_env(
         home,
         ADBILL_DEPS_DIR=str(PROJECT_ROOT / ".deps"),
         ADBILL_RECONCILE_INTERVAL_S="20",
         ADBILL_TRIGGER_MS="1000",
         ADBILL_MAX_OFFSETS_PER_TRIGGER="2000",
+        **overrides,
     )
 
 
@@ -68,9 +70,10 @@ def wait_for(check: Callable[[], bool], what: str, deadline_s: float) -> float:
     raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
-    env = cluster_env(tmp_path / "home")
+@pytest.fixture(params=["default", pytest.param("4", marks=pytest.mark.slow)], ids=lambda f: f"join-state-{f}")
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
+    """The local cluster, its job's join state in Spark's default format, and (a slow run) in format 4."""
+    env = cluster_env(tmp_path / "home", ADBILL_JOIN_STATE_FORMAT=request.param)
     settings = Settings.from_env(env)
     settings.root.mkdir(parents=True)
     save_catalog(BACKLOG.catalog(), settings.catalog_file)  # the job bills from the simulator's catalog
@@ -162,6 +165,8 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     redis_clicks = sum(t.clicks for t in totals.all_ad_totals().values())
     redis_micros = sum(t.micros for t in totals.all_ad_totals().values())
     assert (redis_clicks, redis_micros) == (len(truth), sum(truth.values()))
+    recorded = checkpoint_join_state_format(settings.layout.checkpoint("billing"))
+    assert recorded == (2 if settings.join_state_format == "default" else int(settings.join_state_format))
 
 
 def send_traffic(settings: Settings, run_dir: Path, config: SimulationConfig, rate: float | None) -> dict[str, int]:

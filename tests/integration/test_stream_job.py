@@ -25,9 +25,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from attribution.dead_letters import DeadLetters
-from attribution.job import start
+from attribution.job import checkpoint_join_state_format, start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
+from attribution.session import join_state_conf
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
@@ -39,6 +40,7 @@ from ops.kafka_service import ensure_topics
 from ops.process import free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
+from ops.spark import join_state_format as join_state_format_of
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
 from producers.publisher import EventPublisher, simulate_to_kafka
@@ -341,11 +343,38 @@ def read_to_the_end(settings: Settings) -> bool:
     return all(committed.get(t, {}).get(p, 0) >= o for t, parts in end.items() for p, o in parts.items())
 
 
-def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, job, tmp_path: Path) -> None:
+@pytest.fixture
+def join_state_format(request: pytest.FixtureRequest, spark: SparkSession) -> Iterator[str]:
+    """The test's session with the join state format of `ADBILL_JOIN_STATE_FORMAT=<param>` for a new checkpoint (the
+    job's own sessions get it from the settings, `ops.spark`); the session's defaults again after."""
+    value: str = request.param
+    conf = join_state_conf(join_state_format_of(Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": value})))
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, setting in conf.items():
+        spark.conf.set(key, setting)
+    yield value
+    for key, setting in before.items():
+        if setting is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, setting)
+
+
+def assert_join_state_format(settings: Settings, value: str) -> None:
+    """The job's checkpoint runs the join state format asked for: Spark's default is 2."""
+    recorded = checkpoint_join_state_format(settings.layout.checkpoint("billing"))
+    assert recorded == (2 if value == "default" else int(value))
+
+
+@pytest.mark.parametrize("join_state_format", ["default", "4"], indirect=True)
+def test_simulated_traffic_bills_exactly_the_ground_truth(
+    settings: Settings, job, tmp_path: Path, join_state_format: str
+) -> None:
     truth, conflicted = simulated_run(settings, tmp_path / "run", events=20_000)
     assert len(truth) > 500
     queries = job()
     process(queries)
+    assert_join_state_format(settings, join_state_format)
 
     rows = ledger_rows(settings)
     assert len(rows) == len({row["click_id"] for row in rows}), "one bill per click"
@@ -365,14 +394,15 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(settings: Settings, jo
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 
-@pytest.mark.parametrize("writers", ["driver", "executors"])
+@pytest.mark.parametrize(("writers", "join_state"), [("driver", "default"), ("executors", "default"), ("driver", "4")])
 def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
-    settings: Settings, tmp_path: Path, writers: str
+    settings: Settings, tmp_path: Path, writers: str, join_state: str
 ) -> None:
     """Both ways of writing a batch (`ADBILL_SINK_WRITERS`): collected to the driver (local mode's), and each task
-    its share on its executor (a cluster's), whose replayed tasks must replace their own files. The catalog
-    changes while the job is down, between a batch's first attempt and its replay: the replay prices as the first
-    attempt did, and every later batch by the new history."""
+    its share on its executor (a cluster's), whose replayed tasks must replace their own files; and the join's
+    state in format 4 (`ADBILL_JOIN_STATE_FORMAT`), restored after each kill. The catalog changes while the job is
+    down, between a batch's first attempt and its replay: the replay prices as the first attempt did, and every
+    later batch by the new history."""
     settings.catalog_file.parent.mkdir(parents=True, exist_ok=True)
     env = child_env(
         settings,
@@ -380,6 +410,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         ADBILL_MAX_OFFSETS_PER_TRIGGER="4000",
         ADBILL_TRIGGER_MS="500",
         ADBILL_SINK_WRITERS=writers,
+        ADBILL_JOIN_STATE_FORMAT=join_state,
     )
     log = (tmp_path / "job.log").open("ab")
 
@@ -424,6 +455,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         assert as_of.price(row["ad_id"], row["click_time"])[1] == row["amount_micros"], row  # type: ignore[index]
     assert {int((versions / str(row["batch_id"])).read_text()) for row in rows} > {0}, "the changes were used"
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
+    assert_join_state_format(settings, join_state)
 
 
 def read_ledger_times(run_dir: Path) -> list[int]:

@@ -1,0 +1,58 @@
+"""The join state format of a new checkpoint (`ADBILL_JOIN_STATE_FORMAT`), and the one a checkpoint keeps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attribution.job import checkpoint_join_state_format
+from attribution.session import JOIN_STATE_FORMAT, JOIN_STATE_FORMAT_V4_GATE, join_state_conf
+from ops.settings import Settings
+from ops.spark import join_state_format
+
+
+def test_the_default_is_spark_s_format_and_4_is_asked_for_by_name() -> None:
+    assert Settings.from_env({}).join_state_format == "default"
+    assert join_state_format(Settings.from_env({})) is None
+    assert join_state_format(Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": "4"})) == 4
+
+
+def test_format_4_s_gate_is_open_whatever_the_format_of_a_new_checkpoint() -> None:
+    # A checkpoint that started with format 4 keeps it (the offset log), and Spark's gate is not recorded there: a
+    # session without the gate would fail that checkpoint's tasks.
+    assert join_state_conf(None) == {JOIN_STATE_FORMAT_V4_GATE: "true"}
+    assert join_state_conf(4) == {JOIN_STATE_FORMAT_V4_GATE: "true", JOIN_STATE_FORMAT: "4"}
+
+
+def test_format_4_with_the_in_memory_state_store_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="ADBILL_JOIN_STATE_FORMAT=4 .* ADBILL_STATE_STORE=rocksdb"):
+        Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": "4", "ADBILL_STATE_STORE": "hdfs"})
+    assert Settings.from_env({"ADBILL_STATE_STORE": "hdfs"}).join_state_format == "default"
+
+
+@pytest.mark.parametrize("value", ["3", "v4", ""])
+def test_another_value_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="ADBILL_JOIN_STATE_FORMAT must be default or 4"):
+        Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": value})
+
+
+def _plan_batch(checkpoint: Path, batch_id: int, conf: dict[str, str]) -> None:
+    """An offset log entry as Spark writes it: the version, the batch's metadata, then each source's offsets."""
+    offsets = checkpoint / "offsets"
+    offsets.mkdir(parents=True, exist_ok=True)
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": conf}
+    (offsets / str(batch_id)).write_text(f'v1\n{json.dumps(metadata)}\n{{"clicks":{{"0":5}}}}')
+
+
+def test_a_checkpoint_keeps_the_format_its_offset_log_records(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "billing"
+    assert checkpoint_join_state_format(checkpoint) is None  # new: the setting decides
+    _plan_batch(checkpoint, 0, {JOIN_STATE_FORMAT: "2", "spark.sql.shuffle.partitions": "4"})
+    assert checkpoint_join_state_format(checkpoint) == 2
+    _plan_batch(checkpoint, 1, {JOIN_STATE_FORMAT: "4"})
+    (checkpoint / "offsets" / ".1.crc").write_text("")
+    assert checkpoint_join_state_format(checkpoint) == 4  # the newest batch's entry
+    _plan_batch(tmp_path / "older", 0, {"spark.sql.shuffle.partitions": "4"})
+    assert checkpoint_join_state_format(tmp_path / "older") is None
