@@ -51,6 +51,9 @@ down: venv ## stop a local stack or cluster left in the background
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
+test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor, the cluster with join state format 4
+	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
 test-unit: venv ## run the pure tests only (no services)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
@@ -128,4 +131,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web audit chaos lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web audit chaos lint format clean

@@ -127,7 +127,9 @@ class FollowingQuery:
 
     @property
     def isActive(self) -> bool:  # noqa: N802 - StreamingQuery's name
-        return not self._done.is_set() and (self.query.isActive or self._switching())
+        """True until the follower has seen the query stop for good: a run that stopped for a switch, or failed a
+        moment ago (`exception()` is set by then), still counts as active until the follower has decided."""
+        return not self._done.is_set()
 
     @property
     def lastProgress(self) -> Any:  # noqa: N802 - StreamingQuery's name

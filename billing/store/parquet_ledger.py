@@ -48,8 +48,10 @@ def read_ledger(ledger_dir: str | Path) -> pa.Table:
     if not path.exists() or not any(path.glob("period=*")):
         return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
     try:
+        # The schema given, not inferred: a period whose only file is still being written (a dot-file) has none.
         dataset = ds.dataset(
             path,
+            schema=LEDGER_SCHEMA,
             format="parquet",
             partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
         )
@@ -84,6 +86,9 @@ _TYPES = {
     "period_start_ms": pa.int64(),
     "batch_id": pa.int64(),
 }
+
+
+LEDGER_SCHEMA = pa.schema([(name, _TYPES[name]) for name in LEDGER_COLUMNS])
 
 
 def ledger_totals(table: pa.Table) -> list[dict[str, object]]:

@@ -394,7 +394,15 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 
-@pytest.mark.parametrize(("writers", "join_state"), [("driver", "default"), ("executors", "default"), ("driver", "4")])
+@pytest.mark.parametrize(
+    ("writers", "join_state"),
+    [
+        ("driver", "default"),
+        # Each task writing on its executor, as on a cluster: `test_cluster.py` kills that in the default run.
+        pytest.param("executors", "default", marks=pytest.mark.slow),
+        ("driver", "4"),
+    ],
+)
 def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     settings: Settings, tmp_path: Path, writers: str, join_state: str
 ) -> None:

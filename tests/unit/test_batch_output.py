@@ -252,6 +252,19 @@ def test_files_are_partitioned_like_spark_writes_them_and_read_back_whole(batch:
     assert sorted(table.column("event_id").to_pylist()) == sorted(out.events.column("event_id").to_pylist())
 
 
+def test_a_period_whose_only_file_is_still_being_written_reads_as_no_bills(batch: pa.Table, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    # The first write of a new period, caught half-way: its folder holds the staging dot-file only.
+    staging = ledger / "period=20260101T0200Z" / "batch_id=8" / ".part-00000.parquet.tmp"
+    staging.parent.mkdir(parents=True)
+    staging.write_bytes(b"PAR1 half a file")
+    assert read_ledger(ledger).num_rows == 0
+    assert read_ledger(ledger).column_names == list(LEDGER_COLUMNS)
+    # Beside a period with bills, the same.
+    write_batch_files(split(batch).bills, ledger, ("period", "batch_id"))
+    assert read_ledger(ledger).num_rows == split(batch).bills.num_rows
+
+
 def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_path: Path) -> None:
     first = split(batch)
     write_batch_files(first.bills, tmp_path, ("period", "batch_id"))
