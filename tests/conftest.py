@@ -111,12 +111,23 @@ def child_env(settings: Settings, **overrides: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def no_query_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test that fails with a streaming query still running stops it, so the next test can start its own."""
+    """A test that fails with a streaming query still running stops it, so the next test can start its own; and the
+    query listeners a test added (the job adds its heartbeat and its lock each time it starts) are removed after it.
+    The session's Spark hands every event to every listener, one after the other on one thread: listeners left from
+    earlier tests would make later tests hear of their batches later and later, and the session's stop wait for all
+    of it."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    session: SparkSession = request.getfixturevalue("spark")
+    manager = session._jsparkSession.streams()  # type: ignore[attr-defined]
+    before = list(manager.listListeners())
     yield
-    if "spark" in request.fixturenames:
-        session: SparkSession = request.getfixturevalue("spark")
-        for query in session.streams.active:
-            query.stop()
+    for query in session.streams.active:
+        query.stop()
+    for listener in manager.listListeners():
+        if not any(listener.equals(kept) for kept in before):
+            manager.removeListener(listener)
 
 
 @dataclass(frozen=True)
