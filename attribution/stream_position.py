@@ -13,9 +13,10 @@ import json
 import time
 from pathlib import Path
 
+import redis
+
 from billing.closing import Offsets, StreamPosition
-from billing.periods import format_elapsed
-from billing.store.part_status import STREAM_PART, read_status
+from billing.store.part_status import STREAM_PART, describe_wait, read_status
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -74,13 +75,9 @@ def end_offsets(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> O
         consumer.close()
 
 
-def last_heartbeat_ms(redis_url: str, prefix: str, query: str) -> int | None:
+def _heartbeat_ms(client: redis.Redis, prefix: str, query: str) -> int | None:
     """When the query last reported a batch or an idle trigger (epoch ms), None if never."""
-    client = connect(redis_url)
-    try:
-        value = client.get(RedisKeys(prefix).heartbeat(query))
-    finally:
-        client.close()
+    value = client.get(RedisKeys(prefix).heartbeat(query))
     return None if value is None else int(str(value))
 
 
@@ -101,29 +98,18 @@ def stream_position(
         end = end_offsets(bootstrap, topics)
     except Exception as exc:  # confluent_kafka's KafkaException, or a topic missing
         end, error = None, str(exc)
-    beat = last_heartbeat_ms(redis_url, prefix, query)
+    client = connect(redis_url)
+    try:  # one connection: the heartbeat, and what the job says it waits for (`billing.store.part_status`)
+        beat = _heartbeat_ms(client, prefix, query)
+        status = read_status(client, prefix, STREAM_PART)
+    finally:
+        client.close()
     now = int(time.time() * 1000)
-    waiting = waiting_for(redis_url, prefix, now)
     return StreamPosition(
         committed=committed_offsets(checkpoint),
         end=end,
         silent_for_ms=None if beat is None else max(0, now - beat),
         alive_within_ms=alive_within_ms,
         error=error,
-        waiting=waiting,
+        waiting=describe_wait(status, now) if status else None,
     )
-
-
-def waiting_for(redis_url: str, prefix: str, now_ms: int) -> str | None:
-    """What the streaming job's status record says it waits for, and for how long (`waiting for disk space for 3
-    min`); None when it has no such record (`billing.store.part_status`)."""
-    client = connect(redis_url)
-    try:
-        status = read_status(client, prefix, STREAM_PART)
-    finally:
-        client.close()
-    if not status:
-        return None
-    since = status.get("since_ms")
-    elapsed = f" for {format_elapsed(now_ms - int(since))}" if since and since.isdigit() else ""
-    return f"{status.get('state', 'waiting')}{elapsed}"

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from billing.periods import format_elapsed, format_utc
+from billing.store.part_status import describe_wait
 
 OK, AMBER, RED, UNKNOWN = "ok", "amber", "red", "unknown"
 _RANK = {OK: 0, UNKNOWN: 1, AMBER: 2, RED: 3}
@@ -76,10 +77,8 @@ def job_status(fresh: Freshness) -> ComponentStatus:
 def waiting_status(name: str, status: Mapping[str, str], now_ms: int) -> ComponentStatus:
     """A part that says it waits (a status record: `waiting for disk space`, since when, what failed): red, with
     its own words."""
-    since = status.get("since_ms", "")
-    elapsed = f" for {format_elapsed(now_ms - int(since))}" if since.isdigit() else ""
-    state = status.get("state", "waiting")
-    return ComponentStatus(name, RED, f"{state[:1].upper()}{state[1:]}{elapsed}: {status.get('message', '')}")
+    said = describe_wait(dict(status), now_ms)
+    return ComponentStatus(name, RED, f"{said[:1].upper()}{said[1:]}: {status.get('message', '')}")
 
 
 def kafka_status(lag_now: dict[str, int | None], lag_before: dict[str, int | None] | None) -> ComponentStatus:

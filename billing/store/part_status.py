@@ -12,6 +12,7 @@ import time
 
 import redis
 
+from billing.periods import format_elapsed
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -47,6 +48,13 @@ class PartStatus:
                 client.close()
         except redis.RedisError:
             log.exception("could not record the status %r in %s", message, self.key)
+
+
+def describe_wait(status: dict[str, str], now_ms: int) -> str:
+    """A status record in a few words, with how long it has lasted: `waiting for disk space for 3 min`."""
+    since = status.get("since_ms", "")
+    elapsed = f" for {format_elapsed(now_ms - int(since))}" if since.isdigit() else ""
+    return f"{status.get('state', 'waiting')}{elapsed}"
 
 
 def read_status(client: redis.Redis, prefix: str, part: str) -> dict[str, str]:
