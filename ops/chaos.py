@@ -254,9 +254,11 @@ class Chaos:
         finally:
             self.stop.set()
             if self.traffic is not None and self.traffic.poll() is None:
-                self.traffic.send_signal(signal.SIGINT)
-                with contextlib.suppress(subprocess.TimeoutExpired):
+                self.traffic.send_signal(signal.SIGTERM)
+                try:
                     self.traffic.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.traffic.kill()
             done = self.adbill("down", "--cluster", check=False)
             self.say(f"down: {done.stdout.strip()}")
             self.unmount_data_disk()
@@ -293,8 +295,17 @@ class Chaos:
 
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
-        self.traffic.send_signal(signal.SIGINT)
-        code = self.traffic.wait(timeout=300)
+        # SIGTERM, which adbill ends on as on Ctrl-C: a suite started in the background (nohup, `&` in a script)
+        # hands its children SIGINT ignored, and the producers would go on for their whole duration.
+        self.traffic.send_signal(signal.SIGTERM)
+        try:
+            code = self.traffic.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.traffic.kill()
+            raise RuntimeError(
+                "the traffic's producers did not stop within 300 s of SIGTERM (killed): no ground truth, no verdict; "
+                f"see {self.out / 'traffic.log'}"
+            ) from None
         summary = json.loads((self.out / "traffic" / "summary.json").read_text())
         self.say(f"traffic stopped (exit {code}); {json.dumps(summary.get('publish', summary))[:300]}")
         with (self.out / "traffic" / "billable.jsonl").open() as lines:
@@ -907,7 +918,11 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     out = args.out or PROJECT_ROOT / "var" / "chaos" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
-    report = Chaos(out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at).run()
+    try:
+        report = Chaos(out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at).run()
+    except RuntimeError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 1
     print((out / "report.md").read_text())
     print(f"report: {out / 'report.md'}, {out / 'report.json'}")
     return 0 if report["passed"] else 1
