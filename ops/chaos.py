@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from billing.store.catalog_file import save_catalog
-from ops.process import pid_alive
+from ops.process import pid_alive, stop_pid
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
 
@@ -254,11 +254,7 @@ class Chaos:
         finally:
             self.stop.set()
             if self.traffic is not None and self.traffic.poll() is None:
-                self.traffic.send_signal(signal.SIGTERM)
-                try:
-                    self.traffic.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    self.traffic.kill()
+                stop_pid(self.traffic.pid, timeout_s=60)
             done = self.adbill("down", "--cluster", check=False)
             self.say(f"down: {done.stdout.strip()}")
             self.unmount_data_disk()
