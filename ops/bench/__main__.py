@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -24,9 +25,8 @@ from typing import Any
 from billing.layout import DataLayout
 from ops.bench import ceiling, report
 from ops.bench.measure import Sampler
+from ops.bench.report import BASELINE, PIPELINE
 from ops.bench.systems import (
-    BASELINE,
-    PIPELINE,
     LoadOptions,
     System,
     prepare_system,
@@ -77,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a setting both systems run with, as in `adbill settings` without ADBILL_ (such as "
         "shuffle_partitions=2 or trigger_ms=500); repeat for more",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE[;NAME=VALUE]",
+        help="one more system, after the others: the pipeline with these settings on top of --set, named "
+        "pipeline-LABEL (such as v4:join_state_format=4); repeat for more. Each lever measured in the same run",
+    )
     return parser
 
 
@@ -108,18 +116,31 @@ def overrides(pairs: list[str]) -> dict[str, Any]:
     return {name: getattr(parsed, name) for name in names}
 
 
+def variant(text: str) -> tuple[str, dict[str, Any]]:
+    """`--variant LABEL:NAME=VALUE[;NAME=VALUE]` as its label and typed settings."""
+    label, sep, pairs = text.partition(":")
+    if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", label) or not pairs.strip():
+        raise SystemExit(
+            f"--variant {text!r}: write LABEL:NAME=VALUE[;NAME=VALUE], the label in lower-case letters, digits "
+            "and dashes (such as v4:join_state_format=4)"
+        )
+    return label, overrides([p for p in pairs.split(";") if p.strip()])
+
+
 def bench(args: argparse.Namespace, command: str) -> int:
     """The side-by-side benchmark (module doc)."""
     rates = [int(r) for r in str(args.rates).split(",") if r.strip()]
     names = [n.strip() for n in str(args.systems).split(",") if n.strip()]
     if not rates or any(r <= 0 for r in rates) or set(names) - {BASELINE, PIPELINE}:
         raise SystemExit("--rates are positive numbers; --systems names baseline and/or pipeline")
+    variants = [variant(text) for text in args.variant]
     out = _folder(args.out, "")
     started = time.time()
     print(f"benchmark in {out}", flush=True)
     plan, generation = _plan(args.out / "traffic-cache", rates, args.duration, args.backlog, args.seed, 0, args.burst)
     services, stack, sampler = start_services(out, **overrides(args.set))
     systems = [prepare_system(name, services, out, plan) for name in names]
+    systems += [prepare_system(f"{PIPELINE}-{label}", services, out, plan, **extra) for label, extra in variants]
     options = LoadOptions(drain_timeout_s=args.drain_timeout, profile=not args.no_profile)
     results: dict[str, Any] = {}
     ceiling_figures: dict[str, Any] = {}
@@ -131,6 +152,8 @@ def bench(args: argparse.Namespace, command: str) -> int:
         for system in systems:
             print(f"{system.name}: starting ({system.command[-1]}) ...", flush=True)
             results[system.name] = run_system(system, plan, sampler, options)
+            if system.overrides:
+                results[system.name]["overrides"] = {k: str(v) for k, v in system.overrides.items()}
     finally:
         sampler.stop()
         stack.stop()

@@ -17,6 +17,11 @@ from ops.bench import analysis
 PIPELINE, BASELINE = "pipeline", "baseline"
 
 
+def is_pipeline(name: str) -> bool:
+    """The pipeline or a variant of it (`pipeline-LABEL`, `python -m ops.bench --variant`)."""
+    return name == PIPELINE or name.startswith(f"{PIPELINE}-")
+
+
 def build(
     *,
     kind: str,
@@ -148,6 +153,7 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "peak_rss_mb": result.get("peak_rss_mb"),
                 "state_rows": step["state_rows_max"] if step else None,
                 "ledger_exact": all(c["equal"] for c in checks) if checks else None,
+                "overrides": result.get("overrides") or {},
             }
         )
     return rows
@@ -355,6 +361,8 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
         knee = f"kept up to {held:,}/s" if held else "kept up at no rate tried"
         if row.get("first_failed"):
             knee += f", not at {row['first_failed']:,}/s"
+        if row.get("overrides"):
+            knee = ", ".join(f"`{k}={v}`" for k, v in row["overrides"].items()) + "; " + knee
         rows.append(
             [
                 f"**{row['what']}** ({knee})",
@@ -365,7 +373,7 @@ def _render_bench(data: Mapping[str, Any]) -> list[str]:
                 row.get("cpu_cores"),
                 "-" if row.get("cpu_us_per_event") is None else f"{row['cpu_us_per_event']:.1f}",
                 _rate(row.get("peak_rss_mb")),
-                _yes(row.get("ledger_exact")) if row["what"] == PIPELINE else "n/a (no sink)",
+                _yes(row.get("ledger_exact")) if is_pipeline(row["what"]) else "n/a (no sink)",
             ]
         )
     out += _table(

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.systems import PIPELINE, LoadOptions, prepare_system, run_system, start_services
+from ops.bench.report import PIPELINE
+from ops.bench.systems import LoadOptions, prepare_system, run_system, start_services
 from ops.bench.traffic import plan_traffic
 from ops.settings import Settings
 

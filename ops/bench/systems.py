@@ -41,15 +41,13 @@ from typing import TYPE_CHECKING, Any
 from ops.bench import analysis, profile
 from ops.bench.ceiling import end_offsets, finish_sender, run_sender
 from ops.bench.measure import HealthRecorder, Sampler, find_in_tree, thread_cores, thread_cpu, wait_for
+from ops.bench.report import is_pipeline
 from ops.bench.traffic import Dataset, TrafficPlan, cycle_span_ms, cycle_truth
 from ops.process import free_ports, stop_pid
 from ops.settings import Settings
 
 if TYPE_CHECKING:
     from ops.stack import Stack
-
-PIPELINE = "pipeline"
-BASELINE = "baseline"
 
 
 @dataclass(frozen=True)
@@ -61,6 +59,8 @@ class System:
     command: list[str]
     query: str
     """The query name of its health records."""
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Settings of this system alone (a variant of the pipeline), on top of those of the run."""
 
     @property
     def topics(self) -> dict[str, str]:
@@ -68,7 +68,7 @@ class System:
 
     @property
     def ledger_dir(self) -> Path | None:
-        return self.settings.layout.ledger if self.name == PIPELINE else None
+        return self.settings.layout.ledger if is_pipeline(self.name) else None
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}
@@ -86,17 +86,19 @@ def scratch_settings(services: Settings, home: Path, name: str) -> Settings:
     )
 
 
-def make_system(name: str, services: Settings, folder: Path, registry: Path, catalog: Path) -> System:
-    """The pipeline or the baseline, with topics and a Redis prefix of its own on the services of `services`."""
+def make_system(name: str, services: Settings, folder: Path, registry: Path, catalog: Path, **overrides: Any) -> System:
+    """The pipeline (or a variant of it, `pipeline-LABEL` with `overrides`) or the baseline, with topics and a
+    Redis prefix of its own on the services of `services`."""
     settings = dataclasses.replace(
         scratch_settings(services, folder / name, name),
         redis_prefix=f"bench-{name}",
         schema_registry=str(registry),
         catalog_path=catalog,
         metrics_port=0,
+        **overrides,
     )
-    if name == PIPELINE:
-        return System(name, settings, [sys.executable, "-m", "ops.cli", "stream"], "billing")
+    if is_pipeline(name):
+        return System(name, settings, [sys.executable, "-m", "ops.cli", "stream"], "billing", dict(overrides))
     from ops.bench.baseline import QUERY
 
     return System(name, settings, [sys.executable, "-m", "ops.bench.baseline"], QUERY)
@@ -129,7 +131,7 @@ def start_services(folder: Path, **overrides: Any) -> tuple[Settings, Stack, Sam
     return services, stack, sampler
 
 
-def prepare_system(name: str, services: Settings, folder: Path, plan: TrafficPlan) -> System:
+def prepare_system(name: str, services: Settings, folder: Path, plan: TrafficPlan, **overrides: Any) -> System:
     """A system on the services, its topics created, reading the plan's catalog and schemas (copied to `folder`)."""
     from ops.stack import ensure_stack_topics
 
@@ -137,7 +139,7 @@ def prepare_system(name: str, services: Settings, folder: Path, plan: TrafficPla
     if not registry.exists():
         shutil.copyfile(plan.registry_file, registry)
         shutil.copyfile(plan.catalog_file, catalog)
-    system = make_system(name, services, folder, registry, catalog)
+    system = make_system(name, services, folder, registry, catalog, **overrides)
     ensure_stack_topics(system.settings)
     return system
 

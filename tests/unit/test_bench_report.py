@@ -510,3 +510,31 @@ def test_short_lived_children_get_no_memory_verdict_of_their_own() -> None:
     verdict = report.soak_verdict(pipeline)
     assert "memory:chmod" not in verdict
     assert "memory:java" in verdict
+
+
+def test_a_variant_of_the_pipeline_is_a_row_of_its_own_with_its_settings_and_its_ledger_checked(
+    measured: dict[str, Any],
+) -> None:
+    variant = system_result("pipeline-v4", [full_step(1, 5_000, 5_000, 4_000, True)], 9_000)
+    variant["overrides"] = {"join_state_format": "4"}
+    measured["systems"]["pipeline-v4"] = variant
+    data = report.derive(measured)
+    rows = {row["what"]: row for row in data["summary"]}
+    assert rows["pipeline-v4"]["ledger_exact"] is True
+    # The ratios and targets stay the pipeline's as configured for the run.
+    assert data["ratios"]["pipeline_over_baseline"] == pytest.approx(4_900 / 9_900, abs=1e-3)
+    text = report.render(data)
+    assert "| **pipeline-v4** (`join_state_format=4`; kept up to 5,000/s) | **5,000** | 9,000 |" in text
+    variant["steps"][0] = full_step(1, 5_000, 5_000, 4_000, False)
+    assert not report.ledgers_exact(data)
+
+
+def test_a_variant_is_written_label_colon_settings() -> None:
+    from ops.bench.__main__ import variant
+
+    assert variant("v4:join_state_format=4") == ("v4", {"join_state_format": "4"})
+    label, settings = variant("lean:trigger_ms=500;shuffle_partitions=2")
+    assert (label, settings) == ("lean", {"trigger_ms": 500, "shuffle_partitions": 2})
+    for bad in ("join_state_format=4", "V4:join_state_format=4", "v4:", "v4:join_state_format=7"):
+        with pytest.raises(SystemExit):
+            variant(bad)
