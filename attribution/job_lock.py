@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from attribution.listener import ProgressListener
 
 
 class JobLockedError(RuntimeError):
@@ -99,8 +99,10 @@ class FileLock:
                     del _HELD[self.path.resolve()]
 
 
-class JobLock(FileLock, StreamingQueryListener):
+class JobLock(FileLock, ProgressListener):
     """The streaming job's lock: held from before its query starts until that query terminates (`follow`)."""
+
+    reads_progress = False
 
     def __init__(self, path: Path) -> None:
         FileLock.__init__(self, path, "the streaming job (adbill stream)")
@@ -115,15 +117,6 @@ class JobLock(FileLock, StreamingQueryListener):
     def in_use(self) -> bool:
         """Held, and the query it follows is still active (its stop may not have been reported yet)."""
         return self.held and (self.query is None or bool(self.query.isActive))
-
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        pass
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
 
     def onQueryTerminated(self, event: Any) -> None:
         if self.query_id is not None and str(event.id) == self.query_id:

@@ -27,8 +27,8 @@ from typing import Any
 import redis
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
-from pyspark.sql.streaming import StreamingQueryListener
 
+from attribution.listener import ProgressListener
 from billing.catalog import Unbillable
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
@@ -63,7 +63,7 @@ _CLOCK_AHEAD = Counter(
 )
 
 
-class Heartbeat(StreamingQueryListener):
+class Heartbeat(ProgressListener):
     """Writes the wall-clock time of every batch and idle trigger of one query to Redis: proof that it is alive.
 
     Spark reports an idle query every `spark.sql.streaming.noDataProgressEventInterval` (10 s by default)."""
@@ -80,11 +80,8 @@ class Heartbeat(StreamingQueryListener):
         self.query_id = query_id
         self._beat()
 
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        if str(event.progress.id) == self.query_id:
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        if progress.get("id") == self.query_id:
             self._beat()
 
     def onQueryIdle(self, event: Any) -> None:
@@ -153,7 +150,7 @@ def summarize(progress: Mapping[str, Any], delays_ms: Mapping[str, int], seen_ma
     }
 
 
-class HealthListener(StreamingQueryListener):
+class HealthListener(ProgressListener):
     """Records every batch's health in Redis and Prometheus; never lets a reporting failure stop the job."""
 
     def __init__(self, redis_url: str, prefix: str, delays_ms: Mapping[str, int]) -> None:
@@ -167,9 +164,8 @@ class HealthListener(StreamingQueryListener):
     def onQueryStarted(self, event: Any) -> None:
         log.info("query %s started (id %s)", event.name, event.id)
 
-    def onQueryProgress(self, event: Any) -> None:
+    def on_progress(self, progress: dict[str, Any]) -> None:
         try:
-            progress = json.loads(event.progress.json)
             record = summarize(progress, self.delays_ms, self.seen_max)
             self._export(record)
             client = self._redis()
@@ -184,9 +180,6 @@ class HealthListener(StreamingQueryListener):
             pipe.execute()
         except Exception:  # reporting must never take the billing job down
             log.exception("could not record query progress")
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
