@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m ops.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.render:
         return render_again(args.render)
+    if args.variant and (args.soak_minutes > 0 or args.cluster_workers):
+        raise SystemExit("--variant is for the side-by-side benchmark; the soak and cluster modes take --set")
     if args.soak_minutes > 0:
         return soak(args, command)
     if args.cluster_workers:
