@@ -62,14 +62,9 @@ class _Listener(ProgressListener):
     def __init__(self) -> None:
         self.timing: _Timing | None = None
 
-    @property
-    def _jlistener(self) -> Any:
-        from pyspark import SparkContext
-
-        if self.timing is None:
-            self.timing = _Timing(self)
-            self._wrapped = SparkContext._jvm.PythonStreamingQueryListenerWrapper(self.timing)  # type: ignore[union-attr]
-        return self._wrapped
+    def _java_events(self) -> _Timing:
+        self.timing = _Timing(self)
+        return self.timing
 
 
 def _summary(label: str, values: list[float]) -> str:
