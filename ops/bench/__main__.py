@@ -19,6 +19,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -280,10 +281,24 @@ def render_again(folder: Path) -> int:
     from ops.bench import plots
 
     data = report.derive(json.loads((folder / "report.json").read_text()))
+    if data["kind"] == "bench":
+        data["batch_time"] = _batch_time(folder, data) or data.get("batch_time") or {}
     (folder / "report.json").write_text(json.dumps(data, indent=1, default=str))
     (folder / "report.md").write_text(report.render(data, plots.draw(data, folder)))
     print(report.console_summary(data), flush=True)
     return 0
+
+
+def _batch_time(out: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Where each system's batches spent their time, from Spark's event logs (`ops.bench.eventlog`); none, with
+    the reason printed, when a log cannot be read: the rest of the report does not depend on it."""
+    from ops.bench import eventlog
+
+    try:
+        return eventlog.breakdowns(out, data["systems"])
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"no batch time breakdown: Spark's event log in {out} could not be read: {exc!r}", flush=True)
+        return {}
 
 
 def _folder(parent: Path, prefix: str) -> Path:
@@ -374,12 +389,14 @@ def _machine(sampler: Sampler, started: float) -> dict[str, Any]:
 def _write(out: Path, data: dict[str, Any], keep_data: bool) -> int:
     from ops.bench import plots
 
+    if data["kind"] == "bench":
+        data["batch_time"] = _batch_time(out, data)
     (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
     images = plots.draw(data, out)
     (out / "report.md").write_text(report.render(data, images))
     if not keep_data:
-        homes = [DataLayout(out / name) for name in (PIPELINE, BASELINE)]
-        heavy = [out / "services" / "kafka" / "data", homes[0].archive]
+        homes = [DataLayout(out / name) for name in {PIPELINE, BASELINE, *(data.get("systems") or {})}]
+        heavy = [out / "services" / "kafka" / "data", *(home.archive for home in homes)]
         heavy += [folder for home in homes for folder in (home.checkpoints, home.spark_scratch())]
         for folder in heavy:
             shutil.rmtree(folder, ignore_errors=True)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ops.bench import analysis
+from ops.bench import analysis, eventlog
 
 PIPELINE, BASELINE = "pipeline", "baseline"
 
@@ -333,6 +333,7 @@ def render(data: Mapping[str, Any], images: Sequence[tuple[str, str]] = ()) -> s
         out += [f"![{title}]({name})" for title, name in images]
         out.append("")
     out += _render_limits(data)
+    out += _render_batch_time(data)
     out += _render_method(data)
     return "\n".join(out) + "\n"
 
@@ -583,6 +584,16 @@ def _render_limits(data: Mapping[str, Any]) -> list[str]:
         out.append("")
         out += _table(["thread", "share"], [[t["name"], f"{t['share']:.1%}"] for t in recording["threads"][:6]])
         out += ["", f"Recording: `{recording['file']}`.", ""]
+    return out
+
+
+def _render_batch_time(data: Mapping[str, Any]) -> list[str]:
+    found = data.get("batch_time") or {}
+    if not found:
+        return []
+    out = ["## Where a batch's time goes (Spark's event log)", "", eventlog.INTRO, ""]
+    for name, steps in found.items():
+        out += eventlog.render(name, steps, heading="###")
     return out
 
 
