@@ -64,16 +64,35 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
 
 @dataclass
 class StageTime:
-    """One stage's figures, summed over its tasks."""
+    """A batch's stages of one name, such as the two topics' scans, which run side by side: their tasks' figures
+    summed, their wall time from the first one's submission to the last one's completion."""
 
     name: str
-    wall_ms: int = 0
+    stages: int = 0
+    submitted_ms: int = 0
+    completed_ms: int = 0
     tasks: int = 0
     run_ms: int = 0
     cpu_ms: float = 0.0
     deserialize_ms: int = 0
     gc_ms: int = 0
     records_read: int = 0
+
+    @property
+    def wall_ms(self) -> int:
+        return self.completed_ms - self.submitted_ms
+
+    def add(self, other: StageTime) -> None:
+        """Count `other`, a stage of the same name in the same batch, in this one."""
+        self.submitted_ms = min(self.submitted_ms, other.submitted_ms) if self.stages else other.submitted_ms
+        self.completed_ms = max(self.completed_ms, other.completed_ms)
+        self.stages += other.stages
+        for name in SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+SUMMED = ("tasks", "run_ms", "cpu_ms", "deserialize_ms", "gc_ms", "records_read")
+"""The figures of `StageTime` that add up over stages and batches."""
 
 
 @dataclass
@@ -154,17 +173,15 @@ def batch_times(events: Iterable[Mapping[str, Any]]) -> list[BatchTime]:
         elif kind == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_job:
             info = e["Stage Info"]
             stage = stages.setdefault(info["Stage ID"], StageTime(""))
-            stage.name = stage_name(info)
-            stage.wall_ms = info.get("Completion Time", 0) - info.get("Submission Time", 0)
+            stage.name, stage.stages = stage_name(info), 1
+            stage.submitted_ms, stage.completed_ms = info.get("Submission Time", 0), info.get("Completion Time", 0)
             batch = batches.get(job_batch[stage_job[info["Stage ID"]]])
             if batch is not None:
-                same = sum(1 for other in batch.stages if other.name.split(" #")[0] == stage.name)
-                if same:  # such as the scans of the two topics, which run side by side
-                    if same == 1:
-                        first = next(other for other in batch.stages if other.name == stage.name)
-                        first.name += " #1"
-                    stage.name += f" #{same + 1}"
-                batch.stages.append(stage)
+                same = next((other for other in batch.stages if other.name == stage.name), None)
+                if same is None:
+                    batch.stages.append(StageTime(stage.name))
+                    same = batch.stages[-1]
+                same.add(stage)
     return [batches[b] for b in sorted(batches)]
 
 
@@ -197,18 +214,16 @@ def mean_breakdown(batches: Sequence[BatchTime]) -> dict[str, Any]:
     }
     figures["driver_in_add_batch_ms"] = figures["addBatch"] - figures["jobs_ms"]
     figures["other_phases_ms"] = figures["triggerExecution"] - figures["queryPlanning"] - figures["addBatch"]
-    stages: dict[str, StageTime] = {}
+    stages: dict[str, dict[str, Any]] = {}
     for batch in batches:
         for stage in batch.stages:
-            total = stages.setdefault(stage.name, StageTime(stage.name))
-            for name in ("wall_ms", "tasks", "run_ms", "cpu_ms", "deserialize_ms", "gc_ms", "records_read"):
-                setattr(total, name, getattr(total, name) + getattr(stage, name))
+            total = stages.setdefault(
+                stage.name, {"name": stage.name, "stages": 0, "wall_ms": 0, **dict.fromkeys(SUMMED, 0)}
+            )
+            for name in ("stages", "wall_ms", *SUMMED):
+                total[name] += getattr(stage, name)
     figures["stages"] = [
-        {
-            name: (getattr(total, name) / n if name != "name" else total.name)
-            for name in ("name", "wall_ms", "tasks", "run_ms", "cpu_ms", "deserialize_ms", "gc_ms", "records_read")
-        }
-        for total in stages.values()
+        {name: value / n if name != "name" else value for name, value in total.items()} for total in stages.values()
     ]
     return figures
 
@@ -249,14 +264,15 @@ def render(system: str, steps: Sequence[tuple[str, Mapping[str, Any]]], heading:
         )
     lines += [
         "",
-        "| offered | stage (operators) | wall ms | tasks | task run ms | task CPU ms | deserializing ms | GC ms | "
-        "Kafka records |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| offered | stage (operators) | stages | wall ms | tasks | task run ms | task CPU ms | deserializing ms | "
+        "GC ms | Kafka records |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, f in steps:
         for s in f.get("stages", []):
             lines.append(
-                f"| {label} | {s['name']} | {s['wall_ms']:,.0f} | {s['tasks']:.0f} | {s['run_ms']:,.0f} | "
+                f"| {label} | {s['name']} | {s['stages']:.1f} | {s['wall_ms']:,.0f} | {s['tasks']:.0f} | "
+                f"{s['run_ms']:,.0f} | "
                 f"{s['cpu_ms']:,.0f} | {s['deserialize_ms']:,.0f} | {s['gc_ms']:,.0f} | {s['records_read']:,.0f} |"
             )
     return [*lines, ""]

@@ -103,9 +103,11 @@ def test_the_batches_of_the_query_with_the_most_progress_and_their_stages() -> N
     first = batches[0]
     assert (first.input_rows, first.jobs, first.jobs_ms) == (1_000, 1, 600)
     assert first.end_ms == T0 + 1_010
-    assert [s.name for s in first.stages] == ["scan #1", "scan #2", "join"]
+    # The two scans, side by side, count as one row: from the first's submission to the last's completion.
+    assert [s.name for s in first.stages] == ["scan", "join"]
     scan = first.stages[0]
-    assert (scan.tasks, scan.run_ms, scan.cpu_ms, scan.records_read, scan.wall_ms) == (2, 500, 200, 500, 200)
+    assert (scan.stages, scan.tasks, scan.run_ms, scan.cpu_ms, scan.records_read) == (2, 3, 600, 250, 1_000)
+    assert scan.wall_ms == 300
     assert (batches[2].jobs, batches[2].stages) == (0, [])
 
 
@@ -116,7 +118,7 @@ def test_the_mean_breakdown_splits_add_batch_into_jobs_and_the_drivers_rest() ->
     assert (figures["addBatch"], figures["jobs_ms"], figures["driver_in_add_batch_ms"]) == (900, 600, 300)
     assert figures["other_phases_ms"] == 10
     join = next(s for s in figures["stages"] if s["name"] == "join")
-    assert (join["cpu_ms"], join["tasks"], join["wall_ms"]) == (300, 1, 300)
+    assert (join["cpu_ms"], join["tasks"], join["wall_ms"], join["stages"]) == (300, 1, 300, 1)
     assert mean_breakdown([]) == {"batches": 0}
 
 
@@ -138,7 +140,8 @@ def test_steps_take_the_batches_that_ended_in_their_window_from_a_compressed_log
     assert (label1, first["batches"], first["rows"]) == ("5,000/s", 1, 1_000)
     assert (label2, second["batches"], second["rows"]) == ("10,000/s", 1, 2_000)
     text_out = "\n".join(render("pipeline", found["pipeline"]))
-    assert "| 10,000/s | join | 300 | 1 | 400 | 300 | 5 | 2 | 0 |" in text_out
+    assert "| 10,000/s | join | 1.0 | 300 | 1 | 400 | 300 | 5 | 2 | 0 |" in text_out
+    assert "| 10,000/s | scan | 2.0 | 300 | 3 | 600 | 250 | 15 | 6 | 1,000 |" in text_out
 
 
 @pytest.mark.parametrize("name", ["notes.txt", ".events_1.zstd.crc"])
