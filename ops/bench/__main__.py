@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="LABEL:NAME=VALUE[;NAME=VALUE]",
         help="one more system, after the others: the pipeline with these settings on top of --set, named "
-        "pipeline-LABEL (such as v4:join_state_format=4); repeat for more. Each lever measured in the same run",
+        "pipeline-LABEL (such as v4:join_state_format=4); repeat for more. Each lever measured in the same run. "
+        "Quote one with two settings, the ; is the shell's too: make bench BENCH_ARGS=\"--variant 'x:a=1;b=2'\"",
     )
     return parser
 
