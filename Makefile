@@ -51,7 +51,7 @@ down: venv ## stop a local stack or cluster left in the background
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor, the cluster with join state format 4
+test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor and with join state format 4, the cluster with format 4
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 test-unit: venv ## run the pure tests only (no services)
