@@ -160,7 +160,9 @@ def knee(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     `sustained_rate`: what it sustained at the highest rate it held, or, if it held none, the most it sustained
     (its capacity), flagged by `kept_up_to` None; `latency_ms` at that step."""
     held = [s for s in steps if keeps_up(s)]
-    failed = next((s for s in steps if not keeps_up(s)), None)
+    # The failure that ends the held rates (a first step lost to the cold start is not the knee: `should_stop`).
+    above = [s for s in steps if not held or s["offered_rate"] > held[-1]["offered_rate"]]
+    failed = next((s for s in above if not keeps_up(s)), None)
     best = held[-1] if held else max(steps, key=lambda s: s["sustained_rate"], default=None)
     return {
         "kept_up_to": held[-1]["offered_rate"] if held else None,
@@ -171,9 +173,11 @@ def knee(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def should_stop(step: Mapping[str, Any]) -> bool:
-    """Stop raising the offered rate after a step that did not keep up: the knee is found."""
-    return not keeps_up(step)
+def should_stop(steps: Sequence[Mapping[str, Any]]) -> bool:
+    """Stop raising the offered rate after a step that did not keep up: the knee is found. Except after the first
+    step alone: it follows the job's cold start (the backlog it caught up on is one batch, and the JVM is still
+    compiling), and one such step may fail a rate the system holds once warm, so the next rate is tried too."""
+    return bool(steps) and not keeps_up(steps[-1]) and len(steps) > 1
 
 
 def linear_slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -620,7 +620,8 @@ def _render_method(data: Mapping[str, Any]) -> list[str]:
         "- Sustained: the slope of records read over the last 2/3 of each step's send window (what the job keeps "
         "up with, or its capacity when it falls behind); end-to-end: events over the time from the first send to "
         "the batch that read the last one. A step keeps up when sustained >= 90 % of the rate sent, everything "
-        "was read within the drain timeout and p99 <= 30 s; the rates stop rising after the first that does not.",
+        "was read within the drain timeout and p99 <= 30 s; the rates stop rising after the first that does not, "
+        "except the first step (right after the cold start): after it the next rate is tried too.",
         "- Latency: per billable click, from its Kafka timestamp to the end of the micro-batch that billed it "
         "(pipeline: the ledger's batch id; baseline: the batch whose offsets cover the click).",
         "- CPU and memory: /proc, every second, of each process tree (the job: its Python driver and JVM); machine "

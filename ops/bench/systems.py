@@ -184,7 +184,7 @@ def run_system(system: System, plan: TrafficPlan, sampler: Sampler, options: Loa
             steps.append(step)
             read_so_far += step["events_sent"]
             print(_step_line(system.name, step), flush=True)
-            if analysis.should_stop(step) and not options.soak_cycles:
+            if analysis.should_stop(steps) and not options.soak_cycles:
                 break
         if plan.burst is not None and steps and steps[-1]["drained"]:
             result["burst"] = _burst(system, plan, plan.burst, recorder, sampler, options, job, read_so_far)

@@ -123,6 +123,9 @@ def step(offered: int, sustained: int, p99: int = 1_000, drained: bool = True, s
         ([step(5_000, 5_000, drained=False)], None, 5_000, 5_000),
         # Held nothing: the best it sustained is its capacity.
         ([step(5_000, 2_000), step(10_000, 2_500)], None, 5_000, 2_500),
+        # The first step lost to the cold start, the next held: the knee is past the held one.
+        ([step(5_000, 3_000), step(10_000, 9_500), step(20_000, 12_000)], 10_000, 20_000, 9_500),
+        ([step(5_000, 3_000), step(10_000, 9_500)], 10_000, None, 9_500),
     ],
 )
 def test_knee(steps: list[dict], kept_up_to: int | None, first_failed: int | None, sustained: int) -> None:  # type: ignore[type-arg]
@@ -131,8 +134,16 @@ def test_knee(steps: list[dict], kept_up_to: int | None, first_failed: int | Non
 
 
 def test_rates_stop_rising_after_the_first_step_that_did_not_keep_up() -> None:
-    assert not analysis.should_stop(step(5_000, 5_000))
-    assert analysis.should_stop(step(10_000, 6_000))
+    assert not analysis.should_stop([step(5_000, 5_000)])
+    assert analysis.should_stop([step(5_000, 5_000), step(10_000, 6_000)])
+    assert not analysis.should_stop([step(5_000, 5_000), step(10_000, 10_000)])
+
+
+def test_a_first_step_that_did_not_keep_up_does_not_end_the_run_alone() -> None:
+    """The first step follows the cold start: the next rate is tried, and a second failure ends the run."""
+    assert not analysis.should_stop([step(5_000, 3_000)])
+    assert analysis.should_stop([step(5_000, 3_000), step(10_000, 4_000)])
+    assert not analysis.should_stop([])
 
 
 # --- flatness, batch cost, ratios, targets -------------------------------------------------------------------
