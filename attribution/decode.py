@@ -149,7 +149,12 @@ def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[
         F.when(framed, body).alias("_body"),
     )
     # Decode in a projection of its own and read the fields from the result column, so each body is decoded
-    # once, however many fields and checks refer to it.
+    # once, however many fields and checks refer to it. The optimizer would otherwise copy the decoding into
+    # every check of a filter above (`split`'s valid rows: a filter is pushed below a projection by inlining
+    # its columns, and each `from_avro` in a branch of a CASE WHEN is evaluated on its own): eight decodings
+    # of a valid record instead of one. A filter is not pushed below a projection with a nondeterministic
+    # column, so the record is guarded by one that always holds (`spark_partition_id` is never negative).
+    record = F.when(F.spark_partition_id() >= 0, record)
     carried = [F.col(name) for name in ("topic", "partition", "offset", "received_ms", "value", "framed")]
     decoded = framed_df.select(*carried, F.col("schema_id"), record.alias(_RECORD)).select(
         *[F.col(f"{_RECORD}.{name}").alias(name) for name in fields],

@@ -502,6 +502,17 @@ def test_the_avro_connector_is_the_spark_runtime_s_own_version(spark: SparkSessi
     assert Path(jar).name == f"spark-avro_2.13-{spark.version}.jar"
 
 
+def test_each_record_is_decoded_once_however_many_checks_read_it(spark: SparkSession) -> None:
+    """The filter of valid events (`split`) is not pushed below the decoding, where the optimizer would copy
+    `from_avro` into each of its checks: the plan of the valid events, and of the quarantine rows, decodes with
+    one `from_avro` per writer schema, in one CASE WHEN."""
+    for topic, event_type in (("impressions", "impression"), ("clicks", "click")):
+        valid, rejected = split(decode_events(kafka_frame(spark, topic), event_type, WRITER_SCHEMAS[event_type]))
+        for frame in (valid, rejected):
+            plan = frame._jdf.queryExecution().optimizedPlan().toString()
+            assert plan.count("from_avro(") == len(WRITER_SCHEMAS[event_type]), plan
+
+
 def test_the_shipped_schemas_decode_with_their_logical_type(spark: SparkSession) -> None:
     """The benchmark's textbook baseline (`ops.bench.baseline`) reads with the shipped schemas as they are:
     `event_time` through `timestamp-millis`, a timestamp."""
