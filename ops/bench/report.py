@@ -107,10 +107,13 @@ def p99_at(result: Mapping[str, Any], rate: int) -> int | None:
 
 
 def limit_step(result: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The step that shows what limits a system: the first it did not keep up at, else its last."""
+    """The step that shows what limits a system: the one past the knee (`analysis.knee`: not a first step lost
+    to the cold start when a higher rate was held), else its last."""
     steps = result.get("steps") or []
-    failed = [s for s in steps if not analysis.keeps_up(s)]
-    return dict(failed[0] if failed else steps[-1]) if steps else None
+    if not steps:
+        return None
+    failed = analysis.knee(steps)["first_failed"]
+    return dict(next((s for s in steps if s["offered_rate"] == failed), steps[-1]))
 
 
 def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -133,6 +133,15 @@ def test_knee(steps: list[dict], kept_up_to: int | None, first_failed: int | Non
     assert (knee["kept_up_to"], knee["first_failed"], knee["sustained_rate"]) == (kept_up_to, first_failed, sustained)
 
 
+def test_what_limits_a_system_is_shown_at_the_step_past_its_knee() -> None:
+    """Not at a first step lost to the cold start when a higher rate was held; the last step when all held."""
+    cold = [step(5_000, 3_000), step(10_000, 9_500), step(20_000, 12_000)]
+    assert report.limit_step({"steps": cold})["offered_rate"] == 20_000  # type: ignore[index]
+    assert report.limit_step({"steps": [step(5_000, 3_000), step(10_000, 4_000)]})["offered_rate"] == 5_000  # type: ignore[index]
+    assert report.limit_step({"steps": [step(5_000, 5_000), step(10_000, 10_000)]})["offered_rate"] == 10_000  # type: ignore[index]
+    assert report.limit_step({"steps": []}) is None
+
+
 def test_rates_stop_rising_after_the_first_step_that_did_not_keep_up() -> None:
     assert not analysis.should_stop([step(5_000, 5_000)])
     assert analysis.should_stop([step(5_000, 5_000), step(10_000, 6_000)])
