@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ops.process import interrupt_on_sigterm
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         # The children read their settings from the environment too: they all see the cluster's.
         os.environ["ADBILL_CLUSTER"] = "1"
     # `adbill down` and the stack stop children with SIGTERM: let them end as cleanly as on Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     try:
         settings = Settings.from_env()
     except ValueError as exc:
@@ -61,10 +61,6 @@ def _require(settings: Settings, needs: tuple[str, ...]) -> None:
     if "kafka" in needs:
         log_kafka_client_to_file(settings)
     require(settings, needs)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:

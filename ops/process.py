@@ -18,6 +18,17 @@ class ServiceError(RuntimeError):
     """A service did not start or stop; the message carries the end of its log."""
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does, so that the `finally` blocks of a
+    command stop the services and jobs it started. By default SIGTERM ends Python at once and leaves them running
+    (a stopped benchmark's broker and job went on using the cores of the next run)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 LOGPIPE = Path(__file__).resolve().with_name("logpipe.py")
 LOG_MAX_BYTES = 20_000_000
 LOG_BACKUPS = 3

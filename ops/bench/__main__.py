@@ -36,6 +36,7 @@ from ops.bench.systems import (
     start_services,
 )
 from ops.bench.traffic import TrafficPlan, plan_traffic
+from ops.process import interrupt_on_sigterm
 from ops.settings import Settings
 
 DEFAULT_RATES = "5000,10000,20000,40000,60000"
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    interrupt_on_sigterm()  # a stopped run stops its Kafka, Redis and jobs (the `finally` blocks below)
     command = "python -m ops.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.render:
         return render_again(args.render)
