@@ -195,6 +195,7 @@ def closing_ports(
     layout = config.layout
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
+        catalog=catalog,
         final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog, through.batch()),
         ledger=lambda: LedgerTable(ledger_up_to(read_ledger(layout.ledger), through.batch())),
         corrections=CorrectionFiles(layout),

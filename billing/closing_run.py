@@ -4,8 +4,9 @@ Plain Python over its ports (`ClosingPorts`): the final bills (computed by Spark
 the corrections store, the id conflicts, the totals (Redis), the exports, the state, the data versions, the
 stream's position and a clock. The steps, in order (`close_periods`):
 
-1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position); a
-   back-fill (`until`) that would close periods ahead of the stream is refused (`HeldError`) unless forced;
+1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position and the
+   catalog: a closed period whose prices a back-fill moved is due again); a back-fill (`until`) that would close
+   periods ahead of the stream is refused (`HeldError`) unless forced;
 2. **settle**: a closed period that Redis does not know as closed is closed there from its export
    (`settle_closed_in_redis`);
 3. **final bills**: the rule over every event received of the due periods (the port; id conflicts are kept
@@ -18,7 +19,8 @@ stream's position and a clock. The steps, in order (`close_periods`):
    - **book**: the new corrections written (one file per period and run), then applied to the totals once per
      correction id (earlier ones too: a run that stopped between the two is completed);
    - **export** and **close**, an open period only: its export written (`billing.export.build_export`, never
-     rewritten after), the period closed in the totals (its figures become the export's), then in the state.
+     rewritten after), the period closed in the totals (its figures become the export's), then in the state;
+   - the period's state records the data version and the catalog version it was reconciled with.
 
 A run killed at any point is completed by the next: an export closes its period whatever the state says
 (`closed_by_exports`), the totals are closed from the export when they do not know the period as closed, and
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from billing.catalog import Catalog
 from billing.closing import PeriodState, StreamPosition, open_period, plan_run
 from billing.corrections import ArrivalFacts, Correction, check_reconciled, reconcile_period
 from billing.export import build_export
@@ -198,6 +201,9 @@ class StateStore(Protocol):
 class ClosingPorts:
     """What a closing run reads and writes, and its clock."""
 
+    catalog: Catalog
+    """The catalog the run prices with (`final_bills` prices by it): its history tells which closed periods a
+    back-fill re-priced, and its version is recorded with each period the run reconciles."""
     final_bills: Callable[[list[str]], FinalBills]
     ledger: Callable[[], Ledger]
     corrections: CorrectionsStore
@@ -237,14 +243,19 @@ def close_periods(
     every_correction = ports.corrections.read()
     for booked in {c.booked_period for c in every_correction}:
         versions.setdefault(booked, -1)
-    plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force)
+    catalog_version = ports.catalog.version
+    plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force, ports.catalog)
     for period, target in plan.targets.items():
         states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
-    if plan.targets:
+    for period in plan.priced_alike:
+        states[period] = replace(states[period], catalog_version=catalog_version)
+    if plan.targets or plan.priced_alike:
         ports.states.save(states)
     report.held = plan.held
     for period, reason in plan.held.items():
         progress(f"period {period} {reason}")
+    for period in plan.repriced:
+        progress(f"period {period}: the catalog's history prices it otherwise now (version {catalog_version})")
     if until_ms is not None and plan.held and not force:
         raise HeldError(plan.held)
     totals = ports.totals()
@@ -321,7 +332,7 @@ def close_periods(
             state = replace(state, closed_at_ms=now_ms)
             closed.add(period)
             report.closed.append(period)
-        states[period] = replace(state, version=versions[period])
+        states[period] = replace(state, version=versions[period], catalog_version=catalog_version)
         ports.states.save(states)
     _finish(ports, totals, report)
     return report

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition, open_period, plan_run
 from billing.periods import Periods
 from ops.reconciling import export_periods, parse_time
@@ -116,6 +117,45 @@ def test_force_closes_ahead_of_the_stream_and_closed_periods_never_wait_for_it()
     # A closed period with new data takes adjustments whatever the stream does: they never change its export.
     later = plan_run({P0: 4}, {P0: PeriodState(3, T0 + H)}, Periods(), T0 + 5 * H, HORIZON, down)
     assert (later.due, later.closing, later.held) == ([P0], [], {})
+
+
+CATALOG = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
+
+
+def backfilled(catalog: Catalog, at_ms: int, cpc_micros: int) -> Catalog:
+    return catalog.with_change(AdChange("ad-1", at_ms, cpc_micros), T0 + 5 * H, backfill=True)
+
+
+@pytest.mark.parametrize(
+    ("catalog", "recorded", "due", "alike"),
+    [
+        # Reconciled with the catalog as it stands: nothing to do.
+        (CATALOG, 0, [], []),
+        # A back-fill from inside P0 re-prices P0 and every later hour; P0's clicks before it are not re-priced,
+        # but which of its clicks fall after is for the final bills to say.
+        (backfilled(CATALOG, T0 + 30 * 60_000, 400_000), 0, [P0, P1], []),
+        # From P1's first millisecond on: P0 is priced as before (its recorded version moves on), P1 is due.
+        (backfilled(CATALOG, T0 + H, 400_000), 0, [P1], [P0]),
+        # From P0's last millisecond: P0 is due.
+        (backfilled(CATALOG, T0 + H - 1, 400_000), 0, [P0, P1], []),
+        # The same price again, back-filled: nothing moves.
+        (backfilled(CATALOG, T0, 250_000), 0, [], [P0, P1]),
+        # Reconciled with the back-fill already (version 1): not again.
+        (backfilled(CATALOG, T0, 400_000), 1, [], []),
+        # A state from before the catalog version was kept: reconciled once more, with the run's catalog.
+        (CATALOG, None, [P0, P1], []),
+        # A catalog older than the version recorded was replaced, not changed: every closed period again.
+        (CATALOG, 4, [P0, P1], []),
+    ],
+)
+def test_a_closed_period_is_due_again_when_a_catalog_change_since_its_reconciliation_reprices_it(
+    catalog: Catalog, recorded: int | None, due: list[str], alike: list[str]
+) -> None:
+    states = {p: PeriodState(3, T0 + 2 * H, catalog_version=recorded) for p in (P0, P1)}
+    plan = plan_run({P0: 3, P1: 3}, states, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP, catalog=catalog)
+    assert (plan.due, plan.repriced, plan.closing, plan.priced_alike) == (due, due, [], alike)
+    # Without the catalog (as before it was looked at), only new data makes a closed period due.
+    assert plan_run({P0: 3, P1: 3}, states, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == []
 
 
 def test_unknown_end_offsets_hold_every_period_that_would_close() -> None:

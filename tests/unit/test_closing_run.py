@@ -3,6 +3,7 @@ corrections booked once, exports written once, and a run stopped after its expor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -12,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from billing.catalog import Ad, Catalog
+from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
@@ -77,6 +78,7 @@ class Memory:
     applied: set[str] = field(default_factory=set)
     totals_made: int = 0
     records: list[dict[str, object]] = field(default_factory=list)
+    catalog: Catalog = CATALOG
 
     # CorrectionsStore
     def read(self) -> list[Correction]:
@@ -152,6 +154,7 @@ class Memory:
         )
         states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
         return ClosingPorts(
+            catalog=self.catalog,
             final_bills=lambda due: Final(self.final),
             ledger=lambda: Ledger(self.ledger),
             corrections=self,
@@ -209,3 +212,27 @@ def test_a_run_stopped_after_its_export_is_completed_by_the_next_with_nothing_tw
     assert report.closed == [] and (report.additions, report.retractions) == (0, 0)
     assert memory.states[PERIOD].closed and PERIOD in memory.closed_in_totals
     assert memory.files == 1 and len(memory.applied) == 1
+
+
+def test_a_backfill_that_reprices_a_closed_period_is_booked_as_adjustments_in_the_open_period() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    assert run(memory).closed == [PERIOD]
+    assert memory.states[PERIOD].catalog_version == CATALOG.version
+    # A back-fill re-prices the closed hour (no event for it comes after): the final bill is priced by the history.
+    memory.catalog = CATALOG.with_change(AdChange(AD.ad_id, START, 400_000), PAST_HORIZON, backfill=True)
+    memory.final = [dataclasses.replace(bill("c1"), amount_micros=400_000)]
+    later = PAST_HORIZON + 3 * H
+    report = run(memory, now_ms=later)
+    assert report.periods == [PERIOD] and report.closed == []
+    booked = Periods(H).key_of(later)
+    assert [(c.kind, c.reason, c.amount_micros, c.corrects_period, c.booked_period) for c in memory.corrections] == [
+        ("retraction", "catalog_change", -250_000, PERIOD, booked),
+        ("addition", "catalog_change", 400_000, PERIOD, booked),
+    ]
+    assert memory.states[PERIOD].catalog_version == memory.catalog.version
+    # Reconciled with that version, the period is not due again; a change that leaves its hour alone moves its
+    # recorded version on, without a reconciliation.
+    assert run(memory, now_ms=later).periods == []
+    memory.catalog = memory.catalog.with_change(AdChange(AD.ad_id, later, 500_000), later)
+    assert run(memory, now_ms=later).periods == []
+    assert memory.states[PERIOD].catalog_version == memory.catalog.version
