@@ -236,7 +236,10 @@ def describe_run(report: RunReport) -> str:
     if not report.periods:
         if held:
             return f"reconcile: nothing closed; {len(report.held)} period(s) held{held}"
-        return "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data)"
+        return (
+            "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data or "
+            "new prices)"
+        )
     return (
         f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
         f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
