@@ -105,12 +105,43 @@ def quarantine_reasons(settings: Settings) -> Counter:
     return Counter(ds.dataset(folder, format="parquet", partitioning="hive").to_table().column("reason").to_pylist())
 
 
+class LockProbe:
+    """Tries the job's lock as another process (`adbill restore-redis`) would, every 20 ms while the job runs, and
+    keeps the moments it could have taken it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.free_at: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, name="job-lock-probe", daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        import fcntl
+
+        while not self._stop.wait(0.02):
+            with self.path.open("a+") as handle:  # another open file: flock treats it as another process's
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                self.free_at.append(time.monotonic())
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return self.free_at
+
+
 def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_first_record(
     settings: Settings,
     job,  # noqa: F811
 ) -> None:
     save_catalog(CATALOG, settings.catalog_file)
     queries = job()
+    # The job holds its lock all along, across its switch to the new versions: a restore of Redis is refused.
+    probe = LockProbe(settings.layout.job_lock("billing"))
     old, new = Producer(settings), Producer(settings)
     clicks: list[Click] = []
     stop = threading.Event()
@@ -155,7 +186,17 @@ def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_f
     finally:
         stop.set()
         traffic.join()
+    switched_ms = int(time.time() * 1000)
     process(queries)
+    free_at = probe.stop()
+    assert free_at == [], f"the job's lock was free {len(free_at)} time(s) while the job ran"
+    # The heartbeat follows the run that started after the switch: it beats on.
+    heartbeat = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    wait_for(
+        lambda: int(heartbeat.client.get(heartbeat.keys.heartbeat("billing")) or 0) >= switched_ms,
+        "the heartbeat of the run after the switch",
+        60,
+    )
 
     rows = ledger_rows(settings)
     billed = Counter(r["click_id"] for r in rows)
