@@ -7,6 +7,8 @@ A period is *due* for reconciliation when
   streaming job has provably passed it (below); until then the period is *held*, with the reason;
 - it is closed and data for it arrived since it was last reconciled (its *version*, the largest micro-batch id
   of the archive and ledger files that can change it, grew); the run books adjustments in the open period.
+  Records released from quarantine into a batch the period has already seen (by reconciliation, into the stream's
+  last committed batch) lower its recorded version first (`mark_changed`).
 
 Closing follows the stream. The first run that finds a period's horizon passed records the end offsets Kafka
 then held (the period's *target*: every record that can still belong to the period and was in Kafka when the
@@ -124,6 +126,19 @@ def plan_run(
         else:
             held[period] = reason
     return Plan(due=due, closing=closing, held=held, targets=targets)
+
+
+def mark_changed(states: dict[str, PeriodState], periods: set[str] | frozenset[str], batch_id: int) -> bool:
+    """Mark each of `periods` as not having seen batch `batch_id` (its version at most `batch_id - 1`), so that a
+    data version of `batch_id` makes it due again: data of that batch reached it after it was reconciled (records
+    released from quarantine into a batch already committed). Whether a state changed."""
+    changed = False
+    for period in periods:
+        state = states.get(period)
+        if state is not None and state.version >= batch_id:
+            states[period] = PeriodState(batch_id - 1, state.closed_at_ms, state.target_offsets)
+            changed = True
+    return changed
 
 
 def hold_reason(position: StreamPosition, target: Offsets) -> str | None:

@@ -48,6 +48,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         redis_timeout_ms=settings.redis_timeout_ms,
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,
+        registry_location=settings.registry_location,
     )
 
 
