@@ -10,6 +10,7 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from attribution.epoch import set_aside_batches_after
 from attribution.release import held_records, release_quarantined, settled_quarantine
 from billing.compatibility import check_backward_transitive
 from billing.layout import DataLayout
@@ -152,3 +153,18 @@ def nullable_ad(schema: dict) -> dict:
             f["type"] = ["null", "string"]
     return out
 
+
+def test_a_new_epoch_sets_a_release_aside_with_its_batch_and_the_next_release_settles_its_records(
+    tmp_path: Path,
+) -> None:
+    """`adbill stream --new-checkpoint` after a crash in batch 5, which had released a record: the batch's files are
+    set aside, its release with them, and the new epoch's first batch releases the record again."""
+    layout = DataLayout(tmp_path)
+    quarantine(layout, 3, [("unknown_schema", 10, framed(7, click("c-released")))])
+    assert release(layout, 5, {7: json.dumps(VERSION_2)}).count == 1  # batch 5 crashed after this
+    set_aside_batches_after(tmp_path, 4)
+    assert not list(layout.archive.rglob("*.parquet")), "the release's archive rows are set aside"
+    assert held_records(layout, 6).column("offset").to_pylist() == [10], "held again"
+    again = release(layout, 6, {7: json.dumps(VERSION_2)})
+    assert again.events.column("event_id").to_pylist() == ["c-released"]
+    assert sorted(p.name for p in (layout.uncommitted / "released").iterdir()) == ["batch_id=5"]
