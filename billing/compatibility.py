@@ -2,7 +2,9 @@
 
 `can_read(reader, writer)` answers the question the Avro specification's "Schema Resolution" section answers:
 can data written with `writer` be read with `reader`? Our topics evolve BACKWARD-transitively: a new schema
-must read the data of every earlier version, which `check_backward_transitive` enforces.
+must read the data of every earlier version, which `check_backward_transitive` enforces. The readers of the
+stream and the producers are older than the versions they read: `reader_for_writer` gives such a reader the names a
+newer writer renamed through aliases.
 
 Like the Confluent checker, record, enum and fixed names are compared unqualified (or through the reader's
 aliases), a reader union reads a writer branch when any of its branches can, and logical types are resolved by

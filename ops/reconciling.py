@@ -243,6 +243,7 @@ def describe_run(report: RunReport) -> str:
         f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
         f"{report.retractions} retraction(s), net {report.net_micros:+,} micros; "
         f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
+        f"{f'; {report.released} record(s) released from quarantine' if report.released else ''}"
         f"{f'; {len(report.held)} period(s) held' if held else ''}{held}"
     )
 
