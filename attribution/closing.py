@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
-from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
+from attribution.epoch import checkpoint_started, last_committed_batch
 from attribution.final_bills import final_bills
 from attribution.job_lock import FileLock, JobLockedError
 from attribution.pricing import price_matches
@@ -274,9 +274,9 @@ class ReconciliationRelease:
             return None
         layout = self.config.layout
         batch = self.through.batch()
-        if batch is None:  # no checkpoint (a back-filled data folder): every batch is read
-            batch = newest_batch_id(layout.root)
         if batch is None or batch < 0:
+            # No batch committed, or no checkpoint (a back-filled data folder, or one being replaced by a new
+            # epoch, which may set aside the newest batches yet): nothing of the stream to release into.
             return None
         held = held_records(layout, batch + 1)
         if not held.num_rows:
