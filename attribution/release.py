@@ -18,10 +18,12 @@ Two parts release, one at a time (`release_lock`), and a record is settled once,
   versions: `attribution.schema_follow`) releases into batch N, with batch N's files and Redis script: archive rows
   in `ARCHIVE/event_type=T/period=P/batch_id=N/released.parquet`, the settled records in
   `RELEASED/batch_id=N/released.parquet`. A replay of batch N settles the same records into the same files;
-- reconciliation (`adbill reconcile`, `release_by_reconciliation`), so that a job that is down, or has not
+- reconciliation (`adbill reconcile`, `attribution.closing.ReconciliationRelease`, with `settle` and
+  `write_release` here), so that a job that is down, or has not
   started its query again since the registry learnt the id, does not keep known records unbilled: into the last
   batch C the stream committed (`.../batch_id=C/reconciliation-RUN.parquet`), which the run reads up to; its
-  Redis figures are applied once per record (`RedisTotals.apply_released`).
+  Redis figures are applied once per record (`RedisTotals.apply_released`), and `adbill restore-redis` counts them
+  the same way (`settled_quarantine` gives the quarantine as the stream's releases left it).
 
 A released record keeps the time Kafka received it, so it may now be the first copy of its id to arrive: a later
 copy in another period, billed there by the stream, becomes an id conflict. Each settled record names the periods
