@@ -316,9 +316,13 @@ class BatchSink:
             catalog.version,
             clock,
         )
-        if released.count:
+        if released.settled.num_rows:
             log.info(
-                "batch %d released %d quarantined record(s) of schema versions learnt since", batch_id, released.count
+                "batch %d released %d quarantined record(s) of schema versions learnt since (%d stay in quarantine "
+                "with another reason)",
+                batch_id,
+                released.count,
+                released.requarantined,
             )
 
     def stop_for_new_schemas(self) -> None:

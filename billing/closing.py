@@ -8,7 +8,9 @@ A period is *due* for reconciliation when
 - it is closed and data for it arrived since it was last reconciled (its *version*, the largest micro-batch id
   of the archive and ledger files that can change it, grew), or a change of the catalog's history since then
   prices a click of its time otherwise (a back-fill: `Catalog.repriced_since` the catalog version it was last
-  reconciled with); the run books adjustments in the open period.
+  reconciled with); the run books adjustments in the open period. Records released from quarantine into a batch
+  the period has already seen (by reconciliation, into the stream's last committed batch) lower its recorded version
+  first (`mark_changed`).
 
 Closing follows the stream. The first run that finds a period's horizon passed records the end offsets Kafka
 then held (the period's *target*: every record that can still belong to the period and was in Kafka when the
@@ -172,6 +174,19 @@ class _CatalogMoves:
         # The spans are sorted and apart: the last one starting before `end` is the only one that can reach `start`.
         index = bisect_left(starts, end_ms) - 1
         return index >= 0 and spans[index][1] > start_ms
+
+
+def mark_changed(states: dict[str, PeriodState], periods: set[str] | frozenset[str], batch_id: int) -> bool:
+    """Mark each of `periods` as not having seen batch `batch_id` (its version at most `batch_id - 1`), so that a
+    data version of `batch_id` makes it due again: data of that batch reached it after it was reconciled (records
+    released from quarantine into a batch already committed). Whether a state changed."""
+    changed = False
+    for period in periods:
+        state = states.get(period)
+        if state is not None and state.version >= batch_id:
+            states[period] = PeriodState(batch_id - 1, state.closed_at_ms, state.target_offsets)
+            changed = True
+    return changed
 
 
 def hold_reason(position: StreamPosition, target: Offsets) -> str | None:

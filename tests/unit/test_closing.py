@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from attribution.batch_output import write_batch_files
+from attribution.closing import data_versions
+from attribution.release import ARCHIVE_SCHEMA, release_quarantined
 from billing.catalog import Ad, AdChange, Catalog
-from billing.closing import PeriodState, StreamPosition, open_period, plan_run
+from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
+from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.schemas import schema_text
 from ops.reconciling import export_periods, parse_time
 from ops.settings import Settings
 
@@ -189,3 +199,76 @@ def test_export_refuses_a_period_that_is_not_closed(tmp_path: Path, capsys: pyte
     assert "not closed yet (no export): 20260101T0000Z, 20260101T0100Z" in capsys.readouterr().err
     assert export_periods(settings, P1, P0, tmp_path / "out") == 2
     assert export_periods(settings, "last week", None, tmp_path / "out") == 2
+
+
+def archived(layout: DataLayout, batch_id: int, rows: list[tuple[str, str, int, int]]) -> None:
+    """Archive rows (event type, id, event time, received ms) of ad-1 and user u1, written as batch `batch_id`."""
+    table = pa.Table.from_pylist(
+        [
+            {
+                "event_type": event_type,
+                "event_id": event_id,
+                "ad_id": "ad-1",
+                "user_id": "u1",
+                "event_time": at,
+                "received_ms": received,
+                "topic": f"{event_type}s",
+                "partition": 0,
+                "offset": n,
+                "value": b"",
+                "late": False,
+                "period_start_ms": Periods().start_of(at),
+                "period": Periods().key_of(at),
+                "batch_id": batch_id,
+            }
+            for n, (event_type, event_id, at, received) in enumerate(rows)
+        ],
+        schema=ARCHIVE_SCHEMA,
+    )
+    write_batch_files(table, layout.archive, ("event_type", "period", "batch_id"))
+
+
+def test_a_released_copy_takes_up_again_every_period_holding_another_copy_of_its_id(tmp_path: Path) -> None:
+    """Copy R of click c (an unknown schema id, quarantined, received at 00:59:59.900) and copy B (received at
+    01:00:00.100), both 5 s or less after impression i: the stream bills B in P1, and P0 and P1 close. Once the
+    id is known, R is released into P0; it arrived first, so it stands and B is a conflict: P1, which holds B,
+    must be reconciled again with P0 (an adjustment retracts B there)."""
+    layout = DataLayout(tmp_path)
+    impression_at, r_at, b_at = T0 + H - 5_000, T0 + H - 100, T0 + H + 100
+    archived(layout, 4, [("impression", "i", impression_at, impression_at), ("click", "c", b_at, b_at)])
+    body = io.BytesIO()
+    record = {"click_id": "c", "ad_id": "ad-1", "user_id": "u1", "event_time": r_at}
+    fastavro.schemaless_writer(body, fastavro.parse_schema(json.loads(schema_text("click"))), record)
+    pq.write_table(
+        pa.table(
+            {
+                "reason": ["unknown_schema"],
+                "topic": ["clicks"],
+                "partition": pa.array([0], pa.int32()),
+                "offset": pa.array([7], pa.int64()),
+                "received_ms": pa.array([r_at], pa.int64()),
+                "value": [b"\x00" + (9).to_bytes(4, "big") + body.getvalue()],
+            }
+        ),
+        make_dirs(layout.quarantine / "batch_id=3") / "part-00000.parquet",
+    )
+    closed = {P0: PeriodState(4, T0 + 2 * H), P1: PeriodState(4, T0 + 2 * H)}
+    assert plan_run(data_versions(layout, Periods()), closed, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == []
+
+    released = release_quarantined(
+        layout, 6, {"click": {9: schema_text("click")}}, {"clicks": "click"}, Periods(), {"ad-1": "adv-1"}
+    )
+    assert released.events.column("event_id").to_pylist() == ["c"]
+    assert released.settled.column("copy_periods").to_pylist() == [[P1]]
+    assert released.periods == {P0, P1}
+    versions = data_versions(layout, Periods())
+    assert versions == {P0: 6, P1: 6}
+    assert plan_run(versions, closed, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == [P0, P1]
+    # Released by reconciliation into a batch both periods had already seen: their states are marked changed.
+    assert mark_changed(closed, released.periods, 4)
+    assert closed == {P0: PeriodState(3, T0 + 2 * H), P1: PeriodState(3, T0 + 2 * H)}
+
+
+def make_dirs(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    return folder

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -79,6 +80,7 @@ class Memory:
     totals_made: int = 0
     records: list[dict[str, object]] = field(default_factory=list)
     catalog: Catalog = CATALOG
+    release: Released | None = None
 
     # CorrectionsStore
     def read(self) -> list[Correction]:
@@ -167,7 +169,30 @@ class Memory:
                 committed=self.committed, end=OFFSETS, silent_for_ms=1_000 if self.committed else None
             ),
             clock=lambda: now_ms,
+            release=lambda run_id, progress: nullcontext(
+                self.release if self.release is not None and not self.release.written else None
+            ),
         )
+
+
+@dataclass
+class Released:
+    """Records a run is about to release into batch `batch_id` (a batch the period has seen), with their click."""
+
+    memory: Memory
+    batch_id: int
+    periods: frozenset[str]
+    click: BillableClick
+    written: bool = False
+
+    @property
+    def count(self) -> int:
+        return 1
+
+    def write(self) -> None:
+        assert self.memory.states[PERIOD].version < self.batch_id, "the period is marked changed before the write"
+        self.memory.final.append(self.click)
+        self.written = True
 
 
 def run(memory: Memory, now_ms: int = PAST_HORIZON, **kwargs: Any) -> Any:
@@ -236,3 +261,26 @@ def test_a_backfill_that_reprices_a_closed_period_is_booked_as_adjustments_in_th
     memory.catalog = memory.catalog.with_change(AdChange(AD.ad_id, later, 500_000), later)
     assert run(memory, now_ms=later).periods == []
     assert memory.states[PERIOD].catalog_version == memory.catalog.version
+
+
+def test_a_release_into_a_batch_a_closed_period_has_seen_takes_it_up_again_even_after_a_stop() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    assert run(memory).closed == [PERIOD] and memory.states[PERIOD].version == 1
+    memory.release = Released(memory, 1, frozenset({PERIOD}), bill("c-released"))
+
+    def stop(message: str) -> None:
+        if message.startswith("released 1 quarantined record(s)"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # stopped right after the release was written
+        run(memory, progress=stop)
+    assert memory.release.written and memory.states[PERIOD].version == 0
+    report = run(memory)
+    assert report.periods == [PERIOD] and report.additions == 1
+    (adjustment,) = memory.corrections
+    assert (adjustment.click_id, adjustment.corrects_period, adjustment.booked_period) == (
+        "c-released",
+        PERIOD,
+        "20260101T0200Z",
+    )
+    assert run(memory).periods == [], "taken up once"
