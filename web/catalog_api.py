@@ -80,7 +80,6 @@ def catalog_ad_prices(ad_id: str) -> Response:
 @bp.post("/catalog/ads")
 def create_ad() -> Response:
     catalog_or_404(change=True)
-    now = services().clock()
     try:
         body = _body(_CREATE_FIELDS)
         ad_id = _text(body, "ad_id") or ""
@@ -89,14 +88,13 @@ def create_ad() -> Response:
         made = make_change(
             "create-ad",
             ad_id,
-            effective_from_json(body.get("effective_from"), now),
-            now,
+            effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),
             **owners,
         )
     except CatalogError as refused:
         return _refused(refused)
-    return _made(made, now)
+    return _made(made, services().clock())
 
 
 @bp.post("/catalog/ads/<ad_id>/prices")
@@ -104,7 +102,6 @@ def change_ad(ad_id: str) -> Response:
     catalog_or_404(change=True)
     if not is_id(ad_id):
         abort(404)
-    now = services().clock()
     try:
         body = _body(_CHANGE_FIELDS)
         action = body.get("action")
@@ -117,8 +114,7 @@ def change_ad(ad_id: str) -> Response:
         made = make_change(
             str(action),
             ad_id,
-            effective_from_json(body.get("effective_from"), now),
-            now,
+            effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),
             campaign_id=_text(body, "campaign_id"),
             advertiser_id=_text(body, "advertiser_id"),
@@ -126,7 +122,7 @@ def change_ad(ad_id: str) -> Response:
         )
     except CatalogError as refused:
         return _refused(refused)
-    return _made(made, now)
+    return _made(made, services().clock())
 
 
 def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ command line runs in-process (`ops.cli.main`) against the same data folder.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -169,6 +170,45 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
     assert read.status_code == 200 and read.json["prices"] == [
         {"effective_from": p.effective_from, "cpc_micros": p.cpc_micros, "version": p.version} for p in ad.prices
     ]
+
+
+def held_lock(web: Web, hold_s: float) -> tuple[threading.Thread, list[int]]:
+    """Another writer (`adbill catalog`, say) holds the catalog's lock for `hold_s` from now, in a thread; the list
+    receives when it released it (epoch ms)."""
+    store, held, released_ms = CatalogStore(web.seeded.settings.catalog_file), threading.Event(), []
+
+    def other_writer() -> None:
+        with store.locked():
+            held.set()
+            time.sleep(hold_s)
+            released_ms.append(now_ms())
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    assert held.wait(10)
+    return writer, released_ms
+
+
+def test_a_change_that_waits_for_the_lock_takes_effect_when_it_is_made_on_the_page_and_the_api(web: Web) -> None:
+    ad_id = own_ad(web)
+    writer, released = held_lock(web, 1.0)
+    token = web.form("ada", f"/catalog/ads/{ad_id}")
+    page = web.clients["ada"].post(
+        f"/catalog/ads/{ad_id}/changes", data={"csrf_token": token, "action": "set-price", "cpc_micros": "410000"}
+    )
+    writer.join(30)
+    assert page.status_code == 303
+    entry = web.catalog[ad_id].prices[-1]
+    assert entry.cpc_micros == 410_000
+    # "Now" is read under the lock: the change cannot take effect before the moment it could be made.
+    assert entry.effective_from >= released[0] - 5, (entry.effective_from, released[0])
+
+    writer, released = held_lock(web, 1.0)
+    status, _ = web.api("ada", f"/catalog/ads/{ad_id}/prices", {"cpc_micros": 420_000})
+    writer.join(30)
+    assert status == 201
+    entry = web.catalog[ad_id].prices[-1]
+    assert entry.cpc_micros == 420_000 and entry.effective_from >= released[0] - 5, (entry, released[0])
 
 
 # Refusals: the form and the API refuse what the command line refuses, with its message ----------------------------
