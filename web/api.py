@@ -274,7 +274,7 @@ def health() -> Response:
                 "closed": h.reconciliation.closed,
                 "additions": h.reconciliation.additions,
                 "retractions": h.reconciliation.retractions,
-                "net_micros": h.reconciliation.net_micros,
+                "net_micros_by_currency": h.reconciliation.net_micros_by_currency,
                 "held": h.reconciliation.held,
             },
         }

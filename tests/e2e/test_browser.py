@@ -237,11 +237,19 @@ def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
     lines = browser.find_elements(By.CSS_SELECTOR, "#advertisers tbody tr:not(.total)")
     advertisers = [r.find_element(By.TAG_NAME, "a").text for r in lines]
     assert advertisers == ["adv-0000", "adv-0001", "adv-0002"]
-    # The total row adds the advertisers up, to the micro, as Redis holds them.
+    # A total row per currency adds that currency's advertisers up, to the micro, as Redis holds them: never two
+    # currencies together.
     seeded = served.seeded
     latest = RedisFigures(seeded.client, seeded.settings.redis_prefix).periods()[-1]
-    want = sum(corrected(seeded, latest, "adv", a)[1] for a in advertisers)
-    assert browser.find_element(By.CSS_SELECTOR, "#advertisers tr.total td.strong").text == display.money(want, "EUR")
+    want: dict[str, int] = {}
+    for a in advertisers:
+        currency = seeded.catalog.currency_of(a) or ""
+        want[currency] = want.get(currency, 0) + corrected(seeded, latest, "adv", a)[1]
+    total_rows = browser.find_elements(By.CSS_SELECTOR, "#advertisers tr.total")
+    assert [r.get_attribute("data-currency") for r in total_rows] == sorted(want) and len(want) > 1
+    for row in total_rows:
+        currency = row.get_attribute("data-currency") or ""
+        assert row.find_element(By.CSS_SELECTOR, "td.strong").text == display.money(want[currency], currency)
     screens(browser, "finance")
 
     for name in ("billing.parquet", "billing.csv"):
@@ -250,7 +258,11 @@ def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
         assert hashlib.sha256(path.read_bytes()).hexdigest() == manifest["files"][name]["sha256"]
         table = pq.read_table(path) if name.endswith(".parquet") else pacsv.read_csv(path)
         assert table.num_rows == manifest["rows"]
-        assert sum(table.column("net_micros").to_pylist()) == manifest["total_micros"]
+        by_currency: dict[str, int] = {}
+        pairs = zip(table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True)
+        for currency, net in pairs:
+            by_currency[currency] = by_currency.get(currency, 0) + net
+        assert by_currency == manifest["total_micros_by_currency"]
         assert set(table.column("status").to_pylist()) <= {"billed", "added", "retracted"}
 
 

@@ -390,7 +390,10 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(
     catalog = load_catalog(settings.catalog_file)
     # The job was stopped here, a moment ago: the restore waits for it to let go of its lock.
     restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
-    assert (restored.billed_clicks, restored.billed_micros) == (len(rows), sum(r["amount_micros"] for r in rows))
+    by_currency: dict[str, int] = {}
+    for r in rows:
+        by_currency[r["currency"]] = by_currency.get(r["currency"], 0) + r["amount_micros"]
+    assert (restored.billed_clicks, restored.billed_micros_by_currency) == (len(rows), by_currency)
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 

@@ -286,6 +286,13 @@ def test_each_refusal_of_the_form_and_the_api_is_the_commands_with_its_message(
          {"ad_id": ad, "campaign_id": campaign, "advertiser_id": OTHER, "currency": "EUR", "cpc_micros": 5},
          ["create-ad", ad, "--campaign", campaign, "--advertiser", OTHER, "--currency", "EUR", "--cpc-micros", "5"],
          "exists already"),
+        # A new ad in another currency than its advertiser's other ads: an advertiser bills in one currency.
+        ("another currency", "/catalog/ads",
+         {"ad_id": "mine-3", "campaign_id": "new-cmp", "advertiser_id": OWN, "currency": "KWD", "cpc_micros": "15000"},
+         "/catalog/ads",
+         {"ad_id": "mine-3", "campaign_id": "new-cmp", "advertiser_id": OWN, "currency": "KWD", "cpc_micros": 15_000},
+         ["create-ad", "mine-3", "--campaign", "new-cmp", "--advertiser", OWN, "--currency", "KWD",
+          "--cpc-micros", "15000"], f"advertiser {OWN} bills in EUR"),
         # A new ad without its campaign.
         ("no campaign", "/catalog/ads",
          {"ad_id": "mine-2", "campaign_id": "", "advertiser_id": OWN, "currency": "EUR", "cpc_micros": "5"},

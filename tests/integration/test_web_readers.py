@@ -280,6 +280,8 @@ def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_th
         page = client.get(url)  # type: ignore[attr-defined]
         assert page.status_code == 200, url
         assert money(big + fix) in page.text, url
-    writer.totals.record_reconciliation({"run_id": "r1", "started_at_ms": P1_MS, "net_micros": fix - big})
+    writer.totals.record_reconciliation(
+        {"run_id": "r1", "started_at_ms": P1_MS, "net_micros_by_currency": {"EUR": fix - big}}
+    )
     health = client.get("/api/v1/health").json  # type: ignore[attr-defined]
-    assert health["last_reconciliation"]["net_micros"] == fix - big
+    assert health["last_reconciliation"]["net_micros_by_currency"] == {"EUR": fix - big}

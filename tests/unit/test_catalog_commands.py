@@ -67,6 +67,8 @@ def test_the_commands_change_the_history_and_show_it(home: Path, capsys: pytest.
           "--cpc-micros", "5"], "campaign cmp-2 belongs to advertiser adv-2"),
         (["create-ad", "ad-1", "--campaign", "cmp-1", "--advertiser", "adv-1", "--currency", "EUR",
           "--cpc-micros", "5"], "exists already"),
+        (["create-ad", "ad-9", "--campaign", "cmp-9", "--advertiser", "adv-1", "--currency", "JPY",
+          "--cpc-micros", "5000000"], "advertiser adv-1 bills in EUR"),
         (["set-price"], "needs the ad's id"),
     ],
 )  # fmt: skip
