@@ -405,3 +405,45 @@ def test_a_stalled_job_turns_the_live_dashboard_red_and_back(
     log_in(browser, served.base_url, "ada", "/health")
     assert browser.find_element(By.ID, "overall-status").get_attribute("data-level") == "red"
     screens(browser, "health-job-stalled")
+
+
+PAST_2_TO_THE_53 = 9_007_199_254_740_993  # 2^53 + 1: as a JSON number, a browser reads 9,007,199,254,740,992
+
+
+def test_the_live_refresh_keeps_every_digit_of_a_total_past_2_to_the_53_micros(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    """A large JPY advertiser: its total passes 2^53 micros (9 billion yen). The API sends micros as strings, the
+    script reads them into BigInt: the refreshed dashboard and its chart show the total to the micro."""
+    seeded = served.seeded
+    currency = seeded.catalog.currency_of(OTHER)
+    assert currency == "JPY"
+    log_in(browser, served.base_url, "bob", f"/advertisers/{OTHER}")
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    latest = totals.periods()[-1]
+    clicks, micros = corrected(seeded, latest, "adv", OTHER)
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OTHER)
+    start_ms = int(seeded.client.zscore(totals.keys.periods(), latest) or 0)
+    batch = (totals.last_applied("billing") or 0) + 1
+    totals.apply_batch(
+        "billing", batch, [TotalsRow(latest, start_ms, OTHER, ad.campaign_id, ad.ad_id, 1, PAST_2_TO_THE_53)]
+    )
+    exact = micros + PAST_2_TO_THE_53
+    assert exact > 2**53 and float(exact) != exact, "a double cannot hold it"
+    expected = display.money(exact, "JPY")  # every digit: 9,007,199,xxx.740993 JPY
+    refreshed = int(browser.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0)
+    # Two refreshes later the page shows what the API said after the batch, whatever it said.
+    wait(
+        browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= refreshed + 2
+    )
+    shown = browser.find_element(By.ID, "corrected-spend").text
+    screens(browser, "dashboard-past-2-to-the-53")
+    assert shown == expected, f"the live refresh shows {shown}, the total is {expected}"
+    assert browser.find_element(By.ID, "corrected-clicks").text == display.count(clicks + 1)
+    bar = browser.find_element(By.CSS_SELECTOR, f"#spend-chart rect.bar[data-period='{latest}']")
+    assert bar.get_attribute("data-micros") == str(exact)
+    # The page the server renders agrees, to the micro.
+    browser.get(f"{served.base_url}/advertisers/{OTHER}")
+    assert browser.find_element(By.ID, "corrected-spend").text == expected

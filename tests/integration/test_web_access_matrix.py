@@ -241,7 +241,7 @@ def figures_of(world: World, advertiser: str) -> set[str]:
         out |= {
             c["correction_id"],
             c["click_id"],
-            str(c["amount_micros"]),
+            c["amount_micros"],  # micros as the API writes them: a string of digits
             display.signed_money(int(c["amount_micros"]), currency),
         }
     for period in admin.get("/api/v1/periods").json["periods"]:
@@ -306,7 +306,7 @@ def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> N
     assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=../../etc").status_code == 404, "access first"
     # A well-formed period without data is zero spend, for one's own advertiser only.
     empty = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period=20990101T0000Z")
-    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": "0"}
     assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=20990101T0000Z").status_code == 404
 
 

@@ -117,7 +117,7 @@ def test_an_hour_without_data_is_zero_spend_and_a_malformed_period_is_400(seeded
     empty = "20251231T2300Z"  # before the sample's first hour
     doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period={empty}").json
     assert doc["period"] == {"period": empty, "start_ms": 1_767_222_000_000, "closed": False}
-    assert doc["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert doc["totals"]["corrected"] == {"clicks": 0, "micros": "0"}
     page = alice.get(f"/advertisers/{OWN}?period={empty}")
     assert page.status_code == 200 and 'id="corrected-spend">0.00 EUR<' in page.text
     assert alice.get(f"/api/v1/advertisers/{OWN}/campaigns/{campaign}?period={empty}").status_code == 200
@@ -162,7 +162,7 @@ def test_ad_and_campaign_pages_show_the_price_per_click(seeded: Seeded) -> None:
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     page = alice.get(f"/advertisers/{OWN}/ads/{ad.ad_id}").text
     assert f"Price per click: <strong>{display.money(ad.cpc_micros, 'EUR')}</strong>" in page
-    assert alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}").json["price_per_click_micros"] == ad.cpc_micros
+    assert alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}").json["price_per_click_micros"] == str(ad.cpc_micros)
     campaign = alice.get(f"/advertisers/{OWN}/campaigns/{ad.campaign_id}").text
     assert display.money(ad.cpc_micros, "EUR") in campaign
 
@@ -190,7 +190,7 @@ def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400
     assert [d["key"] for d in doc["days"]] == ["2026-01-01"] and [m["key"] for m in doc["months"]] == ["2026-01"]
     day, month = doc["days"][0], doc["months"][0]
     assert day["corrected"] == month["corrected"] == doc["range_total"]["corrected"]
-    assert day["corrected"] == {"clicks": want_clicks, "micros": want_micros}
+    assert day["corrected"] == {"clicks": want_clicks, "micros": str(want_micros)}
     assert (day["periods"], day["open_periods"], day["closed"]) == (6, 2, False), "two open hours: provisional"
     page = alice.get(f"/advertisers/{OWN}?from=2026-01-01&to=2026-01-01").text
     assert (
@@ -210,7 +210,8 @@ def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     for url in (f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}", f"/api/v1/advertisers/{OWN}/campaigns/{ad.campaign_id}"):
         got = alice.get(f"{url}?from=2026-01-01&to=2026-01-31").json
-        assert got["range_total"]["corrected"]["micros"] == sum(b["corrected"]["micros"] for b in got["series"]), url
+        want = sum(int(b["corrected"]["micros"]) for b in got["series"])
+        assert got["range_total"]["corrected"]["micros"] == str(want), url
     for bad in ("from=2026-13-01", "from=yesterday", "from=2026-01-02&to=2026-01-01", "range=fortnight",
                 "from=2020-01-01&to=2026-01-01", "to=2026-1-1"):  # fmt: skip
         for url in (f"/api/v1/advertisers/{OWN}/dashboard?{bad}", f"/advertisers/{OWN}?{bad}",
@@ -244,7 +245,10 @@ def test_finance_shows_a_total_row_amounts_per_period_and_why_a_period_is_held(s
         {
             "currency": c,
             **{
-                part: {k: sum(a[part][k] for a in listed if a["currency"] == c) for k in ("clicks", "micros")}
+                part: {
+                    "clicks": sum(a[part]["clicks"] for a in listed if a["currency"] == c),
+                    "micros": str(sum(int(a[part]["micros"]) for a in listed if a["currency"] == c)),
+                }
                 for part in ("provisional", "corrections", "corrected")
             },
         }
