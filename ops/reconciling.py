@@ -231,7 +231,8 @@ def audit_table(audits: list[PeriodAudit]) -> str:
         for n, currency in enumerate(a.currencies or [""]):
             money = f"{currency:<9}{a.rule_micros.get(currency, 0):>20,}{a.books_micros.get(currency, 0):>20,}  "
             # One line per currency, each naming its period; the clicks and the verdict on the period's first.
-            lines.append(period + (clicks if n == 0 else " " * len(clicks)) + money + (verdict if n == 0 else ""))
+            line = period + (clicks if n == 0 else " " * len(clicks)) + money + (verdict if n == 0 else "")
+            lines.append(line.rstrip())
     differing = [a.period for a in audits if not a.balanced]
     if not audits:
         lines.append("audit: no period has data yet")
