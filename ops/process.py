@@ -122,10 +122,11 @@ class ManagedProcess:
         self.pid_file.unlink(missing_ok=True)
 
     def _drain(self) -> None:
-        """Once the child has ended, give its log writer a moment to copy the last lines (and reap it)."""
+        """Once the child has ended, give its log writer a moment to copy the last lines (and reap it): it ends when
+        it has copied them, which on a loaded machine took more than the 2 s once allowed."""
         if self.writer is not None and self.exited() is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.writer.wait(timeout=2)
+                self.writer.wait(timeout=15)
 
     def log_tail(self, lines: int = 30) -> str:
         self._drain()
