@@ -84,7 +84,8 @@ def capture_line(item: Event | RawRecord | SchemaLine) -> str:
     elif isinstance(item, SchemaLine):
         record = {"type": "schema", "subject": item.subject, "schema": json.loads(item.schema_text)}
     else:
-        record = {"type": item.type, **item.to_record()}
+        # The optional fields only when the event has them: a version 1 event's line is as it always was.
+        record = {"type": item.type, **{k: v for k, v in item.to_record().items() if v is not None}}
     return json.dumps(record, ensure_ascii=False)
 
 
