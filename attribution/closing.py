@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from pyspark.sql import SparkSession
 
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.epoch import checkpoint_started, last_committed_batch
-from attribution.final_bills import final_bills
+from attribution.final_bills import final_bills, scope_of
 from attribution.pricing import price_matches
 from attribution.restore import save_record
 from attribution.stream_position import BILLING_QUERY, stream_position
@@ -48,9 +48,10 @@ from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
+from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
 from billing.layout import EPOCH_FILE, DataLayout
 from billing.periods import Periods
-from billing.rule import BILLABLE_FIELDS
+from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
@@ -63,7 +64,9 @@ from billing.store.export_files import (
 )
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
-from billing.store.redis_totals import RedisTotals
+from billing.store.redis_totals import NOT_CHARGED_REASONS, RedisTotals
+
+_INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
 
 CONFLICTS_SEND_TIMEOUT_S = 30.0
 """How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
@@ -89,6 +92,8 @@ class ReconcileConfig:
     """How long after a period's end late data is waited for before the period is reconciled and closed."""
     alive_within_ms: int = 120_000
     """A streaming job silent for longer than this is down, and holds the periods it has not passed."""
+    ivt_rules: IvtRules = DEFAULT_RULES
+    """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -195,7 +200,9 @@ def closing_ports(
     layout = config.layout
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
-        final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog, through.batch()),
+        final_bills=lambda due: SparkFinalBills.compute(
+            spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules
+        ),
         ledger=lambda: LedgerTable(ledger_up_to(read_ledger(layout.ledger), through.batch())),
         corrections=CorrectionFiles(layout),
         conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
@@ -236,11 +243,13 @@ def ledger_up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
 
 @dataclass(frozen=True)
 class SparkFinalBills:
-    """The final bills of a run's due periods, collected from Spark as Arrow."""
+    """The final bills of a run's due periods, collected from Spark as Arrow: the charged clicks, and the billable
+    clicks not charged with the reason (no price, an invalid traffic rule, the budget)."""
 
     bills: pa.Table
     conflicts: pa.Table
     facts: ArrivalFacts
+    not_charged: pa.Table = field(default_factory=lambda: pa.table({"click_id": pa.array([], pa.string())}))
 
     @classmethod
     def compute(
@@ -251,20 +260,27 @@ class SparkFinalBills:
         due: list[str],
         catalog: Catalog,
         through_batch: int | None = None,
+        rules: IvtRules = DEFAULT_RULES,
     ) -> SparkFinalBills:
-        final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, due, through_batch)
-        priced = price_matches(final_df.toArrow(), catalog)
-        bills = priced.bills.select([*BILLABLE_FIELDS, "period"])
-        late = late_df.toArrow()
-        quarantined = quarantined_df.toArrow()
+        charged, not_charged, quarantined, late = final_charges(
+            spark, layout, period_ms, due, catalog, through_batch, rules
+        )
+        refused = not_charged.filter(pc.is_in(not_charged["reason"], pa.array(sorted(NOT_CHARGED_REASONS))))
         facts = ArrivalFacts(
             late_click_ids=_ids_of(late, "click"),
             late_impression_ids=_ids_of(late, "impression"),
             conflicting_click_ids=_ids_of(quarantined, "click"),
             conflicting_impression_ids=_ids_of(quarantined, "impression"),
-            unpriced_click_ids=set(priced.unbilled["click_id"].to_pylist()) | unbilled_by_stream(layout, due),
+            unpriced_click_ids=set(
+                not_charged.filter(pc.is_in(not_charged["reason"], pa.array(["ad_paused", "unknown_ad"])))[
+                    "click_id"
+                ].to_pylist()
+            )
+            | unbilled_by_stream(layout, due),
+            not_charged_reasons=dict(zip(refused["click_id"].to_pylist(), refused["reason"].to_pylist(), strict=True)),
+            stream_not_charged=not_charged_by_stream(layout, due),
         )
-        return cls(bills, quarantined, facts)
+        return cls(charged, quarantined, facts, not_charged)
 
     @property
     def clicks(self) -> int:
@@ -272,6 +288,90 @@ class SparkFinalBills:
 
     def of_period(self, period: str) -> list[dict[str, Any]]:
         return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
+
+    def not_charged_of(self, period: str) -> list[dict[str, Any]]:
+        return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
+
+
+def final_charges(
+    spark: SparkSession,
+    layout: DataLayout,
+    period_ms: int,
+    due: list[str],
+    catalog: Catalog,
+    through_batch: int | None = None,
+    rules: IvtRules = DEFAULT_RULES,
+) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
+    charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
+    history, judged (`billing.invalid`: the exclusion list on the driver, the rest found by Spark) and charged in
+    event-time order within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the day's
+    earlier periods are computed as well, since a click's charge depends on the clicks before it that day."""
+    periods = Periods(period_ms)
+    scope = scope_of(due, periods, catalog.has_budgets)
+    final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, scope, through_batch, rules)
+    matches = final_df.toArrow()
+    priced = price_matches(matches, catalog)
+    rows = priced.bills.to_pylist()
+    invalid: dict[str, str] = {}
+    for row in rows:
+        reason = first_reason(
+            bot=bool(row["known_bot"]),
+            excluded=catalog.exclusions.excluding(row["ip"], row["click_time"]) is not None,
+            flood=bool(row["click_flood"]),
+            duplicate=bool(row["duplicate_click"]),
+        )
+        if reason is not None:
+            invalid[row["click_id"]] = reason.value
+    period_of = {row["click_id"]: row["period"] for row in rows}
+    charged, refused = charge(
+        [BillableClick(**{name: row[name] for name in BILLABLE_FIELDS}) for row in rows], invalid, catalog
+    )
+    wanted = set(due)
+    bills = pa.Table.from_pylist(
+        [{**r.to_dict(), "period": period_of[r.click_id]} for r in charged if period_of[r.click_id] in wanted],
+        schema=FINAL_BILL_SCHEMA,
+    )
+    unpriced = [
+        {**{n: row.get(n) for n in NOT_CHARGED_FIELDS}, "period": row["period"]}
+        for row in priced.unbilled.to_pylist()
+        if row["period"] in wanted
+    ]
+    not_charged = pa.Table.from_pylist(
+        [
+            *unpriced,
+            *({**r.to_dict(), "period": period_of[r.click_id]} for r in refused if period_of[r.click_id] in wanted),
+        ],
+        schema=FINAL_NOT_CHARGED_SCHEMA,
+    )
+    quarantined = quarantined_df.toArrow()
+    quarantined = quarantined.filter(pc.is_in(quarantined["period"], pa.array(due, pa.string())))
+    late = late_df.toArrow()
+    return bills, not_charged, quarantined, late
+
+
+FINAL_BILL_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in BILLABLE_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+FINAL_NOT_CHARGED_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in NOT_CHARGED_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+
+
+def not_charged_by_stream(layout: DataLayout, due: list[str]) -> dict[str, str]:
+    """The clicks of the due periods the stream priced and did not charge, with its reason (`not_charged/`)."""
+    folder = layout.not_charged
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return {}
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    found = dataset.to_table(columns=["click_id", "reason"], filter=pc.field("period").isin(due))
+    return dict(zip(found["click_id"].to_pylist(), found["reason"].to_pylist(), strict=True))
 
 
 def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:

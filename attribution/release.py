@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from attribution.batch_output import ARCHIVE_COLUMNS, late_counts, write_batch_files
-from attribution.decode import HEADER_SIZE, event_fields, reader_schema
+from attribution.decode import HEADER_SIZE, event_fields, reader_schema, required_fields
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
@@ -98,6 +98,8 @@ def release_quarantined(
                 "partition": record["partition"],
                 "offset": record["offset"],
                 "value": record["value"],
+                "user_agent": event.get("user_agent"),
+                "ip": event.get("ip"),
                 "late": True,
                 "period_start_ms": period_start,
                 "period": period,
@@ -186,6 +188,7 @@ class _Decoder:
     def __init__(self, event_type: str, writer_schemas: Mapping[int, str]) -> None:
         self.event_type = event_type
         self.fields = event_fields(event_type)
+        self.required = required_fields(event_type)
         reader = json.loads(reader_schema(event_type))
         reader["fields"] = [f for f in reader["fields"] if f["name"] in self.fields]
         self.reader = fastavro.parse_schema(reader)
@@ -205,7 +208,7 @@ class _Decoder:
             record = fastavro.schemaless_reader(io.BytesIO(value[HEADER_SIZE:]), writer, self.reader)
         except (EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError, KeyError):
             return None
-        if not isinstance(record, dict) or any(record.get(name) is None for name in self.fields):
+        if not isinstance(record, dict) or any(record.get(name) is None for name in self.required):
             return None
         if not MIN_EVENT_TIME_MS <= record["event_time"] <= received_ms + MAX_FUTURE_MS:
             return None
@@ -232,6 +235,8 @@ ARCHIVE_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("value", pa.binary()),
+        ("user_agent", pa.string()),
+        ("ip", pa.string()),
         ("late", pa.bool_()),
         ("period_start_ms", pa.int64()),
         ("period", pa.string()),

@@ -10,8 +10,10 @@ ROOT/
   quarantine/batch_id=N/                  bad input
   released/batch_id=N/                    quarantined records of a schema id learnt later, archived by batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
+  not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
+  checkpoints/decisions/N.parquet         what the stream decided for each bill of batch N (charged, or why not)
   checkpoints/QUERY.lock                  held by the streaming job while it runs
   uncommitted/...                         files of batches no checkpoint committed, set aside by a new epoch
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
@@ -67,8 +69,19 @@ class DataLayout:
         return self.root / "unbilled"
 
     @property
+    def not_charged(self) -> Path:
+        """Priced clicks the stream did not charge (an invalid traffic rule, `over_budget`), with the reason."""
+        return self.root / "not_charged"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def decisions(self) -> Path:
+        """One file per micro-batch: each bill's outcome as the stream first decided it, so that a replay decides the
+        same."""
+        return self.checkpoints / "decisions"
 
     @property
     def catalog_versions(self) -> Path:

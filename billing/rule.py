@@ -197,31 +197,50 @@ def bill(
             )
             continue
         ad, amount = price
-        row = BillableClick(
-            click_id=click.click_id,
-            impression_id=impression_id,
-            ad_id=ad.ad_id,
-            campaign_id=ad.campaign_id,
-            advertiser_id=ad.advertiser_id,
-            user_id=click.user_id,
-            click_time=click.event_time,
-            impression_time=impression_time,
-            amount_micros=amount,
-            currency=ad.currency,
+        priced.append(
+            BillableClick(
+                click_id=click.click_id,
+                impression_id=impression_id,
+                ad_id=ad.ad_id,
+                campaign_id=ad.campaign_id,
+                advertiser_id=ad.advertiser_id,
+                user_id=click.user_id,
+                click_time=click.event_time,
+                impression_time=impression_time,
+                amount_micros=amount,
+                currency=ad.currency,
+            )
         )
-        reason = invalid.get(click.click_id)
-        if reason is not None:
-            not_charged.append(not_charged_row(row, reason.value))
-        else:
-            priced.append(row)
-    fits, _ = charge_in_order(
-        (Candidate(r.click_id, r.campaign_id, r.click_time, r.amount_micros) for r in priced), catalog.budget_at, spent
-    )
-    charged = [row for row in priced if row.click_id in fits]
-    not_charged += [not_charged_row(row, OVER_BUDGET) for row in priced if row.click_id not in fits]
+    charged, refused = charge(priced, {c: r.value for c, r in invalid.items()}, catalog, spent)
+    not_charged += refused
     charged.sort(key=lambda row: row.click_id)
     not_charged.sort(key=lambda row: row.click_id)
     return Billing(charged, not_charged)
+
+
+def charge(
+    priced: Iterable[BillableClick],
+    invalid: Mapping[str, str],
+    catalog: Catalog,
+    spent: Mapping[tuple[str, str], int] | None = None,
+) -> tuple[list[BillableClick], list[NotCharged]]:
+    """The priced bills split into the charged ones and those not charged: the clicks `invalid` names (click id ->
+    the rule's name) and, of the others, those over their campaign's daily budget in event-time order (from the day
+    totals `spent`, zero when None)."""
+    valid: list[BillableClick] = []
+    not_charged: list[NotCharged] = []
+    for row in priced:
+        reason = invalid.get(row.click_id)
+        if reason is not None:
+            not_charged.append(not_charged_row(row, reason))
+        else:
+            valid.append(row)
+    fits, _ = charge_in_order(
+        (Candidate(r.click_id, r.campaign_id, r.click_time, r.amount_micros) for r in valid), catalog.budget_at, spent
+    )
+    charged = [row for row in valid if row.click_id in fits]
+    not_charged += [not_charged_row(row, OVER_BUDGET) for row in valid if row.click_id not in fits]
+    return charged, not_charged
 
 
 def not_charged_row(row: BillableClick, reason: str) -> NotCharged:
