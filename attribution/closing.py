@@ -12,7 +12,9 @@ Python in `billing.closing_run`; this module gives it its ports:
   quarantine topic, each conflict sent once (`conflicts-sent.json`);
 - `ExportFolders`: the finance exports (`billing.export`), never rewritten;
 - `StateFile`: the periods' states (`periods.json`) and the last run's record;
-- Redis (`billing.store.redis_totals.RedisTotals`), the stream's position (`attribution.stream_position`), the clock.
+- Redis (`billing.store.redis_totals.RedisTotals`), the stream's position (`attribution.stream_position`), the clock;
+- `ReconciliationRelease`: quarantined records whose schema id the registry now knows, released into the stream's
+  last committed batch (`attribution.release`), so that a job that is down keeps no known record unbilled.
 
 Every path comes from the data folder's layout (`billing.layout`).
 """
@@ -40,8 +42,20 @@ from pyspark.sql import SparkSession
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.epoch import checkpoint_started, last_committed_batch
 from attribution.final_bills import final_bills, scope_of
+from attribution.job_lock import FileLock, JobLockedError
 from attribution.pricing import price_matches
+from attribution.release import (
+    RECONCILIATION,
+    Release,
+    held_records,
+    reconciliation_file,
+    release_counts,
+    released_table,
+    settle,
+    write_release,
+)
 from attribution.restore import save_record
+from attribution.schema_follow import EVENT_TYPES, registered_versions
 from attribution.stream_position import BILLING_QUERY, stream_position
 from billing.catalog import Catalog
 from billing.closing import PeriodState, StreamPosition
@@ -65,6 +79,7 @@ from billing.store.export_files import (
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
 from billing.store.redis_totals import NOT_CHARGED_REASONS, RedisTotals
+from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 _INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
 
@@ -92,6 +107,9 @@ class ReconcileConfig:
     """How long after a period's end late data is waited for before the period is reconciled and closed."""
     alive_within_ms: int = 120_000
     """A streaming job silent for longer than this is down, and holds the periods it has not passed."""
+    registry_location: str | None = None
+    """The schema registry (`billing.store.schema_registry.open_registry`): records held in quarantine whose schema
+    id it knows now are released by the run (`ReconciliationRelease`); None: the run releases nothing."""
     ivt_rules: IvtRules = DEFAULT_RULES
     """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
 
@@ -115,8 +133,18 @@ class ReconcileConfig:
 def data_versions(layout: DataLayout, periods: Periods, through_batch: int | None = None) -> dict[str, int]:
     """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
     impressions, the impressions of the period before it, and its ledger; batches after `through_batch` (not
-    committed yet) left out, so that a period is reconciled again once they are."""
+    committed yet) left out, so that a period is reconciled again once they are.
+
+    A record released from quarantine (`attribution.release`) keeps the time Kafka received it, so it may be the
+    first copy of its id to arrive, and change the bills of every period holding another copy: its batch counts
+    for those periods too, as if the copy were its own."""
     newest: dict[tuple[str, str], int] = defaultdict(lambda: -1)
+    released = released_table(layout, ds.field("reason").is_null())
+    for row in released.select(["event_type", "copy_periods", "batch_id"]).to_pylist():
+        if through_batch is not None and row["batch_id"] > through_batch:
+            continue
+        for period in row["copy_periods"] or []:
+            newest[(row["event_type"], period)] = max(newest[(row["event_type"], period)], row["batch_id"])
     bases = {
         "click": layout.archive_of("click"),
         "impression": layout.archive_of("impression"),
@@ -200,6 +228,7 @@ def closing_ports(
     layout = config.layout
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
+        catalog=catalog,
         final_bills=lambda due: SparkFinalBills.compute(
             spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules
         ),
@@ -214,7 +243,106 @@ def closing_ports(
         versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch()),
         position=config.position,
         clock=clock,
+        release=ReconciliationRelease(config, catalog, through),
     )
+
+
+RELEASE_WAIT_S = 10.0
+"""How long a run waits for the streaming job's release to end before it leaves releasing to its next run."""
+
+
+@dataclass
+class ReconciliationRelease:
+    """The closing run's release (`attribution.release`): the records held in quarantine by batches up to the last
+    one the stream committed, whose schema id the registry knows now, released into that batch (which the run reads
+    up to), one releaser at a time (`release_lock`). Their counts reach Redis once per record; every run applies
+    those an earlier run wrote and did not apply (it stopped in between)."""
+
+    config: ReconcileConfig
+    catalog: Catalog
+    through: CommittedBatch
+
+    @contextmanager
+    def __call__(self, run_id: str, progress: Callable[[str], None]) -> Iterator[_PendingRelease | None]:
+        lock = FileLock(self.config.layout.release_lock, f"reconciliation run {run_id}")
+        try:
+            lock.acquire(wait_s=RELEASE_WAIT_S)
+        except JobLockedError as exc:  # the stream is releasing: the next run releases what is left
+            progress(f"release left to the next run: {exc}")
+            yield None
+            return
+        try:
+            self.apply_counts()
+            yield self.pending(run_id, progress)
+        finally:
+            lock.release()
+
+    def pending(self, run_id: str, progress: Callable[[str], None]) -> _PendingRelease | None:
+        if self.config.registry_location is None:
+            return None
+        layout = self.config.layout
+        batch = self.through.batch()
+        if batch is None or batch < 0:
+            # No batch committed, or no checkpoint (a back-filled data folder, or one being replaced by a new
+            # epoch, which may set aside the newest batches yet): nothing of the stream to release into.
+            return None
+        held = held_records(layout, batch + 1)
+        if not held.num_rows:
+            return None
+        try:
+            registry = open_registry(self.config.registry_location)
+            schemas = {event_type: registered_versions(registry, event_type) for event_type in EVENT_TYPES}
+        except SchemaRegistryError as exc:
+            progress(f"release left to the next run: the schema registry cannot be read: {exc}")
+            return None
+        topics = dict(zip(self.config.topics, EVENT_TYPES, strict=True))
+        release = settle(layout, held, batch, schemas, topics, Periods(self.config.period_ms), RECONCILIATION)
+        if not release.settled.num_rows:
+            return None
+        return _PendingRelease(self, release, reconciliation_file(run_id))
+
+    def apply_counts(self) -> int:
+        """Apply to Redis the counts of every record a run released (each once); how many were new."""
+        table = released_table(self.config.layout, ds.field("released_by") == RECONCILIATION)
+        if not table.num_rows:
+            return 0
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in self.catalog}
+        periods = Periods(self.config.period_ms)
+        columns = (table.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+        keys = [f"{t}/{p}/{o}" for t, p, o in zip(*columns, strict=True)]
+        totals = RedisTotals.from_url(
+            self.config.redis_url, self.config.redis_prefix, timeout_s=self.config.redis_timeout_ms / 1000
+        )
+        return totals.apply_released(
+            (key, *release_counts(table.slice(i, 1), advertiser_of, periods)) for i, key in enumerate(keys)
+        )
+
+
+@dataclass(frozen=True)
+class _PendingRelease:
+    """What a run is about to release (`billing.closing_run.PendingRelease`)."""
+
+    owner: ReconciliationRelease
+    release: Release
+    file_name: str
+
+    @property
+    def batch_id(self) -> int:
+        return self.release.batch_id
+
+    @property
+    def periods(self) -> frozenset[str]:
+        return self.release.periods
+
+    @property
+    def count(self) -> int:
+        return self.release.count
+
+    def write(self) -> None:
+        config = self.owner.config
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in self.owner.catalog}
+        write_release(config.layout, self.release, self.file_name, advertiser_of, Periods(config.period_ms))
+        self.owner.apply_counts()
 
 
 class CommittedBatch:

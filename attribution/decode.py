@@ -27,7 +27,10 @@ How Spark 4.0's `from_avro` behaves, and what we do about it:
   plus a marker field `adbill_decoded` (boolean, default true) that no writer has: Avro's schema resolution
   fills it with true for every record that decodes, and PERMISSIVE leaves it null for every one that does not.
 - One reader schema for every writer id also gives every `when(schema_id == k, from_avro(...))` branch the
-  same Catalyst type, and a field that an older writer lacks comes out null (`missing_field`).
+  same Catalyst type, and a field that an older writer lacks comes out null (`missing_field`). Per writer, the
+  reader also carries the writer's names as aliases where the writer renamed the record or a field and kept the
+  old name as its alias (`reader_schema`): schema resolution follows the reader's aliases only, and without them
+  every record of such a BACKWARD-compatible version would lack the renamed field. Aliases change no type.
 - The reader has no `timestamp-millis` logical type, so `event_time` stays a long of epoch ms: with it, an
   absurd value (say Long.MAX_VALUE) overflows the conversion to microseconds and the whole record would read
   as undecodable instead of `time_out_of_range`.
@@ -46,6 +49,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
+from billing.compatibility import reader_for_writer
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.schemas import schema_text
 
@@ -104,8 +108,11 @@ def id_column(event_type: str) -> str:
     return name
 
 
-def reader_schema(event_type: str) -> str:
-    """The Avro reader schema that every writer schema of `event_type` is resolved against (module doc)."""
+def reader_schema(event_type: str, writer_schema: str | None = None) -> str:
+    """The Avro reader schema that the writer schemas of `event_type` are resolved against (module doc); with a
+    `writer_schema`, it also knows the names under which that writer carries the record and the fields through the
+    writer's aliases (`billing.compatibility.reader_for_writer`: a version that renamed one keeping the old name
+    as its alias)."""
     shipped = json.loads(schema_text(event_type))
     fields: list[dict[str, Any]] = [
         {"name": field["name"], "type": _nullable(_without_logical_type(field["type"])), "default": None}
@@ -115,6 +122,12 @@ def reader_schema(event_type: str) -> str:
     reader = {"type": "record", "name": shipped["name"], "fields": fields}
     if "namespace" in shipped:
         reader["namespace"] = shipped["namespace"]
+    if writer_schema is not None:
+        try:
+            writer = json.loads(writer_schema)
+        except ValueError:
+            writer = None  # not JSON: no alias to learn; the body does not decode with it either
+        reader = reader_for_writer(reader, writer)
     return json.dumps(reader)
 
 
@@ -134,7 +147,6 @@ def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[
     id_column(event_type)  # refuses an unknown event type
     fields = event_fields(event_type)
     required = required_fields(event_type)
-    reader = reader_schema(event_type)
     value = F.col("value")
     # The header is compared as bytes (magic byte, then each known id as 4 big-endian bytes): no conversion
     # of the id to text or a number per record.
@@ -142,10 +154,13 @@ def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[
     schema_id = F.when(framed, F.substring(value, 2, 4))
     id_bytes = {k: F.lit(k.to_bytes(4, "big")) for k in writer_schemas}
     body = value.substr(F.lit(HEADER_SIZE + 1), F.length(value) - F.lit(HEADER_SIZE))
-    options = {"mode": "PERMISSIVE", "avroSchema": reader}
-    # One from_avro per writer schema; CASE WHEN evaluates only the branch of the record's schema id.
+    # One from_avro per writer schema, each with the reader that knows that writer's aliases; CASE WHEN evaluates
+    # only the branch of the record's schema id.
     branches = [
-        (F.col("schema_id") == id_bytes[k], from_avro(F.col("_body"), text, options))
+        (
+            F.col("schema_id") == id_bytes[k],
+            from_avro(F.col("_body"), text, {"mode": "PERMISSIVE", "avroSchema": reader_schema(event_type, text)}),
+        )
         for k, text in sorted(writer_schemas.items())
     ]
     record = reduce(lambda acc, branch: acc.when(*branch), branches[1:], F.when(*branches[0]))

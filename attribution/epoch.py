@@ -77,7 +77,8 @@ def last_committed_batch(checkpoint: Path) -> int | None:
 
 
 def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
-    """Every `batch_id=N` folder of the ledger, archive, quarantine and unbilled clicks, with its N."""
+    """Every `batch_id=N` folder of the ledger, archive, quarantine, unbilled clicks and released records, with its
+    N."""
     layout = DataLayout(data_dir)
     batches = (
         (layout.ledger, "period=*/batch_id=*"),
@@ -85,6 +86,9 @@ def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
         (layout.quarantine, "batch_id=*"),
         (layout.unbilled, "period=*/batch_id=*"),
         (layout.not_charged, "period=*/batch_id=*"),
+        # A batch that released quarantined records (`attribution.release`): left here, its records would count as
+        # released while their archive rows are set aside, and no later batch would release them again.
+        (layout.released, "batch_id=*"),
     )
     return [
         (int(folder.name.removeprefix("batch_id=")), folder)

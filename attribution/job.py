@@ -336,9 +336,13 @@ class BatchSink:
             catalog.version,
             clock,
         )
-        if released.count:
+        if released.settled.num_rows:
             log.info(
-                "batch %d released %d quarantined record(s) of schema versions learnt since", batch_id, released.count
+                "batch %d released %d quarantined record(s) of schema versions learnt since (%d stay in quarantine "
+                "with another reason)",
+                batch_id,
+                released.count,
+                released.requarantined,
             )
 
     def stop_for_new_schemas(self) -> None:
@@ -496,18 +500,21 @@ def _start(
     sinks: list[BatchSink] = []
 
     def start_query(config: StreamConfig = config) -> StreamingQuery:
-        sinks.append(BatchSink(config, catalog))
+        sink = BatchSink(config, catalog)
+        sinks.append(sink)
+        # Under the lock: `start` took it, and a run stopped for new schema versions keeps it for the next (held:
+        # this does nothing). A run is followed by its run id; the query's id is the same across restarts.
+        lock.acquire(wait_s=JOB_LOCK_WAIT_S)
         query = (
             attribution_stream(spark, config)
             .writeStream.queryName(BILLING_QUERY)
-            .foreachBatch(sinks[-1])
+            .foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{config.trigger_ms} milliseconds")
             .start()
         )
-        heartbeat.follow(str(query.id))
-        lock.follow(str(query.id), query)
-        lock.acquire(wait_s=JOB_LOCK_WAIT_S)  # again after a restart for new schema versions; held: nothing to do
+        heartbeat.follow(query)
+        lock.follow(query, switching=lambda: sink.switch is not None)
         return query
 
     def run(config: StreamConfig) -> _Generation:
@@ -532,7 +539,8 @@ def _start(
             log.warning("cannot read the schema registry's versions, going on with those known: %s", exc)
         return run(latest[-1])
 
-    return [FollowingQuery(first, restart)]  # type: ignore[list-item]
+    # The job's lock is let go when the query stops for good, a failed restart included.
+    return [FollowingQuery(first, restart, finished=lock.release)]  # type: ignore[list-item]
 
 
 def with_registered_schemas(config: StreamConfig) -> StreamConfig:

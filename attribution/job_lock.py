@@ -1,6 +1,7 @@
 """Whether the streaming job runs, from something it holds while it runs: an exclusive lock on a file of the data
-folder (`DataLayout.job_lock`), taken before its query starts and released when the query ends, or by the operating
-system when its process ends, however it ends.
+folder (`DataLayout.job_lock`), taken before its query starts and released when the query ends for good, or by the
+operating system when its process ends, however it ends. A restart of the query for new schema versions
+(`attribution.schema_follow`) happens under the lock: the next run starts while the job holds it.
 
 `adbill restore-redis` takes the same lock for the time of the restore: it knows the job is stopped (not merely
 quiet for a while), and a job started meanwhile waits for the restore instead of counting into a half-restored
@@ -13,6 +14,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,25 +102,37 @@ class FileLock:
 
 
 class JobLock(FileLock, ProgressListener):
-    """The streaming job's lock: held from before its query starts until that query terminates (`follow`)."""
+    """The streaming job's lock: held from before its query starts until the query ends for good.
+
+    It follows one run of the query (`follow`) by its run id: Spark keeps a query's id across the starts from one
+    checkpoint and gives each start a run id of its own, so the end of an earlier run, heard late on the listener
+    bus, is not the end of the run the lock follows. A run that ends for a schema switch keeps the lock: the job
+    starts the next run under it and follows that one (`attribution.job`)."""
 
     reads_progress = False
 
     def __init__(self, path: Path) -> None:
         FileLock.__init__(self, path, "the streaming job (adbill stream)")
-        self.query_id: str | None = None
+        self.run_id: str | None = None
         self.query: Any = None
+        self._switching: Callable[[], bool] = lambda: False
 
-    def follow(self, query_id: str, query: Any = None) -> None:
-        """Release the lock when the query with this id terminates."""
-        self.query_id = query_id
+    def follow(self, query: Any, switching: Callable[[], bool] = lambda: False) -> None:
+        """Release the lock when this run of `query` terminates, unless `switching()` says it stopped for a schema
+        switch (the job then starts the next run under the lock)."""
+        self.run_id = str(query.runId)
         self.query = query
+        self._switching = switching
+        if not query.isActive and not switching():  # ended before it was followed: its end was heard as another's
+            self.release()
 
     def in_use(self) -> bool:
-        """Held, and the query it follows is still active (its stop may not have been reported yet)."""
-        return self.held and (self.query is None or bool(self.query.isActive))
+        """Held, and the run it follows still active (its stop may not have been reported yet) or stopped for a
+        schema switch (the next run is being started)."""
+        return self.held and (self.query is None or bool(self.query.isActive) or self._switching())
 
     def onQueryTerminated(self, event: Any) -> None:
-        if self.query_id is not None and str(event.id) == self.query_id:
-            self.query_id = None
-            self.release()
+        if self.run_id is None or str(event.runId) != self.run_id or self._switching():
+            return
+        self.run_id = None
+        self.release()

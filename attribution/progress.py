@@ -66,31 +66,33 @@ _CLOCK_AHEAD = Counter(
 class Heartbeat(ProgressListener):
     """Writes the wall-clock time of every batch and idle trigger of one query to Redis: proof that it is alive.
 
-    Spark reports an idle query every `spark.sql.streaming.noDataProgressEventInterval` (10 s by default)."""
+    Spark reports an idle query every `spark.sql.streaming.noDataProgressEventInterval` (10 s by default). It beats
+    for one run of the query, by its run id: a restart from the same checkpoint keeps the query's id, and the end of
+    the earlier run, heard late, must not silence the next."""
 
     def __init__(self, redis_url: str, prefix: str, query_name: str) -> None:
         self.key = RedisKeys(prefix).heartbeat(query_name)
         self.redis_url = redis_url
         self.query_name = query_name
-        self.query_id: str | None = None
+        self.run_id: str | None = None
         self._client: redis.Redis | None = None
 
-    def follow(self, query_id: str) -> None:
-        """Beat for the query with this id (another query of the same name, in the same session, is not it)."""
-        self.query_id = query_id
+    def follow(self, query: Any) -> None:
+        """Beat for this run of `query` (another run, or another query of the same name in the session, is not it)."""
+        self.run_id = str(query.runId)
         self._beat()
 
     def on_progress(self, progress: dict[str, Any]) -> None:
-        if progress.get("id") == self.query_id:
+        if progress.get("runId") == self.run_id:
             self._beat()
 
     def onQueryIdle(self, event: Any) -> None:
-        if str(event.id) == self.query_id:
+        if str(event.runId) == self.run_id:
             self._beat()
 
     def onQueryTerminated(self, event: Any) -> None:
-        if str(event.id) == self.query_id:
-            self.query_id = None
+        if str(event.runId) == self.run_id:
+            self.run_id = None
 
     def _beat(self) -> None:
         try:

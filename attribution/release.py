@@ -1,26 +1,46 @@
 """Quarantined records whose schema id the registry learnt after they arrived: decoded and put in the archive, once.
 
 A record whose schema id the registry did not know when its batch ran is quarantined as `unknown_schema`
-(`attribution.decode`). When the job starts its query (at start-up, or again for new schema versions:
-`attribution.schema_follow`), the first micro-batch N of that query releases every such record that it can now
-decode: it becomes an archive row of batch N (`ARCHIVE/event_type=T/period=P/batch_id=N/released.parquet`,
-flagged `late`: the streaming join never saw it), so reconciliation bills it from the archive like any event the
-join missed (a `late_click` or `late_impression` correction, or an adjustment when its period is closed: batch N
-makes the period's data newer). Its coordinates go to `RELEASED/batch_id=N/released.parquet`, and a record released
-by an earlier batch is not released again. In Redis its quarantine count goes down and its late count up, with
-batch N's figures, once.
+(`attribution.decode`); it is *held*. Once the registry knows the id, a release settles it, as its batch would have:
 
-Pure pyarrow and fastavro, on the driver: the records are few (what arrived before a producer's schema was known)
-and this runs once per start of the query, not per batch. A record that decodes but fails a check (a missing
-field, a time out of range) stays in quarantine, as one whose id is still unknown does.
+- it decodes and passes the checks of the intake: it becomes an archive row (flagged `late`: the streaming join
+  never saw it), and reconciliation bills it from the archive like any event the join missed (a `late_click` or
+  `late_impression` correction, or an adjustment when its period is closed);
+- it does not (a body that does not decode even through the aliases Avro resolution allows, a missing field, a
+  time out of range): it stays in quarantine with that reason instead of `unknown_schema`.
+
+What one record does is that record's fate: a record that fastavro cannot read, for whatever reason, settles as
+`undecodable`, and the release goes on. A record whose id the registry still does not know stays held.
+
+Two parts release, one at a time (`release_lock`), and a record is settled once, by whichever comes first:
+
+- the stream: the first micro-batch N of every start of its query (the job's start, or a restart for new schema
+  versions: `attribution.schema_follow`) releases into batch N, with batch N's files and Redis script: archive rows
+  in `ARCHIVE/event_type=T/period=P/batch_id=N/released.parquet`, the settled records in
+  `RELEASED/batch_id=N/released.parquet`. A replay of batch N settles the same records into the same files;
+- reconciliation (`adbill reconcile`, `attribution.closing.ReconciliationRelease`, with `settle` and
+  `write_release` here), so that a job that is down, or has not
+  started its query again since the registry learnt the id, does not keep known records unbilled: into the last
+  batch C the stream committed (`.../batch_id=C/reconciliation-RUN.parquet`), which the run reads up to; its
+  Redis figures are applied once per record (`RedisTotals.apply_released`), and `adbill restore-redis` counts them
+  the same way (`settled_quarantine` gives the quarantine as the stream's releases left it).
+
+A released record keeps the time Kafka received it, so it may now be the first copy of its id to arrive: a later
+copy in another period, billed there by the stream, becomes an id conflict. Each settled record names the periods
+that hold another copy of its id (`copy_periods`), and those periods are reconciled again with its own
+(`attribution.closing.data_versions`, `billing.closing.mark_changed`).
+
+Pure pyarrow and fastavro, on the driver: the records are few (what arrived before a producer's schema was known),
+and a release runs once per start of the query or reconciliation run, not per batch.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +49,77 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from attribution.batch_output import ARCHIVE_COLUMNS, late_counts, write_batch_files
+from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
 from attribution.decode import HEADER_SIZE, event_fields, reader_schema, required_fields
+from attribution.job_lock import FileLock
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.redis_totals import LateCount, QuarantineCount
 
 RELEASE_FILE = "released.parquet"
-"""The name of a release's files: beside the tasks' `part-NNNNN.parquet` of the same batch, never one of them."""
+"""The name of a stream's release files: beside the tasks' `part-NNNNN.parquet` of the same batch, never one of
+them."""
 
-RELEASE_COLUMNS = ("topic", "partition", "offset", "event_type", "event_id", "period", "quarantine_batch_id")
+RELEASE_LOCK_WAIT_S = 60.0
+"""How long a release waits for the other part's release to finish (a few seconds of pyarrow and fastavro)."""
 
-_REASON = QuarantineReason.UNKNOWN_SCHEMA.value
+STREAM = "stream"
+RECONCILIATION = "reconciliation"
+"""Who released a record (`released_by`)."""
+
+_HELD = QuarantineReason.UNKNOWN_SCHEMA.value
+_HELD_COLUMNS = ("topic", "partition", "offset", "received_ms", "value", "batch_id")
+
+
+def reconciliation_file(run_id: str) -> str:
+    """The name of one reconciliation run's release files."""
+    return f"reconciliation-{run_id}.parquet"
 
 
 @dataclass(frozen=True)
 class Release:
-    """What one batch released: its archive rows and files, and the Redis figures they change."""
+    """What one release settled: its archive rows, the settled records, and the Redis figures they change."""
 
+    batch_id: int
     events: pa.Table
-    """Archive rows (`ARCHIVE_COLUMNS`)."""
-    files: list[Path]
-    late: list[LateCount]
-    quarantined: list[QuarantineCount]
-    """Negative counts: the released records leave the `unknown_schema` count."""
+    """Archive rows (`ARCHIVE_COLUMNS`) of the records that decoded."""
+    settled: pa.Table
+    """One row per record settled (`RELEASED_SCHEMA`): archived (`reason` null) or quarantined with its reason."""
+    periods: frozenset[str] = frozenset()
+    """Every period whose bills the release can change: the periods of the archived events, the periods holding
+    another copy of their ids, and for an impression the period after each (a click there may be attributed to
+    it)."""
+    files: list[Path] = field(default_factory=list)
+    late: list[LateCount] = field(default_factory=list)
+    quarantined: list[QuarantineCount] = field(default_factory=list)
+    """Negative counts for the records leaving `unknown_schema`, positive ones for the reasons they now have."""
 
     @property
     def count(self) -> int:
+        """Records archived."""
         return self.events.num_rows
 
+    @property
+    def requarantined(self) -> int:
+        """Records that stay in quarantine with another reason than `unknown_schema`."""
+        return self.settled.num_rows - self.events.num_rows
+
     @classmethod
-    def none(cls) -> Release:
-        return cls(ARCHIVE_SCHEMA.empty_table(), [], [], [])
+    def none(cls, batch_id: int = -1) -> Release:
+        return cls(batch_id, ARCHIVE_SCHEMA.empty_table(), RELEASED_SCHEMA.empty_table())
+
+
+@contextmanager
+def release_lock(layout: DataLayout, holder: str, wait_s: float = RELEASE_LOCK_WAIT_S) -> Iterator[None]:
+    """Held from reading the held records to writing what was released: the stream and reconciliation never settle
+    the same record twice. JobLockedError when the other holds it for longer than `wait_s`."""
+    lock = FileLock(layout.release_lock, holder)
+    lock.acquire(wait_s=wait_s)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def release_quarantined(
@@ -72,147 +130,282 @@ def release_quarantined(
     periods: Periods,
     advertiser_of: Mapping[str, str],
 ) -> Release:
-    """Release, as part of batch `batch_id`, every `unknown_schema` record of an earlier batch that decodes with
-    `writer_schemas` (event type -> schema id -> text) and was not released before (module doc)."""
-    held = held_records(layout, batch_id)
+    """The stream's release, as part of batch `batch_id`: every `unknown_schema` record of an earlier batch that
+    `writer_schemas` (event type -> schema id -> text) can now decode, and that no other release settled, settled
+    and written (module doc). A replay of the batch settles the same records into the same files."""
+    with release_lock(layout, f"the streaming job's batch {batch_id}"):
+        held = held_records(layout, batch_id, replaying=batch_id)
+        release = settle(layout, held, batch_id, writer_schemas, event_type_of_topic, periods, STREAM)
+        return write_release(layout, release, RELEASE_FILE, advertiser_of, periods)
+
+
+def settle(
+    layout: DataLayout,
+    held: pa.Table,
+    batch_id: int,
+    writer_schemas: Mapping[str, Mapping[int, str]],
+    event_type_of_topic: Mapping[str, str],
+    periods: Periods,
+    released_by: str,
+) -> Release:
+    """Decide the fate of each `held` record whose schema id `writer_schemas` holds (module doc), into batch
+    `batch_id`; nothing is written. Never raises for a record."""
     decoders = {event_type: _Decoder(event_type, schemas) for event_type, schemas in writer_schemas.items()}
     rows: list[dict[str, Any]] = []
-    released: list[dict[str, Any]] = []
+    settled: list[dict[str, Any]] = []
     for record in held.to_pylist():
         event_type = event_type_of_topic.get(record["topic"])
         decoder = decoders.get(event_type or "")
-        event = decoder.decode(record["value"], record["received_ms"]) if decoder is not None else None
-        if event is None or event_type is None:
+        if decoder is None or event_type is None:
             continue
-        period_start = periods.start_of(event["event_time"])
-        period = periods.key(period_start)
-        rows.append(
+        fate = decoder.decode(record["value"], record["received_ms"])
+        if fate is None:
+            continue  # its id is still unknown: held
+        reason, event = fate
+        event_id = event.get(f"{event_type}_id") if event is not None else None
+        period = None
+        if reason is None:
+            assert event is not None
+            period_start = periods.start_of(event["event_time"])
+            period = periods.key(period_start)
+            rows.append(
+                {
+                    "event_type": event_type,
+                    "event_id": event_id,
+                    "ad_id": event["ad_id"],
+                    "user_id": event["user_id"],
+                    "event_time": event["event_time"],
+                    "received_ms": record["received_ms"],
+                    "topic": record["topic"],
+                    "partition": record["partition"],
+                    "offset": record["offset"],
+                    "value": record["value"],
+                    "user_agent": event.get("user_agent"),
+                    "ip": event.get("ip"),
+                    "late": True,
+                    "period_start_ms": period_start,
+                    "period": period,
+                    "batch_id": batch_id,
+                }
+            )
+        settled.append(
             {
-                "event_type": event_type,
-                "event_id": event[f"{event_type}_id"],
-                "ad_id": event["ad_id"],
-                "user_id": event["user_id"],
-                "event_time": event["event_time"],
-                "received_ms": record["received_ms"],
                 "topic": record["topic"],
                 "partition": record["partition"],
                 "offset": record["offset"],
-                "value": record["value"],
-                "user_agent": event.get("user_agent"),
-                "ip": event.get("ip"),
-                "late": True,
-                "period_start_ms": period_start,
-                "period": period,
-                "batch_id": batch_id,
-            }
-        )
-        released.append(
-            {
-                "topic": record["topic"],
-                "partition": record["partition"],
-                "offset": record["offset"],
                 "event_type": event_type,
-                "event_id": event[f"{event_type}_id"],
+                "event_id": event_id if isinstance(event_id, str) else None,
                 "period": period,
                 "quarantine_batch_id": record["batch_id"],
+                "reason": reason,
+                "ad_id": event.get("ad_id") if event is not None and isinstance(event.get("ad_id"), str) else None,
+                "copy_periods": [],
+                "released_by": released_by,
                 "batch_id": batch_id,
             }
         )
-    events = pa.Table.from_pylist(rows, schema=ARCHIVE_SCHEMA)
-    files: list[Path] = []
-    if rows:
-        files += write_batch_files(events, layout.archive, ("event_type", "period", "batch_id"), RELEASE_FILE, False)
-        files += write_batch_files(
-            pa.Table.from_pylist(released, schema=RELEASED_SCHEMA), layout.released, ("batch_id",), RELEASE_FILE, False
-        )
-    per_topic: dict[str, int] = {}
-    for row in rows:
-        per_topic[row["topic"]] = per_topic.get(row["topic"], 0) + 1
-    known = events.filter(pc.is_in(events.column("ad_id"), pa.array(list(advertiser_of), pa.string())))
+    copies = copy_periods(layout, [(r["event_type"], r["event_id"], r["period"]) for r in rows])
+    for row in settled:
+        if row["reason"] is None:
+            row["copy_periods"] = sorted(copies.get((row["event_type"], row["event_id"]), set()) - {row["period"]})
+    changed: set[str] = set()
+    for row in settled:
+        if row["reason"] is None:
+            for period in [row["period"], *row["copy_periods"]]:
+                changed.add(period)
+                if row["event_type"] == "impression":
+                    changed.add(periods.key(periods.parse_key(period) + periods.length_ms))
     return Release(
-        events=events,
-        files=files,
-        late=late_counts(known, advertiser_of),
-        # Quarantined as `unknown_schema`, the record had no readable ad: it was counted without an advertiser.
-        quarantined=[QuarantineCount(_REASON, topic, None, -n) for topic, n in sorted(per_topic.items())],
+        batch_id,
+        pa.Table.from_pylist(rows, schema=ARCHIVE_SCHEMA),
+        pa.Table.from_pylist(settled, schema=RELEASED_SCHEMA),
+        frozenset(changed),
     )
 
 
-def held_records(layout: DataLayout, before_batch: int) -> pa.Table:
-    """The `unknown_schema` quarantine rows of batches before `before_batch` that no batch before it released."""
+def write_release(
+    layout: DataLayout, release: Release, file_name: str, advertiser_of: Mapping[str, str], periods: Periods
+) -> Release:
+    """`release` written (archive rows, then the settled records, each file flushed and renamed into place), with
+    its files and Redis figures."""
+    files: list[Path] = []
+    if release.settled.num_rows:
+        files += write_batch_files(
+            release.events, layout.archive, ("event_type", "period", "batch_id"), file_name, False
+        )
+        files += write_batch_files(release.settled, layout.released, ("batch_id",), file_name, False)
+    late, quarantined = release_counts(release.settled, advertiser_of, periods)
+    return Release(release.batch_id, release.events, release.settled, release.periods, files, late, quarantined)
+
+
+def release_counts(
+    settled: pa.Table, advertiser_of: Mapping[str, str], periods: Periods
+) -> tuple[list[LateCount], list[QuarantineCount]]:
+    """The Redis figures of settled records (`RELEASED_SCHEMA` rows): each archived one counts as late in its period,
+    each leaves the `unknown_schema` count (it had no readable ad: counted without an advertiser), and each that
+    stays in quarantine counts under its reason."""
+    late: dict[tuple[str, str, str], int] = {}
+    quarantined: dict[tuple[str, str, str | None], int] = {}
+    for row in settled.select(["topic", "event_type", "period", "reason", "ad_id"]).to_pylist():
+        held: tuple[str, str, str | None] = (_HELD, row["topic"], None)
+        quarantined[held] = quarantined.get(held, 0) - 1
+        if row["reason"] is None:
+            late_key = (row["period"], row["ad_id"], row["event_type"])
+            late[late_key] = late.get(late_key, 0) + 1
+        else:
+            now = (row["reason"], row["topic"], advertiser_of.get(row["ad_id"] or ""))
+            quarantined[now] = quarantined.get(now, 0) + 1
+    return (
+        [
+            LateCount(period, periods.parse_key(period), advertiser_of.get(ad, ""), ad, event_type, n)
+            for (period, ad, event_type), n in sorted(late.items())
+        ],
+        [QuarantineCount(reason, topic, adv, n) for (reason, topic, adv), n in quarantined.items() if n],
+    )
+
+
+def held_records(layout: DataLayout, before_batch: int, replaying: int | None = None) -> pa.Table:
+    """The `unknown_schema` quarantine rows of batches before `before_batch` that no release settled, but for the
+    stream's own release of batch `replaying` (a replay of that batch settles them again)."""
+    empty = pa.table({name: [] for name in _HELD_COLUMNS})
     if not layout.quarantine.is_dir() or not any(layout.quarantine.glob("batch_id=*/*.parquet")):
-        return pa.table({name: [] for name in ("topic", "partition", "offset", "received_ms", "value", "batch_id")})
+        return empty
     quarantine = ds.dataset(layout.quarantine, format="parquet", partitioning="hive")
-    wanted = (ds.field("reason") == _REASON) & (ds.field("batch_id") < before_batch)
+    wanted = (ds.field("reason") == _HELD) & (ds.field("batch_id") < before_batch)
     # The raw bytes only when there is a record to release: a quarantine of junk can be large.
     if not quarantine.count_rows(filter=wanted):
-        return pa.table({name: [] for name in ("topic", "partition", "offset", "received_ms", "value", "batch_id")})
-    held = quarantine.to_table(
-        columns=["topic", "partition", "offset", "received_ms", "value", "batch_id"], filter=wanted
-    )
-    done = released_before(layout, before_batch)
+        return empty
+    held = quarantine.to_table(columns=list(_HELD_COLUMNS), filter=wanted)
+    done = settled_keys(layout, replaying)
     if done and held.num_rows:
-        keys = [
-            f"{t}/{p}/{o}"
-            for t, p, o in zip(*(held.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True)
-        ]
-        held = held.filter(pa.array([key not in done for key in keys]))
+        held = held.filter(pa.array([key not in done for key in _keys(held)], pa.bool_()))
     return held
 
 
-def without_released(layout: DataLayout, quarantine: pa.Table) -> pa.Table:
-    """The rows of `quarantine` (with `topic`, `partition`, `offset`) that no batch released."""
-    done = released_before(layout, 2**62)
-    if not done or not quarantine.num_rows:
-        return quarantine
-    keys = zip(*(quarantine.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True)
-    return quarantine.filter(pa.array([f"{t}/{p}/{o}" not in done for t, p, o in keys], pa.bool_()))
+def settled_keys(layout: DataLayout, replaying: int | None = None) -> set[str]:
+    """`topic/partition/offset` of every record a release settled, but for the stream's release of batch
+    `replaying`."""
+    table = released_table(layout)
+    if replaying is not None and table.num_rows:
+        own = pc.and_(
+            pc.equal(table.column("batch_id"), replaying),
+            pc.equal(pc.fill_null(table.column("released_by"), STREAM), STREAM),
+        )
+        table = table.filter(pc.invert(own))
+    return set(_keys(table))
 
 
-def released_before(layout: DataLayout, before_batch: int) -> set[str]:
-    """`topic/partition/offset` of every record a batch before `before_batch` released."""
-    if not layout.released.is_dir() or not any(layout.released.glob("batch_id=*/*.parquet")):
-        return set()
-    table = ds.dataset(layout.released, format="parquet", partitioning="hive").to_table(
-        columns=["topic", "partition", "offset"], filter=ds.field("batch_id") < before_batch
+def released_table(layout: DataLayout, where: pc.Expression | None = None) -> pa.Table:
+    """Every settled record (`RELEASED_SCHEMA`), read with that schema: a file of an older version lacks the newer
+    columns (a record it lists was archived by the stream)."""
+    folder = layout.released
+    if not folder.is_dir() or not any(folder.glob("batch_id=*/*.parquet")):
+        return RELEASED_SCHEMA.empty_table()
+    dataset = ds.dataset(folder, schema=RELEASED_SCHEMA, format="parquet", partitioning="hive")
+    table = dataset.to_table(filter=where)
+    return table.set_column(
+        table.schema.get_field_index("released_by"),
+        "released_by",
+        pc.fill_null(table.column("released_by"), STREAM),
     )
-    return {
-        f"{t}/{p}/{o}"
-        for t, p, o in zip(*(table.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True)
-    }
+
+
+def settled_quarantine(layout: DataLayout, quarantine: pa.Table, through_batch: int | None = None) -> pa.Table:
+    """The rows of `quarantine` (`reason`, `topic`, `partition`, `offset`, `ad_id`) as the stream's releases of
+    batches up to `through_batch` (all: None) left them: an archived record is no longer in quarantine, a record
+    quarantined again has its new reason and ad. Reconciliation's releases are left out: Redis counts them once per
+    record (`RedisTotals.apply_released`)."""
+    table = released_table(layout)
+    if table.num_rows:
+        mine = pc.equal(table.column("released_by"), STREAM)
+        if through_batch is not None:
+            mine = pc.and_(mine, pc.less_equal(table.column("batch_id"), through_batch))
+        table = table.filter(mine)
+    if not table.num_rows or not quarantine.num_rows:
+        return quarantine
+    fate = {key: (r["reason"], r["ad_id"]) for key, r in zip(_keys(table), table.to_pylist(), strict=True)}
+    rows = []
+    for key, row in zip(_keys(quarantine), quarantine.to_pylist(), strict=True):
+        if key not in fate:
+            rows.append(row)
+        elif fate[key][0] is not None:
+            rows.append({**row, "reason": fate[key][0], "ad_id": fate[key][1]})
+    return pa.Table.from_pylist(rows, schema=quarantine.schema)
+
+
+def copy_periods(layout: DataLayout, events: list[tuple[str, str, str | None]]) -> dict[tuple[str, str], set[str]]:
+    """(event type, event id) -> the periods of the archive holding a copy of it, for `events` (type, id, period)."""
+    wanted = {(t, i) for t, i, _ in events if i is not None}
+    archive = layout.archive
+    if not wanted or not archive.is_dir() or not any(archive.rglob("*.parquet")):
+        return {}
+    dataset = ds.dataset(archive, format="parquet", partitioning="hive")
+    found = dataset.to_table(
+        columns=["event_type", "event_id", "period"],
+        filter=ds.field("event_id").isin(sorted({i for _, i in wanted})),
+    )
+    out: dict[tuple[str, str], set[str]] = {}
+    for row in found.to_pylist():
+        key = (str(row["event_type"]), row["event_id"])
+        if key in wanted:
+            out.setdefault(key, set()).add(str(row["period"]))
+    return out
+
+
+def _keys(table: pa.Table) -> list[str]:
+    columns = (table.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+    return [f"{t}/{p}/{o}" for t, p, o in zip(*columns, strict=True)]
 
 
 class _Decoder:
-    """One event type's records: the writer schema by the frame's id, resolved against the shipped fields."""
+    """One event type's records: the writer schema by the frame's id, resolved against the shipped fields, with the
+    aliases that writer declares (`attribution.decode.reader_schema`)."""
 
     def __init__(self, event_type: str, writer_schemas: Mapping[int, str]) -> None:
         self.event_type = event_type
         self.fields = event_fields(event_type)
         self.required = required_fields(event_type)
-        reader = json.loads(reader_schema(event_type))
-        reader["fields"] = [f for f in reader["fields"] if f["name"] in self.fields]
-        self.reader = fastavro.parse_schema(reader)
-        self.writers = {
-            schema_id: fastavro.parse_schema(_without_logical_types(json.loads(text)))
-            for schema_id, text in writer_schemas.items()
-        }
+        self.texts = dict(writer_schemas)
+        self.parsed: dict[int, tuple[Any, Any] | None] = {}
 
-    def decode(self, value: bytes | None, received_ms: int) -> dict[str, Any] | None:
-        """The event's fields, or None when the record does not decode or fails a check of the intake."""
+    def schemas(self, schema_id: int) -> tuple[Any, Any] | None:
+        """(writer, reader) of a schema id, parsed once; None when fastavro cannot parse them."""
+        if schema_id not in self.parsed:
+            text = self.texts[schema_id]
+            try:
+                reader = json.loads(reader_schema(self.event_type, text))
+                reader["fields"] = [f for f in reader["fields"] if f["name"] in self.fields]
+                self.parsed[schema_id] = (
+                    fastavro.parse_schema(_without_logical_types(json.loads(text))),
+                    fastavro.parse_schema(reader),
+                )
+            except Exception:  # noqa: BLE001 - a schema fastavro cannot read leaves its records undecodable
+                self.parsed[schema_id] = None
+        return self.parsed[schema_id]
+
+    def decode(self, value: bytes | None, received_ms: int) -> tuple[str | None, dict[str, Any] | None] | None:
+        """(None, the event) when the record decodes and passes the intake's checks; (its quarantine reason, what
+        could be read of it) when it does not; None when its schema id is still unknown (or its bytes are gone)."""
         if value is None or len(value) < HEADER_SIZE or value[0] != 0:
             return None
-        writer = self.writers.get(int.from_bytes(value[1:HEADER_SIZE], "big"))
-        if writer is None:
+        schema_id = int.from_bytes(value[1:HEADER_SIZE], "big")
+        if schema_id not in self.texts:
             return None
+        schemas = self.schemas(schema_id)
+        if schemas is None:
+            return QuarantineReason.UNDECODABLE.value, None
         try:
-            record = fastavro.schemaless_reader(io.BytesIO(value[HEADER_SIZE:]), writer, self.reader)
-        except (EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError, KeyError):
-            return None
-        if not isinstance(record, dict) or any(record.get(name) is None for name in self.required):
-            return None
-        if not MIN_EVENT_TIME_MS <= record["event_time"] <= received_ms + MAX_FUTURE_MS:
-            return None
-        return record
+            record = fastavro.schemaless_reader(io.BytesIO(value[HEADER_SIZE:]), schemas[0], schemas[1])
+        except Exception:  # noqa: BLE001 - whatever fastavro raises, it is this record's fate, not the batch's
+            return QuarantineReason.UNDECODABLE.value, None
+        if not isinstance(record, dict):
+            return QuarantineReason.UNDECODABLE.value, None
+        if any(record.get(name) is None for name in self.required):
+            return QuarantineReason.MISSING_FIELD.value, record
+        event_time = record["event_time"]
+        if not isinstance(event_time, int) or not MIN_EVENT_TIME_MS <= event_time <= received_ms + MAX_FUTURE_MS:
+            return QuarantineReason.TIME_OUT_OF_RANGE.value, record
+        return None, record
 
 
 def _without_logical_types(node: Any) -> Any:
@@ -254,6 +447,13 @@ RELEASED_SCHEMA = pa.schema(
         ("event_id", pa.string()),
         ("period", pa.string()),
         ("quarantine_batch_id", pa.int64()),
+        ("reason", pa.string()),
+        ("ad_id", pa.string()),
+        ("copy_periods", pa.list_(pa.string())),
+        ("released_by", pa.string()),
         ("batch_id", pa.int64()),
     ]
 )
+"""One settled record: its coordinates, its id and period when archived (`reason` null) or the reason it stays in
+quarantine with, the periods holding another copy of its id, who settled it (`STREAM`, `RECONCILIATION`), and the
+batch it was settled into."""

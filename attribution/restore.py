@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
 from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
 from attribution.job_lock import FileLock, JobLockedError
-from attribution.release import without_released
+from attribution.release import RECONCILIATION, release_counts, released_table, settled_quarantine
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
@@ -112,12 +112,15 @@ def _restore(
     ledger = read_ledger(layout.ledger)
     ledger = ledger.filter(pc.less_equal(ledger["batch_id"], through)) if ledger.num_rows else ledger
     rows = [TotalsRow(**row) for row in ledger_totals(ledger)]  # type: ignore[arg-type]
-    late = _late_events(layout.archive, through)
+    # Records released from quarantine by reconciliation (`attribution.release`) are counted as it counts them, once
+    # per record (below); those the stream released, with the batch that released them.
+    by_reconciliation = released_table(layout, pc.field("released_by") == RECONCILIATION)
+    late = _late_events(layout.archive, through, _coordinates(by_reconciliation))
     ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms, through)
-    # A record released from quarantine (its schema id became known: `attribution.release`) is counted no more.
-    bad = without_released(
+    bad = settled_quarantine(
         layout,
         _table(layout.quarantine, ["reason", "topic", "partition", "offset", "ad_id"], pc.field("batch_id") <= through),
+        through,
     )
     unbilled = _unbilled_clicks(layout.unbilled, through)
     if last_batch is not None:
@@ -131,6 +134,10 @@ def _restore(
             unbilled=unbilled_counts(unbilled),
         )
 
+    totals.apply_released(
+        (key, *release_counts(by_reconciliation.slice(i, 1), advertiser_of, periods))
+        for i, key in enumerate(_coordinates(by_reconciliation))
+    )
     corrections = _corrections_in_written_order(layout.corrections)
     totals.apply_corrections(corrections, {c.booked_period: periods.parse_key(c.booked_period) for c in corrections})
     conflicts = _table(layout.conflicts, ["topic", "partition", "offset", "ad_id"])
@@ -158,7 +165,8 @@ def _restore(
         closed_periods=closed,
         late_events=late.num_rows,
         clock_ahead_events=ahead.num_rows,
-        quarantined=bad.num_rows + conflicts.num_rows,
+        # Records reconciliation released to the archive are counted as quarantined above, and taken off once.
+        quarantined=bad.num_rows + conflicts.num_rows - _archived(by_reconciliation),
     )
 
 
@@ -177,12 +185,29 @@ def _table(folder: Path, columns: list[str], where: pc.Expression | None = None)
     return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns, filter=where)
 
 
-def _late_events(archive: Path, through: int) -> pa.Table:
+def _archived(released: pa.Table) -> int:
+    return int(pc.sum(pc.is_null(released.column("reason"))).as_py() or 0)
+
+
+def _coordinates(table: pa.Table) -> list[str]:
+    columns = (table.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+    return [f"{t}/{p}/{o}" for t, p, o in zip(*columns, strict=True)]
+
+
+def _late_events(archive: Path, through: int, leave_out: list[str]) -> pa.Table:
+    """The late rows of the archive's batches up to `through`, but for the records at `leave_out`'s coordinates."""
     columns = ["event_type", "period", "period_start_ms", "ad_id"]
     if not archive.is_dir() or not any(archive.rglob("*.parquet")):
         return pa.table({"late": pa.array([], pa.bool_())})
     dataset = ds.dataset(archive, format="parquet", partitioning="hive")
-    table = dataset.to_table(columns=[*columns, "late"], filter=pc.field("late") & (pc.field("batch_id") <= through))
+    table = dataset.to_table(
+        columns=[*columns, "late", "topic", "partition", "offset"],
+        filter=pc.field("late") & (pc.field("batch_id") <= through),
+    )
+    if leave_out and table.num_rows:
+        gone = set(leave_out)
+        table = table.filter(pa.array([key not in gone for key in _coordinates(table)], pa.bool_()))
+    table = table.select([*columns, "late"])
     return table.cast(
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("late", pa.bool_())])

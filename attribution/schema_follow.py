@@ -92,11 +92,15 @@ class FollowingQuery:
     """The billing query across the restarts that new schema versions cause (module doc).
 
     `restart()` starts the query again (from its checkpoint, with the registry's versions) and returns the new run;
-    a thread waits on each run and calls it when a run stopped with `SchemaSwitch`."""
+    a thread waits on each run and calls it when a run stopped with `SchemaSwitch`; `finished()` is called once
+    the query stopped for good (stopped, failed, or its restart failed)."""
 
-    def __init__(self, first: _Generation, restart: Callable[[], _Generation]) -> None:
+    def __init__(
+        self, first: _Generation, restart: Callable[[], _Generation], finished: Callable[[], None] = lambda: None
+    ) -> None:
         self._current = first
         self._restart = restart
+        self._finished = finished
         self._stopped = False
         self._failure: BaseException | None = None
         self._done = threading.Event()
@@ -227,6 +231,9 @@ class FollowingQuery:
             log.exception("starting the billing query again failed")
             self._failure = exc
         finally:
-            with self._changed:
-                self._done.set()
-                self._changed.notify_all()
+            try:
+                self._finished()
+            finally:
+                with self._changed:
+                    self._done.set()
+                    self._changed.notify_all()

@@ -32,6 +32,9 @@ FORMAT = 3
 """The catalog file's format: 3 adds campaigns' daily budgets and the IP exclusion list to the price histories of 2;
 a file without `format` is a list of constant prices (1). Formats 1 to 3 are read."""
 
+END_OF_TIME = 2**63 - 1
+"""The end of a span of time that has none (`Catalog.repriced_since`), in epoch ms."""
+
 
 class Unbillable(StrEnum):
     """Why a click that the rule matched has no price at its time."""
@@ -284,6 +287,32 @@ class Catalog:
             if campaign in campaigns
         }
         return Catalog(ads, version, budgets, self.exclusions.as_of(version))
+
+    def repriced_since(self, version: int) -> list[tuple[int, int]]:
+        """The spans of time `[from, to)` (oldest first, merged; `to` is `END_OF_TIME` for "from then on") in which
+        the catalog now prices a click of some ad otherwise than it did at `version` (another price, paused,
+        unknown): what the changes made after `version` moved. Only a back-fill moves the past. A catalog older
+        than `version` was replaced rather than changed, and its history cannot tell what moved: every time."""
+        if version > self.version:
+            return [(0, END_OF_TIME)]
+        spans: list[tuple[int, int]] = []
+        for ad in self._ads.values() if version < self.version else ():
+            if all(p.version <= version for p in ad.prices):
+                continue
+            kept = tuple(p for p in ad.prices if p.version <= version)
+            then = replace(ad, prices=kept) if kept else None
+            starts = sorted({p.effective_from for p in ad.prices})  # every entry of `then` is one of `ad`'s
+            for i, start in enumerate(starts):
+                before = then.price_at(start) if then is not None else Unbillable.UNKNOWN_AD
+                if before != ad.price_at(start):
+                    spans.append((start, starts[i + 1] if i + 1 < len(starts) else END_OF_TIME))
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
 
     def with_change(self, change: AdChange, now_ms: int, backfill: bool = False) -> Catalog:
         """The catalog with `change` made at `now_ms` as version `version + 1`; CatalogError when it is refused:

@@ -6,7 +6,11 @@ A period is *due* for reconciliation when
   back-fill asks to close everything up to (`until`); the run reconciles it and closes it, but only once the
   streaming job has provably passed it (below); until then the period is *held*, with the reason;
 - it is closed and data for it arrived since it was last reconciled (its *version*, the largest micro-batch id
-  of the archive and ledger files that can change it, grew); the run books adjustments in the open period.
+  of the archive and ledger files that can change it, grew), or a change of the catalog's history since then
+  prices a click of its time otherwise (a back-fill: `Catalog.repriced_since` the catalog version it was last
+  reconciled with); the run books adjustments in the open period. Records released from quarantine into a batch
+  the period has already seen (by reconciliation, into the stream's last committed batch) lower its recorded version
+  first (`mark_changed`).
 
 Closing follows the stream. The first run that finds a period's horizon passed records the end offsets Kafka
 then held (the period's *target*: every record that can still belong to the period and was in Kafka when the
@@ -20,9 +24,11 @@ is `billing.store.period_states`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from billing.catalog import Catalog
 from billing.periods import Periods, format_elapsed
 
 Offsets = dict[str, dict[int, int]]
@@ -31,12 +37,14 @@ Offsets = dict[str, dict[int, int]]
 
 @dataclass(frozen=True)
 class PeriodState:
-    """What reconciliation last did for a period: the data version it saw, when it closed it (None: open), and
-    the Kafka end offsets recorded when its horizon was first found passed (None: not yet)."""
+    """What reconciliation last did for a period: the data version it saw, when it closed it (None: open), the
+    Kafka end offsets recorded when its horizon was first found passed (None: not yet), and the catalog version
+    its final bills were priced with (None: not recorded, a state from before it was kept)."""
 
     version: int
     closed_at_ms: int | None = None
     target_offsets: Offsets | None = None
+    catalog_version: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -77,12 +85,17 @@ class StreamPosition:
 @dataclass(frozen=True)
 class Plan:
     """What a run does: the periods to reconcile (oldest first), which of them it closes, the periods it holds
-    with the reason, and the targets it recorded for periods whose horizon it found passed."""
+    with the reason, the targets it recorded for periods whose horizon it found passed, the closed periods due
+    because the catalog re-priced them, and the closed periods the catalog's changes since their last
+    reconciliation left alone (recorded as priced with the run's catalog version: the next run compares from
+    there)."""
 
     due: list[str]
     closing: list[str]
     held: dict[str, str] = field(default_factory=dict)
     targets: dict[str, Offsets] = field(default_factory=dict)
+    repriced: list[str] = field(default_factory=list)
+    priced_alike: list[str] = field(default_factory=list)
 
 
 def plan_run(
@@ -94,17 +107,30 @@ def plan_run(
     position: StreamPosition,
     until_ms: int | None = None,
     force: bool = False,
+    catalog: Catalog | None = None,
 ) -> Plan:
-    """The periods to reconcile now, the ones to close and the ones held (see the module's docstring)."""
+    """The periods to reconcile now, the ones to close and the ones held (see the module's docstring). `catalog` is
+    the one the run prices with (None: the catalog's changes are not looked at)."""
     due: list[str] = []
     closing: list[str] = []
     held: dict[str, str] = {}
     targets: dict[str, Offsets] = {}
+    repriced: list[str] = []
+    priced_alike: list[str] = []
+    moved = _CatalogMoves(catalog)
     for period in sorted(versions, key=periods.parse_key):
         state = states.get(period)
         if state is not None and state.closed:
+            start = periods.parse_key(period)
             if versions[period] > state.version:
                 due.append(period)
+            elif catalog is None or state.catalog_version == catalog.version:
+                pass
+            elif moved.within(state.catalog_version, start, start + periods.length_ms):
+                due.append(period)
+                repriced.append(period)
+            else:
+                priced_alike.append(period)
             continue
         end = periods.parse_key(period) + periods.length_ms
         if not (end + horizon_ms <= now_ms or (until_ms is not None and end <= until_ms)):
@@ -123,7 +149,44 @@ def plan_run(
             closing.append(period)
         else:
             held[period] = reason
-    return Plan(due=due, closing=closing, held=held, targets=targets)
+    return Plan(due=due, closing=closing, held=held, targets=targets, repriced=repriced, priced_alike=priced_alike)
+
+
+class _CatalogMoves:
+    """Whether the catalog's changes since a version re-price a span of time (`Catalog.repriced_since`, worked out
+    once per version asked about)."""
+
+    def __init__(self, catalog: Catalog | None) -> None:
+        self.catalog = catalog
+        self._spans: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
+
+    def within(self, since_version: int | None, start_ms: int, end_ms: int) -> bool:
+        """Whether a change made after `since_version` (None: unknown, so any) prices some time of `[start, end)`
+        otherwise."""
+        if self.catalog is None:
+            return False
+        if since_version is None:
+            return True
+        if since_version not in self._spans:
+            spans = self.catalog.repriced_since(since_version)
+            self._spans[since_version] = ([s for s, _ in spans], spans)
+        starts, spans = self._spans[since_version]
+        # The spans are sorted and apart: the last one starting before `end` is the only one that can reach `start`.
+        index = bisect_left(starts, end_ms) - 1
+        return index >= 0 and spans[index][1] > start_ms
+
+
+def mark_changed(states: dict[str, PeriodState], periods: set[str] | frozenset[str], batch_id: int) -> bool:
+    """Mark each of `periods` as not having seen batch `batch_id` (its version at most `batch_id - 1`), so that a
+    data version of `batch_id` makes it due again: data of that batch reached it after it was reconciled (records
+    released from quarantine into a batch already committed). Whether a state changed."""
+    changed = False
+    for period in periods:
+        state = states.get(period)
+        if state is not None and state.version >= batch_id:
+            states[period] = PeriodState(batch_id - 1, state.closed_at_ms, state.target_offsets)
+            changed = True
+    return changed
 
 
 def hold_reason(position: StreamPosition, target: Offsets) -> str | None:

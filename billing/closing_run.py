@@ -4,8 +4,12 @@ Plain Python over its ports (`ClosingPorts`): the final bills (computed by Spark
 the corrections store, the id conflicts, the totals (Redis), the exports, the state, the data versions, the
 stream's position and a clock. The steps, in order (`close_periods`):
 
-1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position); a
-   back-fill (`until`) that would close periods ahead of the stream is refused (`HeldError`) unless forced;
+0. **release**: quarantined records whose schema id the registry now knows are released (the port; the
+   periods they can change are marked changed in the state first, `billing.closing.mark_changed`, so that a run
+   stopped right after still takes them up);
+1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position and the
+   catalog: a closed period whose prices a back-fill moved is due again); a back-fill (`until`) that would close
+   periods ahead of the stream is refused (`HeldError`) unless forced;
 2. **settle**: a closed period that Redis does not know as closed is closed there from its export
    (`settle_closed_in_redis`);
 3. **final bills**: the rule over every event received of the due periods (the port; id conflicts are kept
@@ -18,7 +22,8 @@ stream's position and a clock. The steps, in order (`close_periods`):
    - **book**: the new corrections written (one file per period and run), then applied to the totals once per
      correction id (earlier ones too: a run that stopped between the two is completed);
    - **export** and **close**, an open period only: its export written (`billing.export.build_export`, never
-     rewritten after), the period closed in the totals (its figures become the export's), then in the state.
+     rewritten after), the period closed in the totals (its figures become the export's), then in the state;
+   - the period's state records the data version and the catalog version it was reconciled with.
 
 A run killed at any point is completed by the next: an export closes its period whatever the state says
 (`closed_by_exports`), the totals are closed from the export when they do not know the period as closed, and
@@ -30,10 +35,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from billing.closing import PeriodState, StreamPosition, open_period, plan_run
+from billing.catalog import Catalog
+from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.corrections import ArrivalFacts, Correction, check_reconciled, reconcile_period
 from billing.export import build_export
 from billing.periods import Periods
@@ -81,6 +88,8 @@ class RunReport:
     sends them."""
     final_clicks: int = 0
     events: int = 0
+    released: int = 0
+    """Quarantined records this run released to the archive (their schema id is known now)."""
     held: dict[str, str] = field(default_factory=dict)
     """Periods past their horizon that the stream has not passed yet, with the reason."""
     finished_at_ms: int = 0
@@ -105,6 +114,7 @@ class RunReport:
             "conflicts_unsent": self.conflicts_unsent,
             "final_clicks": self.final_clicks,
             "events": self.events,
+            "released": self.released,
             "held": self.held,
         }
 
@@ -185,6 +195,25 @@ class Exports(Protocol):
     def write(self, period: str, export: Any, start_ms: int, end_ms: int, closed_at_ms: int) -> None: ...
 
 
+class PendingRelease(Protocol):
+    """Quarantined records a run is about to release (`attribution.release`), into a batch already committed."""
+
+    @property
+    def batch_id(self) -> int:
+        """The batch they are released into."""
+
+    @property
+    def periods(self) -> frozenset[str]:
+        """Every period whose bills they can change."""
+
+    @property
+    def count(self) -> int:
+        """Records that go to the archive (the others stay in quarantine with their reason)."""
+
+    def write(self) -> None:
+        """Write them, and apply their counts to the totals."""
+
+
 class StateStore(Protocol):
     def load(self) -> dict[str, PeriodState]: ...
 
@@ -198,6 +227,9 @@ class StateStore(Protocol):
 class ClosingPorts:
     """What a closing run reads and writes, and its clock."""
 
+    catalog: Catalog
+    """The catalog the run prices with (`final_bills` prices by it): its history tells which closed periods a
+    back-fill re-priced, and its version is recorded with each period the run reconciles."""
     final_bills: Callable[[list[str]], FinalBills]
     ledger: Callable[[], Ledger]
     corrections: CorrectionsStore
@@ -211,6 +243,11 @@ class ClosingPorts:
     position: Callable[[], StreamPosition]
     """Where the stream stands now."""
     clock: Callable[[], int]
+    release: Callable[[str, Callable[[str], None]], AbstractContextManager[PendingRelease | None]] = (
+        lambda run_id, progress: nullcontext(None)
+    )
+    """The records the run with this id releases (saying on `progress` why it does not), held from the other
+    releaser until the block ends; None: nothing to release."""
 
 
 def close_periods(
@@ -232,19 +269,25 @@ def close_periods(
         unasked = StreamPosition(committed=None, end=None, silent_for_ms=None, error="not asked: forced")
         position = unasked if force else ports.position()
     # After the position: the data the run reads (up to the stream's committed batch, read now) holds at least
-    # what the position says the stream has passed.
+    # what the position says the stream has passed. The release goes into that batch, before the versions.
+    _release(ports, states, report, progress)
     versions = ports.versions()
     every_correction = ports.corrections.read()
     for booked in {c.booked_period for c in every_correction}:
         versions.setdefault(booked, -1)
-    plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force)
+    catalog_version = ports.catalog.version
+    plan = plan_run(versions, states, periods, now_ms, horizon_ms, position, until_ms, force, ports.catalog)
     for period, target in plan.targets.items():
         states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
-    if plan.targets:
+    for period in plan.priced_alike:
+        states[period] = replace(states[period], catalog_version=catalog_version)
+    if plan.targets or plan.priced_alike:
         ports.states.save(states)
     report.held = plan.held
     for period, reason in plan.held.items():
         progress(f"period {period} {reason}")
+    for period in plan.repriced:
+        progress(f"period {period}: the catalog's history prices it otherwise now (version {catalog_version})")
     if until_ms is not None and plan.held and not force:
         raise HeldError(plan.held)
     totals = ports.totals()
@@ -321,7 +364,7 @@ def close_periods(
             state = replace(state, closed_at_ms=now_ms)
             closed.add(period)
             report.closed.append(period)
-        states[period] = replace(state, version=versions[period])
+        states[period] = replace(state, version=versions[period], catalog_version=catalog_version)
         ports.states.save(states)
     _finish(ports, totals, report)
     return report
@@ -342,6 +385,23 @@ def settle_closed_in_redis(exports: Exports, totals: Totals, closed: set[str], p
     between the export and Redis, or a Redis that lost its data)."""
     for period in sorted(closed - set(totals.closed_periods())):
         totals.close_period(period, periods.parse_key(period), exports.totals(period))
+
+
+def _release(
+    ports: ClosingPorts, states: dict[str, PeriodState], report: RunReport, progress: Callable[[str], None]
+) -> None:
+    """Release what the registry lets the run decode now; the periods it changes are marked changed first."""
+    with ports.release(report.run_id, progress) as pending:
+        if pending is None:
+            return
+        if mark_changed(states, pending.periods, pending.batch_id):
+            ports.states.save(states)
+        pending.write()
+        report.released = pending.count
+        progress(
+            f"released {pending.count} quarantined record(s) whose schema id the registry now knows, into batch "
+            f"{pending.batch_id}"
+        )
 
 
 def _send_conflicts(conflicts: ConflictsStore, report: RunReport, progress: Callable[[str], None]) -> None:

@@ -2,7 +2,9 @@
 
 `can_read(reader, writer)` answers the question the Avro specification's "Schema Resolution" section answers:
 can data written with `writer` be read with `reader`? Our topics evolve BACKWARD-transitively: a new schema
-must read the data of every earlier version, which `check_backward_transitive` enforces.
+must read the data of every earlier version, which `check_backward_transitive` enforces. The readers of the
+stream and the producers are older than the versions they read: `reader_for_writer` gives such a reader the names a
+newer writer renamed through aliases.
 
 Like the Confluent checker, record, enum and fixed names are compared unqualified (or through the reader's
 aliases), a reader union reads a writer branch when any of its branches can, and logical types are resolved by
@@ -19,6 +21,7 @@ Why not the Apache Avro project's checker (`avro.compatibility.ReaderWriterCompa
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -82,6 +85,34 @@ def check_backward_transitive(
     ]
     if problems:
         raise IncompatibleSchemaError(problems)
+
+
+def reader_for_writer(reader: dict[str, Any], writer: dict[str, Any]) -> dict[str, Any]:
+    """`reader` (a record schema, as JSON) with the aliases under which `writer` carries its record and fields.
+
+    Schema resolution follows the reader's aliases only. A version that renamed the record or a field and kept the
+    old name as its alias (`"name": "Tap", "aliases": ["Click"]`; `visitor_id` aliased `user_id`) reads the older
+    data through that alias, so it is BACKWARD compatible; but a reader of the older name does not know the new
+    one, and its records would not decode (a record of another name) or would lack the field. The writer's alias
+    says the two names are one: the reader returned here knows the writer's name as its alias. A reader field that
+    the writer has under its own name, or that more than one writer field claims, is left as it is; a `writer`
+    that is not a record changes nothing."""
+    out = copy.deepcopy(reader)
+    if not isinstance(writer, dict) or writer.get("type") != "record" or not isinstance(writer.get("name"), str):
+        return out
+    writer_full = _full(writer["name"], writer.get("namespace", "") or "")
+    writer_aliases = {_short(str(alias)) for alias in writer.get("aliases", []) if isinstance(alias, str)}
+    if _short(writer_full) != _short(out["name"]) and _short(out["name"]) in writer_aliases:
+        out["aliases"] = [*out.get("aliases", []), writer_full]
+    writer_fields = [f for f in writer.get("fields", []) if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    writer_names = {f["name"] for f in writer_fields}
+    for reader_field in out.get("fields", []):
+        if reader_field["name"] in writer_names:
+            continue
+        claims = [f["name"] for f in writer_fields if reader_field["name"] in f.get("aliases", [])]
+        if len(claims) == 1:
+            reader_field["aliases"] = [*reader_field.get("aliases", []), claims[0]]
+    return out
 
 
 def parse_schema(schema: Schema) -> tuple[Any, dict[str, dict[str, Any]]]:

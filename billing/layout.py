@@ -8,13 +8,14 @@ ROOT/
   ledger/period=P/batch_id=N/             the stream's provisional bills (Parquet)
   archive/event_type=T/period=P/batch_id=N/   every valid event received, with its `late` flag
   quarantine/batch_id=N/                  bad input
-  released/batch_id=N/                    quarantined records of a schema id learnt later, archived by batch N
+  released/batch_id=N/                    quarantined records of a schema id learnt later, settled into batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
   checkpoints/decisions/N.parquet         what the stream decided for each bill of batch N (charged, or why not)
   checkpoints/QUERY.lock                  held by the streaming job while it runs
+  checkpoints/release.lock                held by whoever releases quarantined records (the job, reconciliation)
   uncommitted/...                         files of batches no checkpoint committed, set aside by a new epoch
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
@@ -60,7 +61,8 @@ class DataLayout:
 
     @property
     def released(self) -> Path:
-        """Which quarantined records each batch released to the archive (`attribution.release`)."""
+        """Which quarantined records each release settled, by the batch it settled them into
+        (`attribution.release`)."""
         return self.root / "released"
 
     @property
@@ -98,6 +100,11 @@ class DataLayout:
     def job_lock(self, query: str) -> Path:
         """Locked by the streaming job while it runs (`attribution.job`); `adbill restore-redis` checks it."""
         return self.checkpoints / f"{query}.lock"
+
+    @property
+    def release_lock(self) -> Path:
+        """Held while quarantined records are released, by the job or reconciliation (`attribution.release`)."""
+        return self.checkpoints / "release.lock"
 
     @property
     def uncommitted(self) -> Path:

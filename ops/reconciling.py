@@ -48,6 +48,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         redis_timeout_ms=settings.redis_timeout_ms,
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,
+        registry_location=settings.registry_location,
     )
 
 
@@ -233,15 +234,20 @@ def audit_table(audits: list[PeriodAudit]) -> str:
 
 def describe_run(report: RunReport) -> str:
     held = "".join(f"\nreconcile: period {period} {reason}" for period, reason in report.held.items())
+    released = f"; {report.released} record(s) released from quarantine" if report.released else ""
     if not report.periods:
         if held:
-            return f"reconcile: nothing closed; {len(report.held)} period(s) held{held}"
-        return "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data)"
+            return f"reconcile: nothing closed{released}; {len(report.held)} period(s) held{held}"
+        return (
+            "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data or "
+            f"new prices){released}"
+        )
     return (
         f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
         f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
         f"{report.retractions} retraction(s), net {report.net_micros:+,} micros; "
         f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
+        f"{released}"
         f"{f'; {len(report.held)} period(s) held' if held else ''}{held}"
     )
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import fastavro
+from fastavro.read import SchemaResolutionError
 
+from billing.compatibility import reader_for_writer
 from billing.events import Click, Event, EventType, Impression, event_from_record
 from billing.schemas import schema_text, subject_of
 from billing.store.schema_registry import SchemaRegistry
@@ -144,15 +146,17 @@ class EventDeserializer:
     """Decodes framed Avro back to events; each writer schema is fetched and parsed once per schema id.
 
     Values are read with the writer schema resolved against the shipped (reader) schema of the expected type,
-    so events written with an older compatible schema decode too. `timestamp-millis` stays an int of epoch ms.
+    so events written with an older compatible schema decode too, and those of a version that renamed the record
+    or a field keeping the old name as its alias (`billing.compatibility.reader_for_writer`). `timestamp-millis`
+    stays an int of epoch ms.
     """
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self._registry = registry
         self._writers: dict[int, dict[str, Any]] = {}
-        self._readers: dict[EventType, dict[str, Any]] = {
-            event_type: parse_avro_schema(_without_logical_types(schema_text(event_type)))
-            for event_type in _EVENT_TYPES
+        self._readers: dict[tuple[EventType, int], dict[str, Any]] = {}
+        self._shipped: dict[EventType, dict[str, Any]] = {
+            event_type: json.loads(_without_logical_types(schema_text(event_type))) for event_type in _EVENT_TYPES
         }
 
     def deserialize(self, event_type: EventType, data: bytes) -> Event:
@@ -165,21 +169,33 @@ class EventDeserializer:
         writer = self._writers.get(schema_id)
         if writer is None:
             writer = self._writers[schema_id] = self._writer_schema(schema_id)
-        reader = self._readers[event_type]
+        reader = self._readers.get((event_type, schema_id))
+        if reader is None:
+            aliased = reader_for_writer(self._shipped[event_type], json.loads(_without_logical_types(writer["text"])))
+            reader = self._readers[event_type, schema_id] = parse_avro_schema(json.dumps(aliased))
         try:
-            record = fastavro.schemaless_reader(io.BytesIO(body), writer, reader)
-        except (EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError, KeyError) as exc:
+            record = fastavro.schemaless_reader(io.BytesIO(body), writer["parsed"], reader)
+        except (
+            EOFError,
+            ValueError,
+            TypeError,
+            IndexError,
+            UnicodeDecodeError,
+            KeyError,
+            SchemaResolutionError,
+        ) as exc:
             raise WireFormatError(f"the Avro body under schema id {schema_id} does not decode: {exc!r}") from exc
         if not isinstance(record, dict):
             raise WireFormatError(f"schema id {schema_id} does not describe a record")
         return event_from_record(event_type, record)
 
     def _writer_schema(self, schema_id: int) -> dict[str, Any]:
+        """{"text": the schema's text, "parsed": it parsed for fastavro}."""
         try:
             text = self._registry.schema_by_id(schema_id)
         except _RegistryUnknownSchema as exc:
             raise UnknownSchemaError(f"schema id {schema_id} is not in the registry") from exc
-        return parse_avro_schema(_without_logical_types(text))
+        return {"text": text, "parsed": parse_avro_schema(_without_logical_types(text))}
 
 
 def _without_logical_types(text: str) -> str:

@@ -34,6 +34,7 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:reconcile:last` | hash | the last reconciliation run: `run_id`, times, periods, counts |
 | `PREFIX:audit:last` | hash | the last `adbill audit`: when, periods, the periods that differ |
 | `PREFIX:conflicts:applied` | set | quarantined id conflicts counted, as `topic/partition/offset` |
+| `PREFIX:released:applied` | set | records reconciliation released from quarantine, as `topic/partition/offset` |
 | `PREFIX:counters` | hash | the stream's counts: `billed_clicks`, `late_impressions`, `late_clicks`, `unbilled_*` |
 | `PREFIX:health:query:NAME`, `...:history:NAME` | hash, list | a query's last progress record; its recent ones |
 | `PREFIX:health:heartbeat:NAME` | string | when the query last reported (epoch ms) |
@@ -47,9 +48,10 @@ charged clicks of open periods plus every correction of the day's periods, by th
 
 Who writes what: the stream (`apply_batch`) the totals, the period sets, `applied`, `counters`, `late*`,
 `clock-ahead*`, `unbilled*`, `not-charged*`, `budget-day*`, `quarantine*`; reconciliation the `corrections*` keys,
-`correction-list`, `conflicts:applied` and `reconcile:last`, and on closing a period `periods:closed` and the
-period's totals; `adbill audit` `audit:last`; the job's listeners `health:*`; the web UI `web:*`.
-`adbill restore-redis` rewrites the billing figures from the data folder (`billing_patterns`).
+`correction-list`, `conflicts:applied`, `released:applied` (with the late and quarantine counts of what it
+releases) and `reconcile:last`, and on closing a period `periods:closed` and the period's totals; `adbill audit`
+`audit:last`; the job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites the billing
+figures from the data folder (`billing_patterns`).
 
 The one exception: the Lua script that closes a period (`billing.store.redis_totals`) walks the period's sets and
 builds `totals`, `corrections` and `period` keys inside Redis, from the same prefix and the same names as above.
@@ -162,6 +164,10 @@ class RedisKeys:
     def conflicts_applied(self) -> str:
         return self._key("conflicts", "applied")
 
+    def released_applied(self) -> str:
+        """The records reconciliation released from quarantine whose counts were applied (each once)."""
+        return self._key("released", "applied")
+
     def last_reconciliation(self) -> str:
         return self._key("reconcile", "last")
 
@@ -193,6 +199,7 @@ class RedisKeys:
             self.quarantine("*"),
             self._key("quarantined", "*"),
             self.conflicts_applied(),
+            self.released_applied(),
             self.last_reconciliation(),
             self.last_audit(),
         ]

@@ -5,7 +5,8 @@ The keys are named by `billing.store.redis_keys.RedisKeys` (their layout is in i
 A batch is applied by one Lua script: if its id is not above the last applied one it changes nothing, so a batch
 replayed after a crash (between the ledger write and this one, or after it) is never counted twice.
 Reconciliation applies each correction once (a Lua script adds it only if its id is new to
-`corrections:applied`), so a run repeated or resumed after a crash changes nothing twice.
+`corrections:applied`), and so the counts of each record it releases from quarantine (`released:applied`), so a run
+repeated or resumed after a crash changes nothing twice.
 
 Every call has a deadline (`connect`): a Redis that does not answer within `timeout_s` raises a timeout, the call is
 tried again `REDIS_RETRIES` times with a growing pause, and then the error reaches the caller (the streaming job's
@@ -299,15 +300,7 @@ class RedisTotals:
                 ["sadd", k.period_campaigns(row.period, row.advertiser_id), row.campaign_id],
                 ["sadd", k.period_ads(row.period, row.advertiser_id), row.ad_id],
             ]
-        for count in late:
-            field = f"{count.event_type}s"
-            ops += [
-                ["hincrby", counters, f"late_{field}", str(count.events)],
-                ["hincrby", k.late(count.period, "ad", count.ad_id), field, str(count.events)],
-                ["zadd", k.late_periods(), str(count.period_start_ms), count.period],
-            ]
-            if count.advertiser_id:  # empty for an ad the catalog does not know
-                ops.append(["hincrby", k.late(count.period, "adv", count.advertiser_id), field, str(count.events)])
+        ops += self._late_ops(late)
         for ahead in clock_ahead:
             field = f"{ahead.event_type}s"
             ops += [
@@ -329,10 +322,7 @@ class RedisTotals:
                 ops.append(
                     ["hincrby", k.unbilled(held.period, "adv", held.advertiser_id), held.reason, str(held.clicks)]
                 )
-        for q in quarantined:
-            ops.append(["hincrby", k.quarantine(q.reason), q.topic, str(q.records)])
-            if q.advertiser_id is not None:
-                ops.append(["hincrby", k.quarantined(q.advertiser_id), q.reason, str(q.records)])
+        ops += self._quarantine_ops(quarantined)
         for n in not_charged:
             ops += not_charged_ops(k, n, open_only=True)
             ops.append(["hincrby", counters, f"not_charged_{n.reason}", str(n.clicks)])
@@ -381,6 +371,34 @@ class RedisTotals:
                 ops.append(["hincrby", self.keys.quarantined(advertiser), "id_conflict", "1"])
             items.append([coordinates, ops])
         return self._apply_items(self.keys.conflicts_applied(), items)
+
+    def apply_released(self, records: Iterable[tuple[str, Iterable[LateCount], Iterable[QuarantineCount]]]) -> int:
+        """Apply the late and quarantine counts of records released from quarantine by reconciliation
+        (`attribution.release`), each record (`topic/partition/offset`, its counts) once; returns how many were
+        new."""
+        items = [[key, self._late_ops(late) + self._quarantine_ops(quarantined)] for key, late, quarantined in records]
+        return self._apply_items(self.keys.released_applied(), items)
+
+    def _late_ops(self, late: Iterable[LateCount]) -> list[list[Any]]:
+        k, ops = self.keys, []
+        for count in late:
+            field = f"{count.event_type}s"
+            ops += [
+                ["hincrby", k.counters(), f"late_{field}", str(count.events)],
+                ["hincrby", k.late(count.period, "ad", count.ad_id), field, str(count.events)],
+                ["zadd", k.late_periods(), str(count.period_start_ms), count.period],
+            ]
+            if count.advertiser_id:  # empty for an ad the catalog does not know
+                ops.append(["hincrby", k.late(count.period, "adv", count.advertiser_id), field, str(count.events)])
+        return ops
+
+    def _quarantine_ops(self, quarantined: Iterable[QuarantineCount]) -> list[list[Any]]:
+        k, ops = self.keys, []
+        for q in quarantined:
+            ops.append(["hincrby", k.quarantine(q.reason), q.topic, str(q.records)])
+            if q.advertiser_id is not None:
+                ops.append(["hincrby", k.quarantined(q.advertiser_id), q.reason, str(q.records)])
+        return ops
 
     def _apply_items(self, seen_key: str, items: list[list[Any]]) -> int:
         applied = 0

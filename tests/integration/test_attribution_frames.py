@@ -58,6 +58,9 @@ CLICK_NULLABLE_USER_SCHEMA_ID = 12  # an evolved click writer whose user_id may 
 IMPRESSION_ADDED_FIELD_SCHEMA_ID = 13  # a newer impression writer with an optional field the job does not read
 CLICK_ADDED_FIELD_SCHEMA_ID = 14  # the same for clicks (as a producer deploys it, `test_schema_evolution.py`)
 CLICK_WITHOUT_USER_SCHEMA_ID = 15  # a click writer that lacks user_id altogether
+CLICK_RENAMED_RECORD_SCHEMA_ID = 16  # a click writer whose record is `Tap`, aliased `Click`
+CLICK_RENAMED_FIELD_SCHEMA_ID = 17  # a click writer whose `user_id` is `visitor_id`, aliased `user_id`
+IMPRESSION_RENAMED_SCHEMA_ID = 18  # an impression writer with both: `View` aliased `Impression`, and `visitor_id`
 UNKNOWN_SCHEMA_ID = 99
 ADDED_FIELD = "placement"
 
@@ -102,6 +105,24 @@ def _click_schema_without(field_name: str) -> str:
     return json.dumps(schema)
 
 
+def _renamed_schema(event_type: str, record: str | None = None, user_field: str | None = None) -> str:
+    """The shipped schema with its record and/or `user_id` renamed, each keeping the old name as its alias: BACKWARD
+    compatible (the new version reads the old data through the aliases), as `check_backward_transitive` says."""
+    schema = json.loads(schema_text(event_type))
+    if record is not None:
+        schema["aliases"] = [schema["name"]]
+        schema["name"] = record
+    if user_field is not None:
+        for f in schema["fields"]:
+            if f["name"] == "user_id":
+                f["name"], f["aliases"] = user_field, ["user_id"]
+    return json.dumps(schema)
+
+
+RENAMED_FIELDS = {CLICK_RENAMED_FIELD_SCHEMA_ID: "visitor_id", IMPRESSION_RENAMED_SCHEMA_ID: "visitor_id"}
+"""The name a writer schema gives `user_id`, where it renamed it."""
+
+
 # Every shape of writer schema the job decodes: the shipped `billing/schemas` of each event type, and the evolved
 # ones (a field added, a field made nullable, a field missing), all through spark-avro's `from_avro`.
 WRITER_SCHEMAS: dict[str, dict[int, str]] = {
@@ -114,8 +135,13 @@ WRITER_SCHEMAS: dict[str, dict[int, str]] = {
         CLICK_NULLABLE_USER_SCHEMA_ID: _nullable_user_click_schema(),
         CLICK_ADDED_FIELD_SCHEMA_ID: _added_field_schema("click"),
         CLICK_WITHOUT_USER_SCHEMA_ID: _click_schema_without("user_id"),
+        CLICK_RENAMED_RECORD_SCHEMA_ID: _renamed_schema("click", record="Tap"),
+        CLICK_RENAMED_FIELD_SCHEMA_ID: _renamed_schema("click", user_field="visitor_id"),
     },
 }
+WRITER_SCHEMAS["impression"][IMPRESSION_RENAMED_SCHEMA_ID] = _renamed_schema(
+    "impression", record="View", user_field="visitor_id"
+)
 _PARSED = {
     schema_id: fastavro.parse_schema(json.loads(text)) for w in WRITER_SCHEMAS.values() for schema_id, text in w.items()
 }
@@ -123,6 +149,8 @@ _PARSED = {
 
 def encode(schema_id: int, record: dict[str, Any], frame_id: int | None = None, magic: int = 0) -> bytes:
     """A Confluent frame (magic, big-endian schema id, Avro body) of `record` written with `schema_id`."""
+    if schema_id in RENAMED_FIELDS and "user_id" in record:
+        record = {RENAMED_FIELDS[schema_id] if k == "user_id" else k: v for k, v in record.items()}
     body = io.BytesIO()
     fastavro.schemaless_writer(body, _PARSED[schema_id], record)
     header = bytes([magic]) + (schema_id if frame_id is None else frame_id).to_bytes(4, "big")
@@ -279,6 +307,18 @@ CASES = [
             click("c1", T0 + S, schema_id=CLICK_ADDED_FIELD_SCHEMA_ID, extra=((ADDED_FIELD, "feed"),)),
             imp("i2", T0, ad="ad-2", schema_id=IMPRESSION_ADDED_FIELD_SCHEMA_ID),
             click("c2", T0 + S, ad="ad-2", schema_id=CLICK_ADDED_FIELD_SCHEMA_ID),
+        ],
+        {"c1": "i1", "c2": "i2"},
+    ),
+    # Versions that renamed the record or `user_id` and kept the old name as its alias (BACKWARD compatible, as the
+    # registry checks): their records decode through the aliases and bill like any other.
+    Case(
+        "renamed-with-aliases",
+        [
+            imp("i1", T0, schema_id=IMPRESSION_RENAMED_SCHEMA_ID),
+            click("c1", T0 + S, schema_id=CLICK_RENAMED_RECORD_SCHEMA_ID),
+            imp("i2", T0, ad="ad-2"),
+            click("c2", T0 + S, ad="ad-2", schema_id=CLICK_RENAMED_FIELD_SCHEMA_ID),
         ],
         {"c1": "i1", "c2": "i2"},
     ),

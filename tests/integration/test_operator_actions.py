@@ -4,22 +4,31 @@ at once, a lost Redis. Each must neither lose nor double a bill."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
 
 from attribution.epoch import EPOCH_FILE, CheckpointRefusedError, newest_batch_id
 from attribution.job import start
+from billing.events import Click
+from billing.schemas import schema_text, subject_of
 from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
+from billing.store.schema_registry import open_registry
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
+from producers.publisher import EventPublisher
 from producers.simulator import SimulationConfig
+from producers.wire import EventSerializer, encode_body, frame, parse_avro_schema
 from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_closing_follows_stream import T0, H, pairs, publish
@@ -281,10 +290,13 @@ def _expected_per_ad(settings: Settings, catalog, delivered: int, raw: int = 0) 
     return out
 
 
-def _a_batch_stopped_after_its_files(spark: SparkSession, settings: Settings, catalog, events: list) -> int:  # type: ignore[no-untyped-def]
+def _a_batch_stopped_after_its_files(  # type: ignore[no-untyped-def]
+    spark: SparkSession, settings: Settings, catalog, events: list, before_crash: Callable[[], object] = lambda: None
+) -> int:
     """Run the job over `events` and a bad record, so that it stops in the middle of the batch that reads them:
     its files written, Redis not told, the checkpoint not committed (Redis refuses the batch: the record of the
-    batches applied is gone for that moment). Returns the batch's id; Redis is as before the batch."""
+    batches applied is gone for that moment). `before_crash` runs just before `events` are sent. Returns the
+    batch's id; Redis is as before the batch."""
     import time
 
     from billing.store.redis_keys import RedisKeys
@@ -299,6 +311,7 @@ def _a_batch_stopped_after_its_files(spark: SparkSession, settings: Settings, ca
         marker = RedisKeys(settings.redis_prefix).applied("billing")
         applied = client.get(marker)
         client.delete(marker)
+        before_crash()
         publish(settings, events)
         publisher = EventPublisher(
             settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
@@ -356,7 +369,30 @@ def test_a_new_checkpoint_after_a_crash_in_the_middle_of_a_batch_bills_and_count
     ensure_schemas(settings)
     first, second = pairs("n0", T0 + 30 * 60_000, 20, catalog), pairs("n1", T0 + 40 * 60_000, 20, catalog)
     publish(settings, first)
-    crashed = _a_batch_stopped_after_its_files(spark, settings, catalog, second)
+    # A click of a version the registry does not know yet: held in quarantine. The version is registered just
+    # before `second` is sent, so the batch that stops in the middle is the first of the query started again for
+    # it: that batch releases the click (no impression qualifies it: archived, not billed).
+    registry = open_registry(settings.registry_location)
+    version_2 = json.loads(schema_text("click"))
+    version_2["fields"].append({"name": "placement", "type": ["null", "string"], "default": None})
+    next_id = 1 + max(registry.ids(subject_of("impression")) + registry.ids(subject_of("click")))
+    held = Click("n-held", next(iter(catalog)).ad_id, "n-held-user", T0 + 35 * 60_000)
+    value = frame(
+        next_id, encode_body(parse_avro_schema(json.dumps(version_2)), {**held.to_record(), "placement": None})
+    )
+    publisher = EventPublisher(
+        settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
+    )
+    publisher.publish_raw(settings.topic_clicks, held.ad_id.encode(), value)
+    assert publisher.flush(30) == 0
+    crashed = _a_batch_stopped_after_its_files(
+        spark,
+        settings,
+        catalog,
+        second,
+        before_crash=lambda: registry.register(subject_of("click"), json.dumps(version_2)),
+    )
+    assert (settings.root / "released" / f"batch_id={crashed}").is_dir(), "the batch that stopped released the click"
     # The operator gives up the checkpoint and starts a new one.
     shutil.rmtree(settings.root / "checkpoints" / "billing")
     queries = start(spark, stream_config(settings), new_checkpoint=True)
@@ -367,8 +403,11 @@ def test_a_new_checkpoint_after_a_crash_in_the_middle_of_a_batch_bills_and_count
     ledger = read_ledger(settings.root / "ledger").to_pylist()
     assert max(Counter(r["click_id"] for r in ledger).values()) == 1, "one bill per click"
     assert crashed not in {r["batch_id"] for r in ledger}, "the uncommitted batch's files are set aside"
-    expected = _expected_per_ad(settings, catalog, len(first) + len(second) + 1, raw=1)
+    expected = _expected_per_ad(settings, catalog, len(first) + len(second) + 2, raw=1)
     assert _billed_per_ad(settings) == expected
+    # The click the set-aside batch released is released again, by the new epoch: archived once, for reconciliation.
+    archived = ds.dataset(settings.root / "archive", format="parquet", partitioning="hive").to_table()
+    assert archived.filter(pc.equal(archived["event_id"], "n-held"))["batch_id"].to_pylist() == [crashed + 1]
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     assert sum(n for topics in totals.quarantined().values() for n in topics.values()) == 1, totals.quarantined()
 

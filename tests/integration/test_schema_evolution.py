@@ -35,8 +35,9 @@ from ops.reconciling import reconcile_config
 from ops.settings import Settings
 from producers.publisher import EventPublisher
 from producers.wire import EventSerializer, encode_body, frame, parse_avro_schema
+from tests import oracle
 from tests.conftest import child_env
-from tests.integration.test_reconcile import corrections
+from tests.integration.test_reconcile import corrections, read_back
 from tests.integration.test_stream_job import (
     CATALOG,
     job,  # noqa: F401 - the fixture
@@ -52,7 +53,8 @@ from tests.redis_figures import RedisFigures
 pytestmark = pytest.mark.integration
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
-P0 = "20260101T0000Z"
+H = 3_600_000
+P0, P1 = "20260101T0000Z", "20260101T0100Z"
 ADS = [ad.ad_id for ad in CATALOG]
 PRICE = {ad.ad_id: ad.cpc_micros for ad in CATALOG}
 ADDED_FIELD = "placement"
@@ -105,12 +107,43 @@ def quarantine_reasons(settings: Settings) -> Counter:
     return Counter(ds.dataset(folder, format="parquet", partitioning="hive").to_table().column("reason").to_pylist())
 
 
+class LockProbe:
+    """Tries the job's lock as another process (`adbill restore-redis`) would, every 20 ms while the job runs, and
+    keeps the moments it could have taken it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.free_at: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, name="job-lock-probe", daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        import fcntl
+
+        while not self._stop.wait(0.02):
+            with self.path.open("a+") as handle:  # another open file: flock treats it as another process's
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                self.free_at.append(time.monotonic())
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return self.free_at
+
+
 def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_first_record(
     settings: Settings,
     job,  # noqa: F811
 ) -> None:
     save_catalog(CATALOG, settings.catalog_file)
     queries = job()
+    # The job holds its lock all along, across its switch to the new versions: a restore of Redis is refused.
+    probe = LockProbe(settings.layout.job_lock("billing"))
     old, new = Producer(settings), Producer(settings)
     clicks: list[Click] = []
     stop = threading.Event()
@@ -155,7 +188,17 @@ def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_f
     finally:
         stop.set()
         traffic.join()
+    switched_ms = int(time.time() * 1000)
     process(queries)
+    free_at = probe.stop()
+    assert free_at == [], f"the job's lock was free {len(free_at)} time(s) while the job ran"
+    # The heartbeat follows the run that started after the switch: it beats on.
+    heartbeat = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    wait_for(
+        lambda: int(heartbeat.client.get(heartbeat.keys.heartbeat("billing")) or 0) >= switched_ms,
+        "the heartbeat of the run after the switch",
+        60,
+    )
 
     rows = ledger_rows(settings)
     billed = Counter(r["click_id"] for r in rows)
@@ -164,6 +207,26 @@ def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_f
     assert quarantine_reasons(settings) == Counter(), "nothing quarantined"
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
     assert getattr(queries[0], "switches", 0) >= 1, "the query was started again for the new versions"
+
+
+def renamed_version(event_type: str, extra_field: str | None = None) -> str:
+    """Version 2 with the record renamed (`Tap`) and `user_id` renamed (`visitor_id`), each keeping the old name as
+    its alias: BACKWARD compatible, as the registry checks; `extra_field` adds another optional field."""
+    schema = json.loads(version_2(event_type))
+    schema["name"], schema["aliases"] = "Tap", [schema["name"]]
+    for f in schema["fields"]:
+        if f["name"] == "user_id":
+            f["name"], f["aliases"] = "visitor_id", ["user_id"]
+    if extra_field is not None:
+        schema["fields"].append({"name": extra_field, "type": ["null", "string"], "default": None})
+    return json.dumps(schema)
+
+
+def as_renamed(click: Click) -> dict:
+    """The record of `click` as a producer on `renamed_version` writes it."""
+    record = {**click.to_record(), ADDED_FIELD: "search"}
+    record["visitor_id"] = record.pop("user_id")
+    return record
 
 
 def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
@@ -175,67 +238,115 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     queries = job()
     producer = Producer(settings)
     registry = producer.registry
-    # A producer writes clicks with an id its registry has not given out yet (version 2 of clicks is registered
-    # after they arrive), and a few with an id no registry ever holds.
+    # A producer writes clicks with a version its registry has not given an id yet: the record and `user_id`
+    # renamed through aliases (registered after the clicks arrive); and a few with an id no registry ever holds.
     next_id = 1 + max(registry.ids(subject_of("impression")) + registry.ids(subject_of("click")))
     never_id = 4_242
-    body_v2 = parse_avro_schema(version_2("click"))
+    body_renamed = parse_avro_schema(renamed_version("click"))
     body_v1 = parse_avro_schema(schema_text("click"))
     early, never = [pair(n, "early") for n in range(20)], [pair(n, "never") for n in range(20, 25)]
     for impression, click in early:
         producer.send(impression)
-        record = {**click.to_record(), ADDED_FIELD: "search"}
-        producer.out.publish_raw(
-            settings.topic_clicks, click.ad_id.encode(), frame(next_id, encode_body(body_v2, record))
-        )
+        value = frame(next_id, encode_body(body_renamed, as_renamed(click)))
+        producer.out.publish_raw(settings.topic_clicks, click.ad_id.encode(), value)
     for impression, click in never:
         producer.send(impression)
         value = frame(never_id, encode_body(body_v1, click.to_record()))
         producer.out.publish_raw(settings.topic_clicks, click.ad_id.encode(), value)
+    # One click id sent twice (DOMAIN.md, "The attribution rule"): copy R at the end of P0, written with a third
+    # version the registry does not know yet (id next_id + 1), and copy B at the start of P1, re-sent with the
+    # shipped version, both within 10 s of an impression. R arrives first: it stands, B is a conflict.
+    both = Impression("i-both", ADS[0], "u-both", T0 + H - 5_000)
+    copy_r, copy_b = Click("c-both", ADS[0], "u-both", T0 + H - 100), Click("c-both", ADS[0], "u-both", T0 + H + 100)
+    third = parse_avro_schema(renamed_version("click", extra_field="campaign_hint"))
+    producer.send(both)
+    producer.out.publish_raw(
+        settings.topic_clicks, copy_r.ad_id.encode(), frame(next_id + 1, encode_body(third, as_renamed(copy_r)))
+    )
+    producer.flush()
+    producer.send(copy_b)  # received after R
     producer.flush()
     process(queries)
-    assert quarantine_reasons(settings) == Counter({"unknown_schema": 25})
-    assert ledger_rows(settings) == []
+    assert quarantine_reasons(settings) == Counter({"unknown_schema": 26})
+    assert [(r["click_id"], r["period"]) for r in ledger_rows(settings)] == [("c-both", P1)], "the stream bills B"
 
-    assert registry.register(subject_of("click"), version_2("click")) == next_id
-    later = [pair(n, "later") for n in range(25, 35)]  # ordinary traffic: the next batch notices the new id
+    assert registry.register(subject_of("click"), renamed_version("click")) == next_id
+    # Ordinary traffic, some of it written with the renamed version: the next batch notices the new id, the query
+    # starts again and its first batch releases the early clicks; the new version's records are billed as any.
+    later = [pair(n, "later", T0 + H + 10_000 + n * 50) for n in range(25, 35)]
+    renamed = [pair(n, "renamed", T0 + H + 10_000 + n * 50) for n in range(35, 45)]
     producer.send(*[e for p in later for e in p])
+    new = Producer(settings)
+    assert new.serializer.use_version(registry, "click", renamed_version("click")) == next_id
+    for impression, click in renamed:
+        new.send(impression)
+        new.send(click, extra={"visitor_id": click.user_id, ADDED_FIELD: "feed"})
     producer.flush()
+    new.flush()
     process(queries)
     released = ds.dataset(settings.root / "released", format="parquet", partitioning="hive").to_table()
     assert sorted(released.column("event_id").to_pylist()) == sorted(c.click_id for _, c in early)
+    billed = Counter(r["click_id"] for r in ledger_rows(settings))
+    assert billed == Counter(c.click_id for _, c in later + renamed) + Counter(["c-both"]), "one bill each"
     figures = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
-    assert figures.quarantined() == {"unknown_schema": {settings.topic_clicks: 5}}, "the never-known ones stay"
+    assert figures.quarantined() == {"unknown_schema": {settings.topic_clicks: 6}}, "the never-known ones and R stay"
 
-    # Started again, the job releases nothing twice.
+    # P0 and P1 close while R is held; B is in P1's export.
     for query in queries:
         query.stop()
+    until = T0 + 2 * H
+    report = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    assert report.closed == [P0, P1] and report.released == 0
+    assert Counter(c.click_id for c in corrections(settings)) == Counter(c.click_id for _, c in early)
+
+    # R's version is registered while the job is down: reconciliation releases R, and takes up again P0 (R's
+    # period) and P1 (B's): R is billed in P0 and B retracted in P1, both adjustments of closed periods.
+    assert registry.register(subject_of("click"), renamed_version("click", extra_field="campaign_hint")) == next_id + 1
+    report = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    assert (report.released, report.periods, report.additions, report.retractions) == (1, [P0, P1], 1, 1)
+    adjustments = [(c.click_id, c.corrects_period, c.amount_micros, c.reason) for c in corrections(settings)]
+    assert sorted(a for a in adjustments if a[0] == "c-both") == [
+        ("c-both", P0, PRICE[ADS[0]], "late_click"),
+        ("c-both", P1, -PRICE[ADS[0]], "id_conflict"),
+    ]
+    again = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    assert (again.released, again.additions, again.retractions) == (0, 0, 0)
+    # Per period, ledger + corrections = the DuckDB oracle over every record Kafka holds, to the click and micro.
+    final: Counter[tuple[str, str]] = Counter()
+    for row in ledger_rows(settings):
+        final[row["period"], row["click_id"]] += row["amount_micros"]
+    for c in corrections(settings):
+        final[c.corrects_period, c.click_id] += c.amount_micros
+    received = read_back(settings, 2 * 20 + 2 * 5 + 3 + 2 * 20, undecodable=5)
+    expected = {
+        (Periods().key_of(r["click_time"]), r["click_id"]): r["amount_micros"]
+        for r in oracle.billable(received, _catalog(settings))
+    }
+    assert {key: micros for key, micros in final.items() if micros} == expected
+    assert expected[P0, "c-both"] == PRICE[ADS[0]] and (P1, "c-both") not in expected
+    # R left quarantine, once; B is an id conflict now.
+    held = {"unknown_schema": {settings.topic_clicks: 5}, "id_conflict": {settings.topic_clicks: 1}}
+    assert figures.quarantined() == held
+
+    # Started again, the job releases nothing twice.
     queries = job()[-1:]
-    producer.send(*pair(35, "again"))
+    producer.send(*pair(45, "again", T0 + 2 * H + 10_000))
     producer.flush()
     process(queries)
     released = ds.dataset(settings.root / "released", format="parquet", partitioning="hive").to_table()
-    assert released.num_rows == 20
-
-    # Reconciliation bills the released clicks, once: ledger + corrections = the rule over what was decodable.
-    until = T0 + 3_600_000
-    report = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
-    assert report.closed == [P0]
-    booked = corrections(settings)
-    assert Counter(c.click_id for c in booked) == Counter(c.click_id for _, c in early)
-    final = {r["click_id"]: r["amount_micros"] for r in ledger_rows(settings)}
-    final.update({c.click_id: c.amount_micros for c in booked})
-    assert final == expected_bills([c for _, c in early + later] + [pair(35, "again")[1]])
-    again = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
-    assert (again.additions, again.retractions) == (0, 0)
-    assert quarantine_reasons(settings) == Counter({"unknown_schema": 25}), "the table keeps what arrived"
+    assert released.num_rows == 21
+    assert quarantine_reasons(settings) == Counter({"unknown_schema": 26}), "the table keeps what arrived"
 
     # Redis restored from the data folder counts the same: the released records are quarantined no more.
     for query in queries:
         query.stop()
+    late_before = figures.late(P0, "ad", ADS[0])
     figures.wipe_billing()
     restore_redis(settings.root, figures, _catalog(settings), Periods(), "billing")
-    assert figures.quarantined() == {"unknown_schema": {settings.topic_clicks: 5}}
+    assert figures.quarantined() == held
+    assert figures.late(P0, "ad", ADS[0]) == late_before
+    assert run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True).released == 0
+    assert figures.quarantined() == held, "counted once after a restore"
 
 
 def _catalog(settings: Settings):  # noqa: ANN202 - billing.catalog.Catalog

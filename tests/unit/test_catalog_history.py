@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange, Unbillable
+from billing.catalog import END_OF_TIME, Ad, AdChange, Catalog, CatalogError, PriceChange, Unbillable
 from billing.catalog_changes import ad_line_change, catalog_change, parse_price
 from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 
@@ -115,6 +115,35 @@ def test_the_catalog_as_of_a_version_is_what_it_was_then() -> None:
     assert v2.as_of(0).to_json() == Catalog(BASE, 0).to_json() == BASE.to_json()
     assert "ad-9" not in v2.as_of(1)
     assert v2.as_of(5) is v2
+
+
+def test_what_the_changes_since_a_version_reprice_is_exactly_the_time_they_move_a_price() -> None:
+    def backfill(catalog: Catalog, ad_id: str, at_ms: int, cpc_micros: int | None, **owners: str) -> Catalog:
+        return catalog.with_change(AdChange(ad_id, at_ms, cpc_micros, **owners), NOW, backfill=True)
+
+    assert BASE.repriced_since(0) == []
+    # A price back-filled from T0 until the next entry of the history (there is none: for ever).
+    v1 = backfill(BASE, "ad-1", T0, 400_000)
+    assert v1.repriced_since(0) == [(T0, END_OF_TIME)]
+    assert v1.repriced_since(1) == []
+    # A price set at a later time moves the time from it on; the earlier span ends where it begins.
+    v2 = backfill(v1, "ad-1", T0 + 5 * M, 100_000)
+    assert v2.repriced_since(1) == [(T0 + 5 * M, END_OF_TIME)]
+    # A pause between two entries moves its own span only; the same price set again moves nothing.
+    v3 = backfill(v2, "ad-2", T0 + M, None)
+    v4 = backfill(v3, "ad-2", T0 + 2 * M, 1_000_000)
+    assert v4.repriced_since(2) == [(T0 + M, T0 + 2 * M)]
+    v5 = backfill(v4, "ad-1", T0 + 5 * M, 100_000)
+    assert v5.repriced_since(4) == []
+    # A back-fill undone by the next: nothing moved since before either.
+    v6 = backfill(backfill(v5, "ad-1", T0 + 7 * M, 1), "ad-1", T0 + 7 * M, 100_000)
+    assert v6.repriced_since(5) == []
+    # A new ad back-filled from its creation; spans of several ads merge where they meet or overlap.
+    v7 = backfill(v6, "ad-9", T0 + 3 * M, 7, campaign_id="cmp-1", advertiser_id="adv-1", currency="EUR")
+    assert v7.repriced_since(6) == [(T0 + 3 * M, END_OF_TIME)]
+    assert v7.repriced_since(2) == [(T0 + M, T0 + 2 * M), (T0 + 3 * M, END_OF_TIME)]
+    # A catalog older than the version asked about was replaced, not changed: every time may have moved.
+    assert BASE.repriced_since(3) == [(0, END_OF_TIME)]
 
 
 def test_the_file_round_trips_and_an_older_file_becomes_a_history_from_the_beginning(tmp_path: Path) -> None:

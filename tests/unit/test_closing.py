@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from billing.closing import PeriodState, StreamPosition, open_period, plan_run
+from attribution.batch_output import write_batch_files
+from attribution.closing import data_versions
+from attribution.release import ARCHIVE_SCHEMA, release_quarantined
+from billing.catalog import Ad, AdChange, Catalog
+from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
+from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.schemas import schema_text
 from ops.reconciling import export_periods, parse_time
 from ops.settings import Settings
 
@@ -118,6 +129,45 @@ def test_force_closes_ahead_of_the_stream_and_closed_periods_never_wait_for_it()
     assert (later.due, later.closing, later.held) == ([P0], [], {})
 
 
+CATALOG = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
+
+
+def backfilled(catalog: Catalog, at_ms: int, cpc_micros: int) -> Catalog:
+    return catalog.with_change(AdChange("ad-1", at_ms, cpc_micros), T0 + 5 * H, backfill=True)
+
+
+@pytest.mark.parametrize(
+    ("catalog", "recorded", "due", "alike"),
+    [
+        # Reconciled with the catalog as it stands: nothing to do.
+        (CATALOG, 0, [], []),
+        # A back-fill from inside P0 re-prices P0 and every later hour; P0's clicks before it are not re-priced,
+        # but which of its clicks fall after is for the final bills to say.
+        (backfilled(CATALOG, T0 + 30 * 60_000, 400_000), 0, [P0, P1], []),
+        # From P1's first millisecond on: P0 is priced as before (its recorded version moves on), P1 is due.
+        (backfilled(CATALOG, T0 + H, 400_000), 0, [P1], [P0]),
+        # From P0's last millisecond: P0 is due.
+        (backfilled(CATALOG, T0 + H - 1, 400_000), 0, [P0, P1], []),
+        # The same price again, back-filled: nothing moves.
+        (backfilled(CATALOG, T0, 250_000), 0, [], [P0, P1]),
+        # Reconciled with the back-fill already (version 1): not again.
+        (backfilled(CATALOG, T0, 400_000), 1, [], []),
+        # A state from before the catalog version was kept: reconciled once more, with the run's catalog.
+        (CATALOG, None, [P0, P1], []),
+        # A catalog older than the version recorded was replaced, not changed: every closed period again.
+        (CATALOG, 4, [P0, P1], []),
+    ],
+)
+def test_a_closed_period_is_due_again_when_a_catalog_change_since_its_reconciliation_reprices_it(
+    catalog: Catalog, recorded: int | None, due: list[str], alike: list[str]
+) -> None:
+    states = {p: PeriodState(3, T0 + 2 * H, catalog_version=recorded) for p in (P0, P1)}
+    plan = plan_run({P0: 3, P1: 3}, states, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP, catalog=catalog)
+    assert (plan.due, plan.repriced, plan.closing, plan.priced_alike) == (due, due, [], alike)
+    # Without the catalog (as before it was looked at), only new data makes a closed period due.
+    assert plan_run({P0: 3, P1: 3}, states, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == []
+
+
 def test_unknown_end_offsets_hold_every_period_that_would_close() -> None:
     unknown = StreamPosition(committed={"clicks": {0: 1}}, end=None, silent_for_ms=0, error="broker down")
     plan = plan_run({P0: 3}, {}, Periods(), T0 + 5 * H, HORIZON, unknown)
@@ -149,3 +199,76 @@ def test_export_refuses_a_period_that_is_not_closed(tmp_path: Path, capsys: pyte
     assert "not closed yet (no export): 20260101T0000Z, 20260101T0100Z" in capsys.readouterr().err
     assert export_periods(settings, P1, P0, tmp_path / "out") == 2
     assert export_periods(settings, "last week", None, tmp_path / "out") == 2
+
+
+def archived(layout: DataLayout, batch_id: int, rows: list[tuple[str, str, int, int]]) -> None:
+    """Archive rows (event type, id, event time, received ms) of ad-1 and user u1, written as batch `batch_id`."""
+    table = pa.Table.from_pylist(
+        [
+            {
+                "event_type": event_type,
+                "event_id": event_id,
+                "ad_id": "ad-1",
+                "user_id": "u1",
+                "event_time": at,
+                "received_ms": received,
+                "topic": f"{event_type}s",
+                "partition": 0,
+                "offset": n,
+                "value": b"",
+                "late": False,
+                "period_start_ms": Periods().start_of(at),
+                "period": Periods().key_of(at),
+                "batch_id": batch_id,
+            }
+            for n, (event_type, event_id, at, received) in enumerate(rows)
+        ],
+        schema=ARCHIVE_SCHEMA,
+    )
+    write_batch_files(table, layout.archive, ("event_type", "period", "batch_id"))
+
+
+def test_a_released_copy_takes_up_again_every_period_holding_another_copy_of_its_id(tmp_path: Path) -> None:
+    """Copy R of click c (an unknown schema id, quarantined, received at 00:59:59.900) and copy B (received at
+    01:00:00.100), both 5 s or less after impression i: the stream bills B in P1, and P0 and P1 close. Once the
+    id is known, R is released into P0; it arrived first, so it stands and B is a conflict: P1, which holds B,
+    must be reconciled again with P0 (an adjustment retracts B there)."""
+    layout = DataLayout(tmp_path)
+    impression_at, r_at, b_at = T0 + H - 5_000, T0 + H - 100, T0 + H + 100
+    archived(layout, 4, [("impression", "i", impression_at, impression_at), ("click", "c", b_at, b_at)])
+    body = io.BytesIO()
+    record = {"click_id": "c", "ad_id": "ad-1", "user_id": "u1", "event_time": r_at}
+    fastavro.schemaless_writer(body, fastavro.parse_schema(json.loads(schema_text("click"))), record)
+    pq.write_table(
+        pa.table(
+            {
+                "reason": ["unknown_schema"],
+                "topic": ["clicks"],
+                "partition": pa.array([0], pa.int32()),
+                "offset": pa.array([7], pa.int64()),
+                "received_ms": pa.array([r_at], pa.int64()),
+                "value": [b"\x00" + (9).to_bytes(4, "big") + body.getvalue()],
+            }
+        ),
+        make_dirs(layout.quarantine / "batch_id=3") / "part-00000.parquet",
+    )
+    closed = {P0: PeriodState(4, T0 + 2 * H), P1: PeriodState(4, T0 + 2 * H)}
+    assert plan_run(data_versions(layout, Periods()), closed, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == []
+
+    released = release_quarantined(
+        layout, 6, {"click": {9: schema_text("click")}}, {"clicks": "click"}, Periods(), {"ad-1": "adv-1"}
+    )
+    assert released.events.column("event_id").to_pylist() == ["c"]
+    assert released.settled.column("copy_periods").to_pylist() == [[P1]]
+    assert released.periods == {P0, P1}
+    versions = data_versions(layout, Periods())
+    assert versions == {P0: 6, P1: 6}
+    assert plan_run(versions, closed, Periods(), T0 + 5 * H, HORIZON, CAUGHT_UP).due == [P0, P1]
+    # Released by reconciliation into a batch both periods had already seen: their states are marked changed.
+    assert mark_changed(closed, released.periods, 4)
+    assert closed == {P0: PeriodState(3, T0 + 2 * H), P1: PeriodState(3, T0 + 2 * H)}
+
+
+def make_dirs(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    return folder

@@ -3,7 +3,9 @@ corrections booked once, exports written once, and a run stopped after its expor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -12,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from billing.catalog import Ad, Catalog
+from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
@@ -77,6 +79,8 @@ class Memory:
     applied: set[str] = field(default_factory=set)
     totals_made: int = 0
     records: list[dict[str, object]] = field(default_factory=list)
+    catalog: Catalog = CATALOG
+    release: Released | None = None
 
     # CorrectionsStore
     def read(self) -> list[Correction]:
@@ -152,6 +156,7 @@ class Memory:
         )
         states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
         return ClosingPorts(
+            catalog=self.catalog,
             final_bills=lambda due: Final(self.final),
             ledger=lambda: Ledger(self.ledger),
             corrections=self,
@@ -164,7 +169,30 @@ class Memory:
                 committed=self.committed, end=OFFSETS, silent_for_ms=1_000 if self.committed else None
             ),
             clock=lambda: now_ms,
+            release=lambda run_id, progress: nullcontext(
+                self.release if self.release is not None and not self.release.written else None
+            ),
         )
+
+
+@dataclass
+class Released:
+    """Records a run is about to release into batch `batch_id` (a batch the period has seen), with their click."""
+
+    memory: Memory
+    batch_id: int
+    periods: frozenset[str]
+    click: BillableClick
+    written: bool = False
+
+    @property
+    def count(self) -> int:
+        return 1
+
+    def write(self) -> None:
+        assert self.memory.states[PERIOD].version < self.batch_id, "the period is marked changed before the write"
+        self.memory.final.append(self.click)
+        self.written = True
 
 
 def run(memory: Memory, now_ms: int = PAST_HORIZON, **kwargs: Any) -> Any:
@@ -209,3 +237,50 @@ def test_a_run_stopped_after_its_export_is_completed_by_the_next_with_nothing_tw
     assert report.closed == [] and (report.additions, report.retractions) == (0, 0)
     assert memory.states[PERIOD].closed and PERIOD in memory.closed_in_totals
     assert memory.files == 1 and len(memory.applied) == 1
+
+
+def test_a_backfill_that_reprices_a_closed_period_is_booked_as_adjustments_in_the_open_period() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    assert run(memory).closed == [PERIOD]
+    assert memory.states[PERIOD].catalog_version == CATALOG.version
+    # A back-fill re-prices the closed hour (no event for it comes after): the final bill is priced by the history.
+    memory.catalog = CATALOG.with_change(AdChange(AD.ad_id, START, 400_000), PAST_HORIZON, backfill=True)
+    memory.final = [dataclasses.replace(bill("c1"), amount_micros=400_000)]
+    later = PAST_HORIZON + 3 * H
+    report = run(memory, now_ms=later)
+    assert report.periods == [PERIOD] and report.closed == []
+    booked = Periods(H).key_of(later)
+    assert [(c.kind, c.reason, c.amount_micros, c.corrects_period, c.booked_period) for c in memory.corrections] == [
+        ("retraction", "catalog_change", -250_000, PERIOD, booked),
+        ("addition", "catalog_change", 400_000, PERIOD, booked),
+    ]
+    assert memory.states[PERIOD].catalog_version == memory.catalog.version
+    # Reconciled with that version, the period is not due again; a change that leaves its hour alone moves its
+    # recorded version on, without a reconciliation.
+    assert run(memory, now_ms=later).periods == []
+    memory.catalog = memory.catalog.with_change(AdChange(AD.ad_id, later, 500_000), later)
+    assert run(memory, now_ms=later).periods == []
+    assert memory.states[PERIOD].catalog_version == memory.catalog.version
+
+
+def test_a_release_into_a_batch_a_closed_period_has_seen_takes_it_up_again_even_after_a_stop() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    assert run(memory).closed == [PERIOD] and memory.states[PERIOD].version == 1
+    memory.release = Released(memory, 1, frozenset({PERIOD}), bill("c-released"))
+
+    def stop(message: str) -> None:
+        if message.startswith("released 1 quarantined record(s)"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # stopped right after the release was written
+        run(memory, progress=stop)
+    assert memory.release.written and memory.states[PERIOD].version == 0
+    report = run(memory)
+    assert report.periods == [PERIOD] and report.additions == 1
+    (adjustment,) = memory.corrections
+    assert (adjustment.click_id, adjustment.corrects_period, adjustment.booked_period) == (
+        "c-released",
+        PERIOD,
+        "20260101T0200Z",
+    )
+    assert run(memory).periods == [], "taken up once"

@@ -13,6 +13,7 @@ from billing.compatibility import (
     InvalidSchemaError,
     can_read,
     check_backward_transitive,
+    reader_for_writer,
 )
 from billing.schemas import schema_text
 
@@ -92,6 +93,24 @@ def test_record_names_must_match_unless_aliased() -> None:
     assert any("does not match" in p for p in can_read(renamed, V1))
     aliased = record(*V1["fields"], name="Tap", aliases=["Click"])
     assert can_read(aliased, V1) == []
+
+
+def test_an_older_reader_reads_a_renamed_writer_through_the_writers_aliases() -> None:
+    """The inverse of the two cases around: data written with the renamed version, read by the older reader."""
+    renamed = record(field("id", "string", aliases=["click_id"]), V1["fields"][1], name="Tap", aliases=["Click"])
+    assert can_read(renamed, V1) == [], "BACKWARD compatible"
+    assert can_read(V1, renamed) != [], "an older reader alone does not read it"
+    reader = reader_for_writer(V1, renamed)
+    assert can_read(reader, renamed) == []
+    assert reader["aliases"] == ["adbill.events.Tap"] and reader["fields"][0]["aliases"] == ["id"]
+    assert V1.get("aliases") is None, "the reader given is left as it was"
+    # A field the writer has under its own name, or that two writer fields claim, keeps no alias.
+    both = record(field("click_id", "string"), field("id", "string", aliases=["click_id"]), V1["fields"][1])
+    assert "aliases" not in reader_for_writer(V1, both)["fields"][0]
+    two = record(field("a", "string", aliases=["click_id"]), field("b", "string", aliases=["click_id"]))
+    assert "aliases" not in reader_for_writer(V1, two)["fields"][0]
+    # A writer that renamed its record without keeping the old name is not taken for it.
+    assert "aliases" not in reader_for_writer(V1, record(*V1["fields"], name="Other"))
 
 
 def test_renamed_field_is_found_through_its_alias() -> None:

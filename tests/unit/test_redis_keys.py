@@ -31,6 +31,7 @@ def test_every_key_family_keeps_its_name() -> None:
     assert k.quarantine("undecodable") == "adbill:quarantine:undecodable"
     assert k.quarantined("adv-1") == "adbill:quarantined:adv:adv-1"
     assert k.conflicts_applied() == "adbill:conflicts:applied"
+    assert k.released_applied() == "adbill:released:applied"
     assert k.last_reconciliation() == "adbill:reconcile:last"
     assert k.last_audit() == "adbill:audit:last"
     assert k.health_query("billing") == "adbill:health:query:billing"
@@ -66,6 +67,7 @@ def test_the_billing_figures_are_every_key_but_health_and_sessions() -> None:
             "quarantine:*",
             "quarantined:*",
             "conflicts:applied",
+            "released:applied",
             "reconcile:last",
             "audit:last",
         )
