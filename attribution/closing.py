@@ -64,7 +64,7 @@ from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
 from billing.layout import EPOCH_FILE, DataLayout
-from billing.periods import Periods
+from billing.periods import DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.durable import make_folder, replace_files, staged
@@ -130,10 +130,14 @@ class ReconcileConfig:
         )
 
 
-def data_versions(layout: DataLayout, periods: Periods, through_batch: int | None = None) -> dict[str, int]:
+def data_versions(
+    layout: DataLayout, periods: Periods, through_batch: int | None = None, whole_days: bool = False
+) -> dict[str, int]:
     """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
-    impressions, the impressions of the period before it, and its ledger; batches after `through_batch` (not
-    committed yet) left out, so that a period is reconciled again once they are.
+    impressions, the impressions of the period before it, the clicks of the periods beside it (the invalid traffic
+    rules look a minute around a click), and its ledger; with `whole_days` (budgets: a click's charge depends on the
+    day's clicks before it), the files of the earlier periods of its UTC day too. Batches after `through_batch` (not
+    committed yet) are left out, so that a period is reconciled again once they are.
 
     A record released from quarantine (`attribution.release`) keeps the time Kafka received it, so it may be the
     first copy of its id to arrive, and change the bills of every period holding another copy: its batch counts
@@ -161,12 +165,21 @@ def data_versions(layout: DataLayout, periods: Periods, through_batch: int | Non
     versions: dict[str, int] = {}
     for (kind, period), batch in newest.items():
         touched = [period]
-        if kind == "impression":
-            touched.append(periods.key(periods.parse_key(period) + periods.length_ms))
+        start = periods.parse_key(period)
+        if kind in ("impression", "click"):
+            touched.append(periods.key(start + periods.length_ms))
+        if kind == "click":
+            touched.append(periods.key(start - periods.length_ms))
         for p in touched:
-            if kind == "impression" and p != period and (("click", p) not in newest and ("ledger", p) not in newest):
-                continue  # impressions alone do not make the next period exist
+            if p != period and (("click", p) not in newest and ("ledger", p) not in newest):
+                continue  # the events of one period alone do not make another exist
             versions[p] = max(versions.get(p, -1), batch)
+    if whole_days:
+        newest_of_day: dict[int, int] = {}
+        for period in sorted(versions, key=periods.parse_key):
+            day = periods.parse_key(period) // DAY_MS
+            newest_of_day[day] = max(newest_of_day.get(day, -1), versions[period])
+            versions[period] = newest_of_day[day]
     return versions
 
 
@@ -240,7 +253,7 @@ def closing_ports(
         ),
         exports=ExportFolders(layout),
         states=StateFile(layout),
-        versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch()),
+        versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch(), catalog.has_budgets),
         position=config.position,
         clock=clock,
         release=ReconciliationRelease(config, catalog, through),

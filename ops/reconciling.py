@@ -49,6 +49,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,
         registry_location=settings.registry_location,
+        ivt_rules=settings.ivt_rules,
     )
 
 

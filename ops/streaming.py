@@ -48,6 +48,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
+        ivt_rules=settings.ivt_rules,
     )
 
 
