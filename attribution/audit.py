@@ -4,7 +4,7 @@ For a closed period that is its export's bills plus the adjustments booked for i
 closed periods' exports carry them (what finance was given; an adjustment booked in a period still open, from its
 correction file); for an open one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at
 any time"). Compared click by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and
-micros summed beside.
+micros summed beside, the micros per currency (no figure adds two).
 
 A Spark batch job over the same archive as reconciliation (`attribution.final_bills`); it writes nothing but its
 record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and beside the reconciliation state.
@@ -13,6 +13,7 @@ record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -43,19 +44,27 @@ from billing.store.redis_totals import RedisTotals
 
 @dataclass(frozen=True)
 class PeriodAudit:
-    """One period's books against the rule."""
+    """One period's books against the rule; micros per currency."""
 
     period: str
     closed: bool
     rule_clicks: int
-    rule_micros: int
+    rule_micros: dict[str, int]
     books_clicks: int
-    books_micros: int
+    books_micros: dict[str, int]
     problems: list[str] = field(default_factory=list)
 
     @property
     def balanced(self) -> bool:
-        return not self.problems and (self.rule_clicks, self.rule_micros) == (self.books_clicks, self.books_micros)
+        return not self.problems and (self.rule_clicks, _nonzero(self.rule_micros)) == (
+            self.books_clicks,
+            _nonzero(self.books_micros),
+        )
+
+    @property
+    def currencies(self) -> list[str]:
+        """Every currency either side names, sorted."""
+        return sorted(self.rule_micros.keys() | self.books_micros.keys())
 
 
 def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> list[PeriodAudit]:
@@ -97,7 +106,10 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 rule_clicks=final.num_rows,
                 rule_micros=_micros(final),
                 books_clicks=len(books) + sum(c.clicks for c in entries),
-                books_micros=sum(r["amount_micros"] for r in books) + sum(c.amount_micros for c in entries),
+                books_micros=by_currency(
+                    [(r["currency"], r["amount_micros"]) for r in books]
+                    + [(c.currency, c.amount_micros) for c in entries]
+                ),
                 problems=check_reconciled(final.to_pylist(), books, entries),
             )
         )
@@ -139,12 +151,26 @@ def record(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | 
         "ran_at_ms": ran_at_ms if ran_at_ms is not None else int(time.time() * 1000),
         "periods": len(audits),
         "differences": [a.period for a in audits if not a.balanced],
-        "rule_micros": sum(a.rule_micros for a in audits),
-        "books_micros": sum(a.books_micros for a in audits),
+        "rule_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.rule_micros.items()]),
+        "books_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.books_micros.items()]),
     }
     save_record(config.layout.last_audit_file, outcome)
     RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(outcome)
 
 
-def _micros(table: pa.Table) -> int:
-    return int(pc.sum(table["amount_micros"]).as_py() or 0) if table.num_rows else 0
+def by_currency(amounts: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Micros added up per currency, never across two."""
+    out: dict[str, int] = {}
+    for currency, micros in amounts:
+        out[currency] = out.get(currency, 0) + micros
+    return dict(sorted(out.items()))
+
+
+def _nonzero(micros: dict[str, int]) -> dict[str, int]:
+    return {c: m for c, m in micros.items() if m}
+
+
+def _micros(table: pa.Table) -> dict[str, int]:
+    if not table.num_rows:
+        return {}
+    return by_currency(zip(table["currency"].to_pylist(), table["amount_micros"].to_pylist(), strict=True))

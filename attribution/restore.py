@@ -54,7 +54,7 @@ class Restored:
 
     last_batch: int
     billed_clicks: int
-    billed_micros: int
+    billed_micros_by_currency: dict[str, int]
     corrections: int
     closed_periods: int
     late_events: int
@@ -160,7 +160,7 @@ def _restore(
     return Restored(
         last_batch=through,
         billed_clicks=sum(r.clicks for r in rows),
-        billed_micros=sum(r.micros for r in rows),
+        billed_micros_by_currency=_micros_by_currency(ledger),
         corrections=len(corrections),
         closed_periods=closed,
         late_events=late.num_rows,
@@ -168,6 +168,14 @@ def _restore(
         # Records reconciliation released to the archive are counted as quarantined above, and taken off once.
         quarantined=bad.num_rows + conflicts.num_rows - _archived(by_reconciliation),
     )
+
+
+def _micros_by_currency(ledger: pa.Table) -> dict[str, int]:
+    """The ledger's micros added up per currency, never across two."""
+    if not ledger.num_rows:
+        return {}
+    grouped = ledger.group_by("currency").aggregate([("amount_micros", "sum")]).to_pylist()
+    return {row["currency"]: int(row["amount_micros_sum"]) for row in sorted(grouped, key=lambda r: r["currency"])}
 
 
 def save_record(path: Path, record: dict[str, object]) -> None:

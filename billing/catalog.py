@@ -11,6 +11,10 @@ A change (`AdChange`) creates an ad or sets, pauses or resumes its price from an
 past (`Catalog.with_change`); an ad's advertiser, campaign and currency never change. Only a back-fill of recorded
 history (`backfill=True`, which the operator asks for) may take effect in the past.
 
+An advertiser bills in one currency (DOMAIN.md, Events): every ad of an advertiser carries that currency, so each
+advertiser's and campaign's figures are in one currency. A catalog that breaks it is refused when it is built or
+read, naming the advertisers, and an ad in another currency than its advertiser's other ads is refused as a change.
+
 The file, shared by the job, reconciliation and the web UI, is `billing.store.catalog_file`.
 """
 
@@ -170,6 +174,7 @@ class Catalog:
     ) -> None:
         self._ads: dict[str, Ad] = {}
         owners: dict[str, str] = {}
+        currencies: dict[str, dict[str, list[str]]] = {}
         for ad in ads:
             if ad.ad_id in self._ads:
                 raise CatalogError(f"ad {ad.ad_id} appears twice in the catalog")
@@ -179,8 +184,20 @@ class Catalog:
                     f"campaign {ad.campaign_id} belongs to advertiser {owner} and to {ad.advertiser_id} (ad "
                     f"{ad.ad_id}); a campaign id must name one advertiser's campaign, so rename one of them"
                 )
+            currencies.setdefault(ad.advertiser_id, {}).setdefault(ad.currency, []).append(ad.ad_id)
             self._ads[ad.ad_id] = ad
+        mixed = {advertiser: ads for advertiser, ads in sorted(currencies.items()) if len(ads) > 1}
+        if mixed:
+            raise CatalogError(
+                "an advertiser bills in one currency, but "
+                + ", ".join(
+                    f"{advertiser} ({'; '.join(f'{c}: {_listed(ids)}' for c, ids in sorted(ads.items()))})"
+                    for advertiser, ads in mixed.items()
+                )
+                + ": give the ads of each other currency an advertiser and a campaign of their own"
+            )
         self._owners = owners
+        self._currencies = {advertiser: next(iter(ads)) for advertiser, ads in currencies.items()}
         self.budgets: dict[str, tuple[BudgetChange, ...]] = {}
         for campaign_id, entries in (budgets or {}).items():
             if campaign_id not in owners:
@@ -261,6 +278,10 @@ class Catalog:
         ad = self._ads.get(ad_id)
         return ad.advertiser_id if ad is not None else None
 
+    def currency_of(self, advertiser_id: str) -> str | None:
+        """The one currency the advertiser bills in; None for an advertiser the catalog does not know."""
+        return self._currencies.get(advertiser_id)
+
     def price(self, ad_id: str, at_ms: int) -> tuple[Ad, int] | Unbillable:
         """The ad and the price of a click on `ad_id` at `at_ms` (the entry with the greatest `effective_from` at or
         before it), or why the click has none: THE pricing rule, for the stream, reconciliation and the ground
@@ -306,6 +327,14 @@ class Catalog:
                 before = then.price_at(start) if then is not None else Unbillable.UNKNOWN_AD
                 if before != ad.price_at(start):
                     spans.append((start, starts[i + 1] if i + 1 < len(starts) else END_OF_TIME))
+        # A budget or an exclusion changed from a time on changes which clicks are charged from then on.
+        spans += [
+            (b.effective_from, END_OF_TIME)
+            for entries in self.budgets.values()
+            for b in entries
+            if b.version > version
+        ]
+        spans += [(c.effective_from, END_OF_TIME) for c in self.exclusions.changes if c.version > version]
         merged: list[tuple[int, int]] = []
         for start, end in sorted(spans):
             if merged and start <= merged[-1][1]:
@@ -317,8 +346,8 @@ class Catalog:
     def with_change(self, change: AdChange, now_ms: int, backfill: bool = False) -> Catalog:
         """The catalog with `change` made at `now_ms` as version `version + 1`; CatalogError when it is refused:
         an effective time in the past (unless `backfill`), a negative or non-integer price, an ad's advertiser,
-        campaign or currency changed, an unknown ad without its owners and currency, or a campaign of another
-        advertiser."""
+        campaign or currency changed, an unknown ad without its owners and currency, a campaign of another
+        advertiser, or a new ad in another currency than its advertiser's (back-fill or not)."""
         _check_time(change.effective_from, "the effective time")
         if change.cpc_micros is not None:
             _check_price(change.cpc_micros)
@@ -337,6 +366,13 @@ class Catalog:
             if owner is not None and owner != change.advertiser_id:
                 raise CatalogError(
                     f"campaign {change.campaign_id} belongs to advertiser {owner}, not {change.advertiser_id}"
+                )
+            bills_in = self._currencies.get(change.advertiser_id or "")
+            if bills_in is not None and bills_in != change.currency:
+                raise CatalogError(
+                    f"advertiser {change.advertiser_id} bills in {bills_in}, so ad {change.ad_id} cannot be in "
+                    f"{change.currency}: an advertiser bills in one currency; create the ad in {bills_in}, or under "
+                    "an advertiser of its own"
                 )
             created = Ad(
                 change.ad_id,
@@ -450,6 +486,12 @@ class Catalog:
         return cls(ads, int(data.get("version", 0)), budgets, exclusions)
 
 
+def _listed(ids: list[str], shown: int = 3) -> str:
+    """A few ids of a list for a one-line message: `ad-1, ad-2, ad-3 and 5 more`."""
+    more = len(ids) - shown
+    return ", ".join(ids[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def _check_price(cpc_micros: object) -> None:
     if isinstance(cpc_micros, bool) or not isinstance(cpc_micros, int):
         raise CatalogError(f"a price is a whole number of micros, got {cpc_micros!r}")
@@ -471,22 +513,46 @@ def format_time(at_ms: int) -> str:
     return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+GENERATED_CURRENCIES: tuple[tuple[str, int, int, int], ...] = (
+    ("EUR", 10_000, 5, 250),
+    ("JPY", 1_000_000, 5, 400),
+    ("KWD", 1_000, 15, 750),
+    ("USD", 10_000, 5, 250),
+)
+"""The currencies a generated catalog gives its advertisers, in turn: (ISO 4217 code, its minor unit in micros,
+the lowest and highest price of a click in minor units). EUR and USD have cents (0.05 to 2.50), JPY no minor unit
+(5 to 400 yen), KWD three decimals (0.015 to 0.750 dinar): a generated catalog meets each way of writing money."""
+
+
+def generated_currency(advertiser_number: int) -> str:
+    """The currency of the generated catalog's advertiser `adv-NNNN`."""
+    return GENERATED_CURRENCIES[advertiser_number % len(GENERATED_CURRENCIES)][0]
+
+
+def generated_price(currency: str, rng: random.Random) -> int:
+    """A price of one click in `currency`, in whole minor units, in micros (one draw of `rng`)."""
+    for code, unit_micros, lowest, highest in GENERATED_CURRENCIES:
+        if code == currency:
+            return rng.randint(lowest, highest) * unit_micros
+    return rng.randint(5, 250) * 10_000  # a currency of another catalog: cents, as EUR
+
+
 def generate_catalog(
     advertisers: int,
     campaigns_per_advertiser: int,
     ads_per_campaign: int,
     seed: int,
-    currency: str = "EUR",
 ) -> Catalog:
-    """A deterministic catalog: the same arguments give the same ads and prices, in force from the beginning."""
+    """A deterministic catalog: the same arguments give the same ads and prices, in force from the beginning. Each
+    advertiser bills in one currency, the advertisers in turn in EUR, JPY, KWD and USD (`GENERATED_CURRENCIES`)."""
     rng = random.Random(f"catalog-{seed}")
     ads = []
     for a in range(advertisers):
         advertiser_id = f"adv-{a:04d}"
+        currency = generated_currency(a)
         for c in range(campaigns_per_advertiser):
             campaign_id = f"{advertiser_id}-cmp-{c:03d}"
             for n in range(ads_per_campaign):
-                # Prices from 0.05 to 2.50 in whole cents, expressed in micros.
-                cpc_micros = rng.randint(5, 250) * 10_000
+                cpc_micros = generated_price(currency, rng)
                 ads.append(Ad(f"{campaign_id}-ad-{n:03d}", campaign_id, advertiser_id, cpc_micros, currency))
     return Catalog(ads)

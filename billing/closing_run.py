@@ -79,7 +79,8 @@ class RunReport:
     closed: list[str] = field(default_factory=list)
     additions: int = 0
     retractions: int = 0
-    net_micros: int = 0
+    net_micros_by_currency: dict[str, int] = field(default_factory=dict)
+    """What the run's new corrections add up to, per currency (no figure adds micros of two currencies)."""
     conflicts: int = 0
     conflicts_sent: int = 0
     """Id conflicts sent to the quarantine topic by this run."""
@@ -108,7 +109,7 @@ class RunReport:
             "closed": self.closed,
             "additions": self.additions,
             "retractions": self.retractions,
-            "net_micros": self.net_micros,
+            "net_micros_by_currency": dict(sorted(self.net_micros_by_currency.items())),
             "conflicts": self.conflicts,
             "conflicts_sent": self.conflicts_sent,
             "conflicts_unsent": self.conflicts_unsent,
@@ -346,7 +347,10 @@ def close_periods(
         progress(f"period {period}: corrections applied to Redis")
         report.additions += sum(1 for c in new if c.kind == "addition")
         report.retractions += sum(1 for c in new if c.kind == "retraction")
-        report.net_micros += sum(c.amount_micros for c in new)
+        for c in new:
+            report.net_micros_by_currency[c.currency] = (
+                report.net_micros_by_currency.get(c.currency, 0) + c.amount_micros
+            )
         state = states.get(period, PeriodState(version=-1))
         if period not in closed:
             export = build_export(

@@ -135,18 +135,30 @@ def build_export(
 def export_totals(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[int, int, str]]:
     """What an export bills per advertiser (`adv`), campaign (`cmp`) and ad (`ad`): (level, id) -> (clicks,
     micros, advertiser), from the export's rows. A click row billed or added counts one click, a retracted one none;
-    an adjustment counts plus or minus one; micros are `net_micros`."""
+    an adjustment counts plus or minus one; micros are `net_micros`, all in the advertiser's one currency: rows that
+    would add two currencies into one figure (an export written from a catalog that broke the rule) are refused
+    with a ValueError naming them, never added."""
     sums: dict[tuple[str, str], list[Any]] = {}
     for row in rows:
         if row["status"] == ExportStatus.RETRACTED:
             clicks = -1 if row["record_type"] == RecordType.ADJUSTMENT else 0
         else:
             clicks = 1
+        counts = clicks != 0 or row["net_micros"] != 0  # a retracted click row adds nothing, in any currency
         for level, item in (("adv", row["advertiser_id"]), ("cmp", row["campaign_id"]), ("ad", row["ad_id"])):
-            entry = sums.setdefault((level, item), [0, 0, row["advertiser_id"]])
+            entry = sums.setdefault((level, item), [0, 0, row["advertiser_id"], None])
+            if counts:
+                if entry[3] is not None and entry[3] != row["currency"]:
+                    what = {"adv": "advertiser", "cmp": "campaign", "ad": "ad"}[level]
+                    first, second = sorted((entry[3], row["currency"]))
+                    raise ValueError(
+                        f"the export bills {what} {item} in {first} and {second}: an advertiser bills in one "
+                        "currency, and no figure adds micros of two"
+                    )
+                entry[3] = row["currency"]
             entry[0] += clicks
             entry[1] += row["net_micros"]
-    return {key: (clicks, micros, adv) for key, (clicks, micros, adv) in sums.items()}
+    return {key: (clicks, micros, adv) for key, (clicks, micros, adv, _) in sums.items()}
 
 
 def _click_row(

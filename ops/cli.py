@@ -13,7 +13,7 @@ from ops.process import interrupt_on_sigterm
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
-    from billing.catalog import Catalog
+    from billing.catalog import AdChange, Catalog
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--campaigns", type=int, default=3, help="generate: campaigns per advertiser")
     p.add_argument("--ads", type=int, default=4, help="generate: ads per campaign")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--force", action="store_true", help="generate: replace an existing catalog file")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="generate: replace an existing catalog that was never changed nor priced with (never one with a history)",
+    )
     p.set_defaults(run=cmd_catalog)
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
@@ -366,16 +370,16 @@ CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resum
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
     from billing.catalog_changes import describe_entry, price_status
-    from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+    from billing.store.catalog_file import CatalogStore, load_catalog
     from ops.reconciling import parse_time
 
     path = settings.catalog_file
     now_ms = int(time.time() * 1000)
     if args.action == "generate":
-        if path.exists() and not args.force:
-            raise ValueError(f"{path} exists; pass --force to replace it")
         catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
-        save_catalog(catalog, path)
+        versions = settings.layout.catalog_versions
+        priced = versions.is_dir() and any(versions.iterdir())
+        CatalogStore(path).start(catalog, replace=args.force, priced=priced)
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
     if args.action == "show":
@@ -395,21 +399,22 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     from billing.catalog_changes import catalog_change
 
-    at_ms = parse_time(args.at, "--at") if args.at else now_ms
-    store = CatalogStore(path)
-    with store.locked():
-        current = load_catalog(path) if path.exists() else None
-    change = catalog_change(
-        args.action,
-        args.ad_id,
-        at_ms,
-        current,
-        cpc_micros=args.cpc_micros,
-        campaign_id=args.campaign,
-        advertiser_id=args.advertiser,
-        currency=args.currency,
-    )
-    catalog = store.change(change, now_ms, backfill=args.backfill)
+    at_ms = parse_time(args.at, "--at") if args.at else None
+
+    def request(current: Catalog | None, now: int) -> AdChange:
+        # Read against the catalog as the lock holds it, and "now" read under the lock (an absent --at).
+        return catalog_change(
+            args.action,
+            args.ad_id,
+            now if at_ms is None else at_ms,
+            current,
+            cpc_micros=args.cpc_micros,
+            campaign_id=args.campaign,
+            advertiser_id=args.advertiser,
+            currency=args.currency,
+        )
+
+    catalog = CatalogStore(path).change(request, backfill=args.backfill)
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
@@ -591,7 +596,6 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.catalog import AdChange
     from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
     from producers.publisher import replay_to_kafka
@@ -600,7 +604,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 
     def apply_catalog(change: AdChange) -> None:
         # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
-        catalog.change(change, int(time.time() * 1000), backfill=True)
+        catalog.change(change, backfill=True)
 
     summary = replay_to_kafka(
         args.file,
@@ -653,13 +657,18 @@ def _catalog_shape(catalog: Catalog) -> dict[str, int]:
 def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     """The simulator draws its traffic from the ads of its seed: the pipeline's catalog must hold those ads, with
     the same owners and currency (their prices are the catalog's history, whoever changed them)."""
-    from billing.store.catalog_file import load_catalog, save_catalog
+    from billing.catalog import CatalogError
+    from billing.store.catalog_file import CatalogStore, load_catalog
 
     path = settings.catalog_file
     if not path.exists():
-        save_catalog(simulated, path)
-        print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
-        return
+        try:
+            CatalogStore(path).start(simulated)
+        except CatalogError:
+            pass  # another writer made the file meanwhile: it is checked below like any other
+        else:
+            print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
+            return
     held = load_catalog(path)
     for ad in simulated:
         other = held.get(ad.ad_id)

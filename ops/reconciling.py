@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -207,22 +208,33 @@ def run_audit(settings: Settings) -> int:
 
 
 def audit_table(audits: list[PeriodAudit]) -> str:
-    """The audit as a table: per period the rule's clicks and micros, the books', and the verdict."""
+    """The audit as a table: per period the rule's clicks and the books', and their micros in each currency (a line
+    per currency, never added together), and the verdict."""
     header = (
-        f"{'period':<16}{'status':<8}{'rule clicks':>12}{'rule micros':>18}{'books clicks':>13}{'books micros':>18}  "
+        f"{'period':<16}{'status':<8}{'rule clicks':>12}{'books clicks':>13}  {'currency':<9}{'rule micros':>20}"
+        f"{'books micros':>20}  "
     )
     lines = [header + "verdict"]
     for a in audits:
+        differences = [
+            f"{a.books_micros.get(c, 0) - a.rule_micros.get(c, 0):+,} {c} micros"
+            for c in a.currencies
+            if a.books_micros.get(c, 0) != a.rule_micros.get(c, 0)
+        ]
         verdict = (
             "ok"
             if a.balanced
-            else f"DIFFERS by {a.books_clicks - a.rule_clicks:+,} clicks, "
-            + (f"{a.books_micros - a.rule_micros:+,} micros" + (f"; {a.problems[0]}" if a.problems else ""))
+            else f"DIFFERS by {a.books_clicks - a.rule_clicks:+,} clicks"
+            + "".join(f", {d}" for d in differences)
+            + (f"; {a.problems[0]}" if a.problems else "")
         )
-        lines.append(
-            f"{a.period:<16}{'closed' if a.closed else 'open':<8}{a.rule_clicks:>12,}{a.rule_micros:>18,}"
-            f"{a.books_clicks:>13,}{a.books_micros:>18,}  {verdict}"
-        )
+        period = f"{a.period:<16}{'closed' if a.closed else 'open':<8}"
+        clicks = f"{a.rule_clicks:>12,}{a.books_clicks:>13,}  "
+        for n, currency in enumerate(a.currencies or [""]):
+            money = f"{currency:<9}{a.rule_micros.get(currency, 0):>20,}{a.books_micros.get(currency, 0):>20,}  "
+            # One line per currency, each naming its period; the clicks and the verdict on the period's first.
+            line = period + (clicks if n == 0 else " " * len(clicks)) + money + (verdict if n == 0 else "")
+            lines.append(line.rstrip())
     differing = [a.period for a in audits if not a.balanced]
     if not audits:
         lines.append("audit: no period has data yet")
@@ -231,6 +243,11 @@ def audit_table(audits: list[PeriodAudit]) -> str:
     else:
         lines.append(f"audit: all {len(audits)} period(s) balance, to the click and the micro")
     return "\n".join(lines)
+
+
+def net_by_currency(micros: Mapping[str, int]) -> str:
+    """Signed micros per currency, never added together: `+500,000 EUR micros, -40,000,000 JPY micros`."""
+    return ", ".join(f"{m:+,} {c} micros" for c, m in sorted(micros.items())) or "0 micros"
 
 
 def describe_run(report: RunReport) -> str:
@@ -246,7 +263,7 @@ def describe_run(report: RunReport) -> str:
     return (
         f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
         f"closed {', '.join(report.closed) or 'none'}; {report.additions} addition(s), "
-        f"{report.retractions} retraction(s), net {report.net_micros:+,} micros; "
+        f"{report.retractions} retraction(s), net {net_by_currency(report.net_micros_by_currency)}; "
         f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
         f"{released}"
         f"{f'; {len(report.held)} period(s) held' if held else ''}{held}"

@@ -181,6 +181,7 @@ def restore_redis(settings: Settings) -> int:
     from billing.periods import Periods
     from billing.store.catalog_file import load_catalog
     from billing.store.redis_totals import RedisTotals
+    from ops.reconciling import net_by_currency
 
     # The whole ledger's totals go to Redis in one script: on a long history that takes longer than one live batch
     # may, and the job is stopped, so the deadline is a generous one.
@@ -202,8 +203,8 @@ def restore_redis(settings: Settings) -> int:
         return 1
     print(
         f"restore-redis: up to batch {done.last_batch}: {done.billed_clicks:,} billed clicks "
-        f"({done.billed_micros:,} micros), {done.corrections:,} corrections, {done.closed_periods} closed "
-        f"period(s), {done.late_events:,} late and {done.clock_ahead_events:,} clock-ahead events, "
-        f"{done.quarantined:,} quarantined records; start the job again"
+        f"({net_by_currency(done.billed_micros_by_currency)}), {done.corrections:,} corrections, "
+        f"{done.closed_periods} closed period(s), {done.late_events:,} late and {done.clock_ahead_events:,} "
+        f"clock-ahead events, {done.quarantined:,} quarantined records; start the job again"
     )
     return 0

@@ -407,7 +407,7 @@ def simulate_to_kafka(
                 while changes and changes[0].effective_from - CATALOG_LEAD_MS <= arrival.arrival_ms:
                     # The run's schedule, like a capture's ad lines: made at its own effective time.
                     assert catalog_store is not None
-                    catalog_store.change(changes.pop(0), clock(), backfill=True)
+                    catalog_store.change(changes.pop(0), clock, backfill=True)
                 if deploy_at_ms is not None and deployed is None and arrival.arrival_ms >= deploy_at_ms:
                     deployed = deploy_schema_version(serializer, schema_registry)
                     print(f"deployed a schema version: ids {deployed}", file=sys.stderr, flush=True)

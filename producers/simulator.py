@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from billing.catalog import AdChange, Catalog, generate_catalog
+from billing.catalog import AdChange, Catalog, generate_catalog, generated_price
 from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
 from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS, BillableClick, attribute
@@ -207,8 +207,9 @@ class SimulationConfig:
     def catalog_changes(self, start_ms: int) -> list[AdChange]:
         """The changes the run makes to the catalog, in order, at event times `start_ms + k *
         catalog_change_every_s` within the run's span: the `new_ads` created first, one a step (in the
-        advertisers' existing campaigns, at a price of their own); then at each step a new price for one ad (in
-        whole cents, 0.05 to 2.50), or, one step in six, a pause of one ad that the next step resumes."""
+        advertisers' existing campaigns and currencies, at a price of their own); then at each step a new price for
+        one ad (in whole minor units of its currency, as `billing.catalog.generated_price` draws them), or, one step
+        in six, a pause of one ad that the next step resumes."""
         if not self.catalog_change_every_s:
             return []
         rng = random.Random(f"adbill-catalog-changes-{self.seed}")
@@ -220,18 +221,19 @@ class SimulationConfig:
         paused: str | None = None
         for step in range(1, self.expected_span_ms() // every_ms + 1):
             at_ms = start_ms + step * every_ms
-            price = rng.randint(5, 250) * 10_000
             if step <= self.new_ads:
                 campaign, advertiser, currency = campaigns[(step - 1) % len(campaigns)]
+                price = generated_price(currency, rng)
                 changes.append(AdChange(self.new_ad_ids()[step - 1], at_ms, price, campaign, advertiser, currency))
             elif paused is not None:
-                changes.append(AdChange(paused, at_ms, price))
+                changes.append(AdChange(paused, at_ms, generated_price(base[paused].currency, rng)))
                 paused = None
             elif rng.random() < 1 / 6:
                 paused = rng.choice(ads)
                 changes.append(AdChange(paused, at_ms, None))
             else:
-                changes.append(AdChange(rng.choice(ads), at_ms, price))
+                ad_id = rng.choice(ads)
+                changes.append(AdChange(ad_id, at_ms, generated_price(base[ad_id].currency, rng)))
         return changes
 
     def new_ad_ids(self) -> list[str]:
@@ -727,7 +729,6 @@ class _Totals:
     def as_dict(self) -> dict[str, Any]:
         return {
             "clicks": self.clicks,
-            "total_micros": sum(self.by_currency.values()),
             "total_micros_by_currency": dict(sorted(self.by_currency.items())),
             "by_advertiser": dict(sorted(self.by_advertiser.items())),
         }

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from flask import Flask, abort, current_app
 
-from billing.catalog import Ad, Catalog, CatalogError, PriceChange
+from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange
 from billing.catalog_changes import ACTIONS, catalog_change
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+from billing.store.catalog_file import CatalogStore
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
 from web.readers import is_id
+from web.services import services
 
 EXTENSION = "adbill_catalog"
 """Where `register` keeps the app's `CatalogStore` (`app.extensions`)."""
@@ -89,12 +90,13 @@ def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
     return sorted(ads, key=lambda ad: (ad.advertiser_id, ad.campaign_id, ad.ad_id))
 
 
-def effective_from_text(text: str | None, now_ms: int) -> int:
-    """A form's effective time: empty for now, epoch ms, or an ISO-8601 time in UTC (`2026-01-01T10:00`, as a
-    `datetime-local` field sends it, seconds and a trailing `Z` optional); CatalogError otherwise."""
+def effective_from_text(text: str | None) -> int | None:
+    """A form's effective time: empty for now (None: read under the catalog's lock, `make_change`), epoch ms, or an
+    ISO-8601 time in UTC (`2026-01-01T10:00`, as a `datetime-local` field sends it, seconds and a trailing `Z`
+    optional); CatalogError otherwise."""
     value = (text or "").strip()
     if not value:
-        return now_ms
+        return None
     if _DIGITS.fullmatch(value):
         return int(value)
     match = _ISO.fullmatch(value)
@@ -110,10 +112,10 @@ def effective_from_text(text: str | None, now_ms: int) -> int:
     )
 
 
-def effective_from_json(value: object, now_ms: int) -> int:
-    """An API request's `effective_from`: absent or null for now, else whole epoch milliseconds."""
+def effective_from_json(value: object) -> int | None:
+    """An API request's `effective_from`: absent or null for now (None), else whole epoch milliseconds."""
     if value is None:
-        return now_ms
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise CatalogError(f"the effective time is a non-negative number of epoch milliseconds, got {value!r}")
     return value
@@ -144,8 +146,7 @@ class Made:
 def make_change(
     action: str,
     ad_id: str,
-    at_ms: int,
-    now_ms: int,
+    at_ms: int | None,
     *,
     cpc_micros: object = None,
     campaign_id: str | None = None,
@@ -153,25 +154,26 @@ def make_change(
     currency: str | None = None,
 ) -> Made:
     """Read the request (`catalog_change`) against the catalog as the file holds it, make it
-    (`Catalog.with_change`) and write the file, all under the catalog's lock, so a request is judged against the
-    catalog it changes; CatalogError, with the command line's one-line message, when it is refused."""
+    (`Catalog.with_change`) and write the file, all under the catalog's lock (`CatalogStore.change`), so a request
+    is judged against the catalog it changes, and "now" (the effective time when `at_ms` is None) is read under the
+    lock too, so a change that waited for the lock never takes effect in the past; CatalogError, with the command
+    line's one-line message, when it is refused."""
     if action not in ACTIONS:
         raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
-    target = store()
-    with target.locked():
-        current = load_catalog(target.path) if target.path.exists() else None
-        change = catalog_change(
+
+    def request(current: Catalog | None, now_ms: int) -> AdChange:
+        return catalog_change(
             action,
             ad_id,
-            at_ms,
+            now_ms if at_ms is None else at_ms,
             current,
             cpc_micros=cpc_micros,
             campaign_id=campaign_id,
             advertiser_id=advertiser_id,
             currency=currency,
         )
-        changed = (current or Catalog([])).with_change(change, now_ms)
-        save_catalog(changed, target.path)
+
+    changed = store().change(request, clock=services().clock)
     ad = changed[ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)

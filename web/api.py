@@ -2,7 +2,9 @@
 
 Authentication is the session cookie of a login, or an API token (`Authorization: Bearer TOKEN`, made with
 `adbill tokens create USER`) with exactly its account's access (see `web/README.md`); without either every route but
-the OpenAPI document answers 401. Money is integer micros; every document names its currency where one is known.
+the OpenAPI document answers 401. Money is integer micros, written as JSON strings (`"9007199254740993"`), as the
+proto3 JSON mapping writes 64-bit integers: a JSON number past 2^53 loses digits in a reader that takes numbers as
+doubles (JavaScript's `JSON.parse`, the dashboard's refresh); every document names its currency where one is known.
 The routes are described in `web/openapi.json`, which a unit test keeps equal to the routes below.
 """
 
@@ -152,7 +154,9 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             "campaign_id": a.campaign_id,
             "ad_id": a.ad_id,
             "currency": a.currency,
-            "price_per_click_micros": price_per_click(services().reader.catalog.get(), a.ad_id, services().clock()),
+            "price_per_click_micros": micros_text(
+                price_per_click(services().reader.catalog.get(), a.ad_id, services().clock())
+            ),
             "series": [_period_bill(b) for b in a.series],
             **ranged,
         }
@@ -274,11 +278,21 @@ def health() -> Response:
                 "closed": h.reconciliation.closed,
                 "additions": h.reconciliation.additions,
                 "retractions": h.reconciliation.retractions,
-                "net_micros": h.reconciliation.net_micros,
+                "net_micros_by_currency": micros_by_currency(h.reconciliation.net_micros_by_currency),
                 "held": h.reconciliation.held,
             },
         }
     )
+
+
+def micros_text(micros: int | None) -> str | None:
+    """An amount in micros as a JSON document carries it: the integer's decimal digits as a string (None: null)."""
+    return None if micros is None else str(micros)
+
+
+def micros_by_currency(amounts: dict[str, int]) -> dict[str, str]:
+    """Amounts per currency, each as `micros_text`."""
+    return {currency: str(micros) for currency, micros in sorted(amounts.items())}
 
 
 @cache
@@ -300,8 +314,8 @@ def _span(s: SpanTotal) -> dict[str, Any]:
     return {"key": s.key, "closed": s.closed, "periods": s.periods, "open_periods": s.open_periods, **_billed(s.billed)}
 
 
-def _figures(f: Figures) -> dict[str, int]:
-    return {"clicks": f.clicks, "micros": f.micros}
+def _figures(f: Figures) -> dict[str, Any]:
+    return {"clicks": f.clicks, "micros": micros_text(f.micros)}
 
 
 def _billed(b: Billed) -> dict[str, Any]:
@@ -357,7 +371,7 @@ def _correction(c: Correction) -> dict[str, Any]:
         "ad_id": c.ad_id,
         "campaign_id": c.campaign_id,
         "advertiser_id": c.advertiser_id,
-        "amount_micros": c.amount_micros,
+        "amount_micros": micros_text(c.amount_micros),
         "reason": c.reason,
         "corrects_period": c.corrects_period,
         "booked_period": c.booked_period,
@@ -372,8 +386,8 @@ def _export(e: Manifest) -> dict[str, Any]:
         "period_end_ms": e.period_end_ms,
         "closed_at_ms": e.closed_at_ms,
         "rows": e.rows,
-        "total_micros": e.total_micros,
-        "total_micros_by_currency": e.total_micros_by_currency,
+        "total_micros": micros_text(e.total_micros),
+        "total_micros_by_currency": micros_by_currency(e.total_micros_by_currency),
         "files": [
             {
                 "name": name,

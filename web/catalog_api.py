@@ -9,9 +9,11 @@
   pauses with null; `"action": "set-price" | "pause" | "resume"` says it explicitly (a resume without a price goes
   back to the last one); `campaign_id`, `advertiser_id`, `currency` when given must be the ad's own (admin).
 
-A refused change answers 400 `{"error": MESSAGE, "status": 400}` with the command line's one-line message; a change
-made answers 201 with the ad. Access as the pages (`web.ad_catalog.catalog_or_404`, `web.guards`); the login and
-token checks are the API blueprint's (`web.api.require_login`), and a request with a token needs no CSRF token.
+Prices are micros written as JSON strings (`"cpc_micros": "250000"`, as every amount of the API, `web.api`); a
+request may send one as a string or a number. A refused change answers 400 `{"error": MESSAGE, "status": 400}` with
+the command line's one-line message; a change made answers 201 with the ad. Access as the pages
+(`web.ad_catalog.catalog_or_404`, `web.guards`); the login and token checks are the API blueprint's
+(`web.api.require_login`), and a request with a token needs no CSRF token.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from flask import Blueprint, Response, abort, jsonify, request, url_for
 
 from billing.catalog import Ad, CatalogError, PriceChange
 from web.ad_catalog import AdStatus, Made, ads_of, catalog_or_404, check_ids, effective_from_json, make_change
-from web.api import require_login
+from web.api import micros_text, require_login
 from web.guards import advertiser_or_404
 from web.readers import is_id
 from web.services import services
@@ -80,7 +82,6 @@ def catalog_ad_prices(ad_id: str) -> Response:
 @bp.post("/catalog/ads")
 def create_ad() -> Response:
     catalog_or_404(change=True)
-    now = services().clock()
     try:
         body = _body(_CREATE_FIELDS)
         ad_id = _text(body, "ad_id") or ""
@@ -89,14 +90,13 @@ def create_ad() -> Response:
         made = make_change(
             "create-ad",
             ad_id,
-            effective_from_json(body.get("effective_from"), now),
-            now,
+            effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),
             **owners,
         )
     except CatalogError as refused:
         return _refused(refused)
-    return _made(made, now)
+    return _made(made, services().clock())
 
 
 @bp.post("/catalog/ads/<ad_id>/prices")
@@ -104,7 +104,6 @@ def change_ad(ad_id: str) -> Response:
     catalog_or_404(change=True)
     if not is_id(ad_id):
         abort(404)
-    now = services().clock()
     try:
         body = _body(_CHANGE_FIELDS)
         action = body.get("action")
@@ -117,8 +116,7 @@ def change_ad(ad_id: str) -> Response:
         made = make_change(
             str(action),
             ad_id,
-            effective_from_json(body.get("effective_from"), now),
-            now,
+            effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),
             campaign_id=_text(body, "campaign_id"),
             advertiser_id=_text(body, "advertiser_id"),
@@ -126,7 +124,7 @@ def change_ad(ad_id: str) -> Response:
         )
     except CatalogError as refused:
         return _refused(refused)
-    return _made(made, now)
+    return _made(made, services().clock())
 
 
 def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
@@ -138,14 +136,14 @@ def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
         "advertiser_id": ad.advertiser_id,
         "currency": ad.currency,
         "status": status.status.value,
-        "cpc_micros": status.cpc_micros,
+        "cpc_micros": micros_text(status.cpc_micros),
         "next_change": _entry(status.next_change) if status.next_change else None,
         "prices": [_entry(p) for p in ad.prices],
     }
 
 
 def _entry(p: PriceChange) -> dict[str, Any]:
-    return {"effective_from": p.effective_from, "cpc_micros": p.cpc_micros, "version": p.version}
+    return {"effective_from": p.effective_from, "cpc_micros": micros_text(p.cpc_micros), "version": p.version}
 
 
 def _body(allowed: frozenset[str]) -> dict[str, Any]:

@@ -44,7 +44,6 @@ def catalog() -> str | tuple[str, int]:
 def create_ad() -> Response | str | tuple[str, int]:
     catalog_or_404(change=True)
     form = {k: request.form.get(k, "").strip() for k in _CREATE_FIELDS}
-    now = services().clock()
     try:
         check_ids(
             ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
@@ -52,8 +51,7 @@ def create_ad() -> Response | str | tuple[str, int]:
         made = make_change(
             "create-ad",
             form["ad_id"],
-            effective_from_text(form["effective_from"], now),
-            now,
+            effective_from_text(form["effective_from"]),
             cpc_micros=form["cpc_micros"] or None,
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,
@@ -78,7 +76,6 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
     if not is_id(ad_id):
         abort(404)
     form = {k: request.form.get(k, "").strip() for k in _CHANGE_FIELDS}
-    now = services().clock()
     try:
         action = form["action"]
         if action not in _CHANGE_ACTIONS:
@@ -86,8 +83,7 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
         made = make_change(
             action,
             ad_id,
-            effective_from_text(form["effective_from"], now),
-            now,
+            effective_from_text(form["effective_from"]),
             cpc_micros=form["cpc_micros"] or None,
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,

@@ -197,9 +197,12 @@ class FinancePeriod:
 
 
 def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
-    """Advertisers' figures added up per currency (an advertiser of no single currency under "")."""
+    """Advertisers' figures added up per currency, never two currencies together: an advertiser whose currency is
+    unknown (the catalog does not know it) is in no total."""
     out: dict[str, Billed] = {}
     for line in lines:
+        if not line.currency:
+            continue
         was = out.get(line.currency, Billed())
         out[line.currency] = Billed(
             was.provisional + line.billed.provisional, was.corrections + line.billed.corrections
@@ -242,7 +245,8 @@ class Reconciliation:
     closed: list[str]
     additions: int
     retractions: int
-    net_micros: int
+    net_micros_by_currency: dict[str, int]
+    """What the run's corrections add up to, per currency (an earlier record without it: empty)."""
     held: dict[str, str] = field(default_factory=dict)
     """Periods past their lateness horizon that the streaming job has not passed yet, with the reason."""
 

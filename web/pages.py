@@ -159,7 +159,6 @@ def health() -> str:
         "health.html",
         h=h,
         now_ms=svc.clock(),
-        currency=svc.reader.catalog_currency(),
         fresh=fresh,
         statuses=statuses,
         overall=worst([s.level for s in statuses]),

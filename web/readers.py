@@ -156,14 +156,9 @@ class BillingReader:
         return sorted(found | set(self.catalog.get().advertiser_ids))
 
     def currency(self, advertiser_id: str) -> str:
-        """The advertiser's currency from the catalog; empty when unknown or mixed."""
-        currencies = {ad.currency for ad in self.catalog.get() if ad.advertiser_id == advertiser_id}
-        return currencies.pop() if len(currencies) == 1 else ""
-
-    def catalog_currency(self) -> str:
-        """The one currency of every ad in the catalog; empty when the catalog is empty or holds several."""
-        currencies = {ad.currency for ad in self.catalog.get()}
-        return currencies.pop() if len(currencies) == 1 else ""
+        """The one currency the advertiser bills in (the catalog refuses a second); empty when the catalog does not
+        know the advertiser."""
+        return self.catalog.get().currency_of(advertiser_id) or ""
 
     # An advertiser's pages -------------------------------------------------------------------------------------
     def dashboard(self, advertiser_id: str, period_key: str | None) -> Dashboard | None:
@@ -714,7 +709,11 @@ def _reconciliation(data: dict[str, str]) -> Reconciliation:
         closed=[str(p) for p in _json_field(data.get("closed"), [])],
         additions=_int_field(data.get("additions")) or 0,
         retractions=_int_field(data.get("retractions")) or 0,
-        net_micros=_int_field(data.get("net_micros")) or 0,
+        net_micros_by_currency={
+            str(c): int(m)
+            for c, m in _json_field(data.get("net_micros_by_currency"), {}).items()
+            if isinstance(m, int | str) and str(m).lstrip("-").isdigit()
+        },
         held={str(p): str(r) for p, r in _json_field(data.get("held"), {}).items()},
     )
 

@@ -200,7 +200,7 @@ def seed_sample(
                 "closed": [hours.key(starts[closed - 1])],
                 "additions": 4,
                 "retractions": 2,
-                "net_micros": 1_230_000,
+                "net_micros_by_currency": {ads[0].currency: 1_230_000},
             }
         )
     return {"periods": len(starts), "closed": closed, "ads": len(ads), "corrections": n_corrections}

@@ -33,7 +33,7 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
     story = [
         Paragraph(f"Statement {statement.month}", styles["Title"]),
         Paragraph(
-            f"Advertiser <b>{_escape(statement.advertiser_id)}</b> · currency {cur or 'several'}", styles["Normal"]
+            f"Advertiser <b>{_escape(statement.advertiser_id)}</b> · currency {cur or 'unknown'}", styles["Normal"]
         ),
         Paragraph(
             f"Generated {utc(generated_ms)}. Closed periods are final, as in finance's exports; open periods are "

@@ -5,7 +5,10 @@ Why a file in the data folder: every part of the product already shares that fol
 the exports live there, on one machine and, as a shared volume, on a cluster), a reader sees a change by comparing
 the file's identity (`os.stat`) before re-reading it, and a change is one rename, so a reader sees the catalog
 before or after it, never half of it. Changes are made under an exclusive lock (`CatalogStore.change`), so two
-writers (a command and the admin page) never lose one another's change; each is numbered (`Catalog.version`).
+writers (a command and the admin page) never lose one another's change; each is numbered (`Catalog.version`). A
+change is read against the catalog the lock holds and takes effect from "now" read under the lock too: a change that
+waited for another writer never takes effect in the past. A new catalog (`CatalogStore.start`, `adbill catalog
+generate`) never replaces one with a history: that would re-price the past and number its versions again from 0.
 """
 
 from __future__ import annotations
@@ -14,12 +17,28 @@ import fcntl
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from billing.catalog import AdChange, Catalog
+from billing.catalog import AdChange, Catalog, CatalogError
 from billing.store.durable import fsync_folder
+
+Clock = Callable[[], int]
+"""Returns "now" as epoch milliseconds, UTC."""
+
+ChangeRequest = Callable[[Catalog | None, int], AdChange]
+"""A person's request read into a change against the catalog as the file holds it (None: no file yet) and "now",
+both under the catalog's lock (`billing.catalog_changes.catalog_change` does the reading)."""
+
+CHANGE_COMMANDS = "`adbill catalog create-ad`, `set-price`, `pause` or `resume`"
+"""What changes a catalog that has a history (named in refusals)."""
+
+
+def wall_clock_ms() -> int:
+    """The wall clock, epoch milliseconds UTC."""
+    return time.time_ns() // 1_000_000
 
 
 def save_catalog(catalog: Catalog, path: str | os.PathLike[str]) -> None:
@@ -73,13 +92,44 @@ class CatalogStore:
                 self._seen = identity
             return self._catalog
 
-    def change(self, change: AdChange, now_ms: int, backfill: bool = False) -> Catalog:
-        """Make `change` (`Catalog.with_change`, CatalogError when refused) and write the file; the new catalog."""
+    def change(self, change: AdChange | ChangeRequest, clock: Clock = wall_clock_ms, backfill: bool = False) -> Catalog:
+        """Make `change` (`Catalog.with_change`, CatalogError when refused) and write the file; the new catalog.
+
+        Everything happens under the lock: the catalog is read, "now" is read from `clock` (a change that waited
+        for the lock takes effect when it is made, never before), a `ChangeRequest` is read into a change against
+        both, and the file is written."""
         with self.locked():
-            catalog = load_catalog(self.path) if self.path.exists() else Catalog([])
-            changed = catalog.with_change(change, now_ms, backfill)
+            current = load_catalog(self.path) if self.path.exists() else None
+            now_ms = clock()
+            asked = change if isinstance(change, AdChange) else change(current, now_ms)
+            changed = (current or Catalog([])).with_change(asked, now_ms, backfill)
             save_catalog(changed, self.path)
             return changed
+
+    def start(self, catalog: Catalog, replace: bool = False, priced: bool = False) -> None:
+        """Write `catalog` (a generated one, in force from the beginning) as the file, under the lock.
+
+        An existing file is replaced only when `replace` is given and it has no history: a catalog that was changed
+        (version above 0), or that the streaming job has priced batches with (`priced`), is refused (CatalogError),
+        since replacing it would re-price the past and give its version numbers another meaning."""
+        with self.locked():
+            if self.path.exists():
+                held = load_catalog(self.path)
+                if held.version > 0:
+                    raise CatalogError(
+                        f"{self.path} holds a history of changes (catalog version {held.version}): a new catalog "
+                        "would replace it, re-price the past and number its versions from 0 again; change it with "
+                        f"{CHANGE_COMMANDS} instead, or start afresh in a new data folder (ADBILL_HOME)"
+                    )
+                if priced:
+                    raise CatalogError(
+                        f"the streaming job has priced batches with {self.path}: a new catalog would re-price "
+                        f"them; change it with {CHANGE_COMMANDS} instead, or start afresh in a new data folder "
+                        "(ADBILL_HOME)"
+                    )
+                if not replace:
+                    raise CatalogError(f"{self.path} exists; pass --force to replace it")
+            save_catalog(catalog, self.path)
 
     @contextmanager
     def locked(self) -> Iterator[None]:

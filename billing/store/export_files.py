@@ -87,7 +87,8 @@ SUMS_FILE = "SHA256SUMS"
 """The SHA-256 of the data files and the manifest, in the format `sha256sum -c SHA256SUMS` checks."""
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE)
 """The data files of an export, each listed in the manifest with its size and checksum."""
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""2: `total_micros` is null when the export holds several currencies (1 added them together)."""
 
 
 class ExportExistsError(FileExistsError):
@@ -127,8 +128,9 @@ class ExportFile:
 class Manifest:
     """What an export holds, written last into its folder (`manifest.json`).
 
-    `total_micros` is `sum(net_micros)` over every row, all currencies together; `total_micros_by_currency` splits
-    it. `rows` counts the rows of each data file (CSV without its header).
+    `total_micros_by_currency` is `sum(net_micros)` per currency; `total_micros` is the export's one total when its
+    rows are in one currency (0 for none), and None when they are in several: no figure adds micros of two
+    currencies (a version 1 manifest added them). `rows` counts the rows of each data file (CSV without its header).
     """
 
     period: str
@@ -136,7 +138,7 @@ class Manifest:
     period_end_ms: int
     closed_at_ms: int
     rows: int
-    total_micros: int
+    total_micros: int | None
     total_micros_by_currency: dict[str, int] = field(default_factory=dict)
     files: dict[str, ExportFile] = field(default_factory=dict)
     version: int = MANIFEST_VERSION
@@ -168,11 +170,18 @@ class Manifest:
             period_end_ms=data["period_end_ms"],
             closed_at_ms=data["closed_at_ms"],
             rows=data["rows"],
-            total_micros=data["total_micros"],
+            total_micros=data.get("total_micros"),
             total_micros_by_currency=dict(sorted(data.get("total_micros_by_currency", {}).items())),
             files={name: ExportFile(entry["bytes"], entry["sha256"]) for name, entry in sorted(data["files"].items())},
-            version=data.get("version", MANIFEST_VERSION),
+            version=data.get("version", 1),
         )
+
+
+def single_total(by_currency: Mapping[str, int]) -> int | None:
+    """The one total of amounts in at most one currency (0 for none); None for several: never added together."""
+    if len(by_currency) > 1:
+        return None
+    return sum(by_currency.values())
 
 
 def export_folder(root: str | os.PathLike[str], period: str) -> Path:
@@ -262,7 +271,7 @@ def write_export(
             period_end_ms=period_end_ms,
             closed_at_ms=closed_at_ms,
             rows=table.num_rows,
-            total_micros=sum(by_currency.values()),
+            total_micros=single_total(by_currency),
             total_micros_by_currency=dict(sorted(by_currency.items())),
             files={name: _digest(staging / name) for name in EXPORT_FILES},
         )
@@ -343,11 +352,22 @@ def verify_export(folder: str | os.PathLike[str]) -> list[str]:
     if problems:
         return problems
     table = read_export(path)
-    total = sum(table.column("net_micros").to_pylist())
+    by_currency: Counter[str] = Counter()
+    for currency, net in zip(table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True):
+        by_currency[currency] += net
+    # A version 1 manifest added the currencies together in `total_micros`, and may have no split.
+    total = sum(by_currency.values()) if manifest.version < 2 else single_total(by_currency)
     if table.num_rows != manifest.rows:
         problems.append(f"{PARQUET_FILE} holds {table.num_rows} rows, the manifest says {manifest.rows}")
     if total != manifest.total_micros:
         problems.append(f"{PARQUET_FILE} totals {total} micros, the manifest says {manifest.total_micros}")
+    if (manifest.version >= 2 or manifest.total_micros_by_currency) and dict(
+        sorted(by_currency.items())
+    ) != manifest.total_micros_by_currency:
+        problems.append(
+            f"{PARQUET_FILE} totals {dict(sorted(by_currency.items()))} micros by currency, the manifest says "
+            f"{manifest.total_micros_by_currency}"
+        )
     with open(path / CSV_FILE, "rb") as csv_file:
         csv_rows = pa_csv.read_csv(csv_file).num_rows
     if csv_rows != manifest.rows:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from attribution.closing import CorrectionFiles, ExportFolders
-from billing.catalog import AdChange
+from billing.catalog import AdChange, Catalog
 from billing.corrections import Correction
 from billing.events import Click, Impression
 from billing.layout import DataLayout
@@ -92,9 +92,13 @@ def change_to_first_bill(settings: Settings, changes: int) -> list[float]:
     samples = []
     for n in range(changes):
         ad = sorted(store.current().ad_ids)[n % len(store.current())]
-        now_ms = int(time.time() * 1000)
         price = 1_000_000 + 10_000 * n + 1
-        store.change(AdChange(ad, now_ms, price), now_ms)
+
+        def from_now(_held: Catalog | None, now: int, ad: str = ad, price: int = price) -> AdChange:
+            return AdChange(ad, now, price)  # "now" as the store reads it, under the catalog's lock
+
+        made = store.change(from_now)
+        now_ms = next(p.effective_from for p in made[ad].prices if p.version == made.version)
         billed = None
         k = 0
         deadline = time.monotonic() + 120

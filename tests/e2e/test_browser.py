@@ -237,11 +237,19 @@ def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
     lines = browser.find_elements(By.CSS_SELECTOR, "#advertisers tbody tr:not(.total)")
     advertisers = [r.find_element(By.TAG_NAME, "a").text for r in lines]
     assert advertisers == ["adv-0000", "adv-0001", "adv-0002"]
-    # The total row adds the advertisers up, to the micro, as Redis holds them.
+    # A total row per currency adds that currency's advertisers up, to the micro, as Redis holds them: never two
+    # currencies together.
     seeded = served.seeded
     latest = RedisFigures(seeded.client, seeded.settings.redis_prefix).periods()[-1]
-    want = sum(corrected(seeded, latest, "adv", a)[1] for a in advertisers)
-    assert browser.find_element(By.CSS_SELECTOR, "#advertisers tr.total td.strong").text == display.money(want, "EUR")
+    want: dict[str, int] = {}
+    for a in advertisers:
+        currency = seeded.catalog.currency_of(a) or ""
+        want[currency] = want.get(currency, 0) + corrected(seeded, latest, "adv", a)[1]
+    total_rows = browser.find_elements(By.CSS_SELECTOR, "#advertisers tr.total")
+    assert [r.get_attribute("data-currency") for r in total_rows] == sorted(want) and len(want) > 1
+    for row in total_rows:
+        currency = row.get_attribute("data-currency") or ""
+        assert row.find_element(By.CSS_SELECTOR, "td.strong").text == display.money(want[currency], currency)
     screens(browser, "finance")
 
     for name in ("billing.parquet", "billing.csv"):
@@ -250,7 +258,11 @@ def test_finance_downloads_a_closed_periods_export_that_reads_back_with_pyarrow(
         assert hashlib.sha256(path.read_bytes()).hexdigest() == manifest["files"][name]["sha256"]
         table = pq.read_table(path) if name.endswith(".parquet") else pacsv.read_csv(path)
         assert table.num_rows == manifest["rows"]
-        assert sum(table.column("net_micros").to_pylist()) == manifest["total_micros"]
+        by_currency: dict[str, int] = {}
+        pairs = zip(table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True)
+        for currency, net in pairs:
+            by_currency[currency] = by_currency.get(currency, 0) + net
+        assert by_currency == manifest["total_micros_by_currency"]
         assert set(table.column("status").to_pylist()) <= {"billed", "added", "retracted"}
 
 
@@ -393,3 +405,45 @@ def test_a_stalled_job_turns_the_live_dashboard_red_and_back(
     log_in(browser, served.base_url, "ada", "/health")
     assert browser.find_element(By.ID, "overall-status").get_attribute("data-level") == "red"
     screens(browser, "health-job-stalled")
+
+
+PAST_2_TO_THE_53 = 9_007_199_254_740_993  # 2^53 + 1: as a JSON number, a browser reads 9,007,199,254,740,992
+
+
+def test_the_live_refresh_keeps_every_digit_of_a_total_past_2_to_the_53_micros(
+    served: Served, browser: WebDriver, screens: Callable[[WebDriver, str], Path]
+) -> None:
+    """A large JPY advertiser: its total passes 2^53 micros (9 billion yen). The API sends micros as strings, the
+    script reads them into BigInt: the refreshed dashboard and its chart show the total to the micro."""
+    seeded = served.seeded
+    currency = seeded.catalog.currency_of(OTHER)
+    assert currency == "JPY"
+    log_in(browser, served.base_url, "bob", f"/advertisers/{OTHER}")
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    latest = totals.periods()[-1]
+    clicks, micros = corrected(seeded, latest, "adv", OTHER)
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OTHER)
+    start_ms = int(seeded.client.zscore(totals.keys.periods(), latest) or 0)
+    batch = (totals.last_applied("billing") or 0) + 1
+    totals.apply_batch(
+        "billing", batch, [TotalsRow(latest, start_ms, OTHER, ad.campaign_id, ad.ad_id, 1, PAST_2_TO_THE_53)]
+    )
+    exact = micros + PAST_2_TO_THE_53
+    assert exact > 2**53 and float(exact) != exact, "a double cannot hold it"
+    expected = display.money(exact, "JPY")  # every digit: 9,007,199,xxx.740993 JPY
+    refreshed = int(browser.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0)
+    # Two refreshes later the page shows what the API said after the batch, whatever it said.
+    wait(
+        browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= refreshed + 2
+    )
+    shown = browser.find_element(By.ID, "corrected-spend").text
+    screens(browser, "dashboard-past-2-to-the-53")
+    assert shown == expected, f"the live refresh shows {shown}, the total is {expected}"
+    assert browser.find_element(By.ID, "corrected-clicks").text == display.count(clicks + 1)
+    bar = browser.find_element(By.CSS_SELECTOR, f"#spend-chart rect.bar[data-period='{latest}']")
+    assert bar.get_attribute("data-micros") == str(exact)
+    # The page the server renders agrees, to the micro.
+    browser.get(f"{served.base_url}/advertisers/{OTHER}")
+    assert browser.find_element(By.ID, "corrected-spend").text == expected

@@ -102,7 +102,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
 
     def backfill(action: str, ad_id: str, at_ms: int, **given: object) -> None:
         # Effective times in the past of the machine's clock: the traffic's times are 2026-01-01's.
-        store.change(catalog_change(action, ad_id, at_ms, store.current(), **given), now_ms, backfill=True)
+        store.change(catalog_change(action, ad_id, at_ms, store.current(), **given), lambda: now_ms, backfill=True)
 
     queries = start(spark, stream_config(settings))
     sent = 0
@@ -194,8 +194,8 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         # The closed period's export never changes with the catalog: re-priced, paused and removed ads, then a
         # late event that re-opens the period's reconciliation.
         later = int(time.time() * 1000) + 1_000
-        store.change(AdChange("ad-1", later, 9_999_999), later - 1_000)
-        store.change(AdChange("ad-2", later, None), later - 1_000)
+        store.change(AdChange("ad-1", later, 9_999_999), lambda: later - 1_000)
+        store.change(AdChange("ad-2", later, None), lambda: later - 1_000)
         removed = Catalog([ad for ad in store.current() if ad.ad_id != "ad-9"], store.current().version + 1)
         save_catalog(removed, settings.catalog_file)  # by hand: no command removes an ad
         stream(pair("very-late", "ad-1", T0 + 200 * S))
@@ -230,7 +230,7 @@ def test_a_replayed_batch_is_priced_with_the_catalog_version_of_its_first_attemp
     first = sink.catalog_of(41)
     assert first.version == 0
     # A change lands between the first attempt at batch 41 and its replay after a crash.
-    store.change(AdChange("ad-1", int(time.time() * 1000) + 60_000, 1), int(time.time() * 1000))
+    store.change(AdChange("ad-1", int(time.time() * 1000) + 60_000, 1))
     assert sink.catalog_of(41).to_json() == first.to_json(), "the replay prices as the first attempt did"
     assert sink.catalog_of(42).version == 1, "the next batch sees the change"
     assert json.loads((settings.root / "checkpoints" / "catalog-versions" / "42").read_text()) == 1

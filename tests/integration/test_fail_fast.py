@@ -120,6 +120,31 @@ def test_a_replay_with_a_bad_line_exits_1_and_says_how_many(tmp_path: Path, sett
     assert done.stderr.strip().splitlines()[-1] == "adbill replay: 2 bad line(s) not sent"
 
 
+def test_a_replayed_ad_line_in_another_currency_than_its_advertisers_is_refused_in_one_line(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """An advertiser bills in one currency: a capture cannot give it an ad in a second one, back-fill or not."""
+    env = {
+        "ADBILL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "ADBILL_TOPIC_IMPRESSIONS": settings.topic_impressions,
+        "ADBILL_TOPIC_CLICKS": settings.topic_clicks,
+        "ADBILL_TOPIC_QUARANTINE": settings.topic_quarantine,
+    }
+    ad = {"type": "ad", "campaign_id": "c1", "advertiser_id": "adv1", "effective_from": 1767225600000}
+    lines = [
+        json.dumps({**ad, "ad_id": "a1", "currency": "EUR", "cpc_micros": 250000}),
+        json.dumps({**ad, "ad_id": "a2", "currency": "JPY", "cpc_micros": 40000000}),
+        IMPRESSION,
+    ]
+    done, _ = adbill(tmp_path / "home", "replay", str(capture(tmp_path / "c.jsonl", lines)), **env)
+    assert done.returncode == 1, done
+    refusal = [line for line in done.stderr.splitlines() if "catalog change refused" in line]
+    assert len(refusal) == 1 and "advertiser adv1 bills in EUR" in refusal[0] and "a2" in refusal[0], done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "adbill replay: 1 bad line(s) not sent"
+    catalog = json.loads((tmp_path / "home" / "catalog.json").read_text())
+    assert [a["ad_id"] for a in catalog["ads"]] == ["a1"]
+
+
 def test_records_not_delivered_are_counted_and_make_the_exit_code_1(tmp_path: Path) -> None:
     """Kafka gone after the check: what the client could not deliver by the flush timeout is counted."""
     path = capture(tmp_path / "c.jsonl", [IMPRESSION] * 3)

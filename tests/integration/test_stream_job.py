@@ -390,7 +390,10 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(
     catalog = load_catalog(settings.catalog_file)
     # The job was stopped here, a moment ago: the restore waits for it to let go of its lock.
     restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
-    assert (restored.billed_clicks, restored.billed_micros) == (len(rows), sum(r["amount_micros"] for r in rows))
+    by_currency: dict[str, int] = {}
+    for r in rows:
+        by_currency[r["currency"]] = by_currency.get(r["currency"], 0) + r["amount_micros"]
+    assert (restored.billed_clicks, restored.billed_micros_by_currency) == (len(rows), by_currency)
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
 
 
@@ -444,7 +447,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         # A new price for every ad from the middle of the traffic on, made while the job is down (recorded
         # history: in the past of the clock): the batch in flight was priced, and is replayed, with the old one.
         for ad in sorted(store.current().ad_ids):
-            store.change(AdChange(ad, received[len(received) // 2], 1_000 * (kill + 1)), 0, backfill=True)
+            store.change(AdChange(ad, received[len(received) // 2], 1_000 * (kill + 1)), lambda: 0, backfill=True)
     assert killed_after == sorted(set(killed_after)), "each kill came after a newer batch"
     assert not read_to_the_end(settings), "the kills left work for the restart, or the test proves nothing"
     final = start_job()

@@ -233,26 +233,27 @@ def test_no_response_to_an_advertiser_holds_another_advertisers_data(world: Worl
 def figures_of(world: World, advertiser: str) -> set[str]:
     """What would betray `advertiser` without its id, as the admin's API gives it: its correction and click ids
     and amounts, and its click counts and micros of every period (of four digits and more), as JSON and as
-    pages write them (with the currency: short amounts such as `0.05` alone are found anywhere)."""
+    pages write them (with the advertiser's currency: short amounts such as `0.05` alone are found anywhere)."""
     admin = world.clients["ada"]
+    currency = world.seeded.catalog.currency_of(advertiser) or ""
     out: set[str] = set()
     for c in admin.get(f"/api/v1/advertisers/{advertiser}/corrections?limit=500").json["corrections"]:
         out |= {
             c["correction_id"],
             c["click_id"],
-            str(c["amount_micros"]),
-            display.signed_money(c["amount_micros"], "EUR"),
+            c["amount_micros"],  # micros as the API writes them: a string of digits
+            display.signed_money(int(c["amount_micros"]), currency),
         }
     for period in admin.get("/api/v1/periods").json["periods"]:
         dashboard = admin.get(f"/api/v1/advertisers/{advertiser}/dashboard?period={period['period']}").json
         lines = [dashboard["totals"], *dashboard["campaigns"], *dashboard["ads"]]
         for line in lines:
             for kind in ("provisional", "corrections", "corrected"):
-                clicks, micros = line[kind]["clicks"], line[kind]["micros"]
+                clicks, micros = line[kind]["clicks"], int(line[kind]["micros"])
                 if abs(clicks) >= 1_000:
                     out |= {str(clicks), display.count(abs(clicks))}
                 if abs(micros) >= 1_000:
-                    out |= {str(micros), display.money(abs(micros), "EUR")}
+                    out |= {str(micros), display.money(abs(micros), currency)}
     return out
 
 
@@ -305,7 +306,7 @@ def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> N
     assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=../../etc").status_code == 404, "access first"
     # A well-formed period without data is zero spend, for one's own advertiser only.
     empty = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period=20990101T0000Z")
-    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert empty.status_code == 200 and empty.json["totals"]["corrected"] == {"clicks": 0, "micros": "0"}
     assert alice.get(f"/api/v1/advertisers/{OTHER}/dashboard?period=20990101T0000Z").status_code == 404
 
 
@@ -595,7 +596,7 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
         response = clients[actor].get(f"/api/v1/advertisers/{advertiser}/campaigns/{SHARED}")
         assert response.status_code == 200, (actor, advertiser)
         series = response.json["series"]
-        return {p["period"]: p["provisional"]["micros"] for p in series if p["provisional"]["micros"]}
+        return {p["period"]: int(p["provisional"]["micros"]) for p in series if int(p["provisional"]["micros"])}
 
     def seen() -> None:
         assert billed("alice", OWN) == billed("fiona", OWN) == {hours.key(earlier): 750_000}
@@ -608,7 +609,8 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
     seen()
     # A catalog in which both advertisers have the campaign at once is refused by the running UI too: it keeps the
     # catalog it had, and says so in its log.
-    shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, "EUR"), Ad("other-ad", SHARED, OTHER, 10**6, "EUR")]
+    own, other = seeded.catalog.currency_of(OWN) or "", seeded.catalog.currency_of(OTHER) or ""
+    shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, own), Ad("other-ad", SHARED, OTHER, 10**6, other)]
     settings.catalog_file.write_text(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in shared]}))
     with caplog.at_level(logging.WARNING, logger="web.readers"):
         seen()

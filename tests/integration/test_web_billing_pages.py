@@ -117,7 +117,7 @@ def test_an_hour_without_data_is_zero_spend_and_a_malformed_period_is_400(seeded
     empty = "20251231T2300Z"  # before the sample's first hour
     doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period={empty}").json
     assert doc["period"] == {"period": empty, "start_ms": 1_767_222_000_000, "closed": False}
-    assert doc["totals"]["corrected"] == {"clicks": 0, "micros": 0}
+    assert doc["totals"]["corrected"] == {"clicks": 0, "micros": "0"}
     page = alice.get(f"/advertisers/{OWN}?period={empty}")
     assert page.status_code == 200 and 'id="corrected-spend">0.00 EUR<' in page.text
     assert alice.get(f"/api/v1/advertisers/{OWN}/campaigns/{campaign}?period={empty}").status_code == 200
@@ -162,7 +162,7 @@ def test_ad_and_campaign_pages_show_the_price_per_click(seeded: Seeded) -> None:
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     page = alice.get(f"/advertisers/{OWN}/ads/{ad.ad_id}").text
     assert f"Price per click: <strong>{display.money(ad.cpc_micros, 'EUR')}</strong>" in page
-    assert alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}").json["price_per_click_micros"] == ad.cpc_micros
+    assert alice.get(f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}").json["price_per_click_micros"] == str(ad.cpc_micros)
     campaign = alice.get(f"/advertisers/{OWN}/campaigns/{ad.campaign_id}").text
     assert display.money(ad.cpc_micros, "EUR") in campaign
 
@@ -190,7 +190,7 @@ def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400
     assert [d["key"] for d in doc["days"]] == ["2026-01-01"] and [m["key"] for m in doc["months"]] == ["2026-01"]
     day, month = doc["days"][0], doc["months"][0]
     assert day["corrected"] == month["corrected"] == doc["range_total"]["corrected"]
-    assert day["corrected"] == {"clicks": want_clicks, "micros": want_micros}
+    assert day["corrected"] == {"clicks": want_clicks, "micros": str(want_micros)}
     assert (day["periods"], day["open_periods"], day["closed"]) == (6, 2, False), "two open hours: provisional"
     page = alice.get(f"/advertisers/{OWN}?from=2026-01-01&to=2026-01-01").text
     assert (
@@ -210,7 +210,8 @@ def test_date_ranges_give_day_and_month_totals_equal_to_redis_and_bad_ranges_400
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     for url in (f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}", f"/api/v1/advertisers/{OWN}/campaigns/{ad.campaign_id}"):
         got = alice.get(f"{url}?from=2026-01-01&to=2026-01-31").json
-        assert got["range_total"]["corrected"]["micros"] == sum(b["corrected"]["micros"] for b in got["series"]), url
+        want = sum(int(b["corrected"]["micros"]) for b in got["series"])
+        assert got["range_total"]["corrected"]["micros"] == str(want), url
     for bad in ("from=2026-13-01", "from=yesterday", "from=2026-01-02&to=2026-01-01", "range=fortnight",
                 "from=2020-01-01&to=2026-01-01", "to=2026-1-1"):  # fmt: skip
         for url in (f"/api/v1/advertisers/{OWN}/dashboard?{bad}", f"/advertisers/{OWN}?{bad}",
@@ -225,34 +226,48 @@ def test_finance_shows_a_total_row_amounts_per_period_and_why_a_period_is_held(s
     held = {periods[-1]: "held: the streaming job is 1.2 M record(s) behind"}
     totals.record_reconciliation({"run_id": "r9", "finished_at_ms": NOW_MS, "periods": [], "closed": [], "held": held})
 
-    def corrected(period: str) -> int:
-        out = 0
-        for advertiser in {a.advertiser_id for a in seeded.catalog}:
+    currency_of = {a.advertiser_id: a.currency for a in seeded.catalog}
+
+    def corrected(period: str) -> dict[str, int]:
+        """Every advertiser's corrected micros in the period, added up per currency."""
+        out: dict[str, int] = {}
+        for advertiser, currency in currency_of.items():
             fix = seeded.client.hmget(totals.keys.corrections(period, "adv", advertiser), "micros")
-            out += totals.advertiser(period, advertiser).micros + int(fix[0] or 0)
-        return out
+            micros = totals.advertiser(period, advertiser).micros + int(fix[0] or 0)
+            out[currency] = out.get(currency, 0) + micros
+        return {c: m for c, m in sorted(out.items()) if m}
 
     doc = fiona.get("/api/v1/finance").json
+    listed = doc["advertisers"]
+    currencies = sorted({a["currency"] for a in listed})
+    assert len(currencies) > 1, "the sample's advertisers bill in several currencies"
     assert doc["totals"] == [
         {
-            "currency": "EUR",
-            "provisional": {k: sum(a["provisional"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
-            "corrections": {k: sum(a["corrections"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
-            "corrected": {k: sum(a["corrected"][k] for a in doc["advertisers"]) for k in ("clicks", "micros")},
+            "currency": c,
+            **{
+                part: {
+                    "clicks": sum(a[part]["clicks"] for a in listed if a["currency"] == c),
+                    "micros": str(sum(int(a[part]["micros"]) for a in listed if a["currency"] == c)),
+                }
+                for part in ("provisional", "corrections", "corrected")
+            },
         }
+        for c in currencies
     ]
-    assert doc["totals"][0]["corrected"]["micros"] == corrected(periods[-1])
+    assert {t["currency"]: int(t["corrected"]["micros"]) for t in doc["totals"]} == corrected(periods[-1])
     recent = {p["period"]: p for p in doc["recent_periods"]}
     assert [p["period"] for p in doc["recent_periods"]] == list(reversed(periods)), "newest first"
     for period in periods:
-        assert recent[period]["totals"][0]["corrected"]["micros"] == corrected(period), period
+        shown = {t["currency"]: int(t["corrected"]["micros"]) for t in recent[period]["totals"]}
+        assert {c: m for c, m in shown.items() if m} == corrected(period), period
     assert recent[periods[-1]]["held"] == held[periods[-1]] and recent[periods[0]]["held"] is None
     page = fiona.get("/finance").text
-    total_row = page[page.index('<tr class="total"') :].split("</tr>")[0]
-    assert display.money(corrected(periods[-1]), "EUR") in total_row
+    for currency, micros in corrected(periods[-1]).items():
+        total_row = page[page.index(f'<tr class="total" data-currency="{currency}"') :].split("</tr>")[0]
+        assert display.money(micros, currency) in total_row
     row = page[page.index(f'<tr data-period="{periods[-1]}">') :].split("</tr>")[0]
     assert "1.2 M record(s) behind" in row and 'class="badge held"' in row
-    assert display.money(corrected(periods[-1]), "EUR") in row
+    assert all(display.money(m, c) in row for c, m in corrected(periods[-1]).items())
 
 
 def advertiser_corrected(seeded: Seeded, period: str, advertiser: str) -> tuple[int, int]:
@@ -345,7 +360,14 @@ def test_charges_csv_and_finances_month_are_redis_and_the_exports(seeded: Seeded
     lines = list(csv.DictReader(io.StringIO(month.text)))
     manifests = [json.loads(p.read_text()) for p in sorted((seeded.settings.root / "exports").glob("*/manifest.json"))]
     assert len(lines) == sum(m["rows"] for m in manifests)
-    assert sum(int(r["net_micros"]) for r in lines) == sum(m["total_micros"] for m in manifests)
+    by_currency: dict[str, int] = {}
+    for r in lines:
+        by_currency[r["currency"]] = by_currency.get(r["currency"], 0) + int(r["net_micros"])
+    exported: dict[str, int] = {}
+    for m in manifests:
+        for currency, micros in m["total_micros_by_currency"].items():
+            exported[currency] = exported.get(currency, 0) + micros
+    assert by_currency == exported and len(exported) > 1
     assert all(r["net_amount"] == format_micros(int(r["net_micros"])) for r in lines)
     assert fiona.get("/finance/months/2025-12/billing.csv").status_code == 404
     assert fiona.get("/finance/months/2026-13/billing.csv").status_code == 400
@@ -390,3 +412,66 @@ def test_an_adjustment_booked_in_a_later_closed_period_shows_on_the_statement(se
     assert int(after[-1]["adjustments_micros"]) == -ad.cpc_micros
     page = alice.get(f"/advertisers/{OWN}/statements/2026-01").text
     assert f'id="adjustments">{display.signed_money(-ad.cpc_micros, "EUR")}<' in page
+
+
+def test_figures_over_several_advertisers_total_per_currency_and_each_advertiser_keeps_its_own(
+    seeded: Seeded, tmp_path: Path
+) -> None:
+    """An advertiser bills in one currency: its statements and downloads carry it, an admin cannot give it an ad in
+    another; finance's totals, per period too, and the last reconciliation's net are one figure per currency."""
+    currency_of = {ad.advertiser_id: ad.currency for ad in seeded.catalog}
+    assert len(set(currency_of.values())) >= 3, "the seeded advertisers bill in several currencies"
+    fiona, ada = client_of(seeded, "fiona"), client_of(seeded, "ada")
+
+    # An ad in another currency than its advertiser's is refused through the admin's API, with the catalog's line.
+    token = ada.get("/catalog").text
+    refused = ada.post(
+        "/api/v1/catalog/ads",
+        json={"ad_id": "yen-ad", "campaign_id": f"{OWN}-cmp-000", "advertiser_id": OWN, "currency": "JPY",
+              "cpc_micros": 5_000_000},
+        headers={"X-CSRF-Token": re.search(r'name="csrf_token" value="([^"]+)"', token).group(1)},  # type: ignore[union-attr]
+    )  # fmt: skip
+    assert refused.status_code == 400 and f"advertiser {OWN} bills in {currency_of[OWN]}" in refused.json["error"]
+
+    # Each advertiser's statement (page, CSV, PDF) and charges carry its currency on every row.
+    for advertiser, currency in sorted(currency_of.items()):
+        rows = list(
+            csv.DictReader(io.StringIO(fiona.get(f"/advertisers/{advertiser}/statements/2026-01/statement.csv").text))
+        )
+        assert rows and {r["currency"] for r in rows} == {currency}, (advertiser, rows[-1])
+        total = int(rows[-1]["total_micros"])
+        page = fiona.get(f"/advertisers/{advertiser}/statements/2026-01").text
+        assert f'id="statement-total">{display.money(total, currency)}<' in page
+        charges = list(
+            csv.DictReader(io.StringIO(fiona.get(f"/advertisers/{advertiser}/charges.csv?range=month-to-date").text))
+        )
+        assert {r["currency"] for r in charges} <= {currency}
+
+    # Finance: one total per currency, each the sum of that currency's advertisers, never two currencies added.
+    doc = fiona.get("/api/v1/finance").json
+    by_currency: dict[str, int] = {}
+    for line in doc["advertisers"]:
+        assert line["currency"] == currency_of[line["advertiser_id"]]
+        by_currency[line["currency"]] = by_currency.get(line["currency"], 0) + int(line["corrected"]["micros"])
+    assert {t["currency"]: int(t["corrected"]["micros"]) for t in doc["totals"]} == by_currency
+    assert len(by_currency) >= 3
+    for recent in doc["recent_periods"]:
+        assert "" not in {t["currency"] for t in recent["totals"]}
+    page = fiona.get("/finance").text
+    total_rows = re.findall(r'<tr class="total" data-currency="(\w*)">(.*?)</tr>', page, re.S)
+    assert [c for c, _ in total_rows] == sorted(by_currency)
+    for currency, row in total_rows:
+        assert display.money(by_currency[currency], currency) in row
+
+    # The last reconciliation's net, per currency on the health page and in its document.
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    net = {"EUR": 1_250_000, "JPY": -40_000_000}
+    totals.record_reconciliation(
+        {"run_id": "r9", "started_at_ms": NOW_MS, "finished_at_ms": NOW_MS, "net_micros_by_currency": net}
+    )
+    health = ada.get("/health").text
+    shown = health[health.index('id="reconcile-net"') :].split("</td>")[0]
+    assert display.signed_money(1_250_000, "EUR") in shown and display.signed_money(-40_000_000, "JPY") in shown
+    assert "several currencies" not in shown
+    document = ada.get("/api/v1/health").json["last_reconciliation"]
+    assert {c: int(m) for c, m in document["net_micros_by_currency"].items()} == net

@@ -9,6 +9,7 @@ command line runs in-process (`ops.cli.main`) against the same data folder.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,9 +141,9 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
     assert "spring-ad-1" in mine and RAISED in mine
     listed = web.clients["alice"].get(f"/api/v1/advertisers/{OWN}/ads").json
     new = next(a for a in listed["ads"] if a["ad_id"] == "spring-ad-1")
-    assert new["status"] == "live" and new["cpc_micros"] == 250_000
-    assert new["next_change"] == {"effective_from": planned, "cpc_micros": 1_250_000, "version": version + 2}
-    assert [p["cpc_micros"] for p in new["prices"]] == [250_000, None, 250_000, 1_250_000]
+    assert new["status"] == "live" and new["cpc_micros"] == "250000"  # micros as strings, as every amount of the API
+    assert new["next_change"] == {"effective_from": planned, "cpc_micros": "1250000", "version": version + 2}
+    assert [p["cpc_micros"] for p in new["prices"]] == ["250000", None, "250000", "1250000"]
     assert "spring-ad-1" not in web.clients["bob"].get(f"/advertisers/{OTHER}/ads").text
 
 
@@ -152,14 +153,15 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
         "/catalog/ads",
         {"ad_id": "api-ad", "campaign_id": "api-cmp", "advertiser_id": OWN, "currency": "EUR", "cpc_micros": 90_000},
     )
-    assert status == 201 and body["status"] == "live" and body["cpc_micros"] == 90_000
+    assert status == 201 and body["status"] == "live" and body["cpc_micros"] == "90000"
     later = now_ms() + 2 * HOUR_MS
-    status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": 120_000, "effective_from": later})
-    assert status == 201 and body["made"] == {"effective_from": later, "cpc_micros": 120_000, "version": 2}
+    # A price may be sent as a string of micros, as the API writes it, or as a number.
+    status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": "120000", "effective_from": later})
+    assert status == 201 and body["made"] == {"effective_from": later, "cpc_micros": "120000", "version": 2}
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": None})
     assert status == 201 and body["status"] == "paused"
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"action": "resume", "cpc_micros": 95_000})
-    assert status == 201 and body["status"] == "live" and body["cpc_micros"] == 95_000
+    assert status == 201 and body["status"] == "live" and body["cpc_micros"] == "95000"
     ad = web.catalog["api-ad"]
     assert [(p.cpc_micros, p.version) for p in ad.prices][-1] == (120_000, 2)
     assert ad.price_at(now_ms()) == 95_000 and ad.price_at(later) == 120_000
@@ -167,8 +169,52 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
         "/api/v1/catalog/ads/api-ad", headers={"Authorization": f"Bearer {web.tokens['fiona']}"}
     )
     assert read.status_code == 200 and read.json["prices"] == [
-        {"effective_from": p.effective_from, "cpc_micros": p.cpc_micros, "version": p.version} for p in ad.prices
+        {
+            "effective_from": p.effective_from,
+            "cpc_micros": None if p.paused else str(p.cpc_micros),
+            "version": p.version,
+        }
+        for p in ad.prices
     ]
+
+
+def held_lock(web: Web, hold_s: float) -> tuple[threading.Thread, list[int]]:
+    """Another writer (`adbill catalog`, say) holds the catalog's lock for `hold_s` from now, in a thread; the list
+    receives when it released it (epoch ms)."""
+    store, held, released_ms = CatalogStore(web.seeded.settings.catalog_file), threading.Event(), []
+
+    def other_writer() -> None:
+        with store.locked():
+            held.set()
+            time.sleep(hold_s)
+            released_ms.append(now_ms())
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    assert held.wait(10)
+    return writer, released_ms
+
+
+def test_a_change_that_waits_for_the_lock_takes_effect_when_it_is_made_on_the_page_and_the_api(web: Web) -> None:
+    ad_id = own_ad(web)
+    writer, released = held_lock(web, 1.0)
+    token = web.form("ada", f"/catalog/ads/{ad_id}")
+    page = web.clients["ada"].post(
+        f"/catalog/ads/{ad_id}/changes", data={"csrf_token": token, "action": "set-price", "cpc_micros": "410000"}
+    )
+    writer.join(30)
+    assert page.status_code == 303
+    entry = web.catalog[ad_id].prices[-1]
+    assert entry.cpc_micros == 410_000
+    # "Now" is read under the lock: the change cannot take effect before the moment it could be made.
+    assert entry.effective_from >= released[0] - 5, (entry.effective_from, released[0])
+
+    writer, released = held_lock(web, 1.0)
+    status, _ = web.api("ada", f"/catalog/ads/{ad_id}/prices", {"cpc_micros": 420_000})
+    writer.join(30)
+    assert status == 201
+    entry = web.catalog[ad_id].prices[-1]
+    assert entry.cpc_micros == 420_000 and entry.effective_from >= released[0] - 5, (entry, released[0])
 
 
 # Refusals: the form and the API refuse what the command line refuses, with its message ----------------------------
@@ -246,6 +292,13 @@ def test_each_refusal_of_the_form_and_the_api_is_the_commands_with_its_message(
          {"ad_id": ad, "campaign_id": campaign, "advertiser_id": OTHER, "currency": "EUR", "cpc_micros": 5},
          ["create-ad", ad, "--campaign", campaign, "--advertiser", OTHER, "--currency", "EUR", "--cpc-micros", "5"],
          "exists already"),
+        # A new ad in another currency than its advertiser's other ads: an advertiser bills in one currency.
+        ("another currency", "/catalog/ads",
+         {"ad_id": "mine-3", "campaign_id": "new-cmp", "advertiser_id": OWN, "currency": "KWD", "cpc_micros": "15000"},
+         "/catalog/ads",
+         {"ad_id": "mine-3", "campaign_id": "new-cmp", "advertiser_id": OWN, "currency": "KWD", "cpc_micros": 15_000},
+         ["create-ad", "mine-3", "--campaign", "new-cmp", "--advertiser", OWN, "--currency", "KWD",
+          "--cpc-micros", "15000"], f"advertiser {OWN} bills in EUR"),
         # A new ad without its campaign.
         ("no campaign", "/catalog/ads",
          {"ad_id": "mine-2", "campaign_id": "", "advertiser_id": OWN, "currency": "EUR", "cpc_micros": "5"},

@@ -76,9 +76,10 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
         for level, ident, shown in checks:
             provisional = {"adv": totals.advertiser, "cmp": totals.campaign, "ad": totals.ad}[level](period, ident)
             fix = seeded.client.hmget(totals.keys.corrections(period, level, ident), "clicks", "micros")
-            assert shown["provisional"] == {"clicks": provisional.clicks, "micros": provisional.micros}
-            assert shown["corrections"] == {"clicks": int(fix[0] or 0), "micros": int(fix[1] or 0)}  # type: ignore[index]
-            assert shown["corrected"]["micros"] == provisional.micros + int(fix[1] or 0)  # type: ignore[index]
+            # Micros as strings (the proto3 JSON mapping of int64), clicks as numbers.
+            assert shown["provisional"] == {"clicks": provisional.clicks, "micros": str(provisional.micros)}
+            assert shown["corrections"] == {"clicks": int(fix[0] or 0), "micros": str(int(fix[1] or 0))}  # type: ignore[index]
+            assert shown["corrected"]["micros"] == str(provisional.micros + int(fix[1] or 0))  # type: ignore[index]
         late = seeded.client.hmget(totals.keys.late(period, "adv", OWN), "impressions", "clicks")
         assert doc["late"] == {"late_impressions": int(late[0] or 0), "late_clicks": int(late[1] or 0)}  # type: ignore[index]
         ahead = totals.clock_ahead(period, "adv", OWN)
@@ -123,13 +124,13 @@ def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_se
     doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard").json  # type: ignore[attr-defined]
     assert doc["period"] == {"period": P0, "start_ms": P0_MS, "closed": True}
     ads = {a["ad_id"]: a for a in doc["ads"]}
-    assert ads[missed_ad.ad_id]["provisional"] == {"clicks": 0, "micros": 0}
-    assert ads[missed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": missed_ad.cpc_micros}
-    assert ads[billed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": billed_ad.cpc_micros}
-    assert doc["totals"]["corrected"] == {"clicks": 2, "micros": missed_ad.cpc_micros + billed_ad.cpc_micros}
+    assert ads[missed_ad.ad_id]["provisional"] == {"clicks": 0, "micros": "0"}
+    assert ads[missed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": str(missed_ad.cpc_micros)}
+    assert ads[billed_ad.ad_id]["corrected"] == {"clicks": 1, "micros": str(billed_ad.cpc_micros)}
+    assert doc["totals"]["corrected"] == {"clicks": 2, "micros": str(missed_ad.cpc_micros + billed_ad.cpc_micros)}
     listed = client.get(f"/api/v1/advertisers/{OWN}/corrections").json  # type: ignore[attr-defined]
     assert [c["correction_id"] for c in listed["corrections"]] == ["c2", "c1"], "newest first"
-    assert listed["corrections"][0]["amount_micros"] == -billed_ad.cpc_micros
+    assert listed["corrections"][0]["amount_micros"] == str(-billed_ad.cpc_micros)
     page = client.get(f"/advertisers/{OWN}/corrections/c1")  # type: ignore[attr-defined]
     assert page.status_code == 200 and "Late click" in page.text and "k1" in page.text
 
@@ -271,15 +272,105 @@ def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_th
     doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={P0}").json  # type: ignore[attr-defined]
     assert doc["period"]["closed"] is True
     for shown in (doc["totals"], doc["campaigns"][0], doc["ads"][0]):
-        assert shown["provisional"]["micros"] == big, shown
-        assert shown["corrections"]["micros"] == fix, shown
-        assert shown["corrected"]["micros"] == big + fix, shown
+        assert shown["provisional"]["micros"] == str(big), shown
+        assert shown["corrections"]["micros"] == str(fix), shown
+        assert shown["corrected"]["micros"] == str(big + fix), shown
     finance = client.get(f"/api/v1/finance?period={P0}").json  # type: ignore[attr-defined]
-    assert [a["corrected"]["micros"] for a in finance["advertisers"]] == [big + fix]
+    assert [a["corrected"]["micros"] for a in finance["advertisers"]] == [str(big + fix)]
     for url in (f"/advertisers/{OWN}?period={P0}", f"/finance?period={P0}"):
         page = client.get(url)  # type: ignore[attr-defined]
         assert page.status_code == 200, url
         assert money(big + fix) in page.text, url
-    writer.totals.record_reconciliation({"run_id": "r1", "started_at_ms": P1_MS, "net_micros": fix - big})
+    writer.totals.record_reconciliation(
+        {"run_id": "r1", "started_at_ms": P1_MS, "net_micros_by_currency": {"EUR": fix - big}}
+    )
     health = client.get("/api/v1/health").json  # type: ignore[attr-defined]
-    assert health["last_reconciliation"]["net_micros"] == fix - big
+    assert health["last_reconciliation"]["net_micros_by_currency"] == {"EUR": str(fix - big)}
+
+
+PAST_2_TO_THE_53 = 9_007_199_254_740_993  # 2^53 + 1: a JSON number a browser reads as a double loses its last digit
+
+
+def _micros_fields(value: object, path: str = "") -> list[tuple[str, object]]:
+    """Every money field of an API document, by path: keys ending in `micros`, and the values of `..._by_currency`."""
+    found: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if key.endswith("micros"):
+                found.append((where, item))
+            elif key.endswith("micros_by_currency"):
+                found += [(f"{where}.{c}", m) for c, m in item.items()]
+            else:
+                found += _micros_fields(item, where)
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            found += _micros_fields(item, f"{path}[{n}]")
+    return found
+
+
+def test_every_api_document_carries_micros_as_strings_so_no_digit_is_lost_past_2_to_the_53(seeded: Seeded) -> None:
+    """As the proto3 JSON mapping does for 64-bit integers: a script, or the dashboard's `response.json()`, which
+    reads every JSON number as a double, gets every digit."""
+    totals = RedisFigures(seeded.client, seeded.settings.redis_prefix)
+    period = totals.periods()[-1]
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    start_ms = int(seeded.client.zscore(totals.keys.periods(), period) or 0)
+    totals.apply_batch(
+        "billing", 5_000, [TotalsRow(period, start_ms, OWN, ad.campaign_id, ad.ad_id, 1, PAST_2_TO_THE_53)]
+    )
+    totals.record_reconciliation({"run_id": "r-big", "net_micros_by_currency": {"EUR": -PAST_2_TO_THE_53}})
+    exact = totals.advertiser(period, OWN).micros
+    fix = int(seeded.client.hget(totals.keys.corrections(period, "adv", OWN), "micros") or 0)
+    assert exact > 2**53 and float(exact + fix) != exact + fix, "a double cannot hold it"
+
+    client = _client(seeded.settings)
+    correction = json.loads(seeded.client.lindex(totals.keys.correction_list(OWN), 0) or "{}")["correction_id"]
+    urls = [
+        "/api/v1/advertisers",
+        f"/api/v1/advertisers/{OWN}/dashboard",
+        f"/api/v1/advertisers/{OWN}/dashboard?range=last-7-days&period={period}",
+        f"/api/v1/advertisers/{OWN}/campaigns/{ad.campaign_id}",
+        f"/api/v1/advertisers/{OWN}/ads/{ad.ad_id}",
+        f"/api/v1/advertisers/{OWN}/corrections",
+        f"/api/v1/advertisers/{OWN}/corrections/{correction}",
+        f"/api/v1/advertisers/{OWN}/ads",
+        "/api/v1/finance",
+        f"/api/v1/finance?period={period}",
+        "/api/v1/exports",
+        "/api/v1/health",
+        "/api/v1/catalog/ads",
+        f"/api/v1/catalog/ads/{ad.ad_id}",
+        f"/api/v1/catalog/ads/{ad.ad_id}/prices",
+    ]
+    documents = {}
+    for url in urls:
+        response = client.get(url)  # type: ignore[attr-defined]
+        assert response.status_code == 200, url
+        documents[url] = response.text
+    token = client.get("/catalog").text  # type: ignore[attr-defined]
+    csrf = token.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    made = client.post(  # type: ignore[attr-defined]
+        "/api/v1/catalog/ads",
+        json={"ad_id": "big-ad", "campaign_id": ad.campaign_id, "advertiser_id": OWN, "currency": "EUR",
+              "cpc_micros": str(PAST_2_TO_THE_53)},
+        headers={"X-CSRF-Token": csrf},
+    )  # fmt: skip
+    assert made.status_code == 201, made.text
+    documents["POST /api/v1/catalog/ads"] = made.text
+
+    money_fields = 0
+    for url, text in documents.items():
+        for where, value in _micros_fields(json.loads(text)):
+            assert value is None or (isinstance(value, str) and value.lstrip("-").isdigit()), (url, where, value)
+            money_fields += 1
+    assert money_fields > 100
+
+    # Read as a browser reads it (every JSON number a double): still every digit.
+    dashboard = json.loads(documents[f"/api/v1/advertisers/{OWN}/dashboard"], parse_int=float)
+    assert dashboard["totals"]["provisional"]["micros"] == str(exact)
+    assert int(dashboard["totals"]["corrected"]["micros"]) == exact + fix
+    health = json.loads(documents["/api/v1/health"], parse_int=float)
+    assert health["last_reconciliation"]["net_micros_by_currency"] == {"EUR": str(-PAST_2_TO_THE_53)}
+    created = json.loads(documents["POST /api/v1/catalog/ads"], parse_int=float)
+    assert created["cpc_micros"] == str(PAST_2_TO_THE_53) and created["made"]["cpc_micros"] == str(PAST_2_TO_THE_53)

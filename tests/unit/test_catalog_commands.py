@@ -3,13 +3,16 @@ stderr and a non-zero exit, and changes nothing."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from billing.catalog import Ad, Catalog, Unbillable
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.catalog import Ad, AdChange, Catalog, Unbillable
+from billing.layout import DataLayout
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from ops.cli import main
 
 BASE = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"), Ad("ad-2", "cmp-2", "adv-2", 1_000_000, "USD")])
@@ -64,6 +67,8 @@ def test_the_commands_change_the_history_and_show_it(home: Path, capsys: pytest.
           "--cpc-micros", "5"], "campaign cmp-2 belongs to advertiser adv-2"),
         (["create-ad", "ad-1", "--campaign", "cmp-1", "--advertiser", "adv-1", "--currency", "EUR",
           "--cpc-micros", "5"], "exists already"),
+        (["create-ad", "ad-9", "--campaign", "cmp-9", "--advertiser", "adv-1", "--currency", "JPY",
+          "--cpc-micros", "5000000"], "advertiser adv-1 bills in EUR"),
         (["set-price"], "needs the ad's id"),
     ],
 )  # fmt: skip
@@ -75,3 +80,83 @@ def test_refusals_are_one_line_and_change_nothing(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("adbill catalog: error: ")
     assert (home / "catalog.json").read_bytes() == before
+
+
+def _hold_the_lock_while(
+    home: Path, command: list[str], hold_s: float, during: Callable[[], None] = lambda: None
+) -> tuple[int, int]:
+    """Run `adbill catalog COMMAND` while another writer (the admin page, say) holds the catalog's lock for
+    `hold_s`, calling `during` under it; (the command's exit code, when the lock was released, epoch ms)."""
+    store = CatalogStore(home / "catalog.json")
+    held, released_ms = threading.Event(), []
+
+    def other_writer() -> None:
+        with store.locked():
+            held.set()
+            time.sleep(hold_s)
+            during()
+            released_ms.append(int(time.time() * 1000))
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    assert held.wait(10)
+    code = main(["catalog", *command])  # in the main thread: the command handles signals
+    writer.join(30)
+    return code, released_ms[0]
+
+
+def test_a_change_that_waits_for_the_lock_takes_effect_when_it_is_made_not_when_it_was_asked(home: Path) -> None:
+    code, released_ms = _hold_the_lock_while(home, ["set-price", "ad-1", "--cpc-micros", "400000"], 1.0)
+    assert code == 0
+    entry = load_catalog(home / "catalog.json")["ad-1"].prices[-1]
+    assert entry.cpc_micros == 400_000
+    # "Now" is read under the lock: the change cannot take effect before the moment it could be made.
+    assert entry.effective_from >= released_ms - 5, (entry.effective_from, released_ms)
+
+
+def test_generate_force_refuses_to_replace_a_catalog_with_a_history(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["catalog", "set-price", "ad-1", "--cpc-micros", "300000"]) == 0
+    before = (home / "catalog.json").read_bytes()
+    capsys.readouterr()
+    assert main(["catalog", "generate", "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("adbill catalog: error: ")
+    assert "history" in err and "version 1" in err and "set-price" in err
+    assert (home / "catalog.json").read_bytes() == before
+
+
+def test_generate_force_waits_for_the_lock_and_sees_a_change_made_meanwhile(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin's change made while `generate --force` waits is never lost under a regenerated catalog."""
+    path = home / "catalog.json"
+
+    held = load_catalog(path)  # the admin reads the catalog under the lock, and writes its change under it
+
+    def admin_changes_a_price() -> None:
+        save_catalog(held.with_change(AdChange("ad-1", 0, 350_000), 0, backfill=True), path)
+
+    code, _ = _hold_the_lock_while(home, ["generate", "--force"], 0.5, admin_changes_a_price)
+    assert code == 1 and "history" in capsys.readouterr().err
+    catalog = load_catalog(path)
+    assert catalog.version == 1 and catalog["ad-1"].prices[-1].cpc_micros == 350_000
+
+
+def test_generate_force_replaces_a_catalog_that_was_never_changed_nor_billed(home: Path) -> None:
+    assert main(["catalog", "generate", "--force", "--advertisers", "2", "--campaigns", "1", "--ads", "1"]) == 0
+    catalog = load_catalog(home / "catalog.json")
+    assert len(catalog) == 2 and catalog.version == 0
+
+
+def test_generate_force_refuses_a_catalog_the_stream_has_priced_with(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    versions = DataLayout(home).catalog_versions
+    versions.mkdir(parents=True)
+    (versions / "0").write_text("0")
+    assert main(["catalog", "generate", "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "priced" in err
+    assert load_catalog(home / "catalog.json") == BASE

@@ -169,7 +169,7 @@ def test_the_store_sees_each_change_and_two_writers_lose_nothing(tmp_path: Path)
     def raise_prices(offset: int) -> None:
         store = CatalogStore(path)
         for n in range(10):
-            store.change(AdChange("ad-1", NOW + M + offset * 100 + n, n), NOW)
+            store.change(AdChange("ad-1", NOW + M + offset * 100 + n, n), lambda: NOW)
 
     writers = [threading.Thread(target=raise_prices, args=(k,)) for k in range(2)]
     for writer in writers:

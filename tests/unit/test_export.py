@@ -211,7 +211,8 @@ def test_write_export_files_and_manifest(tmp_path: Path, table: pa.Table) -> Non
     assert folder == tmp_path / "exports" / PERIOD
     assert sorted(p.name for p in folder.iterdir()) == [SUMS_FILE, CSV_FILE, PARQUET_FILE, MANIFEST_FILE]
     assert (manifest.period, manifest.period_start_ms, manifest.period_end_ms) == (PERIOD, START, END)
-    assert (manifest.closed_at_ms, manifest.rows, manifest.total_micros) == (CLOSED_AT, 9, 250_000)
+    # EUR and USD rows: a total per currency, and no one total (it would add micros of two currencies).
+    assert (manifest.closed_at_ms, manifest.rows, manifest.total_micros) == (CLOSED_AT, 9, None)
     assert manifest.total_micros_by_currency == {"EUR": 1_250_000, "USD": -1_000_000}
     for name in (PARQUET_FILE, CSV_FILE):
         data = (folder / name).read_bytes()
@@ -219,7 +220,8 @@ def test_write_export_files_and_manifest(tmp_path: Path, table: pa.Table) -> Non
         assert manifest.files[name].size_bytes == len(data)
         assert not os.stat(folder / name).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     on_disk = json.loads((folder / MANIFEST_FILE).read_text())
-    assert on_disk["rows"] == 9 and on_disk["total_micros"] == 250_000
+    assert on_disk["rows"] == 9 and on_disk["total_micros"] is None and on_disk["version"] == 2
+    assert on_disk["total_micros_by_currency"] == {"EUR": 1_250_000, "USD": -1_000_000}
     assert on_disk["files"][PARQUET_FILE] == {
         "bytes": len((folder / PARQUET_FILE).read_bytes()),
         "sha256": manifest.files[PARQUET_FILE].sha256,
@@ -358,11 +360,12 @@ def test_verify_finds_a_manifest_that_lies(tmp_path: Path, table: pa.Table) -> N
     folder = export_folder(tmp_path, PERIOD)
     manifest_path = folder / MANIFEST_FILE
     data = json.loads(manifest_path.read_text())
-    data["total_micros"] += 1
+    data["total_micros_by_currency"]["EUR"] += 1
     manifest_path.chmod(0o644)
     manifest_path.write_text(json.dumps(data))
     assert verify_export(folder) == [
-        f"{PARQUET_FILE} totals 250000 micros, the manifest says 250001",
+        f"{PARQUET_FILE} totals {{'EUR': 1250000, 'USD': -1000000}} micros by currency, the manifest says "
+        "{'EUR': 1250001, 'USD': -1000000}",
         f"{SUMS_FILE} does not match the files",  # the manifest changed after SHA256SUMS was written
     ]
     (folder / PARQUET_FILE).chmod(0o644)

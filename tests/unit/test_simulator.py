@@ -406,7 +406,13 @@ def test_ground_truth_equals_a_brute_force_recomputation(tmp_path, busy_arrivals
     assert {row["click_id"]: (row["impression_id"], row["amount_micros"]) for row in rows} == expected
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["billable"]["clicks"] == len(expected)
-    assert summary["billable"]["total_micros"] == sum(micros for _, micros in expected.values())
+    catalog = BUSY.catalog()
+    assert len({ad.currency for ad in catalog}) > 1, "the run's advertisers bill in several currencies"
+    by_currency: Counter[str] = Counter()
+    for row in rows:
+        by_currency[catalog[row["ad_id"]].currency] += expected[row["click_id"]][1]
+        assert row["currency"] == catalog[row["ad_id"]].currency
+    assert summary["billable"]["total_micros_by_currency"] == dict(sorted(by_currency.items()))
     # Ties and several qualifying impressions really happened, so the "latest" part of the rule was exercised.
     assert any(row["click_time"] - row["impression_time"] > 0 for row in rows)
 
@@ -425,7 +431,8 @@ def test_summary_counts(tmp_path, busy_arrivals):
     assert summary["intake"]["duplicate"] == kinds[ArrivalKind.DUPLICATE]
     assert summary["intake"]["accepted"] == kinds[ArrivalKind.EVENT]
     per_advertiser = summary["billable"]["by_advertiser"]
-    assert sum(entry["micros"] for entry in per_advertiser.values()) == summary["billable"]["total_micros"]
+    for currency, total in summary["billable"]["total_micros_by_currency"].items():
+        assert sum(e["micros"] for e in per_advertiser.values() if e["currency"] == currency) == total
     assert summary["config"]["seed"] == BUSY.seed
     assert summary["start_ms"] == resolve_start_ms(BUSY, NOW_MS)
 

@@ -36,8 +36,8 @@ def test_an_ads_status_price_and_next_change_at_a_time(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("", 42),  # empty: now
-        ("  ", 42),
+        ("", None),  # empty: now, read under the catalog's lock when the change is made
+        ("  ", None),
         ("1767225600000", T),  # epoch ms
         ("2026-01-01T00:00", T),  # as a datetime-local field sends it, read as UTC
         ("2026-01-01T00:00:05", T + 5_000),
@@ -45,22 +45,22 @@ def test_an_ads_status_price_and_next_change_at_a_time(
         ("2026-01-01 00:01", T + 60_000),
     ],
 )
-def test_a_forms_effective_time(text: str, expected: int) -> None:
-    assert effective_from_text(text, 42) == expected
+def test_a_forms_effective_time(text: str, expected: int | None) -> None:
+    assert effective_from_text(text) == expected
 
 
 @pytest.mark.parametrize("text", ["tomorrow", "2026-02-30T00:00", "2026-01-01T25:00", "-5", "2026-01-01", "1.5"])
 def test_an_effective_time_that_is_no_time_is_refused_in_one_line(text: str) -> None:
     with pytest.raises(CatalogError, match="the effective time is epoch ms or a UTC time") as refused:
-        effective_from_text(text, 42)
+        effective_from_text(text)
     assert "\n" not in str(refused.value)
 
 
 def test_the_apis_effective_time_is_whole_epoch_ms_or_absent() -> None:
-    assert effective_from_json(None, 42) == 42 and effective_from_json(T, 42) == T
+    assert effective_from_json(None) is None and effective_from_json(T) == T
     for value in (True, 1.5, "1767225600000", -1):
         with pytest.raises(CatalogError, match="non-negative number of epoch milliseconds"):
-            effective_from_json(value, 42)
+            effective_from_json(value)
 
 
 def test_unbilled_counts_add_up() -> None:

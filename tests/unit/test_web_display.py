@@ -104,7 +104,7 @@ function svg() {
     removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
     appendChild(c) { this.children.push(c); }, setAttribute() {} };
 }
-const bill = (p) => ({ period: p, closed: true, corrected: { micros: 5 }, provisional: { micros: 4 } });
+const bill = (p) => ({ period: p, closed: true, corrected: { micros: "5" }, provisional: { micros: "4" } });
 const labels = (series) => { const s = svg(); drawChart(s, series, "EUR");
   return s.children.filter((c) => c.name === "text" && c.attrs.y === "250").map((c) => c.textContent); };
 """
@@ -116,3 +116,41 @@ const labels = (series) => { const s = svg(); drawChart(s, series, "EUR");
     )
     out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
     assert json.loads(out) == [["2026-01-01 00:00 UTC"], ["2026-01-01 00:00 UTC", "2026-01-01 01:00 UTC"]]
+
+
+def test_the_chart_reads_micros_as_strings_and_keeps_every_digit_past_2_to_the_53() -> None:
+    """The API sends micros as JSON strings; the chart keeps them exact (its bar's `data-micros`, its tooltip) and
+    scales its bars with BigInt, a tall one and a small one alike."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    dom = """
+globalThis.document = {
+  addEventListener() {},
+  createElementNS(_ns, name) {
+    return { name, attrs: {}, children: [], textContent: "",
+      setAttribute(k, v) { this.attrs[k] = v; }, appendChild(c) { this.children.push(c); } };
+  },
+};
+const s = { children: [], get firstChild() { return this.children[0]; },
+  removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
+  appendChild(c) { this.children.push(c); }, setAttribute() {} };
+"""
+    program = (
+        dom
+        + script.read_text()
+        + """
+drawChart(s, [
+  { period: "20260101T0000Z", closed: true, corrected: { micros: "9007199254740993" }, provisional: { micros: "0" } },
+  { period: "20260101T0100Z", closed: false, corrected: { micros: "4503599627370497" }, provisional: { micros: "1" } },
+], "EUR");
+const bars = s.children.find((c) => c.name === "g").children;
+console.log(JSON.stringify(bars.map((b) => [b.attrs["data-micros"], b.attrs.height, b.children[0].textContent])));
+"""
+    )
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == [
+        ["9007199254740993", "214.00", "2026-01-01 00:00 UTC: 9,007,199,254.740993 EUR"],
+        ["4503599627370497", "107.00", "2026-01-01 01:00 UTC: 4,503,599,627.370497 EUR"],
+    ]

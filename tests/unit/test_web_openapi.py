@@ -58,3 +58,29 @@ def test_paths_with_whole_number_arguments_document_the_400_for_bad_ones() -> No
         declared = [parameters[p["$ref"].rsplit("/", 1)[1]] for p in item["get"].get("parameters", [])]
         if any(p["in"] == "query" and p["schema"]["type"] == "integer" for p in declared):
             assert item["get"]["responses"].get("400") == {"$ref": "#/components/responses/BadRequest"}, path
+
+
+def test_every_amount_of_money_is_documented_as_a_string_of_micros() -> None:
+    """Responses carry micros as JSON strings (the proto3 JSON mapping of int64); requests may send either."""
+
+    def money(node: object, path: str) -> list[tuple[str, dict[str, object]]]:
+        found: list[tuple[str, dict[str, object]]] = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if "micros" in key and isinstance(value, dict) and ("type" in value or "oneOf" in value):
+                    found.append((f"{path}/{key}", value))
+                found += money(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for n, value in enumerate(node):
+                found += money(value, f"{path}[{n}]")
+        return found
+
+    fields = money(DOCUMENT, "")
+    assert len(fields) >= 9
+    for path, schema in fields:
+        if "/requestBody/" in path:
+            assert {"type": "string", "pattern": "^[0-9]{1,19}$"} in schema["oneOf"], path  # type: ignore[operator]
+            continue
+        value = schema["additionalProperties"] if schema.get("type") == "object" else schema
+        assert value["type"] == "string" and value["format"] == "int64", path  # type: ignore[index]
+    assert "proto3" in DOCUMENT["info"]["description"]

@@ -1,6 +1,7 @@
 // adbill's only script: live refresh of an advertiser's dashboard and its spend chart, from the JSON API.
 // Loaded from this origin (the Content-Security-Policy allows no inline script). Money arrives as integer micros
-// and is formatted with integer arithmetic (BigInt), as web/display.py does on the server.
+// written as JSON strings ("9007199254740993": a JSON number past 2^53 would lose digits in response.json()), is
+// read into BigInt and formatted with integer arithmetic, as web/display.py does on the server.
 "use strict";
 
 const MICROS = 1000000n;
@@ -130,10 +131,14 @@ function drawChart(svg, series, currency) {
     svg.appendChild(svgElement("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "axis" }, "No spend yet"));
     return;
   }
-  let max = 1;
-  for (const p of series) max = Math.max(max, p.corrected.micros, p.provisional.micros);
+  let max = 1n;
+  for (const p of series) {
+    for (const micros of [BigInt(p.corrected.micros), BigInt(p.provisional.micros)]) if (micros > max) max = micros;
+  }
   const step = plotW / series.length;
-  const y = (micros) => top + plotH - (Math.max(0, micros) / max) * plotH;
+  // Heights only: the share of the highest bar, in millionths, exact in BigInt before it becomes a Number.
+  const share = (micros) => { const m = BigInt(micros); return m > 0n ? Number((m * 1000000n) / max) / 1e6 : 0; };
+  const y = (micros) => top + plotH - share(micros) * plotH;
   svg.appendChild(svgElement("line", { x1: left, y1: top + plotH, x2: width - right, y2: top + plotH, class: "axis-line" }));
   svg.appendChild(svgElement("line", { x1: left, y1: top, x2: left, y2: top + plotH, class: "axis-line" }));
   svg.appendChild(svgElement("text", { x: left - 6, y: top + 4, "text-anchor": "end", class: "axis" }, money(max, currency).replace(/\.\d+/, "")));
