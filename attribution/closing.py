@@ -67,18 +67,22 @@ from billing.layout import EPOCH_FILE, DataLayout
 from billing.periods import DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
+from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
+from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
     MANIFEST_FILE,
     export_table,
     exported_bills,
+    not_charged_table,
     read_export,
     read_manifest,
+    read_not_charged,
     write_export,
 )
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
-from billing.store.redis_totals import NOT_CHARGED_REASONS, RedisTotals
+from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 _INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
@@ -391,6 +395,7 @@ class SparkFinalBills:
     conflicts: pa.Table
     facts: ArrivalFacts
     not_charged: pa.Table = field(default_factory=lambda: pa.table({"click_id": pa.array([], pa.string())}))
+    rules: IvtRules = DEFAULT_RULES
 
     @classmethod
     def compute(
@@ -421,11 +426,19 @@ class SparkFinalBills:
             not_charged_reasons=dict(zip(refused["click_id"].to_pylist(), refused["reason"].to_pylist(), strict=True)),
             stream_not_charged=not_charged_by_stream(layout, due),
         )
-        return cls(charged, quarantined, facts, not_charged)
+        return cls(charged, quarantined, facts, not_charged, rules)
 
     @property
     def clicks(self) -> int:
         return self.bills.num_rows
+
+    @property
+    def judged_with(self) -> dict[str, Any]:
+        return {
+            "crawler_list_version": crawler_list().version,
+            "crawler_list_package": CRAWLER_PACKAGE,
+            **self.rules.as_dict(),
+        }
 
     def of_period(self, period: str) -> list[dict[str, Any]]:
         return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
@@ -647,8 +660,30 @@ class ExportFolders:
     def totals(self, period: str) -> dict[tuple[str, str], tuple[int, int, str]]:
         return export_totals(read_export(self.layout.export(period)).to_pylist())
 
-    def write(self, period: str, export: list[dict[str, Any]], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
-        write_export(self.layout.root, period, export_table(export), start_ms, end_ms, closed_at_ms)
+    def write(
+        self,
+        period: str,
+        export: list[dict[str, Any]],
+        start_ms: int,
+        end_ms: int,
+        closed_at_ms: int,
+        not_charged: list[dict[str, Any]] | None = None,
+        judged_with: Mapping[str, Any] | None = None,
+    ) -> None:
+        write_export(
+            self.layout.root,
+            period,
+            export_table(export),
+            start_ms,
+            end_ms,
+            closed_at_ms,
+            not_charged_table(not_charged or []),
+            judged_with,
+        )
+
+    def not_charged(self, period: str) -> list[NotChargedCount]:
+        folder = self.layout.export(period)
+        return exported_not_charged(read_not_charged(folder), read_export(folder), Periods().parse_key(period))
 
 
 @dataclass(frozen=True)
@@ -696,3 +731,30 @@ def _write_sent(path: Path, sent: Mapping[str, set[str]]) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps({period: sorted(keys) for period, keys in sorted(sent.items())}, indent=0))
     replace_files([(temporary, path)], touched)
+
+
+def exported_not_charged(clicks: pa.Table, export: pa.Table, period_start_ms: int) -> list[NotChargedCount]:
+    """A closed period's not-charged figures from its export: its clicks not charged for an invalid traffic rule or
+    the budget (`not_charged.parquet`), and the adjustments booked in it with such a reason (a retraction is one
+    more click not charged there, an addition one less), per ad and reason."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for row in clicks.to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS and row["campaign_id"] and row["advertiser_id"]:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += row["amount_micros"] or 0
+    adjustments = export.filter(pc.equal(export["record_type"], "adjustment"))
+    for row in adjustments.select(
+        ["advertiser_id", "campaign_id", "ad_id", "reason", "status", "net_micros"]
+    ).to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1 if row["status"] == "retracted" else -1
+            entry[1] += -row["net_micros"]
+    period = Periods().key(period_start_ms)
+    return [
+        NotChargedCount(period, period_start_ms, adv, cmp, ad, reason, clicks_, micros)
+        for (adv, cmp, ad, reason), (clicks_, micros) in sorted(sums.items())
+    ]

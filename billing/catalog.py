@@ -329,10 +329,7 @@ class Catalog:
                     spans.append((start, starts[i + 1] if i + 1 < len(starts) else END_OF_TIME))
         # A budget or an exclusion changed from a time on changes which clicks are charged from then on.
         spans += [
-            (b.effective_from, END_OF_TIME)
-            for entries in self.budgets.values()
-            for b in entries
-            if b.version > version
+            (b.effective_from, END_OF_TIME) for entries in self.budgets.values() for b in entries if b.version > version
         ]
         spans += [(c.effective_from, END_OF_TIME) for c in self.exclusions.changes if c.version > version]
         merged: list[tuple[int, int]] = []
