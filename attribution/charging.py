@@ -227,8 +227,8 @@ class Charging:
             not_charged=refused,
             totals=_totals(ledger),
             unbilled_counts=_unbilled_counts(held),
-            not_charged_counts=_not_charged_counts(refused),
-            budget_days=_budget_days(ledger, refused),
+            not_charged_counts=not_charged_counts(refused),
+            budget_days=budget_day_counts(ledger, refused),
             decisions=dict(decisions),
             replayed=replayed,
         )
@@ -330,7 +330,7 @@ def _unbilled_counts(unbilled: pa.Table) -> list[UnbilledCount]:
     ]
 
 
-def _not_charged_counts(refused: pa.Table) -> list[NotChargedCount]:
+def not_charged_counts(refused: pa.Table) -> list[NotChargedCount]:
     keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id", "reason"]
     return [
         NotChargedCount(
@@ -347,7 +347,7 @@ def _not_charged_counts(refused: pa.Table) -> list[NotChargedCount]:
     ]
 
 
-def _budget_days(ledger: pa.Table, refused: pa.Table) -> list[BudgetDayCount]:
+def budget_day_counts(ledger: pa.Table, refused: pa.Table) -> list[BudgetDayCount]:
     """Per period and campaign, the clicks charged and over budget, by UTC day (a period lies in one day)."""
     days: dict[tuple[str, int, str], list[int]] = {}
     for table, charged in ((ledger, True), (refused.filter(pc.equal(refused.column("reason"), "over_budget")), False)):

@@ -106,6 +106,16 @@ class CatalogStore:
             save_catalog(changed, self.path)
             return changed
 
+    def update(self, make: Callable[[Catalog, int], Catalog], clock: Clock = wall_clock_ms) -> Catalog:
+        """Make the change `make` returns for the catalog as the file holds it and "now" (a budget, an exclusion:
+        `Catalog.with_budget`, `Catalog.with_exclusion`; CatalogError when refused), under the lock, and write the
+        file; the new catalog."""
+        with self.locked():
+            current = load_catalog(self.path) if self.path.exists() else Catalog([])
+            changed = make(current, clock())
+            save_catalog(changed, self.path)
+            return changed
+
     def start(self, catalog: Catalog, replace: bool = False, priced: bool = False) -> None:
         """Write `catalog` (a generated one, in force from the beginning) as the file, under the lock.
 

@@ -27,6 +27,7 @@ from billing.export import ExportStatus, RecordType
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.durable import fsync_file, fsync_folder, make_folder
+from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount
 
 EXPORT_COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("record_type", pa.string(), False, "`click` or `adjustment`"),
@@ -487,3 +488,30 @@ def read_not_charged(folder: str | os.PathLike[str]) -> pa.Table:
     if not path.exists():
         return NOT_CHARGED_SCHEMA.empty_table()
     return pq.read_table(path, schema=NOT_CHARGED_SCHEMA)
+
+
+def exported_not_charged(clicks: pa.Table, export: pa.Table, period_start_ms: int) -> list[NotChargedCount]:
+    """A closed period's not-charged figures from its export: its clicks not charged for an invalid traffic rule or
+    the budget (`not_charged.parquet`), and the adjustments booked in it with such a reason (a retraction is one
+    more click not charged there, an addition one less), per ad and reason."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for row in clicks.to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS and row["campaign_id"] and row["advertiser_id"]:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += row["amount_micros"] or 0
+    adjustments = export.filter(pc.equal(export["record_type"], "adjustment"))
+    for row in adjustments.select(
+        ["advertiser_id", "campaign_id", "ad_id", "reason", "status", "net_micros"]
+    ).to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1 if row["status"] == "retracted" else -1
+            entry[1] += -row["net_micros"]
+    period = Periods().key(period_start_ms)
+    return [
+        NotChargedCount(period, period_start_ms, adv, cmp, ad, reason, clicks_, micros)
+        for (adv, cmp, ad, reason), (clicks_, micros) in sorted(sums.items())
+    ]
