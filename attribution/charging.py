@@ -147,10 +147,16 @@ DayTotals = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], int]]
 class Charging:
     """The stream's charging step (module doc); one per query run, on the driver."""
 
-    def __init__(self, layout: DataLayout, periods: Periods, rules: IvtRules) -> None:
+    def __init__(
+        self, layout: DataLayout, periods: Periods, rules: IvtRules, judge: bool = True, budgets: bool = True
+    ) -> None:
         self.layout = layout
         self.periods = periods
         self.rules = rules
+        self.judge = judge
+        """False: no click is found invalid (to measure what the rules cost; reconciliation applies them)."""
+        self.budgets = budgets
+        """False: every valid click is charged (to measure what the budget check costs)."""
         self.recent = RecentClicks(rules)
         self._loaded = False
 
@@ -165,9 +171,10 @@ class Charging:
         day_totals: DayTotals,
     ) -> Charged:
         """Decide the batch's bills (module doc)."""
-        if not self._loaded:
+        if self.judge and not self._loaded:
             self._load_recent(batch_id, watermark_ms)
-        self.recent.add(*(clicks.column(name).to_pylist() for name in CLICK_KEY_COLUMNS))
+        if self.judge:
+            self.recent.add(*(clicks.column(name).to_pylist() for name in CLICK_KEY_COLUMNS))
         priced = price_matches(bills, catalog)
         rows = priced.bills.to_pylist()
         pinned = self._pinned(batch_id)
@@ -184,6 +191,9 @@ class Charging:
         valid: list[Candidate] = []
         for row in sorted(rows, key=lambda r: (r["click_time"], r["click_id"])):
             at = row["click_time"]
+            if not self.judge:
+                valid.append(Candidate(row["click_id"], row["campaign_id"], at, row["amount_micros"]))
+                continue
             reason = first_reason(
                 bot=bool(row.get("known_bot")),
                 excluded=catalog.exclusions.excluding(row.get("ip"), at) is not None,
@@ -194,6 +204,9 @@ class Charging:
                 decisions[row["click_id"]] = reason.value
             else:
                 valid.append(Candidate(row["click_id"], row["campaign_id"], at, row["amount_micros"]))
+        if not self.budgets:
+            decisions.update((c.click_id, CHARGED) for c in valid)
+            return decisions
         budgeted = [c for c in valid if catalog.budgets.get(c.campaign_id)]
         spent = day_totals({(c.campaign_id, utc_day(c.click_time)) for c in budgeted})
         ledger = BudgetLedger(spent)

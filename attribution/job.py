@@ -115,6 +115,10 @@ class StreamConfig:
     """The ad catalog's file (`billing.store.catalog_file`); the layout's `catalog.json` when None."""
     ivt_rules: IvtRules = DEFAULT_RULES
     """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
+    judge_invalid: bool = True
+    """Whether the stream filters invalid traffic live (False only to measure what the rules cost)."""
+    hold_budgets: bool = True
+    """Whether the stream holds campaigns to their daily budgets live (False only to measure what it costs)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -168,7 +172,8 @@ def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
         carry=("user_agent", "ip"),
     )
     # The crawler list is matched here, in the JVM, on the matched clicks only (attribution.invalid).
-    bills = bills.withColumn("known_bot", known_bot(F.col("user_agent"))).drop("click_ts", "user_agent")
+    bot = known_bot(F.col("user_agent")) if config.judge_invalid else F.lit(False)
+    bills = bills.withColumn("known_bot", bot).drop("click_ts", "user_agent")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
     # not three times.
     intake = _as_received(impressions, "impression", "impression_id").unionByName(
@@ -242,7 +247,9 @@ class BatchSink:
         """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
         self.released = False
         """Whether this query's first batch released the quarantined records it can now decode."""
-        self.charging = Charging(config.layout, Periods(config.period_ms), config.ivt_rules)
+        self.charging = Charging(
+            config.layout, Periods(config.period_ms), config.ivt_rules, config.judge_invalid, config.hold_budgets
+        )
         """Prices, judges and charges each batch's matched clicks (`attribution.charging`)."""
 
     def catalog_of(self, batch_id: int) -> Catalog:

@@ -117,6 +117,16 @@ class Settings:
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )
     reconcile_interval_s: int = _setting(300, "Seconds between reconciliation runs inside `adbill up` (0: off).")
+    stream_invalid_traffic: int = _setting(
+        1,
+        "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost; reconciliation "
+        "applies them all the same).",
+    )
+    stream_budgets: int = _setting(
+        1,
+        "1: the stream holds each campaign to its daily budget live; 0: it does not (to measure the check's cost; "
+        "reconciliation applies budgets all the same).",
+    )
     ivt_flood_clicks: int = _setting(
         20, "Invalid traffic: a user's clicks within the flood window beyond this many are a click flood."
     )

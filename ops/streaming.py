@@ -49,6 +49,8 @@ def stream_config(settings: Settings) -> StreamConfig:
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
         ivt_rules=settings.ivt_rules,
+        judge_invalid=bool(settings.stream_invalid_traffic),
+        hold_budgets=bool(settings.stream_budgets),
     )
 
 
