@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from attribution.restore import save_record
 from attribution.schema_follow import EVENT_TYPES, registered_versions
 from attribution.stream_position import BILLING_QUERY, stream_position
 from billing.catalog import Catalog
-from billing.closing import PeriodState, StreamPosition
+from billing.closing import PeriodState, StreamPosition, plan_run
 from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
@@ -117,6 +117,9 @@ class ReconcileConfig:
     id it knows now are released by the run (`ReconciliationRelease`); None: the run releases nothing."""
     ivt_rules: IvtRules = DEFAULT_RULES
     """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
+    catch_up_wait_ms: int = 60_000
+    """How long a run waits for a live streaming job that is only a few seconds behind the records a period past
+    its horizon waits for (`wait_for_stream`); 0: not at all."""
 
     @property
     def layout(self) -> DataLayout:
@@ -230,9 +233,62 @@ def run_closing(
     ports = closing_ports(spark, config, catalog, clock)
     periods = Periods(config.period_ms)
     if locked:
+        if position is None and not force:
+            wait_for_stream(config, clock, progress)
         return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
     with run_lock(config):
+        if position is None and not force:
+            wait_for_stream(config, clock, progress)
         return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+
+
+def wait_for_stream(
+    config: ReconcileConfig,
+    clock: Callable[[], int],
+    progress: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    ask: Callable[[], StreamPosition] | None = None,
+) -> StreamPosition:
+    """Before a run: when a period past its horizon waits only for a live streaming job to read what Kafka held when
+    the horizon passed (a job a few seconds behind live traffic), wait for it, up to `config.catch_up_wait_ms`, so
+    that the period closes in this run instead of being held to the next. The targets found here are kept in the
+    state file, so the run measures against them. A job that is down, waiting or far behind is not waited for: the
+    run holds the period and says why."""
+    periods = Periods(config.period_ms)
+    ask = ask or config.position
+    position = ask()
+    if config.catch_up_wait_ms <= 0 or not position.alive or position.waiting is not None:
+        return position
+    layout = config.layout
+    states = load_states(layout.periods_file)
+    plan = plan_run(data_versions(layout, periods), states, periods, clock(), config.horizon_ms, position)
+    if plan.targets:
+        for period, target in plan.targets.items():
+            states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
+        save_states(layout.periods_file, states)
+    targets = [
+        states[period].target_offsets or plan.targets.get(period)
+        for period in plan.held
+        if period in states and (states[period].target_offsets or plan.targets.get(period))
+    ]
+    if not targets:
+        return position
+    deadline = time.monotonic() + config.catch_up_wait_ms / 1000
+    behind = max(position.behind(t) for t in targets if t is not None)
+    if behind:
+        progress(
+            f"waiting up to {config.catch_up_wait_ms // 1000} s for the streaming job to read {behind:,} record(s) "
+            f"of period(s) {', '.join(plan.held)}"
+        )
+    while behind and time.monotonic() < deadline:
+        sleep(1.0)
+        position = ask()
+        if not position.alive or position.waiting is not None:
+            break
+        behind = max(position.behind(t) for t in targets if t is not None)
+    if not behind:
+        progress("the streaming job has read what the periods past their horizon wait for")
+    return position
 
 
 def closing_ports(

@@ -51,6 +51,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         horizon_ms=settings.lateness_horizon_ms,
         registry_location=settings.registry_location,
         ivt_rules=settings.ivt_rules,
+        catch_up_wait_ms=settings.close_wait_s * 1000,
     )
 
 

@@ -117,6 +117,11 @@ class Settings:
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )
     reconcile_interval_s: int = _setting(300, "Seconds between reconciliation runs inside `adbill up` (0: off).")
+    close_wait_s: int = _setting(
+        60,
+        "How long a reconciliation run waits for a live streaming job a few seconds behind the records a period past "
+        "its horizon waits for, so that the period closes in this run (0: not at all).",
+    )
     stream_invalid_traffic: int = _setting(
         1,
         "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost; reconciliation "
