@@ -153,6 +153,60 @@ def _parser() -> argparse.ArgumentParser:
         "--new-ads created (made in the pipeline's catalog as the run goes; default 0: no changes)",
     )
     p.add_argument("--new-ads", type=int, default=0, help="ads the run creates (with --catalog-every)")
+    invalid = p.add_argument_group(
+        "invalid traffic and budgets",
+        "FRACTIONs are per click of ordinary traffic; all default to 0 (none). The ground truth says how each such "
+        "click is billed (summary.json: not_charged by reason, budgets per campaign and day).",
+    )
+    invalid.add_argument(
+        "--crawlers", type=float, default=0.0, metavar="FRACTION", help="clicks from known crawlers (known_bot)"
+    )
+    invalid.add_argument(
+        "--excluded-ips",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks from excluded IP ranges; the run adds 198.51.100.0/24 and 2001:db8::/32 to the IP exclusion "
+        "list from its start and 203.0.113.0/24 from halfway (excluded_ip)",
+    )
+    invalid.add_argument(
+        "--floods",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks in floods: users making 25 to 40 clicks within a minute, across ads (click_flood)",
+    )
+    invalid.add_argument(
+        "--double-clicks",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks followed by a second one of the user on the ad 100 to 900 ms later (duplicate_click)",
+    )
+    invalid.add_argument(
+        "--late-duplicates",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks that a late click of the same user and ad, up to 10 s earlier in event time, makes duplicates "
+        "after they were billed (duplicate_click)",
+    )
+    invalid.add_argument(
+        "--budget-campaigns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="campaigns given a daily budget the run exhausts (from its start; halfway, one raised by half, one "
+        "halved, one made unlimited)",
+    )
+    invalid.add_argument(
+        "--budget-share",
+        type=float,
+        default=0.3,
+        metavar="SHARE",
+        help="each budget as a share of what the traffic is expected to spend on the campaign in the run (a day at "
+        "most; default 0.3)",
+    )
     p.add_argument(
         "--deploy-schema-at",
         type=float,
@@ -307,9 +361,30 @@ def _web_url(settings: Settings) -> str:
     return f"http://{host}:{settings.web_port}"
 
 
+STACK_INVALID_TRAFFIC = (
+    "--crawlers",
+    "0.01",
+    "--excluded-ips",
+    "0.01",
+    "--floods",
+    "0.01",
+    "--double-clicks",
+    "0.01",
+    "--late-duplicates",
+    "0.005",
+    "--budget-campaigns",
+    "3",
+    "--budget-share",
+    "0.03",
+)
+"""The local stack's invalid traffic, a few percent of the clicks (with those that ordinary traffic repeats within
+30 s), and its budgets: three campaigns capped after about three quarters of an hour of a day's traffic."""
+
+
 def _traffic_args(settings: Settings) -> list[str]:
     """The simulator of the local stack: a steady, realistic mix at ADBILL_TRAFFIC_RATE for a day, live, so its
-    event time is the wall clock's: the current period is the one on the dashboard, and periods close on time."""
+    event time is the wall clock's: the current period is the one on the dashboard, and periods close on time. A
+    few percent of its clicks are invalid and some campaigns run out of budget, so the dashboard shows both."""
     run_dir = settings.root / "runs" / f"stack-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     return [
         "produce",
@@ -324,6 +399,7 @@ def _traffic_args(settings: Settings) -> list[str]:
         str(settings.traffic_catalog_every_s),
         "--new-ads",
         "5" if settings.traffic_catalog_every_s else "0",
+        *STACK_INVALID_TRAFFIC,
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -447,6 +523,13 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         duration_s=args.duration,
         catalog_change_every_s=args.catalog_every,
         new_ads=args.new_ads,
+        crawler_fraction=args.crawlers,
+        excluded_ip_fraction=args.excluded_ips,
+        flood_fraction=args.floods,
+        double_click_fraction=args.double_clicks,
+        late_duplicate_fraction=args.late_duplicates,
+        budget_campaigns=args.budget_campaigns,
+        budget_share=args.budget_share,
     )
     if args.live and args.rate:
         config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly
@@ -598,13 +681,15 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
-    from producers.publisher import replay_to_kafka
+    from producers.capture import CatalogEdit
+    from producers.publisher import apply_to_store, replay_to_kafka
 
     catalog = CatalogStore(settings.catalog_file)
 
-    def apply_catalog(change: AdChange) -> None:
-        # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
-        catalog.change(change, backfill=True)
+    def apply_catalog(line: CatalogEdit) -> None:
+        # A capture's `ad`, `budget` and `ip_exclusion` lines are recorded history: they take effect at their own
+        # time, even in the past (DOMAIN.md).
+        apply_to_store(catalog, line, int(time.time() * 1000))
 
     summary = replay_to_kafka(
         args.file,
