@@ -5,6 +5,8 @@ clicks charged up to the budget, the books audited and Redis restored."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from attribution.restore import restore_redis
 from billing.budgets import BudgetChange, utc_day
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
-from billing.invalid import ExclusionChange, IpExclusions
+from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.parquet_ledger import read_ledger
@@ -28,6 +30,8 @@ from ops.reconciling import audit_table, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
+from producers.publisher import simulate_to_kafka
+from producers.simulator import SimulationConfig, Simulator
 from tests import oracle
 from tests.integration.test_reconcile import corrections, final_ledger, read_back
 from tests.integration.test_stream_job import send
@@ -231,3 +235,96 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
     finally:
         for query in queries:
             query.stop()
+
+
+def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_books_equal_the_ground_truth(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    """The simulator's crawlers, excluded ranges (one added halfway), floods, double clicks, late twins and budgets
+    that run out (one changed halfway): the stream charges no click made by a crawler or from a range excluded at
+    its time, no campaign's day passes its budget at any moment, and once reconciled the books are the ground
+    truth, click for click and micro for micro. The share of the invalid clicks the stream caught live is printed."""
+    config = SimulationConfig(
+        events=24_000,
+        seed=31,
+        users=800,
+        start_ms=T0,
+        late_fraction=0.01,
+        late_min_ms=60_000,
+        late_max_ms=120_000,
+        bad_fraction=0.0,
+        crawler_fraction=0.03,
+        excluded_ip_fraction=0.03,
+        flood_fraction=0.004,
+        double_click_fraction=0.03,
+        late_duplicate_fraction=0.01,
+        budget_campaigns=2,
+        budget_share=0.4,
+    )
+    save_catalog(config.catalog(), settings.catalog_file)
+    ensure_schemas(settings)
+    store = CatalogStore(settings.catalog_file)
+    run_dir = tmp_path / "run"
+    summary = simulate_to_kafka(
+        config, settings.kafka_bootstrap, settings.registry_location, run_dir, settings.topics, None, progress=False,
+        catalog_store=store,
+    )  # fmt: skip
+    assert summary.delivery_failures == 0
+    history = store.current()
+    budgeted = {campaign: entries for campaign, entries in history.budgets.items() if entries}
+    assert budgeted, "the run has budgets"
+    read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    passed: list[str] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        # While the job bills: no campaign's day ever shows more than a budget that was in force that day.
+        while not watching.is_set():
+            for campaign, entries in budgeted.items():
+                limits = [b.daily_budget_micros for b in entries]
+                if None in limits:
+                    continue
+                for day in read.client.zrange(read.keys.budget_days(), 0, -1):
+                    total = int(read.client.hget(read.keys.budget_day(day, campaign), "charged_micros") or 0)
+                    if total > max(limits):  # type: ignore[type-var]
+                        passed.append(f"{campaign} {day}: {total} > {max(limits)}")  # type: ignore[type-var]
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    queries = start(spark, stream_config(settings))
+    try:
+        for query in queries:
+            query.processAllAvailable()
+            assert query.isActive, query.exception()
+    finally:
+        watching.set()
+        watcher.join(5)
+        for query in queries:
+            query.stop()
+    assert passed == []
+
+    truth = {json.loads(line)["click_id"]: json.loads(line) for line in (run_dir / "billable.jsonl").open()}
+    refused = {
+        json.loads(line)["click_id"]: json.loads(line)["reason"] for line in (run_dir / "not_charged.jsonl").open()
+    }
+    made = {a.event.event_id: a.made for a in Simulator(config).arrivals() if a.event is not None and a.made}
+    live = charged(settings)
+    # No click made by a crawler, nor from a range excluded at its time, is ever charged by the stream.
+    bots = {c for c, reason in refused.items() if reason in ("known_bot", "excluded_ip")}
+    assert bots and live.isdisjoint(bots)
+    assert {c for c, m in made.items() if m == "crawler"} & set(truth) == set()
+    invalid = {c for c, reason in refused.items() if reason in INVALID_REASONS}
+    caught = {c for c, reason in not_charged(settings).items() if reason in INVALID_REASONS} & invalid
+    print(
+        f"\ninvalid clicks caught live: {len(caught)} of {len(invalid)} ({100 * len(caught) / len(invalid):.1f} %); "
+        f"by rule: { {r: sum(1 for c in caught if refused[c] == r) for r in INVALID_REASONS} } of "
+        f"{ {r: sum(1 for c in invalid if refused[c] == r) for r in INVALID_REASONS} }; over budget: "
+        f"{sum(1 for r in refused.values() if r == 'over_budget')}"
+    )
+
+    rc = reconcile_config(settings)
+    run_closing(spark, rc, history, until_ms=T0 + 3 * H, force=True)
+    assert final_ledger(settings) == {c: row["amount_micros"] for c, row in truth.items()}
+    audits = audit(spark, rc, history)
+    assert audits and all(a.balanced for a in audits), audit_table(audits)
