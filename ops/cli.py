@@ -503,7 +503,7 @@ def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) 
         )
 
     catalog = CatalogStore(path).change(request, backfill=args.backfill)
-    entry = catalog.budget_history(args.ad_id)[-1]
+    entry = next(b for b in catalog.budget_history(args.ad_id) if b.version == catalog.version)
     currency = catalog.currency_of(catalog.advertiser_of_campaign(args.ad_id) or "")
     print(f"set-budget: {args.ad_id} {describe_budget(entry, currency)} (catalog version {catalog.version})")
     return 0

@@ -253,7 +253,8 @@ def make_budget_change(campaign_id: str, at_ms: int | None, *, daily_micros: obj
         )
 
     changed = store().change(request_, clock=services().clock)
-    return BudgetMade(changed, campaign_id, changed.budget_history(campaign_id)[-1])
+    entry = next(b for b in changed.budget_history(campaign_id) if b.version == changed.version)
+    return BudgetMade(changed, campaign_id, entry)
 
 
 @dataclass(frozen=True, slots=True)

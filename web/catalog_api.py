@@ -317,7 +317,6 @@ def _exclusions_document(exclusions: IpExclusions, version: int, now: int) -> di
         in_force.append({"cidr": cidr, "since": entry.effective_from, "entry": _exclusion(entry)})
     return {
         "catalog_version": version,
-        "at": now,
         "in_force": in_force,
         "history": [_exclusion(e) for e in sorted(exclusions.changes, key=lambda e: e.version)],
     }

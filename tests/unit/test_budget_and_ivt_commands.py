@@ -52,12 +52,16 @@ def test_set_budget_from_now_and_later_and_show_the_history(home: Path, capsys: 
     assert catalog.budget_at("cmp-1", soon - 1) == 50_000_000 and catalog.budget_at("cmp-1", soon) is None
     assert catalog.budget_at("cmp-2", soon) is None  # never set: unlimited
 
+    # A change from now, made after one planned later, says the entry it made (not the latest in time).
+    assert main(["catalog", "set-budget", "cmp-1", "--daily-micros", "60000000"]) == 0
+    assert "60.000000 EUR a day (version 3, by " in capsys.readouterr().out
     assert main(["catalog", "budgets"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["cmp-1\tadv-1\t50.000000 EUR a day", "cmp-2\tadv-2\tunlimited"]
+    assert capsys.readouterr().out.splitlines() == ["cmp-1\tadv-1\t60.000000 EUR a day", "cmp-2\tadv-2\tunlimited"]
     assert main(["catalog", "budgets", "cmp-1"]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert shown[0] == "cmp-1\tadvertiser adv-1\tEUR"
-    assert "50.000000 EUR a day (version 1" in shown[1] and "unlimited (version 2" in shown[2]
+    assert "50.000000 EUR a day (version 1" in shown[1] and "60.000000 EUR a day (version 3" in shown[2]
+    assert "unlimited (version 2" in shown[3]
     assert main(["catalog", "budgets", "cmp-2"]) == 0
     assert capsys.readouterr().out.splitlines()[1] == "unlimited since the beginning (no budget was ever set)"
 
