@@ -452,10 +452,10 @@ class BillingReader:
         return out
 
     def budgets_today(self, now_ms: int) -> list[CampaignDay]:
-        """Every campaign of the catalog with a budget today or clicks over one, today (UTC) as of `now_ms`: capped
-        ones first, then by campaign id."""
+        """Every campaign of the catalog with a budget today or figures, today (UTC) as of `now_ms`: capped ones
+        first, then by campaign id."""
         catalog = self.catalog.get()
-        days = self.campaign_days(catalog.campaign_ids, [utc_day(now_ms)], now_ms)
+        days = self.campaign_days(catalog.campaign_ids, [utc_day(now_ms)], now_ms, budgeted_only=False)
         return sorted(days, key=lambda d: (not d.capped, d.campaign_id))
 
     # Finance ---------------------------------------------------------------------------------------------------
