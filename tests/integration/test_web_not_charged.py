@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals
 from ops import deps
 from ops.settings import Settings
-from tests.web_support import FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed, web_screens_dir
 from web import display
 from web.app import create_app
 
@@ -264,6 +265,8 @@ def test_the_statement_has_a_line_for_invalid_clicks_and_one_for_clicks_over_bud
     )
     assert f"Invalid clicks (not charged) {display.count(INVALID)} {display.money(INVALID * price, 'EUR')}" in text
     assert f"Not charged: over budget {display.count(OVER)} {display.money(OVER * price, 'EUR')}" in text
+    subprocess.run([tool, "-png", "-r", "80", "-f", "1", "-l", "1", str(path), str(tmp_path / "page")], check=True)
+    shutil.copy(next(tmp_path.glob("page*.png")), web_screens_dir() / "statement-pdf-not-charged-page-1.png")
 
 
 def test_finance_totals_per_period_show_invalid_clicks(world: World) -> None:
