@@ -91,8 +91,10 @@ def world(redis_settings: Settings) -> World:
         )
     ]  # fmt: skip
     totals = RedisTotals(seeded.client, redis_settings.redis_prefix)
-    # The sample's corrections of the day's closed hours count in the campaign's day too; this one starts afresh.
+    # The sample's corrections of the day's closed hours count in the campaign's day too, and its own invalid
+    # clicks in each hour: this test starts from none.
     seeded.client.delete(totals.keys.budget_day(utc_day(start), ad.campaign_id))
+    seeded.client.delete(*seeded.client.scan_iter(match=totals.keys.not_charged("*", "*", "*")))
     assert totals.apply_batch("billing", 50_000, [], not_charged=not_charged, budget_days=days)
     world = World(seeded, ad, period, clients)
     # The admin sets the campaign's daily budget on its page, from now on.
