@@ -35,6 +35,13 @@ class BudgetChange:
     effective_from: int
     daily_budget_micros: int | None
     version: int = 0
+    made_by: str | None = None
+    """Who made the change (an account of the web UI, or the operating system's user of a command); None for an
+    entry recorded before changes said so."""
+    door: str | None = None
+    """Through which door: `command`, `page` or `api` (an API token; `api TOKEN_ID`), `replay` for recorded history."""
+    made_at: int | None = None
+    """When the change was made (epoch ms, read under the catalog's lock), not when it takes effect."""
 
     def __post_init__(self) -> None:
         if isinstance(self.effective_from, bool) or not isinstance(self.effective_from, int) or self.effective_from < 0:
@@ -46,10 +53,12 @@ class BudgetChange:
         return self.daily_budget_micros is None
 
     def to_dict(self) -> dict[str, Any]:
+        made = {"made_by": self.made_by, "door": self.door, "made_at": self.made_at}
         return {
             "effective_from": self.effective_from,
             "daily_budget_micros": self.daily_budget_micros,
             "version": self.version,
+            **{k: v for k, v in made.items() if v is not None},
         }
 
 

@@ -156,6 +156,42 @@ class AdChange:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class MadeBy:
+    """Who asks for a change of the catalog and through which door (DOMAIN.md, "Who sees what"): an account of the
+    web UI or the operating system's user of a command; `command`, `page`, `api TOKEN_ID` or `replay`. The entry
+    the change adds keeps both, and when it was made (read under the catalog's lock)."""
+
+    who: str
+    door: str
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSetting:
+    """A change of a campaign's daily budget: from `effective_from` on, `daily_budget_micros` a UTC day (None:
+    unlimited) (`Catalog.with_budget`)."""
+
+    campaign_id: str
+    effective_from: int
+    daily_budget_micros: int | None
+    made_by: MadeBy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExclusionSetting:
+    """A change of the IP exclusion list: from `effective_from` on, the range `cidr` is excluded (`excluded`), or no
+    longer (`Catalog.with_exclusion`)."""
+
+    cidr: str
+    effective_from: int
+    excluded: bool
+    made_by: MadeBy | None = None
+
+
+CatalogChange = AdChange | BudgetSetting | ExclusionSetting
+"""Any change of the catalog: an ad's price history, a campaign's budget history, the IP exclusion list."""
+
+
 class Catalog:
     """Ads by id with their price histories. Immutable; a change makes a new catalog (`with_change`); as JSON with
     `to_json`/`from_json` (the file: `billing.store.catalog_file`).
@@ -268,6 +304,14 @@ class Catalog:
             return None
         index = bisect_right(starts, at_ms) - 1
         return None if index < 0 else self.budgets[campaign_id][index]
+
+    def budget_history(self, campaign_id: str) -> tuple[BudgetChange, ...]:
+        """The campaign's budget entries, oldest first (none: unlimited since the beginning)."""
+        return self.budgets.get(campaign_id, ())
+
+    def campaigns_of(self, advertiser_id: str) -> list[str]:
+        """The advertiser's campaigns (those with ads in the catalog), sorted."""
+        return sorted(c for c, owner in self._owners.items() if owner == advertiser_id)
 
     @property
     def has_budgets(self) -> bool:
@@ -395,6 +439,18 @@ class Catalog:
             self.exclusions,
         )
 
+    def apply(self, change: CatalogChange, now_ms: int, backfill: bool = False) -> Catalog:
+        """The catalog with any change made at `now_ms` (`with_change`, `with_budget`, `with_exclusion`)."""
+        if isinstance(change, BudgetSetting):
+            return self.with_budget(
+                change.campaign_id, change.effective_from, change.daily_budget_micros, now_ms, backfill, change.made_by
+            )
+        if isinstance(change, ExclusionSetting):
+            return self.with_exclusion(
+                change.cidr, change.effective_from, change.excluded, now_ms, backfill, change.made_by
+            )
+        return self.with_change(change, now_ms, backfill)
+
     def with_budget(
         self,
         campaign_id: str,
@@ -402,6 +458,7 @@ class Catalog:
         daily_budget_micros: int | None,
         now_ms: int,
         backfill: bool = False,
+        made_by: MadeBy | None = None,
     ) -> Catalog:
         """The catalog with the campaign's daily budget set (None: unlimited) from `effective_from` on, as version
         `version + 1`; CatalogError when refused: an unknown campaign, a budget that is not a whole non-negative
@@ -415,7 +472,14 @@ class Catalog:
                 f"{format_time(now_ms)}): a budget changes from now on"
             )
         try:
-            entry = BudgetChange(effective_from, daily_budget_micros, self.version + 1)
+            entry = BudgetChange(
+                effective_from,
+                daily_budget_micros,
+                self.version + 1,
+                made_by.who if made_by else None,
+                made_by.door if made_by else None,
+                now_ms if made_by else None,
+            )
         except BudgetError as exc:
             raise CatalogError(f"campaign {campaign_id}: {exc}") from None
         budgets = dict(self.budgets)
@@ -423,7 +487,13 @@ class Catalog:
         return Catalog(self._ads.values(), self.version + 1, budgets, self.exclusions)
 
     def with_exclusion(
-        self, cidr: str, effective_from: int, excluded: bool, now_ms: int, backfill: bool = False
+        self,
+        cidr: str,
+        effective_from: int,
+        excluded: bool,
+        now_ms: int,
+        backfill: bool = False,
+        made_by: MadeBy | None = None,
     ) -> Catalog:
         """The catalog with the IP range `cidr` excluded (or, `excluded` False, no longer excluded) from
         `effective_from` on, as version `version + 1`; CatalogError when refused: not a range, an effective time in
@@ -441,7 +511,15 @@ class Catalog:
         if self.exclusions.in_force(network, effective_from) == excluded:
             state = "already excluded" if excluded else "not excluded"
             raise CatalogError(f"range {network} is {state} at {format_time(effective_from)}")
-        change = ExclusionChange(network, effective_from, excluded, self.version + 1)
+        change = ExclusionChange(
+            network,
+            effective_from,
+            excluded,
+            self.version + 1,
+            made_by.who if made_by else None,
+            made_by.door if made_by else None,
+            now_ms if made_by else None,
+        )
         return Catalog(self._ads.values(), self.version + 1, self.budgets, self.exclusions.with_change(change))
 
     def to_json(self) -> str:

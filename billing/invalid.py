@@ -117,13 +117,20 @@ class ExclusionChange:
     effective_from: int
     excluded: bool
     version: int = 0
+    made_by: str | None = None
+    """Who made the change, through which `door` and when (`made_at`, epoch ms), as `billing.budgets.BudgetChange`
+    says them; None for an entry recorded before changes said so."""
+    door: str | None = None
+    made_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        made = {"made_by": self.made_by, "door": self.door, "made_at": self.made_at}
         return {
             "cidr": self.cidr,
             "effective_from": self.effective_from,
             "excluded": self.excluded,
             "version": self.version,
+            **{k: v for k, v in made.items() if v is not None},
         }
 
 
@@ -198,9 +205,33 @@ class IpExclusions:
     @classmethod
     def from_list(cls, rows: Iterable[Mapping[str, Any]]) -> IpExclusions:
         return cls(
-            ExclusionChange(str(r["cidr"]), int(r["effective_from"]), bool(r["excluded"]), int(r.get("version", 0)))
+            ExclusionChange(
+                str(r["cidr"]),
+                int(r["effective_from"]),
+                bool(r["excluded"]),
+                int(r.get("version", 0)),
+                _text_or_none(r.get("made_by")),
+                _text_or_none(r.get("door")),
+                None if r.get("made_at") is None else int(r["made_at"]),
+            )
             for r in rows
         )
+
+    def history(self, cidr: str) -> list[ExclusionChange]:
+        """The entries of one range, oldest first."""
+        key = str(parse_cidr(cidr))
+        return sorted(
+            (c for c in self.changes if str(parse_cidr(c.cidr)) == key), key=lambda c: (c.effective_from, c.version)
+        )
+
+    @property
+    def cidrs(self) -> list[str]:
+        """Every range the list ever named."""
+        return [name for _n, name, _s, _f in self._ranges]
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _flag_at(starts: Sequence[int], flags: Sequence[bool], at_ms: int) -> bool:

@@ -13,7 +13,7 @@ from ops.process import interrupt_on_sigterm
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
-    from billing.catalog import AdChange, Catalog
+    from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting, MadeBy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,17 +99,24 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "catalog",
-        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history",
-        description="The ad catalog and its price history. A change takes effect now or at a later --at, never in "
-        "the past (--backfill, for recorded history, is the one exception); the streaming job, reconciliation and "
-        "the web UI see it within seconds, without a restart.",
+        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history, set-budget, budgets",
+        description="The ad catalog, its price histories and the campaigns' daily budgets. A change takes effect "
+        "now or at a later --at, never in the past (--backfill, for recorded history, is the one exception); the "
+        "streaming job, reconciliation and the web UI see it within seconds, without a restart.",
     )
     p.add_argument("action", choices=list(CATALOG_ACTIONS))
-    p.add_argument("ad_id", nargs="?", help="the ad (create-ad, set-price, pause, resume, history)")
+    p.add_argument(
+        "ad_id",
+        nargs="?",
+        metavar="ID",
+        help="the ad (create-ad, set-price, pause, resume, history) or the campaign (set-budget, budgets)",
+    )
     p.add_argument("--campaign", help="create-ad: the campaign the ad belongs to")
     p.add_argument("--advertiser", help="create-ad: the advertiser the ad belongs to")
     p.add_argument("--currency", help="create-ad: ISO 4217 currency of its prices, such as EUR")
     p.add_argument("--cpc-micros", help="create-ad, set-price, resume: the price of one click, in integer micros")
+    p.add_argument("--daily-micros", help="set-budget: the campaign's daily budget, in integer micros of its currency")
+    p.add_argument("--unlimited", action="store_true", help="set-budget: no daily budget from --at on")
     p.add_argument("--at", help="when the change takes effect: epoch ms or ISO-8601 (default: now)")
     p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
     p.add_argument("--advertisers", type=int, default=5)
@@ -122,6 +129,22 @@ def _parser() -> argparse.ArgumentParser:
         help="generate: replace an existing catalog that was never changed nor priced with (never one with a history)",
     )
     p.set_defaults(run=cmd_catalog)
+
+    p = sub.add_parser(
+        "ivt",
+        help="invalid traffic: the IP exclusion list (exclude, include, list)",
+        description="The operator's IP exclusion list: a click from a range excluded at its time is invalid and not "
+        "charged (excluded_ip). A change takes effect now or at a later --at, never in the past (--backfill, for "
+        "recorded history, is the one exception); every part sees it within seconds, without a restart.",
+    )
+    p.add_argument("action", choices=["exclude", "include", "list"])
+    p.add_argument("cidr", nargs="?", help="an IPv4 or IPv6 range, such as 203.0.113.0/24 or 2001:db8::/32")
+    p.add_argument(
+        "--at", help="when the change takes effect, or the time to list: epoch ms or ISO-8601 (default: now)"
+    )
+    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
+    p.add_argument("--history", action="store_true", help="list: every entry of the list's history too")
+    p.set_defaults(run=cmd_ivt)
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
     size = p.add_mutually_exclusive_group(required=True)
@@ -440,7 +463,20 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history")
+CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history", "set-budget", "budgets")
+
+
+def command_maker() -> MadeBy:
+    """Who makes a change from the command line: the operating system's user, through the door `command`."""
+    import getpass
+
+    from billing.catalog import MadeBy
+
+    try:
+        who = getpass.getuser()
+    except (OSError, KeyError):
+        who = "unknown"
+    return MadeBy(who, "command")
 
 
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
@@ -463,6 +499,8 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         for ad in catalog:
             print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{price_status(ad, now_ms)}")
         return 0
+    if args.action in ("set-budget", "budgets"):
+        return _catalog_budgets(settings, args, now_ms)
     if not args.ad_id:
         raise ValueError(f"catalog {args.action} needs the ad's id")
     if args.action == "history":
@@ -494,6 +532,91 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
+    return 0
+
+
+def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) -> int:
+    """`adbill catalog set-budget CAMPAIGN --daily-micros N | --unlimited`, `adbill catalog budgets [CAMPAIGN]`."""
+    from billing.catalog_changes import budget_change, budget_text, describe_budget
+    from billing.store.catalog_file import CatalogStore, load_catalog
+    from ops.reconciling import parse_time
+
+    path = settings.catalog_file
+    if args.action == "budgets":
+        catalog = load_catalog(path)
+        if args.ad_id:
+            owner = catalog.advertiser_of_campaign(args.ad_id)
+            if owner is None:
+                raise ValueError(f"unknown campaign {args.ad_id}")
+            currency = catalog.currency_of(owner)
+            print(f"{args.ad_id}\tadvertiser {owner}\t{currency}")
+            entries = catalog.budget_history(args.ad_id)
+            for entry in entries:
+                print(describe_budget(entry, currency))
+            if not entries:
+                print("unlimited since the beginning (no budget was ever set)")
+            return 0
+        for campaign in catalog.campaign_ids:
+            owner = catalog.advertiser_of_campaign(campaign) or ""
+            now = budget_text(catalog.budget_at(campaign, now_ms), catalog.currency_of(owner))
+            print(f"{campaign}\t{owner}\t{now}")
+        return 0
+    if args.cpc_micros is not None:
+        raise ValueError(
+            "set-budget takes --daily-micros (the campaign's daily budget) or --unlimited, not --cpc-micros"
+        )
+    at_ms = parse_time(args.at, "--at") if args.at else None
+    maker = command_maker()
+
+    def request(current: Catalog | None, now: int) -> BudgetSetting:
+        return budget_change(
+            args.ad_id or "",
+            now if at_ms is None else at_ms,
+            current,
+            daily_micros=args.daily_micros,
+            unlimited=args.unlimited,
+            made_by=maker,
+        )
+
+    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    entry = next(b for b in catalog.budget_history(args.ad_id) if b.version == catalog.version)
+    currency = catalog.currency_of(catalog.advertiser_of_campaign(args.ad_id) or "")
+    print(f"set-budget: {args.ad_id} {describe_budget(entry, currency)} (catalog version {catalog.version})")
+    return 0
+
+
+def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
+    """`adbill ivt exclude|include CIDR [--at TIME] [--backfill]`, `adbill ivt list [--at TIME] [--history]`."""
+    from billing.catalog import format_time
+    from billing.catalog_changes import describe_exclusion, exclusion_change
+    from billing.store.catalog_file import CatalogStore, load_catalog
+    from ops.reconciling import parse_time
+
+    path = settings.catalog_file
+    at_ms = parse_time(args.at, "--at") if args.at else None
+    if args.action == "list":
+        if args.cidr:
+            raise ValueError("ivt list takes no range; it lists every range (--history: every entry)")
+        exclusions = load_catalog(path).exclusions
+        when = int(time.time() * 1000) if at_ms is None else at_ms
+        in_force = exclusions.ranges_at(when)
+        for cidr in in_force:
+            entry = [e for e in exclusions.history(cidr) if e.effective_from <= when][-1]
+            print(describe_exclusion(entry))
+        if not in_force:
+            print(f"no IP range is excluded at {format_time(when)}", file=sys.stderr)
+        if args.history:
+            for entry in sorted(exclusions.changes, key=lambda e: (e.version, e.cidr)):
+                print(f"history\t{describe_exclusion(entry)}")
+        return 0
+    maker = command_maker()
+
+    def request(current: Catalog | None, now: int) -> ExclusionSetting:
+        return exclusion_change(args.action, args.cidr or "", now if at_ms is None else at_ms, maker)
+
+    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    entry = next(e for e in catalog.exclusions.changes if e.version == catalog.version)
+    print(f"{args.action}: {describe_exclusion(entry)} (catalog version {catalog.version})")
     return 0
 
 

@@ -183,6 +183,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     )
     app.jinja_env.filters.update(
         money=display.money,
+        budget=display.budget,
         currency_digits=display.currency_digits,
         signed_money=display.signed_money,
         count=display.count,

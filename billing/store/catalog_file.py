@@ -22,17 +22,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from billing.catalog import AdChange, Catalog, CatalogError
+from billing.catalog import AdChange, BudgetSetting, Catalog, CatalogChange, CatalogError, ExclusionSetting
 from billing.store.durable import fsync_folder
 
 Clock = Callable[[], int]
 """Returns "now" as epoch milliseconds, UTC."""
 
-ChangeRequest = Callable[[Catalog | None, int], AdChange]
-"""A person's request read into a change against the catalog as the file holds it (None: no file yet) and "now",
-both under the catalog's lock (`billing.catalog_changes.catalog_change` does the reading)."""
+ChangeRequest = Callable[[Catalog | None, int], CatalogChange]
+"""A person's request read into a change (of an ad's prices, a campaign's budget or the IP exclusion list) against
+the catalog as the file holds it (None: no file yet) and "now", both under the catalog's lock
+(`billing.catalog_changes` does the reading)."""
 
-CHANGE_COMMANDS = "`adbill catalog create-ad`, `set-price`, `pause` or `resume`"
+CHANGE_COMMANDS = "`adbill catalog create-ad`, `set-price`, `pause`, `resume` or `set-budget`, or `adbill ivt`"
 """What changes a catalog that has a history (named in refusals)."""
 
 
@@ -92,17 +93,23 @@ class CatalogStore:
                 self._seen = identity
             return self._catalog
 
-    def change(self, change: AdChange | ChangeRequest, clock: Clock = wall_clock_ms, backfill: bool = False) -> Catalog:
-        """Make `change` (`Catalog.with_change`, CatalogError when refused) and write the file; the new catalog.
+    def change(
+        self, change: CatalogChange | ChangeRequest, clock: Clock = wall_clock_ms, backfill: bool = False
+    ) -> Catalog:
+        """Make `change` (an ad's price, a campaign's budget or the IP exclusion list: `Catalog.apply`, CatalogError
+        when refused) and write the file; the new catalog.
 
         Everything happens under the lock: the catalog is read, "now" is read from `clock` (a change that waited
         for the lock takes effect when it is made, never before), a `ChangeRequest` is read into a change against
-        both, and the file is written."""
+        both, and the file is written. Every change is numbered by the same versions and refused by the same
+        rules, whichever door it came through."""
         with self.locked():
             current = load_catalog(self.path) if self.path.exists() else None
             now_ms = clock()
-            asked = change if isinstance(change, AdChange) else change(current, now_ms)
-            changed = (current or Catalog([])).with_change(asked, now_ms, backfill)
+            asked = (
+                change if isinstance(change, AdChange | BudgetSetting | ExclusionSetting) else change(current, now_ms)
+            )
+            changed = (current or Catalog([])).apply(asked, now_ms, backfill)
             save_catalog(changed, self.path)
             return changed
 
