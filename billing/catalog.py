@@ -156,6 +156,16 @@ class AdChange:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class MadeBy:
+    """Who asks for a change of the catalog and through which door (DOMAIN.md, "Who sees what"): an account of the
+    web UI or the operating system's user of a command; `command`, `page`, `api TOKEN_ID` or `replay`. The entry
+    the change adds keeps both, and when it was made (read under the catalog's lock)."""
+
+    who: str
+    door: str
+
+
 class Catalog:
     """Ads by id with their price histories. Immutable; a change makes a new catalog (`with_change`); as JSON with
     `to_json`/`from_json` (the file: `billing.store.catalog_file`).

@@ -22,10 +22,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
-from billing.catalog import AdChange, CatalogError
+from billing.catalog import AdChange, CatalogError, MadeBy
 from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import CatalogStore, operating_system_user, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
 from producers.simulator import (
@@ -407,7 +407,7 @@ def simulate_to_kafka(
                 while changes and changes[0].effective_from - CATALOG_LEAD_MS <= arrival.arrival_ms:
                     # The run's schedule, like a capture's ad lines: made at its own effective time.
                     assert catalog_store is not None
-                    catalog_store.change(changes.pop(0), clock, backfill=True)
+                    catalog_store.change(changes.pop(0), clock, backfill=True, made_by=simulator_made_by())
                 if deploy_at_ms is not None and deployed is None and arrival.arrival_ms >= deploy_at_ms:
                     deployed = deploy_schema_version(serializer, schema_registry)
                     print(f"deployed a schema version: ids {deployed}", file=sys.stderr, flush=True)
@@ -576,3 +576,9 @@ def _count_lines(path: str | os.PathLike[str]) -> int | None:
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def simulator_made_by() -> MadeBy:
+    """The author of the simulator's own catalog changes, in the catalog's change log: whoever runs it, through the
+    simulator's door (so that its changes are told apart from a person's)."""
+    return MadeBy(operating_system_user(), "simulator")

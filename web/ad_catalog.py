@@ -16,15 +16,17 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
-from flask import Flask, abort, current_app
+from flask import Flask, abort, current_app, g, request
 
-from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange
+from billing.catalog import Ad, AdChange, Catalog, CatalogError, MadeBy, PriceChange
 from billing.catalog_changes import ACTIONS, catalog_change
+from billing.change_log import ChangeEntry, by_version
 from billing.store.catalog_file import CatalogStore
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
 from web.readers import is_id
 from web.services import services
+from web.tokens import token_id_of
 
 EXTENSION = "adbill_catalog"
 """Where `register` keeps the app's `CatalogStore` (`app.extensions`)."""
@@ -69,6 +71,7 @@ class AdStatus:
 def register(app: Flask, catalog_file: Path) -> None:
     """Keep the catalog's store for the app's views (`create_app` calls this once)."""
     app.extensions[EXTENSION] = CatalogStore(catalog_file)
+    app.jinja_env.globals["price_changes"] = changes_by_version
 
 
 def store() -> CatalogStore:
@@ -161,7 +164,7 @@ def make_change(
     if action not in ACTIONS:
         raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
 
-    def request(current: Catalog | None, now_ms: int) -> AdChange:
+    def asked(current: Catalog | None, now_ms: int) -> AdChange:
         return catalog_change(
             action,
             ad_id,
@@ -173,7 +176,26 @@ def make_change(
             currency=currency,
         )
 
-    changed = store().change(request, clock=services().clock)
+    changed = store().change(asked, clock=services().clock, made_by=made_by())
     ad = changed[ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)
+
+
+def made_by() -> MadeBy:
+    """Who makes this request's change and through which door, for the catalog's change log: the account, through
+    the page, or through the API (with the token's id when a token authenticates it)."""
+    principal = logged_in()
+    if request.path.startswith("/api/"):
+        token_id = token_id_of(request.headers.get("Authorization"))
+        return MadeBy(principal.username, f"api {token_id}" if token_id else "api")
+    return MadeBy(principal.username, "page")
+
+
+def changes_by_version() -> dict[int, ChangeEntry]:
+    """The catalog's change log by the version each change made (who made a history entry, when, through which
+    door), read once per request."""
+    if "catalog_changes" not in g:
+        g.catalog_changes = by_version(store().changes())
+    found: dict[int, ChangeEntry] = g.catalog_changes
+    return found

@@ -23,7 +23,16 @@ from typing import Any
 from flask import Blueprint, Response, abort, jsonify, request, url_for
 
 from billing.catalog import Ad, CatalogError, PriceChange
-from web.ad_catalog import AdStatus, Made, ads_of, catalog_or_404, check_ids, effective_from_json, make_change
+from web.ad_catalog import (
+    AdStatus,
+    Made,
+    ads_of,
+    catalog_or_404,
+    changes_by_version,
+    check_ids,
+    effective_from_json,
+    make_change,
+)
 from web.api import micros_text, require_login
 from web.guards import advertiser_or_404
 from web.readers import is_id
@@ -143,7 +152,16 @@ def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
 
 
 def _entry(p: PriceChange) -> dict[str, Any]:
-    return {"effective_from": p.effective_from, "cpc_micros": micros_text(p.cpc_micros), "version": p.version}
+    change = changes_by_version().get(p.version)
+    recorded = change is not None and change.recorded
+    return {
+        "effective_from": p.effective_from,
+        "cpc_micros": micros_text(p.cpc_micros),
+        "version": p.version,
+        "made_by": change.who if recorded and change else None,
+        "door": change.door if recorded and change else None,
+        "made_at": change.made_at if recorded and change else None,
+    }
 
 
 def _body(allowed: frozenset[str]) -> dict[str, Any]:

@@ -128,3 +128,11 @@ def bearer_token(authorization: str | None) -> str | None:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def token_id_of(authorization: str | None) -> str | None:
+    """The id of the token an `Authorization: Bearer TOKEN` header carries (its public part, shown in lists and in
+    the catalog's change log), or None."""
+    token = bearer_token(authorization)
+    match = _TOKEN.fullmatch(token) if token else None
+    return match.group(1) if match else None
