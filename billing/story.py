@@ -333,6 +333,8 @@ class ClickStory:
             row["adjustment"] = correction.adjustment
         if self.budget is not None:
             document["budget"]["fits"] = self.budget.fits
+        if self.invalid is not None and not (self.invalid.flood or self.invalid.twin):
+            del document["invalid"]["rules"]  # the thresholds matter to a flood or a twin only
         return document
 
 
