@@ -376,6 +376,8 @@ class Refresh:
             )
             if not leaves:
                 self.groups[child] = (rel, None)
+        if _mtime(self.base + rel) != mtime:
+            mtime = None  # a folder made while this one was read: listed again at the next refresh
         self.db.execute(
             "INSERT OR REPLACE INTO folders VALUES (?, ?, ?, 0, ?, ?)",
             (rel, parent, tree.name, _batch_of(rel.rsplit("/", 1)[-1]), mtime),
@@ -415,6 +417,8 @@ class Refresh:
         for path, (file_id, *_) in held.items():
             if path not in present:
                 self._drop_file(file_id)
+        # A file renamed in while the folder was read: looked at again at the next refresh.
+        complete = complete and _mtime(self.base + rel) == mtime
         self.db.execute(
             "INSERT OR REPLACE INTO folders VALUES (?, ?, ?, 1, ?, ?)",
             (rel, parent, tree.name, _batch_of(rel.rsplit("/", 1)[-1]), mtime if complete else None),
