@@ -1064,7 +1064,8 @@ def story_text(story: ClickStory) -> str:
         out += ["", "impressions of the ad and user near the click:"]
         for i in story.impressions:
             mark = "attributed" if i.attributed else "qualifies" if i.qualifies else "outside the window"
-            out.append(f"  {i.impression_id}  {_utc(i.event_time)}  {i.gap_ms:+,} ms before  {mark}")
+            gap = f"{abs(i.gap_ms):,} ms {'before' if i.gap_ms >= 0 else 'after'}"
+            out.append(f"  {i.impression_id}  {_utc(i.event_time)}  {gap}  {mark}")
     cur = story.currency or ""
     if story.stream:
         out += ["", "the streaming job:"]
