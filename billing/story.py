@@ -903,7 +903,10 @@ def for_advertiser(story: ClickStory, advertiser_id: str, catalog: Catalog) -> C
     invalid = story.invalid
     if invalid is not None:
         flood = tuple(c if own_ad(c.ad_id) else NearbyClick(None, None, c.event_time) for c in invalid.flood)
-        invalid = replace(invalid, flood=flood, exclusion_change=None)
+        # The exclusion list is the operator's: its range and since when, not who keeps it.
+        e = invalid.exclusion
+        bare = None if e is None else ExclusionChange(e.cidr, e.effective_from, e.excluded, e.version)
+        invalid = replace(invalid, flood=flood, exclusion=bare, exclusion_change=None)
     return replace(
         story,
         copies=copies,

@@ -127,3 +127,40 @@ def month_start(month: Month) -> int:
     from ops.bench.stories import T0
 
     return T0
+
+
+def _archive(event_id: str, ad: str, user: str, at: int, received: int, ip: str | None = None) -> dict[str, object]:
+    return {"event_id": event_id, "ad_id": ad, "user_id": user, "event_time": at, "received_ms": received,
+            "topic": "clicks", "partition": 0, "offset": received, "user_agent": "Mozilla/5.0", "ip": ip,
+            "late": False, "batch_id": 1, "period": "20260101T0000Z"}  # fmt: skip
+
+
+def test_a_flood_an_excluded_range_and_what_another_advertiser_may_not_see() -> None:
+    from billing.catalog import Ad, Catalog
+    from billing.invalid import ExclusionChange, IpExclusions
+    from billing.periods import Periods
+    from billing.story import Evidence, for_advertiser, tell
+
+    t0 = 1_767_225_600_000
+    catalog = Catalog(
+        [Ad("ad-1", "cmp-1", "adv-1", 1_000_000, "EUR"), Ad("ad-9", "cmp-9", "adv-9", 1_000_000, "EUR")],
+        exclusions=IpExclusions([ExclusionChange("203.0.113.0/24", t0, True, 0)]),
+    )
+    # 21 clicks of one user within 20 s, on two advertisers' ads: a flood, every one of them.
+    clicks = [_archive(f"f{n:02d}", "ad-1" if n % 2 else "ad-9", "u-flood", t0 + 50_000 + n * 1_000, t0 + 60_000 + n)
+              for n in range(21)]  # fmt: skip
+    impression = {**_archive("i-1", "ad-1", "u-flood", t0 + 50_500, t0 + 50_600), "event_id": "i-1"}
+    evidence = Evidence("f01", copies=[clicks[1]], impressions=[impression], user_clicks=clicks)
+    story = tell(evidence, catalog, {}, Periods())
+    assert story.invalid is not None and story.invalid.reason == "click_flood" and len(story.invalid.flood) == 21
+    assert story.outcome.rule_says == "click_flood"  # no book holds it yet, and the rule says it is invalid
+    seen = for_advertiser(story, "adv-1", catalog)
+    assert {c.ad_id for c in seen.invalid.flood} == {"ad-1", None}  # type: ignore[union-attr]
+    assert {c.click_id for c in seen.invalid.flood if c.ad_id is None} == {None}  # type: ignore[union-attr]
+    # An address of the excluded range, from the range's effective time on.
+    excluded = _archive("x1", "ad-1", "u-x", t0 + 5_000, t0 + 5_100, ip="203.0.113.9")
+    told = tell(Evidence("x1", copies=[excluded], user_clicks=[excluded]), catalog, {}, Periods())
+    assert told.invalid is not None and (told.invalid.reason, told.invalid.excluded_range) == (
+        "excluded_ip",
+        "203.0.113.0/24",
+    )
