@@ -22,8 +22,11 @@ ROOT/
   exports/P/                              a closed period's finance export, never rewritten
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time)
+  index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
+                                          rebuilt from the folders above when removed)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
+  catalog-changes.jsonl                   the catalog's change log, beside the catalog file (its store's)
 ```
 """
 
@@ -162,6 +165,12 @@ class DataLayout:
     @property
     def run_lock(self) -> Path:
         return self.reconcile / "lock"
+
+    # What the click's story reads through.
+    @property
+    def click_index(self) -> Path:
+        """The click index (`billing.store.click_index`): a SQLite file, kept up to date from the folders above."""
+        return self.root / "index" / "clicks.sqlite"
 
     # Services, processes and defaults of the settings.
     @property

@@ -310,6 +310,15 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_audit, needs=("redis",))
 
     p = sub.add_parser(
+        "explain",
+        help="a click's whole story: every copy received, its impression, price, outcome and why, what the stream "
+        "did, its corrections and export rows",
+    )
+    p.add_argument("click_id")
+    p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
+    p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
     )
     p.add_argument("part", choices=["stream", "reconcile", "web"])
@@ -491,7 +500,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
         versions = settings.layout.catalog_versions
         priced = versions.is_dir() and any(versions.iterdir())
-        CatalogStore(path).start(catalog, replace=args.force, priced=priced)
+        CatalogStore(path).start(catalog, replace=args.force, priced=priced, made_by=command_made_by())
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
     if args.action == "show":
@@ -528,7 +537,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             currency=args.currency,
         )
 
-    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    catalog = CatalogStore(path).change(request, backfill=args.backfill, made_by=command_made_by())
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
@@ -781,6 +790,27 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     return run_audit(settings)
 
 
+def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0 with the story of a click received, 1 for a click id never received."""
+    import json
+
+    from billing.periods import Periods
+    from billing.store.catalog_file import CatalogStore
+    from billing.store.click_story import ClickStories
+    from billing.story import NOT_RECEIVED, story_text
+
+    stories = ClickStories(
+        settings.layout,
+        CatalogStore(settings.catalog_file),
+        Periods(settings.period_ms),
+        settings.ivt_rules,
+        settings.topic_clicks,
+    )
+    story = stories.tell(args.click_id)
+    print(json.dumps(story.to_dict(), indent=1) if args.json else story_text(story))
+    return 1 if story.outcome.status == NOT_RECEIVED else 0
+
+
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     from ops.health import check
 
@@ -812,7 +842,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     def apply_catalog(line: CatalogEdit) -> None:
         # A capture's `ad`, `budget` and `ip_exclusion` lines are recorded history: they take effect at their own
         # time, even in the past (DOMAIN.md).
-        apply_to_store(catalog, line, int(time.time() * 1000))
+        apply_to_store(catalog, line, int(time.time() * 1000), command_made_by("replay"))
 
     summary = replay_to_kafka(
         args.file,
@@ -871,7 +901,7 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     path = settings.catalog_file
     if not path.exists():
         try:
-            CatalogStore(path).start(simulated)
+            CatalogStore(path).start(simulated, made_by=command_made_by("simulator"))
         except CatalogError:
             pass  # another writer made the file meanwhile: it is checked below like any other
         else:
@@ -893,6 +923,14 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
 
 def _progress(args: argparse.Namespace) -> bool:
     return not (args.no_progress or os.environ.get("ADBILL_NO_PROGRESS"))
+
+
+def command_made_by(door: str = "command") -> MadeBy:
+    """The author of a command's catalog change: the operating system's user, through `door`."""
+    from billing.catalog import MadeBy
+    from billing.store.catalog_file import operating_system_user
+
+    return MadeBy(operating_system_user(), door)
 
 
 if __name__ == "__main__":

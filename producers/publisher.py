@@ -22,10 +22,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
-from billing.catalog import Catalog, CatalogError
+from billing.catalog import Catalog, CatalogError, MadeBy
 from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import CatalogStore, operating_system_user, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import (
     BudgetLine,
@@ -333,13 +333,14 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
     return open_registry(registry) if isinstance(registry, str) else registry
 
 
-def apply_to_store(store: CatalogStore, line: CatalogEdit, now_ms: int) -> Catalog:
+def apply_to_store(store: CatalogStore, line: CatalogEdit, now_ms: int, made_by: MadeBy | None = None) -> Catalog:
     """Make a capture's (or a run's) change of the catalog in the pipeline's catalog, as a back-fill with its own
     `effective_from`, under the store's lock (`CatalogStore.change` for prices; budgets and the IP exclusion list
-    the same way); CatalogError when the catalog refuses it. The new catalog."""
+    the same way), its entry in the change log made by `made_by`; CatalogError when the catalog refuses it. The new
+    catalog."""
     if isinstance(line, CatalogLine):
-        return store.change(line.change, lambda: now_ms, backfill=True)
-    return store.update(lambda catalog, now: apply_line(catalog, line, now), lambda: now_ms)
+        return store.change(line.change, lambda: now_ms, backfill=True, made_by=made_by)
+    return store.update(lambda catalog, now: apply_line(catalog, line, now), lambda: now_ms, made_by=made_by)
 
 
 DEPLOYED_FIELD = "placement"
@@ -426,7 +427,7 @@ def simulate_to_kafka(
                     # The run's schedule, like a capture's catalog lines: made at its own effective time.
                     assert catalog_store is not None
                     try:
-                        apply_to_store(catalog_store, arrival, clock())
+                        apply_to_store(catalog_store, arrival, clock(), simulator_made_by())
                     except CatalogError as exc:
                         print(f"the run's change of the catalog was not made: {exc}", file=sys.stderr, flush=True)
                     continue
@@ -601,3 +602,9 @@ def _count_lines(path: str | os.PathLike[str]) -> int | None:
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def simulator_made_by() -> MadeBy:
+    """The author of the simulator's own catalog changes, in the catalog's change log: whoever runs it, through the
+    simulator's door (so that its changes are told apart from a person's)."""
+    return MadeBy(operating_system_user(), "simulator")

@@ -23,6 +23,7 @@ from flask import Flask, abort, current_app, g, request
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
+from billing.change_log import ChangeEntry, by_version
 from billing.invalid import ExclusionChange
 from billing.store.catalog_file import CatalogStore
 from web.access import Principal, may_change_catalog, may_see_finance
@@ -73,6 +74,7 @@ class AdStatus:
 def register(app: Flask, catalog_file: Path) -> None:
     """Keep the catalog's store for the app's views (`create_app` calls this once)."""
     app.extensions[EXTENSION] = CatalogStore(catalog_file)
+    app.jinja_env.globals["price_changes"] = changes_by_version
 
 
 def store() -> CatalogStore:
@@ -165,7 +167,7 @@ def make_change(
     if action not in ACTIONS:
         raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
 
-    def request(current: Catalog | None, now_ms: int) -> AdChange:
+    def asked(current: Catalog | None, now_ms: int) -> AdChange:
         return catalog_change(
             action,
             ad_id,
@@ -177,7 +179,7 @@ def make_change(
             currency=currency,
         )
 
-    changed = store().change(request, clock=services().clock)
+    changed = store().change(asked, clock=services().clock, made_by=made_by())
     ad = changed[ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)
@@ -276,3 +278,17 @@ def make_exclusion_change(action: str, cidr: str, at_ms: int | None) -> tuple[Ca
 
     changed = store().change(request_, clock=services().clock)
     return changed, next(c for c in changed.exclusions.changes if c.version == changed.version)
+
+
+def made_by() -> MadeBy:
+    """Who makes this request's change and through which door, for the catalog's change log (`maker`)."""
+    return maker()
+
+
+def changes_by_version() -> dict[int, ChangeEntry]:
+    """The catalog's change log by the version each change made (who made a history entry, when, through which
+    door), read once per request."""
+    if "catalog_changes" not in g:
+        g.catalog_changes = by_version(store().changes())
+    found: dict[int, ChangeEntry] = g.catalog_changes
+    return found

@@ -41,6 +41,7 @@ from web.model import (
     totals_by_currency,
 )
 from web.pages import send_export
+from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
 from web.services import current_principal, services
@@ -184,6 +185,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             ),
             "series": [_period_bill(b) for b in a.series],
             **ranged,
+            "by_price": by_price_document(clicks_by_price(a.ad_id, span)),
         }
     )
 

@@ -39,6 +39,7 @@ from web.ad_catalog import (
     Made,
     ads_of,
     catalog_or_404,
+    changes_by_version,
     check_ids,
     effective_from_json,
     exclusions_or_404,
@@ -165,7 +166,16 @@ def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
 
 
 def _entry(p: PriceChange) -> dict[str, Any]:
-    return {"effective_from": p.effective_from, "cpc_micros": micros_text(p.cpc_micros), "version": p.version}
+    change = changes_by_version().get(p.version)
+    recorded = change is not None and change.recorded
+    return {
+        "effective_from": p.effective_from,
+        "cpc_micros": micros_text(p.cpc_micros),
+        "version": p.version,
+        "made_by": change.who if recorded and change else None,
+        "door": change.door if recorded and change else None,
+        "made_at": change.made_at if recorded and change else None,
+    }
 
 
 def _body(allowed: frozenset[str]) -> dict[str, Any]:

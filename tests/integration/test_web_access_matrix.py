@@ -37,7 +37,17 @@ from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
 from tests.redis_figures import RedisFigures
-from tests.web_support import ACCOUNTS, FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import (
+    ACCOUNTS,
+    FIRST_PERIOD_MS,
+    OTHER,
+    OWN,
+    Seeded,
+    form_token,
+    login,
+    plant_exported_click,
+    seed,
+)
 from web import display
 from web.access import Role
 from web.accounts import AccountsFile
@@ -120,6 +130,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         assert login(clients[name], name).status_code == 302
     exports = sorted(p.name for p in (settings.root / "exports").iterdir())
     assert len(exports) == 2
+    for advertiser in (OWN, OTHER, THIRD):  # a click of each, whose story the click routes tell
+        ids[advertiser]["click"] = plant_exported_click(settings.root, exports[-1], advertiser)
     store = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)
@@ -129,50 +141,54 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
 # The URL of each GET route for advertiser `adv`'s things; `None` for routes that are not an advertiser's.
 def get_routes(world: World, adv: str) -> dict[str, str]:
     ids = world.ids[adv]
-    return {
-        "/": "/",
-        "/login": "/login",
-        "/advertisers/<advertiser_id>": f"/advertisers/{adv}",
-        "/advertisers/<advertiser_id>/campaigns/<campaign_id>": f"/advertisers/{adv}/campaigns/{ids['campaign']}",
-        "/advertisers/<advertiser_id>/ads/<ad_id>": f"/advertisers/{adv}/ads/{ids['ad']}",
-        "/advertisers/<advertiser_id>/corrections": f"/advertisers/{adv}/corrections",
-        "/advertisers/<advertiser_id>/corrections/<correction_id>": (
-            f"/advertisers/{adv}/corrections/{ids['correction']}"
-        ),
-        "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
-        "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
-        "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
-            f"/advertisers/{adv}/statements/2026-01/statement.csv"
-        ),
-        "/advertisers/<advertiser_id>/statements/<month>/statement.pdf": (
-            f"/advertisers/{adv}/statements/2026-01/statement.pdf"
-        ),
-        "/finance": "/finance",
-        "/finance/months/<month>/billing.csv": "/finance/months/2026-01/billing.csv",
-        "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
-        "/health": "/health",
-        "/static/<path:filename>": "/static/adbill.js",
-        "/api/v1/openapi.json": "/api/v1/openapi.json",
-        "/api/v1/me": "/api/v1/me",
-        "/api/v1/periods": "/api/v1/periods",
-        "/api/v1/advertisers": "/api/v1/advertisers",
-        "/api/v1/advertisers/<advertiser_id>/dashboard": f"/api/v1/advertisers/{adv}/dashboard",
-        "/api/v1/advertisers/<advertiser_id>/campaigns/<campaign_id>": (
-            f"/api/v1/advertisers/{adv}/campaigns/{ids['campaign']}"
-        ),
-        "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
-        "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
-        "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
-            f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
-        ),
-        "/api/v1/finance": "/api/v1/finance",
-        "/api/v1/exports": "/api/v1/exports",
-        "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
-        "/api/v1/health": "/api/v1/health",
-        "/healthz": "/healthz",
-        "/readyz": "/readyz",
-        "/metrics": "/metrics",
-    } | catalog_get_routes(world, adv)
+    return (
+        {
+            "/": "/",
+            "/login": "/login",
+            "/advertisers/<advertiser_id>": f"/advertisers/{adv}",
+            "/advertisers/<advertiser_id>/campaigns/<campaign_id>": f"/advertisers/{adv}/campaigns/{ids['campaign']}",
+            "/advertisers/<advertiser_id>/ads/<ad_id>": f"/advertisers/{adv}/ads/{ids['ad']}",
+            "/advertisers/<advertiser_id>/corrections": f"/advertisers/{adv}/corrections",
+            "/advertisers/<advertiser_id>/corrections/<correction_id>": (
+                f"/advertisers/{adv}/corrections/{ids['correction']}"
+            ),
+            "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
+            "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
+            "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
+                f"/advertisers/{adv}/statements/2026-01/statement.csv"
+            ),
+            "/advertisers/<advertiser_id>/statements/<month>/statement.pdf": (
+                f"/advertisers/{adv}/statements/2026-01/statement.pdf"
+            ),
+            "/finance": "/finance",
+            "/finance/months/<month>/billing.csv": "/finance/months/2026-01/billing.csv",
+            "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
+            "/health": "/health",
+            "/static/<path:filename>": "/static/adbill.js",
+            "/api/v1/openapi.json": "/api/v1/openapi.json",
+            "/api/v1/me": "/api/v1/me",
+            "/api/v1/periods": "/api/v1/periods",
+            "/api/v1/advertisers": "/api/v1/advertisers",
+            "/api/v1/advertisers/<advertiser_id>/dashboard": f"/api/v1/advertisers/{adv}/dashboard",
+            "/api/v1/advertisers/<advertiser_id>/campaigns/<campaign_id>": (
+                f"/api/v1/advertisers/{adv}/campaigns/{ids['campaign']}"
+            ),
+            "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
+            "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
+            "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
+                f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
+            ),
+            "/api/v1/finance": "/api/v1/finance",
+            "/api/v1/exports": "/api/v1/exports",
+            "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
+            "/api/v1/health": "/api/v1/health",
+            "/healthz": "/healthz",
+            "/readyz": "/readyz",
+            "/metrics": "/metrics",
+        }
+        | catalog_get_routes(world, adv)
+        | story_get_routes(world, adv)
+    )
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
@@ -206,9 +222,9 @@ def expected_status(actor: str, rule: str) -> int:
         return 200 if actor == "ada" else 404
     if rule in FINANCE:
         return 200 if actor in ("fiona", "ada") else 404
-    if "<advertiser_id>" in rule:
+    if "<advertiser_id>" in rule or rule in CLICK_ROUTES:
         return 404 if actor == "bob" else 200
-    return 200  # /api/v1/me, /periods, /advertisers: any logged-in person, each sees its own view
+    return 200  # /api/v1/me, /periods, /advertisers, /clicks: any logged-in person, each sees its own view
 
 
 def test_the_matrix_covers_every_route(world: World) -> None:
@@ -230,7 +246,7 @@ def test_every_get_route_for_every_actor(world: World, actor: str) -> None:
             assert response.headers["Location"].startswith("/login"), url
         if want == 401:
             assert response.json == {"error": "login required", "status": 401}, url
-        if want == 200 and "<advertiser_id>" in rule:
+        if want == 200 and ("<advertiser_id>" in rule or rule in CLICK_ROUTES):
             assert OWN.encode() in response.get_data(), f"{url} answered without adv-0000's data"
     assert not failures, "\n".join(failures)
 
@@ -297,7 +313,7 @@ def figures_of(world: World, advertiser: str) -> set[str]:
 
 def test_advertiser_sees_its_own_things_and_gets_404_for_the_same_kind_of_another(world: World) -> None:
     bob = world.clients["bob"]
-    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r]
+    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r or r in CLICK_ROUTES]
     assert all(bob.get(u).status_code == 200 for u in mine)
     assert all(world.clients["alice"].get(u).status_code == 404 for u in mine)
 
@@ -308,6 +324,8 @@ def test_a_forbidden_id_answers_exactly_like_an_id_that_does_not_exist(world: Wo
         (f"/advertisers/{OTHER}", "/advertisers/adv-9999"),
         (f"/api/v1/advertisers/{OTHER}/dashboard", "/api/v1/advertisers/adv-9999/dashboard"),
         (f"/api/v1/advertisers/{OTHER}/corrections", "/api/v1/advertisers/adv-9999/corrections"),
+        (f"/clicks/{world.ids[OTHER]['click']}", "/clicks/click-never-received"),
+        (f"/api/v1/clicks/{world.ids[OTHER]['click']}", "/api/v1/clicks/click-never-received"),
     ]:
         a, b = alice.get(forbidden), alice.get(missing)
         assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404
@@ -425,6 +443,8 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
 
 # The catalog: advertisers' ads (theirs only), every ad for finance and admin, changes by an admin only ----------------
 CATALOG_READ = {
+    "/catalog/changes",
+    "/api/v1/catalog/changes",
     "/catalog",
     "/catalog/ads/<ad_id>",
     "/api/v1/catalog/ads",
@@ -574,7 +594,7 @@ def test_a_token_opens_every_api_route_exactly_as_its_accounts_session_and_no_pa
 def test_another_advertisers_token_gets_404_like_an_id_that_does_not_exist(world: World) -> None:
     bob = world.app.test_client()
     for rule, url in get_routes(world, OWN).items():
-        if rule.startswith("/api/") and "<advertiser_id>" in rule:
+        if rule.startswith("/api/") and ("<advertiser_id>" in rule or rule in CLICK_ROUTES):
             response = bob.get(url, headers=bearer(world.tokens["bob"]))
             assert response.status_code == 404 and OWN not in response.get_data(as_text=True), url
     mine = bob.get(f"/api/v1/advertisers/{OTHER}/dashboard", headers=bearer(world.tokens["bob"]))
@@ -723,3 +743,36 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
         ]
     assert f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}" in caplog.text
     seeded.client.close()
+
+
+# A click's story: an advertiser's own clicks only; the catalog's change log: finance and admin ----------------------
+CLICK_ROUTES = {"/clicks/<click_id>", "/api/v1/clicks/<click_id>"}
+
+
+def story_get_routes(world: World, adv: str) -> dict[str, str]:
+    click = world.ids[adv]["click"]
+    return {
+        "/clicks": "/clicks",
+        "/clicks/<click_id>": f"/clicks/{click}",
+        "/api/v1/clicks/<click_id>": f"/api/v1/clicks/{click}",
+        "/catalog/changes": "/catalog/changes",
+        "/api/v1/catalog/changes": "/api/v1/catalog/changes",
+    }
+
+
+def test_a_click_never_received_says_so_to_finance_and_admin_and_is_404_to_an_advertiser(world: World) -> None:
+    for actor in ("fiona", "ada"):
+        page = world.clients[actor].get("/clicks/click-never-received")
+        assert page.status_code == 404 and "Never received" in page.text
+        document = world.clients[actor].get("/api/v1/clicks/click-never-received")
+        assert document.json == {"error": "no click click-never-received was ever received", "status": 404}
+    alice = world.clients["alice"]
+    assert alice.get("/clicks/click-never-received").get_data() == alice.get("/advertisers/adv-9999").get_data()
+    own = alice.get(f"/api/v1/clicks/{world.ids[OWN]['click']}").json
+    assert own["outcome"]["status"] == "charged" and own["advertiser_id"] == OWN
+    assert isinstance(own["outcome"]["amount_micros"], str)
+    assert (
+        alice.get(f"/clicks?click_id={world.ids[OWN]['click']}")
+        .headers["Location"]
+        .endswith(f"/clicks/{world.ids[OWN]['click']}")
+    )
