@@ -159,7 +159,7 @@ class AdChange:
 @dataclass(frozen=True, slots=True)
 class MadeBy:
     """Who asks for a change of the catalog and through which door (DOMAIN.md, "Who sees what"): an account of the
-    web UI or the operating system's user of a command; `command`, `page`, `api TOKEN_ID` or `replay`. The entry
+    web UI or the operating system's user of a command; `command`, `page`, `api token TOKEN_ID` or `replay`. The entry
     the change adds keeps both, and when it was made (read under the catalog's lock)."""
 
     who: str

@@ -161,7 +161,7 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": "120000", "effective_from": later})
     token_id = web.tokens["ada"].split("_")[1]
     assert status == 201 and body["made"] == {"effective_from": later, "cpc_micros": "120000", "version": 2,
-                                              "made_by": "ada", "door": f"api {token_id}",
+                                              "made_by": "ada", "door": f"api token {token_id}",
                                               "made_at": body["made"]["made_at"]}  # fmt: skip
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": None})
     assert status == 201 and body["status"] == "paused"
@@ -179,7 +179,7 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
             "cpc_micros": None if p.paused else str(p.cpc_micros),
             "version": p.version,
             "made_by": "ada",  # who made each entry, through which door and when: the catalog's change log
-            "door": f"api {token_id}",
+            "door": f"api token {token_id}",
             "made_at": entry["made_at"],
         }
         for p, entry in zip(ad.prices, read.json["prices"], strict=True)
