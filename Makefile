@@ -97,6 +97,11 @@ WEB_DURATION ?= 20
 bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on gunicorn: req/s, p50/p99/max (WEB_DURATION=)
 	$(BIN)/python -m ops.bench.web --clients $(CLIENTS) --duration $(WEB_DURATION)
 
+STORY_HOURS ?= 744
+STORY_CLICKS ?= 1000
+bench-stories: venv ## a month (STORY_HOURS hourly periods, STORY_CLICKS clicks each) written as the product writes it: the click index built, then click stories, adbill explain and clicks by price timed
+	$(BIN)/python -m ops.bench.stories --hours $(STORY_HOURS) --clicks-per-hour $(STORY_CLICKS)
+
 AUDIT_VENV := .venv-audit
 AUDIT_TOOLS := pip-audit==2.10.1 bandit==1.9.4
 $(AUDIT_VENV)/.installed: Makefile
@@ -131,4 +136,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web audit chaos lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web bench-stories audit chaos lint format clean

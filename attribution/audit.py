@@ -27,10 +27,9 @@ from attribution.closing import (
     ReconcileConfig,
     StateFile,
     data_versions,
+    final_charges,
     ledger_up_to,
 )
-from attribution.final_bills import final_bills
-from attribution.pricing import price_matches
 from attribution.restore import save_record
 from attribution.stream_position import BILLING_QUERY
 from billing.catalog import Catalog
@@ -82,8 +81,8 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
     if not every:
         return []
     ordered = sorted(every, key=periods.parse_key)
-    matches = final_bills(spark, layout.archive, config.period_ms, ordered, through)[0]
-    final_all = price_matches(matches.toArrow(), catalog).bills
+    # The whole contract: price, invalid traffic and budgets, as a closing run applies it.
+    final_all = final_charges(spark, layout, config.period_ms, ordered, catalog, through, config.ivt_rules)[0]
     ledger = ledger_up_to(read_ledger(layout.ledger), through)
     given_adjustments = exported_adjustments(exports, sorted(closed))
     out = []

@@ -1,21 +1,19 @@
-"""One micro-batch's output, as Arrow tables: the ledger, archive and quarantine rows, their Parquet files and the
-figures Redis is given (totals; late, clock-ahead and quarantine counts). Pure pyarrow: no Spark, no services.
+"""One micro-batch's intake, as Arrow tables: the archive and quarantine rows, their Parquet files and the figures
+Redis is given (late, clock-ahead and quarantine counts), and the batch's matched clicks and valid clicks handed on
+to the driver's charging step (`attribution.charging`). Pure pyarrow: no Spark, no services.
 
 In: a task's share of the job's output, as `BatchSink` hands it to `PartitionWriter` on an executor (rows of
-`KIND` `bill` with the billable columns, rows of `KIND` `intake` with the archive's columns and a `reason` that
-is null for a valid event). Out: `BatchOutput` (`split_batch`), written with `write_batch_files`, one file per
+`KIND` `bill` with the matched clicks' columns, rows of `KIND` `intake` with the archive's columns and a `reason`
+that is null for a valid event). Out: `BatchOutput` (`split_batch`), written with `write_batch_files`, one file per
 task and folder (`part-TTTTT.parquet`, TTTTT the task's partition), and the task's figures (`FIGURES`), which the
 driver sums (`batch_figures`):
 
-- ledger: `LEDGER/period=P/batch_id=N/part-TTTTT.parquet`, one row per billed click;
 - archive: `ARCHIVE/event_type=T/period=P/batch_id=N/part-TTTTT.parquet`, one row per valid event received,
   `late` when the streaming join's watermark kept it out;
 - quarantine: `QUARANTINE/batch_id=N/part-TTTTT.parquet`, one row per bad record;
-- unbilled: `UNBILLED/period=P/batch_id=N/part-TTTTT.parquet`, one row per matched click that the catalog (as of
-  the batch's version) priced nothing at its time, with the reason (`ad_paused`, `unknown_ad`).
-
-Bills are priced here (`attribution.pricing`), from the catalog version the batch was first priced with, so a
-replayed batch bills what its first attempt billed.
+- the matched clicks (`kind` `bill`) and every valid click's id, ad, user and time (`kind` `click`), as rows of
+  the figures: the driver prices, judges and charges them (`attribution.charging`), so that each campaign's budget
+  and each user's recent clicks are seen whole, and writes the ledger, `unbilled/` and `not_charged/`.
 
 Partition columns live in the paths only (hive style), as Spark writes them, so pyarrow, DuckDB and Spark read
 the same tables. Each file is written under a dot-name in its folder, flushed to disk and renamed into place, and
@@ -35,8 +33,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from attribution.pricing import UNBILLED_COLUMNS, price_matches
-from billing.catalog import Catalog
 from billing.periods import Periods
 from billing.store.durable import fsync_folder, make_folder, replace_files
 from billing.store.parquet_ledger import ledger_totals
@@ -56,35 +52,56 @@ ARCHIVE_COLUMNS = (
     "partition",
     "offset",
     "value",
+    "user_agent",
+    "ip",
     "late",
     "period_start_ms",
     "period",
     "batch_id",
 )
-"""One row per valid event received, with its raw bytes (`period` is the event time's); partitioned by
-event_type, period, batch_id. The first ten come from the job's intake branch."""
+"""One row per valid event received, with its raw bytes and its optional fields (`period` is the event time's);
+partitioned by event_type, period, batch_id. The first twelve come from the job's intake branch."""
 
-RECEIVED_COLUMNS = ARCHIVE_COLUMNS[:10]
+RECEIVED_COLUMNS = ARCHIVE_COLUMNS[:12]
 
 FILE_NAME = "part-00000.parquet"
 
 
 @dataclass(frozen=True)
 class BatchOutput:
-    """A micro-batch split into what the sink writes; every table carries `batch_id` and its period columns."""
+    """A task's share of a micro-batch split into what it writes and hands on; archive and quarantine rows carry
+    `batch_id` (and the archive its period columns)."""
 
     bills: pa.Table
-    """Ledger rows (`billing.store.parquet_ledger.LEDGER_COLUMNS`)."""
+    """Matched clicks (`BILL_COLUMNS`), to be charged on the driver."""
     events: pa.Table
     """Archive rows (`ARCHIVE_COLUMNS`)."""
     bad: pa.Table
     """Quarantine rows (`attribution.decode.QUARANTINE_COLUMNS` and `batch_id`)."""
-    unbilled: pa.Table
-    """Matched clicks without a price at their time (`UNBILLED_ROWS`)."""
+
+    @property
+    def clicks(self) -> pa.Table:
+        """The valid clicks' ids, ads, users and times (`CLICK_KEYS`), for the invalid traffic rules."""
+        clicks = self.events.filter(pc.equal(self.events.column("event_type"), "click"))
+        return clicks.select(["event_id", "ad_id", "user_id", "event_time"]).rename_columns(list(CLICK_KEYS))
 
 
-UNBILLED_ROWS = (*UNBILLED_COLUMNS, "period_start_ms", "period", "batch_id")
-"""The unbilled table's columns; partitioned by period and batch_id."""
+BILL_COLUMNS = (
+    "click_id",
+    "impression_id",
+    "ad_id",
+    "user_id",
+    "click_time",
+    "impression_time",
+    "click_received_ms",
+    "ip",
+    "known_bot",
+)
+"""A matched click as the job hands it to the sink: `attribution.join.MATCH_COLUMNS` (without its timestamp), the
+click's `ip`, and whether its user agent is a known crawler's (`known_bot`, matched in the JVM)."""
+
+CLICK_KEYS = ("click_id", "ad_id", "user_id", "event_time")
+"""What the invalid traffic rules read of every valid click (`attribution.charging.CLICK_KEY_COLUMNS`)."""
 
 
 def split_batch(
@@ -92,39 +109,28 @@ def split_batch(
     batch_id: int,
     *,
     late_watermark_ms: int,
-    billed_at_ms: int,
     periods: Periods,
-    ledger_columns: Sequence[str],
     quarantine_columns: Sequence[str],
-    catalog: Catalog,
 ) -> BatchOutput:
-    """The ledger, archive, quarantine and unbilled rows of one collected batch; bills priced by `catalog`.
+    """The matched clicks, archive and quarantine rows of one task's share of a batch.
 
     A valid event is `late` when its watermark time (`watermark_time_ms`) is at or below `late_watermark_ms`, the
     watermark the join used to drop late input rows of this batch (`attribution.job.late_watermark_ms`)."""
     kind = batch.column(KIND)
-    priced = price_matches(batch.filter(pc.equal(kind, "bill")), catalog)
-    bills = priced.bills
-    unbilled = _with_period(priced.unbilled.select(list(UNBILLED_COLUMNS)), "click_time", periods)
-    unbilled = unbilled.append_column("batch_id", _constant(batch_id, unbilled.num_rows))
+    bills = batch.filter(pc.equal(kind, "bill")).select(list(BILL_COLUMNS))
     intake = batch.filter(pc.equal(kind, "intake"))
     valid = pc.is_null(intake.column("reason"))
     events = intake.filter(valid).select(list(RECEIVED_COLUMNS))
     bad = intake.filter(pc.invert(valid))
-
-    bills = _with_period(bills, "click_time", periods)
-    bills = bills.append_column("billed_at_ms", _constant(billed_at_ms, bills.num_rows))
-    bills = bills.append_column("batch_id", _constant(batch_id, bills.num_rows))
     late = pc.less_equal(watermark_time_ms(events), pa.scalar(late_watermark_ms, pa.int64()))
     events = events.append_column("late", late)
     events = _with_period(events, "event_time", periods)
     events = events.append_column("batch_id", _constant(batch_id, events.num_rows))
     bad = bad.append_column("batch_id", _constant(batch_id, bad.num_rows))
     return BatchOutput(
-        bills=bills.select(list(ledger_columns)),
+        bills=bills,
         events=events.select(list(ARCHIVE_COLUMNS)),
         bad=bad.select([*quarantine_columns, "batch_id"]),
-        unbilled=unbilled.select(list(UNBILLED_ROWS)),
     )
 
 
@@ -270,40 +276,43 @@ FIGURES = pa.schema(
         ("path", pa.string()),
         ("rows", pa.int64()),
         ("micros", pa.int64()),
+        ("click_id", pa.string()),
+        ("impression_id", pa.string()),
+        ("user_id", pa.string()),
+        ("click_time", pa.int64()),
+        ("impression_time", pa.int64()),
+        ("click_received_ms", pa.int64()),
+        ("ip", pa.string()),
+        ("known_bot", pa.bool_()),
     ]
 )
-"""What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `bill`
-(clicks as `rows`, and micros, per period and ad), `late` and `clock_ahead` (events per period, ad and type),
-`unbilled` (matched clicks without a price, per period, ad and reason),
-`quarantine` (records per reason, topic and ad), `archived` (the task's archive rows) and `file` (a file it
-wrote). Small: a few rows per ad and period, never one per event."""
+"""What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `late` and
+`clock_ahead` (events per period, ad and type), `quarantine` (records per reason, topic and ad), `archived` (the
+task's archive rows), `file` (a file it wrote); and what the driver charges: `bill` (one matched click, in the
+`BILL_COLUMNS`) and `click` (one valid click's `CLICK_KEYS`, its time as `click_time`). The figures are a few rows
+per ad and period; the clicks are a few columns each."""
 
-FIGURES_DDL = ", ".join(f"{field.name} {'string' if field.type == pa.string() else 'bigint'}" for field in FIGURES)
+_DDL_TYPES = {pa.string(): "string", pa.int64(): "bigint", pa.bool_(): "boolean"}
+FIGURES_DDL = ", ".join(f"{field.name} {_DDL_TYPES[field.type]}" for field in FIGURES)
 
 
 @dataclass(frozen=True)
 class PartitionWriter:
-    """Writes one task's share of micro-batch `batch_id` and returns its figures (`FIGURES`); runs on the
-    executors, so no event crosses to the driver.
+    """Writes one task's share of micro-batch `batch_id` (archive, quarantine) and returns its figures (`FIGURES`)
+    with its matched and valid clicks; runs on the executors, so no event's bytes cross to the driver.
 
     The task's files are named after its partition (`part-NNNNN.parquet`) in the batch's folders: the rows of a
-    micro-batch fall in the same partitions when it is replayed (the join's state partitions by key, the intake
-    by Kafka partition), so a replayed task replaces its own file, and the driver prunes what an earlier attempt
-    left beside the files of this one (`prune_batch_folders`)."""
+    micro-batch fall in the same partitions when it is replayed (the intake by Kafka partition), so a replayed task
+    replaces its own file, and the driver prunes what an earlier attempt left beside the files of this one
+    (`prune_batch_folders`)."""
 
     batch_id: int
     late_watermark_ms: int
-    billed_at_ms: int
     period_ms: int
     clock_tolerance_ms: int
-    ledger_dir: Path
     archive_dir: Path
     quarantine_dir: Path
-    ledger_columns: tuple[str, ...]
     quarantine_columns: tuple[str, ...]
-    unbilled_dir: Path
-    catalog: Catalog
-    """The catalog as of the version the batch is priced with (`attribution.job.BatchSink`)."""
 
     def write(self, batch: pa.Table, partition: int) -> tuple[BatchOutput, pa.Table]:
         """Split `batch` (one task's rows), write its files, and return its output and figures."""
@@ -311,36 +320,42 @@ class PartitionWriter:
             batch,
             self.batch_id,
             late_watermark_ms=self.late_watermark_ms,
-            billed_at_ms=self.billed_at_ms,
             periods=Periods(self.period_ms),
-            ledger_columns=self.ledger_columns,
             quarantine_columns=self.quarantine_columns,
-            catalog=self.catalog,
         )
         name = f"part-{partition:05d}.parquet"
         files = [
-            *write_batch_files(out.bills, self.ledger_dir, ("period", "batch_id"), name, prune=False),
             *write_batch_files(out.events, self.archive_dir, ("event_type", "period", "batch_id"), name, prune=False),
             *write_batch_files(out.bad, self.quarantine_dir, ("batch_id",), name, prune=False),
-            *write_batch_files(out.unbilled, self.unbilled_dir, ("period", "batch_id"), name, prune=False),
         ]
         return out, partition_figures(out, files, self.clock_tolerance_ms)
 
 
 def partition_figures(out: BatchOutput, files: Sequence[Path], clock_tolerance_ms: int) -> pa.Table:
-    """The figures (`FIGURES`) of one task's output and files."""
-    rows: list[dict[str, object]] = [
-        {"kind": "bill", **{k: v for k, v in total.items() if k != "clicks"}, "rows": total["clicks"]}
-        for total in ledger_totals(out.bills)
-    ]
+    """The figures (`FIGURES`) of one task's output and files, with its matched and valid clicks."""
+    rows: list[dict[str, object]] = []
     late = out.events.filter(out.events.column("late"))
     for kind, events in (("late", late), ("clock_ahead", clock_ahead(out.events, clock_tolerance_ms))):
         rows += [{"kind": kind, **row} for row in _count(events, PER_AD)]
     rows += [{"kind": "quarantine", **row} for row in _count(out.bad, ["reason", "topic", "ad_id"])]
-    rows += [{"kind": "unbilled", **row} for row in _count(out.unbilled, UNBILLED_PER_AD)]
     rows.append({"kind": "archived", "rows": out.events.num_rows})
     rows += [{"kind": "file", "path": str(path)} for path in files]
-    return pa.Table.from_pylist(rows, schema=FIGURES)
+    counts = pa.Table.from_pylist(rows, schema=FIGURES)
+    bills = out.bills.append_column("kind", pa.repeat(pa.scalar("bill"), out.bills.num_rows))
+    clicks = out.clicks.rename_columns(["click_id", "ad_id", "user_id", "click_time"])
+    clicks = clicks.append_column("kind", pa.repeat(pa.scalar("click"), clicks.num_rows))
+    return pa.concat_tables([counts, _as_figures(bills), _as_figures(clicks)])
+
+
+def _as_figures(table: pa.Table) -> pa.Table:
+    """`table` with every column of `FIGURES` (nulls where it has none), in their order and types."""
+    columns = []
+    for field in FIGURES:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=FIGURES)
 
 
 PER_AD = ["period", "period_start_ms", "ad_id", "event_type"]
@@ -348,7 +363,7 @@ PER_AD = ["period", "period_start_ms", "ad_id", "event_type"]
 
 UNBILLED_PER_AD = ["period", "period_start_ms", "advertiser_id", "ad_id", "reason"]
 """The keys unbilled clicks are counted by: the advertiser is the one the catalog named when the stream priced the
-click (none for an ad it did not know), so a count restored later is the count the stream made."""
+click (none for an ad it did not know), so a count restored later is the count the stream made (`restore`)."""
 
 
 def unbilled_counts(unbilled: pa.Table) -> list[UnbilledCount]:
@@ -373,54 +388,45 @@ def _count(table: pa.Table, keys: list[str]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class BatchFigures:
-    """A micro-batch's figures summed over its tasks, for Redis and the log (`batch_figures`)."""
+    """A micro-batch's intake figures summed over its tasks, and its matched and valid clicks (`batch_figures`)."""
 
-    totals: list[TotalsRow]
     late: list[LateCount]
     clock_ahead: list[ClockAheadCount]
     quarantined: list[QuarantineCount]
-    unbilled: list[UnbilledCount]
-    bills: int
     events: int
     bad: int
     files: list[Path]
+    bills: pa.Table
+    """The matched clicks (`BILL_COLUMNS`)."""
+    clicks: pa.Table
+    """The valid clicks (`CLICK_KEYS`)."""
 
 
 def batch_figures(figures: pa.Table, advertiser_of: Mapping[str, str]) -> BatchFigures:
     """The tasks' figures (`FIGURES`) of a micro-batch, summed per key, advertisers named from the catalog."""
+    kinds = figures.column("kind")
 
     def summed(kind: str, keys: list[str]) -> list[dict[str, Any]]:
-        rows = figures.filter(pc.equal(figures.column("kind"), kind))
+        rows = figures.filter(pc.equal(kinds, kind))
         if rows.num_rows == 0:
             return []
-        grouped = rows.group_by(keys).aggregate([("rows", "sum"), ("micros", "sum")])
-        return [
-            {**{k: row[k] for k in keys}, "rows": row["rows_sum"], "micros": row["micros_sum"]}
-            for row in grouped.to_pylist()
-        ]
-
-    keys = ["period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id"]
-    totals = [
-        TotalsRow(
-            r["period"], r["period_start_ms"], r["advertiser_id"], r["campaign_id"], r["ad_id"], r["rows"], r["micros"]
-        )
-        for r in summed("bill", keys)
-    ]
+        grouped = rows.group_by(keys).aggregate([("rows", "sum")])
+        return [{**{k: row[k] for k in keys}, "rows": row["rows_sum"]} for row in grouped.to_pylist()]
 
     quarantined = [
         QuarantineCount(r["reason"], r["topic"], advertiser_of.get(r["ad_id"] or ""), r["rows"])
         for r in summed("quarantine", ["reason", "topic", "ad_id"])
     ]
-    files = figures.filter(pc.equal(figures.column("kind"), "file")).column("path").to_pylist()
-    archived = figures.filter(pc.equal(figures.column("kind"), "archived")).column("rows")
+    files = figures.filter(pc.equal(kinds, "file")).column("path").to_pylist()
+    archived = figures.filter(pc.equal(kinds, "archived")).column("rows")
+    clicks = figures.filter(pc.equal(kinds, "click")).select(["click_id", "ad_id", "user_id", "click_time"])
     return BatchFigures(
-        totals=totals,
         late=[LateCount(*row) for row in _per_ad(summed("late", PER_AD), advertiser_of)],
         clock_ahead=[ClockAheadCount(*row) for row in _per_ad(summed("clock_ahead", PER_AD), advertiser_of)],
         quarantined=quarantined,
-        unbilled=_unbilled(summed("unbilled", UNBILLED_PER_AD)),
-        bills=sum(t.clicks for t in totals),
         events=pc.sum(archived).as_py() or 0,
         bad=sum(q.records for q in quarantined),
         files=[Path(path) for path in files],
+        bills=figures.filter(pc.equal(kinds, "bill")).select(list(BILL_COLUMNS)),
+        clicks=clicks.rename_columns(list(CLICK_KEYS)),
     )

@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from pyspark.sql import SparkSession
 
 from attribution.dead_letters import HEADERS, DeadLetters, DeliveryError
 from attribution.epoch import checkpoint_started, last_committed_batch
-from attribution.final_bills import final_bills
+from attribution.final_bills import final_bills, scope_of
 from attribution.job_lock import FileLock, JobLockedError
 from attribution.pricing import price_matches
 from attribution.release import (
@@ -58,27 +58,35 @@ from attribution.restore import save_record
 from attribution.schema_follow import EVENT_TYPES, registered_versions
 from attribution.stream_position import BILLING_QUERY, stream_position
 from billing.catalog import Catalog
-from billing.closing import PeriodState, StreamPosition
+from billing.closing import PeriodState, StreamPosition, plan_run
 from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, RunReport, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
+from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
 from billing.layout import EPOCH_FILE, DataLayout
-from billing.periods import Periods
-from billing.rule import BILLABLE_FIELDS
+from billing.periods import DAY_MS, Periods
+from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
+from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
+from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
     MANIFEST_FILE,
     export_table,
     exported_bills,
+    exported_not_charged,
+    not_charged_table,
     read_export,
     read_manifest,
+    read_not_charged,
     write_export,
 )
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
-from billing.store.redis_totals import RedisTotals
+from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
+
+_INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
 
 CONFLICTS_SEND_TIMEOUT_S = 30.0
 """How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
@@ -107,6 +115,11 @@ class ReconcileConfig:
     registry_location: str | None = None
     """The schema registry (`billing.store.schema_registry.open_registry`): records held in quarantine whose schema
     id it knows now are released by the run (`ReconciliationRelease`); None: the run releases nothing."""
+    ivt_rules: IvtRules = DEFAULT_RULES
+    """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
+    catch_up_wait_ms: int = 60_000
+    """How long a run waits for a live streaming job that is only a few seconds behind the records a period past
+    its horizon waits for (`wait_for_stream`); 0: not at all."""
 
     @property
     def layout(self) -> DataLayout:
@@ -125,10 +138,14 @@ class ReconcileConfig:
         )
 
 
-def data_versions(layout: DataLayout, periods: Periods, through_batch: int | None = None) -> dict[str, int]:
+def data_versions(
+    layout: DataLayout, periods: Periods, through_batch: int | None = None, whole_days: bool = False
+) -> dict[str, int]:
     """Per period with data, the largest micro-batch id of the files that can change its bill: its clicks and
-    impressions, the impressions of the period before it, and its ledger; batches after `through_batch` (not
-    committed yet) left out, so that a period is reconciled again once they are.
+    impressions, the impressions of the period before it, the clicks of the periods beside it (the invalid traffic
+    rules look a minute around a click), and its ledger; with `whole_days` (budgets: a click's charge depends on the
+    day's clicks before it), the files of the earlier periods of its UTC day too. Batches after `through_batch` (not
+    committed yet) are left out, so that a period is reconciled again once they are.
 
     A record released from quarantine (`attribution.release`) keeps the time Kafka received it, so it may be the
     first copy of its id to arrive, and change the bills of every period holding another copy: its batch counts
@@ -156,12 +173,21 @@ def data_versions(layout: DataLayout, periods: Periods, through_batch: int | Non
     versions: dict[str, int] = {}
     for (kind, period), batch in newest.items():
         touched = [period]
-        if kind == "impression":
-            touched.append(periods.key(periods.parse_key(period) + periods.length_ms))
+        start = periods.parse_key(period)
+        if kind in ("impression", "click"):
+            touched.append(periods.key(start + periods.length_ms))
+        if kind == "click":
+            touched.append(periods.key(start - periods.length_ms))
         for p in touched:
-            if kind == "impression" and p != period and (("click", p) not in newest and ("ledger", p) not in newest):
-                continue  # impressions alone do not make the next period exist
+            if p != period and (("click", p) not in newest and ("ledger", p) not in newest):
+                continue  # the events of one period alone do not make another exist
             versions[p] = max(versions.get(p, -1), batch)
+    if whole_days:
+        newest_of_day: dict[int, int] = {}
+        for period in sorted(versions, key=periods.parse_key):
+            day = periods.parse_key(period) // DAY_MS
+            newest_of_day[day] = max(newest_of_day.get(day, -1), versions[period])
+            versions[period] = newest_of_day[day]
     return versions
 
 
@@ -207,9 +233,62 @@ def run_closing(
     ports = closing_ports(spark, config, catalog, clock)
     periods = Periods(config.period_ms)
     if locked:
+        if position is None and not force:
+            wait_for_stream(config, clock, progress)
         return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
     with run_lock(config):
+        if position is None and not force:
+            wait_for_stream(config, clock, progress)
         return close_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+
+
+def wait_for_stream(
+    config: ReconcileConfig,
+    clock: Callable[[], int],
+    progress: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    ask: Callable[[], StreamPosition] | None = None,
+) -> StreamPosition:
+    """Before a run: when a period past its horizon waits only for a live streaming job to read what Kafka held when
+    the horizon passed (a job a few seconds behind live traffic), wait for it, up to `config.catch_up_wait_ms`, so
+    that the period closes in this run instead of being held to the next. The targets found here are kept in the
+    state file, so the run measures against them. A job that is down, waiting or far behind is not waited for: the
+    run holds the period and says why."""
+    periods = Periods(config.period_ms)
+    ask = ask or config.position
+    position = ask()
+    if config.catch_up_wait_ms <= 0 or not position.alive or position.waiting is not None:
+        return position
+    layout = config.layout
+    states = load_states(layout.periods_file)
+    plan = plan_run(data_versions(layout, periods), states, periods, clock(), config.horizon_ms, position)
+    if plan.targets:
+        for period, target in plan.targets.items():
+            states[period] = replace(states.get(period, PeriodState(version=-1)), target_offsets=target)
+        save_states(layout.periods_file, states)
+    targets = [
+        states[period].target_offsets or plan.targets.get(period)
+        for period in plan.held
+        if period in states and (states[period].target_offsets or plan.targets.get(period))
+    ]
+    if not targets:
+        return position
+    deadline = time.monotonic() + config.catch_up_wait_ms / 1000
+    behind = max(position.behind(t) for t in targets if t is not None)
+    if behind:
+        progress(
+            f"waiting up to {config.catch_up_wait_ms // 1000} s for the streaming job to read {behind:,} record(s) "
+            f"of period(s) {', '.join(plan.held)}"
+        )
+    while behind and time.monotonic() < deadline:
+        sleep(1.0)
+        position = ask()
+        if not position.alive or position.waiting is not None:
+            break
+        behind = max(position.behind(t) for t in targets if t is not None)
+    if not behind:
+        progress("the streaming job has read what the periods past their horizon wait for")
+    return position
 
 
 def closing_ports(
@@ -224,7 +303,9 @@ def closing_ports(
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY))
     return ClosingPorts(
         catalog=catalog,
-        final_bills=lambda due: SparkFinalBills.compute(spark, layout, config.period_ms, due, catalog, through.batch()),
+        final_bills=lambda due: SparkFinalBills.compute(
+            spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules
+        ),
         ledger=lambda: LedgerTable(ledger_up_to(read_ledger(layout.ledger), through.batch())),
         corrections=CorrectionFiles(layout),
         conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
@@ -233,7 +314,7 @@ def closing_ports(
         ),
         exports=ExportFolders(layout),
         states=StateFile(layout),
-        versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch()),
+        versions=lambda: data_versions(layout, Periods(config.period_ms), through.batch(), catalog.has_budgets),
         position=config.position,
         clock=clock,
         release=ReconciliationRelease(config, catalog, through),
@@ -364,11 +445,14 @@ def ledger_up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
 
 @dataclass(frozen=True)
 class SparkFinalBills:
-    """The final bills of a run's due periods, collected from Spark as Arrow."""
+    """The final bills of a run's due periods, collected from Spark as Arrow: the charged clicks, and the billable
+    clicks not charged with the reason (no price, an invalid traffic rule, the budget)."""
 
     bills: pa.Table
     conflicts: pa.Table
     facts: ArrivalFacts
+    not_charged: pa.Table = field(default_factory=lambda: pa.table({"click_id": pa.array([], pa.string())}))
+    rules: IvtRules = DEFAULT_RULES
 
     @classmethod
     def compute(
@@ -379,27 +463,126 @@ class SparkFinalBills:
         due: list[str],
         catalog: Catalog,
         through_batch: int | None = None,
+        rules: IvtRules = DEFAULT_RULES,
     ) -> SparkFinalBills:
-        final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, due, through_batch)
-        priced = price_matches(final_df.toArrow(), catalog)
-        bills = priced.bills.select([*BILLABLE_FIELDS, "period"])
-        late = late_df.toArrow()
-        quarantined = quarantined_df.toArrow()
+        charged, not_charged, quarantined, late = final_charges(
+            spark, layout, period_ms, due, catalog, through_batch, rules
+        )
+        refused = not_charged.filter(pc.is_in(not_charged["reason"], pa.array(sorted(NOT_CHARGED_REASONS))))
         facts = ArrivalFacts(
             late_click_ids=_ids_of(late, "click"),
             late_impression_ids=_ids_of(late, "impression"),
             conflicting_click_ids=_ids_of(quarantined, "click"),
             conflicting_impression_ids=_ids_of(quarantined, "impression"),
-            unpriced_click_ids=set(priced.unbilled["click_id"].to_pylist()) | unbilled_by_stream(layout, due),
+            unpriced_click_ids=set(
+                not_charged.filter(pc.is_in(not_charged["reason"], pa.array(["ad_paused", "unknown_ad"])))[
+                    "click_id"
+                ].to_pylist()
+            )
+            | unbilled_by_stream(layout, due),
+            not_charged_reasons=dict(zip(refused["click_id"].to_pylist(), refused["reason"].to_pylist(), strict=True)),
+            stream_not_charged=not_charged_by_stream(layout, due),
         )
-        return cls(bills, quarantined, facts)
+        return cls(charged, quarantined, facts, not_charged, rules)
 
     @property
     def clicks(self) -> int:
         return self.bills.num_rows
 
+    @property
+    def judged_with(self) -> dict[str, Any]:
+        return {
+            "crawler_list_version": crawler_list().version,
+            "crawler_list_package": CRAWLER_PACKAGE,
+            **self.rules.as_dict(),
+        }
+
     def of_period(self, period: str) -> list[dict[str, Any]]:
         return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
+
+    def not_charged_of(self, period: str) -> list[dict[str, Any]]:
+        return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
+
+
+def final_charges(
+    spark: SparkSession,
+    layout: DataLayout,
+    period_ms: int,
+    due: list[str],
+    catalog: Catalog,
+    through_batch: int | None = None,
+    rules: IvtRules = DEFAULT_RULES,
+) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
+    charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
+    history, judged (`billing.invalid`: the exclusion list on the driver, the rest found by Spark) and charged in
+    event-time order within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the day's
+    earlier periods are computed as well, since a click's charge depends on the clicks before it that day."""
+    periods = Periods(period_ms)
+    scope = scope_of(due, periods, catalog.has_budgets)
+    final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, scope, through_batch, rules)
+    matches = final_df.toArrow()
+    priced = price_matches(matches, catalog)
+    rows = priced.bills.to_pylist()
+    invalid: dict[str, str] = {}
+    for row in rows:
+        reason = first_reason(
+            bot=bool(row["known_bot"]),
+            excluded=catalog.exclusions.excluding(row["ip"], row["click_time"]) is not None,
+            flood=bool(row["click_flood"]),
+            duplicate=bool(row["duplicate_click"]),
+        )
+        if reason is not None:
+            invalid[row["click_id"]] = reason.value
+    period_of = {row["click_id"]: row["period"] for row in rows}
+    charged, refused = charge(
+        [BillableClick(**{name: row[name] for name in BILLABLE_FIELDS}) for row in rows], invalid, catalog
+    )
+    wanted = set(due)
+    bills = pa.Table.from_pylist(
+        [{**r.to_dict(), "period": period_of[r.click_id]} for r in charged if period_of[r.click_id] in wanted],
+        schema=FINAL_BILL_SCHEMA,
+    )
+    unpriced = [
+        {**{n: row.get(n) for n in NOT_CHARGED_FIELDS}, "period": row["period"]}
+        for row in priced.unbilled.to_pylist()
+        if row["period"] in wanted
+    ]
+    not_charged = pa.Table.from_pylist(
+        [
+            *unpriced,
+            *({**r.to_dict(), "period": period_of[r.click_id]} for r in refused if period_of[r.click_id] in wanted),
+        ],
+        schema=FINAL_NOT_CHARGED_SCHEMA,
+    )
+    quarantined = quarantined_df.toArrow()
+    quarantined = quarantined.filter(pc.is_in(quarantined["period"], pa.array(due, pa.string())))
+    late = late_df.toArrow()
+    return bills, not_charged, quarantined, late
+
+
+FINAL_BILL_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in BILLABLE_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+FINAL_NOT_CHARGED_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in NOT_CHARGED_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+
+
+def not_charged_by_stream(layout: DataLayout, due: list[str]) -> dict[str, str]:
+    """The clicks of the due periods the stream priced and did not charge, with its reason (`not_charged/`)."""
+    folder = layout.not_charged
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return {}
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    found = dataset.to_table(columns=["click_id", "reason"], filter=pc.field("period").isin(due))
+    return dict(zip(found["click_id"].to_pylist(), found["reason"].to_pylist(), strict=True))
 
 
 def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:
@@ -534,8 +717,30 @@ class ExportFolders:
     def totals(self, period: str) -> dict[tuple[str, str], tuple[int, int, str]]:
         return export_totals(read_export(self.layout.export(period)).to_pylist())
 
-    def write(self, period: str, export: list[dict[str, Any]], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
-        write_export(self.layout.root, period, export_table(export), start_ms, end_ms, closed_at_ms)
+    def write(
+        self,
+        period: str,
+        export: list[dict[str, Any]],
+        start_ms: int,
+        end_ms: int,
+        closed_at_ms: int,
+        not_charged: list[dict[str, Any]] | None = None,
+        judged_with: Mapping[str, Any] | None = None,
+    ) -> None:
+        write_export(
+            self.layout.root,
+            period,
+            export_table(export),
+            start_ms,
+            end_ms,
+            closed_at_ms,
+            not_charged_table(not_charged or []),
+            judged_with,
+        )
+
+    def not_charged(self, period: str) -> list[NotChargedCount]:
+        folder = self.layout.export(period)
+        return exported_not_charged(read_not_charged(folder), read_export(folder), Periods().parse_key(period))
 
 
 @dataclass(frozen=True)

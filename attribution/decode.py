@@ -11,7 +11,8 @@ records a second. Checks, first failing one wins (the order of `billing.intake`)
 1. `undecodable`: no value, fewer than 5 bytes, or a first byte other than 0;
 2. `unknown_schema`: the 4-byte big-endian schema id is not a key of `writer_schemas`;
 3. `undecodable`: the Avro body does not decode with that writer schema;
-4. `missing_field`: a field of the event is absent from the writer schema or null in the record;
+4. `missing_field`: a required field of the event is absent from the writer schema or null in the record (the
+   optional `user_agent` and `ip` of version 2 may be either: a record of version 1 is valid);
 5. `time_out_of_range`: `event_time` before 2000-01-01 or more than one hour after the Kafka timestamp.
 
 An ad the catalog does not know is no reason to quarantine (DOMAIN.md): the event is valid, archived, and its
@@ -85,8 +86,18 @@ _RECORD = "_record"
 
 
 def event_fields(event_type: str) -> list[str]:
-    """The fields of `impression` or `click`, in the order of the shipped schema; the id comes first."""
+    """The fields of `impression` or `click`, in the order of the shipped schema; the id comes first, the optional
+    fields of version 2 (`user_agent`, `ip`) last."""
     return [field["name"] for field in json.loads(schema_text(event_type))["fields"]]
+
+
+def required_fields(event_type: str) -> list[str]:
+    """The fields a record must have (not null): those of the shipped schema without a null default."""
+    return [
+        field["name"]
+        for field in json.loads(schema_text(event_type))["fields"]
+        if not ("default" in field and field["default"] is None)
+    ]
 
 
 def id_column(event_type: str) -> str:
@@ -127,14 +138,15 @@ def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[
     to its schema text.
 
     Output columns: the event's fields (`impression_id` or `click_id`, `ad_id`, `user_id`, `event_time` long
-    ms), `event_ts` (timestamp of `event_time`, null when out of range; put the watermark on it), `topic`,
-    `partition`, `offset`, `received_ms` (the Kafka timestamp as long ms), `value` (raw bytes) and
-    `quarantine_reason` (a `QuarantineReason` value, null when the event is valid).
+    ms, `user_agent` and `ip`, null when the record has none), `event_ts` (timestamp of `event_time`, null when
+    out of range; put the watermark on it), `topic`, `partition`, `offset`, `received_ms` (the Kafka timestamp as
+    long ms), `value` (raw bytes) and `quarantine_reason` (a `QuarantineReason` value, null when the event is valid).
     """
     if not writer_schemas:
         raise ValueError(f"no writer schema is known for {event_type} events: nothing could be decoded")
     id_column(event_type)  # refuses an unknown event type
     fields = event_fields(event_type)
+    required = required_fields(event_type)
     value = F.col("value")
     # The header is compared as bytes (magic byte, then each known id as 4 big-endian bytes): no conversion
     # of the id to text or a number per record.
@@ -183,7 +195,7 @@ def decode_events(kafka_df: DataFrame, event_type: str, writer_schemas: Mapping[
     time_in_range = (event_time >= F.lit(MIN_EVENT_TIME_MS)) & (
         event_time <= F.col("received_ms") + F.lit(MAX_FUTURE_MS)
     )
-    any_field_null = reduce(lambda acc, c: acc | c, [F.col(name).isNull() for name in fields])
+    any_field_null = reduce(lambda acc, c: acc | c, [F.col(name).isNull() for name in required])
     reason = (
         F.when(~F.col("framed"), F.lit(QuarantineReason.UNDECODABLE.value))
         .when(

@@ -85,6 +85,7 @@ def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
         (layout.archive, "*/period=*/batch_id=*"),
         (layout.quarantine, "batch_id=*"),
         (layout.unbilled, "period=*/batch_id=*"),
+        (layout.not_charged, "period=*/batch_id=*"),
         # A batch that released quarantined records (`attribution.release`): left here, its records would count as
         # released while their archive rows are set aside, and no later batch would release them again.
         (layout.released, "batch_id=*"),
@@ -110,6 +111,14 @@ def set_aside_batches_after(data_dir: Path, last_complete: int) -> list[Path]:
                 shutil.rmtree(target)
             target.parent.mkdir(parents=True, exist_ok=True)
             folder.rename(target)
+            moved.append(target)
+    # What the stream decided for those batches goes with them: the new epoch's batch of that id holds other bills.
+    pins = layout.decisions
+    for pin in sorted(pins.glob("*.parquet")) if pins.is_dir() else []:
+        if pin.stem.isdigit() and int(pin.stem) > last_complete:
+            target = layout.uncommitted / pin.relative_to(layout.root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pin.replace(target)
             moved.append(target)
     return moved
 

@@ -51,10 +51,13 @@ from attribution.batch_output import (
     PartitionWriter,
     batch_figures,
     prune_batch_folders,
+    write_batch_files,
 )
+from attribution.charging import Charging
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
+from attribution.invalid import known_bot
 from attribution.job_lock import JobLock, JobLockedError
 from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, watermarked
 from attribution.progress import Heartbeat
@@ -63,11 +66,11 @@ from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchema
 from attribution.session import JOIN_STATE_FORMAT
 from attribution.stream_position import BILLING_QUERY, end_offsets
 from billing.catalog import Catalog
+from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore
 from billing.store.durable import make_folder, replace_files
-from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
@@ -110,6 +113,12 @@ class StreamConfig:
     driver's own threads and a Python worker per task only adds a hop)."""
     catalog_file: Path | None = None
     """The ad catalog's file (`billing.store.catalog_file`); the layout's `catalog.json` when None."""
+    ivt_rules: IvtRules = DEFAULT_RULES
+    """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
+    judge_invalid: bool = True
+    """Whether the stream filters invalid traffic live (False only to measure what the rules cost)."""
+    hold_budgets: bool = True
+    """Whether the stream holds campaigns to their daily budgets live (False only to measure what it costs)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -160,8 +169,11 @@ def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
     bills = attribute(
         _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
         _billed_live(_observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config), config),
+        carry=("user_agent", "ip"),
     )
-    bills = bills.drop("click_ts")
+    # The crawler list is matched here, in the JVM, on the matched clicks only (attribution.invalid).
+    bot = known_bot(F.col("user_agent")) if config.judge_invalid else F.lit(False)
+    bills = bills.withColumn("known_bot", bot).drop("click_ts", "user_agent")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
     # not three times.
     intake = _as_received(impressions, "impression", "impression_id").unionByName(
@@ -196,7 +208,7 @@ def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
     return decoded.select(
         F.lit(event_type).alias("event_type"),
         F.col(id_col).alias("event_id"),
-        *RECEIVED_COLUMNS[2:],  # ad_id .. value: the event as the archive keeps it
+        *RECEIVED_COLUMNS[2:],  # ad_id .. ip: the event as the archive keeps it
         F.col("quarantine_reason").alias("reason"),
     )
 
@@ -235,6 +247,10 @@ class BatchSink:
         """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
         self.released = False
         """Whether this query's first batch released the quarantined records it can now decode."""
+        self.charging = Charging(
+            config.layout, Periods(config.period_ms), config.ivt_rules, config.judge_invalid, config.hold_budgets
+        )
+        """Prices, judges and charges each batch's matched clicks (`attribution.charging`)."""
 
     def catalog_of(self, batch_id: int) -> Catalog:
         """The catalog batch `batch_id` is priced with: the version its first attempt used (a replay prices the
@@ -268,19 +284,15 @@ class BatchSink:
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
         catalog = self.catalog_of(batch_id)
+        billed_at_ms = int(time.time() * 1000)
         writer = PartitionWriter(
             batch_id=batch_id,
             late_watermark_ms=watermark,
-            billed_at_ms=int(time.time() * 1000),
             period_ms=self.config.period_ms,
             clock_tolerance_ms=self.config.clock_tolerance_ms,
-            ledger_dir=self.config.layout.ledger,
             archive_dir=self.config.layout.archive,
             quarantine_dir=self.config.layout.quarantine,
-            ledger_columns=tuple(LEDGER_COLUMNS),
             quarantine_columns=tuple(QUARANTINE_COLUMNS),
-            unbilled_dir=self.config.layout.unbilled,
-            catalog=catalog,
         )
         task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
         rows = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
@@ -291,28 +303,43 @@ class BatchSink:
         clock.lap("write")
         advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
         figures = batch_figures(written, advertiser_of)
-        prune_batch_folders(figures.files)
+        charged = self.charging.charge(
+            batch_id, figures.bills, figures.clicks, catalog, watermark, billed_at_ms, self.totals.day_charged
+        )
+        files = [
+            *figures.files,
+            *write_batch_files(charged.ledger, self.config.layout.ledger, ("period", "batch_id"), prune=False),
+            *write_batch_files(charged.unbilled, self.config.layout.unbilled, ("period", "batch_id"), prune=False),
+            *write_batch_files(
+                charged.not_charged, self.config.layout.not_charged, ("period", "batch_id"), prune=False
+            ),
+        ]
+        prune_batch_folders(files)
+        clock.lap("charge")
         released = self.release(batch_id, advertiser_of)
         self.totals.apply_batch(
             BILLING_QUERY,
             batch_id,
-            figures.totals,
+            charged.totals,
             late=figures.late + released.late,
             quarantined=figures.quarantined + released.quarantined,
             clock_ahead=figures.clock_ahead,
             require_history=True,
-            unbilled=figures.unbilled,
+            unbilled=charged.unbilled_counts,
+            not_charged=charged.not_charged_counts,
+            budget_days=charged.budget_days,
         )
         clock.lap("redis")
         self.released = True
         log.info(
-            "batch %d: %d bills, %d unbilled, %d events, %d bad, %d files, catalog version %d; %s",
+            "batch %d: %d bills, %d unbilled, %d not charged, %d events, %d bad, %d files, catalog version %d; %s",
             batch_id,
-            figures.bills,
-            sum(u.clicks for u in figures.unbilled),
+            charged.ledger.num_rows,
+            charged.unbilled.num_rows,
+            charged.not_charged.num_rows,
             figures.events,
             figures.bad,
-            len(figures.files),
+            len(files),
             catalog.version,
             clock,
         )

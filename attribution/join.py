@@ -94,7 +94,12 @@ def conflicts(events: DataFrame, id_col: str) -> DataFrame:
     return to_quarantine(later, F.lit(QuarantineReason.ID_CONFLICT.value), id_col)
 
 
-def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIBUTION_WINDOW_MS) -> DataFrame:
+def attribute(
+    impressions: DataFrame,
+    clicks: DataFrame,
+    window_ms: int = ATTRIBUTION_WINDOW_MS,
+    carry: tuple[str, ...] = (),
+) -> DataFrame:
     """Matched clicks: THE rule, on two streaming or two batch DataFrames of valid, de-duplicated events; the
     catalog prices them afterwards (`attribution.pricing`).
 
@@ -128,6 +133,9 @@ def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIB
       cover the lag between the two topics, or clicks are missed routinely;
     - the first-match de-duplication keeps each `click_id` until the watermark passes `click_wm` + the click
       delay, which outlives the click's join state, so a click can never be billed twice by the stream.
+
+    `carry` names click columns the result carries after `MATCH_COLUMNS` (the stream's sink judges invalid traffic
+    by the click's `user_agent` and `ip`).
     """
     streaming = clicks.isStreaming
     if impressions.isStreaming != streaming:
@@ -147,6 +155,7 @@ def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIB
         F.col("event_time").alias("click_time"),
         F.col("received_ms").alias("click_received_ms"),
         F.col("event_ts").alias("click_ts"),
+        *[F.col(name) for name in carry],
         *_watermark_columns("click", streaming),
     )
     window = F.expr(f"INTERVAL {int(window_ms)} MILLISECONDS")
@@ -169,14 +178,14 @@ def attribute(impressions: DataFrame, clicks: DataFrame, window_ms: int = ATTRIB
     )
     if streaming:
         condition = condition & (imp_wm <= click_wm) & (click_wm <= imp_wm + window)
-    matches = clks.join(imps, condition, "inner").select(*MATCH_COLUMNS, *(["click_wm"] if streaming else []))
+    matches = clks.join(imps, condition, "inner").select(*MATCH_COLUMNS, *carry, *(["click_wm"] if streaming else []))
     if streaming:
         one_per_click = matches.dropDuplicatesWithinWatermark(["click_id"])
     else:
         latest = Window.partitionBy("click_id").orderBy(F.col("impression_time").desc(), F.col("impression_id"))
         ranked = matches.withColumn("_rank", F.row_number().over(latest))
         one_per_click = ranked.filter(F.col("_rank") == 1).drop("_rank")
-    return one_per_click.select(*MATCH_COLUMNS)
+    return one_per_click.select(*MATCH_COLUMNS, *carry)
 
 
 def _watermark_columns(side: str, streaming: bool) -> list[Column]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,11 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from attribution.listener import ProgressListener
+from billing.budgets import OVER_BUDGET
 from billing.catalog import Unbillable
+from billing.invalid import INVALID_REASONS
+from billing.store.budget_days import capped_today
+from billing.store.catalog_file import CatalogStore
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -349,21 +354,39 @@ class ReconciliationCollector:
 
 class BillingCollector:
     """Running counts of billing, read from Redis when scraped: clicks billed by the stream, late events, matched
-    clicks without a price, quarantined records and corrections. The stream adds to them in the same script that
-    applies each batch, so they count every batch once; they start again from 0 when Redis is restored (`adbill
-    restore-redis`), which Prometheus reads as a counter reset."""
+    clicks without a price, invalid clicks per rule and clicks over budget (not charged), quarantined records and
+    corrections. The stream adds to them in the same script that applies each batch, so they count every batch once;
+    they start again from 0 when Redis is restored (`adbill restore-redis`), which Prometheus reads as a counter
+    reset. With the catalog's file, also the campaigns capped today (`billing.budget_days`), a gauge read from each
+    campaign's UTC day at the scrape's time."""
 
-    def __init__(self, redis_url: str, prefix: str) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str,
+        catalog_file: str | os.PathLike[str] | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.prefix = prefix
         self.redis_url = redis_url
+        self.catalog = None if catalog_file is None else CatalogStore(catalog_file)
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        capped: int | None = None
         try:
             client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=2)
             try:
                 counters, quarantined, corrections = _billing_counts(client, RedisKeys(self.prefix))
+                if self.catalog is not None:
+                    try:
+                        catalog = self.catalog.current()
+                    except ValueError:
+                        catalog = None  # no catalog yet: no campaign has a budget
+                    if catalog is not None:
+                        capped = len(capped_today(client, RedisKeys(self.prefix), catalog, self.clock()))
             finally:
                 client.close()
         except redis.RedisError:
@@ -383,6 +406,27 @@ class BillingCollector:
         for why in Unbillable:
             unbilled.add_metric([why.value], counters.get(f"unbilled_{why.value}", 0))
         yield unbilled
+        invalid = CounterMetricFamily(
+            "adbill_invalid_clicks",
+            "Priced clicks the stream did not charge because an invalid traffic rule applied, per rule",
+            labels=["reason"],
+        )
+        for reason in INVALID_REASONS:
+            invalid.add_metric([reason], counters.get(f"not_charged_{reason}", 0))
+        yield invalid
+        over = CounterMetricFamily(
+            "adbill_over_budget_clicks",
+            "Valid priced clicks the stream did not charge: past their campaign's daily budget",
+        )
+        over.add_metric([], counters.get(f"not_charged_{OVER_BUDGET}", 0))
+        yield over
+        if capped is not None:
+            gauge = GaugeMetricFamily(
+                "adbill_campaigns_capped_today",
+                "Campaigns whose charged total today (UTC) has reached their daily budget in force now",
+            )
+            gauge.add_metric([], capped)
+            yield gauge
         quarantine = CounterMetricFamily(
             "adbill_quarantined_records", "Records sent to the quarantine", labels=["reason", "topic"]
         )

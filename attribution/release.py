@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
-from attribution.decode import HEADER_SIZE, event_fields, reader_schema
+from attribution.decode import HEADER_SIZE, event_fields, reader_schema, required_fields
 from attribution.job_lock import FileLock
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
@@ -180,6 +180,8 @@ def settle(
                     "partition": record["partition"],
                     "offset": record["offset"],
                     "value": record["value"],
+                    "user_agent": event.get("user_agent"),
+                    "ip": event.get("ip"),
                     "late": True,
                     "period_start_ms": period_start,
                     "period": period,
@@ -362,6 +364,7 @@ class _Decoder:
     def __init__(self, event_type: str, writer_schemas: Mapping[int, str]) -> None:
         self.event_type = event_type
         self.fields = event_fields(event_type)
+        self.required = required_fields(event_type)
         self.texts = dict(writer_schemas)
         self.parsed: dict[int, tuple[Any, Any] | None] = {}
 
@@ -397,7 +400,7 @@ class _Decoder:
             return QuarantineReason.UNDECODABLE.value, None
         if not isinstance(record, dict):
             return QuarantineReason.UNDECODABLE.value, None
-        if any(record.get(name) is None for name in self.fields):
+        if any(record.get(name) is None for name in self.required):
             return QuarantineReason.MISSING_FIELD.value, record
         event_time = record["event_time"]
         if not isinstance(event_time, int) or not MIN_EVENT_TIME_MS <= event_time <= received_ms + MAX_FUTURE_MS:
@@ -425,6 +428,8 @@ ARCHIVE_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("value", pa.binary()),
+        ("user_agent", pa.string()),
+        ("ip", pa.string()),
         ("late", pa.bool_()),
         ("period_start_ms", pa.int64()),
         ("period", pa.string()),

@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
+from attribution.charging import budget_day_counts, not_charged_counts
 from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
 from attribution.job_lock import FileLock, JobLockedError
 from attribution.release import RECONCILIATION, release_counts, released_table, settled_quarantine
@@ -39,7 +40,13 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.durable import make_folder, replace_files
-from billing.store.export_files import MANIFEST_FILE, read_export
+from billing.store.export_files import (
+    MANIFEST_FILE,
+    exported_not_charged,
+    read_export,
+    read_manifest,
+    read_not_charged,
+)
 from billing.store.parquet_ledger import ledger_totals, read_ledger
 from billing.store.redis_totals import RedisTotals, TotalsRow
 
@@ -123,6 +130,11 @@ def _restore(
         through,
     )
     unbilled = _unbilled_clicks(layout.unbilled, through)
+    refused = _not_charged_clicks(layout.not_charged, through)
+    # Each campaign's day counts the stream's bills of periods that were open when it made them (a closed period's
+    # figures are its export's; what the stream billed after the close is an adjustment, counted with the
+    # corrections).
+    closed_at = _closed_at(layout.exports)
     if last_batch is not None:
         totals.apply_batch(
             query,
@@ -132,6 +144,8 @@ def _restore(
             quarantined=quarantine_counts(bad, advertiser_of) if bad.num_rows else [],
             clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
             unbilled=unbilled_counts(unbilled),
+            not_charged=not_charged_counts(refused),
+            budget_days=budget_day_counts(_while_open(ledger, closed_at), _while_open(refused, closed_at)),
         )
 
     totals.apply_released(
@@ -151,6 +165,11 @@ def _restore(
         if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists():
             totals.close_period(
                 folder.name, periods.parse_key(folder.name), export_totals(read_export(folder).to_pylist())
+            )
+            totals.set_not_charged(
+                folder.name,
+                periods.parse_key(folder.name),
+                exported_not_charged(read_not_charged(folder), read_export(folder), periods.parse_key(folder.name)),
             )
             closed += 1
     if layout.last_run_file.exists():
@@ -220,6 +239,42 @@ def _late_events(archive: Path, through: int, leave_out: list[str]) -> pa.Table:
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("late", pa.bool_())])
     )  # fmt: skip
+
+
+def _closed_at(exports: Path) -> dict[str, int]:
+    """Each closed period's close time, from its export's manifest."""
+    return {
+        folder.name: read_manifest(folder).closed_at_ms
+        for folder in (sorted(exports.iterdir()) if exports.is_dir() else [])
+        if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists()
+    }
+
+
+def _while_open(table: pa.Table, closed_at: dict[str, int]) -> pa.Table:
+    """The stream's rows written while their period was open (`billed_at_ms` at or before its close)."""
+    if not table.num_rows or not closed_at:
+        return table
+    keep = [
+        closed_at.get(period) is None or billed <= closed_at[period]
+        for period, billed in zip(table["period"].to_pylist(), table["billed_at_ms"].to_pylist(), strict=True)
+    ]
+    return table.filter(pa.array(keep, pa.bool_()))
+
+
+def _not_charged_clicks(folder: Path, through: int) -> pa.Table:
+    """The stream's not-charged clicks (`attribution.charging.NOT_CHARGED_ROWS`) of the batches up to `through`."""
+    if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+        return NOT_CHARGED_TABLE_SCHEMA.empty_table()
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    table = dataset.to_table(columns=NOT_CHARGED_TABLE_SCHEMA.names, filter=pc.field("batch_id") <= through)
+    return table.cast(NOT_CHARGED_TABLE_SCHEMA)
+
+
+NOT_CHARGED_TABLE_SCHEMA = pa.schema(
+    [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
+     ("campaign_id", pa.string()), ("ad_id", pa.string()), ("reason", pa.string()), ("amount_micros", pa.int64()),
+     ("billed_at_ms", pa.int64())]
+)  # fmt: skip
 
 
 def _unbilled_clicks(folder: Path, through: int) -> pa.Table:

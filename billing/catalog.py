@@ -23,14 +23,18 @@ from __future__ import annotations
 import json
 import random
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-FORMAT = 2
-"""The catalog file's format: 2 holds price histories; a file without `format` is a list of constant prices (1)."""
+from billing.budgets import BudgetChange, BudgetError
+from billing.invalid import ExclusionChange, ExclusionError, IpExclusions, parse_cidr
+
+FORMAT = 3
+"""The catalog file's format: 3 adds campaigns' daily budgets and the IP exclusion list to the price histories of 2;
+a file without `format` is a list of constant prices (1). Formats 1 to 3 are read."""
 
 END_OF_TIME = 2**63 - 1
 """The end of a span of time that has none (`Catalog.repriced_since`), in epoch ms."""
@@ -152,6 +156,42 @@ class AdChange:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class MadeBy:
+    """Who asks for a change of the catalog and through which door (DOMAIN.md, "Who sees what"): an account of the
+    web UI or the operating system's user of a command; `command`, `page`, `api token TOKEN_ID` or `replay`. The entry
+    the change adds keeps both, and when it was made (read under the catalog's lock)."""
+
+    who: str
+    door: str
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSetting:
+    """A change of a campaign's daily budget: from `effective_from` on, `daily_budget_micros` a UTC day (None:
+    unlimited) (`Catalog.with_budget`)."""
+
+    campaign_id: str
+    effective_from: int
+    daily_budget_micros: int | None
+    made_by: MadeBy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExclusionSetting:
+    """A change of the IP exclusion list: from `effective_from` on, the range `cidr` is excluded (`excluded`), or no
+    longer (`Catalog.with_exclusion`)."""
+
+    cidr: str
+    effective_from: int
+    excluded: bool
+    made_by: MadeBy | None = None
+
+
+CatalogChange = AdChange | BudgetSetting | ExclusionSetting
+"""Any change of the catalog: an ad's price history, a campaign's budget history, the IP exclusion list."""
+
+
 class Catalog:
     """Ads by id with their price histories. Immutable; a change makes a new catalog (`with_change`); as JSON with
     `to_json`/`from_json` (the file: `billing.store.catalog_file`).
@@ -161,7 +201,13 @@ class Catalog:
     catalog where they do is refused.
     """
 
-    def __init__(self, ads: Iterable[Ad], version: int | None = None) -> None:
+    def __init__(
+        self,
+        ads: Iterable[Ad],
+        version: int | None = None,
+        budgets: Mapping[str, Iterable[BudgetChange]] | None = None,
+        exclusions: IpExclusions | None = None,
+    ) -> None:
         self._ads: dict[str, Ad] = {}
         owners: dict[str, str] = {}
         currencies: dict[str, dict[str, list[str]]] = {}
@@ -186,10 +232,26 @@ class Catalog:
                 )
                 + ": give the ads of each other currency an advertiser and a campaign of their own"
             )
-        newest = max((p.version for ad in self._ads.values() for p in ad.prices), default=0)
-        self.version = newest if version is None else max(version, newest)
         self._owners = owners
         self._currencies = {advertiser: next(iter(ads)) for advertiser, ads in currencies.items()}
+        self.budgets: dict[str, tuple[BudgetChange, ...]] = {}
+        for campaign_id, entries in (budgets or {}).items():
+            if campaign_id not in owners:
+                raise CatalogError(f"campaign {campaign_id} has a budget but no ad in the catalog")
+            ordered = tuple(sorted(entries, key=lambda b: (b.effective_from, b.version)))
+            if ordered:
+                self.budgets[campaign_id] = ordered
+        self._budget_starts = {c: [b.effective_from for b in entries] for c, entries in self.budgets.items()}
+        self.exclusions = exclusions if exclusions is not None else IpExclusions()
+        newest = max(
+            (
+                *(p.version for ad in self._ads.values() for p in ad.prices),
+                *(b.version for entries in self.budgets.values() for b in entries),
+                self.exclusions.version,
+            ),
+            default=0,
+        )
+        self.version = newest if version is None else max(version, newest)
 
     def __len__(self) -> int:
         return len(self._ads)
@@ -220,6 +282,42 @@ class Catalog:
     def advertiser_ids(self) -> list[str]:
         return sorted({ad.advertiser_id for ad in self._ads.values()})
 
+    @property
+    def campaign_ids(self) -> list[str]:
+        return sorted(self._owners)
+
+    def advertiser_of_campaign(self, campaign_id: str) -> str | None:
+        return self._owners.get(campaign_id)
+
+    def budget_at(self, campaign_id: str, at_ms: int) -> int | None:
+        """The daily budget of `campaign_id` in force at `at_ms` (micros), None when unlimited (no budget then)."""
+        starts = self._budget_starts.get(campaign_id)
+        if not starts:
+            return None
+        index = bisect_right(starts, at_ms) - 1
+        return None if index < 0 else self.budgets[campaign_id][index].daily_budget_micros
+
+    def budget_entry_at(self, campaign_id: str, at_ms: int) -> BudgetChange | None:
+        """The budget history entry of `campaign_id` in force at `at_ms`; None before the first (unlimited)."""
+        starts = self._budget_starts.get(campaign_id)
+        if not starts:
+            return None
+        index = bisect_right(starts, at_ms) - 1
+        return None if index < 0 else self.budgets[campaign_id][index]
+
+    def budget_history(self, campaign_id: str) -> tuple[BudgetChange, ...]:
+        """The campaign's budget entries, oldest first (none: unlimited since the beginning)."""
+        return self.budgets.get(campaign_id, ())
+
+    def campaigns_of(self, advertiser_id: str) -> list[str]:
+        """The advertiser's campaigns (those with ads in the catalog), sorted."""
+        return sorted(c for c, owner in self._owners.items() if owner == advertiser_id)
+
+    @property
+    def has_budgets(self) -> bool:
+        """Whether any campaign ever had a daily budget (not unlimited)."""
+        return any(b.daily_budget_micros is not None for entries in self.budgets.values() for b in entries)
+
     def advertiser_of(self, ad_id: str) -> str | None:
         ad = self._ads.get(ad_id)
         return ad.advertiser_id if ad is not None else None
@@ -247,7 +345,13 @@ class Catalog:
             kept = tuple(p for p in ad.prices if p.version <= version)
             if kept:
                 ads.append(replace(ad, cpc_micros=kept[0].cpc_micros, prices=kept))
-        return Catalog(ads, version)
+        campaigns = {ad.campaign_id for ad in ads}
+        budgets = {
+            campaign: tuple(b for b in entries if b.version <= version)
+            for campaign, entries in self.budgets.items()
+            if campaign in campaigns
+        }
+        return Catalog(ads, version, budgets, self.exclusions.as_of(version))
 
     def repriced_since(self, version: int) -> list[tuple[int, int]]:
         """The spans of time `[from, to)` (oldest first, merged; `to` is `END_OF_TIME` for "from then on") in which
@@ -267,6 +371,11 @@ class Catalog:
                 before = then.price_at(start) if then is not None else Unbillable.UNKNOWN_AD
                 if before != ad.price_at(start):
                     spans.append((start, starts[i + 1] if i + 1 < len(starts) else END_OF_TIME))
+        # A budget or an exclusion changed from a time on changes which clicks are charged from then on.
+        spans += [
+            (b.effective_from, END_OF_TIME) for entries in self.budgets.values() for b in entries if b.version > version
+        ]
+        spans += [(c.effective_from, END_OF_TIME) for c in self.exclusions.changes if c.version > version]
         merged: list[tuple[int, int]] = []
         for start, end in sorted(spans):
             if merged and start <= merged[-1][1]:
@@ -314,7 +423,7 @@ class Catalog:
                 change.currency or "",
                 (entry,),
             )
-            return Catalog([*self._ads.values(), created], self.version + 1)
+            return Catalog([*self._ads.values(), created], self.version + 1, self.budgets, self.exclusions)
         for name in ("campaign_id", "advertiser_id", "currency"):
             given = getattr(change, name)
             if given is not None and given != getattr(ad, name):
@@ -323,10 +432,104 @@ class Catalog:
                     "advertiser, campaign and currency never change"
                 )
         changed = replace(ad, prices=(*ad.prices, entry))
-        return Catalog([changed if a.ad_id == ad.ad_id else a for a in self._ads.values()], self.version + 1)
+        return Catalog(
+            [changed if a.ad_id == ad.ad_id else a for a in self._ads.values()],
+            self.version + 1,
+            self.budgets,
+            self.exclusions,
+        )
+
+    def apply(self, change: CatalogChange, now_ms: int, backfill: bool = False) -> Catalog:
+        """The catalog with any change made at `now_ms` (`with_change`, `with_budget`, `with_exclusion`)."""
+        if isinstance(change, BudgetSetting):
+            return self.with_budget(
+                change.campaign_id, change.effective_from, change.daily_budget_micros, now_ms, backfill, change.made_by
+            )
+        if isinstance(change, ExclusionSetting):
+            return self.with_exclusion(
+                change.cidr, change.effective_from, change.excluded, now_ms, backfill, change.made_by
+            )
+        return self.with_change(change, now_ms, backfill)
+
+    def with_budget(
+        self,
+        campaign_id: str,
+        effective_from: int,
+        daily_budget_micros: int | None,
+        now_ms: int,
+        backfill: bool = False,
+        made_by: MadeBy | None = None,
+    ) -> Catalog:
+        """The catalog with the campaign's daily budget set (None: unlimited) from `effective_from` on, as version
+        `version + 1`; CatalogError when refused: an unknown campaign, a budget that is not a whole non-negative
+        number of micros, an effective time in the past (unless `backfill`)."""
+        _check_time(effective_from, "the effective time")
+        if campaign_id not in self._owners:
+            raise CatalogError(f"unknown campaign {campaign_id}: a budget is set on a campaign that has ads")
+        if not backfill and effective_from < now_ms:
+            raise CatalogError(
+                f"campaign {campaign_id}: the effective time {format_time(effective_from)} is in the past (now is "
+                f"{format_time(now_ms)}): a budget changes from now on"
+            )
+        try:
+            entry = BudgetChange(
+                effective_from,
+                daily_budget_micros,
+                self.version + 1,
+                made_by.who if made_by else None,
+                made_by.door if made_by else None,
+                now_ms if made_by else None,
+            )
+        except BudgetError as exc:
+            raise CatalogError(f"campaign {campaign_id}: {exc}") from None
+        budgets = dict(self.budgets)
+        budgets[campaign_id] = (*budgets.get(campaign_id, ()), entry)
+        return Catalog(self._ads.values(), self.version + 1, budgets, self.exclusions)
+
+    def with_exclusion(
+        self,
+        cidr: str,
+        effective_from: int,
+        excluded: bool,
+        now_ms: int,
+        backfill: bool = False,
+        made_by: MadeBy | None = None,
+    ) -> Catalog:
+        """The catalog with the IP range `cidr` excluded (or, `excluded` False, no longer excluded) from
+        `effective_from` on, as version `version + 1`; CatalogError when refused: not a range, an effective time in
+        the past (unless `backfill`), a range already in that state then."""
+        _check_time(effective_from, "the effective time")
+        try:
+            network = str(parse_cidr(cidr))
+        except ExclusionError as exc:
+            raise CatalogError(str(exc)) from None
+        if not backfill and effective_from < now_ms:
+            raise CatalogError(
+                f"range {network}: the effective time {format_time(effective_from)} is in the past (now is "
+                f"{format_time(now_ms)}): the exclusion list changes from now on"
+            )
+        if self.exclusions.in_force(network, effective_from) == excluded:
+            state = "already excluded" if excluded else "not excluded"
+            raise CatalogError(f"range {network} is {state} at {format_time(effective_from)}")
+        change = ExclusionChange(
+            network,
+            effective_from,
+            excluded,
+            self.version + 1,
+            made_by.who if made_by else None,
+            made_by.door if made_by else None,
+            now_ms if made_by else None,
+        )
+        return Catalog(self._ads.values(), self.version + 1, self.budgets, self.exclusions.with_change(change))
 
     def to_json(self) -> str:
-        document = {"format": FORMAT, "version": self.version, "ads": [ad.to_dict() for ad in self._ads.values()]}
+        document = {
+            "format": FORMAT,
+            "version": self.version,
+            "ads": [ad.to_dict() for ad in self._ads.values()],
+            "budgets": {c: [b.to_dict() for b in entries] for c, entries in sorted(self.budgets.items())},
+            "ip_exclusions": self.exclusions.to_list(),
+        }
         return json.dumps(document, indent=1, sort_keys=True)
 
     @classmethod
@@ -338,8 +541,8 @@ class Catalog:
             raise CatalogError('a catalog file is a JSON object {"ads": [...]}')
         if data.get("format") is None:
             return cls(Ad(**ad) for ad in data["ads"])
-        if data["format"] != FORMAT:
-            raise CatalogError(f"catalog format {data['format']!r} is not one this version reads ({FORMAT})")
+        if data["format"] not in (2, FORMAT):
+            raise CatalogError(f"catalog format {data['format']!r} is not one this version reads (2, {FORMAT})")
         ads = []
         for row in data["ads"]:
             prices = tuple(PriceChange(**p) for p in row["prices"])
@@ -347,7 +550,15 @@ class Catalog:
                 raise CatalogError(f"ad {row.get('ad_id')!r} has no price history")
             fields = {k: row[k] for k in ("ad_id", "campaign_id", "advertiser_id", "currency")}
             ads.append(Ad(**fields, cpc_micros=prices[0].cpc_micros, prices=prices))
-        return cls(ads, int(data.get("version", 0)))
+        try:
+            budgets = {
+                campaign: [BudgetChange(**entry) for entry in entries]
+                for campaign, entries in (data.get("budgets") or {}).items()
+            }
+            exclusions = IpExclusions.from_list(data.get("ip_exclusions") or [])
+        except (BudgetError, ExclusionError) as exc:
+            raise CatalogError(str(exc)) from None
+        return cls(ads, int(data.get("version", 0)), budgets, exclusions)
 
 
 def _listed(ids: list[str], shown: int = 3) -> str:

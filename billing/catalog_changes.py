@@ -1,17 +1,31 @@
-"""What a person asks of the catalog, as a change: create an ad, set its price, pause it, resume it.
+"""What a person asks of the catalog, as a change: create an ad, set its price, pause it, resume it; set a
+campaign's daily budget; exclude an IP range or include it again.
 
-The one reading of such a request for the command line (`adbill catalog`), the web UI's admin page and its API, and
-the replay of recorded `ad` lines, so each refuses the same things with the same one-line message
-(`billing.catalog.CatalogError`). The catalog itself refuses what no change may do (`Catalog.with_change`); here is
-what a request may get wrong before that: a price that is not a whole number of micros, an action it does not know,
-a resume with no price to go back to.
+The one reading of such a request for the command line (`adbill catalog`, `adbill ivt`), the web UI's admin pages
+and its API, and the replay of recorded `ad` lines, so each refuses the same things with the same one-line message
+(`billing.catalog.CatalogError`). The catalog itself refuses what no change may do (`Catalog.with_change`,
+`with_budget`, `with_exclusion`); here is what a request may get wrong before that: a price or budget that is not a
+whole number of micros, an action it does not know, a resume with no price to go back to, a budget that is neither
+an amount nor unlimited.
 """
 
 from __future__ import annotations
 
 import re
 
-from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange, format_time
+from billing.budgets import BudgetChange
+from billing.catalog import (
+    Ad,
+    AdChange,
+    BudgetSetting,
+    Catalog,
+    CatalogError,
+    ExclusionSetting,
+    MadeBy,
+    PriceChange,
+    format_time,
+)
+from billing.invalid import ExclusionChange
 from billing.money import format_micros
 
 ACTIONS = ("create-ad", "set-price", "pause", "resume")
@@ -135,4 +149,100 @@ def describe_entry(entry: PriceChange, currency: str) -> str:
 def _with_price(change: AdChange, cpc_micros: int) -> AdChange:
     return AdChange(
         change.ad_id, change.effective_from, cpc_micros, change.campaign_id, change.advertiser_id, change.currency
+    )
+
+
+# Budgets ----------------------------------------------------------------------------------------------------------
+
+
+def parse_budget(text: object) -> int:
+    """A daily budget in micros from the request (text or an integer); CatalogError unless a non-negative whole
+    number."""
+    if isinstance(text, bool):
+        raise CatalogError(f"a daily budget is a whole number of micros, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    elif isinstance(text, str) and _WHOLE.fullmatch(text.strip()):
+        value = int(text.strip())
+    elif isinstance(text, str) and text.strip().startswith("-"):
+        raise CatalogError(f"a daily budget must not be negative, got {text.strip()}")
+    else:
+        raise CatalogError(
+            f"a daily budget is a whole number of micros such as 50000000 (50 of the currency), got {text!r}"
+        )
+    if value < 0:
+        raise CatalogError(f"a daily budget must not be negative, got {value}")
+    if value > 2**63 - 1:
+        raise CatalogError(f"a daily budget must fit in 63 bits, got {value}")
+    return value
+
+
+def budget_change(
+    campaign_id: str,
+    at_ms: int,
+    catalog: Catalog | None,
+    *,
+    daily_micros: object = None,
+    unlimited: bool = False,
+    made_by: MadeBy | None = None,
+) -> BudgetSetting:
+    """The budget change asked for `campaign_id` from `at_ms` on, read against `catalog` (None: no catalog yet): a
+    daily budget in micros, or unlimited, exactly one of them."""
+    if not campaign_id:
+        raise CatalogError("set-budget needs the campaign's id")
+    if catalog is None or catalog.advertiser_of_campaign(campaign_id) is None:
+        raise CatalogError(f"unknown campaign {campaign_id}: a budget is set on a campaign that has ads")
+    if unlimited and daily_micros is not None:
+        raise CatalogError(f"set-budget {campaign_id}: give a daily budget in micros or unlimited, not both")
+    if not unlimited and daily_micros is None:
+        raise CatalogError(f"set-budget {campaign_id}: give the daily budget in micros, or unlimited")
+    return BudgetSetting(campaign_id, at_ms, None if unlimited else parse_budget(daily_micros), made_by)
+
+
+def budget_text(micros: int | None, currency: str | None) -> str:
+    """A daily budget for a person: `50.000000 EUR a day`, or `unlimited`."""
+    return "unlimited" if micros is None else f"{format_micros(micros, currency or '')} a day"
+
+
+def made_text(entry: BudgetChange | ExclusionChange) -> str:
+    """Who made an entry, through which door and when: `by ada (page) at 2026-01-01T10:00:00.000Z`; empty for an
+    entry that does not say."""
+    if entry.made_by is None:
+        return ""
+    when = f" at {format_time(entry.made_at)}" if entry.made_at is not None else ""
+    return f"by {entry.made_by} ({entry.door or 'unknown door'}){when}"
+
+
+def describe_budget(entry: BudgetChange, currency: str | None) -> str:
+    """One budget entry for a person: `from 2026-01-01T10:00:00.000Z: 50.000000 EUR a day (version 3, by ...)`."""
+    made = made_text(entry)
+    return (
+        f"from {format_time(entry.effective_from)}: {budget_text(entry.daily_budget_micros, currency)} "
+        f"(version {entry.version}{', ' + made if made else ''})"
+    )
+
+
+# The IP exclusion list --------------------------------------------------------------------------------------------
+
+EXCLUSION_ACTIONS = ("exclude", "include")
+"""Exclude a range from a time on, or include it again (no longer excluded)."""
+
+
+def exclusion_change(action: str, cidr: str, at_ms: int, made_by: MadeBy | None = None) -> ExclusionSetting:
+    """The change `action` (`exclude`, `include`) asks for the range `cidr` from `at_ms` on; the catalog refuses a
+    range that is not one, or that is already in that state then (`Catalog.with_exclusion`)."""
+    if action not in EXCLUSION_ACTIONS:
+        raise CatalogError(f"unknown IP exclusion action {action!r}; one of {', '.join(EXCLUSION_ACTIONS)}")
+    if not isinstance(cidr, str) or not cidr.strip():
+        raise CatalogError(f"ivt {action} needs an IP range such as 203.0.113.0/24 or 2001:db8::/32")
+    return ExclusionSetting(cidr.strip(), at_ms, action == "exclude", made_by)
+
+
+def describe_exclusion(entry: ExclusionChange) -> str:
+    """One entry of the exclusion list for a person: `203.0.113.0/24 excluded from 2026-...Z (version 4, by ...)`."""
+    made = made_text(entry)
+    state = "excluded" if entry.excluded else "no longer excluded"
+    return (
+        f"{entry.cidr} {state} from {format_time(entry.effective_from)} "
+        f"(version {entry.version}{', ' + made if made else ''})"
     )

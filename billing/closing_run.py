@@ -138,6 +138,13 @@ class FinalBills(Protocol):
     def of_period(self, period: str) -> Bills:
         """The final bills of one due period."""
 
+    def not_charged_of(self, period: str) -> Bills:
+        """The billable clicks of one due period that are not charged, with the reason."""
+
+    @property
+    def judged_with(self) -> dict[str, Any]:
+        """What the clicks were judged with (the crawler list's version, the invalid traffic rules)."""
+
 
 class Ledger(Protocol):
     """The stream's provisional bills."""
@@ -176,6 +183,8 @@ class Totals(Protocol):
 
     def add_conflicts(self, conflicts: Iterable[ConflictKey]) -> int: ...
 
+    def set_not_charged(self, period: str, period_start_ms: int, counts: Any) -> None: ...
+
     def record_reconciliation(self, record: Mapping[str, Any]) -> None: ...
 
 
@@ -193,7 +202,20 @@ class Exports(Protocol):
     def totals(self, period: str) -> Any:
         """A period's figures as its export has them (`billing.export.export_totals`)."""
 
-    def write(self, period: str, export: Any, start_ms: int, end_ms: int, closed_at_ms: int) -> None: ...
+    def write(
+        self,
+        period: str,
+        export: Any,
+        start_ms: int,
+        end_ms: int,
+        closed_at_ms: int,
+        not_charged: Any = None,
+        judged_with: Mapping[str, Any] | None = None,
+    ) -> None: ...
+
+    def not_charged(self, period: str) -> Any:
+        """A closed period's not-charged figures as its export has them (the clicks of the period and the
+        adjustments booked in it)."""
 
 
 class PendingRelease(Protocol):
@@ -361,9 +383,18 @@ def close_periods(
                 [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
             )
             start = periods.parse_key(period)
-            ports.exports.write(period, export, start, start + periods.length_ms, now_ms)
+            ports.exports.write(
+                period,
+                export,
+                start,
+                start + periods.length_ms,
+                now_ms,
+                final_all.not_charged_of(period),
+                final_all.judged_with,
+            )
             progress(f"period {period}: exported")
             totals.close_period(period, start, ports.exports.totals(period))
+            totals.set_not_charged(period, start, ports.exports.not_charged(period))
             progress(f"period {period}: closed in Redis")
             state = replace(state, closed_at_ms=now_ms)
             closed.add(period)
@@ -389,6 +420,7 @@ def settle_closed_in_redis(exports: Exports, totals: Totals, closed: set[str], p
     between the export and Redis, or a Redis that lost its data)."""
     for period in sorted(closed - set(totals.closed_periods())):
         totals.close_period(period, periods.parse_key(period), exports.totals(period))
+        totals.set_not_charged(period, periods.parse_key(period), exports.not_charged(period))
 
 
 def _release(

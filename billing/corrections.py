@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -54,6 +54,20 @@ class CorrectionReason(StrEnum):
     click at another charge, the wrong bill is retracted and the right one added, both with this reason."""
     NOT_BILLABLE = "not_billable"
     """Retraction: anything else the complete data does not support."""
+    KNOWN_BOT = "known_bot"
+    """Addition or retraction: the invalid traffic rule (`billing.invalid`) the click's charge turned on. A
+    retraction when the complete data finds the click invalid and the stream charged it; an addition when the
+    stream did not charge it for this rule and the complete data does (rare: the stream judged a copy that is not
+    the one that stands)."""
+    EXCLUDED_IP = "excluded_ip"
+    """As `known_bot`, for the IP exclusion list."""
+    CLICK_FLOOD = "click_flood"
+    """As `known_bot`, for a click flood: the stream charged a flood's first clicks before the rest arrived."""
+    DUPLICATE_CLICK = "duplicate_click"
+    """As `known_bot`, for a double click: the stream charged a click whose earlier twin arrived late."""
+    OVER_BUDGET = "over_budget"
+    """Addition or retraction: the campaign's daily budget, taken in event-time order over the complete data, charges
+    the click where the stream did not, or not where the stream did (a click arrived late, earlier in the day)."""
     CATALOG_CHANGE = "catalog_change"
     """Addition or retraction: the catalog's history prices the click otherwise than the stream did, because the
     stream had not yet seen a change in force at the click's time (a new ad, a new price, a pause): the click the
@@ -69,6 +83,7 @@ ADDITION_REASONS = frozenset(
         CorrectionReason.ID_CONFLICT,
         CorrectionReason.BILLED_AFTER_CLOSE,
         CorrectionReason.CATALOG_CHANGE,
+        *(CorrectionReason(r) for r in ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")),
     }
 )
 """Reasons an addition may carry."""
@@ -79,9 +94,15 @@ RETRACTION_REASONS = frozenset(
         CorrectionReason.ID_CONFLICT,
         CorrectionReason.NOT_BILLABLE,
         CorrectionReason.CATALOG_CHANGE,
+        *(CorrectionReason(r) for r in ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")),
     }
 )
 """Reasons a retraction may carry."""
+
+CHARGE_REASONS = frozenset(
+    CorrectionReason(r) for r in ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")
+)
+"""The reasons of a charge decided by the invalid traffic rules or a budget ("invalid activity" when invalid)."""
 
 _REASONS_OF = {CorrectionKind.ADDITION: ADDITION_REASONS, CorrectionKind.RETRACTION: RETRACTION_REASONS}
 
@@ -192,7 +213,10 @@ class ArrivalFacts:
     - `billed_after_close_click_ids`: clicks of a closed period that the stream billed after the period's export
       was written;
     - `unpriced_click_ids`: matched clicks that the stream could not price, or that the catalog's history prices
-      at nothing now (their ad paused or unknown at their time).
+      at nothing now (their ad paused or unknown at their time);
+    - `not_charged_reasons`: priced clicks the complete data does not charge, with the rule (an invalid traffic
+      rule's name, `over_budget`);
+    - `stream_not_charged`: priced clicks the stream did not charge, with its reason.
     Click and impression ids are kept apart: they come from different generators and may collide.
     """
 
@@ -202,6 +226,8 @@ class ArrivalFacts:
     conflicting_impression_ids: Collection[str] = frozenset()
     billed_after_close_click_ids: Collection[str] = frozenset()
     unpriced_click_ids: Collection[str] = frozenset()
+    not_charged_reasons: Mapping[str, str] = field(default_factory=dict)
+    stream_not_charged: Mapping[str, str] = field(default_factory=dict)
 
 
 BillRow = BillableClick | Mapping[str, Any]
@@ -351,6 +377,8 @@ def reconcile_period(
     taken = {c.correction_id for c in existing} | set(reserved_ids)
     after_close = facts.billed_after_close_click_ids if facts else frozenset()
     unpriced = facts.unpriced_click_ids if facts else frozenset()
+    refused: Mapping[str, str] = facts.not_charged_reasons if facts else {}
+    stream_refused: Mapping[str, str] = facts.stream_not_charged if facts else {}
 
     new: list[Correction] = []
     for click_id in sorted(wanted.keys() | entries.keys()):
@@ -367,6 +395,8 @@ def reconcile_period(
             conflicting_click=click_id in conflicting_clicks,
             conflicting_impressions=conflicting_impressions,
             unpriced=click_id in unpriced,
+            final_reason=refused.get(click_id),
+            stream_reason=stream_refused.get(click_id),
         )
         for step in steps:
             ordinal = ordinals[(click_id, step.kind)]
@@ -407,6 +437,8 @@ def _steps_for_click(
     conflicting_click: bool,
     conflicting_impressions: Collection[str],
     unpriced: bool = False,
+    final_reason: str | None = None,
+    stream_reason: str | None = None,
 ) -> list[_Step]:
     final_charge = target.charge if target is not None else None
     charges = sorted(stands.count.keys() | ({final_charge} if final_charge is not None else set()))
@@ -437,6 +469,8 @@ def _steps_for_click(
                     reason = CorrectionReason.DUPLICATE
                 elif repriced and not conflicting:
                     reason = CorrectionReason.CATALOG_CHANGE
+                elif target is None and not conflicting and final_reason in CHARGE_REASONS:
+                    reason = CorrectionReason(final_reason)
                 elif target is not None or conflicting:
                     reason = CorrectionReason.ID_CONFLICT
                 elif unpriced:
@@ -451,6 +485,8 @@ def _steps_for_click(
                 reason = CorrectionReason.ID_CONFLICT
             elif billed_after_close:
                 reason = CorrectionReason.BILLED_AFTER_CLOSE
+            elif stream_reason in CHARGE_REASONS:
+                reason = CorrectionReason(stream_reason)
             elif unpriced:
                 reason = CorrectionReason.CATALOG_CHANGE
             elif late_click:

@@ -14,14 +14,20 @@ TOPIC_OF: dict[str, str] = {"impression": "impressions", "click": "clicks"}
 """The Kafka topic each event type is published to."""
 
 
+OPTIONAL_FIELDS: tuple[str, ...] = ("user_agent", "ip")
+"""The fields of the events' version 2 that a record may lack (null defaults): what the invalid traffic rules read."""
+
+
 @dataclass(frozen=True, slots=True)
 class Impression:
-    """An ad was shown to a user at `event_time` (epoch ms, UTC)."""
+    """An ad was shown to a user at `event_time` (epoch ms, UTC); from version 2 with the user agent and IP text."""
 
     impression_id: str
     ad_id: str
     user_id: str
     event_time: int
+    user_agent: str | None = None
+    ip: str | None = None
 
     @property
     def event_id(self) -> str:
@@ -31,6 +37,11 @@ class Impression:
     def type(self) -> EventType:
         return "impression"
 
+    @property
+    def content(self) -> tuple[str, str, int]:
+        """What two copies of the id must agree on to be duplicates rather than a conflict (the required fields)."""
+        return (self.ad_id, self.user_id, self.event_time)
+
     def to_record(self) -> dict[str, Any]:
         """The Avro record: the schema's fields and nothing else."""
         return asdict(self)
@@ -38,12 +49,14 @@ class Impression:
 
 @dataclass(frozen=True, slots=True)
 class Click:
-    """A user clicked an ad at `event_time` (epoch ms, UTC)."""
+    """A user clicked an ad at `event_time` (epoch ms, UTC); from version 2 with the user agent and IP text."""
 
     click_id: str
     ad_id: str
     user_id: str
     event_time: int
+    user_agent: str | None = None
+    ip: str | None = None
 
     @property
     def event_id(self) -> str:
@@ -52,6 +65,11 @@ class Click:
     @property
     def type(self) -> EventType:
         return "click"
+
+    @property
+    def content(self) -> tuple[str, str, int]:
+        """What two copies of the id must agree on to be duplicates rather than a conflict (the required fields)."""
+        return (self.ad_id, self.user_id, self.event_time)
 
     def to_record(self) -> dict[str, Any]:
         """The Avro record: the schema's fields and nothing else."""
@@ -69,6 +87,8 @@ def event_from_record(event_type: EventType, record: dict[str, Any]) -> Event:
             ad_id=_str(record, "ad_id"),
             user_id=_str(record, "user_id"),
             event_time=_int(record, "event_time"),
+            user_agent=_optional_str(record, "user_agent"),
+            ip=_optional_str(record, "ip"),
         )
     if event_type == "click":
         return Click(
@@ -76,6 +96,8 @@ def event_from_record(event_type: EventType, record: dict[str, Any]) -> Event:
             ad_id=_str(record, "ad_id"),
             user_id=_str(record, "user_id"),
             event_time=_int(record, "event_time"),
+            user_agent=_optional_str(record, "user_agent"),
+            ip=_optional_str(record, "ip"),
         )
     raise ValueError(f"unknown event type {event_type!r}")
 
@@ -91,4 +113,11 @@ def _int(record: dict[str, Any], name: str) -> int:
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"field {name!r} must be an integer (epoch ms), got {type(value).__name__}")
+    return value
+
+
+def _optional_str(record: dict[str, Any], name: str) -> str | None:
+    value = record.get(name)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"field {name!r} must be a string or null, got {type(value).__name__}")
     return value

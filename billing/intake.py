@@ -104,7 +104,7 @@ class Intake:
         """Admit one decoded event received at `received_at_ms` (epoch ms, UTC)."""
         key = (event.type, event.event_id)
         earlier = self._accepted.get(key)
-        if earlier is not None and earlier == event:
+        if earlier is not None and earlier.content == event.content:
             return self._count(DUPLICATE)
         reason = check_event(event, received_at_ms)
         if reason is not None:

@@ -10,8 +10,10 @@ ROOT/
   quarantine/batch_id=N/                  bad input
   released/batch_id=N/                    quarantined records of a schema id learnt later, settled into batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
+  not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
+  checkpoints/decisions/N.parquet         what the stream decided for each bill of batch N (charged, or why not)
   checkpoints/QUERY.lock                  held by the streaming job while it runs
   checkpoints/release.lock                held by whoever releases quarantined records (the job, reconciliation)
   uncommitted/...                         files of batches no checkpoint committed, set aside by a new epoch
@@ -20,8 +22,11 @@ ROOT/
   exports/P/                              a closed period's finance export, never rewritten
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time)
+  index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
+                                          rebuilt from the folders above when removed)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
+  catalog-changes.jsonl                   the catalog's change log, beside the catalog file (its store's)
 ```
 """
 
@@ -69,8 +74,19 @@ class DataLayout:
         return self.root / "unbilled"
 
     @property
+    def not_charged(self) -> Path:
+        """Priced clicks the stream did not charge (an invalid traffic rule, `over_budget`), with the reason."""
+        return self.root / "not_charged"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def decisions(self) -> Path:
+        """One file per micro-batch: each bill's outcome as the stream first decided it, so that a replay decides the
+        same."""
+        return self.checkpoints / "decisions"
 
     @property
     def catalog_versions(self) -> Path:
@@ -149,6 +165,12 @@ class DataLayout:
     @property
     def run_lock(self) -> Path:
         return self.reconcile / "lock"
+
+    # What the click's story reads through.
+    @property
+    def click_index(self) -> Path:
+        """The click index (`billing.store.click_index`): a SQLite file, kept up to date from the folders above."""
+        return self.root / "index" / "clicks.sqlite"
 
     # Services, processes and defaults of the settings.
     @property

@@ -13,7 +13,7 @@ from ops.process import interrupt_on_sigterm
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
-    from billing.catalog import AdChange, Catalog
+    from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting, MadeBy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,17 +99,24 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "catalog",
-        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history",
-        description="The ad catalog and its price history. A change takes effect now or at a later --at, never in "
-        "the past (--backfill, for recorded history, is the one exception); the streaming job, reconciliation and "
-        "the web UI see it within seconds, without a restart.",
+        help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history, set-budget, budgets",
+        description="The ad catalog, its price histories and the campaigns' daily budgets. A change takes effect "
+        "now or at a later --at, never in the past (--backfill, for recorded history, is the one exception); the "
+        "streaming job, reconciliation and the web UI see it within seconds, without a restart.",
     )
     p.add_argument("action", choices=list(CATALOG_ACTIONS))
-    p.add_argument("ad_id", nargs="?", help="the ad (create-ad, set-price, pause, resume, history)")
+    p.add_argument(
+        "ad_id",
+        nargs="?",
+        metavar="ID",
+        help="the ad (create-ad, set-price, pause, resume, history) or the campaign (set-budget, budgets)",
+    )
     p.add_argument("--campaign", help="create-ad: the campaign the ad belongs to")
     p.add_argument("--advertiser", help="create-ad: the advertiser the ad belongs to")
     p.add_argument("--currency", help="create-ad: ISO 4217 currency of its prices, such as EUR")
     p.add_argument("--cpc-micros", help="create-ad, set-price, resume: the price of one click, in integer micros")
+    p.add_argument("--daily-micros", help="set-budget: the campaign's daily budget, in integer micros of its currency")
+    p.add_argument("--unlimited", action="store_true", help="set-budget: no daily budget from --at on")
     p.add_argument("--at", help="when the change takes effect: epoch ms or ISO-8601 (default: now)")
     p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
     p.add_argument("--advertisers", type=int, default=5)
@@ -122,6 +129,22 @@ def _parser() -> argparse.ArgumentParser:
         help="generate: replace an existing catalog that was never changed nor priced with (never one with a history)",
     )
     p.set_defaults(run=cmd_catalog)
+
+    p = sub.add_parser(
+        "ivt",
+        help="invalid traffic: the IP exclusion list (exclude, include, list)",
+        description="The operator's IP exclusion list: a click from a range excluded at its time is invalid and not "
+        "charged (excluded_ip). A change takes effect now or at a later --at, never in the past (--backfill, for "
+        "recorded history, is the one exception); every part sees it within seconds, without a restart.",
+    )
+    p.add_argument("action", choices=["exclude", "include", "list"])
+    p.add_argument("cidr", nargs="?", help="an IPv4 or IPv6 range, such as 203.0.113.0/24 or 2001:db8::/32")
+    p.add_argument(
+        "--at", help="when the change takes effect, or the time to list: epoch ms or ISO-8601 (default: now)"
+    )
+    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
+    p.add_argument("--history", action="store_true", help="list: every entry of the list's history too")
+    p.set_defaults(run=cmd_ivt)
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
     size = p.add_mutually_exclusive_group(required=True)
@@ -153,6 +176,60 @@ def _parser() -> argparse.ArgumentParser:
         "--new-ads created (made in the pipeline's catalog as the run goes; default 0: no changes)",
     )
     p.add_argument("--new-ads", type=int, default=0, help="ads the run creates (with --catalog-every)")
+    invalid = p.add_argument_group(
+        "invalid traffic and budgets",
+        "FRACTIONs are per click of ordinary traffic; all default to 0 (none). The ground truth says how each such "
+        "click is billed (summary.json: not_charged by reason, budgets per campaign and day).",
+    )
+    invalid.add_argument(
+        "--crawlers", type=float, default=0.0, metavar="FRACTION", help="clicks from known crawlers (known_bot)"
+    )
+    invalid.add_argument(
+        "--excluded-ips",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks from excluded IP ranges; the run adds 198.51.100.0/24 and 2001:db8::/32 to the IP exclusion "
+        "list from its start and 203.0.113.0/24 from halfway (excluded_ip)",
+    )
+    invalid.add_argument(
+        "--floods",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks in floods: users making 25 to 40 clicks within a minute, across ads (click_flood)",
+    )
+    invalid.add_argument(
+        "--double-clicks",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks followed by a second one of the user on the ad 100 to 900 ms later (duplicate_click)",
+    )
+    invalid.add_argument(
+        "--late-duplicates",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="clicks that a late click of the same user and ad, up to 10 s earlier in event time, makes duplicates "
+        "after they were billed (duplicate_click)",
+    )
+    invalid.add_argument(
+        "--budget-campaigns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="campaigns given a daily budget the run exhausts (from its start; halfway, one raised by half, one "
+        "halved, one made unlimited)",
+    )
+    invalid.add_argument(
+        "--budget-share",
+        type=float,
+        default=0.3,
+        metavar="SHARE",
+        help="each budget as a share of what the traffic is expected to spend on the campaign in the run (a day at "
+        "most; default 0.3)",
+    )
     p.add_argument(
         "--deploy-schema-at",
         type=float,
@@ -233,6 +310,15 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_audit, needs=("redis",))
 
     p = sub.add_parser(
+        "explain",
+        help="a click's whole story: every copy received, its impression, price, outcome and why, what the stream "
+        "did, its corrections and export rows",
+    )
+    p.add_argument("click_id")
+    p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
+    p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
     )
     p.add_argument("part", choices=["stream", "reconcile", "web"])
@@ -307,9 +393,30 @@ def _web_url(settings: Settings) -> str:
     return f"http://{host}:{settings.web_port}"
 
 
+STACK_INVALID_TRAFFIC = (
+    "--crawlers",
+    "0.01",
+    "--excluded-ips",
+    "0.01",
+    "--floods",
+    "0.01",
+    "--double-clicks",
+    "0.01",
+    "--late-duplicates",
+    "0.005",
+    "--budget-campaigns",
+    "3",
+    "--budget-share",
+    "0.03",
+)
+"""The local stack's invalid traffic, a few percent of the clicks (with those that ordinary traffic repeats within
+30 s), and its budgets: three campaigns capped after about three quarters of an hour of a day's traffic."""
+
+
 def _traffic_args(settings: Settings) -> list[str]:
     """The simulator of the local stack: a steady, realistic mix at ADBILL_TRAFFIC_RATE for a day, live, so its
-    event time is the wall clock's: the current period is the one on the dashboard, and periods close on time."""
+    event time is the wall clock's: the current period is the one on the dashboard, and periods close on time. A
+    few percent of its clicks are invalid and some campaigns run out of budget, so the dashboard shows both."""
     run_dir = settings.root / "runs" / f"stack-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     return [
         "produce",
@@ -324,6 +431,7 @@ def _traffic_args(settings: Settings) -> list[str]:
         str(settings.traffic_catalog_every_s),
         "--new-ads",
         "5" if settings.traffic_catalog_every_s else "0",
+        *STACK_INVALID_TRAFFIC,
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -364,7 +472,20 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history")
+CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history", "set-budget", "budgets")
+
+
+def command_maker() -> MadeBy:
+    """Who makes a change from the command line: the operating system's user, through the door `command`."""
+    import getpass
+
+    from billing.catalog import MadeBy
+
+    try:
+        who = getpass.getuser()
+    except (OSError, KeyError):
+        who = "unknown"
+    return MadeBy(who, "command")
 
 
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
@@ -379,7 +500,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
         versions = settings.layout.catalog_versions
         priced = versions.is_dir() and any(versions.iterdir())
-        CatalogStore(path).start(catalog, replace=args.force, priced=priced)
+        CatalogStore(path).start(catalog, replace=args.force, priced=priced, made_by=command_made_by())
         print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
         return 0
     if args.action == "show":
@@ -387,6 +508,8 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         for ad in catalog:
             print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{price_status(ad, now_ms)}")
         return 0
+    if args.action in ("set-budget", "budgets"):
+        return _catalog_budgets(settings, args, now_ms)
     if not args.ad_id:
         raise ValueError(f"catalog {args.action} needs the ad's id")
     if args.action == "history":
@@ -414,10 +537,95 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             currency=args.currency,
         )
 
-    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    catalog = CatalogStore(path).change(request, backfill=args.backfill, made_by=command_made_by())
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
+    return 0
+
+
+def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) -> int:
+    """`adbill catalog set-budget CAMPAIGN --daily-micros N | --unlimited`, `adbill catalog budgets [CAMPAIGN]`."""
+    from billing.catalog_changes import budget_change, budget_text, describe_budget
+    from billing.store.catalog_file import CatalogStore, load_catalog
+    from ops.reconciling import parse_time
+
+    path = settings.catalog_file
+    if args.action == "budgets":
+        catalog = load_catalog(path)
+        if args.ad_id:
+            owner = catalog.advertiser_of_campaign(args.ad_id)
+            if owner is None:
+                raise ValueError(f"unknown campaign {args.ad_id}")
+            currency = catalog.currency_of(owner)
+            print(f"{args.ad_id}\tadvertiser {owner}\t{currency}")
+            entries = catalog.budget_history(args.ad_id)
+            for entry in entries:
+                print(describe_budget(entry, currency))
+            if not entries:
+                print("unlimited since the beginning (no budget was ever set)")
+            return 0
+        for campaign in catalog.campaign_ids:
+            owner = catalog.advertiser_of_campaign(campaign) or ""
+            now = budget_text(catalog.budget_at(campaign, now_ms), catalog.currency_of(owner))
+            print(f"{campaign}\t{owner}\t{now}")
+        return 0
+    if args.cpc_micros is not None:
+        raise ValueError(
+            "set-budget takes --daily-micros (the campaign's daily budget) or --unlimited, not --cpc-micros"
+        )
+    at_ms = parse_time(args.at, "--at") if args.at else None
+    maker = command_maker()
+
+    def request(current: Catalog | None, now: int) -> BudgetSetting:
+        return budget_change(
+            args.ad_id or "",
+            now if at_ms is None else at_ms,
+            current,
+            daily_micros=args.daily_micros,
+            unlimited=args.unlimited,
+            made_by=maker,
+        )
+
+    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    entry = next(b for b in catalog.budget_history(args.ad_id) if b.version == catalog.version)
+    currency = catalog.currency_of(catalog.advertiser_of_campaign(args.ad_id) or "")
+    print(f"set-budget: {args.ad_id} {describe_budget(entry, currency)} (catalog version {catalog.version})")
+    return 0
+
+
+def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
+    """`adbill ivt exclude|include CIDR [--at TIME] [--backfill]`, `adbill ivt list [--at TIME] [--history]`."""
+    from billing.catalog import format_time
+    from billing.catalog_changes import describe_exclusion, exclusion_change
+    from billing.store.catalog_file import CatalogStore, load_catalog
+    from ops.reconciling import parse_time
+
+    path = settings.catalog_file
+    at_ms = parse_time(args.at, "--at") if args.at else None
+    if args.action == "list":
+        if args.cidr:
+            raise ValueError("ivt list takes no range; it lists every range (--history: every entry)")
+        exclusions = load_catalog(path).exclusions
+        when = int(time.time() * 1000) if at_ms is None else at_ms
+        in_force = exclusions.ranges_at(when)
+        for cidr in in_force:
+            entry = [e for e in exclusions.history(cidr) if e.effective_from <= when][-1]
+            print(describe_exclusion(entry))
+        if not in_force:
+            print(f"no IP range is excluded at {format_time(when)}", file=sys.stderr)
+        if args.history:
+            for entry in sorted(exclusions.changes, key=lambda e: (e.version, e.cidr)):
+                print(f"history\t{describe_exclusion(entry)}")
+        return 0
+    maker = command_maker()
+
+    def request(current: Catalog | None, now: int) -> ExclusionSetting:
+        return exclusion_change(args.action, args.cidr or "", now if at_ms is None else at_ms, maker)
+
+    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    entry = next(e for e in catalog.exclusions.changes if e.version == catalog.version)
+    print(f"{args.action}: {describe_exclusion(entry)} (catalog version {catalog.version})")
     return 0
 
 
@@ -447,6 +655,13 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         duration_s=args.duration,
         catalog_change_every_s=args.catalog_every,
         new_ads=args.new_ads,
+        crawler_fraction=args.crawlers,
+        excluded_ip_fraction=args.excluded_ips,
+        flood_fraction=args.floods,
+        double_click_fraction=args.double_clicks,
+        late_duplicate_fraction=args.late_duplicates,
+        budget_campaigns=args.budget_campaigns,
+        budget_share=args.budget_share,
     )
     if args.live and args.rate:
         config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly
@@ -575,6 +790,27 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     return run_audit(settings)
 
 
+def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0 with the story of a click received, 1 for a click id never received."""
+    import json
+
+    from billing.periods import Periods
+    from billing.store.catalog_file import CatalogStore
+    from billing.store.click_story import ClickStories
+    from billing.story import NOT_RECEIVED, story_text
+
+    stories = ClickStories(
+        settings.layout,
+        CatalogStore(settings.catalog_file),
+        Periods(settings.period_ms),
+        settings.ivt_rules,
+        settings.topic_clicks,
+    )
+    story = stories.tell(args.click_id)
+    print(json.dumps(story.to_dict(), indent=1) if args.json else story_text(story))
+    return 1 if story.outcome.status == NOT_RECEIVED else 0
+
+
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     from ops.health import check
 
@@ -598,13 +834,15 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
-    from producers.publisher import replay_to_kafka
+    from producers.capture import CatalogEdit
+    from producers.publisher import apply_to_store, replay_to_kafka
 
     catalog = CatalogStore(settings.catalog_file)
 
-    def apply_catalog(change: AdChange) -> None:
-        # A capture's `ad` line is recorded history: it takes effect at its own time, even in the past (DOMAIN.md).
-        catalog.change(change, backfill=True)
+    def apply_catalog(line: CatalogEdit) -> None:
+        # A capture's `ad`, `budget` and `ip_exclusion` lines are recorded history: they take effect at their own
+        # time, even in the past (DOMAIN.md).
+        apply_to_store(catalog, line, int(time.time() * 1000), command_made_by("replay"))
 
     summary = replay_to_kafka(
         args.file,
@@ -663,7 +901,7 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     path = settings.catalog_file
     if not path.exists():
         try:
-            CatalogStore(path).start(simulated)
+            CatalogStore(path).start(simulated, made_by=command_made_by("simulator"))
         except CatalogError:
             pass  # another writer made the file meanwhile: it is checked below like any other
         else:
@@ -685,6 +923,14 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
 
 def _progress(args: argparse.Namespace) -> bool:
     return not (args.no_progress or os.environ.get("ADBILL_NO_PROGRESS"))
+
+
+def command_made_by(door: str = "command") -> MadeBy:
+    """The author of a command's catalog change: the operating system's user, through `door`."""
+    from billing.catalog import MadeBy
+    from billing.store.catalog_file import operating_system_user
+
+    return MadeBy(operating_system_user(), door)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         period_ms=settings.period_ms,
         horizon_ms=settings.lateness_horizon_ms,
         registry_location=settings.registry_location,
+        ivt_rules=settings.ivt_rules,
+        catch_up_wait_ms=settings.close_wait_s * 1000,
     )
 
 
@@ -102,6 +104,7 @@ def run_reconcile(
                         status,
                     )
                     print(describe_run(report), flush=True)
+                    refresh_click_index(settings)
                     if metrics:
                         metrics.done(report, time.monotonic() - started)
                 except HeldError as exc:
@@ -121,6 +124,21 @@ def run_reconcile(
             return 0
         finally:
             spark.stop()
+
+
+def refresh_click_index(settings: Settings) -> None:
+    """Bring the click index up to date after a run (`billing.store.click_index`), so that a click's story does not
+    index a long stretch of new batches itself; a failure is said and the run goes on (the next lookup refreshes)."""
+    import sqlite3
+
+    from billing.store.click_index import ClickIndex
+
+    started = time.monotonic()
+    try:
+        if ClickIndex(settings.layout, lock_wait_s=0).refresh():
+            print(f"reconcile: click index up to date in {time.monotonic() - started:.1f} s", flush=True)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"reconcile: the click index was not brought up to date: {exc}", file=sys.stderr, flush=True)
 
 
 class ReconcileStatus:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from billing.invalid import IvtRules
 from billing.layout import DataLayout
 
 PREFIX = "ADBILL_"
@@ -116,6 +117,29 @@ class Settings:
         900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
     )
     reconcile_interval_s: int = _setting(300, "Seconds between reconciliation runs inside `adbill up` (0: off).")
+    close_wait_s: int = _setting(
+        60,
+        "How long a reconciliation run waits for a live streaming job a few seconds behind the records a period past "
+        "its horizon waits for, so that the period closes in this run (0: not at all).",
+    )
+    stream_invalid_traffic: int = _setting(
+        1,
+        "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost; reconciliation "
+        "applies them all the same).",
+    )
+    stream_budgets: int = _setting(
+        1,
+        "1: the stream holds each campaign to its daily budget live; 0: it does not (to measure the check's cost; "
+        "reconciliation applies budgets all the same).",
+    )
+    ivt_flood_clicks: int = _setting(
+        20, "Invalid traffic: a user's clicks within the flood window beyond this many are a click flood."
+    )
+    ivt_flood_window_ms: int = _setting(60_000, "Invalid traffic: the click flood window, in ms.")
+    ivt_duplicate_window_ms: int = _setting(
+        30_000,
+        "Invalid traffic: a click this many ms or less after the user's previous click on the ad is a duplicate.",
+    )
 
     catalog_path: Path | None = _setting(None, "The ad catalog JSON file (default HOME/catalog.json).", "CATALOG")
 
@@ -240,6 +264,11 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
+
+    @property
+    def ivt_rules(self) -> IvtRules:
+        """The invalid traffic rules' thresholds (`billing.invalid.IvtRules`)."""
+        return IvtRules(self.ivt_flood_clicks, self.ivt_flood_window_ms, self.ivt_duplicate_window_ms)
 
     # Derived locations: the layout of HOME is `billing.layout`'s.
     @property

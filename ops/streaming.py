@@ -48,6 +48,9 @@ def stream_config(settings: Settings) -> StreamConfig:
         registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
+        ivt_rules=settings.ivt_rules,
+        judge_invalid=bool(settings.stream_invalid_traffic),
+        hold_budgets=bool(settings.stream_budgets),
     )
 
 
@@ -80,7 +83,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     spark = spark_session(settings, "adbill-stream", settings.layout.spark_scratch("stream"), stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
-        REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix))
+        REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix, settings.catalog_file))
         # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
         start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(

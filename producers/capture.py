@@ -6,13 +6,20 @@
     {"type": "ad", "ad_id": "a9", "campaign_id": "c1", "advertiser_id": "adv1", "currency": "EUR",
      "effective_from": 1767225600000, "cpc_micros": 250000}
     {"type": "schema", "subject": "clicks-value", "schema": {"type": "record", "name": "Click", ...}}
+    {"type": "budget", "campaign_id": "c1", "effective_from": 1767225600000, "daily_budget_micros": 50000000}
+    {"type": "ip_exclusion", "cidr": "203.0.113.0/24", "effective_from": 1767225600000, "excluded": true}
+
+Event lines may carry `user_agent` and `ip` (strings; absent or null: the event has none), which the invalid
+traffic rules read; a line is written with them only when the event has them.
 
 A `schema` line is a schema version a producer deployed at that point: the replay registers it and writes the
 events of its subject after it with that version, taking the fields it adds from the event lines
 (`read_capture_with_extras`) or their defaults.
 
 An `ad` line is a change to the catalog (a new ad, a new price, `cpc_micros` null: a pause), applied by the replay
-through the catalog's store with its own effective time (a back-fill of recorded history).
+through the catalog's store with its own effective time (a back-fill of recorded history). `budget` lines (a
+campaign's daily budget from that time on, `daily_budget_micros` null: unlimited) and `ip_exclusion` lines (an IP
+range excluded from that time on, `excluded` false: no longer) are back-filled the same way.
 
 A line that is none of these is reported as a `CaptureError` with its line number, and reading goes on: no line is
 dropped silently. Blank lines carry nothing and are skipped. Fields beyond the required ones are
@@ -27,12 +34,14 @@ import binascii
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from billing.catalog import AdChange, CatalogError
+from billing.budgets import BudgetError, check_budget
+from billing.catalog import AdChange, Catalog, CatalogError
 from billing.catalog_changes import ad_line_change
 from billing.events import Click, Event, Impression
+from billing.invalid import ExclusionError, parse_cidr
 from producers.wire import RawRecord
 
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
@@ -60,6 +69,36 @@ class CatalogLine:
     change: AdChange
     line_number: int = 0
 
+    @property
+    def effective_from(self) -> int:
+        return self.change.effective_from
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLine:
+    """A campaign's daily budget from `effective_from` on (`{"type": "budget", ...}`; `daily_budget_micros` None:
+    unlimited), applied like an `ad` line."""
+
+    campaign_id: str
+    effective_from: int
+    daily_budget_micros: int | None
+    line_number: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExclusionLine:
+    """The IP range `cidr` excluded from `effective_from` on (`{"type": "ip_exclusion", ...}`; `excluded` False:
+    no longer excluded from then on), applied like an `ad` line."""
+
+    cidr: str
+    effective_from: int
+    excluded: bool
+    line_number: int = 0
+
+
+CatalogEdit = CatalogLine | BudgetLine | ExclusionLine
+"""A line that changes the catalog (prices, budgets or the IP exclusion list) where it stands in the capture."""
+
 
 @dataclass(frozen=True, slots=True)
 class SchemaLine:
@@ -70,12 +109,27 @@ class SchemaLine:
     line_number: int = 0
 
 
-CaptureLine = Event | RawRecord | CatalogLine | SchemaLine | CaptureError
+def apply_line(catalog: Catalog, line: CatalogEdit, now_ms: int) -> Catalog:
+    """The catalog with a capture's change made as a back-fill (its own `effective_from`, even in the past of
+    `now_ms`); CatalogError when the catalog refuses it."""
+    if isinstance(line, CatalogLine):
+        return catalog.with_change(line.change, now_ms, backfill=True)
+    if isinstance(line, BudgetLine):
+        return catalog.with_budget(
+            line.campaign_id, line.effective_from, line.daily_budget_micros, now_ms, backfill=True
+        )
+    return catalog.with_exclusion(line.cidr, line.effective_from, line.excluded, now_ms, backfill=True)
+
+
+CaptureLine = Event | RawRecord | CatalogLine | BudgetLine | ExclusionLine | SchemaLine | CaptureError
 """What reading one non-blank line gives."""
 
+_TYPES = "impression, click, raw, ad, budget, ip_exclusion or schema"
 
-def capture_line(item: Event | RawRecord | SchemaLine) -> str:
-    """One line of a capture for an event or a raw record, without the newline.
+
+def capture_line(item: Event | RawRecord | SchemaLine | CatalogEdit) -> str:
+    """One line of a capture for an event, a raw record, a schema version or a change of the catalog, without the
+    newline.
 
     The format has no key: a raw record read back from a capture has none, and is sent without one.
     """
@@ -83,8 +137,33 @@ def capture_line(item: Event | RawRecord | SchemaLine) -> str:
         record: dict[str, Any] = {"type": "raw", "topic": item.topic, "bytes_b64": _b64(item.value)}
     elif isinstance(item, SchemaLine):
         record = {"type": "schema", "subject": item.subject, "schema": json.loads(item.schema_text)}
+    elif isinstance(item, CatalogLine):
+        change = item.change
+        owners = {name: getattr(change, name) for name in ("campaign_id", "advertiser_id", "currency")}
+        record = {
+            "type": "ad",
+            "ad_id": change.ad_id,
+            **{name: value for name, value in owners.items() if value is not None},
+            "effective_from": change.effective_from,
+            "cpc_micros": change.cpc_micros,
+        }
+    elif isinstance(item, BudgetLine):
+        record = {
+            "type": "budget",
+            "campaign_id": item.campaign_id,
+            "effective_from": item.effective_from,
+            "daily_budget_micros": item.daily_budget_micros,
+        }
+    elif isinstance(item, ExclusionLine):
+        record = {
+            "type": "ip_exclusion",
+            "cidr": item.cidr,
+            "effective_from": item.effective_from,
+            "excluded": item.excluded,
+        }
     else:
-        record = {"type": item.type, **item.to_record()}
+        # The optional fields only when the event has them: a version 1 event's line is as it always was.
+        record = {"type": item.type, **{k: v for k, v in item.to_record().items() if v is not None}}
     return json.dumps(record, ensure_ascii=False)
 
 
@@ -111,8 +190,8 @@ def read_capture_with_extras(path: str | os.PathLike[str]) -> Iterator[tuple[Cap
 
 
 def parse_capture_line(text: str, line_number: int = 1) -> CaptureLine:
-    """One line of a capture (with or without its newline) as an event, a raw record, a schema version or a
-    CaptureError."""
+    """One line of a capture (with or without its newline) as an event, a raw record, a schema version, a change of
+    the catalog or a CaptureError."""
     return _parse(text, line_number)[0]
 
 
@@ -127,10 +206,8 @@ def _parse(text: str, line_number: int) -> tuple[CaptureLine, dict[str, Any]]:
         item = _item(data)
     except _LineProblem as problem:
         return CaptureError(line_number, str(problem), _excerpt(text)), {}
-    if isinstance(item, CatalogLine):
-        return CatalogLine(item.change, line_number), {}
-    if isinstance(item, SchemaLine):
-        return SchemaLine(item.subject, item.schema_text, line_number), {}
+    if isinstance(item, CatalogLine | BudgetLine | ExclusionLine | SchemaLine):
+        return replace(item, line_number=line_number), {}
     if isinstance(item, Impression | Click) and len(data) > 5:
         own = {"type", *item.to_record()}
         return item, {name: value for name, value in data.items() if name not in own}
@@ -141,13 +218,35 @@ class _LineProblem(Exception):
     pass
 
 
-def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine | SchemaLine:
+def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogEdit | SchemaLine:
     kind = data.get("type")
     if kind == "ad":
         try:
             return CatalogLine(ad_line_change(data))
         except CatalogError as exc:
             raise _LineProblem(str(exc)) from None
+    if kind == "budget":
+        campaign_id = _string(data, "campaign_id")
+        if not campaign_id:
+            raise _LineProblem("field 'campaign_id' must not be empty")
+        if "daily_budget_micros" not in data:
+            raise _LineProblem("missing field 'daily_budget_micros' (null: unlimited)")
+        budget = data["daily_budget_micros"]
+        try:
+            check_budget(budget)
+        except BudgetError as exc:
+            raise _LineProblem(f"field 'daily_budget_micros': {exc}") from None
+        return BudgetLine(campaign_id, _effective_from(data), budget)
+    if kind == "ip_exclusion":
+        cidr = _string(data, "cidr")
+        try:
+            parse_cidr(cidr)
+        except ExclusionError as exc:
+            raise _LineProblem(f"field 'cidr': {exc}") from None
+        excluded = data.get("excluded")
+        if not isinstance(excluded, bool):
+            raise _LineProblem(f"field 'excluded' must be true or false, got {_json_type(excluded)}")
+        return ExclusionLine(cidr, _effective_from(data), excluded)
     if kind == "schema":
         subject = _string(data, "subject")
         schema = data.get("schema")
@@ -168,12 +267,27 @@ def _item(data: dict[str, Any]) -> Event | RawRecord | CatalogLine | SchemaLine:
         event_id = _string(data, _ID_FIELD[kind])
         ad_id, user_id = _string(data, "ad_id"), _string(data, "user_id")
         event_time = _long(data, "event_time")
+        user_agent, ip = _optional_string(data, "user_agent"), _optional_string(data, "ip")
         if kind == "impression":
-            return Impression(event_id, ad_id, user_id, event_time)
-        return Click(event_id, ad_id, user_id, event_time)
+            return Impression(event_id, ad_id, user_id, event_time, user_agent, ip)
+        return Click(event_id, ad_id, user_id, event_time, user_agent, ip)
     if "type" not in data:
-        raise _LineProblem("missing field 'type' (impression, click, raw, ad or schema)")
-    raise _LineProblem(f"unknown type {kind!r}: expected impression, click, raw, ad or schema")
+        raise _LineProblem(f"missing field 'type' ({_TYPES})")
+    raise _LineProblem(f"unknown type {kind!r}: expected {_TYPES}")
+
+
+def _optional_string(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _LineProblem(f"field {name!r} must be a string or null, got {_json_type(value)}")
+    return value
+
+
+def _effective_from(data: dict[str, Any]) -> int:
+    value = _long(data, "effective_from")
+    if value < 0:
+        raise _LineProblem(f"field 'effective_from' must not be negative (epoch ms), got {value}")
+    return value
 
 
 def _string(data: dict[str, Any], name: str) -> str:

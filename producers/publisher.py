@@ -22,13 +22,23 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
-from billing.catalog import AdChange, CatalogError
+from billing.catalog import Catalog, CatalogError, MadeBy
 from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import CatalogStore, operating_system_user, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
-from producers.capture import CaptureError, CatalogLine, SchemaLine, read_capture_with_extras
+from producers.capture import (
+    BudgetLine,
+    CaptureError,
+    CatalogEdit,
+    CatalogLine,
+    ExclusionLine,
+    SchemaLine,
+    apply_line,
+    read_capture_with_extras,
+)
 from producers.simulator import (
+    CATALOG_LEAD_MS,
     Arrival,
     Clock,
     GroundTruth,
@@ -37,6 +47,7 @@ from producers.simulator import (
     Simulator,
     Sleep,
     system_clock_ms,
+    with_catalog_lines,
     write_run,
 )
 from producers.wire import EventSerializer, RawRecord, with_optional_field
@@ -322,8 +333,14 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
     return open_registry(registry) if isinstance(registry, str) else registry
 
 
-CATALOG_LEAD_MS = 2_000
-"""How long before it takes effect, in the run's time, a simulated catalog change is made."""
+def apply_to_store(store: CatalogStore, line: CatalogEdit, now_ms: int, made_by: MadeBy | None = None) -> Catalog:
+    """Make a capture's (or a run's) change of the catalog in the pipeline's catalog, as a back-fill with its own
+    `effective_from`, under the store's lock (`CatalogStore.change` for prices; budgets and the IP exclusion list
+    the same way), its entry in the change log made by `made_by`; CatalogError when the catalog refuses it. The new
+    catalog."""
+    if isinstance(line, CatalogLine):
+        return store.change(line.change, lambda: now_ms, backfill=True, made_by=made_by)
+    return store.update(lambda catalog, now: apply_line(catalog, line, now), lambda: now_ms, made_by=made_by)
 
 
 DEPLOYED_FIELD = "placement"
@@ -360,10 +377,12 @@ def simulate_to_kafka(
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
 
-    `catalog_store`: the pipeline's catalog, which the run's catalog changes (`SimulationConfig.catalog_changes`)
-    are made in as the run goes, each `CATALOG_LEAD_MS` of the run's time before it takes effect (so, live, before
-    the clock reaches it); the ground truth is then billed by that store's history as it stands at the end, which
-    holds every change anyone made meanwhile. Without a store the run's own history (`Simulator.catalog`) bills it.
+    `catalog_store`: the pipeline's catalog, which the run's changes of the catalog (`SimulationConfig.catalog_lines`:
+    prices, budgets, the IP exclusion list) are made in as the run goes, each `CATALOG_LEAD_MS` of the run's time
+    before it takes effect (so, live, before the clock reaches it; `apply_to_store`); one the catalog refuses (a
+    range already excluded then, by an earlier run) is reported and left out. The ground truth is then billed by
+    that store's history as it stands at the end, which holds every change anyone made meanwhile. Without a store
+    the run's own history (`Simulator.catalog`) bills it.
 
     `live`: each record goes out when the clock reaches its arrival time (`LiveSchedule`), the line starting
     now, so the stream's event time tracks the clock; the rate is the config's own
@@ -397,17 +416,21 @@ def simulate_to_kafka(
 
     schedule = LiveSchedule(clock, wait) if live else None
     arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
-    changes = list(simulator.changes) if catalog_store is not None else []
+    lines = simulator.catalog_lines if catalog_store is not None else []
     deploy_at_ms = None if deploy_schema_at_s is None else simulator.start_ms + int(deploy_schema_at_s * 1000)
     deployed: dict[str, int] | None = None
     interrupted = False
     try:
         try:
-            for arrival in arrivals:
-                while changes and changes[0].effective_from - CATALOG_LEAD_MS <= arrival.arrival_ms:
-                    # The run's schedule, like a capture's ad lines: made at its own effective time.
+            for arrival in with_catalog_lines(arrivals, lines, CATALOG_LEAD_MS):
+                if not isinstance(arrival, Arrival):
+                    # The run's schedule, like a capture's catalog lines: made at its own effective time.
                     assert catalog_store is not None
-                    catalog_store.change(changes.pop(0), clock, backfill=True)
+                    try:
+                        apply_to_store(catalog_store, arrival, clock(), simulator_made_by())
+                    except CatalogError as exc:
+                        print(f"the run's change of the catalog was not made: {exc}", file=sys.stderr, flush=True)
+                    continue
                 if deploy_at_ms is not None and deployed is None and arrival.arrival_ms >= deploy_at_ms:
                     deployed = deploy_schema_version(serializer, schema_registry)
                     print(f"deployed a schema version: ids {deployed}", file=sys.stderr, flush=True)
@@ -445,6 +468,7 @@ class ReplaySummary:
     raw: int = 0
     bad_lines: int = 0
     catalog_changes: int = 0
+    """Changes of the catalog made: `ad`, `budget` and `ip_exclusion` lines."""
     schemas: int = 0
     """Schema versions registered, and used from their line on."""
     errors: list[CaptureError] = field(default_factory=list)
@@ -481,11 +505,12 @@ def replay_to_kafka(
     progress: bool = True,
     extra_config: Mapping[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
-    apply_catalog: Callable[[AdChange], None] | None = None,
+    apply_catalog: Callable[[CatalogEdit], None] | None = None,
 ) -> ReplaySummary:
-    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent; `ad` lines
-    are handed to `apply_catalog` (the catalog's store, as a back-fill) where they stand, before the lines after
-    them are sent (a refused change is reported as a bad line). Without `apply_catalog` an `ad` line is a bad line.
+    """Send a recorded capture in its order; raw lines go as given, bad lines are reported, not sent; `ad`, `budget`
+    and `ip_exclusion` lines are handed to `apply_catalog` (the catalog's store, as a back-fill: `apply_to_store`)
+    where they stand, before the lines after them are sent (a refused change is reported as a bad line). Without
+    `apply_catalog` such a line is a bad line.
 
     A raw line's topic is mapped like `EventPublisher.publish_raw` does: `clicks` and `impressions` go to the
     topics configured for those event types.
@@ -500,7 +525,7 @@ def replay_to_kafka(
     try:
         for item, extra in read_capture_with_extras(path):
             bar.advance()
-            if isinstance(item, CatalogLine):
+            if isinstance(item, CatalogLine | BudgetLine | ExclusionLine):
                 refused = _apply(item, apply_catalog)
                 if refused is None:
                     result.catalog_changes += 1
@@ -554,13 +579,14 @@ def deploy_schema(serializer: EventSerializer, registry: SchemaRegistry, line: S
     return line
 
 
-def _apply(line: CatalogLine, apply_catalog: Callable[[AdChange], None] | None) -> CaptureError | None:
+def _apply(line: CatalogEdit, apply_catalog: Callable[[CatalogEdit], None] | None) -> CaptureError | None:
     """Apply a capture's catalog change; the line as an error when there is no catalog to apply it to, or the
     catalog refuses it."""
     if apply_catalog is None:
-        return CaptureError(line.line_number, "an ad line needs the catalog (adbill replay applies it)", "")
+        kind = {CatalogLine: "an ad", BudgetLine: "a budget", ExclusionLine: "an ip_exclusion"}[type(line)]
+        return CaptureError(line.line_number, f"{kind} line needs the catalog (adbill replay applies it)", "")
     try:
-        apply_catalog(line.change)
+        apply_catalog(line)
     except CatalogError as exc:
         return CaptureError(line.line_number, f"catalog change refused: {exc}", "")
     return None
@@ -576,3 +602,9 @@ def _count_lines(path: str | os.PathLike[str]) -> int | None:
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def simulator_made_by() -> MadeBy:
+    """The author of the simulator's own catalog changes, in the catalog's change log: whoever runs it, through the
+    simulator's door (so that its changes are told apart from a person's)."""
+    return MadeBy(operating_system_user(), "simulator")

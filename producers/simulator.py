@@ -13,16 +13,25 @@ clock except `resolve_start_ms`, which places the line when `start_ms` is not gi
 which sends a run in real time: each arrival when the clock reaches its arrival time, so that the stream's
 event time tracks "now" (the live mode of the local stack).
 
+Invalid traffic and budgets. Every event carries a user agent and an IP address, fixed per user from the seed
+(a handful of browsers; IPv4 and some IPv6). On request the run adds clicks from known crawlers, from excluded IP
+ranges, click floods, double clicks and late clicks that make an earlier click a duplicate (`Made` tags each
+arrival so made), gives some campaigns daily budgets that its traffic exhausts, and changes them halfway: the
+catalog's history (`SimulationConfig.catalog_lines`) holds the budgets and the IP exclusion list with the prices.
+
 Ground truth. `GroundTruth` admits every arrival through `billing.intake.Intake` in arrival order, with
-the arrival time as the receive time (so a valid event is never "in the future"), and applies
-`billing.rule.attribute` to what was accepted. For long runs it spills to disk and works partition by
-partition (by event id for the intake, by (ad, user) for the rule), so memory stays bounded.
+the arrival time as the receive time (so a valid event is never "in the future"), and applies the whole contract
+(`billing.rule.bill`: attribution, price, the invalid traffic rules with the crawler list, budgets) to what was
+accepted. For long runs it spills to disk and works partition by partition (by event id for the intake, by user
+for attribution and the invalid traffic rules, by campaign and UTC day for budgets), so memory stays bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
+import ipaddress
 import json
 import math
 import os
@@ -32,20 +41,40 @@ import shutil
 import tempfile
 import time
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
-from billing.catalog import AdChange, Catalog, generate_catalog, generated_price
+from billing.budgets import OVER_BUDGET, Candidate, charge_in_order, parse_day, utc_day
+from billing.catalog import AdChange, Catalog, Unbillable, generate_catalog, generated_price
 from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
-from billing.rule import ATTRIBUTION_WINDOW_MS, BILLABLE_FIELDS, BillableClick, attribute
+from billing.invalid import DEFAULT_RULES, INVALID_REASONS, IvtRules
+from billing.periods import DAY_MS
+from billing.rule import (
+    ATTRIBUTION_WINDOW_MS,
+    BILLABLE_FIELDS,
+    NOT_CHARGED_FIELDS,
+    BillableClick,
+    NotCharged,
+    bill,
+    not_charged_row,
+)
 from billing.schemas import schema_text
 from billing.store.catalog_file import save_catalog
-from producers.capture import capture_line
+from billing.store.crawler_list import CrawlerList, crawler_list
+from producers.capture import (
+    BudgetLine,
+    CatalogEdit,
+    CatalogLine,
+    ExclusionLine,
+    SchemaLine,
+    apply_line,
+    capture_line,
+)
 from producers.wire import RawRecord, encode_body, event_record, frame, parse_avro_schema
 
 Clock = Callable[[], int]
@@ -70,6 +99,59 @@ BAD_KINDS: tuple[QuarantineReason, ...] = (
     QuarantineReason.ID_CONFLICT,
 )
 """The bad records the simulator makes, by the quarantine reason the pipeline must give them."""
+
+BROWSER_USER_AGENTS: tuple[str, ...] = (
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36",
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36 "
+    "Edg/124.0.2478.80",
+    "Mozilla/5.0 (iPhone; CPU iPhone OS 17_4 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.4 "
+    "Mobile/15E148 Safari/604.1",
+    "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.4 "
+    "Safari/605.1.15",
+    "Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0",
+    "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.6367.113 Mobile "
+    "Safari/537.36",
+    "Mozilla/5.0 (Linux; Android 14; SM-S918B) AppleWebKit/537.36 (KHTML, like Gecko) SamsungBrowser/24.0 "
+    "Chrome/117.0.0.0 Mobile Safari/537.36",
+)
+"""The user agents of ordinary users: browsers people use; none matches the crawler list (unit-tested)."""
+
+PUBLIC_FIRST_OCTETS: tuple[int, ...] = (24, 31, 37, 46, 62, 77, 78, 81, 86, 88, 91, 109, 151, 176, 185, 188, 212, 217)
+"""Ordinary users' IPv4 addresses start with one of these (public, none in an excluded range)."""
+
+PUBLIC_IPV6_PREFIX = 0x2A02 << 112
+"""Ordinary users' IPv6 addresses lie in 2a02::/16 (a RIPE block), outside the excluded ranges."""
+
+IPV6_SHARE = 5
+"""One ordinary user in this many has an IPv6 address."""
+
+EXCLUDED_RANGES: tuple[str, ...] = ("198.51.100.0/24", "2001:db8::/32", "203.0.113.0/24")
+"""The IP exclusion list of a run with `excluded_ip_fraction` (documentation ranges, RFC 5737 and RFC 3849): the
+first two from the run's start, the last from halfway through it."""
+
+FLOOD_CLICKS = (25, 40)
+"""How many clicks a flood has (uniform, inclusive): more than the 20 a minute that make one."""
+FLOOD_SPAN_MS = (15_000, 55_000)
+"""The span of a flood's clicks (uniform, inclusive): within the rule's 60 s."""
+DOUBLE_CLICK_GAP_MS = (100, 900)
+"""How long after a click its double click comes."""
+
+
+class Made(StrEnum):
+    """What the simulator made an event for, beyond ordinary traffic (`Arrival.made`)."""
+
+    CRAWLER = "crawler"
+    """From a known crawler (its user agent is an example of the crawler list): rule `known_bot`."""
+    EXCLUDED_IP = "excluded_ip"
+    """From an address in a range of `EXCLUDED_RANGES`: rule `excluded_ip` when the range is in force then."""
+    FLOOD = "flood"
+    """Of a flood's user: rule `click_flood`."""
+    DOUBLE_CLICK = "double_click"
+    """The second click of a double click, a few hundred ms after the first: rule `duplicate_click`."""
+    LATE_EARLIER = "late_earlier"
+    """A click that arrives late with an event time up to 10 s before a click of the same user and ad already sent."""
+    MADE_DUPLICATE = "made_duplicate"
+    """The click sent in order that a `LATE_EARLIER` click makes a `duplicate_click`."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +204,31 @@ class SimulationConfig:
     new_ads: int = 0
     """Ads created during the run, one at each of the first changes. Their traffic starts with the run, so their
     clicks before they exist are not billable (`unknown_ad`), and the ones after are."""
+    crawler_fraction: float = 0.0
+    """Per click of ordinary traffic, the chance of one more impression and click, a moment later, from a known
+    crawler: a user (`bot-NNN`, one of a pool) whose user agent is one of the crawler list's own examples
+    (`crawler_list().examples`). Rule `known_bot`."""
+    excluded_ip_fraction: float = 0.0
+    """Per ordinary click, the chance of one more impression and click from an address in `EXCLUDED_RANGES` (a
+    user `xip-NNN` of a pool). A run with it above 0 has that IP exclusion list, one range added halfway through
+    the run, so its earlier clicks are not excluded. Rule `excluded_ip`."""
+    flood_fraction: float = 0.0
+    """Per ordinary click, the expected number of flood clicks: a flood is a user of its own (`flood-NNNNNN`) making
+    25 to 40 clicks within at most 55 s, each on a random ad after an impression of it. Rule `click_flood`."""
+    double_click_fraction: float = 0.0
+    """Per ordinary click inside the attribution window, the chance that its user clicks the same ad again 100 to
+    900 ms later (still inside the window). Rule `duplicate_click`, for the second click."""
+    late_duplicate_fraction: float = 0.0
+    """Per ordinary click inside the window, the chance of another click of the same user and ad with an event
+    time before it (after the impression, so at most 10 s before it) that arrives late: the click is sent in
+    order and billed first, and the late one, arriving more than 10 s and at least `late_min_ms` after its own
+    time, makes it a `duplicate_click`."""
+    budget_campaigns: int = 0
+    """Campaigns (chosen by the seed) given a daily budget from the run's start, `budget_share` of what the ordinary
+    traffic is expected to spend on each in the run's span (at most a day), so the run exhausts it. Halfway
+    through the run the first one's budget is raised by half, the second's halved, the third made unlimited."""
+    budget_share: float = 0.3
+    """The size of each budget of `budget_campaigns`, as a share of the campaign's expected spend."""
 
     def __post_init__(self) -> None:
         if (self.events is None) == (self.duration_s is None):
@@ -143,9 +250,21 @@ class SimulationConfig:
             "late_fraction",
             "duplicate_fraction",
             "bad_fraction",
+            "crawler_fraction",
+            "excluded_ip_fraction",
+            "flood_fraction",
+            "double_click_fraction",
+            "late_duplicate_fraction",
         ):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
+        if self.double_click_fraction + self.late_duplicate_fraction > 1.0:
+            raise ValueError("double_click_fraction + late_duplicate_fraction must not exceed 1")
+        campaigns = self.advertisers * self.campaigns_per_advertiser
+        if not 0 <= self.budget_campaigns <= campaigns:
+            raise ValueError(f"budget_campaigns must be between 0 and the {campaigns} campaigns of the catalog")
+        if not self.budget_share > 0:
+            raise ValueError("budget_share must be positive")
         if self.beyond_window_fraction + self.edge_fraction > 1.0:
             raise ValueError("beyond_window_fraction + edge_fraction must not exceed 1")
         if self.out_of_order_fraction + self.late_fraction > 1.0:
@@ -173,8 +292,14 @@ class SimulationConfig:
         return self.id_prefix if self.id_prefix is not None else f"s{self.seed}"
 
     def expected_arrival_rate(self) -> float:
-        """Arrivals per second of event time, on average: impressions, clicks, duplicates and bad records."""
-        primary = self.impression_rate * (1.0 + self.click_through_rate * (1.0 + self.edge_fraction / 4))
+        """Arrivals per second of event time, on average: impressions, clicks (ordinary and invalid traffic),
+        duplicates and bad records."""
+        in_window = 1.0 - self.beyond_window_fraction - self.edge_fraction
+        # Per ordinary click: the crawler, excluded and flood episodes bring an impression with each click.
+        added = 2 * (self.crawler_fraction + self.excluded_ip_fraction + self.flood_fraction) + in_window * (
+            self.double_click_fraction + self.late_duplicate_fraction
+        )
+        primary = self.impression_rate * (1.0 + self.click_through_rate * (1.0 + self.edge_fraction / 4 + added))
         return primary * (1.0 + self.duplicate_fraction + self.bad_fraction)
 
     def at_arrival_rate(self, rate_per_s: float) -> SimulationConfig:
@@ -240,11 +365,65 @@ class SimulationConfig:
         """The ids of the ads the run creates (`new_ads`)."""
         return [f"{self.prefix}-new-ad-{n:03d}" for n in range(self.new_ads)]
 
+    def halfway_ms(self, start_ms: int) -> int:
+        """When the run's mid-run changes of budgets and exclusions take effect: halfway through its span."""
+        return start_ms + self.expected_span_ms() // 2
+
+    def daily_budgets(self) -> dict[str, int]:
+        """The budgets of `budget_campaigns` (campaign -> micros a day, whole cents): `budget_share` of what the
+        ordinary traffic is expected to spend on the campaign in the run's span, or in one day of a longer run."""
+        if not self.budget_campaigns:
+            return {}
+        base = self.catalog()
+        prices: dict[str, int] = defaultdict(int)
+        for ad in base:
+            prices[ad.campaign_id] += ad.cpc_micros or 0
+        billable_share = 1.0 - self.beyond_window_fraction - self.edge_fraction / 2
+        clicks = self.impression_rate * self.click_through_rate * billable_share * min(self.expected_span_ms(), DAY_MS)
+        rng = random.Random(f"adbill-budgets-{self.seed}")
+        chosen = rng.sample(sorted(prices), self.budget_campaigns)
+        return {
+            campaign: max(
+                10_000, int(self.budget_share * clicks / 1000 * prices[campaign] / len(base)) // 10_000 * 10_000
+            )
+            for campaign in chosen
+        }
+
+    def budget_changes(self, start_ms: int) -> list[BudgetLine]:
+        """The run's budget history (`budget_campaigns`): each budget from `start_ms`; halfway (`halfway_ms`) the
+        first raised by half, the second halved, the third made unlimited."""
+        budgets = self.daily_budgets()
+        changes = [BudgetLine(campaign, start_ms, micros) for campaign, micros in budgets.items()]
+        halfway = self.halfway_ms(start_ms)
+        for number, (campaign, micros) in enumerate(list(budgets.items())[:3]):
+            later = (micros * 3 // 2 // 10_000 * 10_000, micros // 2 // 10_000 * 10_000, None)[number]
+            changes.append(BudgetLine(campaign, halfway, later))
+        return changes
+
+    def exclusion_changes(self, start_ms: int) -> list[ExclusionLine]:
+        """The run's IP exclusion list (with `excluded_ip_fraction`): `EXCLUDED_RANGES`, the last one from halfway."""
+        if not self.excluded_ip_fraction:
+            return []
+        first, second, later = EXCLUDED_RANGES
+        return [
+            ExclusionLine(first, start_ms, True),
+            ExclusionLine(second, start_ms, True),
+            ExclusionLine(later, self.halfway_ms(start_ms), True),
+        ]
+
+    def catalog_lines(self, start_ms: int) -> list[CatalogEdit]:
+        """Every change the run makes to the catalog (prices, budgets, the IP exclusion list), by effective time, as
+        capture lines: what a capture of the run records, and what the publisher makes in the pipeline's catalog."""
+        lines: list[CatalogEdit] = [CatalogLine(change) for change in self.catalog_changes(start_ms)]
+        lines += self.budget_changes(start_ms)
+        lines += self.exclusion_changes(start_ms)
+        return sorted(lines, key=lambda line: line.effective_from)
+
     def catalog_history(self, start_ms: int) -> Catalog:
-        """The run's catalog with every change it makes (`catalog_changes`): the history the run is billed by."""
+        """The run's catalog with every change it makes (`catalog_lines`): the history the run is billed by."""
         catalog = self.catalog()
-        for change in self.catalog_changes(start_ms):
-            catalog = catalog.with_change(change, change.effective_from, backfill=True)
+        for line in self.catalog_lines(start_ms):
+            catalog = apply_line(catalog, line, line.effective_from)
         return catalog
 
 
@@ -301,6 +480,8 @@ class Arrival:
     timing: Timing = Timing.IN_ORDER
     """For events and their duplicates: how the original was delayed."""
     expected_reason: QuarantineReason | None = None
+    made: Made | None = None
+    """For events and their duplicates: what invalid traffic the simulator made the event for; None: ordinary."""
 
     @property
     def event(self) -> Event | None:
@@ -333,13 +514,38 @@ class Simulator:
         self.config = config
         self.start_ms = resolve_start_ms(config, clock(), rate_per_s, live)
         self.changes = config.catalog_changes(self.start_ms)
-        """The run's catalog changes, by effective time (`SimulationConfig.catalog_changes`)."""
+        """The run's price changes, by effective time (`SimulationConfig.catalog_changes`)."""
+        self.catalog_lines = config.catalog_lines(self.start_ms)
+        """All its changes of the catalog, prices, budgets and exclusions, by effective time, as capture lines."""
         self.catalog = config.catalog_history(self.start_ms)
-        """The run's catalog with its changes: every ad the traffic uses, and the prices it is billed by."""
+        """The run's catalog with its changes: every ad the traffic uses, the prices, budgets and IP exclusion list
+        it is billed by."""
 
     def arrivals(self) -> Iterator[Arrival]:
         """Every arrival of the run, in send order; memory holds only pending clicks and delayed arrivals."""
         return _Generation(self.config, self.catalog, self.start_ms).run()
+
+    def recording(self) -> Iterator[Arrival | CatalogEdit]:
+        """The arrivals with the run's catalog changes among them (`with_catalog_lines`): a capture of the run that
+        replays with its prices, budgets and exclusions."""
+        return with_catalog_lines(self.arrivals(), self.catalog_lines)
+
+
+CATALOG_LEAD_MS = 2_000
+"""How long before it takes effect, in the run's time, a simulated catalog change is made."""
+
+
+def with_catalog_lines(
+    arrivals: Iterable[Arrival], lines: Sequence[CatalogEdit], lead_ms: int = CATALOG_LEAD_MS
+) -> Iterator[Arrival | CatalogEdit]:
+    """The arrivals, each change of `lines` (by effective time) placed before the first arrival at or after its
+    effective time minus `lead_ms`, the changes left at the end after the last arrival."""
+    pending = list(lines)
+    for arrival in arrivals:
+        while pending and pending[0].effective_from - lead_ms <= arrival.arrival_ms:
+            yield pending.pop(0)
+        yield arrival
+    yield from pending
 
 
 class LiveSchedule:
@@ -385,21 +591,32 @@ class LiveSchedule:
 
 
 class _Generation:
-    """One pass of the generator. Two heaps: future events by event time, created arrivals by arrival time."""
+    """One pass of the generator. Two heaps: future events by event time, created arrivals by arrival time.
+
+    Ordinary traffic draws from `rng`; the invalid traffic (`Made`) from `ivt`, a generator of its own, so a run
+    without it draws exactly what it did before there was any."""
 
     def __init__(self, config: SimulationConfig, catalog: Catalog, start_ms: int) -> None:
         self.config = config
         self.rng = random.Random(f"adbill-simulator-{config.seed}")
+        self.ivt = random.Random(f"adbill-invalid-traffic-{config.seed}")
         self.ad_ids = sorted(catalog.ad_ids)
         self.start_ms = start_ms
         self.end_ms = None if config.duration_s is None else start_ms + math.ceil(config.duration_s * 1000)
         self.budget = config.events  # arrivals left to create, or None for a duration run
-        self.scheduled: list[tuple[int, int, str, str, str]] = []  # (event_time, seq, "i"|"c", ad, user)
-        self.pending: list[tuple[int, int, Event | RawRecord, ArrivalKind, Timing, QuarantineReason | None]] = []
+        # (event_time, seq, "i"|"c", ad, user, made: a `Made` value or "")
+        self.scheduled: list[tuple[int, int, str, str, str, str]] = []
+        self.pending: list[
+            tuple[int, int, Event | RawRecord, ArrivalKind, Timing, QuarantineReason | None, Made | None]
+        ] = []
         self.seq = 0
         self.next_id = {"impression": 0, "click": 0}
         self.click_schema = parse_avro_schema(schema_text("click"))
         self.impression_schema = parse_avro_schema(schema_text("impression"))
+        self.profiles = _Profiles(config.seed)
+        self.pool = max(10, config.users // 20)
+        """How many crawler users, and how many users from excluded ranges, there are."""
+        self.floods = 0
 
     def run(self) -> Iterator[Arrival]:
         rng, config = self.rng, self.config
@@ -412,37 +629,41 @@ class _Generation:
             event_time = self.scheduled[0][0] if from_schedule else next_impression
             if self.end_ms is not None and event_time >= self.end_ms:
                 break  # events come in event-time order: every later one is past the end too
+            made = ""
             if from_schedule:
-                _, _, what, ad_id, user_id = heapq.heappop(self.scheduled)
-                event: Event = self._new(what, ad_id, user_id, event_time)
+                _, _, what, ad_id, user_id, made = heapq.heappop(self.scheduled)
+                event: Event = self._new(what, ad_id, user_id, event_time, made)
             else:
-                event = self._new("i", rng.choice(self.ad_ids), f"u{rng.randrange(config.users):07d}", event_time)
+                user_id = f"u{rng.randrange(config.users):07d}"
+                event = self._new("i", rng.choice(self.ad_ids), user_id, event_time, made)
                 offset += rng.random() * 2 * mean_gap_ms
                 next_impression = self.start_ms + int(offset)
             # Everything created from now on arrives at or after event_time: what arrives earlier can go out.
             while self.pending and self.pending[0][0] < event_time:
                 yield self._arrival(position, heapq.heappop(self.pending))
                 position += 1
-            self._send(event)
-            if isinstance(event, Impression) and rng.random() < config.click_through_rate:
+            self._send(event, Made(made) if made else None)
+            # The invalid traffic's impressions come with their clicks, made by `ivt`.
+            if isinstance(event, Impression) and not made and rng.random() < config.click_through_rate:
                 self._schedule_click(event)
         while self.pending:
             yield self._arrival(position, heapq.heappop(self.pending))
             position += 1
 
-    def _new(self, what: str, ad_id: str, user_id: str, event_time: int) -> Event:
+    def _new(self, what: str, ad_id: str, user_id: str, event_time: int, made: str = "") -> Event:
+        user_agent, ip = self.profiles.of(user_id, made)
         if what == "i":
-            return Impression(self._id("impression"), ad_id, user_id, event_time)
-        return Click(self._id("click"), ad_id, user_id, event_time)
+            return Impression(self._id("impression"), ad_id, user_id, event_time, user_agent, ip)
+        return Click(self._id("click"), ad_id, user_id, event_time, user_agent, ip)
 
     def _id(self, event_type: str) -> str:
         number = self.next_id[event_type]
         self.next_id[event_type] = number + 1
         return f"{self.config.prefix}-{event_type[0]}{number:010d}"
 
-    def _schedule(self, event_time: int, what: str, ad_id: str, user_id: str) -> None:
+    def _schedule(self, event_time: int, what: str, ad_id: str, user_id: str, made: str = "") -> None:
         self.seq += 1
-        heapq.heappush(self.scheduled, (event_time, self.seq, what, ad_id, user_id))
+        heapq.heappush(self.scheduled, (event_time, self.seq, what, ad_id, user_id, made))
 
     def _schedule_click(self, impression: Impression) -> None:
         rng, config = self.rng, self.config
@@ -464,7 +685,56 @@ class _Generation:
             mean = config.click_delay_mean_ms
             tail = 1.0 - math.exp(-ATTRIBUTION_WINDOW_MS / mean)
             delay = int(-mean * math.log(1.0 - rng.random() * tail))
-            self._schedule(t + min(delay, ATTRIBUTION_WINDOW_MS), "c", ad_id, user_id)
+            self._schedule_in_window(t, t + min(delay, ATTRIBUTION_WINDOW_MS), ad_id, user_id)
+        self._add_invalid_traffic(t)
+
+    def _schedule_in_window(self, t: int, at: int, ad_id: str, user_id: str) -> None:
+        """An ordinary click at `at`, inside the window of the impression at `t`, made a double click or made a
+        duplicate by a late earlier one as the config asks."""
+        config, ivt = self.config, self.ivt
+        u = ivt.random() if config.double_click_fraction or config.late_duplicate_fraction else 1.0
+        if u < config.double_click_fraction:
+            gap = ivt.randint(*DOUBLE_CLICK_GAP_MS)
+            first = min(at, t + ATTRIBUTION_WINDOW_MS - gap)  # both clicks inside the window
+            self._schedule(first, "c", ad_id, user_id)
+            self._schedule(first + gap, "c", ad_id, user_id, Made.DOUBLE_CLICK)
+        elif u < config.double_click_fraction + config.late_duplicate_fraction:
+            at = max(at, t + 1)  # room for an earlier click after the impression
+            self._schedule(at, "c", ad_id, user_id, Made.MADE_DUPLICATE)
+            self._schedule(ivt.randint(t, at - 1), "c", ad_id, user_id, Made.LATE_EARLIER)
+        else:
+            self._schedule(at, "c", ad_id, user_id)
+
+    def _add_invalid_traffic(self, t: int) -> None:
+        """After an ordinary click drawn at the impression time `t`: a crawler's click, a click from an excluded
+        range and a flood, each with its chance."""
+        config, ivt = self.config, self.ivt
+        if config.crawler_fraction and ivt.random() < config.crawler_fraction:
+            self._impression_and_click(t, f"bot-{ivt.randrange(self.pool):03d}", Made.CRAWLER)
+        if config.excluded_ip_fraction and ivt.random() < config.excluded_ip_fraction:
+            self._impression_and_click(t, f"xip-{ivt.randrange(self.pool):03d}", Made.EXCLUDED_IP)
+        if config.flood_fraction and ivt.random() < config.flood_fraction / (sum(FLOOD_CLICKS) / 2):
+            self._flood(t)
+
+    def _impression_and_click(self, t: int, user_id: str, made: Made) -> None:
+        ivt = self.ivt
+        ad_id = ivt.choice(self.ad_ids)
+        shown = t + ivt.randint(0, 2_000)
+        self._schedule(shown, "i", ad_id, user_id, made)
+        self._schedule(shown + ivt.randint(0, ATTRIBUTION_WINDOW_MS), "c", ad_id, user_id, made)
+
+    def _flood(self, t: int) -> None:
+        """A user of its own clicking 25 to 40 times within at most 55 s, on random ads, each after an impression."""
+        ivt = self.ivt
+        user_id = f"flood-{self.floods:06d}"
+        self.floods += 1
+        begin = t + 2_000
+        span = ivt.randint(*FLOOD_SPAN_MS)
+        for _ in range(ivt.randint(*FLOOD_CLICKS)):
+            at = begin + ivt.randint(0, span)
+            ad_id = ivt.choice(self.ad_ids)
+            self._schedule(at - ivt.randint(0, 2_000), "i", ad_id, user_id, Made.FLOOD)
+            self._schedule(at, "c", ad_id, user_id, Made.FLOOD)
 
     def _take(self) -> bool:
         """Spend one arrival of the budget; False when it is spent."""
@@ -482,32 +752,39 @@ class _Generation:
         kind: ArrivalKind,
         timing: Timing,
         reason: QuarantineReason | None,
+        made: Made | None = None,
     ) -> None:
         # The sequence number breaks ties in creation order and keeps the heap from ever comparing items.
         self.seq += 1
-        heapq.heappush(self.pending, (arrival_ms, self.seq, item, kind, timing, reason))
+        heapq.heappush(self.pending, (arrival_ms, self.seq, item, kind, timing, reason, made))
 
     @staticmethod
-    def _arrival(position: int, entry: tuple[int, int, Any, ArrivalKind, Timing, Any]) -> Arrival:
-        arrival_ms, _, item, kind, timing, reason = entry
-        return Arrival(position, arrival_ms, item, kind, timing, reason)
+    def _arrival(position: int, entry: tuple[int, int, Any, ArrivalKind, Timing, Any, Made | None]) -> Arrival:
+        arrival_ms, _, item, kind, timing, reason, made = entry
+        return Arrival(position, arrival_ms, item, kind, timing, reason, made)
 
-    def _send(self, event: Event) -> None:
+    def _send(self, event: Event, made: Made | None = None) -> None:
         rng, config = self.rng, self.config
         if not self._take():
             return
         u = rng.random()
-        if u < config.late_fraction:
+        if made == Made.LATE_EARLIER:
+            # Late, and after the click it precedes (at most 10 s after it in event time) was sent in order.
+            least = ATTRIBUTION_WINDOW_MS + 1
+            timing, delay = Timing.LATE, rng.randint(max(config.late_min_ms, least), max(config.late_max_ms, least))
+        elif made == Made.MADE_DUPLICATE:
+            timing, delay = Timing.IN_ORDER, 0
+        elif u < config.late_fraction:
             timing, delay = Timing.LATE, rng.randint(config.late_min_ms, config.late_max_ms)
         elif u < config.late_fraction + config.out_of_order_fraction:
             timing, delay = Timing.OUT_OF_ORDER, rng.randint(1, config.max_disorder_ms)
         else:
             timing, delay = Timing.IN_ORDER, 0
         arrival_ms = event.event_time + delay
-        self._push(arrival_ms, event, ArrivalKind.EVENT, timing, None)
+        self._push(arrival_ms, event, ArrivalKind.EVENT, timing, None, made)
         if rng.random() < config.duplicate_fraction and self._take():
             resend_ms = arrival_ms + rng.randint(0, config.max_resend_delay_ms)
-            self._push(resend_ms, event, ArrivalKind.DUPLICATE, timing, None)
+            self._push(resend_ms, event, ArrivalKind.DUPLICATE, timing, None, made)
         if rng.random() < config.bad_fraction and self._take():
             self._send_bad(event, arrival_ms, timing)
 
@@ -532,6 +809,7 @@ class _Generation:
             self._push(now, RawRecord(topic, key, value), ArrivalKind.BAD, Timing.IN_ORDER, reason)
         elif reason == QuarantineReason.TIME_OUT_OF_RANGE:
             bad = self._new(event.type[0], event.ad_id, event.user_id, rng.randrange(0, MIN_EVENT_TIME_MS))
+            bad = replace(bad, user_agent=event.user_agent, ip=event.ip)
             self._push(now, bad, ArrivalKind.BAD, Timing.IN_ORDER, reason)
         else:
             # Same id, different content, sent after the original so that the original stands.
@@ -547,6 +825,55 @@ class _Generation:
         return encode_body(schema, event_record(event))
 
 
+class _Profiles:
+    """Each user's user agent and IP address, fixed by the seed and the user id: a browser of
+    `BROWSER_USER_AGENTS` (a crawler's example for `Made.CRAWLER`) and a public address, one in `IPV6_SHARE`
+    IPv6 (one in `EXCLUDED_RANGES` for `Made.EXCLUDED_IP`)."""
+
+    _LIMIT = 200_000
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._known: dict[tuple[str, str], tuple[str, str]] = {}
+        self._crawlers: tuple[str, ...] | None = None
+
+    def of(self, user_id: str, made: str) -> tuple[str, str]:
+        key = (user_id, made)
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= self._LIMIT:
+                self._known.clear()  # a bound on memory for runs with many users; recomputing is cheap
+            found = self._known[key] = self._profile(user_id, made)
+        return found
+
+    def _profile(self, user_id: str, made: str) -> tuple[str, str]:
+        digest = hashlib.blake2b(f"{self.seed}/{user_id}".encode(), digest_size=16).digest()
+        bits = int.from_bytes(digest, "big")
+        agents = self.crawler_agents() if made == Made.CRAWLER else BROWSER_USER_AGENTS
+        user_agent = agents[bits % len(agents)]
+        bits >>= 16
+        if made == Made.EXCLUDED_IP:
+            network = ipaddress.ip_network(EXCLUDED_RANGES[bits % len(EXCLUDED_RANGES)])
+            host = 1 + (bits >> 8) % (network.num_addresses - 2)
+            return user_agent, str(network.network_address + host)
+        if bits % IPV6_SHARE == 0:
+            return user_agent, str(ipaddress.IPv6Address(PUBLIC_IPV6_PREFIX | (bits >> 8) & (2**96 - 1) | 1))
+        first = PUBLIC_FIRST_OCTETS[(bits >> 8) % len(PUBLIC_FIRST_OCTETS)]
+        rest = (bits >> 16) & 0xFFFFFF
+        return user_agent, f"{first}.{rest >> 16}.{(rest >> 8) & 0xFF}.{1 + (rest & 0xFF) % 254}"
+
+    def crawler_agents(self) -> tuple[str, ...]:
+        """The user agents of the crawler list's own examples, in a fixed order."""
+        if self._crawlers is None:
+            self._crawlers = crawler_agents(crawler_list())
+        return self._crawlers
+
+
+def crawler_agents(crawlers: CrawlerList) -> tuple[str, ...]:
+    """The example user agents the crawler list gives for its patterns, sorted and without repeats."""
+    return tuple(sorted({agent for _, agents in crawlers.examples for agent in agents}))
+
+
 # --- Ground truth ----------------------------------------------------------------------------------
 
 EVENTS_PER_TRUTH_PARTITION = 500_000
@@ -555,34 +882,74 @@ EVENTS_PER_TRUTH_PARTITION = 500_000
 
 RECEIVED_TIME = "arrival_ms: the simulated receive time (event time + arrival delay), never before event_time"
 
+NOT_CHARGED_REASONS: tuple[str, ...] = (
+    Unbillable.UNKNOWN_AD.value,
+    Unbillable.AD_PAUSED.value,
+    *INVALID_REASONS,
+    OVER_BUDGET,
+)
+"""Why a billable click is not charged, in the contract's order of precedence."""
+
+NOT_CHARGED_FILE = "not_charged.jsonl"
+"""The billable clicks not charged, beside the charged ones (`billable.jsonl`) in a run folder."""
+
 
 @dataclass
 class Truth:
-    """The billable set (in a file, sorted by click_id) and the counts of one run."""
+    """The charged clicks (in a file, sorted by click_id), the billable ones not charged with their reasons (another
+    file, sorted the same way), and the counts of one run."""
 
     billable_path: Path
     counts: dict[str, Any] = field(default_factory=dict)
+    not_charged_path: Path | None = None
 
     def billable(self) -> Iterator[dict[str, Any]]:
-        """The billable clicks, one dict (`BillableClick.to_dict()`) each, by click_id."""
+        """The charged clicks, one dict (`BillableClick.to_dict()`) each, by click_id."""
         with open(self.billable_path, encoding="utf-8") as lines:
             for line in lines:
                 yield json.loads(line)
 
+    def not_charged(self) -> Iterator[dict[str, Any]]:
+        """The billable clicks not charged, one dict (`NotCharged.to_dict()`, with its `reason`) each, by click_id."""
+        if self.not_charged_path is None:
+            return
+        with open(self.not_charged_path, encoding="utf-8") as lines:
+            for line in lines:
+                yield json.loads(line)
+
+    def outcomes(self) -> dict[str, str]:
+        """click_id -> `charged` or the reason it is not, for every billable click (held in memory: for tests)."""
+        found = {row["click_id"]: "charged" for row in self.billable()}
+        found.update((row["click_id"], row["reason"]) for row in self.not_charged())
+        return found
+
 
 class GroundTruth:
-    """Observes arrivals in send order and computes, with `Intake` and `attribute`, what must be billed.
+    """Observes arrivals in send order and computes, with `Intake` and `billing.rule.bill`, what must be charged and
+    why the other billable clicks are not.
 
-    With `partitions` > 1 the events are spilled to `workdir` by event id (the intake's state is per id) and
-    the accepted ones re-spilled by (ad, user) (the rule's state is per pair): each step holds one partition
-    in memory.
+    `crawlers` is the crawler list the rule `known_bot` matches (default: the installed one), `rules` the invalid
+    traffic thresholds. With `partitions` > 1 the events are spilled to `workdir` by event id (the intake's state is
+    per id), the accepted ones re-spilled by user (attribution's state is per ad and user, the invalid traffic rules
+    need all of a user's clicks) and billed without budgets, and the clicks that would be charged spilled once more
+    by campaign and UTC day, where the budgets take them in event-time order (`charge_in_order`): each step holds
+    one partition in memory.
     """
 
-    def __init__(self, catalog: Catalog, partitions: int = 1, workdir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        partitions: int = 1,
+        workdir: str | os.PathLike[str] | None = None,
+        crawlers: CrawlerList | None = None,
+        rules: IvtRules = DEFAULT_RULES,
+    ) -> None:
         if partitions < 1:
             raise ValueError("partitions must be at least 1")
         self.catalog = catalog
         self.partitions = partitions
+        self.crawlers = crawlers if crawlers is not None else crawler_list()
+        self.rules = rules
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="adbill-truth-") if workdir is None else workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -592,6 +959,7 @@ class GroundTruth:
         self.duplicates: Counter[str] = Counter()
         self.bad: Counter[str] = Counter()
         self.raw_quarantined: Counter[str] = Counter()
+        self.made: Counter[str] = Counter()
         self.first_event_ms: int | None = None
         self.last_event_ms: int | None = None
         self._intake = Intake() if partitions == 1 else None
@@ -617,6 +985,8 @@ class GroundTruth:
         if arrival.kind == ArrivalKind.EVENT:
             self.primary[item.type] += 1
             self.timing[arrival.timing.value] += 1
+            if arrival.made is not None and isinstance(item, Click):
+                self.made[arrival.made.value] += 1
             if self.first_event_ms is None or item.event_time < self.first_event_ms:
                 self.first_event_ms = item.event_time
             if self.last_event_ms is None or item.event_time > self.last_event_ms:
@@ -631,19 +1001,27 @@ class GroundTruth:
             assert self._spill is not None
             self._spill.add(item.event_id, (arrival.arrival_ms, *_event_tuple(item)))
 
-    def finish(self, billable_path: str | os.PathLike[str]) -> Truth:
-        """Write the billable clicks to `billable_path` (JSON Lines by click_id) and return the counts."""
+    def finish(
+        self, billable_path: str | os.PathLike[str], not_charged_path: str | os.PathLike[str] | None = None
+    ) -> Truth:
+        """Write the charged clicks to `billable_path` and the billable ones not charged to `not_charged_path`
+        (default: `not_charged.jsonl` beside it), both JSON Lines by click_id, and return the counts."""
+        billable_target = Path(billable_path)
+        refused_target = Path(not_charged_path) if not_charged_path else billable_target.with_name(NOT_CHARGED_FILE)
         intake_counts: Counter[str] = Counter()
-        runs: list[Path] = []
-        totals = _Totals()
+        charged_runs: list[Path] = []
+        refused_runs: list[Path] = []
+        figures = _Figures(self.catalog)
+        is_bot = self.crawlers.matches
         if self._intake is not None:
             intake_counts.update(self._intake.counts)
-            rows = attribute(self._intake.impressions, self._intake.clicks, self.catalog)
-            runs.append(self._write_run(rows, totals, 0))
+            billing = bill(self._intake.impressions, self._intake.clicks, self.catalog, is_bot=is_bot, rules=self.rules)
             self._intake = Intake()  # release the events
+            charged_runs.append(self._write_charged(billing.charged, figures, 0))
+            refused_runs.append(self._write_refused(billing.not_charged, figures, 0))
         else:
             assert self._spill is not None
-            by_pair = _Spill(self.workdir / "by-pair", self.partitions)
+            by_user = _Spill(self.workdir / "by-user", self.partitions)
             for arrivals in self._spill.partitions():
                 intake = Intake()
                 for received_ms, *stored in arrivals:
@@ -651,18 +1029,38 @@ class GroundTruth:
                 intake_counts.update(intake.counts)
                 accepted: list[Event] = [*intake.impressions, *intake.clicks]
                 for event in accepted:
-                    by_pair.add(f"{event.ad_id}\x00{event.user_id}", _event_tuple(event))
+                    by_user.add(event.user_id, _event_tuple(event))
             self._spill.remove()
-            for number, tuples in enumerate(by_pair.partitions()):
+            # Everything but budgets, one user at a time: the clicks that would be charged are the candidates.
+            unbudgeted = Catalog(list(self.catalog), self.catalog.version, None, self.catalog.exclusions)
+            by_day = _Spill(self.workdir / "by-campaign-day", self.partitions)
+            for number, tuples in enumerate(by_user.partitions()):
                 events = [_event_of(stored) for stored in tuples]
                 impressions = [e for e in events if isinstance(e, Impression)]
                 clicks = [e for e in events if isinstance(e, Click)]
-                runs.append(self._write_run(attribute(impressions, clicks, self.catalog), totals, number))
-            by_pair.remove()
+                billing = bill(impressions, clicks, unbudgeted, is_bot=is_bot, rules=self.rules)
+                refused_runs.append(self._write_refused(billing.not_charged, figures, number))
+                for row in billing.charged:
+                    by_day.add(f"{row.campaign_id}\x00{utc_day(row.click_time)}", _row_tuple(row))
+            by_user.remove()
+            # Budgets, each campaign's UTC day whole and in event-time order.
+            for number, tuples in enumerate(by_day.partitions()):
+                priced = [BillableClick(*stored) for stored in tuples]
+                fits, _ = charge_in_order(
+                    (Candidate(r.click_id, r.campaign_id, r.click_time, r.amount_micros) for r in priced),
+                    self.catalog.budget_at,
+                )
+                priced.sort(key=lambda row: row.click_id)
+                charged = [row for row in priced if row.click_id in fits]
+                over = [not_charged_row(row, OVER_BUDGET) for row in priced if row.click_id not in fits]
+                charged_runs.append(self._write_charged(charged, figures, self.partitions + number))
+                refused_runs.append(self._write_refused(over, figures, self.partitions + number))
+            by_day.remove()
         for reason, count in self.raw_quarantined.items():
             intake_counts[reason] += count
-        _merge_runs(runs, Path(billable_path))
-        for run in runs:
+        _merge_runs(charged_runs, billable_target)
+        _merge_runs(refused_runs, refused_target)
+        for run in (*charged_runs, *refused_runs):
             run.unlink()
         self.close()
         counts = {
@@ -678,9 +1076,11 @@ class GroundTruth:
             "intake": dict(sorted(intake_counts.items())),
             "first_event_time": self.first_event_ms,
             "last_event_time": self.last_event_ms,
-            "billable": totals.as_dict(),
+            "made": _ordered(self.made, [m.value for m in Made]),
+            "crawler_list": self.crawlers.version,
+            **figures.as_dict(),
         }
-        return Truth(Path(billable_path), counts)
+        return Truth(billable_target, counts, refused_target)
 
     def close(self) -> None:
         """Remove the spill files (and the work folder when this object made it)."""
@@ -689,48 +1089,117 @@ class GroundTruth:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _write_run(self, rows: list[BillableClick], totals: _Totals, number: int) -> Path:
-        path = self.workdir / f"billable-{number:05d}.jsonl"
+    def _write_charged(self, rows: list[BillableClick], figures: _Figures, number: int) -> Path:
+        path = self.workdir / f"charged-{number:05d}.jsonl"
         with open(path, "w", encoding="utf-8") as out:
-            for row in rows:  # `attribute` returns rows by click_id
-                totals.add(row)
+            for row in rows:  # by click_id
+                figures.charge(row)
                 # `BillableClick.to_dict()` goes through `asdict`, which is slow; this is the same dict.
                 out.write(json.dumps({name: getattr(row, name) for name in BILLABLE_FIELDS}) + "\n")
         return path
 
+    def _write_refused(self, rows: list[NotCharged], figures: _Figures, number: int) -> Path:
+        path = self.workdir / f"not-charged-{number:05d}.jsonl"
+        with open(path, "w", encoding="utf-8") as out:
+            for row in rows:  # by click_id
+                figures.refuse(row)
+                out.write(json.dumps({name: getattr(row, name) for name in NOT_CHARGED_FIELDS}) + "\n")
+        return path
 
-def _event_tuple(event: Event) -> tuple[bool, str, str, str, int]:
-    """A compact, picklable form of an event: (is_click, id, ad_id, user_id, event_time)."""
-    return (isinstance(event, Click), event.event_id, event.ad_id, event.user_id, event.event_time)
+
+_EventTuple = tuple[bool, str, str, str, int, str | None, str | None]
 
 
-def _event_of(stored: tuple[bool, str, str, str, int] | list[Any]) -> Event:
-    is_click, event_id, ad_id, user_id, event_time = stored
-    return (Click if is_click else Impression)(event_id, ad_id, user_id, event_time)
+def _event_tuple(event: Event) -> _EventTuple:
+    """A compact, picklable form of an event: (is_click, id, ad_id, user_id, event_time, user_agent, ip)."""
+    return (
+        isinstance(event, Click),
+        event.event_id,
+        event.ad_id,
+        event.user_id,
+        event.event_time,
+        event.user_agent,
+        event.ip,
+    )
+
+
+def _event_of(stored: _EventTuple | list[Any]) -> Event:
+    is_click, event_id, ad_id, user_id, event_time, user_agent, ip = stored
+    return (Click if is_click else Impression)(event_id, ad_id, user_id, event_time, user_agent, ip)
+
+
+def _row_tuple(row: BillableClick) -> tuple[Any, ...]:
+    return tuple(getattr(row, name) for name in BILLABLE_FIELDS)
 
 
 def _ordered(counter: Counter[str], keys: Iterable[str]) -> dict[str, int]:
     return {key: counter.get(key, 0) for key in keys}
 
 
-class _Totals:
-    def __init__(self) -> None:
+class _Figures:
+    """The counts of the outcomes: the charged clicks (`billable`: clicks and micros, by currency and by
+    advertiser), the not charged ones by reason (`not_charged`), and each budgeted campaign's UTC days
+    (`budgets`: the budgets in force that day, what was charged and what was over budget)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
         self.clicks = 0
         self.by_advertiser: dict[str, dict[str, Any]] = {}
         self.by_currency: Counter[str] = Counter()
+        self.refused: dict[str, Counter[str]] = {reason: Counter() for reason in NOT_CHARGED_REASONS}
+        self.refused_clicks: Counter[str] = Counter()
+        self.days: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
 
-    def add(self, row: BillableClick) -> None:
+    def charge(self, row: BillableClick) -> None:
         self.clicks += 1
         entry = self.by_advertiser.setdefault(row.advertiser_id, {"clicks": 0, "micros": 0, "currency": row.currency})
         entry["clicks"] += 1
         entry["micros"] += row.amount_micros
         self.by_currency[row.currency] += row.amount_micros
+        if row.campaign_id in self.catalog.budgets:
+            day = self.days[(row.campaign_id, utc_day(row.click_time))]
+            day["charged_clicks"] += 1
+            day["charged_micros"] += row.amount_micros
+
+    def refuse(self, row: NotCharged) -> None:
+        self.refused_clicks[row.reason] += 1
+        if row.amount_micros is not None and row.currency is not None:
+            self.refused[row.reason][row.currency] += row.amount_micros
+        if row.reason == OVER_BUDGET and row.campaign_id is not None and row.amount_micros is not None:
+            day = self.days[(row.campaign_id, utc_day(row.click_time))]
+            day["over_budget_clicks"] += 1
+            day["over_budget_micros"] += row.amount_micros
 
     def as_dict(self) -> dict[str, Any]:
+        budgets: dict[str, dict[str, Any]] = {}
+        for (campaign, day), figures in sorted(self.days.items()):
+            midnight = parse_day(day)
+            budgets.setdefault(campaign, {})[day] = {
+                "budgets": [
+                    {"effective_from": entry.effective_from, "daily_budget_micros": entry.daily_budget_micros}
+                    for entry in self.catalog.budgets[campaign]
+                    if entry.effective_from < midnight + DAY_MS
+                    and (entry is self.catalog.budget_entry_at(campaign, midnight) or entry.effective_from > midnight)
+                ],
+                **_ordered(figures, ("charged_clicks", "charged_micros", "over_budget_clicks", "over_budget_micros")),
+            }
         return {
-            "clicks": self.clicks,
-            "total_micros_by_currency": dict(sorted(self.by_currency.items())),
-            "by_advertiser": dict(sorted(self.by_advertiser.items())),
+            "billable": {
+                "clicks": self.clicks,
+                "total_micros_by_currency": dict(sorted(self.by_currency.items())),
+                "by_advertiser": dict(sorted(self.by_advertiser.items())),
+            },
+            "not_charged": {
+                "clicks": sum(self.refused_clicks.values()),
+                "by_reason": {
+                    reason: {
+                        "clicks": self.refused_clicks.get(reason, 0),
+                        "micros_by_currency": dict(sorted(self.refused[reason].items())),
+                    }
+                    for reason in NOT_CHARGED_REASONS
+                },
+            },
+            "budgets": budgets,
         }
 
 
@@ -798,7 +1267,8 @@ def write_run(
     catalog: Catalog,
     complete: bool = True,
 ) -> Truth:
-    """Write the run folder: `catalog.json`, `billable.jsonl` (by click_id) and `summary.json`."""
+    """Write the run folder: `catalog.json`, `billable.jsonl` (the charged clicks), `not_charged.jsonl` (the billable
+    clicks not charged, with their reasons), both by click_id, and `summary.json`."""
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     save_catalog(catalog, folder / "catalog.json")
@@ -848,8 +1318,11 @@ def write_ground_truth(
     return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
 
 
-def write_capture(arrivals: Iterable[Arrival | Event | RawRecord], path: str | os.PathLike[str]) -> int:
-    """Write arrivals (or bare events and raw records) as a JSON Lines capture, atomically; returns lines."""
+def write_capture(
+    arrivals: Iterable[Arrival | Event | RawRecord | SchemaLine | CatalogEdit], path: str | os.PathLike[str]
+) -> int:
+    """Write arrivals (or bare events and raw records, schema versions and changes of the catalog, such as
+    `Simulator.recording()` gives) as a JSON Lines capture, atomically; returns lines."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")

@@ -15,14 +15,24 @@ The contract, step by step, as the SQL below reads it:
    attributed to the latest such impression, ties to the smallest impression id, and priced at the entry of the
    ad's price history with the greatest `effective_from` at or before the click's time (the later change on a
    tie); a click whose ad is paused then, not yet created, or unknown is not billable.
+4. Invalid traffic, judged on every standing click: `known_bot` (the crawler package's own `is_crawler`),
+   `excluded_ip` (Python's `ipaddress` against the exclusion history at the click's time), `click_flood` (a window
+   of at most 60 000 ms holding 21 or more of the user's clicks: SQL range frames), `duplicate_click` (the previous
+   click of the user on the ad by time, then id, at most 30 000 ms before: SQL `lag`), the first in that order.
+5. Budgets: per campaign and UTC day, the remaining clicks in (event_time, click_id) order, each charged when the
+   day's charged total plus its price is at most the budget in force at its time (a loop in Python).
+
+`outcomes` gives every billable click's outcome: `charged`, or the reason it is not.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import crawleruseragents
 import duckdb
 import pyarrow as pa
 
@@ -42,9 +52,16 @@ RAW_EVENT_SCHEMA = pa.schema(
         ("received_ms", pa.int64()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
+        ("user_agent", pa.string()),
+        ("ip", pa.string()),
     ]
 )
-"""One decoded record as received: `type` is `impression` or `click`."""
+"""One decoded record as received: `type` is `impression` or `click`; `user_agent` and `ip` may be null."""
+
+FLOOD_CLICKS = 20
+FLOOD_WINDOW_MS = 60_000
+DUPLICATE_WINDOW_MS = 30_000
+DAY_MS = 86_400_000
 
 BILLABLE_COLUMNS = (
     "click_id",
@@ -92,10 +109,10 @@ verdicts AS (
            END
     FROM valid
 ),
-standing AS (SELECT type, id, ad_id, user_id, event_time FROM valid WHERE copy_no = 1)
+standing AS (SELECT type, id, ad_id, user_id, event_time, user_agent, ip FROM valid WHERE copy_no = 1)
 """
 
-_BILLABLE = (
+_MATCHED = (
     _VALID_AND_RANKED
     + f""",
 matches AS (
@@ -115,16 +132,109 @@ matches AS (
 priced AS (
     SELECT m.*, p.campaign_id, p.advertiser_id, p.cpc_micros, p.currency,
            row_number() OVER (PARTITION BY m.click_id ORDER BY p.effective_from DESC, p.version DESC) AS in_force
-    FROM matches m JOIN catalog p ON p.ad_id = m.ad_id AND p.effective_from <= m.click_time
+    FROM matches m LEFT JOIN catalog p ON p.ad_id = m.ad_id AND p.effective_from <= m.click_time
     WHERE m.preference = 1
+),
+clicks AS (SELECT id, ad_id, user_id, event_time, user_agent, ip FROM standing WHERE type = 'click'),
+flood_starts AS (
+    SELECT *, count(*) OVER (PARTITION BY user_id ORDER BY event_time
+                             RANGE BETWEEN CURRENT ROW AND {{flood_window}} FOLLOWING)
+              > {{flood_clicks}} AS starts_flood
+    FROM clicks
+),
+judged AS (
+    SELECT *,
+           bool_or(starts_flood) OVER (PARTITION BY user_id ORDER BY event_time
+                                       RANGE BETWEEN {{flood_window}} PRECEDING AND CURRENT ROW) AS flood,
+           coalesce(event_time - lag(event_time) OVER (PARTITION BY user_id, ad_id ORDER BY event_time, id)
+                    <= {{duplicate_window}}, false) AS duplicate
+    FROM flood_starts
 )
-SELECT click_id, impression_id, ad_id, campaign_id, advertiser_id, user_id,
-       click_time, impression_time, cpc_micros AS amount_micros, currency
-FROM priced
-WHERE in_force = 1 AND cpc_micros IS NOT NULL
-ORDER BY click_id
+SELECT p.click_id, p.impression_id, p.ad_id,
+       CASE WHEN p.in_force = 1 THEN p.campaign_id END AS campaign_id,
+       CASE WHEN p.in_force = 1 THEN p.advertiser_id END AS advertiser_id,
+       p.user_id, p.click_time, p.impression_time,
+       CASE WHEN p.in_force = 1 THEN p.cpc_micros END AS amount_micros,
+       CASE WHEN p.in_force = 1 THEN p.currency END AS currency,
+       CASE WHEN p.campaign_id IS NULL THEN 'unknown_ad'
+            WHEN p.cpc_micros IS NULL THEN 'ad_paused' END AS unpriced,
+       j.user_agent, j.ip, j.flood, j.duplicate
+FROM priced p JOIN judged j ON j.id = p.click_id
+WHERE p.in_force = 1 OR p.campaign_id IS NULL
+ORDER BY p.click_id
 """
 )
+
+
+def _excluded(ip: str | None, at_ms: int, ranges: list[tuple[Any, list[tuple[int, int, bool]]]]) -> bool:
+    """Whether `ip` lies in a range excluded at `at_ms` (entries (effective_from, version, excluded))."""
+    if ip is None:
+        return False
+    try:
+        address = ipaddress.ip_address(ip.strip())
+    except ValueError:
+        return False
+    for network, entries in ranges:
+        if address.version != network.version or address not in network:
+            continue
+        in_force = [e for e in entries if e[0] <= at_ms]
+        if in_force and max(in_force)[2]:
+            return True
+    return False
+
+
+def outcomes(
+    events: Iterable[Mapping[str, Any]],
+    catalog: Catalog,
+    *,
+    flood_clicks: int = FLOOD_CLICKS,
+    flood_window_ms: int = FLOOD_WINDOW_MS,
+    duplicate_window_ms: int = DUPLICATE_WINDOW_MS,
+) -> list[dict[str, Any]]:
+    """Every billable click (by the attribution rule) with `outcome`: `charged`, or why it is not (`unknown_ad`,
+    `ad_paused`, `known_bot`, `excluded_ip`, `click_flood`, `duplicate_click`, `over_budget`), by click_id."""
+    sql = _MATCHED.format(flood_window=flood_window_ms, flood_clicks=flood_clicks, duplicate_window=duplicate_window_ms)
+    rows = _query(events, catalog, sql)
+    ranges: dict[str, list[tuple[int, int, bool]]] = {}
+    for change in catalog.exclusions.changes:
+        ranges.setdefault(change.cidr, []).append((change.effective_from, change.version, change.excluded))
+    networks = [(ipaddress.ip_network(cidr), entries) for cidr, entries in ranges.items()]
+    for row in rows:
+        if row["unpriced"]:
+            row["outcome"] = row["unpriced"]
+        elif row["user_agent"] is not None and crawleruseragents.is_crawler(row["user_agent"]):
+            row["outcome"] = "known_bot"
+        elif _excluded(row["ip"], row["click_time"], networks):
+            row["outcome"] = "excluded_ip"
+        elif row["flood"]:
+            row["outcome"] = "click_flood"
+        elif row["duplicate"]:
+            row["outcome"] = "duplicate_click"
+        else:
+            row["outcome"] = None
+    spent: dict[tuple[str, int], int] = {}
+    for row in sorted((r for r in rows if r["outcome"] is None), key=lambda r: (r["click_time"], r["click_id"])):
+        day = (row["campaign_id"], row["click_time"] // DAY_MS)
+        budgets = [b for b in catalog.budgets.get(row["campaign_id"], ()) if b.effective_from <= row["click_time"]]
+        budget = max(budgets, key=lambda b: (b.effective_from, b.version)).daily_budget_micros if budgets else None
+        if budget is not None and spent.get(day, 0) + row["amount_micros"] > budget:
+            row["outcome"] = "over_budget"
+        else:
+            spent[day] = spent.get(day, 0) + row["amount_micros"]
+            row["outcome"] = "charged"
+    for row in rows:
+        for name in ("unpriced", "user_agent", "ip", "flood", "duplicate"):
+            del row[name]
+    return rows
+
+
+def billable(events: Iterable[Mapping[str, Any]], catalog: Catalog, **rules: int) -> list[dict[str, Any]]:
+    """What the contract charges for these raw events: one dict per charged click (`BILLABLE_COLUMNS`), by click_id."""
+    return [
+        {name: row[name] for name in BILLABLE_COLUMNS}
+        for row in outcomes(events, catalog, **rules)
+        if row["outcome"] == "charged"
+    ]
 
 
 def _catalog_table(catalog: Catalog) -> pa.Table:
@@ -145,7 +255,8 @@ def _catalog_table(catalog: Catalog) -> pa.Table:
 
 def _connect(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> duckdb.DuckDBPyConnection:
     connection = duckdb.connect()
-    connection.register("events", pa.Table.from_pylist(list(events), schema=RAW_EVENT_SCHEMA))
+    rows = [{"user_agent": None, "ip": None, **event} for event in events]
+    connection.register("events", pa.Table.from_pylist(rows, schema=RAW_EVENT_SCHEMA))
     connection.register("catalog", _catalog_table(catalog))
     return connection
 
@@ -158,11 +269,6 @@ def _query(events: Iterable[Mapping[str, Any]], catalog: Catalog, sql: str) -> l
         return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
     finally:
         connection.close()
-
-
-def billable(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> list[dict[str, Any]]:
-    """What the contract bills for these raw events: one dict per billable click (`BILLABLE_COLUMNS`), by click_id."""
-    return _query(events, catalog, _BILLABLE)
 
 
 def verdicts(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> dict[str, int]:
@@ -206,6 +312,8 @@ def received_rows(arrivals: Iterable[Any], partitions: int = 4) -> list[dict[str
                 "received_ms": arrival.arrival_ms,
                 "partition": partition,
                 "offset": offset,
+                "user_agent": getattr(event, "user_agent", None),
+                "ip": getattr(event, "ip", None),
             }
         )
     return rows

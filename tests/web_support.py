@@ -11,6 +11,7 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from billing.catalog import Catalog, generate_catalog
+from billing.layout import DataLayout
 from billing.store.catalog_file import save_catalog
 from ops.settings import Settings
 from web.access import Role
@@ -92,3 +93,47 @@ def web_screens_dir() -> Path:
     folder = PROJECT_ROOT / "var" / "test-output" / "screens"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def plant_exported_click(root: Path, period: str, advertiser_id: str, duplicate: bool = False) -> str:
+    """The archive and ledger of a click the sample export of `period` bills to `advertiser_id` (its first billed
+    row), written as the streaming job writes them, so that the click's story has its copies, impression, live bill
+    and export row; `duplicate` adds a second, identical copy received later. Returns the click id."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
+    from billing.periods import Periods
+    from billing.store.parquet_ledger import LEDGER_COLUMNS
+
+    layout = DataLayout(root)
+    export = pq.read_table(layout.export(period) / "billing.parquet")
+    billed = pc.equal(export["status"], "billed")
+    mine = export.filter(pc.and_(pc.equal(export["advertiser_id"], advertiser_id), billed))
+    row = mine.slice(0, 1).to_pylist()[0]
+    start = Periods().parse_key(period)
+    at = start + 754_321
+    batch = 500 + sum(map(ord, advertiser_id))
+
+    def event(event_type: str, event_id: str, time_ms: int, received_ms: int, offset: int) -> dict[str, object]:
+        return {
+            "event_type": event_type, "event_id": event_id, "ad_id": row["ad_id"], "user_id": row["user_id"],
+            "event_time": time_ms, "received_ms": received_ms, "topic": f"{event_type}s", "partition": 1,
+            "offset": offset, "value": b"\0\0\0\0\1", "user_agent": "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0",
+            "ip": "192.0.2.44", "late": False, "period_start_ms": start, "period": period, "batch_id": batch,
+        }  # fmt: skip
+
+    events = [
+        event("impression", row["impression_id"], at - 2_500, at - 2_300, 41),
+        event("click", row["click_id"], at, at + 180, 57),
+    ]
+    if duplicate:
+        events.append(event("click", row["click_id"], at, at + 4_180, 58))
+    table = pa.Table.from_pylist(events).select(list(ARCHIVE_COLUMNS))
+    write_batch_files(table, layout.archive, ["event_type", "period", "batch_id"])
+    bill = {**row, "click_time": at, "impression_time": at - 2_500, "click_received_ms": at + 180,
+            "billed_at_ms": at + 2_000, "period_start_ms": start, "period": period, "batch_id": batch}  # fmt: skip
+    ledger = pa.Table.from_pylist([{name: bill[name] for name in LEDGER_COLUMNS}])
+    write_batch_files(ledger, layout.ledger, ["period", "batch_id"])
+    return str(row["click_id"])

@@ -1,11 +1,13 @@
-"""The ad catalog as the web UI shows and changes it: each ad's status and price now, and an admin's change made.
+"""The ad catalog as the web UI shows and changes it: each ad's status and price now, the campaigns' daily budgets,
+the IP exclusion list, and an admin's change made.
 
-What a page and its API twin share (`web.catalog_pages`, `web.catalog_api`): the access check (`catalog_or_404`),
-an ad's status at a time (`AdStatus`), and `make_change`, which reads a request as the command line does
-(`billing.catalog_changes.catalog_change`, so the web refuses what `adbill catalog` refuses, with the same one-line
-message) and makes it in the catalog file under its lock (`billing.store.catalog_file.CatalogStore`). The web UI
-reads the file back like every other part of the product; a change is seen by the streaming job and reconciliation
-within seconds.
+What a page and its API twin share (`web.catalog_pages`, `web.catalog_api`): the access checks (`catalog_or_404`,
+`exclusions_or_404`), an ad's status at a time (`AdStatus`), a campaign's budget now (`BudgetStatus`), and
+`make_change`, `make_budget_change` and `make_exclusion_change`, which read a request as the command line does
+(`billing.catalog_changes`, so the web refuses what `adbill catalog` and `adbill ivt` refuse, with the same one-line
+message) and make it in the catalog file under its lock (`billing.store.catalog_file.CatalogStore`), the entry
+keeping who made it and through which door (`maker`). The web UI reads the file back like every other part of the
+product; a change is seen by the streaming job and reconciliation within seconds.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
-from flask import Flask, abort, current_app
+from flask import Flask, abort, current_app, g, request
 
-from billing.catalog import Ad, AdChange, Catalog, CatalogError, PriceChange
-from billing.catalog_changes import ACTIONS, catalog_change
+from billing.budgets import BudgetChange
+from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
+from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
+from billing.change_log import ChangeEntry, by_version
+from billing.invalid import ExclusionChange
 from billing.store.catalog_file import CatalogStore
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
@@ -69,6 +74,7 @@ class AdStatus:
 def register(app: Flask, catalog_file: Path) -> None:
     """Keep the catalog's store for the app's views (`create_app` calls this once)."""
     app.extensions[EXTENSION] = CatalogStore(catalog_file)
+    app.jinja_env.globals["price_changes"] = changes_by_version
 
 
 def store() -> CatalogStore:
@@ -161,7 +167,7 @@ def make_change(
     if action not in ACTIONS:
         raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
 
-    def request(current: Catalog | None, now_ms: int) -> AdChange:
+    def asked(current: Catalog | None, now_ms: int) -> AdChange:
         return catalog_change(
             action,
             ad_id,
@@ -173,7 +179,116 @@ def make_change(
             currency=currency,
         )
 
-    changed = store().change(request, clock=services().clock)
+    changed = store().change(asked, clock=services().clock, made_by=made_by())
     ad = changed[ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)
+
+
+def exclusions_or_404() -> Principal:
+    """The IP exclusion list: the operator's, an admin's only (to see and to change); anyone else gets 404."""
+    principal = logged_in()
+    if not may_change_catalog(principal):
+        abort(404)
+    return principal
+
+
+def maker() -> MadeBy:
+    """Who makes this request's change and through which door: the account, and `page`, `api` (a browser's session
+    on the API) or `api token TOKEN_ID`."""
+    principal = logged_in()
+    token_id = g.get("token_id")
+    if token_id:
+        door = f"api token {token_id}"
+    elif request.path.startswith("/api/"):
+        door = "api"
+    else:
+        door = "page"
+    return MadeBy(principal.username, door)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """A campaign's daily budget as a person sees it at `at_ms`: the entry in force (None: unlimited, never set or
+    not yet), the next change planned, the history."""
+
+    campaign_id: str
+    advertiser_id: str
+    currency: str
+    entry: BudgetChange | None
+    next_change: BudgetChange | None
+    history: tuple[BudgetChange, ...]
+
+    @property
+    def daily_budget_micros(self) -> int | None:
+        return self.entry.daily_budget_micros if self.entry else None
+
+    @classmethod
+    def of(cls, catalog: Catalog, campaign_id: str, at_ms: int) -> BudgetStatus:
+        advertiser_id = catalog.advertiser_of_campaign(campaign_id) or ""
+        history = catalog.budget_history(campaign_id)
+        later = next((b for b in history if b.effective_from > at_ms), None)
+        return cls(
+            campaign_id,
+            advertiser_id,
+            catalog.currency_of(advertiser_id) or "",
+            catalog.budget_entry_at(campaign_id, at_ms),
+            later,
+            history,
+        )
+
+
+def make_budget_change(campaign_id: str, at_ms: int | None, *, daily_micros: object, unlimited: bool) -> BudgetMade:
+    """Read a budget request (`budget_change`) against the catalog as the file holds it and make it, under the
+    catalog's lock, "now" read under it too, as `make_change` does; CatalogError with `adbill catalog set-budget`'s
+    message when it is refused."""
+    made_by = maker()
+
+    def request_(current: Catalog | None, now_ms: int) -> BudgetSetting:
+        return budget_change(
+            campaign_id,
+            now_ms if at_ms is None else at_ms,
+            current,
+            daily_micros=daily_micros,
+            unlimited=unlimited,
+            made_by=made_by,
+        )
+
+    changed = store().change(request_, clock=services().clock)
+    entry = next(b for b in changed.budget_history(campaign_id) if b.version == changed.version)
+    return BudgetMade(changed, campaign_id, entry)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetMade:
+    """A budget change made: the catalog after it, the campaign, and the entry it added."""
+
+    catalog: Catalog
+    campaign_id: str
+    entry: BudgetChange
+
+
+def make_exclusion_change(action: str, cidr: str, at_ms: int | None) -> tuple[Catalog, ExclusionChange]:
+    """Exclude (`exclude`) or include again (`include`) an IP range from `at_ms` (None: now, read under the lock),
+    as `adbill ivt` does; the catalog after it and the entry it added; CatalogError with the command's message."""
+    made_by = maker()
+
+    def request_(current: Catalog | None, now_ms: int) -> ExclusionSetting:
+        return exclusion_change(action, cidr, now_ms if at_ms is None else at_ms, made_by)
+
+    changed = store().change(request_, clock=services().clock)
+    return changed, next(c for c in changed.exclusions.changes if c.version == changed.version)
+
+
+def made_by() -> MadeBy:
+    """Who makes this request's change and through which door, for the catalog's change log (`maker`)."""
+    return maker()
+
+
+def changes_by_version() -> dict[int, ChangeEntry]:
+    """The catalog's change log by the version each change made (who made a history entry, when, through which
+    door), read once per request."""
+    if "catalog_changes" not in g:
+        g.catalog_changes = by_version(store().changes())
+    found: dict[int, ChangeEntry] = g.catalog_changes
+    return found

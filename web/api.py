@@ -18,23 +18,30 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
+from billing.budget_days import CampaignDay
+from billing.budgets import BudgetChange
 from billing.corrections import Correction
 from billing.store.export_files import Manifest
 from web import lookups
 from web.access import visible_advertisers
+from web.ad_catalog import BudgetStatus
 from web.freshness import worst
 from web.guards import finance_or_404, logged_in
 from web.model import (
+    NOT_CHARGED_REASONS,
     AdLine,
     Billed,
     EventCounts,
     Figures,
+    NotCharged,
     Period,
     PeriodBill,
     UnbilledCounts,
+    not_charged_by_currency,
     totals_by_currency,
 )
 from web.pages import send_export
+from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
 from web.services import current_principal, services
@@ -115,11 +122,21 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         "late": _late(d.late),
         "clock_ahead": _clock_ahead(d.clock_ahead),
         "unbilled": _unbilled(d.unbilled),
-        "campaigns": [{"campaign_id": c.campaign_id, **_billed(c.billed)} for c in d.campaigns],
+        **not_charged_document(d.not_charged, d.billed),
+        "campaigns": [
+            {"campaign_id": c.campaign_id, **_billed(c.billed), **not_charged_document(c.not_charged, c.billed)}
+            for c in d.campaigns
+        ],
         "ads": [_ad_line(a) for a in d.ads],
         "series": [_period_bill(b) for b in d.series],
         "quarantined": d.quarantined,
         "freshness": lookups.freshness().as_json(),
+        "budget_days": [
+            campaign_day_document(day)
+            for day in lookups.budget_days(
+                advertiser_id, services().reader.catalog.get().campaigns_of(advertiser_id), span
+            )
+        ],
         **ranged,
     }
     return json.dumps(document, separators=(",", ":")).encode()
@@ -130,6 +147,10 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
     c = lookups.campaign(advertiser_id, campaign_id)
     span = lookups.date_range(DEFAULT_PRESET)
     ranged = _range_document(lookups.range_figures("cmp", campaign_id, advertiser_id, span)) if span else {}
+    svc = services()
+    catalog = svc.reader.catalog.get()
+    owned = catalog.advertiser_of_campaign(campaign_id) == advertiser_id
+    budget = BudgetStatus.of(catalog, campaign_id, svc.clock()) if owned else None
     return jsonify(
         {
             "advertiser_id": c.advertiser_id,
@@ -138,6 +159,11 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
             "period": _period(c.period) if c.period else None,
             "series": [_period_bill(b) for b in c.series],
             "ads": [_ad_line(a) for a in c.ads],
+            "budget": budget_document(budget) if budget else None,
+            "budget_days": [
+                campaign_day_document(d)
+                for d in lookups.budget_days(advertiser_id, [campaign_id], span, budgeted_only=False)
+            ],
             **ranged,
         }
     )
@@ -159,6 +185,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             ),
             "series": [_period_bill(b) for b in a.series],
             **ranged,
+            "by_price": by_price_document(clicks_by_price(a.ad_id, span)),
         }
     )
 
@@ -192,13 +219,19 @@ def finance() -> Response:
             "period": _period(f.period) if f.period else None,
             "periods": [_period(p) for p in f.periods],
             "advertisers": [
-                {"advertiser_id": a.advertiser_id, "currency": a.currency, **_billed(a.billed)} for a in f.advertisers
+                {
+                    "advertiser_id": a.advertiser_id,
+                    "currency": a.currency,
+                    **_billed(a.billed),
+                    **not_charged_document(a.not_charged, a.billed),
+                }
+                for a in f.advertisers
             ],
-            "totals": [{"currency": c, **_billed(b)} for c, b in totals_by_currency(f.advertisers).items()],
+            "totals": _currency_totals(totals_by_currency(f.advertisers), not_charged_by_currency(f.advertisers)),
             "recent_periods": [
                 {
                     **_period(fp.period),
-                    "totals": [{"currency": c, **_billed(b)} for c, b in fp.by_currency.items()],
+                    "totals": _currency_totals(fp.by_currency, fp.not_charged_by_currency),
                     "held": fp.held,
                 }
                 for fp in services().reader.finance_periods()
@@ -301,17 +334,87 @@ def _openapi_text() -> str:
 
 
 def _range_document(r: dict[str, Any]) -> dict[str, Any]:
-    """A date range's figures: the range, its total, and its months and days (oldest first)."""
+    """A date range's figures: the range, its total (and what it did not charge), and its months and days (oldest
+    first)."""
     return {
         "range": r["range"].as_json(),
-        "range_total": _billed(r["total"]),
+        "range_total": {**_billed(r["total"]), **not_charged_document(r["not_charged"], r["total"])},
         "months": [_span(s) for s in r["months"]],
         "days": [_span(s) for s in r["days"]],
     }
 
 
 def _span(s: SpanTotal) -> dict[str, Any]:
-    return {"key": s.key, "closed": s.closed, "periods": s.periods, "open_periods": s.open_periods, **_billed(s.billed)}
+    return {
+        "key": s.key,
+        "closed": s.closed,
+        "periods": s.periods,
+        "open_periods": s.open_periods,
+        **_billed(s.billed),
+        **not_charged_document(s.not_charged, s.billed),
+    }
+
+
+def _currency_totals(billed: dict[str, Billed], not_charged: dict[str, NotCharged]) -> list[dict[str, Any]]:
+    """Figures per currency, each with the clicks not charged."""
+    return [
+        {"currency": c, **_billed(b), **not_charged_document(not_charged.get(c, NotCharged()), b)}
+        for c, b in billed.items()
+    ]
+
+
+def not_charged_document(nc: NotCharged, billed: Billed) -> dict[str, Any]:
+    """The clicks not charged beside a bill: invalid clicks (the four rules together) and the invalid click rate
+    (invalid / (charged + invalid), one decimal, as the pages show it), then each reason's clicks and micros."""
+    return {
+        "not_charged": {
+            "invalid": _figures(nc.invalid),
+            "invalid_click_rate": nc.invalid_rate(billed.corrected.clicks),
+            **{reason: _figures(nc.of(reason)) for reason in NOT_CHARGED_REASONS},
+        }
+    }
+
+
+def budget_entry_document(entry: BudgetChange) -> dict[str, Any]:
+    """One entry of a campaign's budget history, with who made it, through which door and when."""
+    return {
+        "effective_from": entry.effective_from,
+        "daily_budget_micros": micros_text(entry.daily_budget_micros),
+        "version": entry.version,
+        "made_by": entry.made_by,
+        "door": entry.door,
+        "made_at": entry.made_at,
+    }
+
+
+def budget_document(b: BudgetStatus) -> dict[str, Any]:
+    """A campaign's budget now (null micros: unlimited), the next change planned and the history, oldest first."""
+    return {
+        "campaign_id": b.campaign_id,
+        "advertiser_id": b.advertiser_id,
+        "currency": b.currency,
+        "daily_budget_micros": micros_text(b.daily_budget_micros),
+        "in_force_since": b.entry.effective_from if b.entry else None,
+        "next_change": budget_entry_document(b.next_change) if b.next_change else None,
+        "history": [budget_entry_document(e) for e in b.history],
+    }
+
+
+def campaign_day_document(d: CampaignDay) -> dict[str, Any]:
+    """A campaign's UTC day: the budget in force at its end (today: now), each budget in force during it, what was
+    charged, what was not charged for the budget, the room left and whether it is capped."""
+    return {
+        "campaign_id": d.campaign_id,
+        "day": d.day,
+        "budget_micros": micros_text(d.budget_micros),
+        "budgets": [
+            {"from_ms": b.start_ms, "daily_budget_micros": micros_text(b.daily_budget_micros)} for b in d.budgets
+        ],
+        "charged": {"clicks": d.figures.charged_clicks, "micros": micros_text(d.figures.charged_micros)},
+        "over_budget": {"clicks": d.figures.over_clicks, "micros": micros_text(d.figures.over_micros)},
+        "room_micros": micros_text(d.room_micros),
+        "capped": d.capped,
+    }
 
 
 def _figures(f: Figures) -> dict[str, Any]:
@@ -349,6 +452,7 @@ def _period_bill(b: PeriodBill) -> dict[str, Any]:
         **_late(b.late),
         **_clock_ahead(b.clock_ahead),
         **_unbilled(b.unbilled),
+        **not_charged_document(b.not_charged, b.billed),
     }
 
 
@@ -360,6 +464,7 @@ def _ad_line(a: AdLine) -> dict[str, Any]:
         **_late(a.late),
         **_clock_ahead(a.clock_ahead),
         **_unbilled(a.unbilled),
+        **not_charged_document(a.not_charged, a.billed),
     }
 
 

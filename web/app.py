@@ -22,6 +22,9 @@ from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, down
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
+from web.changes import api_bp as change_api
+from web.changes import bp as change_pages
+from web.click_pages import register as register_click_pages
 from web.metrics import instrument
 from web.ranges import PRESETS
 from web.readers import BillingReader, CatalogFile
@@ -134,6 +137,9 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
     app.register_blueprint(catalog_api.bp)
     ad_catalog.register(app, settings.catalog_file)
+    register_click_pages(app, settings)  # a click's story: its page and API document
+    app.register_blueprint(change_pages)  # the catalog's change log
+    app.register_blueprint(change_api)
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -183,6 +189,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     )
     app.jinja_env.filters.update(
         money=display.money,
+        budget=display.budget,
         currency_digits=display.currency_digits,
         signed_money=display.signed_money,
         count=display.count,

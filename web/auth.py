@@ -37,7 +37,7 @@ from web.security import (
     wants_secure_cookies,
 )
 from web.services import current_session, services
-from web.tokens import bearer_token
+from web.tokens import bearer_token, token_id_of
 
 bp = Blueprint("auth", __name__)
 
@@ -66,6 +66,7 @@ def load_principal() -> None:
             g.bad_token = True
         else:
             g.principal = account.principal
+            g.token_id = token_id_of(token or "")  # the door a change names (`web.ad_catalog.maker`)
         return
     session_id = request.cookies.get(_cookie_names()[0])
     if not session_id:

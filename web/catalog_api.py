@@ -8,10 +8,18 @@
 - `POST /api/v1/catalog/ads/AD/prices`: `{"cpc_micros": int | null, "effective_from": ms?}` sets the price, or
   pauses with null; `"action": "set-price" | "pause" | "resume"` says it explicitly (a resume without a price goes
   back to the last one); `campaign_id`, `advertiser_id`, `currency` when given must be the ad's own (admin).
+- `GET /api/v1/catalog/budgets`, `GET /api/v1/catalog/campaigns/CMP/budgets`: every campaign's daily budget with its
+  UTC day so far and the campaigns capped today, one campaign's budget history (finance and admin).
+- `POST /api/v1/catalog/campaigns/CMP/budgets`: `{"daily_budget_micros": int | null, "effective_from": ms?}` sets
+  the daily budget (null: unlimited) (admin).
+- `GET /api/v1/catalog/ip-exclusions`, `POST /api/v1/catalog/ip-exclusions` `{"cidr", "excluded": bool,
+  "effective_from": ms?}`: the IP exclusion list, and a range excluded or included again (admin only).
 
-Prices are micros written as JSON strings (`"cpc_micros": "250000"`, as every amount of the API, `web.api`); a
-request may send one as a string or a number. A refused change answers 400 `{"error": MESSAGE, "status": 400}` with
-the command line's one-line message; a change made answers 201 with the ad. Access as the pages
+Prices and budgets are micros written as JSON strings (`"cpc_micros": "250000"`, as every amount of the API,
+`web.api`); a request may send one as a string or a number. Each budget and exclusion entry says who made it,
+through which door (`page`, `api`, `api token TOKEN_ID`, `command`) and when. A refused change answers 400
+`{"error": MESSAGE, "status": 400}` with the command line's one-line message; a change made answers 201 with the ad,
+the campaign's budget or the list. Access as the pages
 (`web.ad_catalog.catalog_or_404`, `web.guards`); the login and token checks are the API blueprint's
 (`web.api.require_login`), and a request with a token needs no CSRF token.
 """
@@ -22,9 +30,24 @@ from typing import Any
 
 from flask import Blueprint, Response, abort, jsonify, request, url_for
 
+from billing.budgets import utc_day
 from billing.catalog import Ad, CatalogError, PriceChange
-from web.ad_catalog import AdStatus, Made, ads_of, catalog_or_404, check_ids, effective_from_json, make_change
-from web.api import micros_text, require_login
+from billing.invalid import ExclusionChange, IpExclusions
+from web.ad_catalog import (
+    AdStatus,
+    BudgetStatus,
+    Made,
+    ads_of,
+    catalog_or_404,
+    changes_by_version,
+    check_ids,
+    effective_from_json,
+    exclusions_or_404,
+    make_budget_change,
+    make_change,
+    make_exclusion_change,
+)
+from web.api import budget_document, budget_entry_document, campaign_day_document, micros_text, require_login
 from web.guards import advertiser_or_404
 from web.readers import is_id
 from web.services import services
@@ -143,7 +166,16 @@ def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
 
 
 def _entry(p: PriceChange) -> dict[str, Any]:
-    return {"effective_from": p.effective_from, "cpc_micros": micros_text(p.cpc_micros), "version": p.version}
+    change = changes_by_version().get(p.version)
+    recorded = change is not None and change.recorded
+    return {
+        "effective_from": p.effective_from,
+        "cpc_micros": micros_text(p.cpc_micros),
+        "version": p.version,
+        "made_by": change.who if recorded and change else None,
+        "door": change.door if recorded and change else None,
+        "made_at": change.made_at if recorded and change else None,
+    }
 
 
 def _body(allowed: frozenset[str]) -> dict[str, Any]:
@@ -176,3 +208,137 @@ def _made(made: Made, now: int) -> Response:
     response.status_code = 201
     response.headers["Location"] = url_for(".catalog_ad", ad_id=made.ad.ad_id)
     return response
+
+
+# Daily budgets ------------------------------------------------------------------------------------------------------
+_BUDGET_FIELDS = frozenset({"daily_budget_micros", "effective_from"})
+
+
+@bp.get("/catalog/budgets")
+def budgets() -> Response:
+    """Every campaign's budget now and history, with its UTC day so far; `capped_today` names the capped ones."""
+    catalog_or_404()
+    svc = services()
+    now = svc.clock()
+    catalog = svc.reader.catalog.get()
+    today = {d.campaign_id: d for d in svc.reader.budgets_today(now)}
+    return jsonify(
+        {
+            "catalog_version": catalog.version,
+            "day": utc_day(now),
+            "capped_today": sorted(c for c, d in today.items() if d.capped),
+            "campaigns": [
+                {
+                    **budget_document(BudgetStatus.of(catalog, c, now)),
+                    "today": campaign_day_document(today[c]) if c in today else None,
+                }
+                for c in catalog.campaign_ids
+            ],
+        }
+    )
+
+
+@bp.get("/catalog/campaigns/<campaign_id>/budgets")
+def campaign_budgets(campaign_id: str) -> Response:
+    """One campaign's budget now, the next change and the history, oldest first (the collection a change is posted
+    to)."""
+    catalog_or_404()
+    svc = services()
+    catalog = svc.reader.catalog.get()
+    if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
+        abort(404)
+    return jsonify(budget_document(BudgetStatus.of(catalog, campaign_id, svc.clock())))
+
+
+@bp.post("/catalog/campaigns/<campaign_id>/budgets")
+def set_budget(campaign_id: str) -> Response:
+    """`{"daily_budget_micros": "50000000" | 50000000 | null, "effective_from": ms?}`: null is unlimited."""
+    catalog_or_404(change=True)
+    if not is_id(campaign_id):
+        abort(404)
+    try:
+        body = _body(_BUDGET_FIELDS)
+        given = body.get("daily_budget_micros")
+        made = make_budget_change(
+            campaign_id,
+            effective_from_json(body.get("effective_from")),
+            daily_micros=given,
+            unlimited="daily_budget_micros" in body and given is None,
+        )
+    except CatalogError as refused:
+        return _refused(refused)
+    document = {
+        **budget_document(BudgetStatus.of(made.catalog, campaign_id, services().clock())),
+        "catalog_version": made.catalog.version,
+        "made": budget_entry_document(made.entry),
+    }
+    response = jsonify(document)
+    response.status_code = 201
+    response.headers["Location"] = url_for(".campaign_budgets", campaign_id=campaign_id)
+    return response
+
+
+# The IP exclusion list ----------------------------------------------------------------------------------------------
+_EXCLUSION_FIELDS = frozenset({"cidr", "excluded", "effective_from"})
+
+
+@bp.get("/catalog/ip-exclusions")
+def ip_exclusions() -> Response:
+    """The ranges excluded now (with the entry that put each in force), and the whole history, oldest first."""
+    exclusions_or_404()
+    svc = services()
+    now = svc.clock()
+    catalog = svc.reader.catalog.get()
+    return jsonify(_exclusions_document(catalog.exclusions, catalog.version, now))
+
+
+@bp.post("/catalog/ip-exclusions")
+def change_ip_exclusions() -> Response:
+    """`{"cidr": "203.0.113.0/24", "excluded": true | false, "effective_from": ms?}`: exclude the range, or include
+    it again, from then on."""
+    exclusions_or_404()
+    try:
+        body = _body(_EXCLUSION_FIELDS)
+        excluded = body.get("excluded")
+        if not isinstance(excluded, bool):
+            raise CatalogError("give excluded: true to exclude the range, or false to include it again")
+        cidr = body.get("cidr")
+        if not isinstance(cidr, str):
+            raise CatalogError(f"cidr is an IP range such as 203.0.113.0/24 or 2001:db8::/32, got {cidr!r}")
+        changed, entry = make_exclusion_change(
+            "exclude" if excluded else "include", cidr, effective_from_json(body.get("effective_from"))
+        )
+    except CatalogError as refused:
+        return _refused(refused)
+    document = {
+        **_exclusions_document(changed.exclusions, changed.version, services().clock()),
+        "made": _exclusion(entry),
+    }
+    response = jsonify(document)
+    response.status_code = 201
+    response.headers["Location"] = url_for(".ip_exclusions")
+    return response
+
+
+def _exclusions_document(exclusions: IpExclusions, version: int, now: int) -> dict[str, Any]:
+    in_force = []
+    for cidr in exclusions.ranges_at(now):
+        entry = [e for e in exclusions.history(cidr) if e.effective_from <= now][-1]
+        in_force.append({"cidr": cidr, "since": entry.effective_from, "entry": _exclusion(entry)})
+    return {
+        "catalog_version": version,
+        "in_force": in_force,
+        "history": [_exclusion(e) for e in sorted(exclusions.changes, key=lambda e: e.version)],
+    }
+
+
+def _exclusion(e: ExclusionChange) -> dict[str, Any]:
+    return {
+        "cidr": e.cidr,
+        "effective_from": e.effective_from,
+        "excluded": e.excluded,
+        "version": e.version,
+        "made_by": e.made_by,
+        "door": e.door,
+        "made_at": e.made_at,
+    }

@@ -1,5 +1,8 @@
 """The catalog's pages: an advertiser's ads with their status and prices; every ad for finance and admin; an admin's
-forms to create an ad and to set, pause and resume its price (CSRF-protected POSTs, `web.auth.check_csrf`).
+forms to create an ad and to set, pause and resume its price (CSRF-protected POSTs, `web.auth.check_csrf`); the
+campaigns' daily budgets (every campaign's budget and its day so far, the campaigns capped today first; a campaign's
+budget history and an admin's form to set it); the IP exclusion list (an admin's: the ranges in force, the changes
+planned, the history, and the form to exclude or include a range).
 
 A refused change answers 400 with the form again and the command line's one-line message (`web.ad_catalog`); a
 change made redirects (303) to the ad's page, which names the entry it added. Whatever a person may not see answers
@@ -11,8 +14,20 @@ from __future__ import annotations
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
+from billing.budgets import utc_day
 from billing.catalog import CatalogError
-from web.ad_catalog import AdStatus, ads_of, catalog_or_404, check_ids, effective_from_text, make_change
+from web.ad_catalog import (
+    AdStatus,
+    BudgetStatus,
+    ads_of,
+    catalog_or_404,
+    check_ids,
+    effective_from_text,
+    exclusions_or_404,
+    make_budget_change,
+    make_change,
+    make_exclusion_change,
+)
 from web.guards import advertiser_or_404
 from web.pages import require_login
 from web.readers import is_id
@@ -120,6 +135,129 @@ def _ad_page(ad_id: str, form: dict[str, str], error: str, status: int) -> str |
     body = render_template(
         "catalog_ad.html",
         a=AdStatus.of(found, now),
+        now_ms=now,
+        form=form,
+        error=error,
+        made=int(made) if made.isdigit() and len(made) < 16 else None,
+    )
+    return body if status == 200 else (body, status)
+
+
+# Daily budgets ------------------------------------------------------------------------------------------------------
+@bp.get("/catalog/budgets")
+def budgets() -> str | tuple[str, int]:
+    """Every campaign's daily budget now and its UTC day so far, the campaigns capped today first."""
+    catalog_or_404()
+    return _budgets_page({}, "", 200)
+
+
+@bp.get("/catalog/campaigns/<campaign_id>")
+def campaign_budget(campaign_id: str) -> str | tuple[str, int]:
+    catalog_or_404()
+    return _campaign_page(campaign_id, {}, "", 200)
+
+
+@bp.post("/catalog/campaigns/<campaign_id>/budgets")
+def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
+    """Set the campaign's daily budget (micros, or unlimited) from now or a later time."""
+    catalog_or_404(change=True)
+    if not is_id(campaign_id):
+        abort(404)
+    form = {k: request.form.get(k, "").strip() for k in ("daily_micros", "unlimited", "effective_from")}
+    try:
+        made = make_budget_change(
+            campaign_id,
+            effective_from_text(form["effective_from"]),
+            daily_micros=form["daily_micros"] or None,
+            unlimited=bool(form["unlimited"]),
+        )
+    except CatalogError as refused:
+        return _campaign_page(campaign_id, form, str(refused), 400)
+    return redirect(url_for(".campaign_budget", campaign_id=made.campaign_id, made=made.entry.version), code=303)
+
+
+def _budgets_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+    svc = services()
+    now = svc.clock()
+    catalog = svc.reader.catalog.get()
+    today = {d.campaign_id: d for d in svc.reader.budgets_today(now)}
+    rows = [BudgetStatus.of(catalog, c, now) for c in catalog.campaign_ids]
+    rows.sort(
+        key=lambda b: (not (today.get(b.campaign_id) and today[b.campaign_id].capped), b.advertiser_id, b.campaign_id)
+    )
+    body = render_template(
+        "catalog_budgets.html",
+        rows=rows,
+        today=today,
+        capped=[d for d in today.values() if d.capped],
+        day=utc_day(now),
+        now_ms=now,
+        form=form,
+        error=error,
+    )
+    return body if status == 200 else (body, status)
+
+
+def _campaign_page(campaign_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+    """A campaign's budget history and, for an admin, the form to change it; a refused change of a campaign that
+    does not exist answers with the budgets page (400), and a page of one 404."""
+    svc = services()
+    catalog = svc.reader.catalog.get()
+    if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
+        if status == 200:
+            abort(404)
+        return _budgets_page({}, error, status)
+    now = svc.clock()
+    days = svc.reader.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
+    made = request.args.get("made", "")
+    body = render_template(
+        "catalog_campaign.html",
+        b=BudgetStatus.of(catalog, campaign_id, now),
+        ads=[
+            ad for ad in ads_of(catalog, catalog.advertiser_of_campaign(campaign_id)) if ad.campaign_id == campaign_id
+        ],
+        today=days[0] if days else None,
+        now_ms=now,
+        form=form,
+        error=error,
+        made=int(made) if made.isdigit() and len(made) < 16 else None,
+    )
+    return body if status == 200 else (body, status)
+
+
+# The IP exclusion list ----------------------------------------------------------------------------------------------
+@bp.get("/catalog/ip-exclusions")
+def ip_exclusions() -> str | tuple[str, int]:
+    """The ranges excluded now, the changes planned, the history; an admin's form to exclude or include a range."""
+    exclusions_or_404()
+    return _exclusions_page({}, "", 200)
+
+
+@bp.post("/catalog/ip-exclusions")
+def change_ip_exclusions() -> Response | str | tuple[str, int]:
+    exclusions_or_404()
+    form = {k: request.form.get(k, "").strip() for k in ("cidr", "action", "effective_from")}
+    try:
+        _, entry = make_exclusion_change(form["action"], form["cidr"], effective_from_text(form["effective_from"]))
+    except CatalogError as refused:
+        return _exclusions_page(form, str(refused), 400)
+    return redirect(url_for(".ip_exclusions", made=entry.version), code=303)
+
+
+def _exclusions_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+    svc = services()
+    now = svc.clock()
+    exclusions = svc.reader.catalog.get().exclusions
+    in_force = [
+        (cidr, [e for e in exclusions.history(cidr) if e.effective_from <= now][-1])
+        for cidr in exclusions.ranges_at(now)
+    ]
+    made = request.args.get("made", "")
+    body = render_template(
+        "catalog_exclusions.html",
+        in_force=in_force,
+        planned=sorted((e for e in exclusions.changes if e.effective_from > now), key=lambda e: e.effective_from),
+        history=sorted(exclusions.changes, key=lambda e: e.version, reverse=True),
         now_ms=now,
         form=form,
         error=error,

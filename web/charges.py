@@ -15,11 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from billing.invalid import INVALID_REASONS
 from billing.money import format_micros
 from billing.store.export_files import CSV_FILE, PARQUET_FILE
-from web.model import Period
+from web.model import NotCharged, Period
 from web.ranges import DateRange
-from web.readers import BillingReader, _figures
+from web.readers import BillingReader, _figures, _not_charged
 from web.statements import CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL, PeriodCharges, safe_cell
 
 
@@ -29,34 +30,40 @@ def periods_in(reader: BillingReader, span: DateRange) -> list[Period]:
 
 def statement_periods(reader: BillingReader, advertiser_id: str, span: DateRange) -> list[PeriodCharges]:
     """Each period of the span for the advertiser: a closed one from its export when the export is on file (its
-    clicks, and the adjustments booked in it), otherwise, and for open ones, the corrected Redis figures."""
+    clicks, and the adjustments booked in it), otherwise, and for open ones, the corrected Redis figures; each with
+    its clicks not charged (Redis: a closed period's are its export's)."""
     periods = periods_in(reader, span)
     pipe = reader.client.pipeline(transaction=False)
     for p in periods:
         reader._queue_billed(pipe, p.key, "adv", advertiser_id)
+        reader._queue_not_charged(pipe, p.key, "adv", advertiser_id)
     results = iter(pipe.execute())
     out = []
     for p in periods:
         provisional, corrections = _figures(next(results)), _figures(next(results))
+        not_charged = _not_charged(next(results))
         corrected = provisional + corrections
         export = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
         if export is not None:
-            out.append(_from_export(p, export, advertiser_id))
-        elif not corrected.is_zero:
+            out.append(_from_export(p, export, advertiser_id, not_charged))
+        elif not (corrected.is_zero and not_charged.is_zero):
             status = CLOSED_WITHOUT_EXPORT if p.closed else PROVISIONAL
-            out.append(PeriodCharges(p.key, p.start_ms, status, corrected.clicks, corrected.micros))
+            out.append(
+                PeriodCharges(p.key, p.start_ms, status, corrected.clicks, corrected.micros, not_charged=not_charged)
+            )
     return out
 
 
-def _from_export(period: Period, path: Any, advertiser_id: str) -> PeriodCharges:
+def _from_export(period: Period, path: Any, advertiser_id: str, not_charged: NotCharged) -> PeriodCharges:
     table = pq.read_table(
         path,
-        columns=["record_type", "advertiser_id", "status", "net_micros"],
+        columns=["record_type", "advertiser_id", "status", "net_micros", "reason"],
         filters=[("advertiser_id", "=", advertiser_id)],
     )
     clicks = table.filter(pc.equal(table["record_type"], "click"))
     adjustments = table.filter(pc.equal(table["record_type"], "adjustment"))
     billed = clicks.filter(pc.not_equal(clicks["status"], "retracted"))
+    credits = adjustments.filter(pc.is_in(adjustments["reason"], value_set=pa.array(sorted(INVALID_REASONS))))
     return PeriodCharges(
         period.key,
         period.start_ms,
@@ -65,6 +72,8 @@ def _from_export(period: Period, path: Any, advertiser_id: str) -> PeriodCharges
         int(pc.sum(clicks["net_micros"]).as_py() or 0),
         int(pc.sum(adjustments["net_micros"]).as_py() or 0),
         adjustments.num_rows,
+        not_charged,
+        int(pc.sum(credits["net_micros"]).as_py() or 0),
     )
 
 

@@ -42,6 +42,11 @@ def money(micros: int, currency: str = "") -> str:
     return format_currency(amount, currency, format=_PATTERN, locale=LOCALE, decimal_quantization=False)
 
 
+def budget(micros: int | None, currency: str = "") -> str:
+    """A daily budget: its amount as `money` writes it, or `unlimited` (None)."""
+    return "unlimited" if micros is None else money(micros, currency)
+
+
 def signed_money(micros: int, currency: str = "") -> str:
     """Like `money`, with a `+` on positive amounts: for corrections, where the sign is the point."""
     return ("+" if micros > 0 else "") + money(micros, currency)

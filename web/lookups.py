@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from flask import abort, request
 
+from billing.budget_days import CampaignDay
 from billing.corrections import Correction
 from billing.store.part_status import RECONCILE_PART, STREAM_PART
 from web.freshness import (
@@ -26,7 +27,17 @@ from web.freshness import (
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
 from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
-from web.ranges import DEFAULT_PRESET, DateRange, RangeError, group, parse_range, today_of, total
+from web.ranges import (
+    DEFAULT_PRESET,
+    DateRange,
+    RangeError,
+    day_of,
+    group,
+    parse_range,
+    today_of,
+    total,
+    total_not_charged,
+)
 from web.services import services
 
 T = TypeVar("T")
@@ -66,9 +77,29 @@ def date_range(default: str | None = None) -> DateRange | None:
 
 
 def range_figures(level: str, ident: str, advertiser_id: str, span: DateRange) -> dict[str, Any]:
-    """The range's figures per day and per month and in all, for a page or a document."""
+    """The range's figures per day and per month and in all (with the clicks not charged), for a page or a
+    document."""
     bills = services().reader.range_bills(level, ident, advertiser_id, span.start_ms, span.end_ms)
-    return {"range": span, "days": group(bills, 10), "months": group(bills, 7), "total": total(bills)}
+    return {
+        "range": span,
+        "days": group(bills, 10),
+        "months": group(bills, 7),
+        "total": total(bills),
+        "not_charged": total_not_charged(bills),
+    }
+
+
+def budget_days(
+    advertiser_id: str, campaign_ids: list[str], span: DateRange | None, budgeted_only: bool = True
+) -> list[CampaignDay]:
+    """The advertiser's campaigns' UTC days in the range (default: today), newest first: budget, charged, over
+    budget (`budgeted_only`: the days with a budget or clicks over one; else every day with figures too); the
+    campaigns are the catalog's of that advertiser, so another advertiser's never show."""
+    svc = services()
+    now = svc.clock()
+    owned = set(svc.reader.catalog.get().campaigns_of(advertiser_id))
+    days = [d.isoformat() for d in span.days()] if span else [day_of(now)]
+    return svc.reader.campaign_days([c for c in campaign_ids if c in owned], days, now, budgeted_only)
 
 
 def campaign(advertiser_id: str, campaign_id: str) -> CampaignDetail:

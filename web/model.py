@@ -86,6 +86,46 @@ class UnbilledCounts:
         return self.ad_paused == 0 and self.unknown_ad == 0
 
 
+NOT_CHARGED_REASONS: tuple[str, ...] = ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")
+"""Why a priced click is not charged: the invalid traffic rules in their order (`billing.invalid`), then the budget
+(`billing.budgets.OVER_BUDGET`); the fields of `NotCharged`, in that order."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotCharged:
+    """Priced clicks not charged (DOMAIN.md, "Invalid traffic" and "Budgets"), per reason, each with what it would
+    have cost: kept, counted and shown, never dropped. The stream's and the corrections booked in the period (a
+    retraction for a rule adds a click here, an addition takes one away); a closed period's are its export's."""
+
+    known_bot: Figures = Figures()
+    excluded_ip: Figures = Figures()
+    click_flood: Figures = Figures()
+    duplicate_click: Figures = Figures()
+    over_budget: Figures = Figures()
+
+    def __add__(self, other: NotCharged) -> NotCharged:
+        return NotCharged(*(self.of(r) + other.of(r) for r in NOT_CHARGED_REASONS))
+
+    def of(self, reason: str) -> Figures:
+        figures: Figures = getattr(self, reason)
+        return figures
+
+    @property
+    def invalid(self) -> Figures:
+        """Invalid clicks (not charged): the four rules together."""
+        return self.known_bot + self.excluded_ip + self.click_flood + self.duplicate_click
+
+    @property
+    def is_zero(self) -> bool:
+        return all(self.of(r).is_zero for r in NOT_CHARGED_REASONS)
+
+    def invalid_rate(self, charged_clicks: int) -> str:
+        """The invalid click rate for people: invalid / (charged + invalid) (`billing.invalid.format_rate`)."""
+        from billing.invalid import format_rate
+
+        return format_rate(self.invalid.clicks, charged_clicks)
+
+
 @dataclass(frozen=True, slots=True)
 class Period:
     """A billing period: its key (`20260101T0000Z`), start and whether reconciliation closed it."""
@@ -99,6 +139,7 @@ class Period:
 class CampaignLine:
     campaign_id: str
     billed: Billed
+    not_charged: NotCharged = NotCharged()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +150,7 @@ class AdLine:
     late: EventCounts
     clock_ahead: EventCounts = EventCounts()
     unbilled: UnbilledCounts = UnbilledCounts()
+    not_charged: NotCharged = NotCharged()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +162,7 @@ class PeriodBill:
     late: EventCounts = EventCounts()
     clock_ahead: EventCounts = EventCounts()
     unbilled: UnbilledCounts = UnbilledCounts()
+    not_charged: NotCharged = NotCharged()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +181,7 @@ class Dashboard:
     series: list[PeriodBill]
     quarantined: dict[str, int]
     unbilled: UnbilledCounts = UnbilledCounts()
+    not_charged: NotCharged = NotCharged()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +218,7 @@ class AdvertiserLine:
     advertiser_id: str
     currency: str
     billed: Billed
+    not_charged: NotCharged = NotCharged()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +239,7 @@ class FinancePeriod:
     period: Period
     by_currency: dict[str, Billed]
     held: str | None = None
+    not_charged_by_currency: dict[str, NotCharged] = field(default_factory=dict)
 
 
 def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
@@ -207,6 +253,16 @@ def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
         out[line.currency] = Billed(
             was.provisional + line.billed.provisional, was.corrections + line.billed.corrections
         )
+    return dict(sorted(out.items()))
+
+
+def not_charged_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, NotCharged]:
+    """Advertisers' clicks not charged (and what they would have cost) added up per currency, as
+    `totals_by_currency` adds their bills."""
+    out: dict[str, NotCharged] = {}
+    for line in lines:
+        if line.currency:
+            out[line.currency] = out.get(line.currency, NotCharged()) + line.not_charged
     return dict(sorted(out.items()))
 
 

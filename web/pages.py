@@ -12,10 +12,11 @@ from markupsafe import Markup
 from werkzeug.wrappers import Response
 
 from web import lookups
+from web.ad_catalog import BudgetStatus
 from web.auth import home_for
 from web.freshness import worst
 from web.guards import finance_or_404
-from web.model import totals_by_currency
+from web.model import NotCharged, not_charged_by_currency, totals_by_currency
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange
 from web.services import current_principal, services
@@ -55,6 +56,7 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         corrections = svc.reader.corrections(advertiser_id, 0, 10)
     else:
         corrections = svc.reader.period_corrections(advertiser_id, period, 10)
+    budget_days = lookups.budget_days(advertiser_id, svc.reader.catalog.get().campaigns_of(advertiser_id), span)
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
         render_template(
             "_advertiser_main.html",
@@ -65,6 +67,8 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
             fresh=lookups.freshness(),
             r=ranged,
             range_args=_range_args(),
+            budget_days=budget_days,
+            budget_range_label=span.label if span else "today",
         )
     )
 
@@ -90,7 +94,17 @@ def campaign(advertiser_id: str, campaign_id: str) -> str:
     prices = {a.ad_id: price_per_click(catalog, a.ad_id, now) for a in c.ads}
     span = lookups.date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("cmp", campaign_id, advertiser_id, span) if span else None
-    return render_template("campaign.html", c=c, prices=prices, fresh=lookups.freshness(), r=ranged)
+    owned = catalog.advertiser_of_campaign(campaign_id) == advertiser_id
+    return render_template(
+        "campaign.html",
+        c=c,
+        prices=prices,
+        fresh=lookups.freshness(),
+        r=ranged,
+        budget=BudgetStatus.of(catalog, campaign_id, now) if owned else None,
+        budget_days=lookups.budget_days(advertiser_id, [campaign_id], span, budgeted_only=False),
+        now_ms=now,
+    )
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
@@ -121,6 +135,8 @@ def finance() -> str:
         f=f,
         fresh=lookups.freshness(),
         totals=totals_by_currency(f.advertisers),
+        not_charged_totals=not_charged_by_currency(f.advertisers),
+        empty_not_charged=NotCharged(),
         periods=services().reader.finance_periods(),
     )
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from web.model import Billed, PeriodBill
+from web.model import Billed, NotCharged, PeriodBill
 
 DAY_MS = 86_400_000
 MAX_DAYS = 400
@@ -141,6 +141,7 @@ class SpanTotal:
     billed: Billed
     periods: int
     open_periods: int
+    not_charged: NotCharged = NotCharged()
 
     @property
     def closed(self) -> bool:
@@ -153,22 +154,31 @@ def day_of(start_ms: int) -> str:
 
 def group(bills: Iterable[PeriodBill], key_length: int) -> list[SpanTotal]:
     """Periods summed per day (`key_length` 10) or per month (7), oldest first."""
-    sums: dict[str, tuple[Billed, int, int]] = {}
+    sums: dict[str, tuple[Billed, int, int, NotCharged]] = {}
     for bill in bills:
         key = day_of(bill.period.start_ms)[:key_length]
-        billed, n, open_n = sums.get(key, (Billed(), 0, 0))
+        billed, n, open_n, not_charged = sums.get(key, (Billed(), 0, 0, NotCharged()))
         sums[key] = (
             Billed(billed.provisional + bill.billed.provisional, billed.corrections + bill.billed.corrections),
             n + 1,
             open_n + (0 if bill.period.closed else 1),
+            not_charged + bill.not_charged,
         )
-    return [SpanTotal(key, billed, n, open_n) for key, (billed, n, open_n) in sorted(sums.items())]
+    return [SpanTotal(key, billed, n, open_n, nc) for key, (billed, n, open_n, nc) in sorted(sums.items())]
 
 
 def total(bills: Iterable[PeriodBill]) -> Billed:
     out = Billed()
     for bill in bills:
         out = Billed(out.provisional + bill.billed.provisional, out.corrections + bill.billed.corrections)
+    return out
+
+
+def total_not_charged(bills: Iterable[PeriodBill]) -> NotCharged:
+    """The clicks not charged over the periods, per reason."""
+    out = NotCharged()
+    for bill in bills:
+        out += bill.not_charged
     return out
 
 

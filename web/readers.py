@@ -22,15 +22,19 @@ from typing import Any
 
 import redis
 
+from billing.budget_days import CampaignDay, campaign_day
+from billing.budgets import utc_day
 from billing.catalog import Catalog, Unbillable
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
 from billing.periods import Periods
+from billing.store.budget_days import read_budget_days
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
 from billing.store.part_status import read_status
 from billing.store.redis_keys import RedisKeys
 from web.model import (
+    NOT_CHARGED_REASONS,
     AdDetail,
     AdLine,
     AdvertiserLine,
@@ -46,6 +50,7 @@ from web.model import (
     Finance,
     FinancePeriod,
     Health,
+    NotCharged,
     Period,
     PeriodBill,
     QueryHealth,
@@ -53,6 +58,7 @@ from web.model import (
     UnbilledCounts,
     UnbilledLine,
     consumer_lag,
+    not_charged_by_currency,
     totals_by_currency,
 )
 
@@ -73,6 +79,9 @@ LAG_LOOKBACK = 10
 
 UNBILLED_REASONS = (Unbillable.AD_PAUSED.value, Unbillable.UNKNOWN_AD.value)
 """The fields of an unbilled hash, in the order `UnbilledCounts` takes them."""
+
+NOT_CHARGED_FIELDS = tuple(name for r in NOT_CHARGED_REASONS for name in (r, f"{r}:micros"))
+"""The fields of a not-charged hash (`REASON` clicks, `REASON:micros`), in the order `NotCharged` takes them."""
 
 _log = logging.getLogger(__name__)
 
@@ -196,6 +205,7 @@ class BillingReader:
             for campaign_id in campaigns:
                 self._queue_billed(pipe, period.key, "cmp", campaign_id)
                 pipe.hget(self.keys.totals(period.key, "cmp", campaign_id), "advertiser")
+                self._queue_not_charged(pipe, period.key, "cmp", campaign_id)
             for ad_id in ads:
                 pipe.hmget(self.keys.totals(period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
                 pipe.hmget(self.keys.corrections(period.key, "ad", ad_id), "clicks", "micros")
@@ -210,6 +220,7 @@ class BillingReader:
                 _counts(next(results)),
                 _counts(next(results)),
                 _unbilled(next(results)),
+                _not_charged(next(results)),
             )
             for p in series_periods
         ]
@@ -218,11 +229,12 @@ class BillingReader:
         if period is not None:
             for campaign_id in campaigns:
                 billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+                not_charged = _not_charged(next(results))
                 if owner in (None, advertiser_id):  # a campaign of another advertiser never shows here
-                    campaign_lines.append(CampaignLine(campaign_id, billed))
+                    campaign_lines.append(CampaignLine(campaign_id, billed, not_charged))
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
-                unbilled = next(results)
+                unbilled, not_charged = next(results), next(results)
                 if totals[3] not in (None, advertiser_id):
                     continue  # an ad of another advertiser must never show here, whatever a set says
                 line = AdLine(
@@ -232,6 +244,7 @@ class BillingReader:
                     _counts(late),
                     _counts(ahead),
                     _unbilled(unbilled),
+                    _not_charged(not_charged),
                 )
                 ad_lines.append(line)
         quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
@@ -247,11 +260,12 @@ class BillingReader:
             billed=selected.billed if selected else Billed(),
             late=selected.late if selected else EventCounts(),
             clock_ahead=selected.clock_ahead if selected else EventCounts(),
-            campaigns=[c for c in campaign_lines if not c.billed.is_zero],
+            campaigns=[c for c in campaign_lines if not (c.billed.is_zero and c.not_charged.is_zero)],
             ads=[a for a in ad_lines if not _quiet(a)],
             series=series,
             quarantined=quarantined,
             unbilled=selected.unbilled if selected else UnbilledCounts(),
+            not_charged=selected.not_charged if selected else NotCharged(),
         )
 
     def campaign(self, advertiser_id: str, campaign_id: str, period_key: str | None) -> CampaignDetail | None:
@@ -281,6 +295,7 @@ class BillingReader:
         for p in series_periods:
             self._queue_billed(pipe, p.key, "cmp", campaign_id)
             pipe.hget(self.keys.totals(p.key, "cmp", campaign_id), "advertiser")
+            self._queue_not_charged(pipe, p.key, "cmp", campaign_id)
         if period is not None:
             for ad_id in ads:
                 pipe.hmget(self.keys.totals(period.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
@@ -290,18 +305,30 @@ class BillingReader:
         series = []
         for p in series_periods:
             billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
+            not_charged = _not_charged(next(results))
             # The id may have named another advertiser's campaign in that period (the catalog changed since).
-            series.append(PeriodBill(p, billed if owner in (None, advertiser_id) else Billed()))
+            mine = owner in (None, advertiser_id)
+            series.append(
+                PeriodBill(p, billed if mine else Billed(), not_charged=not_charged if mine else NotCharged())
+            )
         lines = []
         if period is not None:
             ad_campaign = {ad.ad_id: ad.campaign_id for ad in catalog}
             for ad_id in ads:
                 totals, corrections, late, ahead = next(results), next(results), next(results), next(results)
-                unbilled = next(results)
+                unbilled, not_charged = next(results), next(results)
                 if (ad_campaign.get(ad_id) or totals[2]) != campaign_id or totals[3] not in (None, advertiser_id):
                     continue
                 billed = Billed(_figures(totals), _figures(corrections))
-                line = AdLine(ad_id, campaign_id, billed, _counts(late), _counts(ahead), _unbilled(unbilled))
+                line = AdLine(
+                    ad_id,
+                    campaign_id,
+                    billed,
+                    _counts(late),
+                    _counts(ahead),
+                    _unbilled(unbilled),
+                    _not_charged(not_charged),
+                )
                 if not _quiet(line):
                     lines.append(line)
         return CampaignDetail(advertiser_id, campaign_id, self.currency(advertiser_id), period, series, lines)
@@ -319,17 +346,24 @@ class BillingReader:
             pipe.hmget(self.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
             self._queue_counts(pipe, p.key, "ad", ad_id)
         results = pipe.execute()
-        owners = {totals[3] for totals in results[0::5] if totals[3] is not None}
+        owners = {totals[3] for totals in results[0::6] if totals[3] is not None}
         if known is not None:
             owners.add(known.advertiser_id)
         if owners != {advertiser_id}:
             return None
-        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::5] if t[2]), "")
+        campaign_id = known.campaign_id if known else next((t[2] for t in results[0::6] if t[2]), "")
         series = [
             PeriodBill(
-                p, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+                p,
+                Billed(_figures(totals), _figures(corrections)),
+                _counts(late),
+                _counts(ahead),
+                _unbilled(unbilled),
+                _not_charged(not_charged),
             )
-            for p, (totals, corrections, late, ahead, unbilled) in zip(periods, _fives(results), strict=True)
+            for p, (totals, corrections, late, ahead, unbilled, not_charged) in zip(
+                periods, _sixes(results), strict=True
+            )
         ]
         return AdDetail(advertiser_id, campaign_id, ad_id, self.currency(advertiser_id), series)
 
@@ -341,11 +375,14 @@ class BillingReader:
         for p in periods:
             self._queue_billed(pipe, p.key, level, ident)
             pipe.hget(self.keys.totals(p.key, level, ident), "advertiser")
+            self._queue_not_charged(pipe, p.key, level, ident)
         results = iter(pipe.execute())
         bills = []
         for p in periods:
             billed, owner = Billed(_figures(next(results)), _figures(next(results))), next(results)
-            bills.append(PeriodBill(p, billed if level == "adv" or owner in (None, advertiser_id) else Billed()))
+            not_charged = _not_charged(next(results))
+            mine = level == "adv" or owner in (None, advertiser_id)
+            bills.append(PeriodBill(p, billed if mine else Billed(), not_charged=not_charged if mine else NotCharged()))
         return bills
 
     def corrections(self, advertiser_id: str, offset: int, limit: int) -> CorrectionPage:
@@ -394,6 +431,33 @@ class BillingReader:
                 return None
             start += chunk
 
+    # Budgets ---------------------------------------------------------------------------------------------------
+    def campaign_days(
+        self, campaign_ids: Sequence[str], days: Sequence[str], now_ms: int, budgeted_only: bool = True
+    ) -> list[CampaignDay]:
+        """The campaigns' UTC days among `days` (up to today; newest first, then by campaign): the budgets in force,
+        what was charged and what was not charged for the budget. With `budgeted_only`, only the days a campaign had
+        a budget or clicks over one; otherwise every day with a budget or figures. One round trip."""
+        catalog = self.catalog.get()
+        today = utc_day(now_ms)
+        wanted = sorted((d for d in set(days) if d <= today), reverse=True)
+        figures = read_budget_days(self.client, self.keys, [(d, c) for d in wanted for c in campaign_ids])
+        out = []
+        for day in wanted:
+            for campaign_id in campaign_ids:
+                found = campaign_day(catalog, campaign_id, day, figures[(day, campaign_id)], now_ms)
+                budgeted = any(b.daily_budget_micros is not None for b in found.budgets)
+                if budgeted or found.figures.over_clicks or (not budgeted_only and not found.figures.is_zero):
+                    out.append(found)
+        return out
+
+    def budgets_today(self, now_ms: int) -> list[CampaignDay]:
+        """Every campaign of the catalog with a budget today or figures, today (UTC) as of `now_ms`: capped ones
+        first, then by campaign id."""
+        catalog = self.catalog.get()
+        days = self.campaign_days(catalog.campaign_ids, [utc_day(now_ms)], now_ms, budgeted_only=False)
+        return sorted(days, key=lambda d: (not d.capped, d.campaign_id))
+
     # Finance ---------------------------------------------------------------------------------------------------
     def finance(self, period_key: str | None) -> Finance | None:
         """Every advertiser's figures in the selected period (default: the latest), the periods and exports."""
@@ -406,11 +470,13 @@ class BillingReader:
             pipe = self.client.pipeline(transaction=False)
             for advertiser_id in advertisers:
                 self._queue_billed(pipe, period.key, "adv", advertiser_id)
+                self._queue_not_charged(pipe, period.key, "adv", advertiser_id)
             results = iter(pipe.execute())
             for advertiser_id in advertisers:
                 billed = Billed(_figures(next(results)), _figures(next(results)))
-                if not billed.is_zero:
-                    lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed))
+                not_charged = _not_charged(next(results))
+                if not (billed.is_zero and not_charged.is_zero):
+                    lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed, not_charged))
         return Finance(period, periods, lines, self.exports(), self.last_audit())
 
     def finance_periods(self, count: int = SERIES_PERIODS) -> list[FinancePeriod]:
@@ -427,15 +493,21 @@ class BillingReader:
         for p, who in zip(periods, members, strict=True):
             for advertiser_id in sorted(who):
                 self._queue_billed(pipe, p.key, "adv", advertiser_id)
+                self._queue_not_charged(pipe, p.key, "adv", advertiser_id)
         results = iter(pipe.execute())
         currency_of = {a: self.currency(a) for a in set().union(*members)}
         out = []
         for p, who in zip(periods, members, strict=True):
             lines = [
-                AdvertiserLine(a, currency_of[a], Billed(_figures(next(results)), _figures(next(results))))
+                AdvertiserLine(
+                    a,
+                    currency_of[a],
+                    Billed(_figures(next(results)), _figures(next(results))),
+                    _not_charged(next(results)),
+                )
                 for a in sorted(who)
             ]
-            out.append(FinancePeriod(p, totals_by_currency(lines), held.get(p.key)))
+            out.append(FinancePeriod(p, totals_by_currency(lines), held.get(p.key), not_charged_by_currency(lines)))
         return list(reversed(out))
 
     def last_audit(self) -> Audit | None:
@@ -587,19 +659,29 @@ class BillingReader:
         pipe.hmget(self.keys.corrections(period, level, ident), "clicks", "micros")
 
     def _queue_counts(self, pipe: Any, period: str, level: str, ident: str) -> None:
-        """The late, then the clock-ahead events, then the unbilled clicks of an advertiser (`adv`) or ad (`ad`) in a
-        period."""
+        """The late, then the clock-ahead events, then the unbilled clicks, then the clicks not charged of an
+        advertiser (`adv`) or ad (`ad`) in a period."""
         pipe.hmget(self.keys.late(period, level, ident), "impressions", "clicks")
         pipe.hmget(self.keys.clock_ahead(period, level, ident), "impressions", "clicks")
         pipe.hmget(self.keys.unbilled(period, level, ident), *UNBILLED_REASONS)
+        self._queue_not_charged(pipe, period, level, ident)
+
+    def _queue_not_charged(self, pipe: Any, period: str, level: str, ident: str) -> None:
+        """The priced clicks not charged of an advertiser, campaign or ad in a period, per reason (`_not_charged`)."""
+        pipe.hmget(self.keys.not_charged(period, level, ident), *NOT_CHARGED_FIELDS)
 
     def _period_bill(self, period: Period, level: str, ident: str) -> PeriodBill:
         pipe = self.client.pipeline(transaction=False)
         self._queue_billed(pipe, period.key, level, ident)
         self._queue_counts(pipe, period.key, level, ident)
-        totals, corrections, late, ahead, unbilled = pipe.execute()
+        totals, corrections, late, ahead, unbilled, not_charged = pipe.execute()
         return PeriodBill(
-            period, Billed(_figures(totals), _figures(corrections)), _counts(late), _counts(ahead), _unbilled(unbilled)
+            period,
+            Billed(_figures(totals), _figures(corrections)),
+            _counts(late),
+            _counts(ahead),
+            _unbilled(unbilled),
+            _not_charged(not_charged),
         )
 
 
@@ -620,14 +702,26 @@ def _unbilled(values: Sequence[str | None]) -> UnbilledCounts:
     return UnbilledCounts(int(values[0] or 0), int(values[1] or 0))
 
 
+def _not_charged(values: Sequence[str | None]) -> NotCharged:
+    """The `NOT_CHARGED_FIELDS` of a not-charged hash, in that order."""
+    numbers = [int(v or 0) for v in values]
+    return NotCharged(*(Figures(numbers[2 * i], numbers[2 * i + 1]) for i in range(len(NOT_CHARGED_REASONS))))
+
+
 def _quiet(line: AdLine) -> bool:
-    """An ad line with nothing to show: no bill, no late, clock-ahead or unbilled event."""
-    return line.billed.is_zero and line.late.is_zero and line.clock_ahead.is_zero and line.unbilled.is_zero
+    """An ad line with nothing to show: no bill, no late, clock-ahead, unbilled or not-charged click."""
+    return (
+        line.billed.is_zero
+        and line.late.is_zero
+        and line.clock_ahead.is_zero
+        and line.unbilled.is_zero
+        and line.not_charged.is_zero
+    )
 
 
-def _fives(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any, Any]]:
-    """Pipeline results read five at a time: totals, corrections, late, clock-ahead, unbilled."""
-    return [tuple(results[i : i + 5]) for i in range(0, len(results), 5)]  # type: ignore[misc]
+def _sixes(results: Sequence[Any]) -> list[tuple[Any, Any, Any, Any, Any, Any]]:
+    """Pipeline results read six at a time: totals, corrections, late, clock-ahead, unbilled, not charged."""
+    return [tuple(results[i : i + 6]) for i in range(0, len(results), 6)]  # type: ignore[misc]
 
 
 def _correction(text: str) -> Correction | None:

@@ -51,6 +51,32 @@ REASONS: dict[str, ReasonText] = {
         "had not reached it yet): the click is charged at the price in force at its time, and a charge at any other "
         "price is taken back.",
     ),
+    "known_bot": ReasonText(
+        "Invalid: known bot",
+        "Invalid activity: the click came from a known crawler or bot (its user agent is on the crawler list we "
+        "filter by), so it is not charged; a charge made for it is taken back.",
+    ),
+    "excluded_ip": ReasonText(
+        "Invalid: excluded network",
+        "Invalid activity: the click came from an IP range on the exclusion list at the time of the click, so it is "
+        "not charged; a charge made for it is taken back.",
+    ),
+    "click_flood": ReasonText(
+        "Invalid: click flood",
+        "Invalid activity: the same user clicked more than 20 times within 60 seconds; none of those clicks is "
+        "charged, and a charge made for any of them is taken back.",
+    ),
+    "duplicate_click": ReasonText(
+        "Invalid: double click",
+        "Invalid activity: the same user clicked the same ad again within 30 seconds; only the first click of such a "
+        "run is charged, and a charge made for a later one is taken back.",
+    ),
+    "over_budget": ReasonText(
+        "Over budget",
+        "The campaign's daily budget, taken in the order the clicks happened that UTC day: a charge past it is "
+        "taken back, and a click that fits after all (one that happened earlier than clicks charged live) is "
+        "charged.",
+    ),
     "not_billable": ReasonText(
         "Not billable",
         "Removed: the complete data does not support the charge (for instance no impression of the same user on "

@@ -18,14 +18,17 @@ from typing import Any
 
 import redis
 
+from billing.budgets import day_start, utc_day
 from billing.catalog import Ad, Catalog
 from billing.corrections import ADDITION_REASONS, RETRACTION_REASONS, Correction, CorrectionKind
 from billing.layout import DataLayout
 from billing.periods import Periods, format_utc
 from billing.store.export_files import export_table, write_export
 from billing.store.redis_totals import (
+    BudgetDayCount,
     ClockAheadCount,
     LateCount,
+    NotChargedCount,
     QuarantineCount,
     RedisTotals,
     TotalsRow,
@@ -58,10 +61,22 @@ class SampleWriter:
         quarantined: Iterable[QuarantineCount] = (),
         clock_ahead: Iterable[ClockAheadCount] = (),
         unbilled: Iterable[UnbilledCount] = (),
+        not_charged: Iterable[NotChargedCount] = (),
+        budget_days: Iterable[BudgetDayCount] = (),
     ) -> bool:
-        """Provisional totals, late, quarantine, clock-ahead and unbilled counts, exactly as the streaming job
-        applies a micro-batch."""
-        return self.totals.apply_batch("billing", batch_id, rows, late, quarantined, clock_ahead, unbilled=unbilled)
+        """Provisional totals, late, quarantine, clock-ahead, unbilled and not-charged counts and the campaigns'
+        days, exactly as the streaming job applies a micro-batch."""
+        return self.totals.apply_batch(
+            "billing",
+            batch_id,
+            rows,
+            late,
+            quarantined,
+            clock_ahead,
+            unbilled=unbilled,
+            not_charged=not_charged,
+            budget_days=budget_days,
+        )
 
     def corrections(self, items: Sequence[Correction]) -> None:
         """Corrections as reconciliation applies them, oldest first (so each advertiser's list is newest first)."""
@@ -169,8 +184,41 @@ def seed_sample(
             )
             if index % 3 == 2
         ]
+        # Invalid clicks every period (a crawler on the first ad, a double click on the third) and, every fourth,
+        # clicks over the first campaign's budget: not charged, counted (no random draw either).
+        not_charged = [
+            NotChargedCount(period, start, ad.advertiser_id, ad.campaign_id, ad.ad_id, reason, n, n * _price(ad))
+            for ad, reason, n in (
+                (ads[0], "known_bot", 2),
+                (ads[2 % len(ads)], "duplicate_click", 1),
+                (ads[0], "over_budget", 3 if index % 4 == 3 else 0),
+            )
+            if n
+        ]
+        # Each campaign's UTC day: what the period charged, and its clicks over budget, as the stream keeps them.
+        days: dict[str, list[int]] = {}
+        for row in rows:
+            figures = days.setdefault(row.campaign_id, [0, 0, 0, 0])
+            figures[0] += row.clicks
+            figures[1] += row.micros
+        for n in not_charged:
+            if n.reason == "over_budget":
+                figures = days.setdefault(n.campaign_id, [0, 0, 0, 0])
+                figures[2] += n.clicks
+                figures[3] += n.micros
+        budget_days = [
+            BudgetDayCount(period, campaign, utc_day(start), day_start(start), *figures)
+            for campaign, figures in sorted(days.items())
+        ]
         writer.bill(
-            index, rows, [c for c in late if c.events], [q for q in quarantined if q.records], clock_ahead, unbilled
+            index,
+            rows,
+            [c for c in late if c.events],
+            [q for q in quarantined if q.records],
+            clock_ahead,
+            unbilled,
+            not_charged,
+            budget_days,
         )
         corrections = [_sample_correction(rng, ad, period, start, clicks[ad.ad_id]) for ad in touched]
         corrections = corrections if index < closed else []

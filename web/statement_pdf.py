@@ -49,7 +49,17 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
         [f"Provisional, {statement.open_periods} open period(s)", money(statement.provisional_micros, cur)],
         ["Total" + (" (provisional)" if statement.open_periods else ""), money(statement.total_micros, cur)],
     ]
+    if statement.invalid_credits_micros:
+        summary.insert(3, ["  of which invalid activity credits", _signed(statement.invalid_credits_micros, cur)])
     story.append(_table(summary, [110 * mm, 50 * mm], total_row=True))
+    story.append(Spacer(1, 4 * mm))
+    not_charged = [
+        ["Not charged (never in the total)", "Clicks", "Would have cost"],
+        ["Invalid clicks (not charged)", f"{statement.invalid.clicks:,}", money(statement.invalid.micros, cur)],
+        ["  Invalid click rate", statement.invalid_rate, ""],
+        ["Not charged: over budget", f"{statement.over_budget.clicks:,}", money(statement.over_budget.micros, cur)],
+    ]
+    story.append(_table(not_charged, [90 * mm, 25 * mm, 45 * mm], total_row=False))
     story.append(Spacer(1, 6 * mm))
     story.append(Paragraph("Per day", styles["Heading2"]))
     rows = [["Day", "Clicks", "Closed", "Adjustments", "Provisional", "Total"]]

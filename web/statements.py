@@ -1,5 +1,7 @@
 """An advertiser's monthly statement: the month's closed periods as finance was given them (each period's export:
-its clicks and the adjustments booked in it for earlier periods), and the open remainder, provisional.
+its clicks and the adjustments booked in it for earlier periods), and the open remainder, provisional; beside the
+charges, what was not charged: invalid clicks (DOMAIN.md, "Invalid traffic") and clicks over budget ("Budgets"),
+counted and with what they would have cost, and the invalid activity credits among the adjustments.
 
 Pure: the statement is built from per-period inputs that `web.charges` reads from the export folder and Redis.
 Money is integer micros; the CSV keeps them and adds a decimal column; `web.statement_pdf` writes the PDF.
@@ -12,7 +14,9 @@ import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from billing.invalid import format_rate
 from billing.money import format_micros
+from web.model import Figures, NotCharged
 from web.ranges import DateRange, day_of
 
 CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL = "closed", "closed (export not on file)", "provisional"
@@ -30,6 +34,11 @@ class PeriodCharges:
     charges_micros: int
     adjustments_micros: int = 0
     adjustments: int = 0
+    not_charged: NotCharged = NotCharged()
+    """The period's clicks not charged, per reason (the Redis figures: a closed period's are its export's)."""
+    invalid_credits_micros: int = 0
+    """Of the adjustments, those whose reason is an invalid traffic rule: invalid activity credits (closed periods
+    from their export)."""
 
     @property
     def total_micros(self) -> int:
@@ -83,6 +92,25 @@ class Statement:
         return sum(p.clicks for p in self.periods)
 
     @property
+    def invalid(self) -> Figures:
+        """Invalid clicks (not charged) in the month, and what they would have cost."""
+        return sum((p.not_charged.invalid for p in self.periods), Figures())
+
+    @property
+    def over_budget(self) -> Figures:
+        """Valid clicks not charged for their campaign's daily budget in the month, and what they would have cost."""
+        return sum((p.not_charged.over_budget for p in self.periods), Figures())
+
+    @property
+    def invalid_credits_micros(self) -> int:
+        return sum(p.invalid_credits_micros for p in self.periods)
+
+    @property
+    def invalid_rate(self) -> str:
+        """Invalid clicks / (charged + invalid) over the month."""
+        return format_rate(self.invalid.clicks, self.clicks)
+
+    @property
     def open_periods(self) -> int:
         return sum(1 for p in self.periods if p.status == PROVISIONAL)
 
@@ -118,7 +146,14 @@ CSV_COLUMNS = (
     "total_micros",
     "total",
     "currency",
+    "invalid_clicks_not_charged",
+    "invalid_micros_not_charged",
+    "over_budget_clicks_not_charged",
+    "over_budget_micros_not_charged",
+    "invalid_activity_credits_micros",
 )
+"""The statement's CSV: the charges, then what was not charged (clicks and what they would have cost, never in the
+totals) and the invalid activity credits among the adjustments."""
 
 
 def statement_csv(statement: Statement) -> str:
@@ -139,6 +174,11 @@ def statement_csv(statement: Statement) -> str:
                 p.total_micros,
                 format_micros(p.total_micros),
                 statement.currency,
+                p.not_charged.invalid.clicks,
+                p.not_charged.invalid.micros,
+                p.not_charged.over_budget.clicks,
+                p.not_charged.over_budget.micros,
+                p.invalid_credits_micros,
             ]
         )
     writer.writerow(
@@ -153,6 +193,11 @@ def statement_csv(statement: Statement) -> str:
             statement.total_micros,
             format_micros(statement.total_micros),
             statement.currency,
+            statement.invalid.clicks,
+            statement.invalid.micros,
+            statement.over_budget.clicks,
+            statement.over_budget.micros,
+            statement.invalid_credits_micros,
         ]
     )
     return out.getvalue()

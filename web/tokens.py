@@ -122,9 +122,16 @@ class TokensFile:
             raise AccountError(f"cannot read the API tokens file {self.path}: {exc}") from exc
 
 
+def token_id_of(token: str) -> str | None:
+    """The id part of a well-formed token (what `adbill tokens list` shows), else None."""
+    match = _TOKEN.fullmatch(token)
+    return match.group(1) if match else None
+
+
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an `Authorization: Bearer TOKEN` header, else None."""
     if not authorization:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+

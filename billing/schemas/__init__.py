@@ -6,9 +6,10 @@ Subjects follow the Confluent TopicNameStrategy: `<topic>-value`.
 
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 
-from billing.events import TOPIC_OF, EventType
+from billing.events import OPTIONAL_FIELDS, TOPIC_OF, EventType
 
 SUBJECTS: dict[str, str] = {"impressions": "impressions-value", "clicks": "clicks-value"}
 """The Schema Registry subject of each topic's values."""
@@ -27,6 +28,14 @@ def schema_text(event_type: str) -> str:
     except KeyError:
         raise ValueError(f"unknown event type {event_type!r}; expected one of {sorted(SCHEMA_FILES)}") from None
     return files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def schema_v1_text(event_type: str) -> str:
+    """The version 1 schema of `impression` or `click`: the shipped one without the optional fields that version 2
+    added (`billing.events.OPTIONAL_FIELDS`), as producers that have not deployed version 2 still write."""
+    schema = json.loads(schema_text(event_type))
+    schema["fields"] = [field for field in schema["fields"] if field["name"] not in OPTIONAL_FIELDS]
+    return json.dumps(schema, indent=2)
 
 
 def subject_of(event_type: str) -> str:

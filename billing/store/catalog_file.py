@@ -9,11 +9,16 @@ writers (a command and the admin page) never lose one another's change; each is 
 change is read against the catalog the lock holds and takes effect from "now" read under the lock too: a change that
 waited for another writer never takes effect in the past. A new catalog (`CatalogStore.start`, `adbill catalog
 generate`) never replaces one with a history: that would re-price the past and number its versions again from 0.
+
+Beside the file, its change log (`catalog-changes.jsonl` beside `catalog.json`, `billing.change_log`): one line per
+change, appended under the same lock after the catalog is written, saying who made it, through which door and when
+(`MadeBy`); `changes()` reads it with the catalog, one entry per version.
 """
 
 from __future__ import annotations
 
 import fcntl
+import getpass
 import os
 import tempfile
 import threading
@@ -22,17 +27,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from billing.catalog import AdChange, Catalog, CatalogError
+from billing.catalog import AdChange, BudgetSetting, Catalog, CatalogChange, CatalogError, ExclusionSetting, MadeBy
+from billing.change_log import ChangeEntry, describe_change, merge_log, read_lines
 from billing.store.durable import fsync_folder
 
 Clock = Callable[[], int]
 """Returns "now" as epoch milliseconds, UTC."""
 
-ChangeRequest = Callable[[Catalog | None, int], AdChange]
-"""A person's request read into a change against the catalog as the file holds it (None: no file yet) and "now",
-both under the catalog's lock (`billing.catalog_changes.catalog_change` does the reading)."""
+ChangeRequest = Callable[[Catalog | None, int], CatalogChange]
+"""A person's request read into a change (of an ad's prices, a campaign's budget or the IP exclusion list) against
+the catalog as the file holds it (None: no file yet) and "now", both under the catalog's lock
+(`billing.catalog_changes` does the reading)."""
 
-CHANGE_COMMANDS = "`adbill catalog create-ad`, `set-price`, `pause` or `resume`"
+CHANGE_COMMANDS = "`adbill catalog create-ad`, `set-price`, `pause`, `resume` or `set-budget`, or `adbill ivt`"
 """What changes a catalog that has a history (named in refusals)."""
 
 
@@ -92,21 +99,48 @@ class CatalogStore:
                 self._seen = identity
             return self._catalog
 
-    def change(self, change: AdChange | ChangeRequest, clock: Clock = wall_clock_ms, backfill: bool = False) -> Catalog:
-        """Make `change` (`Catalog.with_change`, CatalogError when refused) and write the file; the new catalog.
+    def change(
+        self,
+        change: CatalogChange | ChangeRequest,
+        clock: Clock = wall_clock_ms,
+        backfill: bool = False,
+        made_by: MadeBy | None = None,
+    ) -> Catalog:
+        """Make `change` (an ad's price, a campaign's budget or the IP exclusion list: `Catalog.apply`, CatalogError
+        when refused) and write the file; the new catalog; the change log gets its entry (who, when, which door).
 
         Everything happens under the lock: the catalog is read, "now" is read from `clock` (a change that waited
         for the lock takes effect when it is made, never before), a `ChangeRequest` is read into a change against
-        both, and the file is written."""
+        both, and the file is written. Every change is numbered by the same versions and refused by the same
+        rules, whichever door it came through."""
         with self.locked():
             current = load_catalog(self.path) if self.path.exists() else None
             now_ms = clock()
-            asked = change if isinstance(change, AdChange) else change(current, now_ms)
-            changed = (current or Catalog([])).with_change(asked, now_ms, backfill)
+            asked = (
+                change if isinstance(change, AdChange | BudgetSetting | ExclusionSetting) else change(current, now_ms)
+            )
+            changed = (current or Catalog([])).apply(asked, now_ms, backfill)
             save_catalog(changed, self.path)
+            self._record(changed, now_ms, made_by or getattr(asked, "made_by", None), backfill)
             return changed
 
-    def start(self, catalog: Catalog, replace: bool = False, priced: bool = False) -> None:
+    def update(
+        self, make: Callable[[Catalog, int], Catalog], clock: Clock = wall_clock_ms, made_by: MadeBy | None = None
+    ) -> Catalog:
+        """Make the change `make` returns for the catalog as the file holds it and "now" (a budget, an exclusion:
+        `Catalog.with_budget`, `Catalog.with_exclusion`; CatalogError when refused), under the lock, and write the
+        file; the new catalog."""
+        with self.locked():
+            current = load_catalog(self.path) if self.path.exists() else Catalog([])
+            now_ms = clock()
+            changed = make(current, now_ms)
+            save_catalog(changed, self.path)
+            self._record(changed, now_ms, made_by, backfill=False)
+            return changed
+
+    def start(
+        self, catalog: Catalog, replace: bool = False, priced: bool = False, made_by: MadeBy | None = None
+    ) -> None:
         """Write `catalog` (a generated one, in force from the beginning) as the file, under the lock.
 
         An existing file is replaced only when `replace` is given and it has no history: a catalog that was changed
@@ -130,6 +164,7 @@ class CatalogStore:
                 if not replace:
                     raise CatalogError(f"{self.path} exists; pass --force to replace it")
             save_catalog(catalog, self.path)
+            self._record(catalog, wall_clock_ms(), made_by, backfill=False)
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -141,3 +176,40 @@ class CatalogStore:
                 yield
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    # --- The change log --------------------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        """The change log beside the catalog file: `catalog-changes.jsonl` for `catalog.json`."""
+        return self.path.with_name(f"{self.path.stem}-changes.jsonl")
+
+    def changes(self) -> list[ChangeEntry]:
+        """Every change of the catalog, oldest first, one per version (`billing.change_log.merge_log`)."""
+        try:
+            lines = self.log_path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        return merge_log(self.current(), read_lines(lines))
+
+    def _record(self, catalog: Catalog, now_ms: int, made_by: MadeBy | None, backfill: bool) -> None:
+        """Append the change that made `catalog` to the log, under the lock the caller holds, flushed to disk. A
+        line torn by a crash is closed first, so that it spoils no other line."""
+        line = describe_change(catalog, catalog.version, now_ms, made_by, backfill).to_json()
+        with open(self.log_path, "ab") as log:
+            if log.tell() > 0:
+                with open(self.log_path, "rb") as tail:
+                    tail.seek(-1, os.SEEK_END)
+                    if tail.read(1) != b"\n":
+                        log.write(b"\n")
+            log.write(line.encode("utf-8") + b"\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+
+def operating_system_user() -> str:
+    """Who runs this process, as the operating system names them (the author of a command's change)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"

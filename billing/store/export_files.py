@@ -27,6 +27,7 @@ from billing.export import ExportStatus, RecordType
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.durable import fsync_file, fsync_folder, make_folder
+from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount
 
 EXPORT_COLUMNS: tuple[tuple[str, pa.DataType, bool, str], ...] = (
     ("record_type", pa.string(), False, "`click` or `adjustment`"),
@@ -86,6 +87,9 @@ MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 """The SHA-256 of the data files and the manifest, in the format `sha256sum -c SHA256SUMS` checks."""
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE)
+NOT_CHARGED_FILE = "not_charged.parquet"
+"""The period's billable clicks that were not charged, with the reason (`NOT_CHARGED_SCHEMA`): the invalid traffic
+rules, `over_budget`, `ad_paused`, `unknown_ad`. Exports from before it have none."""
 """The data files of an export, each listed in the manifest with its size and checksum."""
 MANIFEST_VERSION = 2
 """2: `total_micros` is null when the export holds several currencies (1 added them together)."""
@@ -142,6 +146,12 @@ class Manifest:
     total_micros_by_currency: dict[str, int] = field(default_factory=dict)
     files: dict[str, ExportFile] = field(default_factory=dict)
     version: int = MANIFEST_VERSION
+    not_charged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per reason, the billable clicks of the period not charged: `clicks` and `micros_by_currency` (what they would
+    have cost; none for clicks without a price)."""
+    judged_with: dict[str, Any] = field(default_factory=dict)
+    """What the period's clicks were judged with: `crawler_list_version` (the `crawler-user-agents` package) and the
+    invalid traffic rules' thresholds."""
 
     def to_json(self) -> str:
         """The manifest file's text: keys in a fixed order, files as `{"bytes", "sha256"}`."""
@@ -158,6 +168,10 @@ class Manifest:
                 name: {"bytes": entry.size_bytes, "sha256": entry.sha256} for name, entry in sorted(self.files.items())
             },
         }
+        if self.not_charged:
+            data["not_charged"] = {reason: self.not_charged[reason] for reason in sorted(self.not_charged)}
+        if self.judged_with:
+            data["judged_with"] = dict(sorted(self.judged_with.items()))
         return json.dumps(data, indent=1) + "\n"
 
     @classmethod
@@ -174,6 +188,8 @@ class Manifest:
             total_micros_by_currency=dict(sorted(data.get("total_micros_by_currency", {}).items())),
             files={name: ExportFile(entry["bytes"], entry["sha256"]) for name, entry in sorted(data["files"].items())},
             version=data.get("version", 1),
+            not_charged=dict(data.get("not_charged", {})),
+            judged_with=dict(data.get("judged_with", {})),
         )
 
 
@@ -234,9 +250,12 @@ def write_export(
     period_start_ms: int,
     period_end_ms: int,
     closed_at_ms: int,
+    not_charged: pa.Table | None = None,
+    judged_with: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Write the export of `period` (`export_table` of `build_export`'s rows) to `ROOT/exports/PERIOD` and return
-    its manifest.
+    its manifest; with `not_charged` (`not_charged_table`), the period's billable clicks not charged as a file of its
+    own, summed per reason in the manifest, and `judged_with` what they were judged with.
 
     The files go to a hidden temporary folder beside it (`.PERIOD.tmp-*`), are flushed to disk, made read-only,
     and the folder is renamed into place: a reader sees the whole export or none. ExportExistsError if the export
@@ -260,6 +279,13 @@ def write_export(
         table = table.replace_schema_metadata(None).cast(EXPORT_SCHEMA)
         pq.write_table(table, staging / PARQUET_FILE, compression="snappy")
         pa_csv.write_csv(spreadsheet_safe(table), staging / CSV_FILE, pa_csv.WriteOptions(quoting_style="needed"))
+        files = list(EXPORT_FILES)
+        summary: dict[str, dict[str, Any]] = {}
+        if not_charged is not None:
+            not_charged = not_charged.select(NOT_CHARGED_SCHEMA.names).cast(NOT_CHARGED_SCHEMA).sort_by("click_id")
+            pq.write_table(not_charged, staging / NOT_CHARGED_FILE, compression="snappy")
+            files.append(NOT_CHARGED_FILE)
+            summary = not_charged_summary(not_charged)
         by_currency: Counter[str] = Counter()
         for currency, net in zip(
             table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True
@@ -273,7 +299,9 @@ def write_export(
             rows=table.num_rows,
             total_micros=single_total(by_currency),
             total_micros_by_currency=dict(sorted(by_currency.items())),
-            files={name: _digest(staging / name) for name in EXPORT_FILES},
+            files={name: _digest(staging / name) for name in files},
+            not_charged=summary,
+            judged_with=dict(judged_with or {}),
         )
         (staging / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
         (staging / SUMS_FILE).write_text(sha256sums(staging), encoding="utf-8")
@@ -293,7 +321,8 @@ def write_export(
 def sha256sums(folder: Path) -> str:
     """The text of `SHA256SUMS` for the export in `folder`: `HEX  NAME` a line (two blanks: a binary-safe
     comparison, as `sha256sum` writes it), the data files and then the manifest."""
-    return "".join(f"{_digest(folder / name).sha256}  {name}\n" for name in (*EXPORT_FILES, MANIFEST_FILE))
+    names = [*EXPORT_FILES, *([NOT_CHARGED_FILE] if (folder / NOT_CHARGED_FILE).exists() else []), MANIFEST_FILE]
+    return "".join(f"{_digest(folder / name).sha256}  {name}\n" for name in names)
 
 
 def _check_period(period: str, start_ms: int, end_ms: int) -> None:
@@ -338,7 +367,7 @@ def verify_export(folder: str | os.PathLike[str]) -> list[str]:
     problems: list[str] = []
     if path.name != manifest.period:
         problems.append(f"the folder {path.name} holds the export of {manifest.period}")
-    if sorted(manifest.files) != sorted(EXPORT_FILES):
+    if sorted(manifest.files) not in (sorted(EXPORT_FILES), sorted((*EXPORT_FILES, NOT_CHARGED_FILE))):
         problems.append(f"the manifest lists {sorted(manifest.files)}, expected {sorted(EXPORT_FILES)}")
     for name, expected in sorted(manifest.files.items()):
         if not (path / name).is_file():
@@ -397,8 +426,8 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
     touched = make_folder(target.parent)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{period}.tmp-"))
     try:
-        for name in (*EXPORT_FILES, MANIFEST_FILE, SUMS_FILE):
-            if name != SUMS_FILE or (source / name).is_file():
+        for name in (*EXPORT_FILES, NOT_CHARGED_FILE, MANIFEST_FILE, SUMS_FILE):
+            if name not in (SUMS_FILE, NOT_CHARGED_FILE) or (source / name).is_file():
                 shutil.copyfile(source / name, staging / name)
         _seal(staging)
         try:
@@ -414,3 +443,75 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
     if problems:
         raise ExportCorruptError(f"the copy in {target} does not verify: {'; '.join(problems)}")
     return target
+
+
+NOT_CHARGED_SCHEMA = pa.schema(
+    [
+        ("click_id", pa.string()),
+        ("impression_id", pa.string()),
+        ("ad_id", pa.string()),
+        ("campaign_id", pa.string()),
+        ("advertiser_id", pa.string()),
+        ("user_id", pa.string()),
+        ("click_time", pa.int64()),
+        ("impression_time", pa.int64()),
+        ("amount_micros", pa.int64()),
+        ("currency", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+"""A billable click not charged: the click, its impression, its ad's owners, its price (null when it had none) and
+the reason (`ad_paused`, `unknown_ad`, `known_bot`, `excluded_ip`, `click_flood`, `duplicate_click`,
+`over_budget`)."""
+
+
+def not_charged_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Rows with the columns of `NOT_CHARGED_SCHEMA` (others ignored) as its table."""
+    return pa.Table.from_pylist([{n: row.get(n) for n in NOT_CHARGED_SCHEMA.names} for row in rows], NOT_CHARGED_SCHEMA)
+
+
+def not_charged_summary(table: pa.Table) -> dict[str, dict[str, Any]]:
+    """Per reason: `clicks`, and `micros_by_currency` of those with a price."""
+    summary: dict[str, dict[str, Any]] = {}
+    for row in table.select(["reason", "amount_micros", "currency"]).to_pylist():
+        entry = summary.setdefault(row["reason"], {"clicks": 0, "micros_by_currency": {}})
+        entry["clicks"] += 1
+        if row["amount_micros"] is not None and row["currency"]:
+            by = entry["micros_by_currency"]
+            by[row["currency"]] = by.get(row["currency"], 0) + row["amount_micros"]
+    return summary
+
+
+def read_not_charged(folder: str | os.PathLike[str]) -> pa.Table:
+    """The not-charged clicks of the export in `folder` (an empty table for an export from before them)."""
+    path = Path(folder) / NOT_CHARGED_FILE
+    if not path.exists():
+        return NOT_CHARGED_SCHEMA.empty_table()
+    return pq.read_table(path, schema=NOT_CHARGED_SCHEMA)
+
+
+def exported_not_charged(clicks: pa.Table, export: pa.Table, period_start_ms: int) -> list[NotChargedCount]:
+    """A closed period's not-charged figures from its export: its clicks not charged for an invalid traffic rule or
+    the budget (`not_charged.parquet`), and the adjustments booked in it with such a reason (a retraction is one
+    more click not charged there, an addition one less), per ad and reason."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for row in clicks.to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS and row["campaign_id"] and row["advertiser_id"]:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += row["amount_micros"] or 0
+    adjustments = export.filter(pc.equal(export["record_type"], "adjustment"))
+    for row in adjustments.select(
+        ["advertiser_id", "campaign_id", "ad_id", "reason", "status", "net_micros"]
+    ).to_pylist():
+        if row["reason"] in NOT_CHARGED_REASONS:
+            key = (row["advertiser_id"], row["campaign_id"], row["ad_id"], row["reason"])
+            entry = sums.setdefault(key, [0, 0])
+            entry[0] += 1 if row["status"] == "retracted" else -1
+            entry[1] += -row["net_micros"]
+    period = Periods().key(period_start_ms)
+    return [
+        NotChargedCount(period, period_start_ms, adv, cmp, ad, reason, clicks_, micros)
+        for (adv, cmp, ad, reason), (clicks_, micros) in sorted(sums.items())
+    ]

@@ -22,6 +22,11 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:unbilled:PERIOD:ad:AD`, `...:adv:ADV` | hash | matched clicks without a price: `ad_paused`, `unknown_ad` |
 | `PREFIX:unbilled:PERIOD:ads` | set | ads with unbilled clicks in that period |
 | `PREFIX:unbilled-periods` | sorted set | event periods with unbilled clicks, scored by period start |
+| `PREFIX:not-charged:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | priced clicks not charged per reason |
+| `PREFIX:not-charged-periods` | sorted set | periods with clicks not charged, scored by period start |
+| `PREFIX:budget-day:DAY:CAMPAIGN` | hash | a campaign's UTC day: `charged_clicks`, `charged_micros`, `over_*` |
+| `PREFIX:budget-day-campaigns:DAY` | set | campaigns with figures that day |
+| `PREFIX:budget-days` | sorted set | days with figures, scored by midnight UTC |
 | `PREFIX:corrections:PERIOD:adv:ADV`, `...:cmp:CMP`, `...:ad:AD` | hash | signed `clicks`, `micros` of corrections |
 | `PREFIX:correction-list:ADVERTISER` | list | the advertiser's corrections as JSON, newest first |
 | `PREFIX:corrections:applied` | set | ids of the corrections applied (each is applied once) |
@@ -37,12 +42,16 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 | `PREFIX:web:session:HMAC` | hash | a web session (`web/sessions.py`) |
 | `PREFIX:web:login-failures:account:SHA256`, `...:address:ADDRESS` | sorted set | login attempts, by time |
 
+`not-charged` fields: `REASON` (clicks) and `REASON:micros` per invalid traffic rule and `over_budget`; the stream's
+and the corrections' (booked in the period), a closed period's from its export. `budget-day` holds the stream's
+charged clicks of open periods plus every correction of the day's periods, by the clicks' day.
+
 Who writes what: the stream (`apply_batch`) the totals, the period sets, `applied`, `counters`, `late*`,
-`clock-ahead*`, `unbilled*`, `quarantine*`; reconciliation the `corrections*` keys, `correction-list`,
-`conflicts:applied`, `released:applied` (with the late and quarantine counts of what it releases) and
-`reconcile:last`, and on closing a period `periods:closed` and the period's totals;
-`adbill audit` `audit:last`; the job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites
-the billing figures from the data folder (`billing_patterns`).
+`clock-ahead*`, `unbilled*`, `not-charged*`, `budget-day*`, `quarantine*`; reconciliation the `corrections*` keys,
+`correction-list`, `conflicts:applied`, `released:applied` (with the late and quarantine counts of what it
+releases) and `reconcile:last`, and on closing a period `periods:closed` and the period's totals; `adbill audit`
+`audit:last`; the job's listeners `health:*`; the web UI `web:*`. `adbill restore-redis` rewrites the billing
+figures from the data folder (`billing_patterns`).
 
 The one exception: the Lua script that closes a period (`billing.store.redis_totals`) walks the period's sets and
 builds `totals`, `corrections` and `period` keys inside Redis, from the same prefix and the same names as above.
@@ -126,6 +135,24 @@ class RedisKeys:
     def unbilled_periods(self) -> str:
         return self._key("unbilled-periods")
 
+    def not_charged(self, period: str, level: str, item_id: str) -> str:
+        """Priced clicks not charged of an advertiser (`adv`), campaign (`cmp`) or ad (`ad`) in a period: per reason,
+        clicks (`REASON`) and micros (`REASON:micros`)."""
+        return self._key("not-charged", period, level, item_id)
+
+    def not_charged_periods(self) -> str:
+        return self._key("not-charged-periods")
+
+    def budget_day(self, day: str, campaign_id: str) -> str:
+        """A campaign's charged and over-budget clicks and micros on a UTC day (`2026-11-25`)."""
+        return self._key("budget-day", day, campaign_id)
+
+    def budget_day_campaigns(self, day: str) -> str:
+        return self._key("budget-day-campaigns", day)
+
+    def budget_days(self) -> str:
+        return self._key("budget-days")
+
     def quarantine(self, reason: str) -> str:
         """Quarantined records of one reason, per topic."""
         return self._key("quarantine", reason)
@@ -162,6 +189,11 @@ class RedisKeys:
             self.clock_ahead_periods(),
             self._key("unbilled", "*"),
             self.unbilled_periods(),
+            self._key("not-charged", "*"),
+            self.not_charged_periods(),
+            self._key("budget-day", "*"),
+            self._key("budget-day-campaigns", "*"),
+            self.budget_days(),
             self._key("corrections", "*"),
             self.correction_list("*"),
             self.quarantine("*"),

@@ -25,6 +25,9 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from billing.budgets import OVER_BUDGET, day_start, utc_day
+from billing.invalid import INVALID_REASONS
+from billing.periods import Periods
 from billing.store.redis_keys import RedisKeys
 
 REDIS_TIMEOUT_S = 5.0
@@ -195,6 +198,39 @@ class UnbilledCount:
 
 
 @dataclass(frozen=True, slots=True)
+class NotChargedCount:
+    """Priced clicks of one ad and period that were not charged, for one reason (an invalid traffic rule,
+    `over_budget`), with what they would have cost."""
+
+    period: str
+    period_start_ms: int
+    advertiser_id: str
+    campaign_id: str
+    ad_id: str
+    reason: str
+    clicks: int
+    micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetDayCount:
+    """A campaign's clicks charged and over budget on a UTC day, from one period's bills (the day's figures are
+    added only while that period is open: a closed period's are its export's)."""
+
+    period: str
+    campaign_id: str
+    day: str
+    day_start_ms: int
+    charged_clicks: int
+    charged_micros: int
+    over_clicks: int = 0
+    over_micros: int = 0
+
+
+BUDGET_DAY_FIELDS = ("charged_clicks", "charged_micros", "over_clicks", "over_micros")
+
+
+@dataclass(frozen=True, slots=True)
 class QuarantineCount:
     """Quarantined records of one reason from one topic (and one advertiser when the ad is known)."""
 
@@ -235,6 +271,8 @@ class RedisTotals:
         clock_ahead: Iterable[ClockAheadCount] = (),
         require_history: bool = False,
         unbilled: Iterable[UnbilledCount] = (),
+        not_charged: Iterable[NotChargedCount] = (),
+        budget_days: Iterable[BudgetDayCount] = (),
     ) -> bool:
         """Add a micro-batch's totals, late, quarantine, clock-ahead and unbilled counts once; False when that batch
         (or a later one) was already applied. With `require_history` (the streaming job), a batch after the first is
@@ -285,6 +323,11 @@ class RedisTotals:
                     ["hincrby", k.unbilled(held.period, "adv", held.advertiser_id), held.reason, str(held.clicks)]
                 )
         ops += self._quarantine_ops(quarantined)
+        for n in not_charged:
+            ops += not_charged_ops(k, n, open_only=True)
+            ops.append(["hincrby", counters, f"not_charged_{n.reason}", str(n.clicks)])
+        for day in budget_days:
+            ops += budget_day_ops(k, day, open_only=True)
         keys = [k.applied(sink), k.closed_periods()]
         return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), "1" if require_history else "0"]))
 
@@ -315,6 +358,7 @@ class RedisTotals:
                 ["hset", k.totals(period, "ad", c.ad_id), "campaign", c.campaign_id],
                 ["lpush", k.correction_list(c.advertiser_id), json.dumps(c.to_dict(), sort_keys=True)],
             ]
+            ops += correction_side_ops(k, c, period_start_ms)
             items.append([c.correction_id, ops])
         return self._apply_items(k.corrections_applied(), items)
 
@@ -373,6 +417,38 @@ class RedisTotals:
             args=[self.prefix, period, str(period_start_ms), json.dumps(items)],
         )
 
+    def set_not_charged(self, period: str, period_start_ms: int, counts: Iterable[NotChargedCount]) -> None:
+        """Replace a period's not-charged figures with `counts` (a closed period: its export's). Idempotent."""
+        k = self.keys
+        doomed = list(self.client.scan_iter(match=k.not_charged(period, "*", "*"), count=1000))
+        pipe = self.client.pipeline(transaction=True)
+        if doomed:
+            pipe.delete(*doomed)
+        for count in counts:
+            for op in not_charged_ops(k, count, open_only=False):
+                if op[0] == "hincrby":
+                    pipe.hincrby(op[1], op[2], int(op[3]))
+                elif op[0] == "zadd":
+                    pipe.zadd(op[1], {op[3]: int(op[2])})
+                elif op[0] == "sadd":
+                    pipe.sadd(op[1], op[2])
+        pipe.execute()
+
+    def day_charged(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """(campaign, day) -> micros charged that UTC day so far (the stream's and the corrections')."""
+        wanted = sorted(set(pairs))
+        if not wanted:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for campaign, day in wanted:
+            pipe.hget(self.keys.budget_day(day, campaign), "charged_micros")
+        return {pair: int(value or 0) for pair, value in zip(wanted, pipe.execute(), strict=True)}
+
+    def budget_day(self, day: str, campaign_id: str) -> dict[str, int]:
+        """A campaign's figures on a UTC day (`BUDGET_DAY_FIELDS`)."""
+        values = self.client.hmget(self.keys.budget_day(day, campaign_id), *BUDGET_DAY_FIELDS)
+        return {name: int(v or 0) for name, v in zip(BUDGET_DAY_FIELDS, values, strict=True)}  # type: ignore[arg-type]
+
     def closed_periods(self) -> list[str]:
         return [_text(v) for v in self.client.zrange(self.keys.closed_periods(), 0, -1)]  # type: ignore[union-attr,arg-type]
 
@@ -423,3 +499,90 @@ class RedisTotals:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+NOT_CHARGED_LEVELS = ("adv", "cmp", "ad")
+
+
+def not_charged_ops(keys: RedisKeys, n: NotChargedCount, *, open_only: bool) -> list[list[Any]]:
+    """The operations that add `n` to its period's not-charged figures (`open_only`: while the period is open)."""
+    ops: list[list[Any]] = []
+    for level, item in (("adv", n.advertiser_id), ("cmp", n.campaign_id), ("ad", n.ad_id)):
+        key = keys.not_charged(n.period, level, item)
+        for name, value in ((n.reason, n.clicks), (f"{n.reason}:micros", n.micros)):
+            ops.append(
+                ["open-hincrby", n.period, key, name, str(value)] if open_only else ["hincrby", key, name, str(value)]
+            )
+    ops += [
+        ["zadd", keys.not_charged_periods(), str(n.period_start_ms), n.period],
+        ["zadd", keys.periods(), str(n.period_start_ms), n.period],
+        ["sadd", keys.period_advertisers(n.period), n.advertiser_id],
+        ["sadd", keys.period_campaigns(n.period, n.advertiser_id), n.campaign_id],
+        ["sadd", keys.period_ads(n.period, n.advertiser_id), n.ad_id],
+        ["hset", keys.totals(n.period, "cmp", n.campaign_id), "advertiser", n.advertiser_id],
+        ["hset", keys.totals(n.period, "ad", n.ad_id), "advertiser", n.advertiser_id],
+        ["hset", keys.totals(n.period, "ad", n.ad_id), "campaign", n.campaign_id],
+    ]
+    return ops
+
+
+def budget_day_ops(keys: RedisKeys, day: BudgetDayCount, *, open_only: bool) -> list[list[Any]]:
+    """The operations that add `day`'s figures to its campaign's UTC day (`open_only`: while its period is open)."""
+    key = keys.budget_day(day.day, day.campaign_id)
+    ops: list[list[Any]] = []
+    for name in BUDGET_DAY_FIELDS:
+        value = getattr(day, name)
+        if value:
+            ops.append(
+                ["open-hincrby", day.period, key, name, str(value)] if open_only else ["hincrby", key, name, str(value)]
+            )
+    ops += [
+        ["sadd", keys.budget_day_campaigns(day.day), day.campaign_id],
+        ["zadd", keys.budget_days(), str(day.day_start_ms), day.day],
+    ]
+    return ops
+
+
+def correction_side_ops(keys: RedisKeys, c: Any, period_start_ms: Mapping[str, int]) -> list[list[Any]]:
+    """What a correction changes besides the corrections' sums: the day total of its click's campaign (by the
+    corrected period's day), and, for an invalid traffic or `over_budget` reason, the not-charged figures of the
+    period it is booked in (a retraction adds a click there, an addition takes one away)."""
+    corrected_start = Periods().parse_key(c.corrects_period)
+    day = BudgetDayCount(
+        c.corrects_period,
+        c.campaign_id,
+        utc_day(corrected_start),
+        day_start(corrected_start),
+        c.clicks,
+        c.amount_micros,
+    )
+    reason = str(c.reason)
+    if reason == OVER_BUDGET:
+        day = BudgetDayCount(
+            day.period,
+            day.campaign_id,
+            day.day,
+            day.day_start_ms,
+            day.charged_clicks,
+            day.charged_micros,
+            -c.clicks,
+            -c.amount_micros,
+        )
+    ops = budget_day_ops(keys, day, open_only=False)
+    if reason in NOT_CHARGED_REASONS:
+        n = NotChargedCount(
+            c.booked_period,
+            period_start_ms[c.booked_period],
+            c.advertiser_id,
+            c.campaign_id,
+            c.ad_id,
+            reason,
+            -c.clicks,
+            -c.amount_micros,
+        )
+        ops += not_charged_ops(keys, n, open_only=False)
+    return ops
+
+
+NOT_CHARGED_REASONS = frozenset({*INVALID_REASONS, OVER_BUDGET})
+"""The reasons a priced click is not charged: the invalid traffic rules and the budget."""

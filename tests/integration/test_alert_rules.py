@@ -62,3 +62,58 @@ def test_the_heartbeat_and_the_audit_are_scraped_from_redis(redis_server: LocalR
     assert 'adbill_heartbeat_timestamp_seconds{query="billing"} 1.7672256e+09' in scraped
     assert "adbill_audit_periods_differing 1.0" in scraped
     client.close()
+
+
+def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
+    redis_server: LocalRedis, tmp_path: Path
+) -> None:
+    """`adbill_invalid_clicks_total{reason}` and `adbill_over_budget_clicks_total` count what the stream did not
+    charge; `adbill_campaigns_capped_today` the campaigns whose day reached their budget now (the alert's input)."""
+    from prometheus_client import CollectorRegistry
+
+    from attribution.progress import BillingCollector
+    from billing.catalog import Ad, Catalog
+    from billing.store.catalog_file import save_catalog
+    from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals
+
+    now = 1_767_261_600_000  # 2026-01-01T10:00Z
+    catalog = (
+        Catalog(
+            [
+                Ad("ad-1", "cmp-1", "adv-1", 300_000, "EUR"),
+                Ad("ad-2", "cmp-2", "adv-1", 300_000, "EUR"),
+                Ad("ad-3", "cmp-3", "adv-1", 300_000, "EUR"),
+            ]
+        )  # fmt: skip
+        .with_budget("cmp-1", 0, 1_000_000, 0, backfill=True)  # reached: 0.90 charged leaves less than a click
+        .with_budget("cmp-2", 0, 5_000_000, 0, backfill=True)  # room for more clicks
+    )  # cmp-3 has no budget: never capped
+    save_catalog(catalog, tmp_path / "catalog.json")
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    period, start = "20260101T0900Z", 1_767_258_000_000
+    not_charged = [
+        NotChargedCount(period, start, "adv-1", "cmp-1", "ad-1", "known_bot", 4, 1_200_000),
+        NotChargedCount(period, start, "adv-1", "cmp-1", "ad-1", "duplicate_click", 2, 600_000),
+        NotChargedCount(period, start, "adv-1", "cmp-1", "ad-1", "over_budget", 7, 2_100_000),
+    ]
+    days = [
+        BudgetDayCount(period, "cmp-1", "2026-01-01", 1_767_225_600_000, 3, 900_000, 7, 2_100_000),
+        BudgetDayCount(period, "cmp-2", "2026-01-01", 1_767_225_600_000, 3, 900_000),
+        BudgetDayCount(period, "cmp-3", "2026-01-01", 1_767_225_600_000, 30, 9_000_000),
+    ]
+    assert RedisTotals(client, prefix).apply_batch("billing", 0, [], not_charged=not_charged, budget_days=days)
+    registry = CollectorRegistry()
+    registry.register(BillingCollector(redis_server.url, prefix, tmp_path / "catalog.json", clock=lambda: now))
+    assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "known_bot"}) == 4
+    assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "duplicate_click"}) == 2
+    assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "excluded_ip"}) == 0
+    assert registry.get_sample_value("adbill_over_budget_clicks_total") == 7
+    assert registry.get_sample_value("adbill_campaigns_capped_today") == 1
+    # The next day nothing is charged yet: nobody is capped.
+    registry = CollectorRegistry()
+    registry.register(
+        BillingCollector(redis_server.url, prefix, tmp_path / "catalog.json", clock=lambda: now + 86_400_000)
+    )
+    assert registry.get_sample_value("adbill_campaigns_capped_today") == 0
+    client.close()

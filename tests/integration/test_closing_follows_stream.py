@@ -392,7 +392,8 @@ def test_the_audit_reads_the_archive_and_the_ledger_as_of_one_committed_batch(
     # The audit plans its read of the archive, then reads the ledger; a batch the stream commits in between has its
     # events outside the archive's read and its bill inside the ledger's: the audit must not report that as a
     # difference ("DIFFERS by +1 click" under live traffic, with nothing wrong in the books).
-    import attribution.audit as audit_module
+    # The audit's final charges (`attribution.closing.final_charges`) plan the read in `final_bills`.
+    import attribution.closing as audit_module
 
     catalog = SimulationConfig(events=10, seed=17).catalog()
     save_catalog(catalog, settings.catalog_file)

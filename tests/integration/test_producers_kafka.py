@@ -18,15 +18,17 @@ import fastavro
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from billing.catalog import Catalog
 from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
 from billing.schemas import schema_text
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from billing.store.schema_registry import open_registry
 from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
 from ops.settings import Settings
-from producers.capture import capture_line
-from producers.publisher import DEPLOYED_FIELD, replay_to_kafka, simulate_to_kafka
+from producers.capture import BudgetLine, ExclusionLine, capture_line
+from producers.publisher import DEPLOYED_FIELD, apply_to_store, replay_to_kafka, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator, simulate, system_clock_ms
 from producers.wire import EventDeserializer, EventSerializer, RawRecord, UnknownSchemaError, WireFormatError
 from tests.conftest import child_env
@@ -190,6 +192,106 @@ def test_replay_sends_the_capture_in_order_and_reports_the_bad_line(settings: Se
     assert [deserializer.deserialize("impression", m.value()) for m in impressions] == [
         Impression("i1", "ad-1", "u1", T0)
     ]
+
+
+def test_replay_backfills_budget_and_ip_exclusion_lines_and_sends_user_agents_and_ips(
+    settings: Settings, tmp_path: Path
+):
+    """`budget` and `ip_exclusion` lines (DOMAIN.md "Recorded traffic") are made in the catalog's store where they
+    stand, with their own effective times, before the lines after them are sent; a refused one is a bad line;
+    events go out with their user agent and IP."""
+    tag = uuid.uuid4().hex[:10]
+    topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
+    ensure_topics(settings.kafka_bootstrap, list(topics.values()), partitions=1)
+    store = CatalogStore(tmp_path / "catalog.json")
+    base = SimulationConfig(events=10, seed=3).catalog()
+    save_catalog(base, store.path)
+    campaign = base.campaign_ids[0]
+    seen: list[Catalog] = []
+
+    def apply_catalog(line) -> None:
+        seen.append(apply_to_store(store, line, system_clock_ms()))
+
+    bot = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+    lines = [
+        capture_line(BudgetLine(campaign, T0, 5_000_000)),
+        capture_line(ExclusionLine("203.0.113.0/24", T0, True)),
+        capture_line(Click("c1", "ad-1", "u1", T0, bot, "203.0.113.9")),
+        capture_line(BudgetLine(campaign, T0 + 3_600_000, None)),
+        capture_line(ExclusionLine("203.0.113.0/24", T0 + 1, True)),  # already excluded then: refused
+        capture_line(BudgetLine("no-such-campaign", T0, 1)),  # refused
+        capture_line(Click("c2", "ad-1", "u2", T0 + 1, None, "2001:db8::7")),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("\n".join(lines) + "\n")
+    registry = open_registry(str(tmp_path / "registry.json"))
+
+    result = replay_to_kafka(
+        capture, settings.kafka_bootstrap, registry, topics=topics, progress=False, apply_catalog=apply_catalog
+    )
+
+    assert (result.lines, result.events, result.catalog_changes, result.bad_lines) == (7, 2, 3, 2)
+    assert [e.line_number for e in result.errors] == [5, 6]
+    assert "already excluded" in result.errors[0].message and "unknown campaign" in result.errors[1].message
+    catalog = load_catalog(store.path)
+    assert catalog == seen[-1] and catalog.version == base.version + 3
+    assert catalog.budget_at(campaign, T0) == 5_000_000 and catalog.budget_at(campaign, T0 + 3_600_000) is None
+    assert catalog.exclusions.excluding("203.0.113.9", T0) == "203.0.113.0/24"
+    deserializer = EventDeserializer(registry)
+    clicks = sorted(read_all(settings.kafka_bootstrap, topics["click"], 2), key=lambda m: m.offset())
+    assert [deserializer.deserialize("click", m.value()) for m in clicks] == [
+        Click("c1", "ad-1", "u1", T0, bot, "203.0.113.9"),
+        Click("c2", "ad-1", "u2", T0 + 1, None, "2001:db8::7"),
+    ]
+
+
+def test_a_run_with_invalid_traffic_and_budgets_makes_them_in_the_pipelines_catalog(settings: Settings, tmp_path: Path):
+    """`adbill produce`'s path: the run's budgets and IP exclusion list are made in the catalog's store as the run
+    goes, and its ground truth, billed by that store, is the one the run's own history gives."""
+    config = SimulationConfig(
+        events=6_000,
+        seed=9,
+        start_ms=T0,
+        users=2_000,
+        impression_rate=20.0,  # four minutes of event time: floods take up to a minute
+        click_through_rate=0.3,
+        bad_fraction=0.0,
+        crawler_fraction=0.05,
+        excluded_ip_fraction=0.05,
+        flood_fraction=0.1,
+        double_click_fraction=0.05,
+        late_duplicate_fraction=0.05,
+        budget_campaigns=2,
+    )
+    expected = [a.item for a in simulate(config, tmp_path / "expected-run")]
+    store = CatalogStore(tmp_path / "catalog.json")
+    save_catalog(config.catalog(), store.path)
+    registry = open_registry(str(tmp_path / "registry.json"))
+
+    summary = simulate_to_kafka(
+        config,
+        settings.kafka_bootstrap,
+        registry,
+        tmp_path / "run",
+        topics=settings.topics,
+        progress=False,
+        catalog_store=store,
+    )
+
+    assert summary.delivery_failures == 0 and summary.total == len(expected)
+    assert load_catalog(store.path) == Simulator(config).catalog, "budgets and exclusions made in the store"
+    for name in ("billable.jsonl", "not_charged.jsonl", "summary.json"):
+        assert (tmp_path / "run" / name).read_text() == (tmp_path / "expected-run" / name).read_text(), name
+    counts = json.loads((tmp_path / "run" / "summary.json").read_text())
+    reasons = counts["not_charged"]["by_reason"]
+    assert all(reasons[r]["clicks"] > 0 for r in ("known_bot", "excluded_ip", "click_flood", "duplicate_click"))
+    assert reasons["over_budget"]["clicks"] > 0
+    deserializer = EventDeserializer(registry)
+    messages = read_all(
+        settings.kafka_bootstrap, settings.topics["click"], sum(1 for e in expected if e.type == "click")
+    )
+    received = Counter(deserializer.deserialize("click", m.value()) for m in messages)
+    assert received == Counter(e for e in expected if isinstance(e, Click)), "with their user agents and IPs"
 
 
 def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Settings, tmp_path: Path):

@@ -79,6 +79,8 @@ def read_back(settings: Settings, expected: int, undecodable: int = 0) -> list[d
                         "received_ms": message.timestamp()[1],
                         "partition": message.partition(),
                         "offset": message.offset(),
+                        "user_agent": event.user_agent,
+                        "ip": event.ip,
                     }
                 )
     finally:

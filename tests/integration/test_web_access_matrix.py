@@ -27,15 +27,27 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from billing.catalog import FORMAT, Ad, Catalog
+from billing.budgets import day_start, utc_day
+from billing.catalog import FORMAT, Ad, BudgetSetting, Catalog, MadeBy
 from billing.corrections import Correction, CorrectionKind
 from billing.periods import Periods
-from billing.store.redis_totals import TotalsRow
+from billing.store.catalog_file import CatalogStore
+from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
 from tests.redis_figures import RedisFigures
-from tests.web_support import ACCOUNTS, FIRST_PERIOD_MS, OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import (
+    ACCOUNTS,
+    FIRST_PERIOD_MS,
+    OTHER,
+    OWN,
+    Seeded,
+    form_token,
+    login,
+    plant_exported_click,
+    seed,
+)
 from web import display
 from web.access import Role
 from web.accounts import AccountsFile
@@ -46,6 +58,9 @@ pytestmark = pytest.mark.integration
 
 THIRD = "adv-0002"
 PLANTED_CLICKS = (6_217, 7_919, 8_837)  # a batch for each of OWN, OTHER, THIRD in the latest period
+PLANTED_INVALID = (3_119, 4_231, 5_347)  # invalid clicks of each, not charged, in the latest period
+PLANTED_BUDGETS = (61_234_567, 72_345_678, 83_456_789)  # each one's campaign's daily budget, in micros
+PLANTED_OVER = (2_113, 2_237, 2_351)  # each one's clicks over budget that day
 ACTORS = ["alice", "bob", "fiona", "ada", "anonymous"]
 
 
@@ -91,6 +106,23 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
             ]
         )  # fmt: skip
         ids[advertiser] = {"campaign": ad.campaign_id, "ad": ad.ad_id, "correction": correction_id}
+        # What was not charged, and the campaign's daily budget and day: figures of this advertiser alone.
+        invalid, over = PLANTED_INVALID[n], PLANTED_OVER[n]
+        totals.apply_batch(
+            "billing",
+            90_100 + n,
+            [],
+            not_charged=[
+                NotChargedCount(latest, start_ms, advertiser, ad.campaign_id, ad.ad_id, "known_bot", invalid, 10**6),
+                NotChargedCount(latest, start_ms, advertiser, ad.campaign_id, ad.ad_id, "over_budget", over, 10**6),
+            ],
+            budget_days=[
+                BudgetDayCount(latest, ad.campaign_id, utc_day(start_ms), day_start(start_ms), 0, 0, over, 10**6)
+            ],
+        )
+        CatalogStore(settings.catalog_file).change(
+            BudgetSetting(ad.campaign_id, 0, PLANTED_BUDGETS[n], MadeBy("ada", "command")), backfill=True
+        )
     app = create_app(settings)
     clients = {"anonymous": app.test_client()}
     for name in ACCOUNTS:
@@ -98,6 +130,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         assert login(clients[name], name).status_code == 302
     exports = sorted(p.name for p in (settings.root / "exports").iterdir())
     assert len(exports) == 2
+    for advertiser in (OWN, OTHER, THIRD):  # a click of each, whose story the click routes tell
+        ids[advertiser]["click"] = plant_exported_click(settings.root, exports[-1], advertiser)
     store = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)
@@ -107,50 +141,54 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
 # The URL of each GET route for advertiser `adv`'s things; `None` for routes that are not an advertiser's.
 def get_routes(world: World, adv: str) -> dict[str, str]:
     ids = world.ids[adv]
-    return {
-        "/": "/",
-        "/login": "/login",
-        "/advertisers/<advertiser_id>": f"/advertisers/{adv}",
-        "/advertisers/<advertiser_id>/campaigns/<campaign_id>": f"/advertisers/{adv}/campaigns/{ids['campaign']}",
-        "/advertisers/<advertiser_id>/ads/<ad_id>": f"/advertisers/{adv}/ads/{ids['ad']}",
-        "/advertisers/<advertiser_id>/corrections": f"/advertisers/{adv}/corrections",
-        "/advertisers/<advertiser_id>/corrections/<correction_id>": (
-            f"/advertisers/{adv}/corrections/{ids['correction']}"
-        ),
-        "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
-        "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
-        "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
-            f"/advertisers/{adv}/statements/2026-01/statement.csv"
-        ),
-        "/advertisers/<advertiser_id>/statements/<month>/statement.pdf": (
-            f"/advertisers/{adv}/statements/2026-01/statement.pdf"
-        ),
-        "/finance": "/finance",
-        "/finance/months/<month>/billing.csv": "/finance/months/2026-01/billing.csv",
-        "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
-        "/health": "/health",
-        "/static/<path:filename>": "/static/adbill.js",
-        "/api/v1/openapi.json": "/api/v1/openapi.json",
-        "/api/v1/me": "/api/v1/me",
-        "/api/v1/periods": "/api/v1/periods",
-        "/api/v1/advertisers": "/api/v1/advertisers",
-        "/api/v1/advertisers/<advertiser_id>/dashboard": f"/api/v1/advertisers/{adv}/dashboard",
-        "/api/v1/advertisers/<advertiser_id>/campaigns/<campaign_id>": (
-            f"/api/v1/advertisers/{adv}/campaigns/{ids['campaign']}"
-        ),
-        "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
-        "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
-        "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
-            f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
-        ),
-        "/api/v1/finance": "/api/v1/finance",
-        "/api/v1/exports": "/api/v1/exports",
-        "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
-        "/api/v1/health": "/api/v1/health",
-        "/healthz": "/healthz",
-        "/readyz": "/readyz",
-        "/metrics": "/metrics",
-    } | catalog_get_routes(world, adv)
+    return (
+        {
+            "/": "/",
+            "/login": "/login",
+            "/advertisers/<advertiser_id>": f"/advertisers/{adv}",
+            "/advertisers/<advertiser_id>/campaigns/<campaign_id>": f"/advertisers/{adv}/campaigns/{ids['campaign']}",
+            "/advertisers/<advertiser_id>/ads/<ad_id>": f"/advertisers/{adv}/ads/{ids['ad']}",
+            "/advertisers/<advertiser_id>/corrections": f"/advertisers/{adv}/corrections",
+            "/advertisers/<advertiser_id>/corrections/<correction_id>": (
+                f"/advertisers/{adv}/corrections/{ids['correction']}"
+            ),
+            "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
+            "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
+            "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
+                f"/advertisers/{adv}/statements/2026-01/statement.csv"
+            ),
+            "/advertisers/<advertiser_id>/statements/<month>/statement.pdf": (
+                f"/advertisers/{adv}/statements/2026-01/statement.pdf"
+            ),
+            "/finance": "/finance",
+            "/finance/months/<month>/billing.csv": "/finance/months/2026-01/billing.csv",
+            "/exports/<period>/<name>": f"/exports/{world.export_period}/billing.parquet",
+            "/health": "/health",
+            "/static/<path:filename>": "/static/adbill.js",
+            "/api/v1/openapi.json": "/api/v1/openapi.json",
+            "/api/v1/me": "/api/v1/me",
+            "/api/v1/periods": "/api/v1/periods",
+            "/api/v1/advertisers": "/api/v1/advertisers",
+            "/api/v1/advertisers/<advertiser_id>/dashboard": f"/api/v1/advertisers/{adv}/dashboard",
+            "/api/v1/advertisers/<advertiser_id>/campaigns/<campaign_id>": (
+                f"/api/v1/advertisers/{adv}/campaigns/{ids['campaign']}"
+            ),
+            "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
+            "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
+            "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
+                f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
+            ),
+            "/api/v1/finance": "/api/v1/finance",
+            "/api/v1/exports": "/api/v1/exports",
+            "/api/v1/exports/<period>/<name>": f"/api/v1/exports/{world.export_period}/billing.csv",
+            "/api/v1/health": "/api/v1/health",
+            "/healthz": "/healthz",
+            "/readyz": "/readyz",
+            "/metrics": "/metrics",
+        }
+        | catalog_get_routes(world, adv)
+        | story_get_routes(world, adv)
+    )
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
@@ -176,15 +214,17 @@ def expected_status(actor: str, rule: str) -> int:
         return 401 if rule.startswith("/api/") else 302
     if rule == "/":
         return 302
+    if rule in EXCLUSIONS:
+        return 200 if actor == "ada" else 404
     if rule in CATALOG_READ:
         return 200 if actor in ("fiona", "ada") else 404
     if rule in HEALTH:
         return 200 if actor == "ada" else 404
     if rule in FINANCE:
         return 200 if actor in ("fiona", "ada") else 404
-    if "<advertiser_id>" in rule:
+    if "<advertiser_id>" in rule or rule in CLICK_ROUTES:
         return 404 if actor == "bob" else 200
-    return 200  # /api/v1/me, /periods, /advertisers: any logged-in person, each sees its own view
+    return 200  # /api/v1/me, /periods, /advertisers, /clicks: any logged-in person, each sees its own view
 
 
 def test_the_matrix_covers_every_route(world: World) -> None:
@@ -206,7 +246,7 @@ def test_every_get_route_for_every_actor(world: World, actor: str) -> None:
             assert response.headers["Location"].startswith("/login"), url
         if want == 401:
             assert response.json == {"error": "login required", "status": 401}, url
-        if want == 200 and "<advertiser_id>" in rule:
+        if want == 200 and ("<advertiser_id>" in rule or rule in CLICK_ROUTES):
             assert OWN.encode() in response.get_data(), f"{url} answered without adv-0000's data"
     assert not failures, "\n".join(failures)
 
@@ -246,7 +286,8 @@ def figures_of(world: World, advertiser: str) -> set[str]:
         }
     for period in admin.get("/api/v1/periods").json["periods"]:
         dashboard = admin.get(f"/api/v1/advertisers/{advertiser}/dashboard?period={period['period']}").json
-        lines = [dashboard["totals"], *dashboard["campaigns"], *dashboard["ads"]]
+        totals = {**dashboard["totals"], "not_charged": dashboard["not_charged"]}
+        lines = [totals, *dashboard["campaigns"], *dashboard["ads"]]
         for line in lines:
             for kind in ("provisional", "corrections", "corrected"):
                 clicks, micros = line[kind]["clicks"], int(line[kind]["micros"])
@@ -254,12 +295,25 @@ def figures_of(world: World, advertiser: str) -> set[str]:
                     out |= {str(clicks), display.count(abs(clicks))}
                 if abs(micros) >= 1_000:
                     out |= {str(micros), display.money(abs(micros), currency)}
+            for figures in line["not_charged"].values():
+                if not isinstance(figures, dict):
+                    continue  # the rate
+                clicks, micros = figures["clicks"], int(figures["micros"])
+                if abs(clicks) >= 1_000:
+                    out |= {str(clicks), display.count(abs(clicks))}
+                if abs(micros) >= 1_000:
+                    out |= {str(micros), display.money(abs(micros), currency)}
+        for day in dashboard["budget_days"]:
+            if day["budget_micros"] is not None:
+                out |= {day["budget_micros"], display.money(int(day["budget_micros"]), currency)}
+            if day["over_budget"]["clicks"] >= 1_000:
+                out |= {str(day["over_budget"]["clicks"]), display.count(day["over_budget"]["clicks"])}
     return out
 
 
 def test_advertiser_sees_its_own_things_and_gets_404_for_the_same_kind_of_another(world: World) -> None:
     bob = world.clients["bob"]
-    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r]
+    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r or r in CLICK_ROUTES]
     assert all(bob.get(u).status_code == 200 for u in mine)
     assert all(world.clients["alice"].get(u).status_code == 404 for u in mine)
 
@@ -270,6 +324,8 @@ def test_a_forbidden_id_answers_exactly_like_an_id_that_does_not_exist(world: Wo
         (f"/advertisers/{OTHER}", "/advertisers/adv-9999"),
         (f"/api/v1/advertisers/{OTHER}/dashboard", "/api/v1/advertisers/adv-9999/dashboard"),
         (f"/api/v1/advertisers/{OTHER}/corrections", "/api/v1/advertisers/adv-9999/corrections"),
+        (f"/clicks/{world.ids[OTHER]['click']}", "/clicks/click-never-received"),
+        (f"/api/v1/clicks/{world.ids[OTHER]['click']}", "/api/v1/clicks/click-never-received"),
     ]:
         a, b = alice.get(forbidden), alice.get(missing)
         assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404
@@ -290,6 +346,42 @@ def test_another_advertisers_campaign_ad_or_correction_under_ones_own_id_is_404(
         response = client.get(url)
         assert response.status_code == 404, url
         assert OTHER not in response.get_data(as_text=True)
+
+
+def test_an_advertiser_sees_its_own_campaigns_budgets_and_not_charged_clicks_only(world: World) -> None:
+    """The budget history on the campaign page, the days of each budget on the dashboard, the clicks not charged:
+    each advertiser its own; another's campaign answers 404, as one that does not exist."""
+    latest = world.clients["ada"].get("/api/v1/periods").json["periods"][-1]["period"]
+    day = f"{latest[:4]}-{latest[4:6]}-{latest[6:8]}"
+    for actor, advertiser, n in (("alice", OWN, 0), ("bob", OTHER, 1)):
+        client, campaign = world.clients[actor], world.ids[advertiser]["campaign"]
+        doc = client.get(f"/api/v1/advertisers/{advertiser}/campaigns/{campaign}?from={day}&to={day}").json
+        assert doc["budget"]["daily_budget_micros"] == str(PLANTED_BUDGETS[n])
+        assert [(e["made_by"], e["door"]) for e in doc["budget"]["history"]] == [("ada", "command")]
+        assert [d["day"] for d in doc["budget_days"]] == [day]
+        assert doc["budget_days"][0]["over_budget"]["clicks"] >= PLANTED_OVER[n]  # the sample's own add to it
+        page = client.get(f"/advertisers/{advertiser}/campaigns/{campaign}?from={day}&to={day}").text
+        assert display.money(PLANTED_BUDGETS[n], world.seeded.catalog.currency_of(advertiser) or "") in page
+        dashboard = client.get(f"/api/v1/advertisers/{advertiser}/dashboard?from={day}&to={day}").json
+        assert {d["campaign_id"] for d in dashboard["budget_days"]} == {campaign}
+        assert dashboard["not_charged"]["invalid"]["clicks"] >= PLANTED_INVALID[n]
+        assert dashboard["not_charged"]["over_budget"]["clicks"] >= PLANTED_OVER[n]
+    theirs = world.ids[OTHER]["campaign"]
+    alice = world.clients["alice"]
+    for forbidden, missing in [
+        (f"/advertisers/{OTHER}/campaigns/{theirs}", "/advertisers/adv-9999/campaigns/no-such-cmp"),
+        (f"/api/v1/advertisers/{OTHER}/campaigns/{theirs}", "/api/v1/advertisers/adv-9999/campaigns/no-such-cmp"),
+        (f"/catalog/campaigns/{theirs}", "/catalog/campaigns/no-such-cmp"),
+        (f"/api/v1/catalog/campaigns/{theirs}/budgets", "/api/v1/catalog/campaigns/no-such-cmp/budgets"),
+        ("/catalog/budgets", "/catalog/no-such-page"),
+        ("/api/v1/catalog/ip-exclusions", "/api/v1/catalog/no-such-route"),
+    ]:
+        a, b = alice.get(forbidden), alice.get(missing)
+        assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404, forbidden
+    assert alice.get(f"/advertisers/{OWN}/campaigns/{theirs}").status_code == 404
+    fiona = world.clients["fiona"]
+    assert fiona.get("/catalog/ip-exclusions").status_code == 404  # the operator's list: an admin's only
+    assert 'id="set-budget"' not in fiona.get(f"/catalog/campaigns/{theirs}").text  # finance reads, never changes
 
 
 def test_query_arguments_do_not_widen_what_an_advertiser_sees(world: World) -> None:
@@ -351,12 +443,20 @@ def test_anonymous_posts_are_refused_without_a_token(world: World) -> None:
 
 # The catalog: advertisers' ads (theirs only), every ad for finance and admin, changes by an admin only ----------------
 CATALOG_READ = {
+    "/catalog/changes",
+    "/api/v1/catalog/changes",
     "/catalog",
     "/catalog/ads/<ad_id>",
     "/api/v1/catalog/ads",
     "/api/v1/catalog/ads/<ad_id>",
     "/api/v1/catalog/ads/<ad_id>/prices",
+    "/catalog/budgets",
+    "/catalog/campaigns/<campaign_id>",
+    "/api/v1/catalog/budgets",
+    "/api/v1/catalog/campaigns/<campaign_id>/budgets",
 }
+# The IP exclusion list is the operator's: an admin's only, to see and to change.
+EXCLUSIONS = {"/catalog/ip-exclusions", "/api/v1/catalog/ip-exclusions"}
 # Each POST-only route, with a change it accepts from an admin (an ad planned far ahead, so nothing read here moves).
 FAR_AHEAD_MS = 4_102_444_800_000  # 2100-01-01T00:00Z
 CATALOG_POST_ROUTES = {
@@ -372,13 +472,26 @@ CATALOG_POST_ROUTES = {
     "/api/v1/catalog/ads/<ad_id>/prices": (
         "/api/v1/catalog/ads/matrix-page-ad/prices", {"cpc_micros": 7, "effective_from": FAR_AHEAD_MS + 2}
     ),
+    "/catalog/campaigns/<campaign_id>/budgets": (
+        "/catalog/campaigns/matrix-cmp/budgets", {"daily_micros": "9000000", "effective_from": str(FAR_AHEAD_MS + 3)}
+    ),
+    "/api/v1/catalog/campaigns/<campaign_id>/budgets": (
+        "/api/v1/catalog/campaigns/matrix-cmp/budgets",
+        {"daily_budget_micros": "9500000", "effective_from": FAR_AHEAD_MS + 4},
+    ),
+    "/catalog/ip-exclusions": (
+        "/catalog/ip-exclusions", {"cidr": "198.51.100.0/24", "action": "exclude", "effective_from": str(FAR_AHEAD_MS)}
+    ),
+    "/api/v1/catalog/ip-exclusions": (
+        "/api/v1/catalog/ip-exclusions", {"cidr": "2001:db8::/32", "excluded": True, "effective_from": FAR_AHEAD_MS}
+    ),
 }  # fmt: skip
 API_CREATE = {"ad_id": "matrix-api-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
               "cpc_micros": 5, "effective_from": FAR_AHEAD_MS}  # fmt: skip
 
 
 def catalog_get_routes(world: World, adv: str) -> dict[str, str]:
-    ad = world.ids[adv]["ad"]
+    ad, campaign = world.ids[adv]["ad"], world.ids[adv]["campaign"]
     return {
         "/advertisers/<advertiser_id>/ads": f"/advertisers/{adv}/ads",
         "/api/v1/advertisers/<advertiser_id>/ads": f"/api/v1/advertisers/{adv}/ads",
@@ -387,6 +500,12 @@ def catalog_get_routes(world: World, adv: str) -> dict[str, str]:
         "/api/v1/catalog/ads": "/api/v1/catalog/ads",
         "/api/v1/catalog/ads/<ad_id>": f"/api/v1/catalog/ads/{ad}",
         "/api/v1/catalog/ads/<ad_id>/prices": f"/api/v1/catalog/ads/{ad}/prices",
+        "/catalog/budgets": "/catalog/budgets",
+        "/catalog/campaigns/<campaign_id>": f"/catalog/campaigns/{campaign}",
+        "/api/v1/catalog/budgets": "/api/v1/catalog/budgets",
+        "/api/v1/catalog/campaigns/<campaign_id>/budgets": f"/api/v1/catalog/campaigns/{campaign}/budgets",
+        "/catalog/ip-exclusions": "/catalog/ip-exclusions",
+        "/api/v1/catalog/ip-exclusions": "/api/v1/catalog/ip-exclusions",
     }
 
 
@@ -428,6 +547,11 @@ def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: Wor
     if admin:
         made = json.loads(catalog_file.read_text())
         assert {"matrix-page-ad", "matrix-api-ad"} <= {ad["ad_id"] for ad in made["ads"]}
+        assert [b["daily_budget_micros"] for b in made["budgets"]["matrix-cmp"]] == [9_000_000, 9_500_000]
+        assert {(e["cidr"], e["door"]) for e in made["ip_exclusions"]} == {
+            ("198.51.100.0/24", "page"),
+            ("2001:db8::/32", "api"),  # the browser's session on the API
+        }
     else:
         assert catalog_file.read_bytes() == before, f"{actor} changed the catalog"
 
@@ -470,7 +594,7 @@ def test_a_token_opens_every_api_route_exactly_as_its_accounts_session_and_no_pa
 def test_another_advertisers_token_gets_404_like_an_id_that_does_not_exist(world: World) -> None:
     bob = world.app.test_client()
     for rule, url in get_routes(world, OWN).items():
-        if rule.startswith("/api/") and "<advertiser_id>" in rule:
+        if rule.startswith("/api/") and ("<advertiser_id>" in rule or rule in CLICK_ROUTES):
             response = bob.get(url, headers=bearer(world.tokens["bob"]))
             assert response.status_code == 404 and OWN not in response.get_data(as_text=True), url
     mine = bob.get(f"/api/v1/advertisers/{OTHER}/dashboard", headers=bearer(world.tokens["bob"]))
@@ -619,3 +743,36 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
         ]
     assert f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}" in caplog.text
     seeded.client.close()
+
+
+# A click's story: an advertiser's own clicks only; the catalog's change log: finance and admin ----------------------
+CLICK_ROUTES = {"/clicks/<click_id>", "/api/v1/clicks/<click_id>"}
+
+
+def story_get_routes(world: World, adv: str) -> dict[str, str]:
+    click = world.ids[adv]["click"]
+    return {
+        "/clicks": "/clicks",
+        "/clicks/<click_id>": f"/clicks/{click}",
+        "/api/v1/clicks/<click_id>": f"/api/v1/clicks/{click}",
+        "/catalog/changes": "/catalog/changes",
+        "/api/v1/catalog/changes": "/api/v1/catalog/changes",
+    }
+
+
+def test_a_click_never_received_says_so_to_finance_and_admin_and_is_404_to_an_advertiser(world: World) -> None:
+    for actor in ("fiona", "ada"):
+        page = world.clients[actor].get("/clicks/click-never-received")
+        assert page.status_code == 404 and "Never received" in page.text
+        document = world.clients[actor].get("/api/v1/clicks/click-never-received")
+        assert document.json == {"error": "no click click-never-received was ever received", "status": 404}
+    alice = world.clients["alice"]
+    assert alice.get("/clicks/click-never-received").get_data() == alice.get("/advertisers/adv-9999").get_data()
+    own = alice.get(f"/api/v1/clicks/{world.ids[OWN]['click']}").json
+    assert own["outcome"]["status"] == "charged" and own["advertiser_id"] == OWN
+    assert isinstance(own["outcome"]["amount_micros"], str)
+    assert (
+        alice.get(f"/clicks?click_id={world.ids[OWN]['click']}")
+        .headers["Location"]
+        .endswith(f"/clicks/{world.ids[OWN]['click']}")
+    )

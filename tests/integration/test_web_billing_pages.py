@@ -241,7 +241,7 @@ def test_finance_shows_a_total_row_amounts_per_period_and_why_a_period_is_held(s
     listed = doc["advertisers"]
     currencies = sorted({a["currency"] for a in listed})
     assert len(currencies) > 1, "the sample's advertisers bill in several currencies"
-    assert doc["totals"] == [
+    assert [{k: v for k, v in t.items() if k != "not_charged"} for t in doc["totals"]] == [
         {
             "currency": c,
             **{

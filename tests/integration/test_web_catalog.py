@@ -142,7 +142,9 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
     listed = web.clients["alice"].get(f"/api/v1/advertisers/{OWN}/ads").json
     new = next(a for a in listed["ads"] if a["ad_id"] == "spring-ad-1")
     assert new["status"] == "live" and new["cpc_micros"] == "250000"  # micros as strings, as every amount of the API
-    assert new["next_change"] == {"effective_from": planned, "cpc_micros": "1250000", "version": version + 2}
+    made_at = new["next_change"]["made_at"]
+    assert new["next_change"] == {"effective_from": planned, "cpc_micros": "1250000", "version": version + 2,
+                                  "made_by": "ada", "door": "page", "made_at": made_at}  # fmt: skip
     assert [p["cpc_micros"] for p in new["prices"]] == ["250000", None, "250000", "1250000"]
     assert "spring-ad-1" not in web.clients["bob"].get(f"/advertisers/{OTHER}/ads").text
 
@@ -157,7 +159,10 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
     later = now_ms() + 2 * HOUR_MS
     # A price may be sent as a string of micros, as the API writes it, or as a number.
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": "120000", "effective_from": later})
-    assert status == 201 and body["made"] == {"effective_from": later, "cpc_micros": "120000", "version": 2}
+    token_id = web.tokens["ada"].split("_")[1]
+    assert status == 201 and body["made"] == {"effective_from": later, "cpc_micros": "120000", "version": 2,
+                                              "made_by": "ada", "door": f"api token {token_id}",
+                                              "made_at": body["made"]["made_at"]}  # fmt: skip
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"cpc_micros": None})
     assert status == 201 and body["status"] == "paused"
     status, body = web.api("ada", "/catalog/ads/api-ad/prices", {"action": "resume", "cpc_micros": 95_000})
@@ -173,8 +178,11 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
             "effective_from": p.effective_from,
             "cpc_micros": None if p.paused else str(p.cpc_micros),
             "version": p.version,
+            "made_by": "ada",  # who made each entry, through which door and when: the catalog's change log
+            "door": f"api token {token_id}",
+            "made_at": entry["made_at"],
         }
-        for p in ad.prices
+        for p, entry in zip(ad.prices, read.json["prices"], strict=True)
     ]
 
 

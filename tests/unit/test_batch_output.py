@@ -1,4 +1,5 @@
-"""A collected micro-batch split into ledger, archive and quarantine rows, their Redis figures and their files."""
+"""A collected micro-batch split into its matched clicks, archive and quarantine rows, their Redis figures and their
+files; the matched clicks charged on the driver (`attribution.charging`) into the ledger and `unbilled/`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 from attribution.batch_output import (
     ARCHIVE_COLUMNS,
+    BILL_COLUMNS,
+    BatchFigures,
     PartitionWriter,
     batch_figures,
     bill_totals,
@@ -22,8 +25,11 @@ from attribution.batch_output import (
     split_batch,
     write_batch_files,
 )
+from attribution.charging import Charged, Charging
 from attribution.decode import QUARANTINE_COLUMNS
 from billing.catalog import Ad, Catalog, PriceChange
+from billing.invalid import IvtRules
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
@@ -46,14 +52,12 @@ SCHEMA = pa.schema(
         ("click_id", pa.string()),
         ("impression_id", pa.string()),
         ("ad_id", pa.string()),
-        ("campaign_id", pa.string()),
-        ("advertiser_id", pa.string()),
         ("user_id", pa.string()),
         ("click_time", pa.int64()),
         ("impression_time", pa.int64()),
-        ("amount_micros", pa.int64()),
-        ("currency", pa.string()),
         ("click_received_ms", pa.int64()),
+        ("ip", pa.string()),
+        ("known_bot", pa.bool_()),
         ("event_type", pa.string()),
         ("event_id", pa.string()),
         ("event_time", pa.int64()),
@@ -62,6 +66,7 @@ SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("value", pa.binary()),
+        ("user_agent", pa.string()),
         ("reason", pa.string()),
         ("kind", pa.string()),
         ("value_size", pa.int32()),
@@ -72,20 +77,19 @@ SCHEMA = pa.schema(
 and digest of the bad records' bytes (`attribution.decode.quarantined_value`)."""
 
 
-def bill(click_id: str, ad_id: str, click_time: int, micros: int) -> dict[str, object]:
+def bill(click_id: str, ad_id: str, click_time: int, micros: int = 0) -> dict[str, object]:
+    """A matched click (`micros`: what the catalog prices it at, for the reader; the sink prices it)."""
     return {
         "kind": "bill",
         "click_id": click_id,
         "impression_id": f"i-{click_id}",
         "ad_id": ad_id,
-        "campaign_id": f"camp-{ad_id}",
-        "advertiser_id": ADVERTISER_OF.get(ad_id, ""),
-        "user_id": "u-1",
+        "user_id": f"u-{click_id}",  # a user of its own: none of these clicks is a duplicate of another
         "click_time": click_time,
         "impression_time": click_time - 1_000,
-        "amount_micros": micros,
-        "currency": "USD",
         "click_received_ms": click_time + 5,
+        "ip": None,
+        "known_bot": False,
     }
 
 
@@ -140,21 +144,30 @@ def split(batch: pa.Table, batch_id: int = 7):
         batch,
         batch_id,
         late_watermark_ms=T0 - 30_000,
-        billed_at_ms=T0 + 2 * HOUR,
         periods=Periods(HOUR),
-        ledger_columns=LEDGER_COLUMNS,
         quarantine_columns=QUARANTINE_COLUMNS,
-        catalog=CATALOG,
     )
 
 
-def test_split_gives_ledger_archive_and_quarantine_rows_with_periods(batch: pa.Table) -> None:
+def charge(
+    batch: pa.Table, root: Path, batch_id: int = 7, billed_at_ms: int = T0 + 2 * HOUR, catalog: Catalog = CATALOG
+) -> Charged:
+    """The batch's matched clicks charged on the driver, as `BatchSink` does after the tasks wrote their shares."""
+    out = split(batch, batch_id)
+    charging = Charging(DataLayout(root), Periods(HOUR), IvtRules())
+    return charging.charge(batch_id, out.bills, out.clicks, catalog, T0 - 30_000, billed_at_ms, lambda pairs: {})
+
+
+def test_split_gives_matched_clicks_archive_and_quarantine_rows_with_periods(batch: pa.Table, tmp_path: Path) -> None:
     out = split(batch)
-    assert out.bills.column_names == list(LEDGER_COLUMNS)
+    assert out.bills.column_names == list(BILL_COLUMNS)
     assert out.events.column_names == list(ARCHIVE_COLUMNS)
     assert out.bad.column_names == [*QUARANTINE_COLUMNS, "batch_id"]
+    assert sorted(out.clicks.column("click_id").to_pylist()) == ["c-1", "c-2", "c-old"]
 
-    bills = {row["click_id"]: row for row in out.bills.to_pylist()}
+    charged = charge(batch, tmp_path)
+    assert charged.ledger.column_names == list(LEDGER_COLUMNS)
+    bills = {row["click_id"]: row for row in charged.ledger.to_pylist()}
     assert sorted(bills) == ["c-1", "c-2", "c-3", "c-4"]
     assert (bills["c-1"]["period"], bills["c-1"]["period_start_ms"]) == ("20260101T0000Z", T0)
     assert (bills["c-2"]["period"], bills["c-2"]["period_start_ms"]) == ("20260101T0100Z", T0 + HOUR)
@@ -175,9 +188,9 @@ def test_split_gives_ledger_archive_and_quarantine_rows_with_periods(batch: pa.T
     assert bad["unknown_ad"]["batch_id"] == 7
 
 
-def test_redis_figures_of_a_batch(batch: pa.Table) -> None:
+def test_redis_figures_of_a_batch(batch: pa.Table, tmp_path: Path) -> None:
     out = split(batch)
-    assert sorted(bill_totals(out.bills), key=lambda t: (t.period, t.ad_id)) == [
+    assert sorted(charge(batch, tmp_path).totals, key=lambda t: (t.period, t.ad_id)) == [
         TotalsRow("20260101T0000Z", T0, "adv-1", "camp-ad-1", "ad-1", 2, 3_000_000),
         TotalsRow("20260101T0000Z", T0, "adv-2", "camp-ad-2", "ad-2", 1, 70_000),
         TotalsRow("20260101T0100Z", T0 + HOUR, "adv-1", "camp-ad-1", "ad-1", 1, 1_500_000),
@@ -228,7 +241,10 @@ def test_late_follows_the_watermark_time_and_clock_ahead_the_tolerance(
 def test_an_empty_batch_writes_and_counts_nothing(batch: pa.Table, tmp_path: Path) -> None:
     out = split(batch.slice(0, 0))
     assert (out.bills.num_rows, out.events.num_rows, out.bad.num_rows) == (0, 0, 0)
-    assert bill_totals(out.bills) == [] and late_counts(out.events, ADVERTISER_OF) == []
+    charged = charge(batch.slice(0, 0), tmp_path / "data")
+    assert charged.totals == [] and charged.ledger.num_rows == 0 and late_counts(out.events, ADVERTISER_OF) == []
+    tmp_path = tmp_path / "files"
+    tmp_path.mkdir()
     assert write_batch_files(out.events, tmp_path, ("event_type", "period", "batch_id")) == []
     assert list(tmp_path.iterdir()) == []
 
@@ -236,13 +252,14 @@ def test_an_empty_batch_writes_and_counts_nothing(batch: pa.Table, tmp_path: Pat
 def test_files_are_partitioned_like_spark_writes_them_and_read_back_whole(batch: pa.Table, tmp_path: Path) -> None:
     out = split(batch)
     ledger = tmp_path / "ledger"
-    written = write_batch_files(out.bills, ledger, ("period", "batch_id"))
+    bills = charge(batch, tmp_path / "data").ledger
+    written = write_batch_files(bills, ledger, ("period", "batch_id"))
     assert sorted(str(path.relative_to(ledger)) for path in written) == [
         "period=20260101T0000Z/batch_id=7/part-00000.parquet",
         "period=20260101T0100Z/batch_id=7/part-00000.parquet",
     ]
     back = read_ledger(ledger).sort_by("click_id")
-    assert back.to_pylist() == out.bills.sort_by("click_id").to_pylist()
+    assert back.to_pylist() == bills.sort_by("click_id").to_pylist()
 
     archive = tmp_path / "archive"
     write_batch_files(out.events, archive, ("event_type", "period", "batch_id"))
@@ -261,30 +278,24 @@ def test_a_period_whose_only_file_is_still_being_written_reads_as_no_bills(batch
     assert read_ledger(ledger).num_rows == 0
     assert read_ledger(ledger).column_names == list(LEDGER_COLUMNS)
     # Beside a period with bills, the same.
-    write_batch_files(split(batch).bills, ledger, ("period", "batch_id"))
-    assert read_ledger(ledger).num_rows == split(batch).bills.num_rows
+    bills = charge(batch, tmp_path / "data").ledger
+    write_batch_files(bills, ledger, ("period", "batch_id"))
+    assert read_ledger(ledger).num_rows == bills.num_rows
 
 
 def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_path: Path) -> None:
-    first = split(batch)
-    write_batch_files(first.bills, tmp_path, ("period", "batch_id"))
-    earlier = tmp_path / "period=20260101T0000Z" / "batch_id=7" / "part-00000-from-an-earlier-attempt.parquet"
-    earlier.write_bytes((tmp_path / "period=20260101T0000Z" / "batch_id=7" / "part-00000.parquet").read_bytes())
-    again = split_batch(
-        batch,
-        7,
-        late_watermark_ms=T0 - 30_000,
-        billed_at_ms=T0 + 3 * HOUR,
-        periods=Periods(HOUR),
-        ledger_columns=LEDGER_COLUMNS,
-        quarantine_columns=QUARANTINE_COLUMNS,
-        catalog=CATALOG,
-    )
-    write_batch_files(again.bills, tmp_path, ("period", "batch_id"))
-    back = read_ledger(tmp_path)
-    assert back.num_rows == first.bills.num_rows
+    first = charge(batch, tmp_path / "data")
+    ledger = tmp_path / "ledger"
+    write_batch_files(first.ledger, ledger, ("period", "batch_id"))
+    earlier = ledger / "period=20260101T0000Z" / "batch_id=7" / "part-00000-from-an-earlier-attempt.parquet"
+    earlier.write_bytes((ledger / "period=20260101T0000Z" / "batch_id=7" / "part-00000.parquet").read_bytes())
+    again = charge(batch, tmp_path / "data", billed_at_ms=T0 + 3 * HOUR)
+    assert again.replayed and again.decisions == first.decisions
+    write_batch_files(again.ledger, ledger, ("period", "batch_id"))
+    back = read_ledger(ledger)
+    assert back.num_rows == first.ledger.num_rows
     assert set(back.column("billed_at_ms").to_pylist()) == {T0 + 3 * HOUR}
-    assert [path.name for path in tmp_path.rglob(".*")] == []  # no staging file left behind
+    assert [path.name for path in ledger.rglob(".*")] == []  # no staging file left behind
     assert not earlier.exists()
 
 
@@ -298,10 +309,10 @@ def test_every_file_and_folder_written_is_flushed_to_disk_before_the_write_retur
         flushed.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
+    bills = charge(batch, tmp_path / "data").ledger
     monkeypatch.setattr(os, "fsync", fsync)
-    out = split(batch)
     (tmp_path / "ledger").mkdir()
-    written = write_batch_files(out.bills, tmp_path / "ledger", ("period", "batch_id"))
+    written = write_batch_files(bills, tmp_path / "ledger", ("period", "batch_id"))
     monkeypatch.undo()
 
     # Each file's bytes (flushed under its staging name, then renamed), its folder's entry for it, and the entry of
@@ -313,10 +324,11 @@ def test_every_file_and_folder_written_is_flushed_to_disk_before_the_write_retur
 
 
 def test_a_reader_that_meets_a_broken_ledger_file_fails_and_names_it(batch: pa.Table, tmp_path: Path) -> None:
-    out = split(batch)
-    first, second = sorted(write_batch_files(out.bills, tmp_path, ("period", "batch_id")))
+    bills = charge(batch, tmp_path / "data").ledger
+    tmp_path = tmp_path / "ledger"
+    first, second = sorted(write_batch_files(bills, tmp_path, ("period", "batch_id")))
     (first.parent / ".part-00000.parquet.123.tmp").write_bytes(b"half a file")  # a write in progress: not the ledger
-    assert read_ledger(tmp_path).num_rows == out.bills.num_rows
+    assert read_ledger(tmp_path).num_rows == bills.num_rows
 
     # A file cut short, as a power loss without fsync leaves one: before, read_ledger skipped it without a word
     # and the ledger lacked its bills.
@@ -339,17 +351,17 @@ def _writer(tmp_path: Path, batch_id: int = 7) -> PartitionWriter:
     return PartitionWriter(
         batch_id=batch_id,
         late_watermark_ms=T0 - 30_000,
-        billed_at_ms=T0 + 2 * HOUR,
         period_ms=HOUR,
         clock_tolerance_ms=TOLERANCE,
-        ledger_dir=tmp_path / "ledger",
         archive_dir=tmp_path / "archive",
         quarantine_dir=tmp_path / "quarantine",
-        ledger_columns=tuple(LEDGER_COLUMNS),
         quarantine_columns=tuple(QUARANTINE_COLUMNS),
-        unbilled_dir=tmp_path / "unbilled",
-        catalog=CATALOG,
     )
+
+
+def _charge_figures(figures: BatchFigures, root: Path) -> Charged:
+    charging = Charging(DataLayout(root), Periods(HOUR), IvtRules())
+    return charging.charge(7, figures.bills, figures.clicks, CATALOG, T0 - 30_000, T0 + 2 * HOUR, lambda pairs: {})
 
 
 def test_tasks_that_write_their_shares_give_the_figures_and_files_of_the_whole_batch(
@@ -364,44 +376,41 @@ def test_tasks_that_write_their_shares_give_the_figures_and_files_of_the_whole_b
         ADVERTISER_OF,
     )
     key = lambda row: (row.period, row.ad_id, getattr(row, "event_type", ""))  # noqa: E731
-    assert sorted(figures.totals, key=key) == sorted(bill_totals(whole.bills), key=key)
+    charged = _charge_figures(figures, tmp_path / "data")
+    assert sorted(charged.totals, key=key) == sorted(bill_totals(charge(batch, tmp_path / "whole").ledger), key=key)
     assert sorted(figures.late, key=key) == sorted(late_counts(whole.events, ADVERTISER_OF), key=key)
     assert figures.clock_ahead == clock_ahead_counts(whole.events, ADVERTISER_OF, TOLERANCE)
     by_reason = lambda count: count.reason  # noqa: E731
     assert sorted(figures.quarantined, key=by_reason) == sorted(
         quarantine_counts(whole.bad, ADVERTISER_OF), key=by_reason
     )
-    assert (figures.bills, figures.events, figures.bad) == (4, 5, 2)
-    # Partition 0 has the bills of c-1 and c-2 (two periods); partition 1 the bills of c-3 and c-4 and three
-    # archive rows; partition 2 two archive rows and the two bad records.
+    assert (figures.bills.num_rows, figures.events, figures.bad) == (4, 5, 2)
+    assert sorted(figures.clicks.column("click_id").to_pylist()) == ["c-1", "c-2", "c-old"]
+    # Partition 1 has three archive rows; partition 2 two archive rows and the two bad records (the bills are
+    # charged and written on the driver).
     assert sorted(str(path.relative_to(tmp_path)) for path in figures.files) == [
         "archive/event_type=click/period=20251231T2300Z/batch_id=7/part-00002.parquet",
         "archive/event_type=click/period=20260101T0000Z/batch_id=7/part-00001.parquet",
         "archive/event_type=click/period=20260101T0100Z/batch_id=7/part-00001.parquet",
         "archive/event_type=impression/period=20251231T2300Z/batch_id=7/part-00002.parquet",
         "archive/event_type=impression/period=20260101T0000Z/batch_id=7/part-00001.parquet",
-        "ledger/period=20260101T0000Z/batch_id=7/part-00000.parquet",
-        "ledger/period=20260101T0000Z/batch_id=7/part-00001.parquet",
-        "ledger/period=20260101T0100Z/batch_id=7/part-00000.parquet",
         "quarantine/batch_id=7/part-00002.parquet",
     ]
-    assert (
-        read_ledger(tmp_path / "ledger").sort_by("click_id").to_pylist() == whole.bills.sort_by("click_id").to_pylist()
-    )
     archived = ds.dataset(tmp_path / "archive", format="parquet", partitioning="hive").to_table()
     assert sorted(archived.column("event_id").to_pylist()) == sorted(whole.events.column("event_id").to_pylist())
 
 
 def test_a_replayed_batch_spread_otherwise_leaves_only_its_last_attempts_files(batch: pa.Table, tmp_path: Path) -> None:
     writer = _writer(tmp_path)
-    first = batch_figures(writer.write(batch.slice(0, 4), 3)[1], ADVERTISER_OF)  # an earlier attempt: one task
-    shares = [batch.slice(0, 1), batch.slice(1, 3)]
+    first = batch_figures(writer.write(batch.slice(4, 4), 3)[1], ADVERTISER_OF)  # an earlier attempt: one task
+    shares = [batch.slice(4, 1), batch.slice(5, 3)]
     again = batch_figures(
         pa.concat_tables(writer.write(share, partition)[1] for partition, share in enumerate(shares)), ADVERTISER_OF
     )
     removed = prune_batch_folders(again.files)
     assert {path.name for path in removed} == {"part-00003.parquet"} and set(removed) <= set(first.files)
-    assert sorted(read_ledger(tmp_path / "ledger").column("click_id").to_pylist()) == ["c-1", "c-2", "c-3", "c-4"]
+    archived = ds.dataset(tmp_path / "archive", format="parquet", partitioning="hive").to_table()
+    assert sorted(archived.column("event_id").to_pylist()) == ["c-1", "c-2", "i-1", "i-old"]
 
 
 def test_bills_are_priced_by_the_history_at_their_time_and_clicks_without_a_price_are_kept_and_counted(
@@ -414,21 +423,15 @@ def test_bills_are_priced_by_the_history_at_their_time_and_clicks_without_a_pric
         bill("c-unknown", "ad-new", T0, 0),  # an ad the catalog does not know (yet)
     ]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    out = split(table)
-    priced = {r["click_id"]: (r["amount_micros"], r["campaign_id"], r["currency"]) for r in out.bills.to_pylist()}
+    out = charge(table, tmp_path)
+    priced = {r["click_id"]: (r["amount_micros"], r["campaign_id"], r["currency"]) for r in out.ledger.to_pylist()}
     assert priced == {"c-before": (10_000, "camp-ad-p", "USD"), "c-again": (20_000, "camp-ad-p", "USD")}
     held = {r["click_id"]: (r["reason"], r["period"], r["batch_id"]) for r in out.unbilled.to_pylist()}
     assert held == {
         "c-paused": ("ad_paused", "20260101T0100Z", 7),
         "c-unknown": ("unknown_ad", "20260101T0000Z", 7),
     }
-
-    out_files, figures = _writer(tmp_path).write(table, 3)
-    counted = batch_figures(figures, {"ad-p": "adv-2"}).unbilled
-    assert sorted((c.ad_id, c.advertiser_id, c.reason, c.clicks) for c in counted) == [
+    assert sorted((c.ad_id, c.advertiser_id, c.reason, c.clicks) for c in out.unbilled_counts) == [
         ("ad-new", "", "unknown_ad", 1),
         ("ad-p", "adv-2", "ad_paused", 1),
     ]
-    unbilled = ds.dataset(tmp_path / "unbilled", format="parquet", partitioning="hive").to_table()
-    assert sorted(unbilled.column("click_id").to_pylist()) == ["c-paused", "c-unknown"]
-    assert out_files.unbilled.num_rows == 2

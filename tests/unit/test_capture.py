@@ -1,22 +1,32 @@
-"""Reading recorded captures: good lines become events and raw records, bad lines are reported by number."""
+"""Reading recorded captures: good lines become events, raw records, schema versions and changes of the catalog
+(prices, budgets, the IP exclusion list); bad lines are reported by number."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 
+from billing.catalog import Ad, AdChange, Catalog, CatalogError
 from billing.events import Click, Impression
+from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from producers.capture import (
+    BudgetLine,
     CaptureError,
+    CatalogLine,
+    ExclusionLine,
     SchemaLine,
+    apply_line,
     capture_line,
     parse_capture_line,
     read_capture,
     read_capture_with_extras,
 )
-from producers.simulator import write_capture
+from producers.publisher import apply_to_store
+from producers.simulator import SimulationConfig, Simulator, write_capture
 from producers.wire import RawRecord
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -72,7 +82,10 @@ def test_reads_good_and_reports_bad_lines_with_numbers(capture):
     ("line", "message"),
     [
         ("[1, 2]", "a line is a JSON object, got list"),
-        ('{"impression_id": "i1"}', "missing field 'type' (impression, click, raw, ad or schema)"),
+        (
+            '{"impression_id": "i1"}',
+            "missing field 'type' (impression, click, raw, ad, budget, ip_exclusion or schema)",
+        ),
         ('{"type": null}', "unknown type None"),
         (
             CLICK_WITH_TIME % '"1767225600000"',
@@ -101,6 +114,37 @@ def test_reads_good_and_reports_bad_lines_with_numbers(capture):
         ('{"type": "raw", "topic": "clicks"}', "missing field 'bytes_b64'"),
         ('{"type": "raw", "topic": "clicks", "bytes_b64": "not base64!"}', "field 'bytes_b64' is not base64"),
         ('{"type": "raw", "topic": "", "bytes_b64": "AA=="}', "field 'topic' must not be empty"),
+        (
+            '{"type": "click", "click_id": "c1", "ad_id": "a", "user_id": "u", "event_time": 1, "ip": 7}',
+            "field 'ip' must be a string or null, got the number 7",
+        ),
+        ('{"type": "budget", "effective_from": 1, "daily_budget_micros": 5}', "missing field 'campaign_id'"),
+        ('{"type": "budget", "campaign_id": "c1", "effective_from": 1}', "missing field 'daily_budget_micros'"),
+        (
+            '{"type": "budget", "campaign_id": "c1", "effective_from": 1, "daily_budget_micros": -5}',
+            "a daily budget must not be negative",
+        ),
+        (
+            '{"type": "budget", "campaign_id": "c1", "effective_from": 1, "daily_budget_micros": 2.5}',
+            "a daily budget is a whole number of micros",
+        ),
+        (
+            '{"type": "budget", "campaign_id": "c1", "effective_from": -1, "daily_budget_micros": 5}',
+            "field 'effective_from' must not be negative",
+        ),
+        ('{"type": "budget", "campaign_id": "c1", "daily_budget_micros": 5}', "missing field 'effective_from'"),
+        (
+            '{"type": "ip_exclusion", "cidr": "203.0.113.7/24", "effective_from": 1, "excluded": true}',
+            "has host bits set: the range is 203.0.113.0/24",
+        ),
+        (
+            '{"type": "ip_exclusion", "cidr": "not an address", "effective_from": 1, "excluded": true}',
+            "is not an IP range",
+        ),
+        (
+            '{"type": "ip_exclusion", "cidr": "2001:db8::/32", "effective_from": 1}',
+            "field 'excluded' must be true or false, got null",
+        ),
     ],
 )
 def test_bad_lines(line, message):
@@ -169,3 +213,112 @@ def test_a_schema_line_is_a_schema_version_with_its_line_number(tmp_path):
     assert parse_capture_line(capture_line(SchemaLine("clicks-value", json.dumps(schema)))) == SchemaLine(
         "clicks-value", json.dumps(schema), 1
     )
+
+
+def test_events_carry_their_user_agent_and_ip_when_they_have_them():
+    line = (
+        '{"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1, '
+        '"user_agent": "Googlebot/2.1", "ip": "2001:db8::1"}'
+    )
+    assert parse_capture_line(line) == Click("c1", "a1", "u1", 1, "Googlebot/2.1", "2001:db8::1")
+    assert capture_line(parse_capture_line(line)) == line
+    # Null is none, as absent is; an `ip` that is no address is the pipeline's business (judged as none).
+    assert parse_capture_line(line.replace('"Googlebot/2.1"', "null")) == Click(
+        "c1", "a1", "u1", 1, None, "2001:db8::1"
+    )
+    assert parse_capture_line(line.replace('"2001:db8::1"', '"nope"')).ip == "nope"
+    # A version 1 event's line is as it always was.
+    assert "user_agent" not in capture_line(Click("c1", "a1", "u1", 1))
+
+
+def test_catalog_lines_round_trip(tmp_path):
+    items = [
+        CatalogLine(AdChange("a9", T0, 250_000, "c1", "adv1", "EUR")),
+        CatalogLine(AdChange("a9", T0 + 1, None)),
+        BudgetLine("c1", T0, 50_000_000),
+        BudgetLine("c1", T0 + 3_600_000, None),
+        ExclusionLine("203.0.113.0/24", T0, True),
+        ExclusionLine("2001:db8::/32", T0 + 1, False),
+        Impression("i1", "a9", "u1", T0, "Mozilla/5.0", "198.51.100.7"),
+    ]
+    path = tmp_path / "capture.jsonl"
+    assert write_capture(items, path) == len(items)
+    read = list(read_capture(path))
+    numbered = [replace(item, line_number=n) for n, item in enumerate(items[:-1], start=1)]
+    assert read == [*numbered, items[-1]]
+    # As DOMAIN.md writes them.
+    assert json.loads(capture_line(items[2])) == {
+        "type": "budget",
+        "campaign_id": "c1",
+        "effective_from": T0,
+        "daily_budget_micros": 50_000_000,
+    }
+    assert json.loads(capture_line(items[4])) == {
+        "type": "ip_exclusion",
+        "cidr": "203.0.113.0/24",
+        "effective_from": T0,
+        "excluded": True,
+    }
+    assert json.loads(capture_line(items[0])) == {
+        "type": "ad",
+        "ad_id": "a9",
+        "campaign_id": "c1",
+        "advertiser_id": "adv1",
+        "currency": "EUR",
+        "effective_from": T0,
+        "cpc_micros": 250_000,
+    }
+
+
+def test_a_recorded_run_replays_into_its_catalog_history(tmp_path):
+    """A capture of a run with its changes of prices, budgets and exclusions among its events: applied to the catalog
+    the run started with, its lines give the history the run is billed by; its events are the run's."""
+    config = SimulationConfig(
+        events=3_000,
+        seed=5,
+        start_ms=T0,
+        catalog_change_every_s=2.0,
+        new_ads=1,
+        excluded_ip_fraction=0.05,
+        crawler_fraction=0.05,
+        budget_campaigns=2,
+        bad_fraction=0.0,  # raw records lose their key in a capture
+    )
+    simulator = Simulator(config)
+    path = tmp_path / "capture.jsonl"
+    write_capture(simulator.recording(), path)
+    catalog, events = config.catalog(), []
+    kinds = Counter()
+    for item in read_capture(path):
+        kinds[type(item).__name__] += 1
+        if isinstance(item, CatalogLine | BudgetLine | ExclusionLine):
+            catalog = apply_line(catalog, item, T0)
+        else:
+            events.append(item)
+    assert catalog == simulator.catalog
+    assert events == [a.item for a in simulator.arrivals()]
+    assert kinds["BudgetLine"] == 4 and kinds["ExclusionLine"] == 3 and kinds["CatalogLine"] > 3
+    # Each change comes before the events of its time (with the publisher's lead).
+    read = list(read_capture(path))
+    for position, item in enumerate(read):
+        if isinstance(item, BudgetLine | ExclusionLine | CatalogLine):
+            assert all(e.event_time < item.effective_from for e in read[:position] if isinstance(e, Click | Impression))
+
+
+def test_a_change_is_made_in_the_catalogs_store_as_a_back_fill(tmp_path):
+    store = CatalogStore(tmp_path / "catalog.json")
+    save_catalog(Catalog([Ad("a1", "c1", "adv1", 100_000, "EUR")]), store.path)
+    later = T0 + 86_400_000  # "now": every line below is in its past
+    apply_to_store(store, BudgetLine("c1", T0, 5_000_000), later)
+    apply_to_store(store, ExclusionLine("198.51.100.0/24", T0, True), later)
+    catalog = apply_to_store(store, CatalogLine(AdChange("a1", T0 + 1, 200_000)), later)
+    assert load_catalog(store.path) == catalog
+    assert catalog.budget_at("c1", T0) == 5_000_000 and catalog.budget_at("c1", T0 - 1) is None
+    assert catalog.exclusions.excluding("198.51.100.9", T0) == "198.51.100.0/24"
+    assert catalog.price("a1", T0 + 1)[1] == 200_000
+    assert catalog.version == 3
+    with pytest.raises(CatalogError, match="already excluded"):
+        apply_to_store(store, ExclusionLine("198.51.100.0/24", T0 + 5, True), later)
+    with pytest.raises(CatalogError, match="unknown campaign"):
+        apply_to_store(store, BudgetLine("c9", T0, 1), later)
+    assert load_catalog(store.path) == catalog, "a refused change writes nothing"

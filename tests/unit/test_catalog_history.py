@@ -157,7 +157,7 @@ def test_the_file_round_trips_and_an_older_file_becomes_a_history_from_the_begin
     catalog = change("pause", "ad-2", NOW + M)
     save_catalog(catalog, path)
     assert load_catalog(path) == catalog
-    assert json.loads(path.read_text())["format"] == 2
+    assert json.loads(path.read_text())["format"] == 3
 
 
 def test_the_store_sees_each_change_and_two_writers_lose_nothing(tmp_path: Path) -> None:

@@ -52,6 +52,13 @@ class Final:
     def of_period(self, period: str) -> list[BillableClick]:
         return self.bills if period == PERIOD else []
 
+    def not_charged_of(self, period: str) -> list[Any]:
+        return []
+
+    @property
+    def judged_with(self) -> dict[str, Any]:
+        return {}
+
 
 @dataclass
 class Ledger:
@@ -76,6 +83,7 @@ class Memory:
     exports: dict[str, tuple[pa.Table, int]] = field(default_factory=dict)
     states: dict[str, PeriodState] = field(default_factory=dict)
     closed_in_totals: dict[str, Any] = field(default_factory=dict)
+    not_charged_in_totals: dict[str, Any] = field(default_factory=dict)
     applied: set[str] = field(default_factory=set)
     totals_made: int = 0
     records: list[dict[str, object]] = field(default_factory=list)
@@ -103,6 +111,9 @@ class Memory:
 
     def close_period(self, period: str, period_start_ms: int, exported: Any) -> None:
         self.closed_in_totals[period] = exported
+
+    def set_not_charged(self, period: str, period_start_ms: int, counts: Any) -> None:
+        self.not_charged_in_totals[period] = counts
 
     def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> int:
         new = {c.correction_id for c in corrections} - self.applied
@@ -132,9 +143,21 @@ class Memory:
     def totals(self, period: str) -> Any:
         return export_totals(self.exports[period][0].to_pylist())
 
-    def write_export(self, period: str, export: list[Any], start_ms: int, end_ms: int, closed_at_ms: int) -> None:
+    def write_export(
+        self,
+        period: str,
+        export: list[Any],
+        start_ms: int,
+        end_ms: int,
+        closed_at_ms: int,
+        not_charged: Any = None,
+        judged_with: Any = None,
+    ) -> None:
         assert period not in self.exports, "an export is never rewritten"
         self.exports[period] = (export_table(export), closed_at_ms)
+
+    def not_charged(self, period: str) -> list[Any]:
+        return []
 
     # StateStore
     def load(self) -> dict[str, PeriodState]:
@@ -153,6 +176,7 @@ class Memory:
             given=self.given,
             totals=self.totals,
             write=self.write_export,
+            not_charged=self.not_charged,
         )
         states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
         return ClosingPorts(

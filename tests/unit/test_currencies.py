@@ -115,7 +115,7 @@ def test_the_simulator_meets_every_currency_and_its_ground_truth_never_adds_two(
         advertisers=4,
         campaigns_per_advertiser=1,
         ads_per_campaign=2,
-        users=20,
+        users=2_000,  # few clicks per user and minute: floods and double clicks are not this test's subject
         impression_rate=50.0,
         click_through_rate=0.5,
         seed=3,

@@ -10,7 +10,7 @@ import fastavro
 import pytest
 
 from billing.events import TOPIC_OF, Click, Impression, event_from_record
-from billing.schemas import EVENT_TYPE_OF_TOPIC, SUBJECTS, schema_text, subject_of
+from billing.schemas import EVENT_TYPE_OF_TOPIC, SUBJECTS, schema_text, schema_v1_text, subject_of
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -30,8 +30,14 @@ def test_schema_fields_are_the_contract(event_type: str, id_field: str) -> None:
         "ad_id": "string",
         "user_id": "string",
         "event_time": {"type": "long", "logicalType": "timestamp-millis"},
+        # Version 2: optional, with null defaults, so records of version 1 stay valid (DOMAIN.md, Events).
+        "user_agent": ["null", "string"],
+        "ip": ["null", "string"],
     }
+    assert [f.get("default", "none") for f in schema["fields"]][-2:] == [None, None]
     assert all(f["doc"] for f in schema["fields"])
+    version_1 = json.loads(schema_v1_text(event_type))
+    assert [f["name"] for f in version_1["fields"]] == [id_field, "ad_id", "user_id", "event_time"]
 
 
 @pytest.mark.parametrize("event_type", ["impression", "click"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -9,18 +10,24 @@ from datetime import UTC, datetime
 
 import pytest
 
+from billing.budgets import utc_day
 from billing.events import Click, Impression
 from billing.intake import Intake, QuarantineReason
+from billing.store.crawler_list import crawler_list
 from billing.store.schema_registry import open_registry
 from producers.capture import read_capture
 from producers.simulator import (
+    BROWSER_USER_AGENTS,
+    EXCLUDED_RANGES,
     UNKNOWN_SCHEMA_ID_BASE,
     ArrivalKind,
     GroundTruth,
     LiveSchedule,
+    Made,
     SimulationConfig,
     Simulator,
     Timing,
+    crawler_agents,
     resolve_start_ms,
     simulate,
     write_capture,
@@ -36,13 +43,15 @@ def clock() -> int:
     return NOW_MS
 
 
-# Busy enough that the interesting cases all happen in a small run: few users, so several impressions of one
-# (ad, user) fall in one window; generous fractions of every kind of trouble.
+# Busy enough that the interesting cases all happen in a small run: few users for the rate, so several
+# impressions of one (ad, user) fall in one window; generous fractions of every kind of trouble. Enough users that
+# none makes a click flood (about 3 clicks a minute each): these tests are about the join and about timing, and
+# they read every billable click, charged or not (users this few still click one ad twice within 30 s often).
 BUSY = SimulationConfig(
     advertisers=2,
     campaigns_per_advertiser=2,
     ads_per_campaign=2,
-    users=40,
+    users=600,
     impression_rate=100.0,
     click_through_rate=0.3,
     beyond_window_fraction=0.1,
@@ -68,10 +77,23 @@ def busy_arrivals():
     return arrivals_of(BUSY)
 
 
+RUN_FILES = ("billable.jsonl", "not_charged.jsonl", "summary.json", "catalog.json")
+
+
 def run_files(config: SimulationConfig, folder) -> dict[str, bytes]:
     for _ in simulate(config, folder, clock):
         pass
-    return {name: (folder / name).read_bytes() for name in ("billable.jsonl", "summary.json", "catalog.json")}
+    return {name: (folder / name).read_bytes() for name in RUN_FILES}
+
+
+def billable_rows(folder) -> list[dict]:
+    """Every billable click of a run folder, charged (`billable.jsonl`) or not (`not_charged.jsonl`), by click_id."""
+    rows = [
+        json.loads(line)
+        for name in ("billable.jsonl", "not_charged.jsonl")
+        for line in (folder / name).read_text().splitlines()
+    ]
+    return sorted(rows, key=lambda row: row["click_id"])
 
 
 # --- Determinism and bounds ----------------------------------------------------------------------------
@@ -311,7 +333,7 @@ def test_most_clicks_fall_inside_the_window(tmp_path):
     for _ in simulate(config, tmp_path, clock):
         pass
     summary = json.loads((tmp_path / "summary.json").read_text())
-    share = summary["billable"]["clicks"] / summary["primary"]["click"]
+    share = (summary["billable"]["clicks"] + summary["not_charged"]["clicks"]) / summary["primary"]["click"]
     not_own = config.beyond_window_fraction + config.edge_fraction / 2
     # Some of those still find another impression of the same ad and user within 10 s.
     assert 1 - not_own - 0.01 <= share <= 1 - not_own / 2
@@ -353,10 +375,7 @@ def test_raw_records_fail_to_decode_as_announced(tmp_path, busy_arrivals):
 def test_the_rule_edges_occur(tmp_path):
     for _ in simulate(BUSY, tmp_path, clock):
         pass
-    gaps = Counter(
-        row["click_time"] - row["impression_time"]
-        for row in map(json.loads, (tmp_path / "billable.jsonl").read_text().splitlines())
-    )
+    gaps = Counter(row["click_time"] - row["impression_time"] for row in billable_rows(tmp_path))
     assert gaps[0] > 0  # a click at the very millisecond of its impression
     assert gaps[10_000] > 0  # a click exactly 10 s after it
     assert max(gaps) == 10_000
@@ -398,21 +417,29 @@ def brute_force_billable(arrivals, catalog) -> dict[str, tuple[str, int]]:
 
 
 def test_ground_truth_equals_a_brute_force_recomputation(tmp_path, busy_arrivals):
+    """The attribution: every billable click, charged or not (the invalid traffic rules and budgets are held to the
+    oracle in test_oracle.py)."""
     for _ in simulate(BUSY, tmp_path, clock):
         pass
-    rows = [json.loads(line) for line in (tmp_path / "billable.jsonl").read_text().splitlines()]
+    rows = billable_rows(tmp_path)
     expected = brute_force_billable(busy_arrivals, BUSY.catalog())
     assert [row["click_id"] for row in rows] == sorted(expected)
     assert {row["click_id"]: (row["impression_id"], row["amount_micros"]) for row in rows} == expected
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["billable"]["clicks"] == len(expected)
+    assert summary["billable"]["clicks"] + summary["not_charged"]["clicks"] == len(expected)
     catalog = BUSY.catalog()
     assert len({ad.currency for ad in catalog}) > 1, "the run's advertisers bill in several currencies"
     by_currency: Counter[str] = Counter()
     for row in rows:
         by_currency[catalog[row["ad_id"]].currency] += expected[row["click_id"]][1]
         assert row["currency"] == catalog[row["ad_id"]].currency
-    assert summary["billable"]["total_micros_by_currency"] == dict(sorted(by_currency.items()))
+    charged_and_not: Counter[str] = Counter(summary["billable"]["total_micros_by_currency"])
+    for entry in summary["not_charged"]["by_reason"].values():
+        charged_and_not.update(entry["micros_by_currency"])
+    assert dict(sorted(charged_and_not.items())) == dict(sorted(by_currency.items()))
+    # No budgets, no invalid traffic made: what is not charged is what the ordinary traffic repeats within 30 s.
+    reasons = {reason for reason, entry in summary["not_charged"]["by_reason"].items() if entry["clicks"]}
+    assert reasons == {"duplicate_click"}
     # Ties and several qualifying impressions really happened, so the "latest" part of the rule was exercised.
     assert any(row["click_time"] - row["impression_time"] > 0 for row in rows)
 
@@ -446,7 +473,7 @@ def test_partitioned_ground_truth_matches_the_in_memory_one(tmp_path):
             truth.observe(arrival)
         folder = tmp_path / f"run-{partitions}"
         write_run(folder, BUSY, simulator.start_ms, truth, simulator.catalog)
-        files[partitions] = [(folder / n).read_bytes() for n in ("billable.jsonl", "summary.json")]
+        files[partitions] = [(folder / n).read_bytes() for n in ("billable.jsonl", "not_charged.jsonl", "summary.json")]
         assert not any((tmp_path / f"work-{partitions}").iterdir())  # the spill files are gone
     assert files[1] == files[5]
 
@@ -457,3 +484,199 @@ def test_capture_of_a_run_reads_back(tmp_path, busy_arrivals):
     items = list(read_capture(path))
     # Raw records lose their key in a capture (the format has none); everything else is as sent.
     assert items == [a.item if a.raw is None else replace(a.raw, key=None) for a in busy_arrivals]
+
+
+# --- Invalid traffic and budgets -----------------------------------------------------------------------
+
+# Each kind of invalid traffic at a few percent of the clicks, and three campaigns' budgets. Enough users that the
+# ordinary traffic makes no flood of its own.
+INVALID = replace(
+    BUSY,
+    users=3_000,
+    events=30_000,
+    start_ms=NOW_MS,
+    crawler_fraction=0.03,
+    excluded_ip_fraction=0.03,
+    flood_fraction=0.05,
+    double_click_fraction=0.03,
+    late_duplicate_fraction=0.03,
+    budget_campaigns=3,
+)
+
+
+@pytest.fixture(scope="module")
+def invalid_run(tmp_path_factory):
+    """The arrivals of `INVALID`, its simulator and its ground truth."""
+    folder = tmp_path_factory.mktemp("invalid")
+    simulator = Simulator(INVALID, clock)
+    truth = GroundTruth(simulator.catalog)
+    arrivals = []
+    for arrival in simulator.arrivals():
+        truth.observe(arrival)
+        arrivals.append(arrival)
+    result = write_run(folder, INVALID, simulator.start_ms, truth, simulator.catalog)
+    return arrivals, simulator, result
+
+
+def made_clicks(arrivals, made: Made) -> list:
+    return [a for a in arrivals if a.kind == ArrivalKind.EVENT and a.made == made and isinstance(a.event, Click)]
+
+
+def before_the_end(arrivals) -> int:
+    """An event time a minute and a half before the run's last: the run's size cuts what is made after it short (a
+    flood whose last clicks were never sent, a late click whose later one was not)."""
+    return max(a.event.event_time for a in arrivals if a.kind == ArrivalKind.EVENT) - 90_000
+
+
+def test_every_event_carries_a_user_agent_and_an_ip_of_its_user(busy_arrivals):
+    events = [a.event for a in busy_arrivals if a.kind == ArrivalKind.EVENT]
+    profiles = {(e.user_id, e.user_agent, e.ip) for e in events}
+    assert len(profiles) == len({e.user_id for e in events}), "one user agent and one address per user"
+    assert {e.user_agent for e in events} == set(BROWSER_USER_AGENTS)
+    assert not any(crawler_list().matches(agent) for agent in BROWSER_USER_AGENTS)
+    addresses = [ipaddress.ip_address(e.ip) for e in events]
+    assert all(str(address) == e.ip for address, e in zip(addresses, events, strict=True))
+    users_v6 = {e.user_id for e, address in zip(events, addresses, strict=True) if address.version == 6}
+    assert 0.1 < len(users_v6) / len({e.user_id for e in events}) < 0.3, "some users have IPv6 addresses"
+    ranges = [ipaddress.ip_network(cidr) for cidr in EXCLUDED_RANGES]
+    assert not any(
+        address in network for address in addresses for network in ranges if address.version == network.version
+    )
+    assert all(a.made is None for a in busy_arrivals), "no invalid traffic unless asked for"
+    assert not BUSY.catalog_lines(NOW_MS) and not Simulator(BUSY, clock).catalog.exclusions
+
+
+def test_crawlers_clicks_are_known_bots(invalid_run):
+    arrivals, _, result = invalid_run
+    outcomes = result.outcomes()
+    clicks = made_clicks(arrivals, Made.CRAWLER)
+    assert len(clicks) > 50
+    examples = set(crawler_agents(crawler_list()))
+    assert all(a.event.user_agent in examples and crawler_list().matches(a.event.user_agent) for a in clicks)
+    billable = [a.event.click_id for a in clicks if a.event.click_id in outcomes]
+    assert len(billable) > 0.9 * len(clicks)
+    assert {outcomes[click_id] for click_id in billable} == {"known_bot"}
+
+
+def test_clicks_from_excluded_ranges_are_excluded_from_the_time_their_range_is(invalid_run):
+    arrivals, simulator, result = invalid_run
+    outcomes = result.outcomes()
+    exclusions = simulator.catalog.exclusions
+    halfway = INVALID.halfway_ms(simulator.start_ms)
+    assert exclusions.ranges_at(simulator.start_ms) == sorted(EXCLUDED_RANGES[:2])
+    assert exclusions.ranges_at(halfway) == sorted(EXCLUDED_RANGES)
+    excluded, before_their_range = 0, 0
+    for a in made_clicks(arrivals, Made.EXCLUDED_IP):
+        outcome = outcomes.get(a.event.click_id)
+        if outcome is None:
+            continue
+        if exclusions.excluding(a.event.ip, a.event.event_time):
+            assert outcome == "excluded_ip"
+            excluded += 1
+        else:
+            assert a.event.ip.startswith("203.0.113.") and a.event.event_time < halfway
+            assert outcome != "excluded_ip"
+            before_their_range += 1
+    assert excluded > 50 and before_their_range > 5
+
+
+def test_flood_users_clicks_are_all_click_floods(invalid_run):
+    arrivals, _, result = invalid_run
+    outcomes = result.outcomes()
+    clicks = made_clicks(arrivals, Made.FLOOD)
+    by_user = defaultdict(list)
+    for a in clicks:
+        by_user[a.event.user_id].append(a.event)
+    whole = {
+        user_id for user_id, user_clicks in by_user.items() if user_clicks[0].event_time < before_the_end(arrivals)
+    }
+    assert len(whole) >= 5
+    for user_id, user_clicks in by_user.items():
+        times = [c.event_time for c in user_clicks]
+        assert len(user_clicks) >= 25 or user_id not in whole
+        assert max(times) - min(times) <= 60_000
+        assert len({c.ad_id for c in user_clicks}) > 1, "across ads"
+    in_whole = [a.event.click_id for a in clicks if a.event.user_id in whole]
+    billable = [click_id for click_id in in_whole if click_id in outcomes]
+    assert len(billable) == len(in_whole), "each after an impression of its ad"
+    assert {outcomes[click_id] for click_id in billable} == {"click_flood"}
+
+
+def test_double_clicks_are_duplicates_of_the_click_a_moment_before(invalid_run):
+    arrivals, _, result = invalid_run
+    outcomes = result.outcomes()
+    clicks = [a.event for a in arrivals if a.kind == ArrivalKind.EVENT and isinstance(a.event, Click)]
+    by_pair = defaultdict(list)
+    for c in clicks:
+        by_pair[(c.user_id, c.ad_id)].append(c)
+    doubles = made_clicks(arrivals, Made.DOUBLE_CLICK)
+    assert len(doubles) > 50
+    for a in doubles:
+        earlier = [c.event_time for c in by_pair[(a.event.user_id, a.event.ad_id)] if c.event_time < a.event.event_time]
+        assert 100 <= a.event.event_time - max(earlier) <= 900
+        assert outcomes[a.event.click_id] == "duplicate_click", "a double click is billable, and not charged"
+
+
+def test_a_late_earlier_click_makes_a_click_already_sent_a_duplicate(invalid_run):
+    arrivals, _, result = invalid_run
+    outcomes = result.outcomes()
+    position = {a.event.click_id: a for a in arrivals if a.kind == ArrivalKind.EVENT and isinstance(a.event, Click)}
+    late = [a for a in made_clicks(arrivals, Made.LATE_EARLIER) if a.event.event_time < before_the_end(arrivals)]
+    made_duplicate = made_clicks(arrivals, Made.MADE_DUPLICATE)
+    assert len(late) > 50 and len(made_duplicate) >= len(late)
+    pairs = 0
+    for a in made_duplicate:
+        earlier = [
+            b
+            for b in late
+            if (b.event.user_id, b.event.ad_id) == (a.event.user_id, a.event.ad_id)
+            and 0 < a.event.event_time - b.event.event_time <= 10_000
+        ]
+        if not earlier:
+            continue  # the run's size ran out before its late click was made
+        pairs += 1
+        assert a.timing == Timing.IN_ORDER and a.arrival_ms == a.event.event_time
+        assert all(b.timing == Timing.LATE and b.position > a.position for b in earlier), "it arrives later"
+        assert outcomes[a.event.click_id] == "duplicate_click"
+        assert all(position[b.event.click_id] is b for b in earlier)
+    assert pairs >= len(late)
+
+
+def test_budgets_are_exhausted_and_changed_halfway(invalid_run):
+    arrivals, simulator, result = invalid_run
+    budgets = INVALID.daily_budgets()
+    assert len(budgets) == 3 and all(micros % 10_000 == 0 for micros in budgets.values())
+    halfway = INVALID.halfway_ms(simulator.start_ms)
+    history = simulator.catalog
+    first, second, third = budgets
+    assert history.budget_at(first, halfway) == budgets[first] * 3 // 2 // 10_000 * 10_000
+    assert history.budget_at(second, halfway) == budgets[second] // 2 // 10_000 * 10_000
+    assert history.budget_at(third, halfway) is None
+    assert all(history.budget_at(c, simulator.start_ms) == micros for c, micros in budgets.items())
+    days = result.counts["budgets"]
+    assert set(days) == set(budgets)
+    day = utc_day(simulator.start_ms)
+    for campaign, micros in budgets.items():
+        figures = days[campaign][day]
+        assert figures["over_budget_clicks"] > 0, (campaign, figures)
+        assert [b["daily_budget_micros"] for b in figures["budgets"]] == [
+            micros,
+            history.budget_at(campaign, halfway),
+        ]
+    # Never past the budget: halved, nothing more is charged; raised, up to the new budget.
+    assert days[second][day]["charged_micros"] <= budgets[second]
+    assert days[first][day]["charged_micros"] <= history.budget_at(first, halfway)
+    charged_after = [row for row in result.billable() if row["campaign_id"] == third and row["click_time"] >= halfway]
+    assert charged_after, "made unlimited, the campaign is charged again"
+
+
+def test_the_invalid_traffic_is_deterministic_and_counted(invalid_run, tmp_path):
+    arrivals, simulator, result = invalid_run
+    assert list(Simulator(INVALID, clock).arrivals()) == arrivals
+    made = result.counts["made"]
+    assert made == {m.value: len(made_clicks(arrivals, m)) for m in Made}
+    assert made["flood"] / made["crawler"] == pytest.approx(INVALID.flood_fraction / INVALID.crawler_fraction, rel=0.4)
+    assert result.counts["arrivals"] == INVALID.events
+    # The expected rate counts the invalid traffic in: a duration run sends about what it says.
+    timed = replace(INVALID, events=None, duration_s=60.0)
+    assert len(arrivals_of(timed)) == pytest.approx(timed.expected_arrivals(), rel=0.1)

@@ -154,3 +154,23 @@ console.log(JSON.stringify(bars.map((b) => [b.attrs["data-micros"], b.attrs.heig
         ["9007199254740993", "214.00", "2026-01-01 00:00 UTC: 9,007,199,254.740993 EUR"],
         ["4503599627370497", "107.00", "2026-01-01 01:00 UTC: 4,503,599,627.370497 EUR"],
     ]
+
+
+def test_a_budget_is_its_amount_or_unlimited_on_the_server_and_in_the_script() -> None:
+    """A daily budget (`budget_micros`, null for unlimited) as the dashboard's budget table writes it, and as its
+    live refresh rebuilds it (adbill.js `render(value, "budget")`), past 2^53 too."""
+    cases = [("50000000", "EUR"), ("9007199254740993", "JPY"), (None, "EUR")]
+    expected = [display.budget(None if m is None else int(m), c) for m, c in cases]
+    assert expected == ["50.00 EUR", "9,007,199,254.740993 JPY", "unlimited"]
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    program = (
+        "globalThis.document = { addEventListener() {} };\n"
+        + script.read_text()
+        + f"\nconsole.log(JSON.stringify({json.dumps(cases)}.map(([m, c]) => "
+        + "{ currencyDigits = c === 'JPY' ? 0 : 2; return render(m, 'budget', c); })));"
+    )
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out) == expected

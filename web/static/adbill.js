@@ -64,6 +64,7 @@ function render(value, format, currency) {
     case "count": return count(value);
     case "signed_count": return signedCount(value);
     case "period": return periodLabel(value);
+    case "budget": return value == null ? "unlimited" : money(value, currency);
     default: return value == null ? "" : String(value);
   }
 }
@@ -97,6 +98,23 @@ function fillTable(table, rows, currency) {
         td.appendChild(statusBadge(value));
       } else if (th.dataset.f === "span_status") {
         td.appendChild(spanBadge(value));
+      } else if (th.dataset.f === "capped") {
+        // A campaign's day that left no room under its budget (web/templates/_macros.html, budget_day_table).
+        if (value) {
+          const badge = document.createElement("span");
+          badge.className = "badge capped";
+          badge.textContent = "capped";
+          td.appendChild(badge);
+          tr.className = "capped";
+        }
+      } else if (th.dataset.f === "budget") {
+        td.textContent = render(value, "budget", currency);
+        if (row.budgets && row.budgets.length > 1) {
+          const note = document.createElement("span");
+          note.className = "muted";
+          note.textContent = " (changed)";
+          td.appendChild(note);
+        }
       } else if (th.dataset.link) {
         const a = document.createElement("a");
         a.href = th.dataset.link.replace("__ID__", encodeURIComponent(value));

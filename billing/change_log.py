@@ -1,0 +1,269 @@
+"""The catalog's change log: who changed the catalog, when, and through which door (DOMAIN.md, "Who sees what").
+
+Every change of the catalog (a new ad, a price, a pause, a resume, a campaign's daily budget, a range of the IP
+exclusion list, a new catalog) is numbered by the catalog's version (`billing.catalog.Catalog.version`): the
+version it made is on the history entry it added. The log keeps, per version, what the entry cannot say: who made
+the change (`MadeBy.who`: an account of the web UI, or the operating system's user of a command), through which door
+(`command`, `page`, `api token TOKEN_ID`, `replay`, `simulator`) and when (`made_at`, read under the catalog's lock), and
+whether it was a back-fill of recorded history. The store appends one line per change under the catalog's lock
+(`billing.store.catalog_file.CatalogStore`), after the catalog is written.
+
+`describe_change(catalog, version)` reads what a version changed from the catalog itself; `merge_log(catalog,
+recorded)` gives one entry per change: the recorded line of each version, and an entry read from the catalog for a
+version the log does not hold (a change made before the log existed, by hand, or by a writer stopped between the
+catalog's rename and the log's line), marked `recorded` False, its author unknown.
+
+Pure: plain values and JSON text; the file is the store's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from billing.catalog import Catalog, MadeBy
+
+KINDS = (
+    "start",
+    "create-ad",
+    "set-price",
+    "pause",
+    "resume",
+    "set-budget",
+    "exclude-ip",
+    "include-ip",
+    "unknown",
+)
+"""What a change did: a new catalog (`start`), an ad's price history, a campaign's budget, the exclusion list;
+`unknown` for a version the catalog no longer shows (an ad removed from the file by hand)."""
+
+DOORS = ("command", "page", "api", "replay", "simulator")
+"""Through which door a change came: `adbill catalog` (or another command), the admin page, the API (with the token's
+id after a blank: `api 3f2a9c0e1b7d`), a replayed capture's line, the traffic simulator's own changes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEntry:
+    """One change of the catalog, as the log keeps it."""
+
+    version: int
+    kind: str
+    made_at: int | None = None
+    """When the change was made (epoch ms UTC, read under the catalog's lock); None when not recorded."""
+    who: str | None = None
+    door: str | None = None
+    ad_id: str | None = None
+    campaign_id: str | None = None
+    advertiser_id: str | None = None
+    currency: str | None = None
+    cidr: str | None = None
+    effective_from: int | None = None
+    cpc_micros: int | None = None
+    daily_budget_micros: int | None = None
+    excluded: bool | None = None
+    ads: int | None = None
+    """A new catalog (`start`): how many ads it holds."""
+    backfill: bool = False
+    """Recorded history, with an effective time that may lie in the past (`adbill replay`, `--backfill`)."""
+    recorded: bool = True
+    """False: read from the catalog for a version the log does not hold; who, door and when are unknown."""
+
+    @property
+    def door_kind(self) -> str | None:
+        """The door without its detail: `api` for `api 3f2a9c0e1b7d`."""
+        return None if self.door is None else self.door.split(" ", 1)[0]
+
+    @property
+    def token_id(self) -> str | None:
+        """The API token's id, for a change made through the API with a token."""
+        if self.door is None or " " not in self.door or self.door_kind != "api":
+            return None
+        return self.door.split(" ", 1)[1]
+
+    @property
+    def subject(self) -> str:
+        """What was changed, for a person: `ad ad-1`, `campaign cmp-1`, `range 203.0.113.0/24`, `catalog`."""
+        if self.ad_id:
+            return f"ad {self.ad_id}"
+        if self.cidr:
+            return f"range {self.cidr}"
+        if self.campaign_id:
+            return f"campaign {self.campaign_id}"
+        return "catalog"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """One line of the log file: compact JSON without the fields left empty."""
+        kept = {k: v for k, v in asdict(self).items() if v is not None and k != "recorded"}
+        if not kept.get("backfill"):
+            kept.pop("backfill", None)
+        return json.dumps(kept, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> ChangeEntry:
+        """A line of the log file; ValueError when it is not one."""
+        data = json.loads(line)
+        if not isinstance(data, dict) or not isinstance(data.get("version"), int) or "kind" not in data:
+            raise ValueError(f"not a change log line: {line[:80]!r}")
+        names = {f.name for f in fields(cls)} - {"recorded"}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def made_by_fields(made_by: MadeBy | None) -> dict[str, str | None]:
+    return {"who": made_by.who if made_by else None, "door": made_by.door if made_by else None}
+
+
+def describe_change(
+    catalog: Catalog,
+    version: int,
+    made_at: int | None = None,
+    made_by: MadeBy | None = None,
+    backfill: bool = False,
+) -> ChangeEntry:
+    """The change that made `version` of the catalog, read from the entry it added (a price, a budget, an exclusion);
+    `start` for version 0 (the catalog a deployment started with)."""
+    made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
+    if version == 0:
+        return ChangeEntry(kind="start", ads=len(catalog), **made)
+    for ad in catalog:
+        for entry in ad.prices:
+            if entry.version != version:
+                continue
+            owners: dict[str, Any] = {
+                "ad_id": ad.ad_id,
+                "campaign_id": ad.campaign_id,
+                "advertiser_id": ad.advertiser_id,
+                "currency": ad.currency,
+            }
+            return ChangeEntry(
+                kind=_price_kind(catalog, ad.ad_id, version),
+                effective_from=entry.effective_from,
+                cpc_micros=entry.cpc_micros,
+                **owners,
+                **made,
+            )
+    for campaign_id, budgets in catalog.budgets.items():
+        for budget in budgets:
+            if budget.version == version:
+                return ChangeEntry(
+                    kind="set-budget",
+                    campaign_id=campaign_id,
+                    advertiser_id=catalog.advertiser_of_campaign(campaign_id),
+                    currency=catalog.currency_of(catalog.advertiser_of_campaign(campaign_id) or ""),
+                    effective_from=budget.effective_from,
+                    daily_budget_micros=budget.daily_budget_micros,
+                    **made,
+                )
+    for change in catalog.exclusions.changes:
+        if change.version == version:
+            return ChangeEntry(
+                kind="exclude-ip" if change.excluded else "include-ip",
+                cidr=change.cidr,
+                effective_from=change.effective_from,
+                excluded=change.excluded,
+                **made,
+            )
+    return ChangeEntry(kind="unknown", **made)
+
+
+def _price_kind(catalog: Catalog, ad_id: str, version: int) -> str:
+    """create-ad for an ad's first entry, pause for no price, resume after a pause, set-price otherwise."""
+    ad = catalog[ad_id]
+    entry = next(p for p in ad.prices if p.version == version)
+    earlier = [p for p in ad.prices if p.version < version]
+    if not earlier:
+        return "create-ad"
+    if entry.cpc_micros is None:
+        return "pause"
+    before = [p for p in earlier if p.effective_from <= entry.effective_from]
+    in_force = max(before, key=lambda p: (p.effective_from, p.version)) if before else None
+    return "resume" if in_force is not None and in_force.cpc_micros is None else "set-price"
+
+
+def read_lines(lines: Iterable[str]) -> list[ChangeEntry]:
+    """The entries of the log's lines; a line that does not read (a write torn by a crash) is left out."""
+    entries = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entries.append(ChangeEntry.from_json(line))
+        except (ValueError, TypeError):
+            continue
+    return entries
+
+
+def merge_log(catalog: Catalog, recorded: Iterable[ChangeEntry]) -> list[ChangeEntry]:
+    """One entry per change, oldest first: the recorded line of each version (the first, should a version have been
+    written twice), and for every version of the catalog the log lacks, the change read from the catalog
+    (`recorded` False). A `start` is kept per recorded start: each new catalog is a change."""
+    by_version: dict[int, ChangeEntry] = {}
+    starts: list[ChangeEntry] = []
+    for entry in recorded:
+        if entry.kind == "start":
+            starts.append(entry)
+        else:
+            by_version.setdefault(entry.version, entry)
+    present = _versions(catalog)
+    if 0 in present and not any(s.version == 0 for s in starts):
+        starts.insert(0, replace(describe_change(catalog, 0), recorded=False))
+    for version in sorted(present - set(by_version) - {0}):
+        by_version[version] = replace(describe_change(catalog, version), recorded=False)
+    merged = [*starts, *by_version.values()]
+    return sorted(merged, key=lambda e: (e.version, e.made_at or 0))
+
+
+def _versions(catalog: Catalog) -> set[int]:
+    """Every version a history entry of the catalog carries (0 for what the catalog started with)."""
+    found = {p.version for ad in catalog for p in ad.prices}
+    found |= {b.version for entries in catalog.budgets.values() for b in entries}
+    found |= {c.version for c in catalog.exclusions.changes}
+    found |= set(range(1, catalog.version + 1))
+    return found
+
+
+def by_version(entries: Iterable[ChangeEntry]) -> dict[int, ChangeEntry]:
+    """The entries by the version they made (the latest start for version 0): to put beside history entries."""
+    return {e.version: e for e in entries}
+
+
+@dataclass(frozen=True)
+class ChangeFilter:
+    """Which changes a person asks for; every field empty means all."""
+
+    who: str | None = None
+    door: str | None = None
+    kind: str | None = None
+    advertiser_id: str | None = None
+    campaign_id: str | None = None
+    ad_id: str | None = None
+    since_ms: int | None = None
+    """Made at or after (epoch ms); an entry whose time is not recorded is left out once a time is asked for."""
+    until_ms: int | None = None
+    """Made before (epoch ms)."""
+
+    def keeps(self, entry: ChangeEntry) -> bool:
+        checks: Mapping[str, str | None] = {
+            "who": entry.who,
+            "door": entry.door_kind,
+            "kind": entry.kind,
+            "advertiser_id": entry.advertiser_id,
+            "campaign_id": entry.campaign_id,
+            "ad_id": entry.ad_id,
+        }
+        for name, value in checks.items():
+            wanted = getattr(self, name)
+            if wanted and value != wanted:
+                return False
+        if self.since_ms is not None and (entry.made_at is None or entry.made_at < self.since_ms):
+            return False
+        return not (self.until_ms is not None and (entry.made_at is None or entry.made_at >= self.until_ms))
+
+
+def filtered(entries: Iterable[ChangeEntry], wanted: ChangeFilter) -> list[ChangeEntry]:
+    """The entries `wanted` keeps, newest first."""
+    return sorted((e for e in entries if wanted.keeps(e)), key=lambda e: (e.version, e.made_at or 0), reverse=True)

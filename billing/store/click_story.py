@@ -1,0 +1,207 @@
+"""A click's story from the data folder: the evidence found through the click index (`billing.store.click_index`),
+told by `billing.story.tell` with the catalog, its change log and the crawler list.
+
+One lookup reads: the index's rows of the click id (a few milliseconds), the handful of files they name, the
+archive's files of the click's ad and user around its time (the few whose span of event times meets the window),
+the export's manifest of a closed period, and, for a campaign with a daily budget, the books of its day up to the
+click (summed from the index). Used by `adbill explain`, the click's page and `GET /api/v1/clicks/ID`, and for an
+ad's clicks by price.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from billing.budgets import day_start
+from billing.change_log import by_version
+from billing.invalid import DEFAULT_RULES, IvtRules
+from billing.layout import DataLayout
+from billing.periods import Periods
+from billing.rule import ATTRIBUTION_WINDOW_MS
+from billing.store.catalog_file import CatalogStore
+from billing.store.click_index import (
+    ARCHIVE_CLICK,
+    ARCHIVE_IMPRESSION,
+    CONFLICTS,
+    CORRECTION,
+    EXPORT,
+    EXPORT_NOT_CHARGED,
+    LEDGER,
+    NOT_CHARGED,
+    QUARANTINE,
+    RELEASED,
+    UNBILLED,
+    ClickIndex,
+    read_located,
+)
+from billing.store.crawler_list import crawler_list
+from billing.store.export_files import read_manifest
+from billing.story import ClickStory, Evidence, by_price, tell
+
+NEARBY_IMPRESSIONS_MS = 60_000
+"""How far before the click its ad's and user's impressions are shown (the nearest outside the 10 s window too)."""
+
+_ARCHIVE_COLUMNS = (
+    "event_id",
+    "ad_id",
+    "user_id",
+    "event_time",
+    "received_ms",
+    "topic",
+    "partition",
+    "offset",
+    "user_agent",
+    "ip",
+    "late",
+)
+
+
+class ClickStories:
+    """Stories of the clicks of one data folder."""
+
+    def __init__(
+        self,
+        layout: DataLayout,
+        catalog: CatalogStore,
+        periods: Periods | None = None,
+        rules: IvtRules = DEFAULT_RULES,
+        clicks_topic: str | None = None,
+        index: ClickIndex | None = None,
+    ) -> None:
+        self.layout = layout
+        self.catalog = catalog
+        self.periods = periods or Periods()
+        self.rules = rules
+        self.clicks_topic = clicks_topic
+        self.index = index or ClickIndex(layout)
+        self._refreshed_at: float | None = None
+
+    def refresh(self, max_age_s: float = 0.0) -> bool:
+        """Bring the index up to date, unless this object did less than `max_age_s` ago; False when another process
+        is doing it (the index is read as it is)."""
+        now = time.monotonic()
+        if self._refreshed_at is not None and now - self._refreshed_at < max_age_s:
+            return True
+        fresh = self.index.refresh()
+        if fresh:
+            self._refreshed_at = now
+        return fresh
+
+    def tell(self, click_id: str) -> ClickStory:
+        """The click's whole story (`billing.story.tell`), the index refreshed first."""
+        fresh = self.refresh()
+        catalog = self.catalog.current()
+        crawlers = crawler_list()
+        return tell(
+            self.evidence(click_id, stale=not fresh),
+            catalog,
+            by_version(self.catalog.changes()),
+            self.periods,
+            self.rules,
+            bot_patterns=lambda ua: crawlers.matching(ua) if crawlers.matches(ua) else [],
+            crawler_list_version=crawlers.version,
+        )
+
+    def evidence(self, click_id: str, stale: bool = False) -> Evidence:
+        """Everything the data folder holds of `click_id` and around it (`billing.story.Evidence`)."""
+        found = read_located(self.index.rows_of(click_id))
+        kinds: dict[str, list[dict[str, Any]]] = {}
+        for row in found:
+            kinds.setdefault(row["found_in"], []).append(row)
+        copies = kinds.get(ARCHIVE_CLICK, [])
+        topics = {self.clicks_topic} if self.clicks_topic else {r.get("topic") for r in copies}
+        evidence = Evidence(
+            click_id,
+            copies=copies,
+            quarantined=[r for r in kinds.get(QUARANTINE, []) if r.get("topic") in topics],
+            released=[r for r in kinds.get(RELEASED, []) if r.get("event_type") == "click"],
+            conflicts=[r for r in kinds.get(CONFLICTS, []) if r.get("event_type") == "click"],
+            ledger=kinds.get(LEDGER, []),
+            unbilled=kinds.get(UNBILLED, []),
+            not_charged=kinds.get(NOT_CHARGED, []),
+            corrections=kinds.get(CORRECTION, []),
+            export_rows=kinds.get(EXPORT, []),
+            export_not_charged=kinds.get(EXPORT_NOT_CHARGED, []),
+            stale=stale,
+        )
+        standing = _first(copies)
+        closed = self.index.closed_periods()
+        named = {r.get("period") for r in found} | {r.get("corrects_period") for r in found}
+        if standing is not None:
+            named.add(self.periods.key_of(standing["event_time"]))
+        evidence.closed = {p for p in named if p in closed}
+        for period in evidence.closed:
+            try:
+                evidence.judged_with[period] = read_manifest(self.layout.export(period)).judged_with
+            except (OSError, ValueError, KeyError):
+                evidence.judged_with[period] = {}
+        if standing is None:
+            return evidence
+        at, ad_id, user_id = standing["event_time"], standing["ad_id"], standing["user_id"]
+        evidence.impressions = self._archive(
+            ARCHIVE_IMPRESSION, at - NEARBY_IMPRESSIONS_MS, at + ATTRIBUTION_WINDOW_MS, user_id, ad_id
+        )
+        judged = evidence.judged_with.get(self.periods.key_of(at), {})
+        window = max(
+            self.rules.flood_window_ms,
+            self.rules.duplicate_window_ms,
+            int(judged.get("flood_window_ms") or 0),
+            int(judged.get("duplicate_window_ms") or 0),
+        )
+        evidence.user_clicks = self._archive(ARCHIVE_CLICK, at - window, at + window, user_id)
+        catalog = self.catalog.current()
+        ad = catalog.get(ad_id)
+        if ad is not None and catalog.budgets.get(ad.campaign_id):
+            evidence.budget_day = self.index.book_rows(
+                self.periods.key_of(day_start(at)), self.periods.key_of(at), campaign_id=ad.campaign_id
+            )
+        return evidence
+
+    def _archive(self, kind: str, low: int, high: int, user_id: str, ad_id: str | None = None) -> list[dict[str, Any]]:
+        """The archive's rows of `user_id` (and `ad_id`) with event times in [low, high], from the files whose span
+        meets it."""
+        periods = self.periods.range_keys(self.periods.start_of(low), self.periods.end_of(high))
+        rows: list[dict[str, Any]] = []
+        for path in self.index.archive_files(kind, periods, low, high):
+            rows += _matching(path, user_id, ad_id, low, high)
+        return rows
+
+    def by_price(self, ad_id: str, first_period: str, last_period: str) -> list[tuple[int, int]]:
+        """(price, net clicks) of the ad's clicks in the periods `first_period` to `last_period`, as the books
+        count them (`billing.story.by_price`), dearest first; the index refreshed at most every few seconds."""
+        self.refresh(max_age_s=5.0)
+        closed = self.index.closed_periods()
+        rows = self.index.book_rows(first_period, last_period, ad_id=ad_id)
+        return by_price(rows, lambda period: period in closed)
+
+
+def _first(copies: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The copy that stands: the first by arrival."""
+    ordered = sorted(copies, key=lambda r: (r.get("received_ms") or 0, r.get("partition") or 0, r.get("offset") or 0))
+    return ordered[0] if ordered else None
+
+
+def _matching(path: Path, user_id: str, ad_id: str | None, low: int, high: int) -> list[dict[str, Any]]:
+    """A file's archive rows of the user (and ad) within [low, high], with its `period` and `batch_id`."""
+    try:
+        parquet = pq.ParquetFile(path)
+        names = set(parquet.schema_arrow.names)
+        table = parquet.read(columns=[c for c in _ARCHIVE_COLUMNS if c in names])
+    except (OSError, pa.ArrowException):
+        return []
+    mask = pc.and_(
+        pc.equal(table.column("user_id"), user_id),
+        pc.and_(pc.greater_equal(table.column("event_time"), low), pc.less_equal(table.column("event_time"), high)),
+    )
+    if ad_id is not None:
+        mask = pc.and_(mask, pc.equal(table.column("ad_id"), ad_id))
+    period = next((p.removeprefix("period=") for p in path.parts if p.startswith("period=")), None)
+    batch = next((int(p.removeprefix("batch_id=")) for p in path.parts if p.startswith("batch_id=")), None)
+    return [{**row, "period": period, "batch_id": batch} for row in table.filter(mask).to_pylist()]

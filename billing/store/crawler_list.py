@@ -1,0 +1,152 @@
+"""The crawler list: the user-agent patterns of the `crawler-user-agents` project, shipped as the Python package of
+that name at the version `requirements.lock` pins (DOMAIN.md, "Invalid traffic", rule `known_bot`).
+
+A user agent matches when one of the patterns is found anywhere in it, case-sensitively: the package's own
+`is_crawler` (its default). The patterns are written to be portable, and the product matches them in the JVM
+(`attribution.invalid`, one regular expression for Spark's `rlike`, which is Java's `find`); Python's `re` here
+serves the simulator's ground truth and the tests, which check that every pattern compiles in Java and matches the
+package's example user agents there as it does in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
+from importlib.metadata import version
+from typing import Any
+
+import crawleruseragents
+
+PACKAGE = "crawler-user-agents"
+"""The distribution that ships the list."""
+
+
+@dataclass(frozen=True)
+class CrawlerList:
+    """The patterns of one version of the list."""
+
+    version: str
+    patterns: tuple[str, ...]
+    examples: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), repr=False)
+    """Each pattern with the example user agents the project lists for it."""
+
+    @property
+    def regex(self) -> str:
+        """All patterns as one alternation, as the package joins them: what the JVM compiles."""
+        return "|".join(self.patterns)
+
+    def matches(self, user_agent: str | None) -> bool:
+        """Whether `user_agent` is a known crawler's (None: no user agent, no match). A search through all patterns
+        takes about a millisecond, so each text's answer is remembered (traffic repeats its user agents)."""
+        return user_agent is not None and _search(self.regex, user_agent)
+
+    def matching(self, user_agent: str) -> list[str]:
+        """The patterns `user_agent` matches, for a person (the click's story)."""
+        return [pattern for pattern in self.patterns if re.search(pattern, user_agent)]
+
+
+@cache
+def _compiled(regex: str) -> re.Pattern[str]:
+    return re.compile(regex)
+
+
+@lru_cache(maxsize=100_000)
+def _search(regex: str, user_agent: str) -> bool:
+    return _compiled(regex).search(user_agent) is not None
+
+
+@cache
+def crawler_list() -> CrawlerList:
+    """The list the installed package holds."""
+    data = crawleruseragents.CRAWLER_USER_AGENTS_DATA
+    return CrawlerList(
+        version=version(PACKAGE),
+        patterns=tuple(entry["pattern"] for entry in data),
+        examples=tuple((entry["pattern"], tuple(entry.get("instances", ()))) for entry in data),
+    )
+
+
+# --- One regular expression the JVM matches fast ---------------------------------------------------------------
+
+_QUANTIFIERS = frozenset("?*+{")
+_LITERAL_ESCAPES = frozenset("/.()+!-_ :;,=@#%&~'\"<>[]{}|^$*?\\")
+
+
+def _literal_prefix(pattern: str) -> tuple[list[str], str]:
+    """(the pattern's leading literal characters, the rest of it). A character followed by a quantifier is not part
+    of the prefix; a pattern with a `|` outside any group has no prefix (its branches do not share one)."""
+    if _top_level_alternation(pattern):
+        return [], pattern
+    chars: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\" and i + 1 < len(pattern) and pattern[i + 1] in _LITERAL_ESCAPES:
+            char, width = pattern[i + 1], 2
+        elif pattern[i].isalnum() or pattern[i] in " /-_:;,=@#%&~'\"<>!":
+            char, width = pattern[i], 1
+        else:
+            break
+        if i + width < len(pattern) and pattern[i + width] in _QUANTIFIERS:
+            break
+        chars.append(char)
+        i += width
+    return chars, pattern[i:]
+
+
+def _top_level_alternation(pattern: str) -> bool:
+    depth = 0
+    escaped = False
+    in_class = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            return True
+    return False
+
+
+def _escaped(char: str) -> str:
+    return char if char.isalnum() else "\\" + char
+
+
+def factored_regex(patterns: tuple[str, ...]) -> str:
+    """The alternation of `patterns` with their literal prefixes merged into a trie (`Googlebot|Googlebot-Image|
+    Google-Read` becomes `Google(?:bot|-Read)`): the same matches for a search anywhere in a text, but at each position
+    a regular-expression engine without a trie of its own (Java's) tries the few branches whose first character fits
+    instead of every pattern. A pattern that is a prefix of another makes the longer one redundant."""
+    root: dict[str, Any] = {}
+    others: list[str] = []
+    end = "\0end"
+    for pattern in patterns:
+        chars, rest = _literal_prefix(pattern)
+        if not chars:
+            others.append(pattern)
+            continue
+        node = root
+        for char in chars:
+            node = node.setdefault(char, {})
+        node.setdefault(end, set()).add(rest)
+
+    def emit(node: dict[str, Any]) -> str:
+        rests: set[str] = node.get(end, set())
+        if "" in rests:
+            return ""  # matched here: whatever follows cannot add a match
+        branches = [f"(?:{rest})" for rest in sorted(rests)]
+        branches += [_escaped(char) + emit(child) for char, child in sorted(node.items()) if char != end]
+        if len(branches) == 1:
+            return branches[0]
+        return "(?:" + "|".join(branches) + ")"
+
+    top = [_escaped(char) + emit(child) for char, child in sorted(root.items())]
+    return "|".join([*top, *(f"(?:{p})" for p in others)])

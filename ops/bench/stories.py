@@ -1,0 +1,456 @@
+"""`make bench-stories`: how fast a click's story answers on a month of data.
+
+Writes a month of simulated billing data into a fresh data folder, through the product's own writers: the archive,
+ledger, `not_charged/` and `unbilled/` of each micro-batch (`attribution.batch_output.write_batch_files`, as the
+streaming job writes them), the corrections of late clicks (`billing.store.corrections_arrow`), and the finance
+export of every closed hour (`billing.export.build_export`, `billing.store.export_files.write_export`). Each click's
+ground truth is known: charged, not charged (a known bot, the ad paused), added late, or not billable.
+
+Then it times, on this machine:
+
+1. building the click index from nothing (`billing.store.click_index`, what the first lookup or `adbill reconcile`
+   does once on an existing data folder);
+2. `ClickStories.tell` for `--lookups` click ids picked at random (the index's refresh included, as every lookup
+   does): the time a page, the API or `adbill explain` spends, less the process's start;
+3. one lookup after a new micro-batch was written (the refresh indexes it);
+4. `adbill explain CLICK_ID` as a command (a new Python process each time);
+5. an ad's clicks by price over the month.
+
+Every story told is checked against the ground truth. The report goes to `var/bench/stories-<time>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
+from billing.catalog import Ad, Catalog, generate_catalog
+from billing.corrections import Correction, CorrectionKind, CorrectionReason, correction_id
+from billing.export import build_export
+from billing.layout import DataLayout
+from billing.periods import Periods
+from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.corrections_arrow import corrections_to_arrow
+from billing.store.crawler_list import crawler_list
+from billing.store.durable import make_folder
+from billing.store.export_files import export_table, not_charged_table, write_export
+from billing.store.parquet_ledger import LEDGER_COLUMNS
+from ops.settings import PROJECT_ROOT
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
+HOUR_MS = 3_600_000
+BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36"
+NOT_CHARGED_ROWS = (*LEDGER_COLUMNS[:-3], "reason", *LEDGER_COLUMNS[-3:])
+UNBILLED_ROWS = (
+    "click_id",
+    "impression_id",
+    "ad_id",
+    "advertiser_id",
+    "user_id",
+    "click_time",
+    "impression_time",
+    "reason",
+    "period_start_ms",
+    "period",
+    "batch_id",
+)
+
+
+@dataclass
+class Month:
+    """What was written, and each click's ground truth: `charged`, `late_click` (charged by a correction),
+    `known_bot`, `ad_paused`, `not_billable`."""
+
+    root: Path
+    catalog: Catalog
+    hours: int
+    batches: int = 0
+    clicks: int = 0
+    impressions: int = 0
+    truth: dict[str, str] = field(default_factory=dict)
+    ad_of: dict[str, str] = field(default_factory=dict)
+
+
+def write_month(
+    root: Path,
+    hours: int = 744,
+    clicks_per_hour: int = 1_000,
+    batches_per_hour: int = 12,
+    open_hours: int = 2,
+    seed: int = 1,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Month:
+    """A month (`hours` hourly periods from 2026-01-01) of clicks, two impressions a click (one qualifying), written
+    as the product writes them; the last `open_hours` periods are not closed (no export)."""
+    layout = DataLayout(root)
+    rng = random.Random(seed)
+    catalog = generate_catalog(advertisers=20, campaigns_per_advertiser=3, ads_per_campaign=4, seed=seed)
+    paused = catalog.ad_ids[-1]
+    store_catalog(root, catalog, paused)
+    catalog = CatalogStore(layout.catalog_file).current()
+    ads = catalog.ad_ids
+    periods = Periods()
+    month = Month(root, catalog, hours)
+    batch_ms = HOUR_MS // batches_per_hour
+    for hour in range(hours):
+        start = T0 + hour * HOUR_MS
+        period = periods.key(start)
+        events: list[list[dict[str, Any]]] = [[] for _ in range(batches_per_hour)]
+        ledger: list[list[dict[str, Any]]] = [[] for _ in range(batches_per_hour)]
+        refused: list[list[dict[str, Any]]] = [[] for _ in range(batches_per_hour)]
+        unpriced: list[list[dict[str, Any]]] = [[] for _ in range(batches_per_hour)]
+        final: list[dict[str, Any]] = []
+        stream_bills: list[dict[str, Any]] = []
+        fixes: list[Correction] = []
+        not_charged_rows: list[dict[str, Any]] = []
+        for n in range(clicks_per_hour):
+            click_id = f"c{hour:04d}-{n:05d}-{rng.getrandbits(32):08x}"
+            ad = catalog[rng.choice(ads[:-1]) if rng.random() > 0.01 else paused]
+            user = f"u{rng.randrange(20_000):05d}"
+            at = start + rng.randrange(HOUR_MS - 20_000) + 10_000
+            roll = rng.random()
+            kind = (
+                "not_billable"
+                if roll < 0.03
+                else "known_bot"
+                if roll < 0.04
+                else "late_click"
+                if roll < 0.045
+                else "charged"
+            )
+            if ad.ad_id == paused:
+                kind = "ad_paused" if kind != "not_billable" else kind
+            gap = rng.randrange(15_000, 40_000) if kind == "not_billable" else rng.randrange(0, 9_000)
+            impression_id, impression_time = f"i{click_id[1:]}", at - gap
+            ua = BOT if kind == "known_bot" else BROWSER
+            late = kind == "late_click"
+            received = at + (rng.randrange(600_000, 900_000) if late else rng.randrange(50, 2_000))
+            batch = min(batches_per_hour - 1, (received - start) // batch_ms)
+            base = hour * batches_per_hour
+            partition = zlib.crc32(ad.ad_id.encode()) % 4
+            for event_type, event_id, event_time, received_ms, is_late in (
+                ("impression", impression_id, impression_time, impression_time + 300, False),
+                ("click", click_id, at, received, late),
+            ):
+                month.impressions += event_type == "impression"
+                b = min(batches_per_hour - 1, max(0, (received_ms - start) // batch_ms))
+                events[b].append(
+                    _archive_row(event_type, event_id, ad.ad_id, user, event_time, received_ms, partition, ua, is_late)
+                )
+                events[b][-1]["batch_id"] = base + b
+            # A second impression for another user, now and then an extra one of the same user outside the window.
+            other = _archive_row(
+                "impression",
+                f"x{click_id[1:]}",
+                ad.ad_id,
+                f"u{rng.randrange(20_000):05d}",
+                at - rng.randrange(0, 60_000),
+                at,
+                partition,
+                BROWSER,
+                False,
+            )
+            other_batch = min(batches_per_hour - 1, max(0, (at - start) // batch_ms))
+            events[other_batch].append({**other, "batch_id": base + other_batch})
+            month.impressions += 1
+            month.clicks += 1
+            month.truth[click_id] = kind
+            month.ad_of[click_id] = ad.ad_id
+            bill = {
+                "click_id": click_id,
+                "impression_id": impression_id,
+                "ad_id": ad.ad_id,
+                "campaign_id": ad.campaign_id,
+                "advertiser_id": ad.advertiser_id,
+                "user_id": user,
+                "click_time": at,
+                "impression_time": impression_time,
+                "amount_micros": _price(ad, at),
+                "currency": ad.currency,
+            }
+            stamp = {
+                "click_received_ms": received,
+                "billed_at_ms": start + (batch + 1) * batch_ms,
+                "period_start_ms": start,
+                "period": period,
+                "batch_id": base + batch,
+            }
+            if kind == "charged":
+                ledger[batch].append({**bill, **stamp})
+                final.append(bill)
+                stream_bills.append(bill)
+            elif kind == "known_bot":
+                refused[batch].append({**bill, **stamp, "reason": "known_bot"})
+                not_charged_rows.append({**bill, "reason": "known_bot"})
+            elif kind == "ad_paused":
+                row = {**bill, "reason": "ad_paused", "period_start_ms": start, "period": period}
+                unpriced[batch].append({**row, "batch_id": base + batch, "campaign_id": None})
+                not_charged_rows.append({**bill, "amount_micros": None, "reason": "ad_paused"})
+            elif kind == "late_click":
+                final.append(bill)
+                fixes.append(
+                    Correction(
+                        correction_id(CorrectionKind.ADDITION, click_id, period, 0),
+                        CorrectionKind.ADDITION,
+                        click_id,
+                        impression_id,
+                        ad.ad_id,
+                        ad.campaign_id,
+                        ad.advertiser_id,
+                        _price(ad, at) or 0,
+                        ad.currency,
+                        CorrectionReason.LATE_CLICK,
+                        period,
+                        period,
+                        start + HOUR_MS + 900_000,
+                    )
+                )
+        for b in range(batches_per_hour):
+            if events[b]:
+                table = pa.Table.from_pylist(events[b]).select(list(ARCHIVE_COLUMNS))
+                write_batch_files(table, layout.archive, ["event_type", "period", "batch_id"], prune=False)
+            if ledger[b]:
+                write_batch_files(_table(ledger[b], LEDGER_COLUMNS), layout.ledger, ["period", "batch_id"])
+            if refused[b]:
+                write_batch_files(_table(refused[b], NOT_CHARGED_ROWS), layout.not_charged, ["period", "batch_id"])
+            if unpriced[b]:
+                write_batch_files(_table(unpriced[b], UNBILLED_ROWS), layout.unbilled, ["period", "batch_id"])
+        month.batches += batches_per_hour
+        if fixes:
+            folder = layout.corrections_of(period)
+            make_folder(folder)
+            pq.write_table(corrections_to_arrow(fixes), folder / f"run-{hour:04d}.parquet")
+        if hour < hours - open_hours:
+            rows = build_export(period, final, stream_bills, fixes, [])
+            write_export(
+                root,
+                period,
+                export_table(rows),
+                start,
+                start + HOUR_MS,
+                start + HOUR_MS + 900_000,
+                not_charged_table(not_charged_rows),
+                {"crawler_list_version": crawler_list().version, "flood_clicks": 20, "flood_window_ms": 60_000,
+                 "duplicate_window_ms": 30_000},
+            )  # fmt: skip
+        if hour % 24 == 23:
+            progress(f"day {hour // 24 + 1} written: {month.clicks:,} clicks, {month.impressions:,} impressions")
+    return month
+
+
+def store_catalog(root: Path, catalog: Catalog, paused: str) -> None:
+    """The catalog, and the ad that is paused all month (a change of version 1)."""
+    from billing.catalog import AdChange
+
+    layout = DataLayout(root)
+    save_catalog(catalog, layout.catalog_file)
+    CatalogStore(layout.catalog_file).change(AdChange(paused, T0, None), lambda: T0, backfill=True)
+
+
+def _archive_row(
+    event_type: str,
+    event_id: str,
+    ad_id: str,
+    user_id: str,
+    event_time: int,
+    received_ms: int,
+    partition: int,
+    user_agent: str,
+    late: bool,
+) -> dict[str, Any]:
+    start = event_time - event_time % HOUR_MS
+    return {
+        "event_type": event_type,
+        "event_id": event_id,
+        "ad_id": ad_id,
+        "user_id": user_id,
+        "event_time": event_time,
+        "received_ms": received_ms,
+        "topic": f"{event_type}s",
+        "partition": partition,
+        "offset": received_ms,  # increasing with arrival, as offsets do
+        "value": os.urandom(48),
+        "user_agent": user_agent,
+        "ip": "192.0.2.10",
+        "late": late,
+        "period_start_ms": start,
+        "period": Periods().key(start),
+    }
+
+
+def _price(ad: Ad, at: int) -> int | None:
+    price = ad.price_at(at)
+    return price if isinstance(price, int) else None
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> pa.Table:
+    return pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
+
+
+# --- The measurement ------------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from billing.store.click_index import ClickIndex
+    from billing.store.click_story import ClickStories
+
+    root = Path(args.folder or tempfile.mkdtemp(prefix="adbill-stories-", dir=PROJECT_ROOT / "var"))
+    began = time.monotonic()
+    month = write_month(
+        root, args.hours, args.clicks_per_hour, args.batches_per_hour, seed=args.seed, progress=lambda s: print(s)
+    )
+    written_s = time.monotonic() - began
+    print(f"wrote {month.clicks:,} clicks and {month.impressions:,} impressions in {written_s:.0f} s to {root}")
+    layout = DataLayout(root)
+    began = time.monotonic()
+    ClickIndex(layout, lock_wait_s=60).refresh()
+    indexed_s = time.monotonic() - began
+    index_mb = layout.click_index.stat().st_size / 1e6
+    print(f"index built in {indexed_s:.1f} s ({index_mb:.0f} MB)")
+    stories = ClickStories(layout, CatalogStore(layout.catalog_file))
+    rng = random.Random(args.seed)
+    picked = rng.sample(sorted(month.truth), args.lookups)
+    timings: list[float] = []
+    wrong: list[str] = []
+    for click_id in picked:
+        began = time.perf_counter()
+        story = stories.tell(click_id)
+        timings.append(time.perf_counter() - began)
+        if truth_of(story) != month.truth[click_id]:
+            wrong.append(f"{click_id}: told {truth_of(story)}, truth {month.truth[click_id]}")
+    print(
+        f"{len(picked)} lookups: p50 {percentile(timings, 0.5) * 1000:.0f} ms, p95 "
+        f"{percentile(timings, 0.95) * 1000:.0f} ms, max {max(timings) * 1000:.0f} ms; {len(wrong)} wrong"
+    )
+    # A new micro-batch in the newest period, then a lookup of one of its clicks.
+    newest = month.batches
+    click_id = one_more_batch(root, month, newest)
+    began = time.perf_counter()
+    story = stories.tell(click_id)
+    after_batch_s = time.perf_counter() - began
+    assert story.outcome.status == "charged", story.outcome
+    print(f"a lookup after a new batch: {after_batch_s * 1000:.0f} ms")
+    command: list[float] = []
+    env = {**os.environ, "ADBILL_HOME": str(root)}
+    for click_id in picked[:3]:
+        began = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "explain", click_id], env=env, capture_output=True, text=True, check=False
+        )
+        command.append(time.perf_counter() - began)
+        if done.returncode != 0:
+            wrong.append(f"adbill explain {click_id}: exit {done.returncode}: {done.stderr.strip()}")
+    print(f"adbill explain: {', '.join(f'{t:.2f} s' for t in command)} (a new process each)")
+    ad = month.catalog.ad_ids[0]
+    began = time.perf_counter()
+    prices = stories.by_price(ad, Periods().key(T0), Periods().key(T0 + (args.hours - 1) * HOUR_MS))
+    by_price_s = time.perf_counter() - began
+    print(f"clicks by price of {ad} over the month: {prices} in {by_price_s * 1000:.0f} ms")
+    return {
+        "folder": str(root),
+        "hours": args.hours,
+        "clicks": month.clicks,
+        "impressions": month.impressions,
+        "batches": month.batches,
+        "written_s": round(written_s, 1),
+        "index_build_s": round(indexed_s, 1),
+        "index_mb": round(index_mb, 1),
+        "lookups": len(picked),
+        "lookup_ms": {
+            "p50": round(percentile(timings, 0.5) * 1000, 1),
+            "p95": round(percentile(timings, 0.95) * 1000, 1),
+            "max": round(max(timings) * 1000, 1),
+        },
+        "lookup_after_new_batch_ms": round(after_batch_s * 1000, 1),
+        "explain_command_s": [round(t, 2) for t in command],
+        "by_price_ms": round(by_price_s * 1000, 1),
+        "wrong": wrong,
+    }
+
+
+def truth_of(story: Any) -> str:
+    outcome = story.outcome
+    if outcome.status == "charged":
+        late = any(c.reason == "late_click" and c.kind == "addition" for c in story.corrections)
+        return "late_click" if late else "charged"
+    return outcome.reason if outcome.status == "not_charged" else outcome.status
+
+
+def one_more_batch(root: Path, month: Month, batch_id: int) -> str:
+    """A micro-batch after the month's last, with one charged click of the newest (open) period; its click id."""
+    layout = DataLayout(root)
+    ad = month.catalog[month.catalog.ad_ids[0]]
+    at = T0 + month.hours * HOUR_MS - 5_000
+    start = at - at % HOUR_MS
+    click_id = f"c-new-{batch_id}"
+    rows = [
+        {**_archive_row("impression", f"i-new-{batch_id}", ad.ad_id, "u-new", at - 1_000, at, 0, BROWSER, False)},
+        {**_archive_row("click", click_id, ad.ad_id, "u-new", at, at + 100, 0, BROWSER, False)},
+    ]
+    table = pa.Table.from_pylist([{**r, "batch_id": batch_id} for r in rows]).select(list(ARCHIVE_COLUMNS))
+    write_batch_files(table, layout.archive, ["event_type", "period", "batch_id"])
+    bill = {
+        "click_id": click_id,
+        "impression_id": f"i-new-{batch_id}",
+        "ad_id": ad.ad_id,
+        "campaign_id": ad.campaign_id,
+        "advertiser_id": ad.advertiser_id,
+        "user_id": "u-new",
+        "click_time": at,
+        "impression_time": at - 1_000,
+        "amount_micros": _price(ad, at),
+        "currency": ad.currency,
+        "click_received_ms": at + 100,
+        "billed_at_ms": at + 1_000,
+        "period_start_ms": start,
+        "period": Periods().key(start),
+        "batch_id": batch_id,
+    }
+    write_batch_files(_table([bill], LEDGER_COLUMNS), layout.ledger, ["period", "batch_id"])
+    return click_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--hours", type=int, default=744, help="hourly periods (744: a 31-day month)")
+    parser.add_argument("--clicks-per-hour", type=int, default=1_000)
+    parser.add_argument("--batches-per-hour", type=int, default=12, help="micro-batches an hour")
+    parser.add_argument("--lookups", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--folder", help="the data folder to write (default: a new one under var/)")
+    args = parser.parse_args(argv)
+    report = run(args)
+    out = PROJECT_ROOT / "var" / "bench" / f"stories-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"report: {out}")
+    print(json.dumps({k: v for k, v in report.items() if k != "wrong"}, indent=1))
+    if report["wrong"]:
+        print("\n".join(report["wrong"][:20]), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The invalid traffic rules (DOMAIN.md, "Invalid traffic"), case by case at explicit timestamps: the plain rule
+(`billing.rule.bill`) and the DuckDB oracle (`tests.oracle.outcomes`) must both give each click its outcome."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from billing.catalog import Ad, Catalog
+from billing.events import Click, Impression
+from billing.invalid import ExclusionChange, IpExclusions, IvtRules, duplicate_clicks, flood_clicks, format_rate
+from billing.rule import bill
+from billing.store.crawler_list import crawler_list
+from tests import oracle
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+S = 1_000
+BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36"
+ADS = [Ad(f"ad-{n:02d}", "cmp-1", "adv-1", 100_000 + n, "EUR") for n in range(25)]
+
+
+def catalog(*exclusions: ExclusionChange) -> Catalog:
+    return Catalog(ADS, exclusions=IpExclusions(exclusions))
+
+
+def c(click_id: str, at: int, ad: int = 0, user: str = "u1", ua: str | None = None, ip: str | None = None) -> Click:
+    return Click(click_id, f"ad-{ad:02d}", user, at, ua, ip)
+
+
+def outcomes(clicks: list[Click], cat: Catalog) -> tuple[dict[str, str], dict[str, str]]:
+    """(the plain rule's, the oracle's) outcome of every click: `charged` or the reason. Each click gets its own
+    impression 1 s before it, so every click is billable."""
+    impressions = [Impression(f"i-{k.click_id}", k.ad_id, k.user_id, k.event_time - S) for k in clicks]
+    result = bill(impressions, clicks, cat, is_bot=crawler_list().matches)
+    plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
+    received: list[dict[str, Any]] = []
+    for n, event in enumerate([*impressions, *clicks]):
+        received.append(
+            {
+                "type": event.type,
+                "id": event.event_id,
+                "ad_id": event.ad_id,
+                "user_id": event.user_id,
+                "event_time": event.event_time,
+                "received_ms": event.event_time,
+                "partition": 0,
+                "offset": n,
+                "user_agent": event.user_agent,
+                "ip": event.ip,
+            }
+        )
+    independent = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, cat)}
+    return plain, independent
+
+
+NET = ExclusionChange("203.0.113.0/24", 0, True)
+NET6 = ExclusionChange("2001:db8::/32", 0, True)
+
+CASES = [
+    # A second click of the user on the ad exactly 30 s after the first is a duplicate (the bound is inclusive).
+    pytest.param([c("c1", T0), c("c2", T0 + 30_000)], (), {"c1": "charged", "c2": "duplicate_click"}, id="dup-30000"),
+    # One millisecond later it is not.
+    pytest.param([c("c1", T0), c("c2", T0 + 30_001)], (), {"c1": "charged", "c2": "charged"}, id="dup-30001"),
+    # A run of three clicks 20 s apart: each is within 30 s of the one before, so only the first is charged, though
+    # the third is 40 s after the first.
+    pytest.param(
+        [c("c1", T0), c("c2", T0 + 20 * S), c("c3", T0 + 40 * S)],
+        (),
+        {"c1": "charged", "c2": "duplicate_click", "c3": "duplicate_click"},
+        id="run-of-three-20s-apart",
+    ),
+    # Two clicks at the same millisecond: ordered by click id, the smaller one stands.
+    pytest.param([c("c9", T0), c("c2", T0)], (), {"c2": "charged", "c9": "duplicate_click"}, id="same-ms"),
+    # The same user on another ad is no duplicate.
+    pytest.param([c("c1", T0), c("c2", T0 + S, ad=1)], (), {"c1": "charged", "c2": "charged"}, id="other-ad"),
+    # Another user on the same ad is no duplicate.
+    pytest.param([c("c1", T0), c("c2", T0 + S, user="u2")], (), {"c1": "charged", "c2": "charged"}, id="other-user"),
+    # 20 clicks of one user within 60 s (on 20 ads, so none is a duplicate) are no flood.
+    pytest.param(
+        [c(f"c{n:02d}", T0 + n * 3 * S, ad=n) for n in range(20)],
+        (),
+        {f"c{n:02d}": "charged" for n in range(20)},
+        id="20-in-60s",
+    ),
+    # 21 clicks within 60 s: every one of them is a flood, the first too.
+    pytest.param(
+        [c(f"c{n:02d}", T0 + n * 2 * S, ad=n) for n in range(21)],
+        (),
+        {f"c{n:02d}": "click_flood" for n in range(21)},
+        id="21-in-60s",
+    ),
+    # 21 clicks spanning exactly 60 000 ms (both ends inclusive) are a flood ...
+    pytest.param(
+        [c(f"c{n:02d}", T0 + n * 3 * S, ad=n) for n in range(21)],
+        (),
+        {f"c{n:02d}": "click_flood" for n in range(21)},
+        id="21-span-60000",
+    ),
+    # ... spanning 60 001 ms they are not: no 60 s holds more than 20 of them.
+    pytest.param(
+        [c(f"c{n:02d}", T0 + n * 3 * S + (1 if n == 20 else 0), ad=n) for n in range(21)],
+        (),
+        {f"c{n:02d}": "charged" for n in range(21)},
+        id="21-span-60001",
+    ),
+    # A flood across a few ads: the flood comes before the duplicates it also holds.
+    pytest.param(
+        [c(f"c{n:02d}", T0 + n * 2 * S, ad=n % 3) for n in range(25)],
+        (),
+        {f"c{n:02d}": "click_flood" for n in range(25)},
+        id="flood-across-ads",
+    ),
+    # A run of 21 in 60 s among a user's slower clicks: only the clicks of the run are floods.
+    pytest.param(
+        [c("early", T0 - 120 * S, ad=24)] + [c(f"c{n:02d}", T0 + n * S, ad=n) for n in range(21)],
+        (),
+        {"early": "charged", **{f"c{n:02d}": "click_flood" for n in range(21)}},
+        id="flood-run-only",
+    ),
+    # A known crawler's user agent is a bot.
+    pytest.param([c("c1", T0, ua=BOT)], (), {"c1": "known_bot"}, id="bot"),
+    # The list matches case-sensitively, as the package's own is_crawler does: other letter case is no match.
+    pytest.param([c("c1", T0, ua=BOT.replace("Googlebot", "googlebot"))], (), {"c1": "charged"}, id="bot-case"),
+    # A browser's user agent is not a bot.
+    pytest.param([c("c1", T0, ua=BROWSER)], (), {"c1": "charged"}, id="browser"),
+    # An address in an excluded IPv4 range.
+    pytest.param([c("c1", T0, ip="203.0.113.77")], (NET,), {"c1": "excluded_ip"}, id="ipv4-excluded"),
+    # Just outside it.
+    pytest.param([c("c1", T0, ip="203.0.114.1")], (NET,), {"c1": "charged"}, id="ipv4-outside"),
+    # An IPv6 range, an address in it and one outside it.
+    pytest.param(
+        [c("c1", T0, ip="2001:db8::1"), c("c2", T0, user="u2", ip="2001:db9::1")],
+        (NET6,),
+        {"c1": "excluded_ip", "c2": "charged"},
+        id="ipv6",
+    ),
+    # An IPv4 address is never in an IPv6 range (nor the reverse).
+    pytest.param([c("c1", T0, ip="203.0.113.1")], (NET6,), {"c1": "charged"}, id="ipv4-vs-ipv6-range"),
+    # An `ip` that is not an address is judged as none: not bad input, not excluded.
+    pytest.param([c("c1", T0, ip="not-an-ip")], (NET,), {"c1": "charged"}, id="ip-not-an-address"),
+    # A range added after the click's time does not apply to it; it does to a click after.
+    pytest.param(
+        [c("c1", T0 + 10 * S - 1, ip="203.0.113.7"), c("c2", T0 + 10 * S, user="u2", ip="203.0.113.7")],
+        (ExclusionChange("203.0.113.0/24", T0 + 10 * S, True, 1),),
+        {"c1": "charged", "c2": "excluded_ip"},
+        id="range-added-later",
+    ),
+    # A range removed from a time on no longer applies from then.
+    pytest.param(
+        [c("c1", T0 - 1, ip="203.0.113.7"), c("c2", T0, user="u2", ip="203.0.113.7")],
+        (ExclusionChange("203.0.113.0/24", 0, True, 1), ExclusionChange("203.0.113.0/24", T0, False, 2)),
+        {"c1": "excluded_ip", "c2": "charged"},
+        id="range-removed",
+    ),
+    # A click that is a bot, from an excluded range and a duplicate takes the first rule's name.
+    pytest.param(
+        [c("c1", T0), c("c2", T0 + S, ua=BOT, ip="203.0.113.7")],
+        (NET,),
+        {"c1": "charged", "c2": "known_bot"},
+        id="bot-and-duplicate",
+    ),
+    # A click without the optional fields (version 1): the first two rules do not apply to it.
+    pytest.param([c("c1", T0)], (NET,), {"c1": "charged"}, id="version-1"),
+]
+
+
+@pytest.mark.parametrize(("clicks", "exclusions", "expected"), CASES)
+def test_invalid_traffic_cases(
+    clicks: list[Click], exclusions: tuple[ExclusionChange, ...], expected: dict[str, str]
+) -> None:
+    plain, independent = outcomes(clicks, catalog(*exclusions))
+    assert plain == expected
+    assert independent == expected
+
+
+def test_the_thresholds_are_settings() -> None:
+    times = [(T0 + n * S, f"c{n}") for n in range(5)]
+    assert flood_clicks(times, IvtRules(flood_clicks=4)) == {f"c{n}" for n in range(5)}
+    assert flood_clicks(times, IvtRules(flood_clicks=5)) == set()
+    assert flood_clicks(times, IvtRules(flood_clicks=4, flood_window_ms=3 * S)) == set()
+    assert duplicate_clicks(times, IvtRules(duplicate_window_ms=999)) == set()
+    assert duplicate_clicks(times, IvtRules(duplicate_window_ms=1000)) == {"c1", "c2", "c3", "c4"}
+
+
+def test_a_click_not_billable_is_judged_but_not_counted_invalid() -> None:
+    # A click without an impression is not billable: its outcome is that, and it still counts for the flood of
+    # the others (every click received is judged).
+    clicks = [c(f"c{n:02d}", T0 + n * S, ad=n) for n in range(21)]
+    impressions = [Impression(f"i{n}", f"ad-{n:02d}", "u1", T0 + n * S - S) for n in range(1, 21)]
+    result = bill(impressions, clicks, catalog(), is_bot=crawler_list().matches)
+    assert result.charged == []
+    assert result.reasons() == {f"c{n:02d}": "click_flood" for n in range(1, 21)}
+
+
+def test_the_invalid_click_rate_is_exact() -> None:
+    assert format_rate(0, 0) == "-"
+    assert format_rate(1, 2) == "33.3 %"
+    assert format_rate(2, 1) == "66.7 %"
+    assert format_rate(1, 999) == "0.1 %"
+    assert format_rate(1, 1999) == "0.1 %"  # 0.05 % rounds half up
+    assert format_rate(5, 0) == "100.0 %"

@@ -1,0 +1,104 @@
+"""The catalog's change log on a page and in the API: every change (ads, prices, pauses, budgets, IP exclusions) with
+who made it, when and through which door (`billing.change_log`, kept by `billing.store.catalog_file.CatalogStore`).
+
+- `GET /catalog/changes`: finance and admin, newest first, with filters: `who`, `door` (`command`, `page`, `api`,
+  `replay`, `simulator`), `kind`, `advertiser_id`, `campaign_id`, `ad_id`, `from` and `to` (UTC days, both
+  included, by when the change was made); `offset` and `limit` page through them.
+- `GET /api/v1/catalog/changes`: the same as JSON (prices and budgets as strings of micros).
+
+Each ad's price history shows the same beside each entry (`web.ad_catalog.changes_by_version`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flask import Blueprint, Response, abort, jsonify, render_template, request
+
+from billing.change_log import DOORS, KINDS, ChangeEntry, ChangeFilter, filtered
+from web.ad_catalog import catalog_or_404, store
+from web.api import micros_text
+from web.api import require_login as api_login
+from web.guards import paging_args
+from web.pages import require_login
+from web.readers import is_id
+
+bp = Blueprint("change_pages", __name__)
+bp.before_request(require_login)
+api_bp = Blueprint("change_api", __name__, url_prefix="/api/v1")
+api_bp.before_request(api_login)
+
+_ID_ARGS = ("advertiser_id", "campaign_id", "ad_id")
+
+
+def change_filter() -> ChangeFilter:
+    """The filters of the query; 400 when one cannot be read."""
+    args = request.args
+    who = args.get("who", "").strip() or None
+    if who is not None and (len(who) > 128 or not who.isprintable()):
+        abort(400, description="who is an account or user name of up to 128 characters")
+    door = args.get("door", "").strip() or None
+    if door is not None and door not in DOORS:
+        abort(400, description=f"door is one of {', '.join(DOORS)}")
+    kind = args.get("kind", "").strip() or None
+    if kind is not None and kind not in KINDS:
+        abort(400, description=f"kind is one of {', '.join(KINDS)}")
+    ids: dict[str, str | None] = {}
+    for name in _ID_ARGS:
+        value = args.get(name, "").strip() or None
+        if value is not None and not is_id(value):
+            abort(400, description=f"{name} is an id of up to 128 letters, digits and . _ : @ -")
+        ids[name] = value
+    return ChangeFilter(who, door, kind, since_ms=_day(args.get("from")), until_ms=_day(args.get("to"), 1), **ids)
+
+
+def _day(text: str | None, after: int = 0) -> int | None:
+    """Midnight UTC of a `YYYY-MM-DD` day (of the day after it, for `to`: both ends are included)."""
+    if not text:
+        return None
+    try:
+        day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC) + timedelta(days=after)
+    except ValueError:
+        abort(400, description="from and to are UTC days such as 2026-01-31")
+    return int(day.timestamp() * 1000)
+
+
+def listed() -> tuple[list[ChangeEntry], int, int, int]:
+    """(the page of changes asked for, how many match, offset, limit)."""
+    catalog_or_404()
+    wanted = change_filter()
+    offset, limit = paging_args(100)
+    found = filtered(store().changes(), wanted)
+    return found[offset : offset + limit], len(found), offset, limit
+
+
+@bp.get("/catalog/changes")
+def changes_page() -> str:
+    page, total, offset, limit = listed()
+    return render_template(
+        "catalog_changes.html",
+        changes=page,
+        total=total,
+        offset=offset,
+        limit=limit,
+        doors=DOORS,
+        kinds=KINDS,
+        args=request.args,
+    )
+
+
+@api_bp.get("/catalog/changes")
+def changes_document() -> Response:
+    page, total, offset, limit = listed()
+    return jsonify({"total": total, "offset": offset, "limit": limit, "changes": [change_document(e) for e in page]})
+
+
+def change_document(entry: ChangeEntry) -> dict[str, Any]:
+    """A change as the API gives it: prices and budgets as strings of micros."""
+    document = entry.to_dict()
+    document["cpc_micros"] = micros_text(entry.cpc_micros)
+    document["daily_budget_micros"] = micros_text(entry.daily_budget_micros)
+    document["door_kind"] = entry.door_kind
+    document["token_id"] = entry.token_id
+    return document

@@ -1,0 +1,124 @@
+"""A click's story on a page and in the API: "Why was I charged for this click?" (DOMAIN.md, "Who sees what").
+
+- `GET /clicks?click_id=ID`: the search (a form on the dashboard and on every page's header) goes to the click's
+  page; without an id, the search form alone.
+- `GET /clicks/ID`: the click's story (`billing.story`, found through the click index by
+  `billing.store.click_story.ClickStories`): its outcome and why, every copy received, its impressions, the price in
+  force and who set it, the invalid traffic rule or budget that stopped it, what the stream did, its corrections and
+  the export rows that carry it.
+- `GET /api/v1/clicks/ID`: the same as JSON, money as strings of micros (`web.api`).
+
+An advertiser sees the clicks of its own ads only, without what names another advertiser (`billing.story
+.for_advertiser`); another advertiser's click, a click without an ad the catalog knows, and a click never received
+answer it 404, alike. Finance and admin see every click, and a page (or a 404 document) saying so of a click never
+received.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Flask, Response, abort, current_app, jsonify, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from billing.invalid import DEFAULT_RULES
+from billing.layout import DataLayout
+from billing.periods import Periods
+from billing.store.catalog_file import CatalogStore
+from billing.store.click_story import ClickStories
+from billing.story import NOT_RECEIVED, ClickStory, describe, for_advertiser
+from web import display
+from web.access import Role
+from web.api import require_login as api_login
+from web.guards import logged_in
+from web.pages import require_login
+from web.price_split import EXTENSION, clicks_by_price
+from web.readers import is_id
+from web.services import services
+
+bp = Blueprint("click_pages", __name__)
+bp.before_request(require_login)
+api_bp = Blueprint("click_api", __name__, url_prefix="/api/v1")
+api_bp.before_request(api_login)
+
+
+def register(app: Flask, settings: Any) -> None:
+    """The app's click stories, over its data folder (`create_app` calls this once)."""
+    app.extensions[EXTENSION] = ClickStories(
+        DataLayout(settings.root),
+        CatalogStore(settings.catalog_file),
+        Periods(settings.period_ms),
+        getattr(settings, "ivt_rules", DEFAULT_RULES),
+        getattr(settings, "topic_clicks", None),
+    )
+    app.register_blueprint(bp)
+    app.register_blueprint(api_bp)
+    app.jinja_env.globals["clicks_by_price"] = clicks_by_price
+
+
+def stories() -> ClickStories:
+    found: ClickStories = current_app.extensions[EXTENSION]
+    return found
+
+
+def story_or_404(click_id: str) -> ClickStory:
+    """The click's story as the person may see it; 404 for an advertiser unless the click is its own."""
+    principal = logged_in()
+    if not is_id(click_id):
+        abort(404)
+    story = stories().tell(click_id)
+    if principal.role is Role.ADVERTISER:
+        if principal.advertiser_id is None or story.advertiser_id != principal.advertiser_id:
+            abort(404)
+        return for_advertiser(story, principal.advertiser_id, services().reader.catalog.get())
+    return story
+
+
+@bp.get("/clicks")
+def search() -> WerkzeugResponse | str:
+    """The search: a click id goes to its page."""
+    logged_in()
+    wanted = request.args.get("click_id", "").strip()
+    if wanted:
+        return redirect(url_for(".click", click_id=wanted))
+    return render_template("click_search.html")
+
+
+@bp.get("/clicks/<click_id>")
+def click(click_id: str) -> str | tuple[str, int]:
+    story = story_or_404(click_id)
+    principal = logged_in()
+    status = 404 if story.outcome.status == NOT_RECEIVED else 200
+    page = render_template(
+        "click.html",
+        s=story,
+        why=describe(story, display.money),
+        finance=principal.role is not Role.ADVERTISER,
+    )
+    return page if status == 200 else (page, status)
+
+
+@api_bp.get("/clicks/<click_id>")
+def click_document(click_id: str) -> Response:
+    story = story_or_404(click_id)
+    if story.outcome.status == NOT_RECEIVED:
+        response = jsonify({"error": f"no click {click_id} was ever received", "status": 404})
+        response.status_code = 404
+        return response
+    return jsonify(story_document(story))
+
+
+def story_document(story: ClickStory) -> dict[str, Any]:
+    """The story as the API gives it: every amount in micros a string of digits (`web.api.micros_text`)."""
+    document: dict[str, Any] = _micros_as_text(story.to_dict())
+    return document
+
+
+def _micros_as_text(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _micros_as_text(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_micros_as_text(v, key) for v in value]
+    if key.endswith("_micros") and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
