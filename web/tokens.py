@@ -134,4 +134,3 @@ def bearer_token(authorization: str | None) -> str | None:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
