@@ -255,7 +255,7 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
         bad_fraction=0.0,
         crawler_fraction=0.03,
         excluded_ip_fraction=0.03,
-        flood_fraction=0.004,
+        flood_fraction=0.05,  # expected flood clicks per ordinary click: about three floods
         double_click_fraction=0.03,
         late_duplicate_fraction=0.01,
         budget_campaigns=2,
@@ -315,6 +315,7 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
     assert bots and live.isdisjoint(bots)
     assert {c for c, m in made.items() if m == "crawler"} & set(truth) == set()
     invalid = {c for c, reason in refused.items() if reason in INVALID_REASONS}
+    assert {refused[c] for c in invalid} == set(INVALID_REASONS), "every rule has clicks to judge"
     caught = {c for c, reason in not_charged(settings).items() if reason in INVALID_REASONS} & invalid
     print(
         f"\ninvalid clicks caught live: {len(caught)} of {len(invalid)} ({100 * len(caught) / len(invalid):.1f} %); "
