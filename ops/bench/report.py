@@ -500,7 +500,11 @@ def _render_steps(name: str, result: Mapping[str, Any]) -> list[str]:
 def _check_text(check: Mapping[str, Any] | None) -> str:
     if check is None:
         return "n/a"
-    return f"exact ({check['billed']:,} clicks)" if check["equal"] else _differs(check)
+    if not check["equal"]:
+        return _differs(check)
+    ordered = check.get("order_dependent") or 0
+    tail = f"; {ordered:,} order-dependent decision(s) left to reconciliation" if ordered else ""
+    return f"exact ({check['billed']:,} clicks{tail})"
 
 
 def _differs(check: Mapping[str, Any]) -> str:

@@ -290,7 +290,12 @@ def _ledger(system: System, dataset: Dataset) -> dict[str, Any] | None:
     """The ledger check of one run (pipeline only)."""
     if system.ledger_dir is None:
         return None
-    return ledger_check(ledger_rows(system.ledger_dir, dataset.name), dataset.truth())
+    return ledger_check(
+        ledger_rows(system.ledger_dir, dataset.name),
+        dataset.truth(),
+        dataset.refused(),
+        stream_refused(system.settings.layout.not_charged, dataset.name),
+    )
 
 
 def _step(
@@ -342,7 +347,8 @@ def _step(
     send_start_ms, send_end_ms = int(sent["first_send"] * 1000), int(sent["last_send"] * 1000)
     batches = analysis.step_batches(recorder.history(), send_start_ms)
     truth = cycle_truth(dataset.truth(), options.soak_cycles) if options.soak_cycles else dataset.truth()
-    pairs, check = _latencies(system, dataset.name, truth, batches, clicks_before)
+    refused = cycle_truth(dataset.refused(), options.soak_cycles) if options.soak_cycles else dataset.refused()
+    pairs, check = _latencies(system, dataset.name, truth, batches, clicks_before, refused)
     figures = analysis.step_figures(batches, sent["records"], send_start_ms, send_end_ms, [lat for _, lat in pairs])
     end = (analysis.drained_at_ms(batches, sent["records"]) or finished * 1000) / 1000
     start = sent["first_send"]
@@ -397,13 +403,14 @@ def _latencies(
     truth: dict[str, int],
     batches: list[Any],
     clicks_before: dict[int, int],
+    refused: dict[str, str] | None = None,
 ) -> tuple[list[tuple[int, int]], dict[str, Any] | None]:
     """(batch id, latency ms) of each billable click of the step, and the ledger check (pipeline only)."""
     ends = {r["batch_id"]: analysis.batch_end_ms(r) for r in batches}
     if system.ledger_dir is not None:
         rows = ledger_rows(system.ledger_dir, prefix)
         pairs = [(b, ends[b] - received) for _, _, received, b in rows if b in ends]
-        return pairs, ledger_check(rows, truth)
+        return pairs, ledger_check(rows, truth, refused, stream_refused(system.settings.layout.not_charged, prefix))
     clicks = read_clicks(system.settings, clicks_before)
     topic = system.topics["click"]
     offsets: dict[int, list[tuple[int, int]]] = {}
@@ -421,6 +428,18 @@ def _latencies(
             batch_id = ends_of_partition[at][1]
             pairs.append((batch_id, ends[batch_id] - timestamp))
     return pairs, None
+
+
+def stream_refused(folder: Path, prefix: str) -> dict[str, str]:
+    """click_id -> reason of the clicks of one run (its id prefix) the stream priced and did not charge."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return {}
+    table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=["click_id", "reason"])
+    table = table.filter(pc.starts_with(table["click_id"], f"{prefix}-"))
+    return dict(zip(table["click_id"].to_pylist(), table["reason"].to_pylist(), strict=True))
 
 
 def ledger_rows(ledger_dir: Path, prefix: str) -> list[tuple[str, int, int, int]]:
@@ -442,19 +461,39 @@ def ledger_rows(ledger_dir: Path, prefix: str) -> list[tuple[str, int, int, int]
     )
 
 
-def ledger_check(rows: list[tuple[str, int, int, int]], truth: dict[str, int]) -> dict[str, Any]:
-    """Whether the ledger's rows of a run equal its ground truth: the same clicks, once each, same amounts."""
+ORDER_DEPENDENT = frozenset({"click_flood", "duplicate_click", "over_budget"})
+"""Rules whose live decision depends on the order the stream reads clicks: a flood's first clicks billed before the
+rest arrived, the later of two twins read first, a budget filled out of event-time order. Reconciliation applies
+them to the complete data; the ledger check reports them apart."""
+
+
+def ledger_check(
+    rows: list[tuple[str, int, int, int]],
+    truth: dict[str, int],
+    refused: dict[str, str] | None = None,
+    stream_refused: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Whether the ledger's rows of a run equal its ground truth: the same clicks, once each, same amounts. A click
+    charged live that the truth refuses for an order-dependent rule (`ORDER_DEPENDENT`), or refused live for such a
+    rule and charged by the truth, is counted in `order_dependent` (reconciliation corrects it), not as a
+    difference."""
+    refused = refused or {}
+    stream_refused = stream_refused or {}
     billed: dict[str, int] = {}
     repeated = 0
     for click_id, amount, _, _ in rows:
         if click_id in billed:
             repeated += 1
         billed[click_id] = amount
-    missing = [c for c in truth if c not in billed]
-    extra = [c for c in billed if c not in truth]
+    missing = [c for c in truth if c not in billed and stream_refused.get(c) not in ORDER_DEPENDENT]
+    extra = [c for c in billed if c not in truth and refused.get(c) not in ORDER_DEPENDENT]
+    ordered = sum(1 for c in truth if c not in billed and stream_refused.get(c) in ORDER_DEPENDENT) + sum(
+        1 for c in billed if c not in truth and refused.get(c) in ORDER_DEPENDENT
+    )
     wrong = [c for c in billed if c in truth and billed[c] != truth[c]]
     return {
         "equal": not (missing or extra or wrong or repeated),
+        "order_dependent": ordered,
         "billed": len(billed),
         "expected": len(truth),
         "missing": len(missing),

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from billing.store.catalog_file import save_catalog
 
@@ -45,7 +45,21 @@ GAP_MS = 60_000
 """Event time between the last event of a run and the first of the next."""
 SIMULATOR_SHAPE = {"advertisers": 5, "campaigns_per_advertiser": 3, "ads_per_campaign": 4}
 """The catalog's shape, as the local stack's (`ops.stack.ensure_catalog`): 60 ads."""
+V = TypeVar("V")
+
 USERS = 1_000
+
+INVALID_TRAFFIC: dict[str, Any] = {"crawler_fraction": 0.01, "double_click_fraction": 0.01, "flood_fraction": 0.01}
+"""Invalid traffic the benchmark's runs carry (per ordinary click), so the stream's rules have clicks to judge:
+crawlers, double clicks and floods. Excluded ranges and budgets are in the plan's catalog instead (`BENCH_BUDGETS`,
+`BENCH_EXCLUSIONS`): every run shares it, and the simulator's own ranges and budgets change within a run."""
+
+BENCH_BUDGETS = 3
+"""Campaigns of the plan's catalog with a daily budget (large enough that no run exhausts it: a run's budget
+decisions would otherwise depend on the order the stream reads its clicks, which reconciliation corrects), so the
+stream's budget check runs on their clicks."""
+BENCH_EXCLUSIONS = ("198.51.100.0/24", "2001:db8::/32")
+"""IP ranges the plan's catalog excludes (no simulated user's address is in them), so the exclusion check runs."""
 
 FRAME_HEADER = struct.Struct("<BHI")
 TOPICS = ("impressions", "clicks")
@@ -98,6 +112,14 @@ class Dataset:
                 out[row["click_id"]] = row["amount_micros"]
         return out
 
+    def refused(self) -> dict[str, str]:
+        """click_id -> why the run must not charge it, of every billable click it does not charge."""
+        path = self.folder / "not_charged.jsonl"
+        if not path.exists():
+            return {}
+        with path.open(encoding="utf-8") as lines:
+            return {row["click_id"]: row["reason"] for row in map(json.loads, lines)}
+
     def summary(self) -> dict[str, Any]:
         """The simulator's counts of the run (`summary.json`)."""
         return dict(json.loads((self.folder / "summary.json").read_text(encoding="utf-8")))
@@ -136,7 +158,7 @@ def arrivals_per_impression() -> float:
     """Arrivals the simulator sends per impression with the benchmark's fractions (clicks, duplicates, bad)."""
     from producers.simulator import SimulationConfig
 
-    return SimulationConfig(impression_rate=1.0, events=0, late_fraction=0.0).expected_arrival_rate()
+    return SimulationConfig(impression_rate=1.0, events=0, late_fraction=0.0, **INVALID_TRAFFIC).expected_arrival_rate()
 
 
 def simulation_config(name: str, rate: int, events: int, start_ms: int, seed: int) -> Any:
@@ -154,6 +176,7 @@ def simulation_config(name: str, rate: int, events: int, start_ms: int, seed: in
         start_ms=start_ms,
         events=events,
         id_prefix=name,
+        **INVALID_TRAFFIC,
     )
 
 
@@ -265,6 +288,10 @@ def plan_traffic(
         if burst_events:
             burst = run("burst", max(rates), burst_events)
     catalog = simulation_config("catalog", rates[0], 0, BASE_START_MS, seed).catalog()
+    for campaign in catalog.campaign_ids[:BENCH_BUDGETS]:
+        catalog = catalog.with_budget(campaign, 0, 10**15, 0, backfill=True)
+    for cidr in BENCH_EXCLUSIONS:
+        catalog = catalog.with_exclusion(cidr, 0, True, 0, backfill=True)
     save_catalog(catalog, folder / "catalog.json")
     plan = TrafficPlan(folder, backlog, steps, burst)
     plan_file.write_text(
@@ -312,8 +339,9 @@ def cycle_event(item: Any, cycle: int, span_ms: int) -> Any:
     )
 
 
-def cycle_truth(template: dict[str, int], cycles: int) -> dict[str, int]:
-    """The ground truth of `cycles` cycles of a template run: its billable clicks, renamed per cycle."""
+def cycle_truth(template: dict[str, V], cycles: int) -> dict[str, V]:
+    """The ground truth of `cycles` cycles of a template run: its billable clicks (or those not charged, with their
+    reasons), renamed per cycle."""
     return {f"{click_id}.{cycle}": amount for cycle in range(cycles) for click_id, amount in template.items()}
 
 

@@ -558,3 +558,19 @@ def test_a_variant_is_written_label_colon_settings() -> None:
     for bad in ("join_state_format=4", "V4:join_state_format=4", "v4:", "v4:join_state_format=7"):
         with pytest.raises(SystemExit):
             variant(bad)
+
+
+def test_the_ledger_check_tells_order_dependent_decisions_from_differences() -> None:
+    from ops.bench.systems import ledger_check
+
+    truth = {"a": 10, "b": 10, "twin-1": 10}
+    refused = {"twin-2": "duplicate_click", "bot": "known_bot"}
+    # The stream read the twins the other way round (charged the later, refused the earlier as its duplicate).
+    rows = [("a", 10, 0, 1), ("b", 10, 0, 1), ("twin-2", 10, 0, 1)]
+    check = ledger_check(rows, truth, refused, {"twin-1": "duplicate_click"})
+    assert check["equal"] and check["order_dependent"] == 2
+    # A bot charged live is a difference: the stream sees the user agent of every click it bills.
+    check = ledger_check([*rows, ("bot", 10, 0, 2)], truth, refused, {"twin-1": "duplicate_click"})
+    assert not check["equal"] and check["extra"] == 1
+    # Without the stream's own refusal, a missing click is a difference.
+    assert ledger_check(rows, truth, refused, {})["missing"] == 1
