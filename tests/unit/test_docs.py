@@ -443,10 +443,13 @@ def test_the_picture_is_drawn_from_its_source_as_it_stands() -> None:
 
 
 def test_the_picture_is_what_dot_draws_from_its_source() -> None:
+    """Drawn again and compared, comments aside (dot names its version in one): a hand-edited picture fails too."""
     dot = docs.dot_binary()
     if dot is None:
         pytest.skip("dot is not installed (Debian's graphviz, which `adbill deps` installs)")
-    assert docs.PICTURE.read_text() == docs.draw_picture(docs.PICTURE_SOURCE.read_text(), dot), (
+    drawn = docs.draw_picture(docs.PICTURE_SOURCE.read_text(), dot)
+    without_comments = [re.sub(r"<!--.*?-->", "", svg, flags=re.S) for svg in (docs.PICTURE.read_text(), drawn)]
+    assert without_comments[0] == without_comments[1], (
         "docs/dataflow.svg is not what dot draws from docs/dataflow.dot: run `make docs-generate`"
     )
 
