@@ -475,3 +475,19 @@ def test_the_versions_table_says_what_is_pinned() -> None:
         r"<kafka.version>(.+?)</kafka.version>", (PROJECT_ROOT / "ops/maven/kafka-broker.xml").read_text()
     )
     assert kafka and re.search(rf"^\| Apache Kafka broker \| {re.escape(kafka.group(1))} \|", table, re.M)
+
+
+# Tests: the tests a page names ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_every_test_a_page_names_exists(page: Path) -> None:
+    """`tests/...py` and `tests/...py::test_name`, and the security table's `S::test_name` by its legend's letters."""
+    text = " ".join(page.read_text().split())
+    legend = dict(re.findall(r"`([A-Z])` (?:is )?`(tests/[\w/]+\.py)`", text))
+    named = [(path, test) for path, test in re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text)]
+    named += [(legend[letter], test) for letter, test in re.findall(r"\b([A-Z])::(\w+)", text) if letter in legend]
+    for path, test in named:
+        assert (PROJECT_ROOT / path).exists(), f"{rel(page)} names {path}, which does not exist"
+        if test:
+            assert f"def {test}(" in (PROJECT_ROOT / path).read_text(), (
+                f"{rel(page)} names {path}::{test}: no such test"
+            )
