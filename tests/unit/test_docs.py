@@ -275,22 +275,30 @@ def check_command(command: list[str]) -> None:
 
 
 # Web routes -------------------------------------------------------------------------------------------------------
+WEB_HOME: list[Path] = []
+"""A data folder for the app whose routes are read (it writes its secret key there); set by `web_home`."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def web_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    WEB_HOME.append(tmp_path_factory.mktemp("web-home"))
+
+
 @cache
-def web_routes(home: str) -> object:
+def web_routes() -> object:
+    """The web UI's routes."""
     from web.app import create_app
 
-    return create_app(Settings.from_env({}, home=Path(home))).url_map.bind("127.0.0.1")
+    return create_app(Settings.from_env({}, home=WEB_HOME[0])).url_map.bind("127.0.0.1")
 
 
 def check_route(path: str, method: str = "GET") -> None:
     """A path of the web UI as the docs write it, placeholders (ID, AD, MONTH, CLICK_ID ...) standing for a value."""
-    import tempfile
-
     from werkzeug.exceptions import HTTPException
     from werkzeug.routing import RequestRedirect
 
     concrete = "/".join("x" if re.fullmatch(r"[A-Z][A-Z_]*", part) else part for part in path.split("?")[0].split("/"))
-    adapter = web_routes(tempfile.gettempdir())
+    adapter = web_routes()
     try:
         adapter.match(concrete, method=method)  # type: ignore[attr-defined]
     except RequestRedirect:
