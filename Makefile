@@ -36,7 +36,7 @@ lock: $(LOCK_VENV)/.installed ## re-resolve requirements.lock from pyproject.tom
 		--strip-extras --no-emit-find-links --extra dev --extra bench --all-build-deps $(LOCK_ARGS) \
 		--output-file $(LOCK) pyproject.toml
 
-deps: venv ## fetch Kafka's and Spark's jars from Maven Central; install redis-server, chromium, promtool, pdftoppm if missing
+deps: venv ## fetch Kafka's and Spark's jars from Maven Central; install redis-server, chromium, promtool, pdftoppm, dot if missing
 	$(BIN)/adbill deps
 
 up: deps ## run the local stack (Kafka, Redis, traffic) in the foreground; Ctrl-C stops it
@@ -109,7 +109,7 @@ $(AUDIT_VENV)/.installed: Makefile
 	$(AUDIT_VENV)/bin/python -m pip install --quiet $(AUDIT_TOOLS)
 	@touch $@
 
-audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every pinned package of .venv (tools in their own venv); README "Security"
+audit: venv $(AUDIT_VENV)/.installed ## bandit on the code, pip-audit on every pinned package of .venv (tools in their own venv); docs/security.md
 	@mkdir -p var/audit
 	$(BIN)/python -m pip freeze --exclude-editable > var/audit/requirements.txt
 	@status=0; \
@@ -124,6 +124,12 @@ CHAOS_RATE ?= 100
 chaos: deps ## the chaos suite on the local cluster: driver, worker, broker, Redis kills, overlapping faults, a full disk, poison, a 20-minute outage, prices changing, a schema version deployed; report in var/chaos/<time>/ (CHAOS_SEED=, CHAOS_RATE=, CHAOS_ARGS="--outage-minutes 2")
 	$(BIN)/python -m ops.chaos --rate $(CHAOS_RATE) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
+docs: venv ## check the docs (links and anchors, the commands they show, the generated settings page and picture); fast, no services, part of `make test`
+	$(BIN)/pytest tests/unit/test_docs.py -q $(PYTEST_ARGS)
+
+docs-generate: venv ## write docs/settings.md from ops/settings.py and draw docs/dataflow.svg from docs/dataflow.dot (Graphviz's dot)
+	$(BIN)/python -m ops.docs
+
 lint: venv ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -136,4 +142,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-soak bench-reconcile bench-catalog bench-web bench-stories audit chaos lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-cluster bench-soak bench-reconcile bench-catalog bench-web bench-stories audit chaos docs docs-generate lint format clean

@@ -589,7 +589,7 @@ def _log_join_state_format(spark: SparkSession, checkpoint: Path) -> None:
     elif asked is not None and int(asked) != recorded:
         log.warning(
             "join state format %s is asked for, but the checkpoint %s keeps the format %d it started with: the "
-            "setting applies to a new checkpoint (README, Operations)",
+            "setting applies to a new checkpoint (docs/operations.md: moving to join state format 4)",
             asked,
             checkpoint,
             recorded,

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "deps",
-        help="fetch the jars; install redis-server, chromium, promtool and pdftoppm if missing",
+        help="fetch the jars; install redis-server, chromium, promtool, pdftoppm and dot if missing",
     )
     p.add_argument("--jars-only", action="store_true", help="fetch the jars only (where Redis runs elsewhere)")
     p.set_defaults(run=cmd_deps)

@@ -139,6 +139,11 @@ def ensure_pdftoppm() -> str:
     return ensure_debian_tool("pdftoppm", "poppler-utils", "renders statement PDFs in the tests")
 
 
+def ensure_graphviz() -> str:
+    """Graphviz's `dot` (Debian's `graphviz`), which draws the data-flow picture of the docs from its source."""
+    return ensure_debian_tool("dot", "graphviz", "draws the docs' data-flow picture")
+
+
 def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
@@ -160,6 +165,7 @@ def ensure_all(deps_dir: Path, redis: bool = True, browser: bool = True) -> None
         print("chromium, chromedriver (browser tests): {}, {}".format(*ensure_browser()))
         print(f"promtool (alert rule tests): {ensure_promtool()}")
         print(f"pdftoppm (statement PDF tests): {ensure_pdftoppm()}")
+        print(f"dot (the docs' data-flow picture): {ensure_graphviz()}")
     print(f"java: {java_binary()}")
 
 

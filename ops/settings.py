@@ -1,7 +1,7 @@
 """One typed settings object per process, read from `ADBILL_*` environment variables.
 
 Every default works on a fresh machine: the local stack on loopback, data under `./var`. `adbill settings` prints
-the table below with the values in force; the README lists the same table.
+the table below with the values in force; `docs/settings.md` is generated from it (`python -m ops.docs`).
 """
 
 from __future__ import annotations
@@ -35,31 +35,50 @@ class Settings:
         "127.0.0.1:9092",
         "Kafka bootstrap servers. The local stack starts a broker here when it is on loopback.",
     )
-    kafka_controller_port: int = _setting(9093, "Port of the local broker's KRaft controller listener.")
+    kafka_controller_port: int = _setting(
+        9093, "Port of the local broker's KRaft controller listener (a local cluster's node N: this plus N - 1)."
+    )
     topic_impressions: str = _setting("impressions", "Topic of impression events.")
     topic_clicks: str = _setting("clicks", "Topic of click events.")
     topic_quarantine: str = _setting("quarantine", "Dead-letter topic of bad input.")
     topic_partitions: int = _setting(4, "Partitions of the impressions and clicks topics (the same for both).")
-    topic_replication: int = _setting(1, "Replication factor of the topics (3 on a multi-broker cluster).")
+    topic_replication: int = _setting(
+        1,
+        "Replication factor of the topics (3 on a multi-broker cluster); at 3 or more the topics get "
+        "min.insync.replicas one less.",
+    )
     schema_registry: str = _setting(
         "",
         "Schema registry: an http(s) URL of a Confluent-compatible registry, or a file (default HOME/schemas.json).",
     )
 
-    redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis for live totals and health records.")
+    redis_url: str = _setting(
+        "redis://127.0.0.1:6379/0",
+        "Redis for live totals and health records. The local stack starts one here when it is on loopback.",
+    )
     redis_prefix: str = _setting("adbill", "Prefix of every Redis key the product writes.")
     redis_timeout_ms: int = _setting(
-        5_000, "Deadline of one Redis call of the job and reconciliation, in ms; tried 5 more times, then it fails."
+        5_000,
+        "Deadline of one Redis call of the job and reconciliation, in ms; tried 5 more times (about 40 s in all), "
+        "then the batch or run fails.",
     )
 
-    spark_master: str = _setting("local[2]", "Spark master URL: local[N] or spark://host:7077.")
+    spark_master: str = _setting(
+        "local[2]",
+        "Spark master URL: local[N] or spark://host:7077. A loopback spark:// makes the local stack start a master "
+        "and workers there.",
+    )
     shuffle_partitions: int = _setting(4, "spark.sql.shuffle.partitions; fixed by the first checkpoint.")
     impression_watermark_ms: int = _setting(30_000, "Watermark delay of the impressions stream, in ms.")
     click_watermark_ms: int = _setting(30_000, "Watermark delay of the clicks stream, in ms.")
     clock_tolerance_ms: int = _setting(
         60_000,
         "How far an event's time may be ahead of the time Kafka received it before it is counted as clock ahead, "
-        "in ms. Such events are valid and billed on their own time; the watermarks follow Kafka's time.",
+        "in ms (counted per ad and period: dashboard, health page, /metrics). Such an event is valid (up to an hour "
+        "ahead) and billed on its own time; a click ahead by more than the clicks' watermark delay is billed by "
+        "reconciliation, not the stream, so that a copy re-sent later cannot be billed twice. Whatever its time, an "
+        "event counts for its stream's watermark at most at its receipt time, so a wrong clock cannot make the "
+        "traffic after it late.",
     )
     trigger_ms: int = _setting(1_000, "Micro-batch trigger interval of the streaming job, in ms.")
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
@@ -67,14 +86,15 @@ class Settings:
     state_store: str = _setting(
         "rocksdb",
         "State store of a new checkpoint of the streaming job: rocksdb (off-heap, changelog checkpointing) or hdfs "
-        "(Spark's, in the JVM's memory: faster on one machine, see the README's Benchmarks). A checkpoint keeps the "
-        "store it started with.",
+        "(Spark's, in the JVM's memory: faster on one machine, with ADBILL_DRIVER_MEMORY=4g; docs/benchmarks.md). A "
+        "checkpoint keeps the store it started with.",
     )
     join_state_format: str = _setting(
         "default",
         "State format of the stream-stream join of a new checkpoint of the streaming job: default (Spark's, 2) or 4 "
-        "(Spark 4.2's format 4, still marked under development: evicts by time instead of scanning the whole state "
-        "every batch; RocksDB only). A checkpoint keeps the format it started with; see the README's Operations.",
+        "(Spark 4.2's format 4, SPARK-55144, still marked under development: evicts by time instead of scanning the "
+        "whole state every batch; RocksDB only, refused with ADBILL_STATE_STORE=hdfs). A checkpoint keeps the format "
+        "it started with; moving to format 4: docs/operations.md.",
     )
     sink_writers: str = _setting(
         "auto",
@@ -114,7 +134,9 @@ class Settings:
         1024, "Size the event log folder is trimmed to, oldest applications first, when a Spark session starts."
     )
     lateness_horizon_ms: int = _setting(
-        900_000, "How long after a period ends reconciliation waits for late data before closing it, in ms."
+        900_000,
+        "How long after a period ends reconciliation waits for late data before closing it, in ms (and it closes it "
+        "only once the streaming job has read what Kafka then held).",
     )
     reconcile_interval_s: int = _setting(300, "Seconds between reconciliation runs inside `adbill up` (0: off).")
     close_wait_s: int = _setting(
@@ -124,8 +146,8 @@ class Settings:
     )
     stream_invalid_traffic: int = _setting(
         1,
-        "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost; reconciliation "
-        "applies them all the same).",
+        "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost with a benchmark's "
+        "--variant; reconciliation applies them all the same).",
     )
     stream_budgets: int = _setting(
         1,
@@ -133,7 +155,9 @@ class Settings:
         "reconciliation applies budgets all the same).",
     )
     ivt_flood_clicks: int = _setting(
-        20, "Invalid traffic: a user's clicks within the flood window beyond this many are a click flood."
+        20,
+        "Invalid traffic: a user's clicks within the flood window beyond this many are all a click flood. A change "
+        "of this or the other ADBILL_IVT_* settings applies to periods not yet closed.",
     )
     ivt_flood_window_ms: int = _setting(60_000, "Invalid traffic: the click flood window, in ms.")
     ivt_duplicate_window_ms: int = _setting(
@@ -163,7 +187,8 @@ class Settings:
     web_secure_cookies: int = _setting(0, "1: session cookies always Secure (behind HTTPS); 0: only on HTTPS requests.")
     web_trusted_proxies: int = _setting(
         0,
-        "Reverse proxies in front of the web UI whose X-Forwarded-For and X-Forwarded-Proto are believed (0: none). "
+        "Reverse proxies in front of the web UI whose X-Forwarded-For and X-Forwarded-Proto are believed (Werkzeug's "
+        "ProxyFix; 0: none). "
         "Behind a TLS proxy, 1: cookies are then Secure and HSTS is sent.",
     )
     web_session_hours: int = _setting(12, "Hours a web session lasts after login, however active.")
@@ -175,7 +200,9 @@ class Settings:
         300, "Failed logins one client address (an IPv6 /64) may have in an hour; further logins are refused."
     )
     web_ready_batch_age_s: int = _setting(
-        60, "`/readyz` answers 503 when the streaming job's last batch or idle trigger is older than this, in s."
+        60,
+        "`/readyz` answers 503 when the streaming job's last batch or idle trigger (every 10 s when idle) is older "
+        "than this, in s.",
     )
 
     log_max_bytes: int = _setting(
@@ -193,7 +220,8 @@ class Settings:
     traffic_seed: int = _setting(1, "Seed of the local stack's traffic simulator.")
     traffic_catalog_every_s: int = _setting(
         60,
-        "Seconds between the catalog changes the local stack's traffic makes (new prices, pauses, new ads; 0: none).",
+        "Seconds between the catalog changes the local stack's traffic makes: a new price, a pause and its resume, "
+        "and five new ads at the start (0: none).",
     )
 
     @classmethod
@@ -397,9 +425,12 @@ Its own folder, so that a checkpoint of the one-node stack never meets the clust
 JOIN_STATE_FORMATS = ("default", "4")
 """The values of ADBILL_JOIN_STATE_FORMAT: Spark's default format of the join's state, or format 4."""
 
-# Variables with the prefix that are not settings of the pipeline but of the tools around it.
-_NOT_SETTINGS = {"ADBILL_NO_PROGRESS", "ADBILL_DEBUG"}
-"""`ADBILL_NO_PROGRESS`: progress bars off. `ADBILL_DEBUG`: the CLI shows a failure's traceback, not one line."""
+TOOL_VARIABLES: dict[str, str] = {
+    "ADBILL_NO_PROGRESS": "Any value turns progress bars off (the local stack sets it for its children).",
+    "ADBILL_DEBUG": "Any value: a failing command shows its traceback instead of one line.",
+}
+"""Variables with the prefix that are not settings of the pipeline but of the tools around it, and what they do."""
+_NOT_SETTINGS = frozenset(TOOL_VARIABLES)
 
 
 def env_name(f: dataclasses.Field[Any]) -> str:

@@ -34,7 +34,7 @@ class LedgerCorruptError(RuntimeError):
         listed = "; ".join(f"{path} ({why.rstrip('.')})" for path, why in sorted(broken.items()))
         super().__init__(
             f"the ledger in {ledger_dir} has {len(broken)} unreadable file(s): {listed}. Nothing was read: a ledger "
-            "missing a batch would bill too little. See the README, Operations: a broken ledger file"
+            "missing a batch would bill too little. See docs/operations.md: a broken ledger file"
         )
 
 

@@ -430,7 +430,7 @@ def test_restore_right_after_the_job_was_stopped_is_not_refused(spark: SparkSess
         queries[0].processAllAvailable()  # the last batch, a moment before the stop
     finally:
         queries[0].stop()  # stopped: the job is gone, its checkpoint changed a moment ago
-    # Redis comes back empty (no heartbeat either), and the operator restores it at once, as the README says.
+    # Redis comes back empty (no heartbeat either), and the operator restores it at once, as docs/operations.md says.
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     before = _billed_per_ad(settings)
     totals.wipe_billing()

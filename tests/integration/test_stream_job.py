@@ -403,7 +403,7 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(
         ("driver", "default"),
         # Each task writing on its executor, as on a cluster: `test_cluster.py` kills that in the default run.
         pytest.param("executors", "default", marks=pytest.mark.slow),
-        # Format 4 is a setting, not the default (README's Benchmarks: it did worse in make bench); its exactness in
+        # Format 4 is a setting, not the default (docs/benchmarks.md: it did worse in make bench); its exactness in
         # the default run is `test_simulated_traffic_bills_exactly_the_ground_truth`.
         pytest.param("driver", "4", marks=pytest.mark.slow),
     ],

@@ -107,12 +107,6 @@ def test_the_image_installs_the_project_and_its_jars() -> None:
     assert Path(PROJECT_ROOT / "ops" / "maven" / "kafka-broker.xml").exists()
 
 
-def test_the_readme_documents_every_setting() -> None:
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    undocumented = {name for name in setting_names() if name not in readme}
-    assert not undocumented, f"settings missing from README.md: {sorted(undocumented)}"
-
-
 def test_the_web_uis_health_check_asks_its_own_readyz(tmp_path: Path) -> None:
     from web.app import create_app
 
