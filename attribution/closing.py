@@ -64,7 +64,7 @@ from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
 from billing.layout import EPOCH_FILE, DataLayout
-from billing.periods import DAY_MS, Periods
+from billing.periods import ANY_PERIOD, DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
@@ -740,7 +740,7 @@ class ExportFolders:
 
     def not_charged(self, period: str) -> list[NotChargedCount]:
         folder = self.layout.export(period)
-        return exported_not_charged(read_not_charged(folder), read_export(folder), Periods().parse_key(period))
+        return exported_not_charged(read_not_charged(folder), read_export(folder), ANY_PERIOD.parse_key(period))
 
 
 @dataclass(frozen=True)

@@ -92,3 +92,8 @@ class Periods:
         if end_ms <= start_ms:
             return []
         return [self.key(start) for start in range(self.start_of(start_ms), end_ms, self.length_ms)]
+
+
+ANY_PERIOD = Periods(MINUTE_MS)
+"""Reads and names a period key whatever the periods' length (every length is a whole number of minutes): for code
+that only has a key, such as a correction's period or an export's."""

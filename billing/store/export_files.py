@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from billing.export import ExportStatus, RecordType
 from billing.layout import DataLayout
-from billing.periods import Periods
+from billing.periods import ANY_PERIOD, Periods
 from billing.store.durable import fsync_file, fsync_folder, make_folder
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount
 
@@ -510,7 +510,7 @@ def exported_not_charged(clicks: pa.Table, export: pa.Table, period_start_ms: in
             entry = sums.setdefault(key, [0, 0])
             entry[0] += 1 if row["status"] == "retracted" else -1
             entry[1] += -row["net_micros"]
-    period = Periods().key(period_start_ms)
+    period = ANY_PERIOD.key(period_start_ms)
     return [
         NotChargedCount(period, period_start_ms, adv, cmp, ad, reason, clicks_, micros)
         for (adv, cmp, ad, reason), (clicks_, micros) in sorted(sums.items())

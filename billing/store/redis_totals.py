@@ -27,7 +27,7 @@ from redis.retry import Retry
 
 from billing.budgets import OVER_BUDGET, day_start, utc_day
 from billing.invalid import INVALID_REASONS
-from billing.periods import Periods
+from billing.periods import ANY_PERIOD
 from billing.store.redis_keys import RedisKeys
 
 REDIS_TIMEOUT_S = 5.0
@@ -547,7 +547,7 @@ def correction_side_ops(keys: RedisKeys, c: Any, period_start_ms: Mapping[str, i
     """What a correction changes besides the corrections' sums: the day total of its click's campaign (by the
     corrected period's day), and, for an invalid traffic or `over_budget` reason, the not-charged figures of the
     period it is booked in (a retraction adds a click there, an addition takes one away)."""
-    corrected_start = Periods().parse_key(c.corrects_period)
+    corrected_start = ANY_PERIOD.parse_key(c.corrects_period)
     day = BudgetDayCount(
         c.corrects_period,
         c.campaign_id,
