@@ -20,10 +20,13 @@ ROOT/
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
   exports/P/                              a closed period's finance export, never rewritten
+  invoices/MONTH/                         a month's plan and its invoices, one file each (never rewritten);
+                                          invoices/register.json, invoices/lock (one issuer at a time)
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
+  billing-profiles.json                   the advertisers' billing profiles, with history
 ```
 """
 
@@ -135,6 +138,17 @@ class DataLayout:
     def export(self, period: str) -> Path:
         """The folder of a closed period's export."""
         return self.exports / period
+
+    @property
+    def invoices(self) -> Path:
+        """The monthly invoices (`billing.store.invoice_files`): one folder per month, the register of numbers and
+        the issuers' lock."""
+        return self.root / "invoices"
+
+    @property
+    def billing_profiles_file(self) -> Path:
+        """The advertisers' billing profiles and their history (`billing.store.profile_file`)."""
+        return self.root / "billing-profiles.json"
 
     @property
     def reconcile(self) -> Path:
