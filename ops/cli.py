@@ -310,6 +310,32 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_audit, needs=("redis",))
 
     p = sub.add_parser(
+        "invoices",
+        help="the monthly invoices: issue (those of every month whose periods are all closed), list, show",
+        description="Reconciliation issues a month's invoices when it closes the month's last period; `issue` does "
+        "the same by hand (idempotent: an issued invoice never changes, a month is invoiced once).",
+    )
+    p.add_argument("action", choices=["issue", "list", "show"])
+    p.add_argument("advertiser", nargs="?", help="show: the advertiser; list: only its invoices")
+    p.add_argument("--month", help="YYYY-MM: issue that month (and those before it), list or show it")
+    p.set_defaults(run=cmd_invoices)
+
+    p = sub.add_parser(
+        "profiles",
+        help="the advertisers' billing profiles (who an invoice is addressed to, tax id and rate): set, show, list",
+        description="A profile takes effect now or at a later --at, never in the past; its history is kept, and "
+        "an invoice takes the profile in force at its month's end.",
+    )
+    p.add_argument("action", choices=["set", "show", "list"])
+    p.add_argument("advertiser", nargs="?")
+    p.add_argument("--name", help="set: the name invoices are addressed to")
+    p.add_argument("--address", help="set: the postal address (lines separated by \\n)")
+    p.add_argument("--tax-id", help="set: the advertiser's tax id (VAT number)")
+    p.add_argument("--tax-rate", help="set: the tax rate in percent, an exact decimal such as 19 or 7.7 (0: none)")
+    p.add_argument("--at", help="set: when it takes effect: epoch ms or ISO-8601 (default: now)")
+    p.set_defaults(run=cmd_profiles)
+
+    p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
     )
     p.add_argument("part", choices=["stream", "reconcile", "web"])
@@ -779,6 +805,30 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     from ops.reconciling import run_audit
 
     return run_audit(settings)
+
+
+def cmd_invoices(settings: Settings, args: argparse.Namespace) -> int:
+    from ops import invoicing
+
+    if args.action == "issue":
+        return invoicing.issue_invoices(settings, args.month)
+    if args.action == "list":
+        return invoicing.list_invoices(settings, args.month, args.advertiser)
+    if not (args.advertiser and args.month):
+        raise ValueError("invoices show needs the advertiser and --month")
+    return invoicing.show_invoice(settings, args.advertiser, args.month)
+
+
+def cmd_profiles(settings: Settings, args: argparse.Namespace) -> int:
+    from ops import invoicing
+
+    if args.action == "set":
+        if not args.advertiser:
+            raise ValueError("profiles set needs the advertiser")
+        return invoicing.set_profile(
+            settings, args.advertiser, args.name, args.address, args.tax_id, args.tax_rate, args.at
+        )
+    return invoicing.show_profiles(settings, args.advertiser if args.action == "show" else None)
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
