@@ -55,6 +55,7 @@ REASON_WORDS = {
     "late_click": "late click",
     "late_impression": "late impression",
     "missed_match": "missed match",
+    "billed_after_close": "billed after its period closed",
     "duplicate": "duplicate",
     "id_conflict": "id conflict",
     "not_billable": "not billable",

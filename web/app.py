@@ -18,7 +18,19 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
-from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, downloads, pages, probes
+from web import (
+    ad_catalog,
+    api,
+    auth,
+    catalog_api,
+    catalog_pages,
+    display,
+    downloads,
+    invoice_documents,
+    invoice_views,
+    pages,
+    probes,
+)
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -134,6 +146,7 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
     app.register_blueprint(catalog_api.bp)
     ad_catalog.register(app, settings.catalog_file)
+    invoice_views.register(app, settings.root)  # the monthly invoices and the billing profiles
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -187,6 +200,8 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         currency_digits=display.currency_digits,
         signed_money=display.signed_money,
         count=display.count,
+        plural=display.plural,
+        corrects_label=invoice_documents.corrects_label,
         signed_count=display.signed_count,
         utc=display.utc,
         iso_utc=display.iso_utc,
