@@ -260,9 +260,13 @@ def health() -> Response:
     h = lookups.health()
     fresh = lookups.freshness()
     audit = services().reader.last_audit()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    lag = lookups.kafka_lag()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
     return jsonify(
         {
+            "kafka": None
+            if lag is None
+            else {"lag": lag.lag, "read_at_ms": lag.read_at_ms, "committed": lag.committed, "error": lag.error},
             "status": {
                 "overall": worst([s.level for s in statuses]),
                 "components": [{"name": s.name, "level": s.level, "text": s.text} for s in statuses],
@@ -284,7 +288,8 @@ def health() -> Response:
                     "state_rows": q.state_rows,
                     "state_memory_bytes": q.state_memory_bytes,
                     "rows_dropped_by_watermark": q.rows_dropped_by_watermark,
-                    "consumer_lag": q.lag,
+                    "consumer_lag": (lag.lag if lag and not lag.error else None) if lag else q.lag,
+                    "consumer_lag_reported": q.lag,
                 }
                 for q in h.queries
             ],

@@ -18,6 +18,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.stream_offsets import KafkaLag, LagReading
 from web import (
     ad_catalog,
     api,
@@ -36,7 +37,7 @@ from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.metrics import instrument
 from web.ranges import PRESETS
-from web.readers import BillingReader, CatalogFile
+from web.readers import QUERY_NAMES, BillingReader, CatalogFile
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms
@@ -86,6 +87,12 @@ class WebSettings(Protocol):
     def web_ready_batch_age_s(self) -> int: ...
     @property
     def period_ms(self) -> int: ...
+    @property
+    def kafka_bootstrap(self) -> str: ...
+    @property
+    def topic_impressions(self) -> str: ...
+    @property
+    def topic_clicks(self) -> str: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -93,9 +100,15 @@ def exports_dir(settings: WebSettings) -> Path:
     return DataLayout(settings.root).exports
 
 
-def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s: float = CACHE_S) -> Flask:
+def create_app(
+    settings: WebSettings,
+    clock: Callable[[], int] = now_ms,
+    cache_s: float = CACHE_S,
+    kafka_lag: Callable[[], LagReading] | None = None,
+) -> Flask:
     """The app. `clock` (epoch ms) is injected for tests of the login limit, `cache_s` for tests that change Redis
-    and look at once; nothing connects until a request."""
+    and look at once, `kafka_lag` for tests of the health page (default: read from Kafka and the billing query's
+    checkpoint, `billing.store.stream_offsets.KafkaLag`); nothing connects until a request."""
     app = Flask(__name__)
     secret = load_or_create_secret(settings.web_secret_file)
     app.secret_key = secret
@@ -128,6 +141,12 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         recent=RecentResults(cache_s),
         clock=clock,
         ready_batch_age_s=settings.web_ready_batch_age_s,
+        kafka_lag=kafka_lag
+        or KafkaLag(
+            DataLayout(settings.root).checkpoint(QUERY_NAMES[0]),
+            settings.kafka_bootstrap,
+            (settings.topic_impressions, settings.topic_clicks),
+        ).read,
     )
 
     if settings.web_trusted_proxies:

@@ -15,6 +15,7 @@ from flask import abort, request
 from billing.budget_days import CampaignDay
 from billing.corrections import Correction
 from billing.store.part_status import RECONCILE_PART, STREAM_PART
+from billing.store.stream_offsets import LagReading
 from web.freshness import (
     ComponentStatus,
     Freshness,
@@ -141,16 +142,26 @@ def freshness() -> Freshness:
     return page_freshness(svc.reader.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
 
 
-def health_status(h: Health, fresh: Freshness, audit_differences: list[str]) -> list[ComponentStatus]:
+def kafka_lag() -> LagReading | None:
+    """The billing query's lag, read from Kafka and its checkpoint now (kept a few seconds); None when not asked."""
+    read = services().kafka_lag
+    return read() if read else None
+
+
+def health_status(
+    h: Health, fresh: Freshness, audit_differences: list[str], lag: LagReading | None = None
+) -> list[ComponentStatus]:
     """The job, Kafka, Redis and reconciliation, each summed up in one status; a part that says it waits (for disk
-    space) shows that instead."""
+    space) shows that instead. Kafka's lag is `lag` (read from Kafka) when given, else the job's last report."""
     svc = services()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
     stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
     return [
         waiting_status("Streaming job", stream_waits, svc.clock()) if stream_waits else job_status(fresh),
-        kafka_status(query.lag if query else {}, query.lag_before if query else None),
+        kafka_status(query.lag if query else {}, query.lag_before if query else None)
+        if lag is None
+        else kafka_status(lag.lag, query.lag_before if query else None, lag.error, fresh, lag.committed),
         redis_status(),
         waiting_status("Reconciliation", reconcile_waits, svc.clock())
         if reconcile_waits

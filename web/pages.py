@@ -170,10 +170,12 @@ def health() -> str:
     h = lookups.health()
     fresh = lookups.freshness()
     audit = svc.reader.last_audit()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    lag = lookups.kafka_lag()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
     return render_template(
         "health.html",
         h=h,
+        lag=lag,
         now_ms=svc.clock(),
         fresh=fresh,
         statuses=statuses,

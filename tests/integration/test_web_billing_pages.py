@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 from billing.money import format_micros
 from billing.store.part_status import STREAM_PART, PartStatus
 from billing.store.redis_keys import RedisKeys
+from billing.store.stream_offsets import LagReading
 from ops import deps
 from ops.settings import Settings
 from tests.redis_figures import RedisFigures
@@ -37,7 +38,8 @@ def seeded(redis_settings: Settings) -> Seeded:
 
 def client_of(seeded: Seeded, who: str, now_ms: list[int] | None = None) -> FlaskClient:
     clock = (lambda: now_ms[0]) if now_ms else (lambda: NOW_MS)
-    client = create_app(seeded.settings, clock=clock, cache_s=0).test_client()
+    lag = LagReading({"clicks": 0, "impressions": 0}, True, NOW_MS)  # Kafka's own figures: test_web_health_lag
+    client = create_app(seeded.settings, clock=clock, cache_s=0, kafka_lag=lambda: lag).test_client()
     assert login(client, who).status_code == 302
     return client
 
