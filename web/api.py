@@ -212,8 +212,31 @@ def correction(advertiser_id: str, correction_id: str) -> Response:
 @bp.get("/finance")
 def finance() -> Response:
     f = lookups.finance()
+    span = lookups.date_range()
+    ranged: dict[str, Any] = {}
+    if span is not None:  # `range`, or `from` and `to`: every advertiser over those days (a month, say)
+        fr = services().reader.finance_range(span.start_ms, span.end_ms)
+        ranged = {
+            "range": span.as_json(),
+            "range_closed": fr.closed and span.end_ms <= services().clock(),
+            "range_periods": fr.periods,
+            "range_open_periods": fr.open_periods,
+            "range_advertisers": [
+                {
+                    "advertiser_id": a.advertiser_id,
+                    "currency": a.currency,
+                    **_billed(a.billed),
+                    **not_charged_document(a.not_charged, a.billed),
+                }
+                for a in fr.advertisers
+            ],
+            "range_totals": _currency_totals(
+                totals_by_currency(fr.advertisers), not_charged_by_currency(fr.advertisers)
+            ),
+        }
     return jsonify(
         {
+            **ranged,
             "period": _period(f.period) if f.period else None,
             "periods": [_period(p) for p in f.periods],
             "advertisers": [
@@ -445,7 +468,8 @@ def _unbilled(u: UnbilledCounts) -> dict[str, int]:
 
 
 def _period(p: Period) -> dict[str, Any]:
-    return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed}
+    """A period: its key, start and whether it is closed; `future` when it has not begun (nothing is billed in it)."""
+    return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed, "future": p.start_ms > services().clock()}
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:

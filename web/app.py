@@ -29,6 +29,7 @@ from web import (
     downloads,
     invoice_documents,
     invoice_views,
+    lookups,
     pages,
     probes,
 )
@@ -40,7 +41,7 @@ from web.ranges import PRESETS
 from web.readers import QUERY_NAMES, BillingReader, CatalogFile
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
-from web.services import Services, current_principal, now_ms
+from web.services import Services, current_principal, now_ms, services
 from web.sessions import LoginLimiter, SessionStore
 from web.tokens import TokensFile
 
@@ -212,6 +213,8 @@ def create_app(
         range_presets=PRESETS,
         range_url=pages.range_url,
         months_of=downloads.months_of,
+        clock_ms=lambda: services().clock(),
+        range_problem=lookups.range_problem,
     )
     app.jinja_env.filters.update(
         money=display.money,

@@ -131,16 +131,20 @@ def reconciliation_status(
     finished for `RECONCILE_LATE_S`; unknown before the first run."""
     if differences:
         return ComponentStatus(
-            "Reconciliation", RED, f"The last audit found {len(differences)} period(s) differing from the rule."
+            "Reconciliation", RED, f"The last audit found {_periods(len(differences))} differing from the rule."
         )
     if finished_at_ms is None:
         return ComponentStatus("Reconciliation", UNKNOWN, "No reconciliation has run yet.")
     age = max(0, now_ms - finished_at_ms)
     if held:
-        return ComponentStatus("Reconciliation", AMBER, f"{len(held)} period(s) held; see the reasons below.")
+        return ComponentStatus("Reconciliation", AMBER, f"{_periods(len(held))} held; see the reasons below.")
     if age > RECONCILE_LATE_S * 1000:
         return ComponentStatus("Reconciliation", AMBER, f"No run finished for {format_elapsed(age)}.")
     return ComponentStatus("Reconciliation", OK, f"Last run finished {format_elapsed(age)} ago.")
+
+
+def _periods(n: int) -> str:
+    return f"{n:,} period{'' if n == 1 else 's'}"
 
 
 def _utc(ts_ms: int) -> str:

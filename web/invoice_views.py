@@ -91,7 +91,7 @@ def open_month(advertiser_id: str) -> Statement:
     month = month_of_ms(svc.clock())
     span = month_span(month)
     periods = statement_periods(svc.reader, advertiser_id, span)
-    return build_statement(advertiser_id, svc.reader.currency(advertiser_id), month, span, periods)
+    return build_statement(advertiser_id, svc.reader.currency(advertiser_id), month, span, periods, svc.clock())
 
 
 def summary(invoice: Invoice, api: bool = False) -> dict[str, Any]:

@@ -208,6 +208,7 @@ def invoice_get_routes(adv: str) -> dict[str, str]:
         "/api/v1/advertisers/<advertiser_id>/invoices": f"/api/v1/advertisers/{adv}/invoices",
         "/api/v1/advertisers/<advertiser_id>/invoices/<month>": f"/api/v1/advertisers/{adv}/invoices/{INVOICED}",
         "/finance/invoices": f"/finance/invoices?month={INVOICED}",
+        "/finance/months/<month>/advertisers.csv": "/finance/months/2026-01/advertisers.csv",
         "/api/v1/finance/invoices": f"/api/v1/finance/invoices?month={INVOICED}",
         "/billing-profiles": "/billing-profiles",
         "/billing-profiles/<advertiser_id>": f"/billing-profiles/{adv}",
@@ -217,6 +218,7 @@ def invoice_get_routes(adv: str) -> dict[str, str]:
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
 FINANCE = {
     "/finance/invoices",
+    "/finance/months/<month>/advertisers.csv",
     "/api/v1/finance/invoices",
     "/billing-profiles",
     "/billing-profiles/<advertiser_id>",

@@ -118,7 +118,7 @@ def test_an_hour_without_data_is_zero_spend_and_a_malformed_period_is_400(seeded
     campaign = next(a for a in seeded.catalog if a.advertiser_id == OWN).campaign_id
     empty = "20251231T2300Z"  # before the sample's first hour
     doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard?period={empty}").json
-    assert doc["period"] == {"period": empty, "start_ms": 1_767_222_000_000, "closed": False}
+    assert doc["period"] == {"period": empty, "start_ms": 1_767_222_000_000, "closed": False, "future": False}
     assert doc["totals"]["corrected"] == {"clicks": 0, "micros": "0"}
     page = alice.get(f"/advertisers/{OWN}?period={empty}")
     assert page.status_code == 200 and 'id="corrected-spend">0.00 EUR<' in page.text
