@@ -160,9 +160,11 @@ def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
     """Every closed period's export in the span as one CSV (the exports' rows and columns in period order, plus
     `net_amount`, the decimal of `net_micros`); None when no export of the span is on file."""
     tables = []
-    for p in periods_in(reader, span):
-        path = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
-        if path is not None and reader.export_file(p.key, CSV_FILE) is not None:
+    for manifest in sorted(reader.exports(), key=lambda m: m.period_start_ms):  # the files on disk are the truth
+        if not span.start_ms <= manifest.period_start_ms < span.end_ms:
+            continue
+        path = reader.export_file(manifest.period, PARQUET_FILE)
+        if path is not None and reader.export_file(manifest.period, CSV_FILE) is not None:
             tables.append(pq.read_table(path))
     if not tables:
         return None
