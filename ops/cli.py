@@ -238,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
         help="SECONDS of the run's time after its start, the producers deploy a new schema version of both event "
         "types (one more optional field, `placement`), registered then, and write every later event with it",
     )
+    p.add_argument(
+        "--follow-catalog",
+        action="store_true",
+        help="send the traffic to the ads of the pipeline's catalog as it is (an ad an admin creates gets traffic), "
+        "and leave alone what someone else changed there (the run makes none of its own changes to it)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce, needs=("kafka",))
 
@@ -449,6 +455,7 @@ def _traffic_args(settings: Settings) -> list[str]:
         "--new-ads",
         "5" if settings.traffic_catalog_every_s else "0",
         *STACK_INVALID_TRAFFIC,
+        "--follow-catalog",  # the admin's new ads get traffic; what the admin changed is left alone
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -697,6 +704,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         live=args.live,
         catalog_store=CatalogStore(settings.catalog_file),
         deploy_schema_at_s=args.deploy_schema_at,
+        follow_catalog=args.follow_catalog,
     )
     print(f"ground truth in {run_dir}")
     return _delivery_outcome("produce", summary.not_delivered, 0)
