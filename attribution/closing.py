@@ -83,6 +83,7 @@ from billing.store.export_files import (
     write_export,
 )
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles, InvoiceStoreError
+from billing.store.names_file import NamesFile
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
 from billing.store.profile_file import ProfileFile
@@ -350,6 +351,7 @@ def issue_invoices(
             clock,
             config.invoice_terms,
             only,
+            NamesFile(layout.names_file).current().campaigns,
         )
     except (InvoiceError, InvoiceStoreError, OSError, ValueError) as exc:
         if only is not None:

@@ -35,7 +35,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from fractions import Fraction
 from typing import Any, Protocol
@@ -159,11 +159,14 @@ class InvoiceLine:
     amount_micros: int
     reason: str | None = None
     corrects: tuple[str, ...] = ()
+    campaign_name: str = ""
+    """The campaign's name when the invoice was issued (`billing.store.names_file`), empty for none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "campaign_id": self.campaign_id,
+            "campaign_name": self.campaign_name,
             "description": self.description,
             "reason": self.reason,
             "corrects": list(self.corrects),
@@ -181,6 +184,7 @@ class InvoiceLine:
             amount_micros=int(data["amount_micros"]),
             reason=data.get("reason"),
             corrects=tuple(data.get("corrects") or ()),
+            campaign_name=str(data.get("campaign_name") or ""),
         )
 
     @property
@@ -415,15 +419,19 @@ def build_invoice(
     periods: Sequence[str],
     issued_at_ms: int,
     terms: InvoiceTerms,
+    campaign_names: Mapping[str, str] | None = None,
 ) -> Invoice:
-    """One advertiser's invoice for `month` from its rows in the exports it covers; InvoiceError when the rows are
-    in several currencies (an advertiser bills in one)."""
+    """One advertiser's invoice for `month` from its rows in the exports it covers, each line with its campaign's
+    name when it has one; InvoiceError when the rows are in several currencies (an advertiser bills in one)."""
     currencies = sorted({r.currency for r in rows})
     if len(currencies) != 1:
         listed = currencies or "no currency"
         raise InvoiceError(f"{advertiser_id}'s rows of {month} are in {listed}: an invoice is in one currency")
     currency = currencies[0]
-    lines = invoice_lines(month, rows, corrections)
+    names = campaign_names or {}
+    lines = [
+        replace(line, campaign_name=names.get(line.campaign_id, "")) for line in invoice_lines(month, rows, corrections)
+    ]
     net = sum(line.amount_micros for line in lines)
     if net != sum(r.net_micros for r in rows):
         raise InvoiceError(f"the lines of {advertiser_id}'s invoice of {month} do not add up to its exports' net")
@@ -546,6 +554,7 @@ def issue_month(
     month: str,
     clock: Callable[[], int],
     terms: InvoiceTerms = InvoiceTerms(),
+    campaign_names: Mapping[str, str] | None = None,
 ) -> list[Invoice]:
     """Issue the month's invoices not issued yet (all of them, the first time), under the book's lock, and return
     them. The caller has checked that the month is ready (`month_ready`). Idempotent: a month issued is left alone;
@@ -582,6 +591,7 @@ def issue_month(
                     plan.periods,
                     clock(),
                     terms,
+                    campaign_names,
                 )
                 book.write(invoice)
                 made.append(invoice)
@@ -600,6 +610,7 @@ def issue_ready(
     clock: Callable[[], int],
     terms: InvoiceTerms = InvoiceTerms(),
     only: str | None = None,
+    campaign_names: Mapping[str, str] | None = None,
 ) -> Issued:
     """Issue every month that is ready and not invoiced yet, oldest first (`months_to_issue`); with `only`, that
     month alone, once every month before it is invoiced (InvoiceError when it is not ready, with why)."""
@@ -621,7 +632,7 @@ def issue_ready(
         ready = [m for m in ready if m <= only]
         done.waiting = {}
     for month in ready:
-        done.invoices += issue_month(book, source, profiles, month, clock, terms)
+        done.invoices += issue_month(book, source, profiles, month, clock, terms, campaign_names)
         done.months.append(month)
     return done
 

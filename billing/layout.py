@@ -27,6 +27,7 @@ ROOT/
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
   billing-profiles.json                   the advertisers' billing profiles, with history
+  names.json                              the names people give campaigns and ads
 ```
 """
 
@@ -149,6 +150,11 @@ class DataLayout:
     def billing_profiles_file(self) -> Path:
         """The advertisers' billing profiles and their history (`billing.store.profile_file`)."""
         return self.root / "billing-profiles.json"
+
+    @property
+    def names_file(self) -> Path:
+        """The names of campaigns and ads (`billing.store.names_file`)."""
+        return self.root / "names.json"
 
     @property
     def reconcile(self) -> Path:

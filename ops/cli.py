@@ -341,6 +341,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--at", help="set: when it takes effect: epoch ms or ISO-8601 (default: now)")
     p.set_defaults(run=cmd_profiles)
 
+    p = sub.add_parser("names", help="the names of campaigns and ads, for people (pages, invoices): set, list")
+    p.add_argument("action", choices=["set", "list"])
+    p.add_argument("kind", nargs="?", choices=["campaign", "ad"])
+    p.add_argument("item_id", nargs="?", metavar="ID")
+    p.add_argument("name", nargs="?", help="set: the name (empty: none)")
+    p.set_defaults(run=cmd_names)
+
     p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
     )
@@ -837,6 +844,30 @@ def cmd_profiles(settings: Settings, args: argparse.Namespace) -> int:
             settings, args.advertiser, args.name, args.address, args.tax_id, args.tax_rate, args.at
         )
     return invoicing.show_profiles(settings, args.advertiser if args.action == "show" else None)
+
+
+def cmd_names(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.store.catalog_file import load_catalog
+    from billing.store.names_file import NamesFile
+
+    store = NamesFile(settings.layout.names_file)
+    if args.action == "list":
+        names = store.current()
+        for kind, named in (("campaign", names.campaigns), ("ad", names.ads)):
+            for item_id, name in named.items():
+                print(f"{kind}\t{item_id}\t{name}")
+        return 0
+    if not (args.kind and args.item_id and args.name is not None):
+        raise ValueError("names set needs campaign or ad, its id and the name")
+    catalog = load_catalog(settings.catalog_file)
+    known = catalog.get(args.item_id) if args.kind == "ad" else catalog.advertiser_of_campaign(args.item_id)
+    if known is None:
+        raise ValueError(f"unknown {args.kind} {args.item_id}")
+    store.set(args.kind, args.item_id, args.name)
+    print(
+        f"names: {args.kind} {args.item_id} is named {args.name!r}" if args.name else f"names: {args.item_id} unnamed"
+    )
+    return 0
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from web.model import (
     not_charged_by_currency,
     totals_by_currency,
 )
+from web.naming import name_of
 from web.pages import send_export
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
@@ -123,7 +124,12 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         "unbilled": _unbilled(d.unbilled),
         **not_charged_document(d.not_charged, d.billed),
         "campaigns": [
-            {"campaign_id": c.campaign_id, **_billed(c.billed), **not_charged_document(c.not_charged, c.billed)}
+            {
+                "campaign_id": c.campaign_id,
+                "name": name_of("campaign", c.campaign_id),
+                **_billed(c.billed),
+                **not_charged_document(c.not_charged, c.billed),
+            }
             for c in d.campaigns
         ],
         "ads": [_ad_line(a) for a in d.ads],
@@ -486,6 +492,7 @@ def _period_bill(b: PeriodBill) -> dict[str, Any]:
 def _ad_line(a: AdLine) -> dict[str, Any]:
     return {
         "ad_id": a.ad_id,
+        "name": name_of("ad", a.ad_id),
         "campaign_id": a.campaign_id,
         **_billed(a.billed),
         **_late(a.late),

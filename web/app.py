@@ -30,6 +30,7 @@ from web import (
     invoice_documents,
     invoice_views,
     lookups,
+    naming,
     pages,
     probes,
 )
@@ -167,6 +168,7 @@ def create_app(
     app.register_blueprint(catalog_api.bp)
     ad_catalog.register(app, settings.catalog_file)
     invoice_views.register(app, settings.root)  # the monthly invoices and the billing profiles
+    naming.register(app, settings.root)  # the names of campaigns and ads
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -215,6 +217,7 @@ def create_app(
         months_of=downloads.months_of,
         clock_ms=lambda: services().clock(),
         range_problem=lookups.range_problem,
+        name_of=naming.name_of,
     )
     app.jinja_env.filters.update(
         money=display.money,

@@ -29,6 +29,7 @@ CSV_COLUMNS = (
     "currency",
     "line_kind",
     "campaign_id",
+    "campaign_name",
     "description",
     "reason",
     "corrects",
@@ -66,6 +67,7 @@ def invoice_csv(invoice: Invoice) -> str:
                 *head,
                 line.kind,
                 safe_cell(line.campaign_id),
+                safe_cell(line.campaign_name),
                 safe_cell(line.description),
                 line.reason or "",
                 " ".join(line.corrects),
@@ -82,7 +84,7 @@ def invoice_csv(invoice: Invoice) -> str:
         ("tax", tax, t.tax_micros),
         ("total", invoice.payment_terms, t.total_micros),
     ):
-        writer.writerow([*head, kind, "", safe_cell(text), "", "", "", micros, format_micros(micros)])
+        writer.writerow([*head, kind, "", "", safe_cell(text), "", "", "", micros, format_micros(micros)])
     return out.getvalue()
 
 
@@ -141,7 +143,12 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         for line in lines:
             rows.append(
                 [
-                    Paragraph(_escape(line.campaign_id), cell),
+                    Paragraph(
+                        f"{_escape(line.campaign_name)}<br/>{_escape(line.campaign_id)}"
+                        if line.campaign_name
+                        else _escape(line.campaign_id),
+                        cell,
+                    ),
                     Paragraph(_escape(line.description), cell),
                     Paragraph(_escape(corrects_label(line)), cell),
                     f"{line.clicks:,}",

@@ -510,6 +510,8 @@ CATALOG_POST_ROUTES = {
     "/api/v1/catalog/ip-exclusions": (
         "/api/v1/catalog/ip-exclusions", {"cidr": "2001:db8::/32", "excluded": True, "effective_from": FAR_AHEAD_MS}
     ),
+    "/catalog/ads/<ad_id>/name": ("/catalog/ads/matrix-page-ad/name", {"name": "Spring sale, banner"}),
+    "/catalog/campaigns/<campaign_id>/name": ("/catalog/campaigns/matrix-cmp/name", {"name": "Spring sale"}),
 }  # fmt: skip
 API_CREATE = {"ad_id": "matrix-api-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
               "cpc_micros": 5, "effective_from": FAR_AHEAD_MS}  # fmt: skip

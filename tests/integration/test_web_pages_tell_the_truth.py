@@ -211,3 +211,43 @@ def test_an_api_price_change_of_an_unknown_ad_is_404(seeded: Seeded) -> None:
         "/api/v1/catalog/ads/no-such-ad/prices", json={"cpc_micros": "5"}, headers={"X-CSRF-Token": token}
     )
     assert response.status_code == 404 and "unknown ad no-such-ad" in response.json["error"]
+
+
+def test_campaigns_and_ads_have_names_an_admin_gives_them(seeded: Seeded) -> None:
+    ada, alice = client_of(seeded, "ada"), client_of(seeded, "alice")
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    token = form_token(ada.get(f"/catalog/ads/{ad.ad_id}").text)
+    named = ada.post(f"/catalog/ads/{ad.ad_id}/name", data={"csrf_token": token, "name": "Winter  banner"})
+    assert named.status_code == 303 and 'id="ad-name">Winter banner<' in ada.get(named.headers["Location"]).text
+    assert (
+        ada.post(
+            f"/catalog/campaigns/{ad.campaign_id}/name", data={"csrf_token": token, "name": "Winter sale"}
+        ).status_code
+        == 303
+    )
+    assert ada.post(f"/catalog/ads/{ad.ad_id}/name", data={"csrf_token": token, "name": "x" * 121}).status_code == 400
+    assert ada.post("/catalog/ads/no-such-ad/name", data={"csrf_token": token, "name": "x"}).status_code == 404
+    assert alice.post(f"/catalog/ads/{ad.ad_id}/name", data={"csrf_token": token, "name": "mine"}).status_code in (
+        400,
+        404,
+    )
+    assert 'id="ad-name">· Winter banner<' in alice.get(f"/advertisers/{OWN}/ads/{ad.ad_id}").text
+    assert 'id="campaign-name">· Winter sale<' in alice.get(f"/advertisers/{OWN}/campaigns/{ad.campaign_id}").text
+    doc = alice.get(f"/api/v1/advertisers/{OWN}/dashboard").json
+    assert {c["campaign_id"]: c["name"] for c in doc["campaigns"]}[ad.campaign_id] == "Winter sale"
+    assert {a["ad_id"]: a["name"] for a in doc["ads"]}[ad.ad_id] == "Winter banner"
+    # An invoice keeps the campaign's name it was issued with.
+    from billing.invoices import issue_month
+    from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
+    from billing.store.names_file import NamesFile
+    from billing.store.profile_file import ProfileFile
+
+    layout = seeded.settings.layout
+    write_closed_month(layout, seeded.catalog, OWN, OTHER)
+    names = NamesFile(layout.names_file).current().campaigns
+    profiles = ProfileFile(layout.billing_profiles_file).current()
+    [own, _] = issue_month(
+        InvoiceFiles(layout), ExportInvoiceSource(layout), profiles, "2025-12", lambda: NOW_MS, campaign_names=names
+    )
+    assert own.lines[0].campaign_name == "Winter sale"
+    assert "Winter sale" in alice.get(f"/advertisers/{OWN}/invoices/2025-12").text
