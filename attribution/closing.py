@@ -63,6 +63,7 @@ from billing.closing_run import ClosingPorts, ConflictKey, ReconcileBusyError, R
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
+from billing.invoices import InvoiceError, InvoiceTerms, issue_ready
 from billing.layout import EPOCH_FILE, DataLayout
 from billing.periods import ANY_PERIOD, DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
@@ -81,8 +82,11 @@ from billing.store.export_files import (
     read_not_charged,
     write_export,
 )
+from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles, InvoiceStoreError
+from billing.store.names_file import NamesFile
 from billing.store.parquet_ledger import read_ledger
 from billing.store.period_states import load_states, save_states
+from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
@@ -120,6 +124,8 @@ class ReconcileConfig:
     catch_up_wait_ms: int = 60_000
     """How long a run waits for a live streaming job that is only a few seconds behind the records a period past
     its horizon waits for (`wait_for_stream`); 0: not at all."""
+    invoice_terms: InvoiceTerms = InvoiceTerms()
+    """Who issues the monthly invoices and when they are due (`billing.invoices`)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -318,7 +324,40 @@ def closing_ports(
         position=config.position,
         clock=clock,
         release=ReconciliationRelease(config, catalog, through),
+        invoices=lambda versions, states, now_ms: issue_invoices(config, versions, states, clock),
     )
+
+
+def issue_invoices(
+    config: ReconcileConfig,
+    versions: Mapping[str, int],
+    states: Mapping[str, PeriodState],
+    clock: Callable[[], int],
+    only: str | None = None,
+) -> list[str]:
+    """Issue the monthly invoices of every month whose periods are all closed (`billing.invoices.issue_ready`) from
+    the exports, the corrections and the billing profiles of the data folder; what was done, in words. A failure
+    is said, not raised: the closing run's work stands, and the next run (or `adbill invoices issue`) tries again."""
+    layout = config.layout
+    try:
+        done = issue_ready(
+            InvoiceFiles(layout),
+            ExportInvoiceSource(layout),
+            ProfileFile(layout.billing_profiles_file).current(),
+            Periods(config.period_ms),
+            config.horizon_ms,
+            versions,
+            states,
+            clock,
+            config.invoice_terms,
+            only,
+            NamesFile(layout.names_file).current().campaigns,
+        )
+    except (InvoiceError, InvoiceStoreError, OSError, ValueError) as exc:
+        if only is not None:
+            raise
+        return [f"invoices not issued: {exc}"]
+    return done.describe()
 
 
 RELEASE_WAIT_S = 10.0

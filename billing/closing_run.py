@@ -93,6 +93,8 @@ class RunReport:
     """Quarantined records this run released to the archive (their schema id is known now)."""
     held: dict[str, str] = field(default_factory=dict)
     """Periods past their horizon that the stream has not passed yet, with the reason."""
+    invoices: list[str] = field(default_factory=list)
+    """What the run did of the monthly invoices: the months it issued, the month that waits and why."""
     finished_at_ms: int = 0
 
     @property
@@ -117,6 +119,7 @@ class RunReport:
             "events": self.events,
             "released": self.released,
             "held": self.held,
+            "invoices": self.invoices,
         }
 
 
@@ -271,6 +274,11 @@ class ClosingPorts:
     )
     """The records the run with this id releases (saying on `progress` why it does not), held from the other
     releaser until the block ends; None: nothing to release."""
+    invoices: Callable[[Mapping[str, int], Mapping[str, PeriodState], int], list[str]] = (
+        lambda versions, states, now_ms: []
+    )
+    """Issue the monthly invoices of every month whose periods are all closed now (`billing.invoices.issue_ready`,
+    from the periods' data versions and states); what it did, in words."""
 
 
 def close_periods(
@@ -320,6 +328,7 @@ def close_periods(
     report.periods = due
     if not due:
         _send_conflicts(ports.conflicts, report, progress)  # what an earlier run could not send
+        _invoice(ports, versions, states, report, progress)
         _finish(ports, totals, report)
         return report
     progress(f"reconciling {len(due)} period(s): {due[0]} .. {due[-1]}")
@@ -383,12 +392,13 @@ def close_periods(
                 [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
             )
             start = periods.parse_key(period)
+            closed_at = ports.clock()  # when it closes: the export is written now, not when the run started
             ports.exports.write(
                 period,
                 export,
                 start,
                 start + periods.length_ms,
-                now_ms,
+                closed_at,
                 final_all.not_charged_of(period),
                 final_all.judged_with,
             )
@@ -396,11 +406,12 @@ def close_periods(
             totals.close_period(period, start, ports.exports.totals(period))
             totals.set_not_charged(period, start, ports.exports.not_charged(period))
             progress(f"period {period}: closed in Redis")
-            state = replace(state, closed_at_ms=now_ms)
+            state = replace(state, closed_at_ms=closed_at)
             closed.add(period)
             report.closed.append(period)
         states[period] = replace(state, version=versions[period], catalog_version=catalog_version)
         ports.states.save(states)
+    _invoice(ports, versions, states, report, progress)
     _finish(ports, totals, report)
     return report
 
@@ -444,6 +455,19 @@ def _send_conflicts(conflicts: ConflictsStore, report: RunReport, progress: Call
     outcome = conflicts.send(progress)
     if outcome is not None:
         report.conflicts_sent, report.conflicts_unsent = outcome
+
+
+def _invoice(
+    ports: ClosingPorts,
+    versions: Mapping[str, int],
+    states: Mapping[str, PeriodState],
+    report: RunReport,
+    progress: Callable[[str], None],
+) -> None:
+    """The monthly invoices of the months this run (or an earlier one) closed the last period of."""
+    report.invoices = ports.invoices(versions, states, ports.clock())
+    for line in report.invoices:
+        progress(line)
 
 
 def _finish(ports: ClosingPorts, totals: Totals, report: RunReport) -> None:

@@ -20,6 +20,8 @@ ROOT/
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
   exports/P/                              a closed period's finance export, never rewritten
+  invoices/MONTH/                         a month's plan and its invoices, one file each (never rewritten);
+                                          invoices/register.json, invoices/lock (one issuer at a time)
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time)
   index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
@@ -27,6 +29,8 @@ ROOT/
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
   catalog-changes.jsonl                   the catalog's change log, beside the catalog file (its store's)
+  billing-profiles.json                   the advertisers' billing profiles, with history
+  names.json                              the names people give campaigns and ads
 ```
 """
 
@@ -138,6 +142,22 @@ class DataLayout:
     def export(self, period: str) -> Path:
         """The folder of a closed period's export."""
         return self.exports / period
+
+    @property
+    def invoices(self) -> Path:
+        """The monthly invoices (`billing.store.invoice_files`): one folder per month, the register of numbers and
+        the issuers' lock."""
+        return self.root / "invoices"
+
+    @property
+    def billing_profiles_file(self) -> Path:
+        """The advertisers' billing profiles and their history (`billing.store.profile_file`)."""
+        return self.root / "billing-profiles.json"
+
+    @property
+    def names_file(self) -> Path:
+        """The names of campaigns and ads (`billing.store.names_file`)."""
+        return self.root / "names.json"
 
     @property
     def reconcile(self) -> Path:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 MICROS_PER_UNIT = 1_000_000
 
@@ -34,3 +36,45 @@ def parse_amount(text: str) -> int:
     # Units and zero-padded decimals, concatenated: exact at any size, with no float or rounding context.
     sign, units = match.group(1), match.group(2)
     return int(f"{sign}{units}{decimals:0<6}")
+
+
+MINOR_UNIT_DIGITS: dict[str, int] = {
+    **dict.fromkeys(
+        ("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND", "VUV", "XAF"),
+        0,
+    ),
+    **dict.fromkeys(("XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+    **dict.fromkeys(("CLF", "UYW"), 4),
+}
+"""ISO 4217's minor unit of the currencies whose minor unit is not two decimals (none for JPY, three for KWD);
+every other currency has two (EUR, USD)."""
+
+
+def minor_digits(currency: str) -> int:
+    """The decimals of the currency's minor unit (ISO 4217): 2 for EUR and USD, 0 for JPY, 3 for KWD."""
+    return MINOR_UNIT_DIGITS.get(currency.upper(), 2)
+
+
+def round_half_away(value: int | Fraction, currency: str) -> int:
+    """An amount in micros (an integer, or an exact fraction of micros) rounded once to the currency's minor unit,
+    half away from zero: `1.005 EUR` -> `1.01 EUR`, `-1.005 EUR` -> `-1.01 EUR`, `0.5 JPY` -> `1 JPY`. The result is
+    micros again (a whole number of minor units). Exact at any size: integers and fractions only."""
+    if isinstance(value, bool) or not isinstance(value, int | Fraction):
+        raise TypeError(f"an amount is an integer or a Fraction of micros, got {type(value).__name__} {value!r}")
+    step = 10 ** (6 - minor_digits(currency))
+    magnitude: Fraction = Fraction(-value if value < 0 else value)
+    units = magnitude / step
+    rounded = math.floor(units + Fraction(1, 2))  # half away from zero, on the magnitude
+    return (-rounded if value < 0 else rounded) * step
+
+
+def rounding_rule(currency: str) -> str:
+    """The rounding rule, in words, as an invoice prints it."""
+    digits = minor_digits(currency)
+    unit = "whole units (no minor unit)" if digits == 0 else f"{digits} decimal{'s' if digits > 1 else ''}"
+    return (
+        f"Lines are exact to the micro (millionth of a {currency or 'unit'}); the net is rounded once, half away "
+        f"from zero, to the currency's minor unit ({currency}: {unit}, ISO 4217); the tax is the rounded net times "
+        "the rate, rounded the same way."
+    )

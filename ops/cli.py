@@ -238,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
         help="SECONDS of the run's time after its start, the producers deploy a new schema version of both event "
         "types (one more optional field, `placement`), registered then, and write every later event with it",
     )
+    p.add_argument(
+        "--follow-catalog",
+        action="store_true",
+        help="send the traffic to the ads of the pipeline's catalog as it is (an ad an admin creates gets traffic), "
+        "and leave alone what someone else changed there (the run makes none of its own changes to it)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=cmd_produce, needs=("kafka",))
 
@@ -317,6 +323,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("click_id")
     p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
     p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser(
+        "invoices",
+        help="the monthly invoices: issue (those of every month whose periods are all closed), list, show",
+        description="Reconciliation issues a month's invoices when it closes the month's last period; `issue` does "
+        "the same by hand (idempotent: an issued invoice never changes, a month is invoiced once).",
+    )
+    p.add_argument("action", choices=["issue", "list", "show"])
+    p.add_argument("advertiser", nargs="?", help="show: the advertiser; list: only its invoices")
+    p.add_argument("--month", help="YYYY-MM: issue that month (and those before it), list or show it")
+    p.set_defaults(run=cmd_invoices)
+
+    p = sub.add_parser(
+        "profiles",
+        help="the advertisers' billing profiles (who an invoice is addressed to, tax id and rate): set, show, list",
+        description="A profile takes effect now or at a later --at, never in the past; its history is kept, and "
+        "an invoice takes the profile in force at its month's end.",
+    )
+    p.add_argument("action", choices=["set", "show", "list"])
+    p.add_argument("advertiser", nargs="?")
+    p.add_argument("--name", help="set: the name invoices are addressed to")
+    p.add_argument("--address", help="set: the postal address (lines separated by \\n)")
+    p.add_argument("--tax-id", help="set: the advertiser's tax id (VAT number)")
+    p.add_argument("--tax-rate", help="set: the tax rate in percent, an exact decimal such as 19 or 7.7 (0: none)")
+    p.add_argument("--at", help="set: when it takes effect: epoch ms or ISO-8601 (default: now)")
+    p.set_defaults(run=cmd_profiles)
+
+    p = sub.add_parser("names", help="the names of campaigns and ads, for people (pages, invoices): set, list")
+    p.add_argument("action", choices=["set", "list"])
+    p.add_argument("kind", nargs="?", choices=["campaign", "ad"])
+    p.add_argument("item_id", nargs="?", metavar="ID")
+    p.add_argument("name", nargs="?", help="set: the name (empty: none)")
+    p.set_defaults(run=cmd_names)
 
     p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
@@ -432,6 +471,7 @@ def _traffic_args(settings: Settings) -> list[str]:
         "--new-ads",
         "5" if settings.traffic_catalog_every_s else "0",
         *STACK_INVALID_TRAFFIC,
+        "--follow-catalog",  # the admin's new ads get traffic; what the admin changed is left alone
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -680,6 +720,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         live=args.live,
         catalog_store=CatalogStore(settings.catalog_file),
         deploy_schema_at_s=args.deploy_schema_at,
+        follow_catalog=args.follow_catalog,
     )
     print(f"ground truth in {run_dir}")
     return _delivery_outcome("produce", summary.not_delivered, 0)
@@ -809,6 +850,54 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     story = stories.tell(args.click_id)
     print(json.dumps(story.to_dict(), indent=1) if args.json else story_text(story))
     return 1 if story.outcome.status == NOT_RECEIVED else 0
+
+
+def cmd_invoices(settings: Settings, args: argparse.Namespace) -> int:
+    from ops import invoicing
+
+    if args.action == "issue":
+        return invoicing.issue_invoices(settings, args.month)
+    if args.action == "list":
+        return invoicing.list_invoices(settings, args.month, args.advertiser)
+    if not (args.advertiser and args.month):
+        raise ValueError("invoices show needs the advertiser and --month")
+    return invoicing.show_invoice(settings, args.advertiser, args.month)
+
+
+def cmd_profiles(settings: Settings, args: argparse.Namespace) -> int:
+    from ops import invoicing
+
+    if args.action == "set":
+        if not args.advertiser:
+            raise ValueError("profiles set needs the advertiser")
+        return invoicing.set_profile(
+            settings, args.advertiser, args.name, args.address, args.tax_id, args.tax_rate, args.at
+        )
+    return invoicing.show_profiles(settings, args.advertiser if args.action == "show" else None)
+
+
+def cmd_names(settings: Settings, args: argparse.Namespace) -> int:
+    from billing.store.catalog_file import load_catalog
+    from billing.store.names_file import NamesFile
+
+    store = NamesFile(settings.layout.names_file)
+    if args.action == "list":
+        names = store.current()
+        for kind, named in (("campaign", names.campaigns), ("ad", names.ads)):
+            for item_id, name in named.items():
+                print(f"{kind}\t{item_id}\t{name}")
+        return 0
+    if not (args.kind and args.item_id and args.name is not None):
+        raise ValueError("names set needs campaign or ad, its id and the name")
+    catalog = load_catalog(settings.catalog_file)
+    known = catalog.get(args.item_id) if args.kind == "ad" else catalog.advertiser_of_campaign(args.item_id)
+    if known is None:
+        raise ValueError(f"unknown {args.kind} {args.item_id}")
+    store.set(args.kind, args.item_id, args.name)
+    print(
+        f"names: {args.kind} {args.item_id} is named {args.name!r}" if args.name else f"names: {args.item_id} unnamed"
+    )
+    return 0
 
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ def parse_time(text: str, option: str = "--until") -> int:
 
 def reconcile_config(settings: Settings) -> ReconcileConfig:
     from attribution.closing import ReconcileConfig
+    from billing.invoices import InvoiceTerms
 
     return ReconcileConfig(
         data_dir=settings.root,
@@ -52,6 +53,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         registry_location=settings.registry_location,
         ivt_rules=settings.ivt_rules,
         catch_up_wait_ms=settings.close_wait_s * 1000,
+        invoice_terms=InvoiceTerms(settings.invoice_issuer, settings.invoice_terms_days),
     )
 
 
@@ -107,6 +109,8 @@ def run_reconcile(
                     refresh_click_index(settings)
                     if metrics:
                         metrics.done(report, time.monotonic() - started)
+                    if every_s and settings.audit_after_close and report.closed:
+                        audit_after_run(spark, settings, config)
                 except HeldError as exc:
                     print(f"reconcile: {exc}", file=sys.stderr, flush=True)
                     if metrics:
@@ -204,6 +208,21 @@ class ReconcileMetrics:
         self.duration.observe(seconds)
 
 
+def audit_after_run(spark: object, settings: Settings, config: ReconcileConfig) -> None:
+    """The audit after a run that closed periods (`ADBILL_AUDIT_AFTER_CLOSE`), so that finance's page says the books
+    are proven; a failure is said and the schedule goes on."""
+    from attribution.audit import audit, record
+    from billing.store.catalog_file import load_catalog
+
+    try:
+        audits = audit(spark, config, load_catalog(settings.catalog_file))  # type: ignore[arg-type]
+        record(config, audits)
+    except Exception as exc:  # the audit is a check: reconciliation's schedule must not stop for it
+        print(f"reconcile: the audit after the run failed: {exc}", file=sys.stderr, flush=True)
+        return
+    print(audit_table(audits).splitlines()[-1], flush=True)
+
+
 def run_audit(settings: Settings) -> int:
     """`adbill audit`: print the books against the rule per period; 0 when every period balances, 1 if not."""
     from attribution.audit import audit, record
@@ -269,13 +288,14 @@ def net_by_currency(micros: Mapping[str, int]) -> str:
 
 def describe_run(report: RunReport) -> str:
     held = "".join(f"\nreconcile: period {period} {reason}" for period, reason in report.held.items())
+    invoices = "".join(f"\nreconcile: {line}" for line in report.invoices)
     released = f"; {report.released} record(s) released from quarantine" if report.released else ""
     if not report.periods:
         if held:
-            return f"reconcile: nothing closed{released}; {len(report.held)} period(s) held{held}"
+            return f"reconcile: nothing closed{released}; {len(report.held)} period(s) held{held}{invoices}"
         return (
             "reconcile: nothing due (no period is past its lateness horizon, and no closed one got new data or "
-            f"new prices){released}"
+            f"new prices){released}{invoices}"
         )
     return (
         f"reconcile: {len(report.periods)} period(s) in {report.duration_ms / 1000:.1f} s; "
@@ -283,7 +303,7 @@ def describe_run(report: RunReport) -> str:
         f"{report.retractions} retraction(s), net {net_by_currency(report.net_micros_by_currency)}; "
         f"{report.final_clicks:,} billable click(s), {report.conflicts} new id conflict(s)"
         f"{released}"
-        f"{f'; {len(report.held)} period(s) held' if held else ''}{held}"
+        f"{f'; {len(report.held)} period(s) held' if held else ''}{held}{invoices}"
     )
 
 

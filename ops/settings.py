@@ -144,6 +144,13 @@ class Settings:
         "How long a reconciliation run waits for a live streaming job a few seconds behind the records a period past "
         "its horizon waits for, so that the period closes in this run (0: not at all).",
     )
+    audit_after_close: int = _setting(
+        1,
+        "1: `adbill reconcile --every` (in `adbill up`) runs the audit after each run that closed a period, so finance "
+        "sees the books proven; 0: only `adbill audit` does.",
+    )
+    invoice_issuer: str = _setting("adbill", "Who issues the monthly invoices: the name printed at their top.")
+    invoice_terms_days: int = _setting(30, "Days after the invoice date that a monthly invoice is due.")
     stream_invalid_traffic: int = _setting(
         1,
         "1: the stream filters invalid traffic live; 0: it does not (to measure the rules' cost with a benchmark's "
@@ -289,6 +296,7 @@ class Settings:
             "web_address_login_limit",
             "web_ready_batch_age_s",
             "log_max_bytes",
+            "invoice_terms_days",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")

@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
-from billing.catalog import Catalog, CatalogError, MadeBy
+from billing.catalog import AdChange, Catalog, CatalogError, MadeBy
 from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
 from billing.store.catalog_file import CatalogStore, operating_system_user, save_catalog
@@ -40,9 +40,11 @@ from producers.capture import (
 from producers.simulator import (
     CATALOG_LEAD_MS,
     Arrival,
+    CatalogFollower,
     Clock,
     GroundTruth,
     LiveSchedule,
+    RunEdits,
     SimulationConfig,
     Simulator,
     Sleep,
@@ -343,6 +345,44 @@ def apply_to_store(store: CatalogStore, line: CatalogEdit, now_ms: int, made_by:
     return store.update(lambda catalog, now: apply_line(catalog, line, now), lambda: now_ms, made_by=made_by)
 
 
+class LeftAlone(CatalogError):
+    """A run's own change of the catalog that it does not make: someone else changed that part (`RunEdits`)."""
+
+
+def apply_run_line(
+    store: CatalogStore, line: CatalogEdit, now_ms: int, edits: RunEdits | None, made_by: MadeBy | None = None
+) -> Catalog:
+    """A run's own change of the catalog (`apply_to_store`); with `edits` (a run that follows the catalog), checked
+    under the catalog's lock against the catalog as it is, so a change someone else made meanwhile is never undone
+    (LeftAlone, a CatalogError, says why)."""
+    if edits is None:
+        return apply_to_store(store, line, now_ms, made_by)
+
+    def check(catalog: Catalog) -> None:
+        why = edits.leaves_alone(catalog, line)
+        if why is not None:
+            raise LeftAlone(why)
+
+    if isinstance(line, CatalogLine):
+        change = line.change
+
+        def request(current: Catalog | None, now: int) -> AdChange:
+            if current is not None:
+                check(current)
+            return change
+
+        changed = store.change(request, lambda: now_ms, backfill=True, made_by=made_by)
+    else:
+
+        def make(catalog: Catalog, now: int) -> Catalog:
+            check(catalog)
+            return apply_line(catalog, line, now)
+
+        changed = store.update(make, lambda: now_ms, made_by=made_by)
+    edits.made(changed)
+    return changed
+
+
 DEPLOYED_FIELD = "placement"
 """The field the schema version a run deploys part-way adds (`deploy_schema_at_s`)."""
 DEPLOYED_VALUES = {DEPLOYED_FIELD: "feed"}
@@ -374,8 +414,15 @@ def simulate_to_kafka(
     sleep: Sleep = time.sleep,
     catalog_store: CatalogStore | None = None,
     deploy_schema_at_s: float | None = None,
+    follow_catalog: bool = False,
 ) -> PublishSummary:
     """Simulate a run, publish it, and write its folder (catalog, ground truth, summary, publish report).
+
+    `follow_catalog` (with a `catalog_store`; the local stack's traffic): the traffic goes to the ads of the
+    pipeline's catalog as it is, read again every second of event time (`CatalogFollower`), so an ad an admin
+    creates gets traffic; and the run leaves alone what someone else changed (`RunEdits`): it makes none of its own
+    changes to an ad, a campaign's budget or an IP range that was changed by anyone else since it started (or by a
+    person, when the entry says who made it).
 
     `catalog_store`: the pipeline's catalog, which the run's changes of the catalog (`SimulationConfig.catalog_lines`:
     prices, budgets, the IP exclusion list) are made in as the run goes, each `CATALOG_LEAD_MS` of the run's time
@@ -415,7 +462,10 @@ def simulate_to_kafka(
         sleep(min(seconds, 0.5))
 
     schedule = LiveSchedule(clock, wait) if live else None
-    arrivals = simulator.arrivals() if schedule is None else schedule.run(simulator.arrivals())
+    follower = CatalogFollower(catalog_store.current) if follow_catalog and catalog_store is not None else None
+    edits = RunEdits(catalog_store.current().version) if follower is not None and catalog_store is not None else None
+    generated = simulator.arrivals(follower)
+    arrivals = generated if schedule is None else schedule.run(generated)
     lines = simulator.catalog_lines if catalog_store is not None else []
     deploy_at_ms = None if deploy_schema_at_s is None else simulator.start_ms + int(deploy_schema_at_s * 1000)
     deployed: dict[str, int] | None = None
@@ -427,7 +477,7 @@ def simulate_to_kafka(
                     # The run's schedule, like a capture's catalog lines: made at its own effective time.
                     assert catalog_store is not None
                     try:
-                        apply_to_store(catalog_store, arrival, clock(), simulator_made_by())
+                        apply_run_line(catalog_store, arrival, clock(), edits, simulator_made_by())
                     except CatalogError as exc:
                         print(f"the run's change of the catalog was not made: {exc}", file=sys.stderr, flush=True)
                     continue

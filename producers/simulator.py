@@ -521,9 +521,11 @@ class Simulator:
         """The run's catalog with its changes: every ad the traffic uses, the prices, budgets and IP exclusion list
         it is billed by."""
 
-    def arrivals(self) -> Iterator[Arrival]:
-        """Every arrival of the run, in send order; memory holds only pending clicks and delayed arrivals."""
-        return _Generation(self.config, self.catalog, self.start_ms).run()
+    def arrivals(self, ads: AdsAt | None = None) -> Iterator[Arrival]:
+        """Every arrival of the run, in send order; memory holds only pending clicks and delayed arrivals. With
+        `ads`, each impression's ad is drawn from the ads it gives at the impression's time (the pipeline's catalog
+        as it is: `CatalogFollower`) instead of the run's own catalog: the same seed then draws other ads."""
+        return _Generation(self.config, self.catalog, self.start_ms, ads).run()
 
     def recording(self) -> Iterator[Arrival | CatalogEdit]:
         """The arrivals with the run's catalog changes among them (`with_catalog_lines`): a capture of the run that
@@ -533,6 +535,61 @@ class Simulator:
 
 CATALOG_LEAD_MS = 2_000
 """How long before it takes effect, in the run's time, a simulated catalog change is made."""
+
+AdsAt = Callable[[int], Sequence[str]]
+"""The ads traffic may go to at an event time (epoch ms), sorted."""
+
+
+class CatalogFollower:
+    """The ads of a catalog as it is, for traffic that follows it (`adbill up`'s): every ad the catalog holds, the
+    ones an admin created included, read again at most once a second of event time (a `stat` of the file when
+    `current` is `CatalogStore.current`)."""
+
+    def __init__(self, current: Callable[[], Catalog], every_ms: int = 1_000) -> None:
+        self.current, self.every_ms = current, every_ms
+        self._at: int | None = None
+        self._ads: list[str] = []
+
+    def __call__(self, event_time: int) -> Sequence[str]:
+        if self._at is None or event_time - self._at >= self.every_ms or event_time < self._at:
+            self._at = event_time
+            ads = sorted(self.current().ad_ids)
+            self._ads = ads or self._ads
+        return self._ads
+
+
+class RunEdits:
+    """Which of a run's own changes of the catalog (`catalog_lines`) a run that follows the catalog still makes: it
+    leaves alone an ad, a campaign's budget or an IP range that someone else changed (an entry the run did not make,
+    added since the run started, or one that records a person as its maker), so the demo's traffic never undoes an
+    admin's change."""
+
+    def __init__(self, start_version: int) -> None:
+        self.start_version = start_version
+        self.own: set[int] = set()
+
+    def made(self, catalog: Catalog) -> None:
+        """The run made a change: `catalog` is the catalog after it."""
+        self.own.add(catalog.version)
+
+    def someone_else(self, entries: Iterable[Any]) -> bool:
+        return any(
+            (e.version > self.start_version and e.version not in self.own) or getattr(e, "made_by", None)
+            for e in entries
+        )
+
+    def leaves_alone(self, catalog: Catalog, line: CatalogEdit) -> str | None:
+        """Why the run leaves `line` alone in `catalog` (the catalog as it is), or None when it makes it."""
+        if isinstance(line, CatalogLine):
+            ad = catalog.get(line.change.ad_id)
+            if ad is not None and self.someone_else(ad.prices):
+                return f"ad {ad.ad_id}'s price was changed by someone else: left as it is"
+        elif isinstance(line, BudgetLine):
+            if self.someone_else(catalog.budget_history(line.campaign_id)):
+                return f"campaign {line.campaign_id}'s budget was changed by someone else: left as it is"
+        elif self.someone_else(e for e in catalog.exclusions.changes if e.cidr == line.cidr):
+            return f"range {line.cidr} was changed by someone else: left as it is"
+        return None
 
 
 def with_catalog_lines(
@@ -596,11 +653,12 @@ class _Generation:
     Ordinary traffic draws from `rng`; the invalid traffic (`Made`) from `ivt`, a generator of its own, so a run
     without it draws exactly what it did before there was any."""
 
-    def __init__(self, config: SimulationConfig, catalog: Catalog, start_ms: int) -> None:
+    def __init__(self, config: SimulationConfig, catalog: Catalog, start_ms: int, ads: AdsAt | None = None) -> None:
         self.config = config
         self.rng = random.Random(f"adbill-simulator-{config.seed}")
         self.ivt = random.Random(f"adbill-invalid-traffic-{config.seed}")
-        self.ad_ids = sorted(catalog.ad_ids)
+        own = sorted(catalog.ad_ids)
+        self.ads_at: AdsAt = ads or (lambda event_time: own)
         self.start_ms = start_ms
         self.end_ms = None if config.duration_s is None else start_ms + math.ceil(config.duration_s * 1000)
         self.budget = config.events  # arrivals left to create, or None for a duration run
@@ -635,7 +693,7 @@ class _Generation:
                 event: Event = self._new(what, ad_id, user_id, event_time, made)
             else:
                 user_id = f"u{rng.randrange(config.users):07d}"
-                event = self._new("i", rng.choice(self.ad_ids), user_id, event_time, made)
+                event = self._new("i", rng.choice(self.ads_at(event_time)), user_id, event_time, made)
                 offset += rng.random() * 2 * mean_gap_ms
                 next_impression = self.start_ms + int(offset)
             # Everything created from now on arrives at or after event_time: what arrives earlier can go out.
@@ -718,7 +776,7 @@ class _Generation:
 
     def _impression_and_click(self, t: int, user_id: str, made: Made) -> None:
         ivt = self.ivt
-        ad_id = ivt.choice(self.ad_ids)
+        ad_id = ivt.choice(self.ads_at(t))
         shown = t + ivt.randint(0, 2_000)
         self._schedule(shown, "i", ad_id, user_id, made)
         self._schedule(shown + ivt.randint(0, ATTRIBUTION_WINDOW_MS), "c", ad_id, user_id, made)
@@ -732,7 +790,7 @@ class _Generation:
         span = ivt.randint(*FLOOD_SPAN_MS)
         for _ in range(ivt.randint(*FLOOD_CLICKS)):
             at = begin + ivt.randint(0, span)
-            ad_id = ivt.choice(self.ad_ids)
+            ad_id = ivt.choice(self.ads_at(at))
             self._schedule(at - ivt.randint(0, 2_000), "i", ad_id, user_id, Made.FLOOD)
             self._schedule(at, "c", ad_id, user_id, Made.FLOOD)
 

@@ -25,6 +25,7 @@ from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, 
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
 from billing.change_log import ChangeEntry, by_version
 from billing.invalid import ExclusionChange
+from billing.money import parse_amount
 from billing.store.catalog_file import CatalogStore
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
@@ -94,6 +95,23 @@ def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
     """The catalog's ads (of one advertiser when given), by advertiser, campaign and ad id."""
     ads = [ad for ad in catalog if advertiser_id is None or ad.advertiser_id == advertiser_id]
     return sorted(ads, key=lambda ad: (ad.advertiser_id, ad.campaign_id, ad.ad_id))
+
+
+def form_micros(form: dict[str, str], units_field: str, micros_field: str, what: str) -> str | None:
+    """The amount a form asks for, in micros as text (`catalog_change` and `budget_change` read it as the command
+    reads its micros): typed in currency units in `units_field` (`0.50`, converted exactly: the digits are moved, no
+    float; at most six decimals, the micro), or in micros in `micros_field` (scripts, older forms); None when
+    neither is given. CatalogError when the units are not an amount."""
+    units = form.get(units_field, "").strip()
+    if not units:
+        return form.get(micros_field, "").strip() or None
+    try:
+        return str(parse_amount(units))
+    except ValueError:
+        raise CatalogError(
+            f"{what} is an amount in the currency's units, such as 0.25, with at most 6 decimals (the micro); got "
+            f"{units!r}"
+        ) from None
 
 
 def effective_from_text(text: str | None) -> int | None:

@@ -40,6 +40,7 @@ from web.model import (
     not_charged_by_currency,
     totals_by_currency,
 )
+from web.naming import name_of
 from web.pages import send_export
 from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
@@ -124,7 +125,12 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         "unbilled": _unbilled(d.unbilled),
         **not_charged_document(d.not_charged, d.billed),
         "campaigns": [
-            {"campaign_id": c.campaign_id, **_billed(c.billed), **not_charged_document(c.not_charged, c.billed)}
+            {
+                "campaign_id": c.campaign_id,
+                "name": name_of("campaign", c.campaign_id),
+                **_billed(c.billed),
+                **not_charged_document(c.not_charged, c.billed),
+            }
             for c in d.campaigns
         ],
         "ads": [_ad_line(a) for a in d.ads],
@@ -214,8 +220,31 @@ def correction(advertiser_id: str, correction_id: str) -> Response:
 @bp.get("/finance")
 def finance() -> Response:
     f = lookups.finance()
+    span = lookups.date_range()
+    ranged: dict[str, Any] = {}
+    if span is not None:  # `range`, or `from` and `to`: every advertiser over those days (a month, say)
+        fr = services().reader.finance_range(span.start_ms, span.end_ms)
+        ranged = {
+            "range": span.as_json(),
+            "range_closed": fr.closed and span.end_ms <= services().clock(),
+            "range_periods": fr.periods,
+            "range_open_periods": fr.open_periods,
+            "range_advertisers": [
+                {
+                    "advertiser_id": a.advertiser_id,
+                    "currency": a.currency,
+                    **_billed(a.billed),
+                    **not_charged_document(a.not_charged, a.billed),
+                }
+                for a in fr.advertisers
+            ],
+            "range_totals": _currency_totals(
+                totals_by_currency(fr.advertisers), not_charged_by_currency(fr.advertisers)
+            ),
+        }
     return jsonify(
         {
+            **ranged,
             "period": _period(f.period) if f.period else None,
             "periods": [_period(p) for p in f.periods],
             "advertisers": [
@@ -262,9 +291,13 @@ def health() -> Response:
     h = lookups.health()
     fresh = lookups.freshness()
     audit = services().reader.last_audit()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    lag = lookups.kafka_lag()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
     return jsonify(
         {
+            "kafka": None
+            if lag is None
+            else {"lag": lag.lag, "read_at_ms": lag.read_at_ms, "committed": lag.committed, "error": lag.error},
             "status": {
                 "overall": worst([s.level for s in statuses]),
                 "components": [{"name": s.name, "level": s.level, "text": s.text} for s in statuses],
@@ -286,7 +319,8 @@ def health() -> Response:
                     "state_rows": q.state_rows,
                     "state_memory_bytes": q.state_memory_bytes,
                     "rows_dropped_by_watermark": q.rows_dropped_by_watermark,
-                    "consumer_lag": q.lag,
+                    "consumer_lag": (lag.lag if lag and not lag.error else None) if lag else q.lag,
+                    "consumer_lag_reported": q.lag,
                 }
                 for q in h.queries
             ],
@@ -442,7 +476,8 @@ def _unbilled(u: UnbilledCounts) -> dict[str, int]:
 
 
 def _period(p: Period) -> dict[str, Any]:
-    return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed}
+    """A period: its key, start and whether it is closed; `future` when it has not begun (nothing is billed in it)."""
+    return {"period": p.key, "start_ms": p.start_ms, "closed": p.closed, "future": p.start_ms > services().clock()}
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:
@@ -459,6 +494,7 @@ def _period_bill(b: PeriodBill) -> dict[str, Any]:
 def _ad_line(a: AdLine) -> dict[str, Any]:
     return {
         "ad_id": a.ad_id,
+        "name": name_of("ad", a.ad_id),
         "campaign_id": a.campaign_id,
         **_billed(a.billed),
         **_late(a.late),

@@ -18,7 +18,22 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
-from web import ad_catalog, api, auth, catalog_api, catalog_pages, display, downloads, pages, probes
+from billing.store.stream_offsets import KafkaLag, LagReading
+from web import (
+    ad_catalog,
+    api,
+    auth,
+    catalog_api,
+    catalog_pages,
+    display,
+    downloads,
+    invoice_documents,
+    invoice_views,
+    lookups,
+    naming,
+    pages,
+    probes,
+)
 from web.access import LoginLimit, Role, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -27,10 +42,10 @@ from web.changes import bp as change_pages
 from web.click_pages import register as register_click_pages
 from web.metrics import instrument
 from web.ranges import PRESETS
-from web.readers import BillingReader, CatalogFile
+from web.readers import QUERY_NAMES, BillingReader, CatalogFile
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
-from web.services import Services, current_principal, now_ms
+from web.services import Services, current_principal, now_ms, services
 from web.sessions import LoginLimiter, SessionStore
 from web.tokens import TokensFile
 
@@ -77,6 +92,12 @@ class WebSettings(Protocol):
     def web_ready_batch_age_s(self) -> int: ...
     @property
     def period_ms(self) -> int: ...
+    @property
+    def kafka_bootstrap(self) -> str: ...
+    @property
+    def topic_impressions(self) -> str: ...
+    @property
+    def topic_clicks(self) -> str: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -84,9 +105,15 @@ def exports_dir(settings: WebSettings) -> Path:
     return DataLayout(settings.root).exports
 
 
-def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s: float = CACHE_S) -> Flask:
+def create_app(
+    settings: WebSettings,
+    clock: Callable[[], int] = now_ms,
+    cache_s: float = CACHE_S,
+    kafka_lag: Callable[[], LagReading] | None = None,
+) -> Flask:
     """The app. `clock` (epoch ms) is injected for tests of the login limit, `cache_s` for tests that change Redis
-    and look at once; nothing connects until a request."""
+    and look at once, `kafka_lag` for tests of the health page (default: read from Kafka and the billing query's
+    checkpoint, `billing.store.stream_offsets.KafkaLag`); nothing connects until a request."""
     app = Flask(__name__)
     secret = load_or_create_secret(settings.web_secret_file)
     app.secret_key = secret
@@ -119,6 +146,12 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         recent=RecentResults(cache_s),
         clock=clock,
         ready_batch_age_s=settings.web_ready_batch_age_s,
+        kafka_lag=kafka_lag
+        or KafkaLag(
+            DataLayout(settings.root).checkpoint(QUERY_NAMES[0]),
+            settings.kafka_bootstrap,
+            (settings.topic_impressions, settings.topic_clicks),
+        ).read,
     )
 
     if settings.web_trusted_proxies:
@@ -140,6 +173,8 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
     register_click_pages(app, settings)  # a click's story: its page and API document
     app.register_blueprint(change_pages)  # the catalog's change log
     app.register_blueprint(change_api)
+    invoice_views.register(app, settings.root)  # the monthly invoices and the billing profiles
+    naming.register(app, settings.root)  # the names of campaigns and ads
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -186,6 +221,9 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         range_presets=PRESETS,
         range_url=pages.range_url,
         months_of=downloads.months_of,
+        clock_ms=lambda: services().clock(),
+        range_problem=lookups.range_problem,
+        name_of=naming.name_of,
     )
     app.jinja_env.filters.update(
         money=display.money,
@@ -193,6 +231,8 @@ def create_app(settings: WebSettings, clock: Callable[[], int] = now_ms, cache_s
         currency_digits=display.currency_digits,
         signed_money=display.signed_money,
         count=display.count,
+        plural=display.plural,
+        corrects_label=invoice_documents.corrects_label,
         signed_count=display.signed_count,
         utc=display.utc,
         iso_utc=display.iso_utc,

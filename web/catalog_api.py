@@ -7,7 +7,8 @@
   "effective_from"?}` (admin).
 - `POST /api/v1/catalog/ads/AD/prices`: `{"cpc_micros": int | null, "effective_from": ms?}` sets the price, or
   pauses with null; `"action": "set-price" | "pause" | "resume"` says it explicitly (a resume without a price goes
-  back to the last one); `campaign_id`, `advertiser_id`, `currency` when given must be the ad's own (admin).
+  back to the last one); `campaign_id`, `advertiser_id`, `currency` when given must be the ad's own (admin); an ad
+  the catalog does not know answers 404, with the command's message.
 - `GET /api/v1/catalog/budgets`, `GET /api/v1/catalog/campaigns/CMP/budgets`: every campaign's daily budget with its
   UTC day so far and the campaigns capped today, one campaign's budget history (finance and admin).
 - `POST /api/v1/catalog/campaigns/CMP/budgets`: `{"daily_budget_micros": int | null, "effective_from": ms?}` sets
@@ -146,7 +147,8 @@ def change_ad(ad_id: str) -> Response:
             currency=_text(body, "currency"),
         )
     except CatalogError as refused:
-        return _refused(refused)
+        # A change of an ad the catalog does not know: the ad is what is missing (404), with the command's words.
+        return _refused(refused, 404 if services().reader.catalog.get().get(ad_id) is None else 400)
     return _made(made, services().clock())
 
 
@@ -196,9 +198,9 @@ def _text(body: dict[str, Any], name: str) -> str | None:
     return (value.strip() or None) if value is not None else None  # empty is absent, as an empty form field
 
 
-def _refused(error: CatalogError) -> Response:
-    response = jsonify({"error": str(error), "status": 400})
-    response.status_code = 400
+def _refused(error: CatalogError, status: int = 400) -> Response:
+    response = jsonify({"error": str(error), "status": status})
+    response.status_code = status
     return response
 
 

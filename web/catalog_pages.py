@@ -24,6 +24,7 @@ from web.ad_catalog import (
     check_ids,
     effective_from_text,
     exclusions_or_404,
+    form_micros,
     make_budget_change,
     make_change,
     make_exclusion_change,
@@ -46,7 +47,13 @@ def advertiser_ads(advertiser_id: str) -> str:
     svc = services()
     now = svc.clock()
     listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)]
-    return render_template("catalog_advertiser.html", advertiser_id=advertiser_id, ads=listed, now_ms=now)
+    return render_template(
+        "catalog_advertiser.html",
+        advertiser_id=advertiser_id,
+        ads=listed,
+        now_ms=now,
+        opened=request.args.get("open"),  # the ad whose history a link opens (the ad page's "Price history")
+    )
 
 
 @bp.get("/catalog")
@@ -67,7 +74,7 @@ def create_ad() -> Response | str | tuple[str, int]:
             "create-ad",
             form["ad_id"],
             effective_from_text(form["effective_from"]),
-            cpc_micros=form["cpc_micros"] or None,
+            cpc_micros=form_micros(form, "price", "cpc_micros", "a price"),
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,
             currency=form["currency"] or None,
@@ -99,7 +106,7 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
             action,
             ad_id,
             effective_from_text(form["effective_from"]),
-            cpc_micros=form["cpc_micros"] or None,
+            cpc_micros=form_micros(form, "price", "cpc_micros", "a price"),
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,
             currency=form["currency"] or None,
@@ -109,8 +116,8 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
 
 
-_CREATE_FIELDS = ("ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros", "effective_from")
-_CHANGE_FIELDS = ("action", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency")
+_CREATE_FIELDS = ("ad_id", "campaign_id", "advertiser_id", "currency", "price", "cpc_micros", "effective_from")
+_CHANGE_FIELDS = ("action", "price", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency")
 
 
 def _catalog_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
@@ -163,12 +170,12 @@ def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
     catalog_or_404(change=True)
     if not is_id(campaign_id):
         abort(404)
-    form = {k: request.form.get(k, "").strip() for k in ("daily_micros", "unlimited", "effective_from")}
+    form = {k: request.form.get(k, "").strip() for k in ("daily_amount", "daily_micros", "unlimited", "effective_from")}
     try:
         made = make_budget_change(
             campaign_id,
             effective_from_text(form["effective_from"]),
-            daily_micros=form["daily_micros"] or None,
+            daily_micros=form_micros(form, "daily_amount", "daily_micros", "a daily budget"),
             unlimited=bool(form["unlimited"]),
         )
     except CatalogError as refused:

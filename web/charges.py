@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -16,9 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.invalid import INVALID_REASONS
+from billing.invoices import Invoice
 from billing.money import format_micros
+from billing.periods import format_utc
 from billing.store.export_files import CSV_FILE, PARQUET_FILE
-from web.model import NotCharged, Period
+from web.model import FinanceRange, NotCharged, Period
 from web.ranges import DateRange
 from web.readers import BillingReader, _figures, _not_charged
 from web.statements import CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL, PeriodCharges, safe_cell
@@ -93,9 +96,17 @@ CHARGES_COLUMNS = (
 )
 
 
-def charges_csv(reader: BillingReader, advertiser_id: str, span: DateRange) -> str:
-    """The advertiser's charges per period and ad in the span: what the stream billed, what reconciliation
-    corrected, and the corrected amount (micros and decimal); open periods are marked provisional."""
+def charges_csv(
+    reader: BillingReader,
+    advertiser_id: str,
+    span: DateRange,
+    campaign_id: str | None = None,
+    ad_id: str | None = None,
+) -> str:
+    """The advertiser's charges per period and ad in the span (of one campaign or ad when given): what the stream
+    billed, what reconciliation corrected, and the corrected amount (micros and decimal); open periods are marked
+    provisional."""
+    wanted_campaign, wanted_ad = campaign_id, ad_id
     periods = periods_in(reader, span)
     catalog = reader.catalog.get()
     own_ads = {ad.ad_id: ad.campaign_id for ad in catalog if ad.advertiser_id == advertiser_id}
@@ -119,6 +130,9 @@ def charges_csv(reader: BillingReader, advertiser_id: str, span: DateRange) -> s
         totals, fixes = next(results), next(results)
         if totals[3] not in (None, advertiser_id):
             continue  # another advertiser's ad never shows here
+        campaign = own_ads.get(ad_id) or totals[2] or ""
+        if wanted_campaign not in (None, campaign) or wanted_ad not in (None, ad_id):
+            continue
         provisional, corrections = _figures(totals), _figures(fixes)
         corrected = provisional + corrections
         if provisional.is_zero and corrections.is_zero:
@@ -129,7 +143,7 @@ def charges_csv(reader: BillingReader, advertiser_id: str, span: DateRange) -> s
                 _utc(p.start_ms),
                 "closed" if p.closed else "provisional",
                 safe_cell(advertiser_id),
-                safe_cell(own_ads.get(ad_id) or totals[2] or ""),
+                safe_cell(campaign),
                 safe_cell(ad_id),
                 corrected.clicks,
                 provisional.micros,
@@ -146,9 +160,11 @@ def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
     """Every closed period's export in the span as one CSV (the exports' rows and columns in period order, plus
     `net_amount`, the decimal of `net_micros`); None when no export of the span is on file."""
     tables = []
-    for p in periods_in(reader, span):
-        path = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
-        if path is not None and reader.export_file(p.key, CSV_FILE) is not None:
+    for manifest in sorted(reader.exports(), key=lambda m: m.period_start_ms):  # the files on disk are the truth
+        if not span.start_ms <= manifest.period_start_ms < span.end_ms:
+            continue
+        path = reader.export_file(manifest.period, PARQUET_FILE)
+        if path is not None and reader.export_file(manifest.period, CSV_FILE) is not None:
             tables.append(pq.read_table(path))
     if not tables:
         return None
@@ -156,10 +172,74 @@ def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     names = table.column_names
-    writer.writerow([*names, "net_amount"])
+    writer.writerow([*names, "click_time_utc", "impression_time_utc", "net_amount"])
     for row in table.to_pylist():
-        writer.writerow([*(_cell(row[n]) for n in names), format_micros(int(row["net_micros"]))])
+        writer.writerow(
+            [
+                *(_cell(row[n]) for n in names),
+                _iso(row.get("click_time")),
+                _iso(row.get("impression_time")),
+                format_micros(int(row["net_micros"])),
+            ]
+        )
     return out.getvalue()
+
+
+MONTH_ADVERTISERS_COLUMNS = (
+    "month",
+    "advertiser_id",
+    "currency",
+    "status",
+    "clicks",
+    "micros",
+    "amount",
+    "invalid_clicks_not_charged",
+    "invalid_micros_not_charged",
+    "over_budget_clicks_not_charged",
+    "over_budget_micros_not_charged",
+    "invoice",
+    "invoice_total_micros",
+    "invoice_total",
+)
+
+
+def month_advertisers_csv(
+    month: str, figures: FinanceRange, invoices: Iterable[Invoice], month_over: bool = True
+) -> str:
+    """The month per advertiser: its corrected clicks and micros (a closed period's as its export says), an exact
+    decimal beside, what was not charged, and its invoice (number and total) once issued; `provisional` while a
+    period of the month is open or the month is not over."""
+    issued = {i.advertiser_id: i for i in invoices}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(MONTH_ADVERTISERS_COLUMNS)
+    status = "closed" if figures.closed and month_over else "provisional"
+    for line in figures.advertisers:
+        corrected, invoice = line.billed.corrected, issued.get(line.advertiser_id)
+        writer.writerow(
+            [
+                month,
+                safe_cell(line.advertiser_id),
+                line.currency,
+                status,
+                corrected.clicks,
+                corrected.micros,
+                format_micros(corrected.micros),
+                line.not_charged.invalid.clicks,
+                line.not_charged.invalid.micros,
+                line.not_charged.over_budget.clicks,
+                line.not_charged.over_budget.micros,
+                invoice.label if invoice else "",
+                invoice.totals.total_micros if invoice else "",
+                format_micros(invoice.totals.total_micros) if invoice else "",
+            ]
+        )
+    return out.getvalue()
+
+
+def _iso(ms: Any) -> str:
+    """Epoch ms as ISO-8601 UTC (`2026-01-01T00:00:05.000Z`), empty for none."""
+    return "" if ms is None else format_utc(int(ms))
 
 
 def _cell(value: Any) -> Any:

@@ -57,6 +57,11 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`1, "period"` -> `"1 period"`, `3, "period"` -> `"3 periods"` (`nouns` when the plural is not `noun + s`)."""
+    return f"{count(n)} {noun if n == 1 else (nouns or noun + 's')}"
+
+
 def signed_count(n: int) -> str:
     return ("+" if n > 0 else "") + count(n)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from flask import Blueprint, Response, abort, redirect, render_template, request, url_for
 
 from web import lookups
-from web.charges import charges_csv, month_export_csv, statement_periods
+from web.charges import charges_csv, month_advertisers_csv, month_export_csv, statement_periods
 from web.guards import advertiser_or_404, finance_or_404
 from web.ranges import DEFAULT_PRESET, DateRange, RangeError, parse_month
+from web.readers import is_id
 from web.services import current_principal, services
 from web.statement_pdf import statement_pdf
 from web.statements import Statement, build_statement, statement_csv
@@ -27,12 +28,18 @@ def require_login() -> Response | None:
 
 @bp.get("/advertisers/<advertiser_id>/charges.csv")
 def charges(advertiser_id: str) -> Response:
-    """The advertiser's charges per period and ad in the date range asked for (default: month to date)."""
+    """The advertiser's charges per period and ad in the date range asked for (default: month to date); with
+    `campaign=` or `ad=`, that campaign's or ad's alone (the campaign and ad pages offer those)."""
     advertiser_or_404(advertiser_id)
     span = lookups.date_range(DEFAULT_PRESET)
     assert span is not None  # a default is given
-    text = charges_csv(services().reader, advertiser_id, span)
-    return _attachment(text, "text/csv", f"adbill-charges-{advertiser_id}-{span.first}-{span.last}.csv")
+    campaign, ad = request.args.get("campaign"), request.args.get("ad")
+    for value in (campaign, ad):
+        if value is not None and not is_id(value):
+            abort(404)
+    text = charges_csv(services().reader, advertiser_id, span, campaign_id=campaign, ad_id=ad)
+    which = f"-{ad or campaign}" if ad or campaign else ""
+    return _attachment(text, "text/csv", f"adbill-charges-{advertiser_id}{which}-{span.first}-{span.last}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/statements/<month>")
@@ -65,12 +72,30 @@ def finance_month(month: str) -> Response:
     return _attachment(text, "text/csv", f"adbill-{month}-billing.csv")
 
 
-def _statement(advertiser_id: str, month: str) -> Statement:
-    advertiser_or_404(advertiser_id)
+@bp.get("/finance/months/<month>/advertisers.csv")
+def finance_month_advertisers(month: str) -> Response:
+    """The month per advertiser: one row each, its corrected clicks and spend, what was not charged, and its
+    invoice once issued (finance and admin)."""
+    finance_or_404()
     span = _month(month)
     reader = services().reader
+    from web.invoice_views import book  # the invoices' views import the API, which imports the pages
+
+    figures = reader.finance_range(span.start_ms, span.end_ms)
+    text = month_advertisers_csv(month, figures, book().invoices_in(month), span.end_ms <= services().clock())
+    return _attachment(text, "text/csv", f"adbill-{month}-advertisers.csv")
+
+
+def _statement(advertiser_id: str, month: str) -> Statement:
+    """The month's statement; 404 for a month that has not begun (there is nothing in it to state)."""
+    advertiser_or_404(advertiser_id)
+    span = _month(month)
+    now = services().clock()
+    if span.start_ms > now:
+        abort(404, description=f"{month} has not begun")
+    reader = services().reader
     periods = statement_periods(reader, advertiser_id, span)
-    return build_statement(advertiser_id, reader.currency(advertiser_id), month, span, periods)
+    return build_statement(advertiser_id, reader.currency(advertiser_id), month, span, periods, now)
 
 
 def _month(text: str) -> DateRange:

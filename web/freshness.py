@@ -81,15 +81,34 @@ def waiting_status(name: str, status: Mapping[str, str], now_ms: int) -> Compone
     return ComponentStatus(name, RED, f"{said[:1].upper()}{said[1:]}: {status.get('message', '')}")
 
 
-def kafka_status(lag_now: dict[str, int | None], lag_before: dict[str, int | None] | None) -> ComponentStatus:
-    """Kafka as the job sees it: records waiting per topic, and whether that grew since `lag_before` (an older
-    batch's lag)."""
+def kafka_status(
+    lag_now: Mapping[str, int | None] | None,
+    lag_before: Mapping[str, int | None] | None,
+    error: str | None = None,
+    fresh: Freshness | None = None,
+    committed: bool = True,
+) -> ComponentStatus:
+    """Kafka as the job's checkpoint and Kafka itself say it now (`billing.store.stream_offsets`): records waiting
+    per topic (`lag_now`; None with `error` when Kafka could not be asked), whether that grew since `lag_before`
+    (the job's report of some batches ago), and whether records wait while the job bills nothing (`fresh` amber or
+    red: a job that is stuck). `committed`: the job has committed a batch."""
+    if error:
+        return ComponentStatus("Kafka", RED, f"{error}: the records waiting are unknown.")
     if not lag_now:
-        return ComponentStatus("Kafka", UNKNOWN, "No offsets reported by the job yet.")
+        return ComponentStatus("Kafka", UNKNOWN, "No offsets known yet.")
     unknown = [topic for topic, n in lag_now.items() if n is None]
     if unknown:
-        return ComponentStatus("Kafka", UNKNOWN, f"Latest offsets not reported for {', '.join(unknown)}.")
+        return ComponentStatus("Kafka", UNKNOWN, f"Latest offsets not known for {', '.join(unknown)}.")
     total = sum(n or 0 for n in lag_now.values())
+    if not committed:
+        return ComponentStatus("Kafka", UNKNOWN, f"The job has committed no batch yet; {total:,} records in Kafka.")
+    if total and fresh is not None and fresh.level in (AMBER, RED) and fresh.age_ms is not None:
+        return ComponentStatus(
+            "Kafka",
+            AMBER,
+            f"{total:,} records waiting, and the job last billed {format_elapsed(fresh.age_ms)} ago: it is not "
+            "reading them.",
+        )
     before = (
         None
         if lag_before is None or any(n is None for n in lag_before.values())
@@ -112,16 +131,20 @@ def reconciliation_status(
     finished for `RECONCILE_LATE_S`; unknown before the first run."""
     if differences:
         return ComponentStatus(
-            "Reconciliation", RED, f"The last audit found {len(differences)} period(s) differing from the rule."
+            "Reconciliation", RED, f"The last audit found {_periods(len(differences))} differing from the rule."
         )
     if finished_at_ms is None:
         return ComponentStatus("Reconciliation", UNKNOWN, "No reconciliation has run yet.")
     age = max(0, now_ms - finished_at_ms)
     if held:
-        return ComponentStatus("Reconciliation", AMBER, f"{len(held)} period(s) held; see the reasons below.")
+        return ComponentStatus("Reconciliation", AMBER, f"{_periods(len(held))} held; see the reasons below.")
     if age > RECONCILE_LATE_S * 1000:
         return ComponentStatus("Reconciliation", AMBER, f"No run finished for {format_elapsed(age)}.")
     return ComponentStatus("Reconciliation", OK, f"Last run finished {format_elapsed(age)} ago.")
+
+
+def _periods(n: int) -> str:
+    return f"{n:,} period{'' if n == 1 else 's'}"
 
 
 def _utc(ts_ms: int) -> str:

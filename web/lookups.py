@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import abort, request
+from flask import abort, g, request
 
 from billing.budget_days import CampaignDay
 from billing.corrections import Correction
 from billing.store.part_status import RECONCILE_PART, STREAM_PART
+from billing.store.stream_offsets import LagReading
 from web.freshness import (
     ComponentStatus,
     Freshness,
@@ -31,6 +32,7 @@ from web.ranges import (
     DEFAULT_PRESET,
     DateRange,
     RangeError,
+    RangeProblem,
     day_of,
     group,
     parse_range,
@@ -50,14 +52,20 @@ def found(value: T | None) -> T:
     return value
 
 
-def dashboard(advertiser_id: str, form: str, render: Callable[[str, str | None, DateRange | None], T | None]) -> T:
+def dashboard(
+    advertiser_id: str,
+    form: str,
+    render: Callable[[str, str | None, DateRange | None], T | None],
+    lenient: bool = False,
+) -> T:
     """The advertiser's dashboard in one `form` (the page's content, the API's document), as `render` makes it from
     the advertiser, the period and the date range asked for; kept a second per worker (`web.cache`), the same for
-    everyone allowed to see it."""
+    everyone allowed to see it. `lenient` (a page): a range that cannot be read is shown beside the form
+    (`page_date_range`) instead of a 400 alone."""
     advertiser_or_404(advertiser_id)
     period = period_arg()
-    span = date_range(DEFAULT_PRESET)
-    key = (form, advertiser_id, period, span)
+    span = page_date_range(DEFAULT_PRESET) if lenient else date_range(DEFAULT_PRESET)
+    key = (form, advertiser_id, period, span, g.get("range_problem"))
     return found(services().recent.get(key, lambda: render(advertiser_id, period, span)))
 
 
@@ -74,6 +82,25 @@ def date_range(default: str | None = None) -> DateRange | None:
         )
     except RangeError as exc:
         abort(400, description=str(exc))
+
+
+def page_date_range(default: str) -> DateRange | None:
+    """A page's date range: as `date_range`, but one that cannot be read is not the end of the page: the default
+    range is shown, and the problem (`range_problem()`: the message and what was typed) beside the range's form."""
+    args = request.args
+    try:
+        return parse_range(args.get("range"), args.get("from"), args.get("to"), today_of(services().clock()), default)
+    except RangeError as exc:
+        g.range_problem = RangeProblem(
+            str(exc), args.get("from", "")[:40], args.get("to", "")[:40], args.get("range", "")[:40]
+        )
+        return parse_range(None, None, None, today_of(services().clock()), default)
+
+
+def range_problem() -> RangeProblem | None:
+    """The date range this request asked for and could not be read (`page_date_range`), or None."""
+    found: RangeProblem | None = g.get("range_problem")
+    return found
 
 
 def range_figures(level: str, ident: str, advertiser_id: str, span: DateRange) -> dict[str, Any]:
@@ -141,16 +168,26 @@ def freshness() -> Freshness:
     return page_freshness(svc.reader.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
 
 
-def health_status(h: Health, fresh: Freshness, audit_differences: list[str]) -> list[ComponentStatus]:
+def kafka_lag() -> LagReading | None:
+    """The billing query's lag, read from Kafka and its checkpoint now (kept a few seconds); None when not asked."""
+    read = services().kafka_lag
+    return read() if read else None
+
+
+def health_status(
+    h: Health, fresh: Freshness, audit_differences: list[str], lag: LagReading | None = None
+) -> list[ComponentStatus]:
     """The job, Kafka, Redis and reconciliation, each summed up in one status; a part that says it waits (for disk
-    space) shows that instead."""
+    space) shows that instead. Kafka's lag is `lag` (read from Kafka) when given, else the job's last report."""
     svc = services()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
     stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
     return [
         waiting_status("Streaming job", stream_waits, svc.clock()) if stream_waits else job_status(fresh),
-        kafka_status(query.lag if query else {}, query.lag_before if query else None),
+        kafka_status(query.lag if query else {}, query.lag_before if query else None)
+        if lag is None
+        else kafka_status(lag.lag, query.lag_before if query else None, lag.error, fresh, lag.committed),
         redis_status(),
         waiting_status("Reconciliation", reconcile_waits, svc.clock())
         if reconcile_waits

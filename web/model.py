@@ -233,6 +233,20 @@ class Finance:
 
 
 @dataclass(frozen=True, slots=True)
+class FinanceRange:
+    """Finance's view of a date range (a month, say): every advertiser's figures over the range's periods, and how
+    many of those periods are still open (their figures provisional)."""
+
+    advertisers: list[AdvertiserLine]
+    periods: int
+    open_periods: int
+
+    @property
+    def closed(self) -> bool:
+        return self.open_periods == 0
+
+
+@dataclass(frozen=True, slots=True)
 class FinancePeriod:
     """One period on finance's page: every advertiser's figures added up per currency, and why it is held."""
 

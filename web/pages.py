@@ -5,6 +5,7 @@ Anonymous requests are sent to the login page; whatever the person may not see a
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from flask import Blueprint, abort, redirect, render_template, request, send_file, url_for
@@ -40,9 +41,14 @@ def index() -> Response:
 
 
 @bp.get("/advertisers/<advertiser_id>")
-def advertiser(advertiser_id: str) -> str:
-    content = lookups.dashboard(advertiser_id, "dashboard.html", _dashboard)
-    return render_template("advertiser.html", advertiser_id=advertiser_id, content=content)
+def advertiser(advertiser_id: str) -> str | tuple[str, int]:
+    content = lookups.dashboard(advertiser_id, "dashboard.html", _dashboard, lenient=True)
+    return _with_range_status(render_template("advertiser.html", advertiser_id=advertiser_id, content=content))
+
+
+def _with_range_status(body: str) -> str | tuple[str, int]:
+    """The page, with 400 when the date range asked for could not be read (the page says why beside its form)."""
+    return (body, 400) if lookups.range_problem() else body
 
 
 def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> Markup | None:
@@ -74,7 +80,10 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
 
 
 def _range_args() -> dict[str, str]:
-    """The range arguments of this request, to carry into the links and the API address the page uses."""
+    """The range arguments of this request, to carry into the links and the API address the page uses (none when
+    they could not be read: the page shows the default range)."""
+    if lookups.range_problem():
+        return {}
     return {k: v for k in ("range", "from", "to") if (v := request.args.get(k))}
 
 
@@ -87,33 +96,35 @@ def range_url(preset: str) -> str:
 
 
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
-def campaign(advertiser_id: str, campaign_id: str) -> str:
+def campaign(advertiser_id: str, campaign_id: str) -> str | tuple[str, int]:
     c = lookups.campaign(advertiser_id, campaign_id)
     catalog = services().reader.catalog.get()
     now = services().clock()
     prices = {a.ad_id: price_per_click(catalog, a.ad_id, now) for a in c.ads}
-    span = lookups.date_range(DEFAULT_PRESET)
+    span = lookups.page_date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("cmp", campaign_id, advertiser_id, span) if span else None
     owned = catalog.advertiser_of_campaign(campaign_id) == advertiser_id
-    return render_template(
-        "campaign.html",
-        c=c,
-        prices=prices,
-        fresh=lookups.freshness(),
-        r=ranged,
-        budget=BudgetStatus.of(catalog, campaign_id, now) if owned else None,
-        budget_days=lookups.budget_days(advertiser_id, [campaign_id], span, budgeted_only=False),
-        now_ms=now,
+    return _with_range_status(
+        render_template(
+            "campaign.html",
+            c=c,
+            prices=prices,
+            fresh=lookups.freshness(),
+            r=ranged,
+            budget=BudgetStatus.of(catalog, campaign_id, now) if owned else None,
+            budget_days=lookups.budget_days(advertiser_id, [campaign_id], span, budgeted_only=False),
+            now_ms=now,
+        )
     )
 
 
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
-def ad(advertiser_id: str, ad_id: str) -> str:
+def ad(advertiser_id: str, ad_id: str) -> str | tuple[str, int]:
     a = lookups.ad(advertiser_id, ad_id)
     price = price_per_click(services().reader.catalog.get(), ad_id, services().clock())
-    span = lookups.date_range(DEFAULT_PRESET)
+    span = lookups.page_date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("ad", ad_id, advertiser_id, span) if span else None
-    return render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged)
+    return _with_range_status(render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged))
 
 
 @bp.get("/advertisers/<advertiser_id>/corrections")
@@ -128,17 +139,38 @@ def correction(advertiser_id: str, correction_id: str) -> str:
 
 
 @bp.get("/finance")
-def finance() -> str:
+def finance() -> str | tuple[str, int]:
     f = lookups.finance()
-    return render_template(
-        "finance.html",
-        f=f,
-        fresh=lookups.freshness(),
-        totals=totals_by_currency(f.advertisers),
-        not_charged_totals=not_charged_by_currency(f.advertisers),
-        empty_not_charged=NotCharged(),
-        periods=services().reader.finance_periods(),
+    span = lookups.page_date_range(DEFAULT_PRESET)
+    assert span is not None  # a default is given
+    ranged = services().reader.finance_range(span.start_ms, span.end_ms)
+    month = whole_month(span)
+    from web.invoice_views import book  # the invoices' views import the API, which imports this module
+
+    return _with_range_status(
+        render_template(
+            "finance.html",
+            f=f,
+            fresh=lookups.freshness(),
+            totals=totals_by_currency(f.advertisers),
+            not_charged_totals=not_charged_by_currency(f.advertisers),
+            empty_not_charged=NotCharged(),
+            periods=services().reader.finance_periods(),
+            span=span,
+            fr=ranged,
+            range_totals=totals_by_currency(ranged.advertisers),
+            range_not_charged=not_charged_by_currency(ranged.advertisers),
+            month=month,
+            invoices={i.advertiser_id: i for i in book().invoices_in(month)} if month else {},
+        )
     )
+
+
+def whole_month(span: DateRange) -> str | None:
+    """`2026-01` when the range is exactly one calendar month, else None."""
+    following = (span.first.replace(day=28) + timedelta(days=4)).replace(day=1)
+    whole = span.first.day == 1 and span.last == following - timedelta(days=1)
+    return span.first.strftime("%Y-%m") if whole else None
 
 
 @bp.get("/exports/<period>/<name>")
@@ -170,10 +202,12 @@ def health() -> str:
     h = lookups.health()
     fresh = lookups.freshness()
     audit = svc.reader.last_audit()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [])
+    lag = lookups.kafka_lag()
+    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
     return render_template(
         "health.html",
         h=h,
+        lag=lag,
         now_ms=svc.clock(),
         fresh=fresh,
         statuses=statuses,

@@ -22,6 +22,7 @@ MAX_DAYS = 400
 PRESETS = {
     "today": "Today",
     "last-7-days": "Last 7 days",
+    "last-30-days": "Last 30 days",
     "month-to-date": "Month to date",
     "last-month": "Last month",
 }
@@ -33,6 +34,16 @@ _MONTH = re.compile(r"\d{4}-\d{2}", re.ASCII)
 
 class RangeError(ValueError):
     """A date range or month that cannot be read; the message says what is expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class RangeProblem:
+    """A range a page could not read: why, and what was typed (kept in the form, beside the message)."""
+
+    message: str
+    typed_from: str = ""
+    typed_to: str = ""
+    typed_range: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,8 @@ def preset_range(name: str, today: date) -> DateRange:
         return DateRange(today, today, name)
     if name == "last-7-days":
         return DateRange(today - timedelta(days=6), today, name)
+    if name == "last-30-days":
+        return DateRange(today - timedelta(days=29), today, name)
     if name == "month-to-date":
         return DateRange(today.replace(day=1), today, name)
     if name == "last-month":

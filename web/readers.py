@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from web.model import (
     Figures,
     Finance,
     FinancePeriod,
+    FinanceRange,
     Health,
     NotCharged,
     Period,
@@ -249,9 +251,16 @@ class BillingReader:
                 ad_lines.append(line)
         quarantined = {reason: int(n) for reason, n in sorted(next(results).items())}
 
+        # Unbilled clicks are counted per ad always, per advertiser only when the stream knew the ad's owner: an ad
+        # the catalog learnt later (an admin's new ad) counts under its ad alone. The advertiser's figure is the sum
+        # over its ads, so that the period's box and its ads table say the same.
+        wanted = [b.period for b in series] + ([period] if period is not None and period not in series_periods else [])
+        unbilled_of = self._unbilled_of_advertiser(wanted, advertiser_id)
+        series = [replace(b, unbilled=unbilled_of.get(b.period.key, UnbilledCounts())) for b in series]
         selected = next((bill for bill in series if period is not None and bill.period == period), None)
         if selected is None and period is not None:  # an old period, outside the chart's window
             selected = self._period_bill(period, "adv", advertiser_id)
+            selected = replace(selected, unbilled=unbilled_of.get(period.key, UnbilledCounts()))
         return Dashboard(
             advertiser_id=advertiser_id,
             currency=self.currency(advertiser_id),
@@ -479,6 +488,38 @@ class BillingReader:
                     lines.append(AdvertiserLine(advertiser_id, self.currency(advertiser_id), billed, not_charged))
         return Finance(period, periods, lines, self.exports(), self.last_audit())
 
+    def finance_range(self, start_ms: int, end_ms: int) -> FinanceRange:
+        """Every advertiser's figures over the periods that start in [start_ms, end_ms): the corrected bill (a
+        closed period's is its export's) and the clicks not charged; two round trips."""
+        periods = [p for p in self.periods() if start_ms <= p.start_ms < end_ms]
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.smembers(self.keys.period_advertisers(p.key))
+        members = pipe.execute() if periods else []
+        pipe = self.client.pipeline(transaction=False)
+        asked: list[str] = []
+        for p, who in zip(periods, members, strict=True):
+            for advertiser_id in sorted(who):
+                asked.append(advertiser_id)
+                self._queue_billed(pipe, p.key, "adv", advertiser_id)
+                self._queue_not_charged(pipe, p.key, "adv", advertiser_id)
+        results = iter(pipe.execute() if asked else [])
+        sums: dict[str, tuple[Billed, NotCharged]] = {}
+        for advertiser_id in asked:
+            billed = Billed(_figures(next(results)), _figures(next(results)))
+            not_charged = _not_charged(next(results))
+            was = sums.get(advertiser_id, (Billed(), NotCharged()))
+            sums[advertiser_id] = (
+                Billed(was[0].provisional + billed.provisional, was[0].corrections + billed.corrections),
+                was[1] + not_charged,
+            )
+        lines = [
+            AdvertiserLine(a, self.currency(a), billed, nc)
+            for a, (billed, nc) in sorted(sums.items())
+            if not (billed.is_zero and nc.is_zero)
+        ]
+        return FinanceRange(lines, len(periods), sum(1 for p in periods if not p.closed))
+
     def finance_periods(self, count: int = SERIES_PERIODS) -> list[FinancePeriod]:
         """The latest `count` periods, newest first, each with every advertiser's figures added up per currency
         and the reason the last reconciliation gave for holding it."""
@@ -603,6 +644,35 @@ class BillingReader:
             _reconciliation(last) if last else None,
             self._unbilled_lines(unbilled_ads),
         )
+
+    def _unbilled_of_advertiser(self, periods: Sequence[Period], advertiser_id: str) -> dict[str, UnbilledCounts]:
+        """The advertiser's unbilled clicks per period, summed over its ads (the catalog's owner of each ad, or the
+        owner the stream recorded): two round trips."""
+        if not periods:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for p in periods:
+            pipe.smembers(self.keys.unbilled_ads(p.key))
+        listed = pipe.execute()
+        catalog = self.catalog.get()
+        pipe = self.client.pipeline(transaction=False)
+        asked: list[tuple[str, str]] = []
+        for p, ads in zip(periods, listed, strict=True):
+            for ad_id in sorted(ads):
+                owner = catalog.advertiser_of(ad_id)
+                if owner in (None, advertiser_id):
+                    asked.append((p.key, ad_id))
+                    pipe.hmget(self.keys.unbilled(p.key, "ad", ad_id), *UNBILLED_REASONS)
+                    pipe.hget(self.keys.totals(p.key, "ad", ad_id), "advertiser")
+        results = iter(pipe.execute() if asked else [])
+        out: dict[str, UnbilledCounts] = {}
+        for key, ad_id in asked:
+            counts, recorded = _unbilled(next(results)), next(results)
+            if (catalog.advertiser_of(ad_id) or recorded) != advertiser_id:
+                continue  # an ad nobody can tell the owner of: the health page lists it
+            before = out.get(key, UnbilledCounts())
+            out[key] = UnbilledCounts(before.ad_paused + counts.ad_paused, before.unknown_ad + counts.unknown_ad)
+        return out
 
     def _unbilled_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[UnbilledLine]:
         """Each ad's unbilled clicks in each of the periods, with the ad's advertiser (from the catalog; empty for an

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from flask import current_app, g
 
+from billing.store.stream_offsets import LagReading
 from web.access import Principal
 from web.accounts import AccountsFile
 from web.cache import RecentResults
@@ -36,6 +37,8 @@ class Services:
     recent: RecentResults
     clock: Callable[[], int] = now_ms
     ready_batch_age_s: int = 60
+    kafka_lag: Callable[[], LagReading] | None = None
+    """The billing query's lag read from Kafka and its checkpoint now (the health page), None: not asked."""
 
 
 def services() -> Services:

@@ -10,7 +10,7 @@ from reportlab.lib.styles import getSampleStyleSheet
 from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
-from web.display import money, utc
+from web.display import money, plural, utc
 from web.statements import PROVISIONAL, Statement
 
 
@@ -46,8 +46,8 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
         ["", "Amount"],
         ["Charges, closed periods", money(statement.closed_micros, cur)],
         ["Adjustments booked this month", _signed(statement.adjustments_micros, cur)],
-        [f"Provisional, {statement.open_periods} open period(s)", money(statement.provisional_micros, cur)],
-        ["Total" + (" (provisional)" if statement.open_periods else ""), money(statement.total_micros, cur)],
+        [f"Provisional, {plural(statement.open_periods, 'open period')}", money(statement.provisional_micros, cur)],
+        ["Total" + (" (provisional)" if statement.provisional else ""), money(statement.total_micros, cur)],
     ]
     if statement.invalid_credits_micros:
         summary.insert(3, ["  of which invalid activity credits", _signed(statement.invalid_credits_micros, cur)])

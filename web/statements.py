@@ -70,6 +70,13 @@ class Statement:
     span: DateRange
     periods: list[PeriodCharges]
     days: list[DayLine] = field(default_factory=list)
+    month_open: bool = False
+    """The month has not ended yet: its figures are provisional whatever its periods say."""
+
+    @property
+    def provisional(self) -> bool:
+        """Whether a figure of the statement may still change: a period of it is open, or the month is not over."""
+        return self.month_open or self.open_periods > 0
 
     @property
     def closed_micros(self) -> int:
@@ -116,9 +123,15 @@ class Statement:
 
 
 def build_statement(
-    advertiser_id: str, currency: str, month: str, span: DateRange, periods: Iterable[PeriodCharges]
+    advertiser_id: str,
+    currency: str,
+    month: str,
+    span: DateRange,
+    periods: Iterable[PeriodCharges],
+    now_ms: int | None = None,
 ) -> Statement:
-    """The statement of the month from its periods (any order), with one line per day that has any."""
+    """The statement of the month from its periods (any order), with one line per day that has any; with `now_ms`,
+    a month not over yet is provisional whatever its periods say."""
     ordered = sorted(periods, key=lambda p: p.start_ms)
     days: dict[str, DayLine] = {}
     for p in ordered:
@@ -132,7 +145,8 @@ def build_statement(
             d.adjustments_micros + p.adjustments_micros,
             d.provisional_micros + (p.charges_micros if p.status == PROVISIONAL else 0),
         )
-    return Statement(advertiser_id, currency, month, span, ordered, [days[k] for k in sorted(days)])
+    month_open = now_ms is not None and now_ms < span.end_ms
+    return Statement(advertiser_id, currency, month, span, ordered, [days[k] for k in sorted(days)], month_open)
 
 
 CSV_COLUMNS = (
@@ -186,7 +200,7 @@ def statement_csv(statement: Statement) -> str:
             safe_cell(statement.advertiser_id),
             statement.month,
             "TOTAL",
-            PROVISIONAL if statement.open_periods else CLOSED,
+            PROVISIONAL if statement.provisional else CLOSED,
             statement.clicks,
             statement.closed_micros + statement.provisional_micros,
             statement.adjustments_micros,

@@ -18,6 +18,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from billing.budgets import day_start, utc_day
+from billing.money import format_micros
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals, TotalsRow
@@ -108,7 +109,7 @@ def test_admin_keeps_the_ip_exclusion_list_and_a_budget_and_the_advertiser_sees_
     # The campaign's daily budget: exactly what today has charged, so the campaign is capped.
     budget = CHARGED * price
     browser.get(f"{served.base_url}/catalog/campaigns/{ad.campaign_id}")
-    fill(browser, "budget-micros", str(budget))
+    fill(browser, "budget-amount", format_micros(budget))  # in euros, to the micro
     browser.find_element(By.ID, "budget-submit").click()
     wait(browser, lambda d: "made=" in d.current_url)
     assert browser.find_element(By.ID, "budget-now").text == display.money(budget, "EUR")

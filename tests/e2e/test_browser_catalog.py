@@ -77,19 +77,22 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
         ("new-campaign-id", campaign),
         ("new-advertiser-id", OWN),
         ("new-currency", "EUR"),
-        ("new-cpc-micros", "250000"),
+        ("new-price", "0.25"),  # typed in euros, as people write prices
     ]:
         fill(browser, field, value)
+    # The form says what will be stored, exactly, before it is sent.
+    wait(browser, lambda d: d.find_element(By.ID, "new-price-micros").text == "= 250,000 micros stored")
     browser.find_element(By.ID, "create-submit").click()
     wait(browser, lambda d: "/catalog/ads/spring-sale-1" in d.current_url)
     assert "Change made" in browser.find_element(By.ID, "catalog-done").text
+    assert browser.find_element(By.ID, "stored-micros").text == "250,000 micros"
     assert browser.find_element(By.ID, "price-now").text == PRICE
     ad = CatalogStore(catalog_file).current()["spring-sale-1"]
     assert (ad.advertiser_id, ad.campaign_id, ad.price_at(time.time_ns() // 1_000_000)) == (OWN, campaign, 250_000)
 
     # A price an hour from now, typed as the form's UTC time.
     planned = (time.time_ns() // 1_000_000 + HOUR_MS) // 1000 * 1000
-    fill(browser, "set-cpc-micros", "1250000")
+    fill(browser, "set-price-amount", "1.25")
     fill(browser, "set-effective-from", datetime.fromtimestamp(planned / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     browser.find_element(By.ID, "set-submit").click()
     wait(browser, lambda d: "made=" in d.current_url and RAISED in d.find_element(By.ID, "next-change").text)
@@ -104,10 +107,15 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
 
     # A negative price is refused with the command line's message; the catalog does not change.
     before = catalog_file.read_bytes()
-    fill(browser, "set-cpc-micros", "-5")
+    fill(browser, "set-price-amount", "-0.50")
     browser.find_element(By.ID, "set-submit").click()
     wait(browser, lambda d: d.find_elements(By.ID, "catalog-error"))
-    assert browser.find_element(By.ID, "catalog-error").text == "a price must not be negative, got -5"
+    assert browser.find_element(By.ID, "catalog-error").text == "a price must not be negative, got -500000"
+    # And one finer than the micro: never rounded, refused.
+    fill(browser, "set-price-amount", "0.1234567")
+    assert browser.find_element(By.ID, "set-price-micros").text == "not an amount with at most 6 decimals"
+    browser.find_element(By.ID, "set-submit").click()
+    wait(browser, lambda d: "0.1234567" in d.find_element(By.ID, "catalog-error").text)
     assert catalog_file.read_bytes() == before
     shoot_at(browser, screens, WIDE, "refused")
 

@@ -126,9 +126,10 @@ def api_figures(settings: Settings, catalog, periods: list[str]) -> dict:  # typ
 
 
 def _without_wall_clock(doc):  # type: ignore[no-untyped-def]
-    """`doc` without the figures that follow the wall clock (how long ago data was billed, a run finished)."""
+    """`doc` without the figures that follow the wall clock (how long ago data was billed, a run finished, what Kafka
+    holds now)."""
     if isinstance(doc, dict):
-        return {k: _without_wall_clock(v) for k, v in doc.items() if k not in ("freshness", "status")}
+        return {k: _without_wall_clock(v) for k, v in doc.items() if k not in ("freshness", "status", "kafka")}
     if isinstance(doc, list):
         return [_without_wall_clock(v) for v in doc]
     return doc

@@ -18,7 +18,7 @@ import fastavro
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from billing.catalog import Catalog
+from billing.catalog import AdChange, Catalog
 from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
 from billing.schemas import schema_text
@@ -27,6 +27,7 @@ from billing.store.schema_registry import open_registry
 from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
 from ops.settings import Settings
+from ops.stack import ensure_catalog
 from producers.capture import BudgetLine, ExclusionLine, capture_line
 from producers.publisher import DEPLOYED_FIELD, apply_to_store, replay_to_kafka, simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator, simulate, system_clock_ms
@@ -297,8 +298,16 @@ def test_a_run_with_invalid_traffic_and_budgets_makes_them_in_the_pipelines_cata
 def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Settings, tmp_path: Path):
     """`adbill up`'s own traffic command, run for a few seconds: what reaches Kafka carries event times of now."""
     command = [sys.executable, "-m", "ops.cli", *_traffic_args(settings)]
-    assert "--live" in command
+    assert "--live" in command and "--follow-catalog" in command
     env = child_env(settings)
+    # The stack's catalog, and an ad an admin created in it before the traffic started: the traffic follows the
+    # catalog as it is, so the admin's ad gets its share.
+    ensure_catalog(settings)
+    store = CatalogStore(settings.catalog_file)
+    first = next(iter(store.current()))
+    store.change(
+        AdChange("admin-ad", 0, 750_000, first.campaign_id, first.advertiser_id, first.currency), backfill=True
+    )
     log_path = tmp_path / "traffic.log"
     consumer = Consumer(
         {
@@ -366,11 +375,16 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
     assert max(lags) < 10_000, max(lags)
     assert statistics.median(lags) < 1_000, statistics.median(lags)
 
-    # The content is the seed's: the first records of the same run, simulated again, byte for byte.
+    # The content is the seed's: the first records of the same run, simulated again over the same catalog (the run's
+    # own changes start a minute in), byte for byte; the admin's ad among them.
     serializer = EventSerializer(registry)
-    again = islice(Simulator(config).arrivals(), len(received))
+    ads = sorted(load_catalog(settings.catalog_file).ad_ids)
+    assert "admin-ad" in ads
+    again = islice(Simulator(config).arrivals(lambda t: ads), len(received))
     expected = [a.item.value if isinstance(a.item, RawRecord) else serializer.serialize(a.item) for a in again]
     assert Counter(value for value, *_ in received) == Counter(expected)
+    admin_events = [a for a in islice(Simulator(config).arrivals(lambda t: ads), len(received)) if a.event]
+    assert any(a.event.ad_id == "admin-ad" for a in admin_events), "the admin's ad got traffic"
 
 
 def test_replay_registers_a_schema_line_and_writes_its_subjects_events_with_it(settings: Settings, tmp_path: Path):

@@ -25,6 +25,7 @@ from billing.periods import Periods
 from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
+from billing.store.invoice_files import InvoiceFiles
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.reconciling import reconcile_config
@@ -190,6 +191,17 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         rc = reconcile_config(settings)
         report = run_closing(spark, rc, catalog, until_ms=UNTIL)
         assert report.closed == [P0, P1]
+        # Every period of January that holds data is closed (the clock is past its end and horizon): the run that
+        # closed the last one issued January's invoices, each adding up to its advertiser's exports to the micro.
+        book = InvoiceFiles(settings.layout)
+        assert report.invoices and report.invoices[0].startswith("invoices of 2026-01: "), report.invoices
+        invoiced = {i.advertiser_id: i.totals.net_micros for i in book.invoices_in("2026-01")}
+        exported_net: dict[str, int] = defaultdict(int)
+        for period in (P0, P1):
+            for row in read_export(export_folder(settings.root, period)).to_pylist():
+                exported_net[row["advertiser_id"]] += row["net_micros"]
+        assert invoiced == dict(exported_net) and sorted(book.numbers()) == list(range(1, len(invoiced) + 1))
+        january = {i.advertiser_id: i.to_json() for i in book.invoices_in("2026-01")}
         every = corrections(settings)
         reasons = Counter(c.reason for c in every)
         assert reasons["late_click"] + reasons["late_impression"] > 0, reasons
@@ -255,6 +267,8 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
             (P0, open_period, ad.cpc_micros, "late_click")
         ]
         assert totals.corrections_of(open_period, "adv", ad.advertiser_id).micros == ad.cpc_micros
+        # January is invoiced: its invoices do not change; the adjustment is booked in the open month, for its invoice.
+        assert {i.advertiser_id: i.to_json() for i in book.invoices_in("2026-01")} == january
     finally:
         for query in queries:
             query.stop()

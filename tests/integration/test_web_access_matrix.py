@@ -30,12 +30,18 @@ from flask.testing import FlaskClient
 from billing.budgets import day_start, utc_day
 from billing.catalog import FORMAT, Ad, BudgetSetting, Catalog, MadeBy
 from billing.corrections import Correction, CorrectionKind
+from billing.invoices import issue_month
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore
+from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
+from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow
+from billing.store.stream_offsets import LagReading
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.conftest import DEPS_DIR
+from tests.invoice_month import MONTH as INVOICED
+from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
 from tests.web_support import (
     ACCOUNTS,
@@ -123,7 +129,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         CatalogStore(settings.catalog_file).change(
             BudgetSetting(ad.campaign_id, 0, PLANTED_BUDGETS[n], MadeBy("ada", "command")), backfill=True
         )
-    app = create_app(settings)
+    lag = LagReading({"clicks": 0, "impressions": 0}, True, 0)  # Kafka's own figures: test_web_health_lag
+    app = create_app(settings, kafka_lag=lambda: lag)
     clients = {"anonymous": app.test_client()}
     for name in ACCOUNTS:
         clients[name] = app.test_client()
@@ -132,6 +139,15 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
     assert len(exports) == 2
     for advertiser in (OWN, OTHER, THIRD):  # a click of each, whose story the click routes tell
         ids[advertiser]["click"] = plant_exported_click(settings.root, exports[-1], advertiser)
+    # December closed on files and invoiced: adv-0000's and adv-0001's invoices (adv-0002 has none).
+    write_closed_month(settings.layout, seeded.catalog, OWN, OTHER)
+    issue_month(
+        InvoiceFiles(settings.layout),
+        ExportInvoiceSource(settings.layout),
+        ProfileFile(settings.layout.billing_profiles_file).current(),
+        INVOICED,
+        lambda: 1_767_250_000_000,
+    )
     store = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)
@@ -188,11 +204,39 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
         }
         | catalog_get_routes(world, adv)
         | story_get_routes(world, adv)
+        | invoice_get_routes(adv)
     )
+
+
+def invoice_get_routes(adv: str) -> dict[str, str]:
+    """The monthly invoices and the billing profiles: an advertiser's invoices its own, finance's month of every
+    advertiser's, the profiles for finance and admin."""
+    return {
+        "/advertisers/<advertiser_id>/invoices": f"/advertisers/{adv}/invoices",
+        "/advertisers/<advertiser_id>/invoices/<month>": f"/advertisers/{adv}/invoices/{INVOICED}",
+        "/advertisers/<advertiser_id>/invoices/<month>/invoice.csv": (
+            f"/advertisers/{adv}/invoices/{INVOICED}/invoice.csv"
+        ),
+        "/advertisers/<advertiser_id>/invoices/<month>/invoice.pdf": (
+            f"/advertisers/{adv}/invoices/{INVOICED}/invoice.pdf"
+        ),
+        "/api/v1/advertisers/<advertiser_id>/invoices": f"/api/v1/advertisers/{adv}/invoices",
+        "/api/v1/advertisers/<advertiser_id>/invoices/<month>": f"/api/v1/advertisers/{adv}/invoices/{INVOICED}",
+        "/finance/invoices": f"/finance/invoices?month={INVOICED}",
+        "/finance/months/<month>/advertisers.csv": "/finance/months/2026-01/advertisers.csv",
+        "/api/v1/finance/invoices": f"/api/v1/finance/invoices?month={INVOICED}",
+        "/billing-profiles": "/billing-profiles",
+        "/billing-profiles/<advertiser_id>": f"/billing-profiles/{adv}",
+    }
 
 
 PUBLIC = {"/login", "/static/<path:filename>", "/api/v1/openapi.json", "/healthz", "/metrics"}
 FINANCE = {
+    "/finance/invoices",
+    "/finance/months/<month>/advertisers.csv",
+    "/api/v1/finance/invoices",
+    "/billing-profiles",
+    "/billing-profiles/<advertiser_id>",
     "/finance",
     "/finance/months/<month>/billing.csv",
     "/exports/<period>/<name>",
@@ -313,7 +357,11 @@ def figures_of(world: World, advertiser: str) -> set[str]:
 
 def test_advertiser_sees_its_own_things_and_gets_404_for_the_same_kind_of_another(world: World) -> None:
     bob = world.clients["bob"]
-    mine = [u for r, u in get_routes(world, OTHER).items() if "<advertiser_id>" in r or r in CLICK_ROUTES]
+    mine = [
+        u
+        for r, u in get_routes(world, OTHER).items()
+        if ("<advertiser_id>" in r and r not in FINANCE) or r in CLICK_ROUTES
+    ]
     assert all(bob.get(u).status_code == 200 for u in mine)
     assert all(world.clients["alice"].get(u).status_code == 404 for u in mine)
 
@@ -485,6 +533,8 @@ CATALOG_POST_ROUTES = {
     "/api/v1/catalog/ip-exclusions": (
         "/api/v1/catalog/ip-exclusions", {"cidr": "2001:db8::/32", "excluded": True, "effective_from": FAR_AHEAD_MS}
     ),
+    "/catalog/ads/<ad_id>/name": ("/catalog/ads/matrix-page-ad/name", {"name": "Spring sale, banner"}),
+    "/catalog/campaigns/<campaign_id>/name": ("/catalog/campaigns/matrix-cmp/name", {"name": "Spring sale"}),
 }  # fmt: skip
 API_CREATE = {"ad_id": "matrix-api-ad", "campaign_id": "matrix-cmp", "advertiser_id": OWN, "currency": "EUR",
               "cpc_micros": 5, "effective_from": FAR_AHEAD_MS}  # fmt: skip
@@ -776,3 +826,36 @@ def test_a_click_never_received_says_so_to_finance_and_admin_and_is_404_to_an_ad
         .headers["Location"]
         .endswith(f"/clicks/{world.ids[OWN]['click']}")
     )
+
+
+# Invoices and billing profiles -------------------------------------------------------------------------------------
+def test_an_advertiser_sees_only_its_own_invoices_and_another_s_answers_like_none(world: World) -> None:
+    alice = world.clients["alice"]
+    listed = alice.get(f"/api/v1/advertisers/{OWN}/invoices").json["invoices"]
+    assert [(i["label"], i["advertiser_id"]) for i in listed] == [("INV-000001", OWN)]
+    for forbidden, missing in [
+        (f"/advertisers/{OTHER}/invoices/{INVOICED}", "/advertisers/adv-9999/invoices/2025-12"),
+        (f"/advertisers/{OTHER}/invoices/{INVOICED}/invoice.pdf", "/advertisers/adv-9999/invoices/2025-12/invoice.pdf"),
+        (f"/api/v1/advertisers/{OTHER}/invoices/{INVOICED}", "/api/v1/advertisers/adv-9999/invoices/2025-12"),
+        (f"/api/v1/advertisers/{OTHER}/invoices", "/api/v1/advertisers/adv-9999/invoices"),
+        (f"/billing-profiles/{OTHER}", "/billing-profiles/adv-9999"),
+        ("/finance/invoices", "/finance/no-such-page"),
+    ]:
+        a, b = alice.get(forbidden), alice.get(missing)
+        assert (a.status_code, a.get_data()) == (b.status_code, b.get_data()) and a.status_code == 404, forbidden
+    # An invoice that was never issued (THIRD had no December activity) is 404 for finance too.
+    assert world.clients["fiona"].get(f"/advertisers/{THIRD}/invoices/{INVOICED}").status_code == 404
+    assert world.clients["fiona"].get(f"/advertisers/{OTHER}/invoices/{INVOICED}").status_code == 200
+
+
+@pytest.mark.parametrize("actor", ACTORS)
+def test_only_an_admin_sets_a_billing_profile(world: World, actor: str) -> None:
+    client = world.clients[actor]
+    token = form_token(client.get("/", follow_redirects=True).text) if actor != "anonymous" else ""
+    fields = {"name": f"Matrix {actor}", "address": "1 Test St", "tax_id": "", "tax_rate": "0"}
+    response = client.post(f"/billing-profiles/{THIRD}", data={**fields, "effective_from": "", "csrf_token": token})
+    want = 400 if actor == "anonymous" else 303 if actor == "ada" else 404
+    assert response.status_code == want, (actor, response.status_code)
+    profiles = ProfileFile(world.seeded.settings.layout.billing_profiles_file).current()
+    names = {p.name for p in profiles.history(THIRD)}
+    assert (f"Matrix {actor}" in names) == (actor == "ada")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -308,3 +308,29 @@ def test_a_release_into_a_batch_a_closed_period_has_seen_takes_it_up_again_even_
         "20260101T0200Z",
     )
     assert run(memory).periods == [], "taken up once"
+
+
+def test_an_export_says_when_its_period_closed_not_when_the_run_started() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    ticks = iter(range(PAST_HORIZON, PAST_HORIZON + 1_000_000, 7_000))  # each look at the clock, 7 s later
+    ports = replace(memory.ports(PAST_HORIZON), clock=lambda: next(ticks))
+    report = close_periods(ports, Periods(H), 15 * 60_000)
+    closed_at = memory.exports[PERIOD][1]
+    assert closed_at > report.started_at_ms and memory.states[PERIOD].closed_at_ms == closed_at
+
+
+def test_the_run_that_closes_a_months_last_period_has_its_invoices_issued() -> None:
+    memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
+    asked: list[tuple[dict[str, int], dict[str, PeriodState]]] = []
+
+    def invoices(versions: Mapping[str, int], states: Mapping[str, PeriodState], now_ms: int) -> list[str]:
+        asked.append((dict(versions), dict(states)))
+        return ["invoices of 2026-01: 1 issued (INV-000001)"]
+
+    ports = replace(memory.ports(PAST_HORIZON), invoices=invoices)
+    report = close_periods(ports, Periods(H), 15 * 60_000)
+    assert report.invoices == ["invoices of 2026-01: 1 issued (INV-000001)"]
+    assert asked and asked[0][1][PERIOD].closed, "asked once the period is closed"
+    assert report.record()["invoices"] == report.invoices
+    close_periods(ports, Periods(H), 15 * 60_000)  # nothing due: asked again all the same (an earlier one failed)
+    assert len(asked) == 2

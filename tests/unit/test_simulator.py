@@ -680,3 +680,66 @@ def test_the_invalid_traffic_is_deterministic_and_counted(invalid_run, tmp_path)
     # The expected rate counts the invalid traffic in: a duration run sends about what it says.
     timed = replace(INVALID, events=None, duration_s=60.0)
     assert len(arrivals_of(timed)) == pytest.approx(timed.expected_arrivals(), rel=0.1)
+
+
+# --- Traffic that follows the catalog as it is (the local stack's) ---------------------------------------
+
+
+def test_traffic_that_follows_the_catalog_goes_to_an_ad_an_admin_created() -> None:
+    """An admin creates an ad while the run goes: from then on the ad gets impressions and clicks."""
+    from billing.catalog import AdChange
+    from producers.simulator import CatalogFollower
+
+    config = replace(BUSY, events=6_000, bad_fraction=0.0)
+    simulator = Simulator(config, clock)
+    base = simulator.catalog
+    ad = next(iter(base))
+    with_new = base.with_change(
+        AdChange("admin-ad", NOW_MS, 500_000, ad.campaign_id, ad.advertiser_id, ad.currency), NOW_MS
+    )
+    created_at = simulator.start_ms + 20_000
+    asked: list[int] = []
+
+    def current() -> object:
+        asked.append(1)
+        return with_new if current.now >= created_at else base  # type: ignore[attr-defined]
+
+    follower = CatalogFollower(current)  # type: ignore[arg-type]
+
+    def ads_at(event_time: int) -> list[str]:
+        current.now = event_time  # type: ignore[attr-defined]
+        return list(follower(event_time))
+
+    arrivals = list(simulator.arrivals(ads_at))
+    events = [a.event for a in arrivals if a.event is not None]
+    on_new = [e for e in events if e.ad_id == "admin-ad"]
+    assert on_new and all(e.event_time >= created_at for e in on_new if isinstance(e, Impression))
+    assert any(isinstance(e, Click) for e in on_new)
+    span_s = (events[-1].event_time - events[0].event_time) / 1000
+    assert len(asked) <= span_s + 2, "the catalog is read at most once a second of event time"
+
+
+def test_a_run_that_follows_the_catalog_leaves_alone_what_someone_else_changed() -> None:
+    from billing.catalog import AdChange, MadeBy
+    from producers.capture import BudgetLine, CatalogLine, ExclusionLine
+    from producers.simulator import RunEdits
+
+    catalog = Simulator(BUSY, clock).catalog
+    ads = sorted(catalog.ad_ids)
+    edits = RunEdits(catalog.version)
+    # The run's own change: made; and after it the ad is still the run's to change.
+    own = catalog.with_change(AdChange(ads[0], NOW_MS + 1, 1_000), NOW_MS)
+    assert edits.leaves_alone(catalog, CatalogLine(AdChange(ads[0], NOW_MS + 1, 1_000))) is None
+    edits.made(own)
+    assert edits.leaves_alone(own, CatalogLine(AdChange(ads[0], NOW_MS + 2, 2_000))) is None
+    # An admin re-prices another ad meanwhile: the run leaves that ad alone from then on.
+    admin = own.with_change(AdChange(ads[1], NOW_MS + 5, 9_990_000), NOW_MS)
+    assert "changed by someone else" in (edits.leaves_alone(admin, CatalogLine(AdChange(ads[1], NOW_MS + 9, 1))) or "")
+    assert edits.leaves_alone(admin, CatalogLine(AdChange(ads[2], NOW_MS + 9, 1))) is None
+    # A budget or a range whose entry says a person made it, whenever: left alone too.
+    campaign = catalog[ads[0]].campaign_id
+    budgeted = admin.with_budget(campaign, NOW_MS, 5_000_000, NOW_MS, made_by=MadeBy("ada", "page"))
+    assert edits.leaves_alone(budgeted, BudgetLine(campaign, NOW_MS + 9, 1_000_000))
+    excluded = budgeted.with_exclusion("198.51.100.0/24", NOW_MS, True, NOW_MS, made_by=MadeBy("ada", "command"))
+    assert edits.leaves_alone(excluded, ExclusionLine("198.51.100.0/24", NOW_MS + 9, False))
+    assert edits.leaves_alone(excluded, ExclusionLine("203.0.113.0/24", NOW_MS + 9, True)) is None

@@ -142,7 +142,11 @@ function svgElement(name, attributes, text) {
 // Bars: corrected spend per period; line: provisional spend. Heights are proportional to micros.
 function drawChart(svg, series, currency) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
-  const width = 760, height = 260, left = 110, right = 10, top = 12, bottom = 34;
+  // Drawn at the width it is shown at, so that its labels are the page's size on a phone as on a desktop.
+  const width = Math.round(Math.min(760, Math.max(300, svg.clientWidth || 760)));
+  const height = 260, left = width < 500 ? 78 : 110, right = 10, top = 12, bottom = 34;
+  svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+  const axisLabel = (key) => (width < 500 ? periodLabel(key).slice(5, 16) : periodLabel(key));
   const plotW = width - left - right, plotH = height - top - bottom;
   svg.setAttribute("data-points", String(series.length));
   if (series.length === 0) {
@@ -176,10 +180,10 @@ function drawChart(svg, series, currency) {
   });
   svg.appendChild(bars);
   svg.appendChild(svgElement("polyline", { points: points.join(" "), class: "provisional-line" }));
-  svg.appendChild(svgElement("text", { x: left, y: height - 10, class: "axis" }, periodLabel(series[0].period)));
+  svg.appendChild(svgElement("text", { x: left, y: height - 10, class: "axis" }, axisLabel(series[0].period)));
   if (series.length > 1) { // one period has one label, not the same one twice
     svg.appendChild(svgElement("text", { x: width - right, y: height - 10, "text-anchor": "end", class: "axis" },
-      periodLabel(series[series.length - 1].period)));
+      axisLabel(series[series.length - 1].period)));
   }
 }
 

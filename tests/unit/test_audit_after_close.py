@@ -1,0 +1,35 @@
+"""`adbill reconcile --every` (in `adbill up`) runs the audit after each run that closed a period, so that finance's
+page says the books are proven; a failing audit is said and the schedule goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import attribution.audit
+from attribution.audit import PeriodAudit
+from ops.reconciling import audit_after_run, reconcile_config
+from ops.settings import Settings
+
+
+def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings.from_env({}, home=tmp_path)
+    (tmp_path / "catalog.json").write_text('{"format": 2, "ads": []}')
+    recorded: list[list[PeriodAudit]] = []
+    balanced = PeriodAudit("20260101T0000Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
+    monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: [balanced])
+    monkeypatch.setattr(attribution.audit, "record", lambda config, audits: recorded.append(audits))
+    audit_after_run(object(), settings, reconcile_config(settings))
+    assert recorded == [[balanced]]
+    assert "all 1 period(s) balance" in capsys.readouterr().out
+
+    def broken(*args: Any) -> list[PeriodAudit]:
+        raise RuntimeError("Spark went away")
+
+    monkeypatch.setattr(attribution.audit, "audit", broken)
+    audit_after_run(object(), settings, reconcile_config(settings))  # said, not raised
+    assert "the audit after the run failed: Spark went away" in capsys.readouterr().err
