@@ -23,6 +23,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -138,7 +139,9 @@ def log_in(
 
 
 def wait(driver: WebDriver, until: Callable[[WebDriver], object], timeout_s: float = 15) -> None:
-    WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(until)
+    """Poll `until`; an element of the page being replaced (a form just sent) is read again on the next poll."""
+    passing = (NoSuchElementException, StaleElementReferenceException)
+    WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=passing).until(until)
 
 
 def corrected(seeded: Seeded, period: str, level: str, ident: str) -> tuple[int, int]:
