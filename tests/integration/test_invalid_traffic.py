@@ -78,6 +78,12 @@ def charged(settings: Settings) -> set[str]:
     return set(read_ledger(settings.root / "ledger")["click_id"].to_pylist())
 
 
+def stream_rows(settings: Settings) -> list[tuple[str, int, str, int]]:
+    """(click, micros, ad, batch) of the stream's ledger."""
+    table = read_ledger(settings.root / "ledger")
+    return list(zip(*(table[c].to_pylist() for c in ("click_id", "amount_micros", "ad_id", "batch_id")), strict=True))
+
+
 def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation_corrects_it_exactly(
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
@@ -305,9 +311,9 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
     assert passed == []
 
     truth = {json.loads(line)["click_id"]: json.loads(line) for line in (run_dir / "billable.jsonl").open()}
-    refused = {
-        json.loads(line)["click_id"]: json.loads(line)["reason"] for line in (run_dir / "not_charged.jsonl").open()
-    }
+    refused_rows = [json.loads(line) for line in (run_dir / "not_charged.jsonl").open()]
+    refused = {row["click_id"]: row["reason"] for row in refused_rows}
+    ad_of = {**{row["click_id"]: row["ad_id"] for row in refused_rows}, **{c: r["ad_id"] for c, r in truth.items()}}
     made = {a.event.event_id: a.made for a in Simulator(config).arrivals() if a.event is not None and a.made}
     live = charged(settings)
     # No click made by a crawler, nor from a range excluded at its time, is ever charged by the stream.
@@ -325,7 +331,22 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
     )
 
     rc = reconcile_config(settings)
+    live_charged = {c: micros for c, micros, _, _ in stream_rows(settings)}
     run_closing(spark, rc, history, until_ms=T0 + 3 * H, force=True)
     assert final_ledger(settings) == {c: row["amount_micros"] for c, row in truth.items()}
     audits = audit(spark, rc, history)
     assert audits and all(a.balanced for a in audits), audit_table(audits)
+    # Per budgeted campaign and day: charged (live, final, the truth) and over budget (the truth's), and the budget.
+    final = final_ledger(settings)
+    campaign_of = {click: history[ad].campaign_id for click, ad in ad_of.items()}
+    for campaign, entries in sorted(budgeted.items()):
+
+        def total(charges: dict[str, int], campaign: str = campaign) -> int:
+            return sum(micros for click, micros in charges.items() if campaign_of[click] == campaign)
+
+        over = sum(1 for c, r in refused.items() if r == "over_budget" and campaign_of[c] == campaign)
+        print(
+            f"{campaign}: budgets {[b.daily_budget_micros for b in entries]}; charged live {total(live_charged)}, "
+            f"final {total(final)}, truth {total({c: r['amount_micros'] for c, r in truth.items()})}; "
+            f"{over} clicks over budget"
+        )
