@@ -95,10 +95,10 @@ BILL_COLUMNS = (
     "impression_time",
     "click_received_ms",
     "ip",
-    "known_bot",
+    "user_agent",
 )
 """A matched click as the job hands it to the sink: `attribution.join.MATCH_COLUMNS` (without its timestamp), the
-click's `ip`, and whether its user agent is a known crawler's (`known_bot`, matched in the JVM)."""
+click's `ip` and `user_agent` (matched against the crawler list by the driver's charging step)."""
 
 CLICK_KEYS = ("click_id", "ad_id", "user_id", "event_time")
 """What the invalid traffic rules read of every valid click (`attribution.charging.CLICK_KEY_COLUMNS`)."""
@@ -283,7 +283,7 @@ FIGURES = pa.schema(
         ("impression_time", pa.int64()),
         ("click_received_ms", pa.int64()),
         ("ip", pa.string()),
-        ("known_bot", pa.bool_()),
+        ("user_agent", pa.string()),
     ]
 )
 """What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `late` and

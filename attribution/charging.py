@@ -2,16 +2,18 @@
 traffic rules and held to its campaign's daily budget, then written as the ledger (charged), `unbilled/` (no price)
 and `not_charged/` (an invalid traffic rule, `over_budget`). Pure pyarrow and Python over the batch's bills: no Spark.
 
-In: the batch's matched clicks (`attribution.join.MATCH_COLUMNS` with the click's `ip` and `known_bot`, which the
-JVM matched against the crawler list: `attribution.invalid`), the batch's valid clicks (`click_id`, `ad_id`,
+In: the batch's matched clicks (`attribution.join.MATCH_COLUMNS` with the click's `ip` and `user_agent`), the batch's
+valid clicks (`click_id`, `ad_id`,
 `user_id`, `event_time`), the catalog version the batch is priced with, the watermark the batch ran with, and each
 campaign's charged total per UTC day so far (Redis). Out: `Charged`: the tables to write and the figures for Redis.
 
-- **Invalid traffic.** `known_bot` comes with the row; `excluded_ip` is the catalog's exclusion list at the click's
-  time; `click_flood` and `duplicate_click` read the user's recent clicks (`RecentClicks`: every valid click the
-  stream received, by user, kept while the watermark allows a bill to need it, evicted behind it). The stream judges
-  with what it has received so far: a flood's first clicks, billed before the 21st arrived, and a click whose earlier
-  twin arrives late are charged, and reconciliation retracts them (the rule's name as the reason).
+- **Invalid traffic.** `known_bot`: the crawler list searched once per distinct user agent, its answer remembered
+  (`billing.store.crawler_list`; traffic repeats its user agents, and a new one costs about 50 us); `excluded_ip`:
+  the catalog's exclusion list at the click's time; `click_flood` and `duplicate_click` read the user's recent
+  clicks (`RecentClicks`: every valid click the stream received, by user, kept while the watermark allows a bill to
+  need it, evicted behind it). The stream judges with what it has received so far: a flood's first clicks, billed
+  before the 21st arrived, and a click whose earlier twin arrives late are charged, and reconciliation retracts them
+  (the rule's name as the reason).
 - **Budgets.** The valid clicks are taken in order of event time, then click id, each charged when its day's total
   so far plus its price fits the budget in force at its time (`billing.budgets.BudgetLedger`), so the live totals
   never pass a budget.
@@ -41,6 +43,7 @@ from billing.catalog import Catalog
 from billing.invalid import IvtRules, first_reason, flood_clicks
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow, UnbilledCount
@@ -189,13 +192,14 @@ class Charging:
     def _decide(self, rows: list[dict], catalog: Catalog, day_totals: DayTotals) -> dict[str, str]:  # type: ignore[type-arg]
         decisions: dict[str, str] = {}
         valid: list[Candidate] = []
+        crawlers = crawler_list()
         for row in sorted(rows, key=lambda r: (r["click_time"], r["click_id"])):
             at = row["click_time"]
             if not self.judge:
                 valid.append(Candidate(row["click_id"], row["campaign_id"], at, row["amount_micros"]))
                 continue
             reason = first_reason(
-                bot=bool(row.get("known_bot")),
+                bot=crawlers.matches(row.get("user_agent")),
                 excluded=catalog.exclusions.excluding(row.get("ip"), at) is not None,
                 flood=self.recent.flood(row["user_id"], at, row["click_id"]),
                 duplicate=self.recent.duplicate(row["user_id"], row["ad_id"], at, row["click_id"]),

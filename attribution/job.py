@@ -57,7 +57,6 @@ from attribution.charging import Charging
 from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
-from attribution.invalid import known_bot
 from attribution.job_lock import JobLock, JobLockedError
 from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, watermarked
 from attribution.progress import Heartbeat
@@ -171,9 +170,9 @@ def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
         _billed_live(_observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config), config),
         carry=("user_agent", "ip"),
     )
-    # The crawler list is matched here, in the JVM, on the matched clicks only (attribution.invalid).
-    bot = known_bot(F.col("user_agent")) if config.judge_invalid else F.lit(False)
-    bills = bills.withColumn("known_bot", bot).drop("click_ts", "user_agent")
+    # The crawler list is matched on the driver, once per distinct user agent (attribution.charging): in the JVM
+    # each matched click's text was searched again, a fifth of the job's CPU at 20,000 events/s.
+    bills = bills.drop("click_ts")
     # One branch carries every record, valid or not, so each topic is read twice per batch (join, intake),
     # not three times.
     intake = _as_received(impressions, "impression", "impression_id").unionByName(

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 FILE_SYSTEM_CHECKPOINTS = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 JOIN_STATE_FORMAT = "spark.sql.streaming.join.stateFormatVersion"
 """The format of a stream-stream join's state in a new checkpoint (Spark's default: 2). Spark records it in the
@@ -85,7 +86,7 @@ def build_spark(
         "true",
     )
     if rocksdb_state:
-        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        builder = builder.config(STATE_STORE_PROVIDER, ROCKSDB_PROVIDER)
     for key, value in join_state_conf(join_state_format).items():
         builder = builder.config(key, value)
     if local_dir is not None:

@@ -81,13 +81,15 @@ def spark_jars() -> list[Path]:
 def spark(
     spark_jars: list[Path], tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[SparkSession]:
-    """One local Spark (2 cores, 2 shuffle partitions) with the Kafka and Avro connectors, for the session."""
+    """One local Spark (2 cores, 2 shuffle partitions) with the Kafka and Avro connectors, for the session; a new
+    checkpoint's state in the store the product's settings give (ADBILL_STATE_STORE, in memory by default)."""
     session = build_spark(
         "adbill-tests",
         "local[2]",
         spark_jars,
         shuffle_partitions=2,
         local_dir=tmp_path_factory.mktemp("spark-local"),
+        rocksdb_state=Settings.from_env().state_store == "rocksdb",
         # Loopback only: by default the driver listens on the address the host name resolves to.
         extra_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"},
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from importlib.metadata import version
 from typing import Any
 
@@ -37,9 +37,15 @@ class CrawlerList:
         return "|".join(self.patterns)
 
     def matches(self, user_agent: str | None) -> bool:
-        """Whether `user_agent` is a known crawler's (None: no user agent, no match). A search through all patterns
-        takes about a millisecond, so each text's answer is remembered (traffic repeats its user agents)."""
-        return user_agent is not None and _search(self.regex, user_agent)
+        """Whether `user_agent` is a known crawler's (None: no user agent, no match). The search runs the one
+        expression with the patterns' prefixes merged (`factored_regex`, the plain alternation's equal: about 50 us
+        a text against a millisecond), and each text's answer is remembered: traffic repeats its user agents."""
+        return user_agent is not None and _search(self.factored, user_agent)
+
+    @cached_property
+    def factored(self) -> str:
+        """`regex` with the patterns' literal prefixes merged (`factored_regex`)."""
+        return factored_regex(self.patterns)
 
     def matching(self, user_agent: str) -> list[str]:
         """The patterns `user_agent` matches, for a person (the click's story)."""

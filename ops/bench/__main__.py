@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="LABEL:NAME=VALUE[;NAME=VALUE]",
         help="one more system, after the others: the pipeline with these settings on top of --set, named "
-        "pipeline-LABEL (such as v4:join_state_format=4); repeat for more. Each lever measured in the same run. "
+        "pipeline-LABEL (such as 'v4:join_state_format=4;state_store=rocksdb'); repeat for more. Each lever "
+        "measured in the same run. "
         "Quote one with two settings, the ; is the shell's too: make bench BENCH_ARGS=\"--variant 'x:a=1;b=2'\"",
     )
     return parser
@@ -128,7 +129,7 @@ def variant(text: str) -> tuple[str, dict[str, Any]]:
     if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", label) or not pairs.strip():
         raise SystemExit(
             f"--variant {text!r}: write LABEL:NAME=VALUE[;NAME=VALUE], the label in lower-case letters, digits "
-            "and dashes (such as v4:join_state_format=4)"
+            "and dashes (such as 'v4:join_state_format=4;state_store=rocksdb')"
         )
     return label, overrides([p for p in pairs.split(";") if p.strip()])
 

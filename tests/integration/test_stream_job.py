@@ -28,7 +28,7 @@ from attribution.dead_letters import DeadLetters
 from attribution.job import checkpoint_join_state_format, start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
-from attribution.session import join_state_conf
+from attribution.session import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER, join_state_conf
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
@@ -346,9 +346,13 @@ def read_to_the_end(settings: Settings) -> bool:
 @pytest.fixture
 def join_state_format(request: pytest.FixtureRequest, spark: SparkSession) -> Iterator[str]:
     """The test's session with the join state format of `ADBILL_JOIN_STATE_FORMAT=<param>` for a new checkpoint (the
-    job's own sessions get it from the settings, `ops.spark`); the session's defaults again after."""
+    job's own sessions get it from the settings, `ops.spark`), in RocksDB, the one store format 4 runs on; the
+    session's defaults again after."""
     value: str = request.param
-    conf = join_state_conf(join_state_format_of(Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": value})))
+    chosen = Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": value, "ADBILL_STATE_STORE": "rocksdb"})
+    conf = join_state_conf(join_state_format_of(chosen))
+    if value == "4":
+        conf[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
     before = {key: spark.conf.get(key, None) for key in conf}
     for key, setting in conf.items():
         spark.conf.set(key, setting)
@@ -424,6 +428,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
         ADBILL_TRIGGER_MS="500",
         ADBILL_SINK_WRITERS=writers,
         ADBILL_JOIN_STATE_FORMAT=join_state,
+        **({"ADBILL_STATE_STORE": "rocksdb"} if join_state == "4" else {}),
     )
     log = (tmp_path / "job.log").open("ab")
 

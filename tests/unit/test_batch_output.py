@@ -57,7 +57,6 @@ SCHEMA = pa.schema(
         ("impression_time", pa.int64()),
         ("click_received_ms", pa.int64()),
         ("ip", pa.string()),
-        ("known_bot", pa.bool_()),
         ("event_type", pa.string()),
         ("event_id", pa.string()),
         ("event_time", pa.int64()),

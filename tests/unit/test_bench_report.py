@@ -552,7 +552,10 @@ def test_a_variant_of_the_pipeline_is_a_row_of_its_own_with_its_settings_and_its
 def test_a_variant_is_written_label_colon_settings() -> None:
     from ops.bench.__main__ import variant
 
-    assert variant("v4:join_state_format=4") == ("v4", {"join_state_format": "4"})
+    assert variant("v4:join_state_format=4;state_store=rocksdb") == (
+        "v4",
+        {"join_state_format": "4", "state_store": "rocksdb"},
+    )
     label, settings = variant("lean:trigger_ms=500;shuffle_partitions=2")
     assert (label, settings) == ("lean", {"trigger_ms": 500, "shuffle_partitions": 2})
     for bad in ("join_state_format=4", "V4:join_state_format=4", "v4:", "v4:join_state_format=7"):

@@ -16,7 +16,8 @@ from ops.spark import join_state_format
 def test_the_default_is_spark_s_format_and_4_is_asked_for_by_name() -> None:
     assert Settings.from_env({}).join_state_format == "default"
     assert join_state_format(Settings.from_env({})) is None
-    assert join_state_format(Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": "4"})) == 4
+    rocksdb = {"ADBILL_STATE_STORE": "rocksdb"}
+    assert join_state_format(Settings.from_env({**rocksdb, "ADBILL_JOIN_STATE_FORMAT": "4"})) == 4
 
 
 def test_format_4_s_gate_is_open_whatever_the_format_of_a_new_checkpoint() -> None:
@@ -29,7 +30,15 @@ def test_format_4_s_gate_is_open_whatever_the_format_of_a_new_checkpoint() -> No
 def test_format_4_with_the_in_memory_state_store_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="ADBILL_JOIN_STATE_FORMAT=4 .* ADBILL_STATE_STORE=rocksdb"):
         Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": "4", "ADBILL_STATE_STORE": "hdfs"})
+    with pytest.raises(ValueError, match="ADBILL_JOIN_STATE_FORMAT=4 .* ADBILL_STATE_STORE=rocksdb"):
+        Settings.from_env({"ADBILL_JOIN_STATE_FORMAT": "4"})  # the in-memory store is the default on one machine
     assert Settings.from_env({"ADBILL_STATE_STORE": "hdfs"}).join_state_format == "default"
+
+
+def test_the_state_is_in_memory_on_one_machine_and_in_rocksdb_on_the_cluster() -> None:
+    assert (Settings.from_env({}).state_store, Settings.from_env({}).driver_memory) == ("hdfs", "4g")
+    assert Settings.from_env({"ADBILL_CLUSTER": "1"}).state_store == "rocksdb"
+    assert Settings.from_env({"ADBILL_CLUSTER": "1", "ADBILL_STATE_STORE": "hdfs"}).state_store == "hdfs"
 
 
 @pytest.mark.parametrize("value", ["3", "v4", ""])
