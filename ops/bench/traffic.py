@@ -48,6 +48,11 @@ SIMULATOR_SHAPE = {"advertisers": 5, "campaigns_per_advertiser": 3, "ads_per_cam
 V = TypeVar("V")
 
 USERS = 1_000
+USERS_PER_EVENT_PER_S = 20
+"""A run has `max(USERS, USERS_PER_EVENT_PER_S x rate)` users: each then clicks about once in four minutes at any
+rate (a tenth of the arrivals are clicks), as people do. With a thousand users at 10,000 events/s each clicked
+every second: nearly every click was a flood or a double click by the rules, and the stream refused most of the
+clicks it read."""
 
 INVALID_TRAFFIC: dict[str, Any] = {"crawler_fraction": 0.01, "double_click_fraction": 0.01, "flood_fraction": 0.01}
 """Invalid traffic the benchmark's runs carry (per ordinary click), so the stream's rules have clicks to judge:
@@ -169,7 +174,7 @@ def simulation_config(name: str, rate: int, events: int, start_ms: int, seed: in
 
     return SimulationConfig(
         **SIMULATOR_SHAPE,
-        users=USERS,
+        users=max(USERS, USERS_PER_EVENT_PER_S * rate),
         impression_rate=rate / arrivals_per_impression(),
         late_fraction=0.0,
         seed=seed,
