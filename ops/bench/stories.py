@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
+from attribution.charging import NOT_CHARGED_ROWS, UNBILLED_ROWS
 from billing.catalog import Ad, Catalog, generate_catalog
 from billing.corrections import Correction, CorrectionKind, CorrectionReason, correction_id
 from billing.export import build_export
@@ -56,20 +57,6 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 HOUR_MS = 3_600_000
 BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
 BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36"
-NOT_CHARGED_ROWS = (*LEDGER_COLUMNS[:-3], "reason", *LEDGER_COLUMNS[-3:])
-UNBILLED_ROWS = (
-    "click_id",
-    "impression_id",
-    "ad_id",
-    "advertiser_id",
-    "user_id",
-    "click_time",
-    "impression_time",
-    "reason",
-    "period_start_ms",
-    "period",
-    "batch_id",
-)
 
 
 @dataclass
