@@ -84,11 +84,11 @@ class Settings:
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
     max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
     state_store: str = _setting(
-        "hdfs",
+        "auto",
         "State store of a new checkpoint of the streaming job: hdfs (Spark's, in the JVM's memory, checkpointed to "
-        "files each batch: the faster on one machine, docs/benchmarks.md) or rocksdb (off-heap, changelog "
-        "checkpointing: the cluster's default, where the state lives in executors of ADBILL_EXECUTOR_MEMORY). A "
-        "checkpoint keeps the store it started with.",
+        "files each batch: the faster on one machine, docs/benchmarks.md), rocksdb (off-heap, changelog "
+        "checkpointing: for a Spark cluster, where the state lives in executors of ADBILL_EXECUTOR_MEMORY), or auto "
+        "(hdfs in local mode, rocksdb on a Spark master). A checkpoint keeps the store it started with.",
     )
     join_state_format: str = _setting(
         "default",
@@ -271,14 +271,15 @@ class Settings:
         for name in ("stream_cores", "batch_cores", "spark_workers", "spark_worker_cores"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
-        if self.state_store not in ("rocksdb", "hdfs"):
-            raise ValueError("ADBILL_STATE_STORE must be rocksdb or hdfs")
+        if self.state_store not in STATE_STORES:
+            raise ValueError(f"ADBILL_STATE_STORE must be {', '.join(STATE_STORES[:-1])} or {STATE_STORES[-1]}")
         if self.join_state_format not in JOIN_STATE_FORMATS:
             raise ValueError(f"ADBILL_JOIN_STATE_FORMAT must be {' or '.join(JOIN_STATE_FORMATS)}")
-        if self.join_state_format == "4" and self.state_store != "rocksdb":
+        if self.join_state_format == "4" and self.new_state_store != "rocksdb":
+            now = "auto: in memory in local mode" if self.state_store == "auto" else self.state_store
             raise ValueError(
                 "ADBILL_JOIN_STATE_FORMAT=4 keeps the join's state in RocksDB column families, which Spark's "
-                f"in-memory store does not have: set ADBILL_STATE_STORE=rocksdb (now {self.state_store}) or leave "
+                f"in-memory store does not have: set ADBILL_STATE_STORE=rocksdb (now {now}) or leave "
                 "ADBILL_JOIN_STATE_FORMAT at default"
             )
         spark_conf_pairs(self.spark_conf)
@@ -389,6 +390,14 @@ class Settings:
         return self.sink_writers == "executors"
 
     @property
+    def new_state_store(self) -> str:
+        """The store a new checkpoint of the streaming job gets (`ADBILL_STATE_STORE`, `auto` resolved): in memory
+        where the state lives in the driver (local mode), RocksDB where it lives in executors (a Spark master)."""
+        if self.state_store != "auto":
+            return self.state_store
+        return "hdfs" if self.spark_master.startswith("local") else "rocksdb"
+
+    @property
     def spark_is_local_cluster(self) -> bool:
         """True when the Spark master is a standalone master on this machine's loopback, for the stack to start."""
         return self.spark_master.startswith("spark://") and self.spark_master_host in LOOPBACK
@@ -431,10 +440,12 @@ CLUSTER_DEFAULTS: dict[str, str] = {
     "topic_replication": "3",
     "spark_master": "spark://127.0.0.1:7077",
     "driver_memory": "1g",
-    "state_store": "rocksdb",
 }
 """The settings `ADBILL_CLUSTER=1` (`adbill up --cluster`) changes, by field name; an ADBILL_* variable still wins.
 Its own folder, so that a checkpoint of the one-node stack never meets the cluster's offsets."""
+
+STATE_STORES = ("auto", "hdfs", "rocksdb")
+"""The values of ADBILL_STATE_STORE (`Settings.new_state_store`)."""
 
 JOIN_STATE_FORMATS = ("default", "4")
 """The values of ADBILL_JOIN_STATE_FORMAT: Spark's default format of the join's state, or format 4."""

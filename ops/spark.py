@@ -32,7 +32,7 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
         shuffle_partitions=settings.shuffle_partitions,
         local_dir=local_dir,
         driver_memory=settings.driver_memory,
-        rocksdb_state=stateful and settings.state_store == "rocksdb",
+        rocksdb_state=stateful and settings.new_state_store == "rocksdb",
         join_state_format=join_state_format(settings) if stateful else None,
         extra_conf={
             **observability_conf(settings),

@@ -89,7 +89,7 @@ def spark(
         spark_jars,
         shuffle_partitions=2,
         local_dir=tmp_path_factory.mktemp("spark-local"),
-        rocksdb_state=Settings.from_env().state_store == "rocksdb",
+        rocksdb_state=Settings.from_env().new_state_store == "rocksdb",
         # Loopback only: by default the driver listens on the address the host name resolves to.
         extra_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"},
     )

@@ -378,7 +378,7 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         "join_state_format",
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
-    return {name: getattr(settings, name) for name in names}
+    return {name: getattr(settings, name) for name in names} | {"state_store": settings.new_state_store}
 
 
 def _machine(sampler: Sampler, started: float) -> dict[str, Any]:

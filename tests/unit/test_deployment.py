@@ -134,6 +134,12 @@ BOUNDS = [
 ]
 
 
+def _bound(settings: Settings, name: str) -> str:
+    """The value of the setting `name` (an `ADBILL_*` variable) that a process runs with: the state store resolved."""
+    field = next(f.name for f in fields(Settings) if env_name(f) == name)
+    return settings.new_state_store if field == "state_store" else str(getattr(settings, field))
+
+
 def _cluster_settings() -> Settings:
     return Settings.from_env({}, cluster=1)
 
@@ -161,8 +167,11 @@ def test_the_compose_file_has_the_local_clusters_settings_and_bounds() -> None:
         env = {k: str(v) for k, v in SERVICES[service]["environment"].items()}
         for name in BOUNDS:
             assert name in env, f"{service} does not set {name}"
-            value = next(str(getattr(settings, f.name)) for f in fields(Settings) if env_name(f) == name)
-            assert env[name] == value, f"{service}: {name}={env[name]}, the local cluster has {value}"
+        compose = Settings.from_env({name: env[name] for name in BOUNDS}, cluster=1)
+        for name in BOUNDS:
+            assert _bound(compose, name) == _bound(settings, name), (
+                f"{service}: {name}={env[name]}, the local cluster has {_bound(settings, name)}"
+            )
     workers = sorted(name for name in SERVICES if name.startswith("spark-worker-"))
     assert len(workers) == settings.spark_workers
     for worker in workers:

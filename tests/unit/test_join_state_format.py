@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,9 +37,26 @@ def test_format_4_with_the_in_memory_state_store_is_refused_at_start() -> None:
 
 
 def test_the_state_is_in_memory_on_one_machine_and_in_rocksdb_on_the_cluster() -> None:
-    assert (Settings.from_env({}).state_store, Settings.from_env({}).driver_memory) == ("hdfs", "4g")
-    assert Settings.from_env({"ADBILL_CLUSTER": "1"}).state_store == "rocksdb"
-    assert Settings.from_env({"ADBILL_CLUSTER": "1", "ADBILL_STATE_STORE": "hdfs"}).state_store == "hdfs"
+    assert (Settings.from_env({}).new_state_store, Settings.from_env({}).driver_memory) == ("hdfs", "4g")
+    assert Settings.from_env({"ADBILL_CLUSTER": "1"}).new_state_store == "rocksdb"
+    assert Settings.from_env({"ADBILL_CLUSTER": "1", "ADBILL_STATE_STORE": "hdfs"}).new_state_store == "hdfs"
+    assert Settings.from_env({"ADBILL_STATE_STORE": "rocksdb"}).new_state_store == "rocksdb"
+
+
+def test_a_job_on_a_spark_master_keeps_its_state_in_rocksdb_without_being_told() -> None:
+    # The executors of a cluster have ADBILL_EXECUTOR_MEMORY (1g): the join's state in their heap ran them out of
+    # memory on a backlog of 400,000 events (`make bench-cluster` with one worker), where RocksDB keeps it off-heap.
+    master = {"ADBILL_SPARK_MASTER": "spark://10.0.0.5:7077"}
+    assert Settings.from_env(master).new_state_store == "rocksdb"
+    on_a_master = dataclasses.replace(Settings.from_env({}), spark_master="spark://127.0.0.1:7077")
+    assert on_a_master.new_state_store == "rocksdb"
+    assert Settings.from_env({**master, "ADBILL_STATE_STORE": "hdfs"}).new_state_store == "hdfs"
+    assert join_state_format(Settings.from_env({**master, "ADBILL_JOIN_STATE_FORMAT": "4"})) == 4
+
+
+def test_an_unknown_state_store_is_refused() -> None:
+    with pytest.raises(ValueError, match="ADBILL_STATE_STORE must be auto, hdfs or rocksdb"):
+        Settings.from_env({"ADBILL_STATE_STORE": "memory"})
 
 
 @pytest.mark.parametrize("value", ["3", "v4", ""])
