@@ -386,8 +386,14 @@ class Settings:
     def writes_on_executors(self) -> bool:
         """Whether the streaming job's tasks write their batch's files (`ADBILL_SINK_WRITERS`)."""
         if self.sink_writers == "auto":
-            return not self.spark_master.startswith("local")
+            return not self.spark_in_process
         return self.sink_writers == "executors"
+
+    @property
+    def spark_in_process(self) -> bool:
+        """Spark runs inside the driver's process (`local[N]`: its executors are the driver's threads), not on a
+        cluster."""
+        return self.spark_master.startswith("local")
 
     @property
     def new_state_store(self) -> str:
@@ -395,7 +401,7 @@ class Settings:
         where the state lives in the driver (local mode), RocksDB where it lives in executors (a Spark master)."""
         if self.state_store != "auto":
             return self.state_store
-        return "hdfs" if self.spark_master.startswith("local") else "rocksdb"
+        return "hdfs" if self.spark_in_process else "rocksdb"
 
     @property
     def spark_is_local_cluster(self) -> bool:

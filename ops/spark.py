@@ -20,7 +20,7 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
     cluster, the others ADBILL_BATCH_CORES, so that the job and reconciliation always both run."""
     from attribution.session import build_spark
 
-    if is_local(settings):
+    if settings.spark_in_process:
         # Spark's UI binds to SPARK_LOCAL_IP (else every interface): on one machine, loopback only.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.spark_event_log_dir.mkdir(parents=True, exist_ok=True)
@@ -45,11 +45,6 @@ def spark_session(settings: Settings, app_name: str, local_dir: Path, *, statefu
 def join_state_format(settings: Settings) -> int | None:
     """The join state format a new checkpoint of the job gets (`ADBILL_JOIN_STATE_FORMAT`); None: Spark's default."""
     return None if settings.join_state_format == "default" else int(settings.join_state_format)
-
-
-def is_local(settings: Settings) -> bool:
-    """Spark runs inside the driver's process (`local[N]`), not on a cluster."""
-    return settings.spark_master.startswith("local")
 
 
 def observability_conf(settings: Settings) -> dict[str, str]:
@@ -106,6 +101,6 @@ def application_conf(settings: Settings, cores: int) -> dict[str, str]:
                 "spark.task.maxFailures": "8",
             }
         )
-    if settings.spark_master.startswith("local") or settings.spark_is_local_cluster:
+    if settings.spark_in_process or settings.spark_is_local_cluster:
         conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
     return conf
