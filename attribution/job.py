@@ -564,14 +564,21 @@ JOB_LOCK_WAIT_S = 60.0
 the stop; a restore of Redis holds it until done."""
 
 
-def checkpoint_join_state_format(checkpoint: Path) -> int | None:
-    """The join state format the checkpoint runs with: Spark recorded it in the offset log when the query first
-    started, and a restart takes it from there. None for a checkpoint that has planned no batch yet."""
+def checkpoint_conf(checkpoint: Path, key: str) -> str | None:
+    """A Spark setting the checkpoint runs with whatever the session says (the join state format, the state store
+    provider): Spark records it in the offset log when the query first starts, and a restart takes it from there.
+    None for a checkpoint that has planned no batch yet, or that does not record `key`."""
     planned = [int(p.name) for p in (checkpoint / "offsets").glob("*") if p.name.isdigit()]
     if not planned:
         return None
     lines = (checkpoint / "offsets" / str(max(planned))).read_text().splitlines()
-    recorded = json.loads(lines[1]).get("conf", {}).get(JOIN_STATE_FORMAT) if len(lines) > 1 else None
+    recorded = json.loads(lines[1]).get("conf", {}).get(key) if len(lines) > 1 else None
+    return None if recorded is None else str(recorded)
+
+
+def checkpoint_join_state_format(checkpoint: Path) -> int | None:
+    """The join state format the checkpoint runs with (`checkpoint_conf`); None for one that has planned no batch."""
+    recorded = checkpoint_conf(checkpoint, JOIN_STATE_FORMAT)
     return None if recorded is None else int(recorded)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from attribution.job import checkpoint_join_state_format
+from attribution.job import checkpoint_conf, checkpoint_join_state_format
+from attribution.session import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER
 from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.kafka_service import partition_leaders
@@ -167,6 +168,10 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     assert (redis_clicks, redis_micros) == (len(truth), sum(truth.values()))
     recorded = checkpoint_join_state_format(settings.layout.checkpoint("billing"))
     assert recorded == (2 if settings.join_state_format == "default" else int(settings.join_state_format))
+    # On a Spark master the state is in RocksDB without ADBILL_STATE_STORE (`auto`), the restarted driver's too:
+    # in the executors' 1g heaps the in-memory store ran out of memory on a backlog.
+    assert "ADBILL_STATE_STORE" not in env
+    assert checkpoint_conf(settings.layout.checkpoint("billing"), STATE_STORE_PROVIDER) == ROCKSDB_PROVIDER
 
 
 def send_traffic(settings: Settings, run_dir: Path, config: SimulationConfig, rate: float | None) -> dict[str, int]:

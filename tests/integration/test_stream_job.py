@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from attribution.dead_letters import DeadLetters
-from attribution.job import checkpoint_join_state_format, start
+from attribution.job import checkpoint_conf, checkpoint_join_state_format, start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
 from attribution.session import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER, join_state_conf
@@ -364,6 +364,10 @@ def join_state_format(request: pytest.FixtureRequest, spark: SparkSession) -> It
             spark.conf.set(key, setting)
 
 
+IN_MEMORY_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+"""Spark's in-memory state store (`ADBILL_STATE_STORE=hdfs`), as the offset log records it."""
+
+
 def assert_join_state_format(settings: Settings, value: str) -> None:
     """The job's checkpoint runs the join state format asked for: Spark's default is 2."""
     recorded = checkpoint_join_state_format(settings.layout.checkpoint("billing"))
@@ -474,6 +478,9 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     assert {int((versions / str(row["batch_id"])).read_text()) for row in rows} > {0}, "the changes were used"
     assert redis_ad_totals(settings) == ledger_ad_totals(rows)
     assert_join_state_format(settings, join_state)
+    # The store the settings give a new checkpoint (in memory by default on one machine), kept through the kills.
+    store = checkpoint_conf(settings.layout.checkpoint("billing"), STATE_STORE_PROVIDER)
+    assert store == (ROCKSDB_PROVIDER if Settings.from_env(env).new_state_store == "rocksdb" else IN_MEMORY_PROVIDER)
 
 
 def read_ledger_times(run_dir: Path) -> list[int]:
