@@ -69,6 +69,8 @@ def derive(data: dict[str, Any]) -> dict[str, Any]:
                 baseline_held_a_rate_the_pipeline_did_not=_held_where_pipeline_failed(baseline, knee["first_failed"]),
                 p99_ms=p99_at(pipeline, analysis.LATENCY_RATE),
                 baseline_p99_ms=p99_at(baseline, analysis.LATENCY_RATE) if baseline else None,
+                burst_rate=_burst_rate(pipeline),
+                baseline_burst_rate=_burst_rate(baseline) if baseline else None,
                 cpu_us_per_event=knee_figures.get("cpu_us_per_event"),
             )
         )

@@ -196,20 +196,43 @@ def test_ratio_is_missing_without_a_denominator() -> None:
 def test_targets() -> None:
     T = analysis.TargetFigures
     met = analysis.targets(
-        T(pipeline_rate=60_000, baseline_rate=39_000, p99_ms=1_400, baseline_p99_ms=2_500, cpu_us_per_event=12.0)
+        T(
+            pipeline_rate=60_000,
+            baseline_rate=39_000,
+            p99_ms=1_400,
+            baseline_p99_ms=2_500,
+            burst_rate=31_000,
+            baseline_burst_rate=20_000,
+            cpu_us_per_event=12.0,
+        )
     )
     assert all(t["met"] for t in met), met
     missed = analysis.targets(
-        T(pipeline_rate=40_000, baseline_rate=39_000, p99_ms=2_400, baseline_p99_ms=2_500, cpu_us_per_event=27.0)
+        T(
+            pipeline_rate=40_000,
+            baseline_rate=39_000,
+            p99_ms=2_400,
+            baseline_p99_ms=2_500,
+            burst_rate=26_000,
+            baseline_burst_rate=20_000,
+            cpu_us_per_event=27.0,
+        )
     )
     assert not any(t["met"] for t in missed), missed
+    # The burst target is the ratio of the two reading the same burst: 1.28x is not 1.5x, a burst not read to its
+    # end (no rate) meets nothing.
+    assert missed[2]["measured"] == "1.30x (26,000 against 20,000 events/s)"
+    assert analysis.targets(T(pipeline_rate=60_000, baseline_burst_rate=20_000))[2]["met"] is False
     # Nothing measured, nothing met.
     assert not any(t["met"] for t in analysis.targets(T(pipeline_rate=0)))
     # The latency ratio and the absolute latency are separate targets: a fast baseline can make the ratio fail
     # while the absolute figure holds.
     both = analysis.targets(T(pipeline_rate=60_000, baseline_rate=30_000, p99_ms=1_500, baseline_p99_ms=2_000))
-    assert [t["met"] for t in both[2:4]] == [False, True]
-    assert both[2]["measured"].startswith("0.75x (1.5 s against 2.0 s)")
+    assert [t["met"] for t in both[3:5]] == [False, True]
+    assert both[3]["measured"].startswith("0.75x (1.5 s against 2.0 s)")
+    # The absolute bound is 1.5 s: 1.6 s misses it even against a slow baseline.
+    slow = analysis.targets(T(pipeline_rate=60_000, baseline_rate=30_000, p99_ms=1_600, baseline_p99_ms=4_000))
+    assert [t["met"] for t in slow[3:5]] == [True, False]
     # A baseline that held every rate makes the ratio an upper bound.
     held = analysis.targets(T(pipeline_rate=60_000, baseline_rate=30_000, baseline_held_every_rate=True))
     assert held[0]["measured"].startswith("at most 2.00x")
@@ -441,7 +464,7 @@ def test_report_puts_the_figures_together(measured: dict[str, Any]) -> None:
     assert measured["ratios"]["baseline_kept_up_at_every_rate"] is True
     # 4,900 against the baseline's 9,900 at the knee; and the baseline held 10,000/s where the pipeline did not.
     assert measured["ratios"]["pipeline_over_baseline"] == pytest.approx(4_900 / 9_900, abs=1e-3)
-    assert [t["met"] for t in measured["targets"]] == [False, False, False, False, False]
+    assert [t["met"] for t in measured["targets"]] == [False, False, False, False, False, False]
     # What limits the pipeline is stated from the step where it stopped keeping up.
     statements = " ".join(measured["limits"]["pipeline"])
     assert "10,000 events/s offered" in statements
