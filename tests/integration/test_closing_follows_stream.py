@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -234,10 +235,12 @@ class Stop(BaseException):
     as the operating system releases it for a killed process)."""
 
 
-def stop_at(step: str):  # type: ignore[no-untyped-def]
+def stop_at(step: str | re.Pattern[str]):  # type: ignore[no-untyped-def]
+    """A progress callback that stops the run at the message `step` (or the first one the pattern matches)."""
+
     def progress(message: str) -> None:
-        if message == step:
-            raise Stop(step)
+        if message == step or (isinstance(step, re.Pattern) and step.fullmatch(message)):
+            raise Stop(message)
 
     return progress
 

@@ -6,6 +6,7 @@ clicks charged up to the budget, the books audited and Redis restored."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from ops.streaming import stream_config
 from producers.publisher import simulate_to_kafka
 from producers.simulator import SimulationConfig, Simulator
 from tests import oracle
+from tests.integration.test_closing_follows_stream import Stop, stop_at
 from tests.integration.test_reconcile import corrections, final_ledger, read_back
 from tests.integration.test_stream_job import send
 from tests.redis_figures import RedisFigures
@@ -44,6 +46,8 @@ S = 1_000
 H = 3_600_000
 P0 = "20260101T0000Z"
 UNTIL = T0 + 3 * H
+WRITTEN = re.compile(rf"period {P0}: [1-9][0-9]* new correction\(s\) written")
+"""A reconciliation's progress once it has written the period's new corrections, before Redis."""
 BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
 BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36"
 
@@ -176,8 +180,18 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         ]
 
         rc = reconcile_config(settings)
-        report = run_closing(spark, rc, history, until_ms=UNTIL, force=True)
-        assert P0 in report.closed
+        # A reconciliation killed at each of its steps (its corrections written, applied to Redis, the export
+        # written before Redis knows the period closed), then one that completes: each correction, not-charged count
+        # and budget day is booked once (Redis is compared with a restore from the files at the end).
+        for step in (
+            WRITTEN,
+            f"period {P0}: corrections applied to Redis",
+            f"period {P0}: exported",
+        ):
+            with pytest.raises(Stop):
+                run_closing(spark, rc, history, until_ms=UNTIL, force=True, progress=stop_at(step))
+        run_closing(spark, rc, history, until_ms=UNTIL, force=True)
+        assert P0 in read.closed_periods()
         expected = {r["click_id"]: r["amount_micros"] for r in oracle.billable(received, history)}
         assert final_ledger(settings) == expected
         fixes = {(c.click_id, c.kind.value, c.reason.value) for c in corrections(settings)}
@@ -198,6 +212,8 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         # adjustment in the open period, pointing at the period it corrects.
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
+        with pytest.raises(Stop):  # killed with the adjustment written, before Redis
+            run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True, progress=stop_at(WRITTEN))
         again = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
         assert P0 in again.periods and P0 not in again.closed
         open_period = Periods().key_of(max(UNTIL, int(time.time() * 1000)))
@@ -241,6 +257,86 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
     finally:
         for query in queries:
             query.stop()
+
+
+def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late_click_after_both(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """One campaign's UTC day over two hourly periods, each closed by a run of its own; then a late click early in
+    the day, after both closed, moves the budget's cut: the click is added to the first period and a click of the
+    second, charged when it closed, is taken back as `over_budget`, both as adjustments booked in the open period.
+    The day's charged total never passes the budget: live, after each close, and in the final books."""
+    catalog = Catalog(
+        [Ad("ad-b", "cmp-b", "adv-1", 2_000_000, "EUR"), Ad("ad-c", "cmp-b", "adv-1", 1_000_000, "EUR")],
+        budgets={"cmp-b": [BudgetChange(0, 5_000_000, 0)]},
+    )
+    save_catalog(catalog, settings.catalog_file)
+    ensure_schemas(settings)
+    p1 = "20260101T0100Z"
+    read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    rc = reconcile_config(settings)
+    queries = start(spark, stream_config(settings))
+    sent = 0
+
+    def day_total() -> int:
+        return int(read.client.hget(read.keys.budget_day(utc_day(T0), "cmp-b"), "charged_micros") or 0)
+
+    def stream(events: list[Event]) -> None:
+        nonlocal sent
+        send(settings, events)  # type: ignore[arg-type]
+        sent += len(events)
+        for query in queries:
+            query.processAllAvailable()
+            assert query.isActive, query.exception()
+        assert day_total() <= 5_000_000
+
+    try:
+        # 2.00 + 2.00 in the first hour, closed by a run (the machine's clock is long past the day's horizons).
+        stream(pair("b1", "ad-b", T0 + 600 * S) + pair("b2", "ad-b", T0 + 1_200 * S))
+        assert run_closing(spark, rc, catalog).closed == [P0]
+        # Then the second hour's clicks: 1.00 reaches the day's 5.00, the 2.00 after it is not charged; its own run
+        # closes it, reading the first hour's closed clicks for the day's order.
+        stream(pair("c1", "ad-c", T0 + H + 600 * S) + pair("b3", "ad-b", T0 + H + 1_200 * S))
+        assert charged(settings) == {"c-b1", "c-b2", "c-c1"}
+        assert not_charged(settings) == {"c-b3": "over_budget"}
+        assert run_closing(spark, rc, catalog, force=True).closed == [p1]
+        assert day_total() == 5_000_000
+
+        # After both closed: a 1.00 click at 00:05, ahead of every click of the day, arriving long after its time.
+        stream(pair("early", "ad-c", T0 + 300 * S))
+        assert "c-early" not in charged(settings)
+        received = read_back(settings, sent)
+        outcomes = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, catalog)}
+        assert [outcomes[c] for c in ("c-early", "c-b1", "c-b2", "c-c1", "c-b3")] == [
+            "charged",
+            "charged",
+            "charged",
+            "over_budget",
+            "over_budget",
+        ]
+
+        third = run_closing(spark, rc, catalog, force=True)
+        assert set(third.periods) == {P0, p1} and third.closed == []
+    finally:
+        for query in queries:
+            query.stop()
+
+    assert final_ledger(settings) == {r["click_id"]: r["amount_micros"] for r in oracle.billable(received, catalog)}
+    open_period = Periods().key_of(int(time.time() * 1000))
+    adjustments = {
+        (c.click_id, c.kind.value, c.reason.value, c.corrects_period, c.booked_period)
+        for c in corrections(settings)
+        if c.booked_period not in (P0, p1)
+    }
+    assert ("c-c1", "retraction", "over_budget", p1, open_period) in adjustments
+    assert {(a[0], a[1], a[3], a[4]) for a in adjustments} == {
+        ("c-early", "addition", P0, open_period),
+        ("c-c1", "retraction", p1, open_period),
+    }
+    # In Redis the day holds its budget with the adjustments applied: +1.00 and -1.00.
+    assert day_total() == 5_000_000
+    audits = audit(spark, rc, catalog)
+    assert audits and all(a.balanced for a in audits), audit_table(audits)
 
 
 def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_books_equal_the_ground_truth(
