@@ -27,7 +27,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -543,6 +543,24 @@ class SparkFinalBills:
         return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
 
 
+def judged_rules(layout: DataLayout, scope: Iterable[str], rules: IvtRules) -> dict[str, IvtRules]:
+    """The flood and duplicate thresholds each closed period of `scope` was judged with, from its export's manifest,
+    where they differ from `rules`: a change of the thresholds applies to periods not yet closed, so a closed period
+    reconciled again (a late event, a catalog change) is judged as it was."""
+    kept: dict[str, IvtRules] = {}
+    for period in scope:
+        folder = layout.export(period)
+        if not (folder / MANIFEST_FILE).exists():
+            continue
+        try:
+            judged = rules.or_judged_with(read_manifest(folder).judged_with)
+        except (OSError, ValueError, KeyError):
+            continue
+        if judged != rules:
+            kept[period] = judged
+    return kept
+
+
 def final_charges(
     spark: SparkSession,
     layout: DataLayout,
@@ -559,7 +577,9 @@ def final_charges(
     earlier periods are computed as well, since a click's charge depends on the clicks before it that day."""
     periods = Periods(period_ms)
     scope = scope_of(due, periods, catalog.has_budgets)
-    final_df, quarantined_df, late_df = final_bills(spark, layout.archive, period_ms, scope, through_batch, rules)
+    final_df, quarantined_df, late_df = final_bills(
+        spark, layout.archive, period_ms, scope, through_batch, rules, judged_rules(layout, scope, rules)
+    )
     matches = final_df.toArrow()
     priced = price_matches(matches, catalog)
     rows = priced.bills.to_pylist()

@@ -11,6 +11,8 @@ and charges them (`attribution.final_charges`).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -48,6 +50,7 @@ def final_bills(
     due: list[str],
     through_batch: int | None = None,
     rules: IvtRules = DEFAULT_RULES,
+    period_rules: Mapping[str, IvtRules] | None = None,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(final matched clicks of the `due` periods with their `period` and invalid traffic flags
     (`FINAL_MATCH_COLUMNS`, to be priced and charged), id-conflict quarantine rows with their `event_type` and event
@@ -55,7 +58,8 @@ def final_bills(
     `through_batch` when given (the batch a closing run reads the ledger up to as well).
 
     The clicks of the periods next to the due ones are read too: the flood and duplicate rules look up to a minute
-    around a click (`attribution.invalid.judged_clicks`)."""
+    around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds of its period:
+    `period_rules` where it names the period (a closed period keeps those it was judged with), `rules` otherwise."""
     periods = Periods(period_ms)
     previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
     following = {periods.key(periods.parse_key(p) + periods.length_ms) for p in due}
@@ -88,14 +92,35 @@ def final_bills(
         .filter(F.col("period").isin(*due))
     )
     standing = dedupe(clicks, "click_id")
-    judged = judged_clicks(standing.select("click_id", "user_id", "ad_id", "event_time"), rules).select(
-        "click_id", "click_flood", "duplicate_click"
-    )
+    judged = _judged(standing.select("click_id", "user_id", "ad_id", "event_time"), period_ms, due, rules, period_rules)
     final = attribute(dedupe(impressions, "impression_id"), standing, carry=("user_agent", "ip"))
     final = final.select("*", period_columns(F.col("click_time"), period_ms)[1]).filter(F.col("period").isin(*due))
     final = final.withColumn("known_bot", known_bot(F.col("user_agent"))).join(judged, "click_id", "left")
     late = wanted.filter(F.col("late") & of_due).select("event_type", "event_id")
     return final.select(*FINAL_MATCH_COLUMNS), quarantined, late
+
+
+def _judged(
+    clicks: DataFrame,
+    period_ms: int,
+    due: list[str],
+    rules: IvtRules,
+    period_rules: Mapping[str, IvtRules] | None,
+) -> DataFrame:
+    """`click_id`, `click_flood`, `duplicate_click` of `clicks`, each judged with its period's thresholds."""
+    periods_of: dict[IvtRules, list[str]] = {}
+    for period in due:
+        periods_of.setdefault((period_rules or {}).get(period, rules), []).append(period)
+    if len(periods_of) <= 1:
+        return judged_clicks(clicks, next(iter(periods_of), rules)).select("click_id", "click_flood", "duplicate_click")
+    parts = [
+        judged_clicks(clicks, these)
+        .select("click_id", "click_flood", "duplicate_click", period_columns(F.col("event_time"), period_ms)[1])
+        .filter(F.col("period").isin(*of))
+        .drop("period")
+        for these, of in periods_of.items()
+    ]
+    return functools.reduce(DataFrame.unionByName, parts)
 
 
 ARCHIVE_READ_SCHEMA = T.StructType(

@@ -72,6 +72,14 @@ class IvtRules:
     def from_dict(cls, data: Mapping[str, Any]) -> IvtRules:
         return cls(**{name: int(data[name]) for name in ("flood_clicks", "flood_window_ms", "duplicate_window_ms")})
 
+    def or_judged_with(self, judged: Mapping[str, Any]) -> IvtRules:
+        """The thresholds a closed period's export says it was judged with (its manifest's `judged_with`), or these
+        when it names none (an export written before the thresholds were recorded, or not readable)."""
+        try:
+            return IvtRules.from_dict(judged) if judged.get("flood_clicks") is not None else self
+        except (KeyError, TypeError, ValueError):
+            return self
+
 
 DEFAULT_RULES = IvtRules()
 """The contract's thresholds: more than 20 clicks within 60 s, a repeat within 30 s."""

@@ -402,7 +402,7 @@ def tell(
     period = periods.key_of(at)
     closed = period in evidence.closed
     judged = evidence.judged_with.get(period, {}) if closed else {}
-    rules = _rules_of(judged, rules)
+    rules = rules.or_judged_with(judged)
     ad = catalog.get(ad_id)
     impressions = _impressions(evidence.impressions, ad_id, user_id, at)
     attributed = next((i for i in impressions if i.attributed), None)
@@ -448,13 +448,6 @@ def tell(
         exports=exports,
         notes=tuple(notes),
     )
-
-
-def _rules_of(judged: Mapping[str, Any], rules: IvtRules) -> IvtRules:
-    try:
-        return IvtRules.from_dict(judged) if judged.get("flood_clicks") is not None else rules
-    except (KeyError, TypeError, ValueError):
-        return rules
 
 
 def _named_advertiser(evidence: Evidence) -> str | None:

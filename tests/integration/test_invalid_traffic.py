@@ -5,6 +5,7 @@ clicks charged up to the budget, the books audited and Redis restored."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -22,7 +23,7 @@ from attribution.restore import restore_redis
 from billing.budgets import BudgetChange, utc_day
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
-from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions
+from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions, IvtRules
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.parquet_ledger import read_ledger
@@ -209,7 +210,10 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert '"crawler_list_version"' in manifest and '"click_flood"' in manifest
 
         # After the close, a late click that makes a click of the closed period a duplicate: an invalid activity
-        # adjustment in the open period, pointing at the period it corrects.
+        # adjustment in the open period, pointing at the period it corrects. The thresholds change meanwhile: they
+        # apply to periods not yet closed, so the closed period is judged again as it was (under these, its flood of
+        # 21 and its twin 1 s apart would be charged, and the late twin below would not make a duplicate).
+        rc = dataclasses.replace(rc, ivt_rules=IvtRules(flood_clicks=30, duplicate_window_ms=500))
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
         with pytest.raises(Stop):  # killed with the adjustment written, before Redis

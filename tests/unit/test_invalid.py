@@ -201,3 +201,18 @@ def test_the_invalid_click_rate_is_exact() -> None:
     assert format_rate(1, 999) == "0.1 %"
     assert format_rate(1, 1999) == "0.1 %"  # 0.05 % rounds half up
     assert format_rate(5, 0) == "100.0 %"
+
+
+def test_a_closed_period_keeps_the_thresholds_its_export_was_judged_with() -> None:
+    now = IvtRules(flood_clicks=30, duplicate_window_ms=500)
+    recorded = {
+        "crawler_list_version": "1.0",
+        "flood_clicks": 20,
+        "flood_window_ms": 60_000,
+        "duplicate_window_ms": 30_000,
+    }
+    assert now.or_judged_with(recorded) == IvtRules()
+    # An export that names no thresholds (written before they were recorded), or names them badly: today's.
+    assert now.or_judged_with({"crawler_list_version": "1.0"}) is now
+    assert now.or_judged_with({"flood_clicks": 20}) is now
+    assert now.or_judged_with({"flood_clicks": "many", "flood_window_ms": 1, "duplicate_window_ms": 1}) is now
