@@ -69,7 +69,7 @@ from billing.periods import ANY_PERIOD, DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
-from billing.store.crawler_list import crawler_list
+from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
     MANIFEST_FILE,
@@ -543,22 +543,28 @@ class SparkFinalBills:
         return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
 
 
-def judged_rules(layout: DataLayout, scope: Iterable[str], rules: IvtRules) -> dict[str, IvtRules]:
-    """The flood and duplicate thresholds each closed period of `scope` was judged with, from its export's manifest,
-    where they differ from `rules`: a change of the thresholds applies to periods not yet closed, so a closed period
-    reconciled again (a late event, a catalog change) is judged as it was."""
-    kept: dict[str, IvtRules] = {}
+def judged_as_closed(
+    layout: DataLayout, scope: Iterable[str], rules: IvtRules
+) -> tuple[dict[str, IvtRules], dict[str, CrawlerList]]:
+    """What each closed period of `scope` was judged with, from its export's manifest, where it differs from
+    today's: the flood and duplicate thresholds, and the crawler list's version (its patterns as `keep_list` kept
+    them). A change of either applies to periods not yet closed, so a closed period reconciled again (a late event,
+    a catalog change) is judged as it was. An export that names neither, or a version whose patterns were not kept,
+    is judged with today's."""
+    thresholds: dict[str, IvtRules] = {}
+    crawlers: dict[str, CrawlerList] = {}
+    installed = crawler_list().version
     for period in scope:
         folder = layout.export(period)
         if not (folder / MANIFEST_FILE).exists():
             continue
-        try:
-            judged = rules.or_judged_with(read_manifest(folder).judged_with)
-        except (OSError, ValueError, KeyError):
-            continue
-        if judged != rules:
-            kept[period] = judged
-    return kept
+        judged = read_manifest(folder).judged_with
+        if (kept := rules.or_judged_with(judged)) != rules:
+            thresholds[period] = kept
+        version = judged.get("crawler_list_version")
+        if version and version != installed and (listed := kept_list(layout.crawler_lists, str(version))):
+            crawlers[period] = listed
+    return thresholds, crawlers
 
 
 def final_charges(
@@ -578,7 +584,7 @@ def final_charges(
     periods = Periods(period_ms)
     scope = scope_of(due, periods, catalog.has_budgets)
     final_df, quarantined_df, late_df = final_bills(
-        spark, layout.archive, period_ms, scope, through_batch, rules, judged_rules(layout, scope, rules)
+        spark, layout.archive, period_ms, scope, through_batch, rules, *judged_as_closed(layout, scope, rules)
     )
     matches = final_df.toArrow()
     priced = price_matches(matches, catalog)
@@ -786,6 +792,9 @@ class ExportFolders:
         not_charged: list[dict[str, Any]] | None = None,
         judged_with: Mapping[str, Any] | None = None,
     ) -> None:
+        # The list's patterns before the export that names its version: the period is judged with them again
+        # if it is reconciled after the installed list has changed.
+        keep_list(self.layout.crawler_lists, crawler_list())
         write_export(
             self.layout.root,
             period,

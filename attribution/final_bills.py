@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -24,6 +25,9 @@ from attribution.join import MATCH_COLUMNS, attribute, conflicts, dedupe
 from attribution.periods import period_columns
 from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.periods import DAY_MS, Periods
+from billing.store.crawler_list import CrawlerList
+
+V = TypeVar("V")
 
 FINAL_MATCH_COLUMNS = (*MATCH_COLUMNS[:6], "period", "ip", "known_bot", "click_flood", "duplicate_click")
 """The final matches' columns: the click, its attributed impression and their times, the click's period, and what
@@ -51,6 +55,7 @@ def final_bills(
     through_batch: int | None = None,
     rules: IvtRules = DEFAULT_RULES,
     period_rules: Mapping[str, IvtRules] | None = None,
+    period_crawlers: Mapping[str, CrawlerList] | None = None,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(final matched clicks of the `due` periods with their `period` and invalid traffic flags
     (`FINAL_MATCH_COLUMNS`, to be priced and charged), id-conflict quarantine rows with their `event_type` and event
@@ -58,8 +63,9 @@ def final_bills(
     `through_batch` when given (the batch a closing run reads the ledger up to as well).
 
     The clicks of the periods next to the due ones are read too: the flood and duplicate rules look up to a minute
-    around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds of its period:
-    `period_rules` where it names the period (a closed period keeps those it was judged with), `rules` otherwise."""
+    around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds and the crawler list
+    of its period: `period_rules` and `period_crawlers` where they name the period (a closed period keeps those it
+    was judged with), `rules` and the installed list otherwise."""
     periods = Periods(period_ms)
     previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
     following = {periods.key(periods.parse_key(p) + periods.length_ms) for p in due}
@@ -95,7 +101,11 @@ def final_bills(
     judged = _judged(standing.select("click_id", "user_id", "ad_id", "event_time"), period_ms, due, rules, period_rules)
     final = attribute(dedupe(impressions, "impression_id"), standing, carry=("user_agent", "ip"))
     final = final.select("*", period_columns(F.col("click_time"), period_ms)[1]).filter(F.col("period").isin(*due))
-    final = final.withColumn("known_bot", known_bot(F.col("user_agent"))).join(judged, "click_id", "left")
+    bot = known_bot(F.col("user_agent"))
+    for crawlers, of in _periods_by(due, None, period_crawlers).items():
+        if crawlers is not None:
+            bot = F.when(F.col("period").isin(*of), known_bot(F.col("user_agent"), crawlers)).otherwise(bot)
+    final = final.withColumn("known_bot", bot).join(judged, "click_id", "left")
     late = wanted.filter(F.col("late") & of_due).select("event_type", "event_id")
     return final.select(*FINAL_MATCH_COLUMNS), quarantined, late
 
@@ -108,9 +118,7 @@ def _judged(
     period_rules: Mapping[str, IvtRules] | None,
 ) -> DataFrame:
     """`click_id`, `click_flood`, `duplicate_click` of `clicks`, each judged with its period's thresholds."""
-    periods_of: dict[IvtRules, list[str]] = {}
-    for period in due:
-        periods_of.setdefault((period_rules or {}).get(period, rules), []).append(period)
+    periods_of = _periods_by(due, rules, period_rules)
     if len(periods_of) <= 1:
         return judged_clicks(clicks, next(iter(periods_of), rules)).select("click_id", "click_flood", "duplicate_click")
     parts = [
@@ -121,6 +129,14 @@ def _judged(
         for these, of in periods_of.items()
     ]
     return functools.reduce(DataFrame.unionByName, parts)
+
+
+def _periods_by(due: list[str], default: V, per_period: Mapping[str, V] | None) -> dict[V, list[str]]:
+    """The due periods grouped by what each is judged with: `per_period`'s value, or `default`."""
+    grouped: dict[V, list[str]] = {}
+    for period in due:
+        grouped.setdefault((per_period or {}).get(period, default), []).append(period)
+    return grouped
 
 
 ARCHIVE_READ_SCHEMA = T.StructType(

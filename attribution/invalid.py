@@ -18,12 +18,12 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from billing.invalid import IvtRules
-from billing.store.crawler_list import crawler_list, factored_regex
+from billing.store.crawler_list import CrawlerList, crawler_list, factored_regex
 
 
-def known_bot(user_agent: Column) -> Column:
-    """Whether the user agent matches the crawler list (false for a null one)."""
-    return F.coalesce(user_agent.rlike(factored_regex(crawler_list().patterns)), F.lit(False))
+def known_bot(user_agent: Column, crawlers: CrawlerList | None = None) -> Column:
+    """Whether the user agent matches the crawler list (the installed one unless given; false for a null one)."""
+    return F.coalesce(user_agent.rlike(factored_regex((crawlers or crawler_list()).patterns)), F.lit(False))
 
 
 def judged_clicks(clicks: DataFrame, rules: IvtRules, id_col: str = "click_id") -> DataFrame:

@@ -169,6 +169,11 @@ class DataLayout:
         return self.reconcile / "periods.json"
 
     @property
+    def crawler_lists(self) -> Path:
+        """The crawler list's versions that closed periods were judged with, one file each."""
+        return self.reconcile / "crawler-lists"
+
+    @property
     def conflicts_sent_file(self) -> Path:
         """The id conflicts already on the quarantine topic: period -> `topic/partition/offset` of each."""
         return self.reconcile / "conflicts-sent.json"

@@ -10,13 +10,18 @@ package's example user agents there as it does in Python.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache, cached_property, lru_cache
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import crawleruseragents
+
+from billing.store.durable import make_folder, replace_files, staged
 
 PACKAGE = "crawler-user-agents"
 """The distribution that ships the list."""
@@ -71,6 +76,48 @@ def crawler_list() -> CrawlerList:
         patterns=tuple(entry["pattern"] for entry in data),
         examples=tuple((entry["pattern"], tuple(entry.get("instances", ()))) for entry in data),
     )
+
+
+# --- The versions closed periods were judged with ------------------------------------------------------------
+
+
+def keep_list(folder: Path, crawlers: CrawlerList) -> Path:
+    """Keep `crawlers`' patterns as `folder/<version>.json`, once per version (written before an export names the
+    version): a closed period is judged with its own version when reconciled again, whatever version is installed
+    then (DOMAIN.md: a new version applies to periods not yet closed)."""
+    target = folder / f"{_file_name(crawlers.version)}.json"
+    if target.exists():
+        return target
+    touched = make_folder(folder)
+    staging = folder / f".{target.name}.{os.getpid()}"
+    with staged(staging):
+        staging.write_text(
+            json.dumps({"package": PACKAGE, "version": crawlers.version, "patterns": list(crawlers.patterns)}),
+            encoding="utf-8",
+        )
+        replace_files([(staging, target)], touched)
+    return target
+
+
+def kept_list(folder: Path, version: str) -> CrawlerList | None:
+    """The patterns of `version` as kept by `keep_list`; the installed list when it is that version; None when
+    neither (an export written before the lists were kept)."""
+    installed = crawler_list()
+    if version == installed.version:
+        return installed
+    try:
+        data = json.loads((folder / f"{_file_name(version)}.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    if data.get("version") != version or not isinstance(data.get("patterns"), list):
+        raise ValueError(f"{folder / _file_name(version)}.json does not hold version {version} of the crawler list")
+    return CrawlerList(version=version, patterns=tuple(str(p) for p in data["patterns"]))
+
+
+def _file_name(version: str) -> str:
+    if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+_-]*", version):
+        raise ValueError(f"not a version of the crawler list: {version!r}")
+    return version
 
 
 # --- One regular expression the JVM matches fast ---------------------------------------------------------------

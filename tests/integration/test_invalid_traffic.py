@@ -16,6 +16,9 @@ import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
 
+import attribution.closing
+import attribution.invalid
+import billing.store.crawler_list
 from attribution.audit import audit
 from attribution.closing import run_closing
 from attribution.job import start
@@ -26,6 +29,7 @@ from billing.events import Click, Event, Impression
 from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions, IvtRules
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.crawler_list import CrawlerList, crawler_list
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
 from ops.reconciling import audit_table, reconcile_config
@@ -90,7 +94,7 @@ def stream_rows(settings: Settings) -> list[tuple[str, int, str, int]]:
 
 
 def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation_corrects_it_exactly(
-    spark: SparkSession, settings: Settings, tmp_path: Path
+    spark: SparkSession, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     save_catalog(CATALOG, settings.catalog_file)
     ensure_schemas(settings)
@@ -210,10 +214,16 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert '"crawler_list_version"' in manifest and '"click_flood"' in manifest
 
         # After the close, a late click that makes a click of the closed period a duplicate: an invalid activity
-        # adjustment in the open period, pointing at the period it corrects. The thresholds change meanwhile: they
-        # apply to periods not yet closed, so the closed period is judged again as it was (under these, its flood of
-        # 21 and its twin 1 s apart would be charged, and the late twin below would not make a duplicate).
+        # adjustment in the open period, pointing at the period it corrects. The thresholds and the crawler list
+        # change meanwhile: they apply to periods not yet closed, so the closed period is judged again as it was
+        # (under these, its flood of 21, its twin 1 s apart and its crawler would be charged, and the late twin below
+        # would not make a duplicate).
         rc = dataclasses.replace(rc, ivt_rules=IvtRules(flood_clicks=30, duplicate_window_ms=500))
+        installed = crawler_list()
+        upgraded = CrawlerList("99.0.0", tuple(p for p in installed.patterns if not re.search(p, BOT)))
+        assert not upgraded.matches(BOT)
+        for module in (attribution.closing, attribution.invalid, billing.store.crawler_list):
+            monkeypatch.setattr(module, "crawler_list", lambda: upgraded)
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
         with pytest.raises(Stop):  # killed with the adjustment written, before Redis

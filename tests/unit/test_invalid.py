@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
 from billing.invalid import ExclusionChange, IpExclusions, IvtRules, duplicate_clicks, flood_clicks, format_rate
 from billing.rule import bill
-from billing.store.crawler_list import crawler_list
+from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
 from tests import oracle
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -216,3 +217,24 @@ def test_a_closed_period_keeps_the_thresholds_its_export_was_judged_with() -> No
     assert now.or_judged_with({"crawler_list_version": "1.0"}) is now
     assert now.or_judged_with({"flood_clicks": 20}) is now
     assert now.or_judged_with({"flood_clicks": "many", "flood_window_ms": 1, "duplicate_window_ms": 1}) is now
+
+
+def test_the_crawler_list_a_closed_period_was_judged_with_is_kept_once_and_read_back(tmp_path: Path) -> None:
+    folder = tmp_path / "crawler-lists"
+    older = CrawlerList("0.9.1", ("Googlebot", r"bingbot\/"))
+    path = keep_list(folder, older)
+    assert path == folder / "0.9.1.json"
+    written = path.stat().st_mtime_ns
+    assert keep_list(folder, CrawlerList("0.9.1", ("changed",))) == path  # a version is written once
+    assert path.stat().st_mtime_ns == written
+    back = kept_list(folder, "0.9.1")
+    assert back is not None and back.patterns == older.patterns and back.matches("x Googlebot/2.1")
+    # The installed version needs no file; one never kept is None (an export from before the lists were kept).
+    assert kept_list(folder, crawler_list().version) is crawler_list()
+    assert kept_list(folder, "0.0.1") is None
+    assert [p.name for p in folder.iterdir()] == ["0.9.1.json"], "no staging file left"
+    with pytest.raises(ValueError, match="not a version"):
+        kept_list(folder, "../../etc/passwd")
+    (folder / "0.9.2.json").write_text('{"version": "0.9.3", "patterns": []}')
+    with pytest.raises(ValueError, match="does not hold version 0.9.2"):
+        kept_list(folder, "0.9.2")
