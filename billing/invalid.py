@@ -108,11 +108,12 @@ def parse_cidr(text: object) -> IpNetwork:
 
 @lru_cache(maxsize=65_536)
 def parse_ip(text: str | None) -> IpAddress | None:
-    """The address in `text`, or None when it is not one (the click is judged as if it had none)."""
+    """The address in `text`, or None when it is not one (the click is judged as if it had none). The text is the
+    address and nothing else: surrounding spaces, a port or a list of addresses make it not one."""
     if text is None:
         return None
     try:
-        return ipaddress.ip_address(text.strip())
+        return ipaddress.ip_address(text)
     except ValueError:
         return None
 

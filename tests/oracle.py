@@ -171,7 +171,7 @@ def _excluded(ip: str | None, at_ms: int, ranges: list[tuple[Any, list[tuple[int
     if ip is None:
         return False
     try:
-        address = ipaddress.ip_address(ip.strip())
+        address = ipaddress.ip_address(ip)
     except ValueError:
         return False
     for network, entries in ranges:

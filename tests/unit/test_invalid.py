@@ -141,6 +141,17 @@ CASES = [
     pytest.param([c("c1", T0, ip="203.0.113.1")], (NET6,), {"c1": "charged"}, id="ipv4-vs-ipv6-range"),
     # An `ip` that is not an address is judged as none: not bad input, not excluded.
     pytest.param([c("c1", T0, ip="not-an-ip")], (NET,), {"c1": "charged"}, id="ip-not-an-address"),
+    # Nor is an address with anything around it: spaces, a port, a second address.
+    pytest.param(
+        [
+            c("c1", T0, ip=" 203.0.113.7"),
+            c("c2", T0, user="u2", ip="203.0.113.7:443"),
+            c("c3", T0, user="u3", ip="203.0.113.7, 192.0.2.1"),
+        ],
+        (NET,),
+        {"c1": "charged", "c2": "charged", "c3": "charged"},
+        id="ip-with-more-than-an-address",
+    ),
     # A range added after the click's time does not apply to it; it does to a click after.
     pytest.param(
         [c("c1", T0 + 10 * S - 1, ip="203.0.113.7"), c("c2", T0 + 10 * S, user="u2", ip="203.0.113.7")],
