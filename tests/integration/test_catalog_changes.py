@@ -35,7 +35,7 @@ from ops.streaming import stream_config
 from tests import oracle
 from tests.conftest import child_env
 from tests.integration.test_reconcile import corrections, final_ledger, read_back
-from tests.integration.test_stream_job import send
+from tests.integration.test_stream_job import Feed
 from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
@@ -105,14 +105,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         store.change(catalog_change(action, ad_id, at_ms, store.current(), **given), lambda: now_ms, backfill=True)
 
     queries = start(spark, stream_config(settings))
-    sent = 0
-
-    def stream(events: list[Event]) -> None:
-        nonlocal sent
-        send(settings, events)  # type: ignore[arg-type]
-        sent += len(events)
-        for query in queries:
-            query.processAllAvailable()
+    stream = Feed(settings, queries)
 
     try:
         stream(pair("old", "ad-1", T0 + 10 * S))
@@ -154,7 +147,9 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         backfill("set-price", "ad-1", T0 + 135 * S, cpc_micros=2_000_000)
 
         history = store.current()
-        expected = {r["click_id"]: r["amount_micros"] for r in oracle.billable(read_back(settings, sent), history)}
+        expected = {
+            r["click_id"]: r["amount_micros"] for r in oracle.billable(read_back(settings, stream.sent), history)
+        }
         assert expected["c-unseen-ad"] == 30_000 and expected["c-unseen-price"] == 2_000_000
         assert "c-paused" not in expected and "c-new-ad-early" not in expected
 

@@ -25,7 +25,7 @@ from ops.stack import ensure_schemas
 from ops.streaming import stream_config
 from tests import oracle
 from tests.integration.test_reconcile import read_back
-from tests.integration.test_stream_job import send
+from tests.integration.test_stream_job import Feed
 
 pytestmark = pytest.mark.integration
 
@@ -68,15 +68,7 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
     # ad-p is paused from T0 + 5 s, by an admin's page (a back-fill: the traffic's times are 2026-01-01's).
     store.change(AdChange("ad-p", T0 + 5 * S, None), lambda: now_ms, backfill=True, made_by=MadeBy("ada", "page"))
     queries = start(spark, stream_config(settings))
-    sent = 0
-
-    def stream(events: list[Event]) -> None:
-        nonlocal sent
-        send(settings, events)  # type: ignore[arg-type]
-        sent += len(events)
-        for query in queries:
-            query.processAllAvailable()
-            assert query.isActive, query.exception()
+    stream = Feed(settings, queries)
 
     try:
         stream(
@@ -107,7 +99,9 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
         for query in queries:
             query.stop()
 
-    truth = {row["click_id"]: row["outcome"] for row in oracle.outcomes(read_back(settings, sent), store.current())}
+    truth = {
+        row["click_id"]: row["outcome"] for row in oracle.outcomes(read_back(settings, stream.sent), store.current())
+    }
     periods = Periods(settings.period_ms)
     stories = ClickStories(settings.layout, store, periods, settings.ivt_rules, settings.topic_clicks)
     told = {f"c-{n}": stories.tell(f"c-{n}") for n in (

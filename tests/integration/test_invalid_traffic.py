@@ -25,7 +25,7 @@ from attribution.job import start
 from attribution.restore import restore_redis
 from billing.budgets import BudgetChange, utc_day
 from billing.catalog import Ad, Catalog
-from billing.events import Click, Event, Impression
+from billing.events import Click, Impression
 from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions, IvtRules
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore, save_catalog
@@ -41,7 +41,7 @@ from producers.simulator import SimulationConfig, Simulator
 from tests import oracle
 from tests.integration.test_closing_follows_stream import Stop, stop_at
 from tests.integration.test_reconcile import corrections, final_ledger, read_back
-from tests.integration.test_stream_job import send
+from tests.integration.test_stream_job import Feed
 from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration
@@ -100,22 +100,17 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
     ensure_schemas(settings)
     store = CatalogStore(settings.catalog_file)
     queries = start(spark, stream_config(settings))
-    sent = 0
     read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     day = utc_day(T0)
 
     def day_total() -> int:
         return int(read.client.hget(read.keys.budget_day(day, "cmp-b"), "charged_micros") or 0)
 
-    def stream(events: list[Event]) -> None:
-        nonlocal sent
-        send(settings, events)  # type: ignore[arg-type]
-        sent += len(events)
-        for query in queries:
-            query.processAllAvailable()
-            assert query.isActive, query.exception()
+    def within_budget() -> None:
         # At every batch, not only at the end: no day's live total passes its budget.
         assert day_total() <= 5_000_000
+
+    stream = Feed(settings, queries, within_budget)
 
     try:
         flood = [e for n in range(21) for e in pair(f"flood-{n:02d}", f"ad-{n + 1}", T0 + 30 * S + n * S, "u-flood")]
@@ -174,7 +169,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert {"c-late-twin", "c-late-budget"}.isdisjoint(charged(settings))
 
         history = store.current()
-        received = read_back(settings, sent)
+        received = read_back(settings, stream.sent)
         outcomes = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, history)}
         assert outcomes["c-late-twin"] == "charged" and outcomes["c-charged-first"] == "duplicate_click"
         assert [outcomes[c] for c in ("c-late-budget", "c-b1", "c-b2", "c-b3")] == [
@@ -241,7 +236,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
             "late_click",
             open_period,
         ) in adjustments
-        received = read_back(settings, sent)
+        received = read_back(settings, stream.sent)
         assert final_ledger(settings) == {
             r["click_id"]: r["amount_micros"] for r in oracle.billable(received, store.current())
         }
@@ -290,19 +285,14 @@ def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late
     read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     rc = reconcile_config(settings)
     queries = start(spark, stream_config(settings))
-    sent = 0
 
     def day_total() -> int:
         return int(read.client.hget(read.keys.budget_day(utc_day(T0), "cmp-b"), "charged_micros") or 0)
 
-    def stream(events: list[Event]) -> None:
-        nonlocal sent
-        send(settings, events)  # type: ignore[arg-type]
-        sent += len(events)
-        for query in queries:
-            query.processAllAvailable()
-            assert query.isActive, query.exception()
+    def within_budget() -> None:
         assert day_total() <= 5_000_000
+
+    stream = Feed(settings, queries, within_budget)
 
     try:
         # 2.00 + 2.00 in the first hour, closed by a run (the machine's clock is long past the day's horizons).
@@ -319,7 +309,7 @@ def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late
         # After both closed: a 1.00 click at 00:05, ahead of every click of the day, arriving long after its time.
         stream(pair("early", "ad-c", T0 + 300 * S))
         assert "c-early" not in charged(settings)
-        received = read_back(settings, sent)
+        received = read_back(settings, stream.sent)
         outcomes = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, catalog)}
         assert [outcomes[c] for c in ("c-early", "c-b1", "c-b2", "c-c1", "c-b3")] == [
             "charged",

@@ -136,6 +136,22 @@ def process(queries: list[StreamingQuery]) -> None:
         assert query.isActive, query.exception()
 
 
+class Feed:
+    """Events sent to Kafka and read by the running queries, one call a step; `sent` counts them (what the oracle
+    reads back), and `check` runs after each step (an invariant that holds at every batch)."""
+
+    def __init__(
+        self, settings: Settings, queries: list[StreamingQuery], check: Callable[[], None] = lambda: None
+    ) -> None:
+        self.settings, self.queries, self.check, self.sent = settings, queries, check, 0
+
+    def __call__(self, events: list[Event]) -> None:
+        send(self.settings, events)  # type: ignore[arg-type]
+        self.sent += len(events)
+        process(self.queries)
+        self.check()
+
+
 def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> None:
     save_catalog(CATALOG, settings.catalog_file)
     clicks = settings.topic_clicks
