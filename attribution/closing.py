@@ -238,6 +238,9 @@ def run_closing(
     given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
     ports = closing_ports(spark, config, catalog, clock)
     periods = Periods(config.period_ms)
+    # The installed list's patterns, kept at every run: an export written by a run of an earlier release (which kept
+    # none) names the version installed then, and is judged with it again after an upgrade of the list.
+    keep_list(config.layout.crawler_lists, crawler_list())
     if locked:
         if position is None and not force:
             wait_for_stream(config, clock, progress)
