@@ -381,12 +381,12 @@ def tell(
     changes: Mapping[int, ChangeEntry],
     periods: Periods,
     rules: IvtRules = DEFAULT_RULES,
-    bot_patterns: Callable[[str], list[str]] = lambda user_agent: [],
+    bot_patterns: Callable[[str, str | None], list[str]] = lambda user_agent, version: [],
     crawler_list_version: str | None = None,
 ) -> ClickStory:
     """The click's story (module doc). `changes` is the change log by version; `rules` the thresholds of periods
-    not yet closed (a closed period's export says its own); `bot_patterns` the crawler list's patterns a user
-    agent matches."""
+    not yet closed (a closed period's export says its own); `bot_patterns` the patterns a user agent matches in a
+    version of the crawler list (None: the installed one; a closed period's export names its own)."""
     click_id = evidence.click_id
     copies = _copies(evidence)
     standing = next((c for c in copies if c.status == "stands"), None)
@@ -591,13 +591,14 @@ def _invalid(
     catalog: Catalog,
     changes: Mapping[int, ChangeEntry],
     rules: IvtRules,
-    bot_patterns: Callable[[str], list[str]],
+    bot_patterns: Callable[[str, str | None], list[str]],
     judged: Mapping[str, Any],
     installed_version: str | None,
 ) -> InvalidTraffic:
     """Each rule over the click and its user's clicks (standing copies), the first that applies giving the reason."""
     at = standing.event_time or 0
-    patterns = bot_patterns(standing.user_agent) if standing.user_agent else []
+    version = judged.get("crawler_list_version")
+    patterns = bot_patterns(standing.user_agent, str(version) if version else None) if standing.user_agent else []
     excluded = catalog.exclusions.excluding(standing.ip, at) if parse_ip(standing.ip) is not None else None
     exclusion = _exclusion_entry(catalog, excluded, at) if excluded else None
     users = _first_copies(evidence.user_clicks, "event_id")

@@ -41,7 +41,7 @@ from billing.store.click_index import (
     ClickIndex,
     read_located,
 )
-from billing.store.crawler_list import crawler_list
+from billing.store.crawler_list import crawler_list, kept_list
 from billing.store.export_files import read_manifest
 from billing.story import ClickStory, Evidence, by_price, tell
 
@@ -99,13 +99,19 @@ class ClickStories:
         fresh = self.refresh()
         catalog = self.catalog.current()
         crawlers = crawler_list()
+
+        def bot_patterns(user_agent: str, version: str | None) -> list[str]:
+            # A closed period's own version where its patterns were kept (`billing.store.crawler_list.keep_list`).
+            listed = (kept_list(self.layout.crawler_lists, version) if version else None) or crawlers
+            return listed.matching(user_agent) if listed.matches(user_agent) else []
+
         return tell(
             self.evidence(click_id, stale=not fresh),
             catalog,
             by_version(self.catalog.changes()),
             self.periods,
             self.rules,
-            bot_patterns=lambda ua: crawlers.matching(ua) if crawlers.matches(ua) else [],
+            bot_patterns=bot_patterns,
             crawler_list_version=crawlers.version,
         )
 

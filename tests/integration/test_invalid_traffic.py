@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 import attribution.closing
 import attribution.invalid
+import billing.store.click_story
 import billing.store.crawler_list
 from attribution.audit import audit
 from attribution.closing import run_closing
@@ -29,6 +30,7 @@ from billing.events import Click, Impression
 from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions, IvtRules
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.click_story import ClickStories
 from billing.store.crawler_list import CrawlerList, crawler_list
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
@@ -218,7 +220,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert (settings.layout.crawler_lists / f"{installed.version}.json").exists(), "kept by the closing runs"
         upgraded = CrawlerList("99.0.0", tuple(p for p in installed.patterns if not re.search(p, BOT)))
         assert not upgraded.matches(BOT)
-        for module in (attribution.closing, attribution.invalid, billing.store.crawler_list):
+        for module in (attribution.closing, attribution.invalid, billing.store.crawler_list, billing.store.click_story):
             monkeypatch.setattr(module, "crawler_list", lambda: upgraded)
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
@@ -242,6 +244,11 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
             r["click_id"]: r["amount_micros"] for r in oracle.billable(received, store.current())
         }
         audits = audit(spark, rc, store.current())
+        # The crawler's story tells the verdict of its period's list, with the pattern it matched there.
+        told = ClickStories(settings.layout, store, Periods(), rc.ivt_rules, settings.topic_clicks).tell("c-bot")
+        assert told.invalid is not None and told.invalid.reason == "known_bot", told.invalid
+        assert told.invalid.crawler_list_version == installed.version
+        assert told.invalid.bot_pattern in installed.matching(BOT) and not upgraded.matches(BOT)
         assert audits and all(a.balanced for a in audits), audit_table(audits)
 
         # Redis restored from the data folder gives back the not-charged figures and each campaign's day.
