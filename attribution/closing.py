@@ -238,8 +238,9 @@ def run_closing(
     given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
     ports = closing_ports(spark, config, catalog, clock)
     periods = Periods(config.period_ms)
-    # The installed list's patterns, kept at every run: an export written by a run of an earlier release (which kept
-    # none) names the version installed then, and is judged with it again after an upgrade of the list.
+    # The installed list's patterns, kept at every run before it writes an export that names the version (exports are
+    # written by runs only), and for an export of an earlier release (which kept none): a closed period is judged with
+    # its own version again after an upgrade of the list.
     keep_list(config.layout.crawler_lists, crawler_list())
     if locked:
         if position is None and not force:
@@ -795,9 +796,6 @@ class ExportFolders:
         not_charged: list[dict[str, Any]] | None = None,
         judged_with: Mapping[str, Any] | None = None,
     ) -> None:
-        # The list's patterns before the export that names its version: the period is judged with them again
-        # if it is reconciled after the installed list has changed.
-        keep_list(self.layout.crawler_lists, crawler_list())
         write_export(
             self.layout.root,
             period,

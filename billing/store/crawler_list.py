@@ -82,9 +82,9 @@ def crawler_list() -> CrawlerList:
 
 
 def keep_list(folder: Path, crawlers: CrawlerList) -> Path:
-    """Keep `crawlers`' patterns as `folder/<version>.json`, once per version (written before an export names the
-    version): a closed period is judged with its own version when reconciled again, whatever version is installed
-    then (DOMAIN.md: a new version applies to periods not yet closed)."""
+    """Keep `crawlers`' patterns as `folder/<version>.json`, once per version (each closing run keeps the installed
+    one before it writes an export that names it): a closed period is judged with its own version when reconciled
+    again, whatever version is installed then (DOMAIN.md: a new version applies to periods not yet closed)."""
     target = folder / f"{_file_name(crawlers.version)}.json"
     if target.exists():
         return target
@@ -105,13 +105,21 @@ def kept_list(folder: Path, version: str) -> CrawlerList | None:
     installed = crawler_list()
     if version == installed.version:
         return installed
+    path = folder / f"{_file_name(version)}.json"
+    if path in _KEPT:  # a kept version's file is written once and never changes
+        return _KEPT[path]
     try:
-        data = json.loads((folder / f"{_file_name(version)}.json").read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     if data.get("version") != version or not isinstance(data.get("patterns"), list):
-        raise ValueError(f"{folder / _file_name(version)}.json does not hold version {version} of the crawler list")
-    return CrawlerList(version=version, patterns=tuple(str(p) for p in data["patterns"]))
+        raise ValueError(f"{path} does not hold version {version} of the crawler list")
+    listed = _KEPT[path] = CrawlerList(version=version, patterns=tuple(str(p) for p in data["patterns"]))
+    return listed
+
+
+_KEPT: dict[Path, CrawlerList] = {}
+"""The kept versions read so far (a click story or a run reads one again and again, with its merged expression)."""
 
 
 def _file_name(version: str) -> str:
