@@ -1,14 +1,19 @@
-"""The attribution rule, case by case at explicit timestamps, and against a brute-force recomputation."""
+"""The attribution rule, case by case at explicit timestamps, against a brute-force recomputation, and with invalid
+traffic and budgets against the DuckDB oracle on dense traffic."""
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
 from billing.rule import ATTRIBUTION_WINDOW_MS, BillableClick, attribute, bill
+from billing.store.crawler_list import crawler_list
+from tests import oracle
+from tests.dense_traffic import dense_catalog, dense_events, received_once
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S = 1_000  # one second in ms
@@ -158,3 +163,22 @@ def test_attribute_matches_brute_force(seed: int) -> None:
     assert len(billed) == len(got)
     assert 0 < len(expected) < len(clicks)  # the draw exercised both outcomes
     assert all(0 <= r.click_time - r.impression_time <= ATTRIBUTION_WINDOW_MS for r in billed)
+
+
+def test_the_rule_gives_every_click_the_oracles_outcome_on_dense_traffic() -> None:
+    """Every edge of the contract hit many times a draw (`tests.dense_traffic`): times on a coarse grid around a UTC
+    midnight, prices, pauses, budgets and exclusions changed on the same grid, crawlers, addresses of both families
+    and text that is not one. The plain rule and the oracle, written apart, give every click one outcome."""
+    seen: Counter[str] = Counter()
+    for seed in range(60):
+        rng = random.Random(seed)
+        catalog = dense_catalog(rng)
+        impressions, clicks = dense_events(rng)
+        result = bill(impressions, clicks, catalog, is_bot=crawler_list().matches)
+        plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
+        expected = oracle.outcomes(received_once([*impressions, *clicks]), catalog)
+        assert plain == {row["click_id"]: row["outcome"] for row in expected}, f"seed {seed}"
+        seen.update(plain.values())
+    # The draws reach every outcome, each many times.
+    outcomes = ("charged", "unknown_ad", "ad_paused", "known_bot", "excluded_ip", "click_flood", "duplicate_click")
+    assert set(seen) == {*outcomes, "over_budget"} and min(seen.values()) >= 10, seen
