@@ -582,21 +582,28 @@ def final_charges(
 ) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
     charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
-    history, judged (`billing.invalid`: the exclusion list on the driver, the rest found by Spark) and charged in
-    event-time order within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the day's
-    earlier periods are computed as well, since a click's charge depends on the clicks before it that day."""
+    history, judged (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the
+    exclusion list on the driver, each period with the list it was judged with) and charged in event-time order
+    within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the day's earlier periods
+    are computed as well, since a click's charge depends on the clicks before it that day.
+
+    The crawler list is searched in Python, as the stream and the click's story search it and as the package's own
+    `is_crawler` does, once per distinct user agent: Java's expressions differ from Python's on a few texts (`\\d`
+    and a non-ASCII digit, `$` before a trailing carriage return), and one list must give one verdict."""
     periods = Periods(period_ms)
     scope = scope_of(due, periods, catalog.has_budgets)
+    thresholds, lists = judged_as_closed(layout, scope, rules)
     final_df, quarantined_df, late_df = final_bills(
-        spark, layout.archive, period_ms, scope, through_batch, rules, *judged_as_closed(layout, scope, rules)
+        spark, layout.archive, period_ms, scope, through_batch, rules, thresholds
     )
     matches = final_df.toArrow()
     priced = price_matches(matches, catalog)
     rows = priced.bills.to_pylist()
+    installed = crawler_list()
     invalid: dict[str, str] = {}
     for row in rows:
         reason = first_reason(
-            bot=bool(row["known_bot"]),
+            bot=lists.get(row["period"], installed).matches(row["user_agent"]),
             excluded=catalog.exclusions.excluding(row["ip"], row["click_time"]) is not None,
             flood=bool(row["click_flood"]),
             duplicate=bool(row["duplicate_click"]),

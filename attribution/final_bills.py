@@ -4,9 +4,10 @@ Spark's one job in closing periods (`billing.closing_run`) and in the audit (`at
 impressions of the due periods and of the period before each (a click may be attributed to an impression up to
 10 s earlier) and the clicks of the due periods and of the periods beside them, with every other copy of their ids
 from any period, de-duplicated by first arrival, through the same `attribute()` as the stream (`attribution.join`),
-each matched click with what the invalid traffic rules find (`attribution.invalid`); id conflicts and late events
-beside. The matches come back unpriced: the caller prices them with the catalog's history (`attribution.pricing`)
-and charges them (`attribution.final_charges`).
+each matched click with what the flood and duplicate rules find (`attribution.invalid`) and its user agent and
+address; id conflicts and late events beside. The matches come back unpriced: the caller prices them with the
+catalog's history (`attribution.pricing`), judges the crawler list and the exclusion list on the driver, and charges
+them (`attribution.closing.final_charges`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from attribution.invalid import judged_clicks, known_bot
+from attribution.invalid import judged_clicks
 from attribution.join import MATCH_COLUMNS, attribute, conflicts, dedupe
 from attribution.periods import period_columns
 from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.periods import DAY_MS, Periods
-from billing.store.crawler_list import CrawlerList
 
 V = TypeVar("V")
 
-FINAL_MATCH_COLUMNS = (*MATCH_COLUMNS[:6], "period", "ip", "known_bot", "click_flood", "duplicate_click")
+FINAL_MATCH_COLUMNS = (*MATCH_COLUMNS[:6], "period", "user_agent", "ip", "click_flood", "duplicate_click")
 """The final matches' columns: the click, its attributed impression and their times, the click's period, and what
-the invalid traffic rules read or found (the click's `ip`; whether it is a known crawler's, in a flood, a
-duplicate click)."""
+the invalid traffic rules read or found (the click's `user_agent` and `ip`; whether it is in a flood, a duplicate
+click)."""
 
 
 def scope_of(due: list[str], periods: Periods, whole_days: bool) -> list[str]:
@@ -55,7 +55,6 @@ def final_bills(
     through_batch: int | None = None,
     rules: IvtRules = DEFAULT_RULES,
     period_rules: Mapping[str, IvtRules] | None = None,
-    period_crawlers: Mapping[str, CrawlerList] | None = None,
 ) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(final matched clicks of the `due` periods with their `period` and invalid traffic flags
     (`FINAL_MATCH_COLUMNS`, to be priced and charged), id-conflict quarantine rows with their `event_type` and event
@@ -63,9 +62,9 @@ def final_bills(
     `through_batch` when given (the batch a closing run reads the ledger up to as well).
 
     The clicks of the periods next to the due ones are read too: the flood and duplicate rules look up to a minute
-    around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds and the crawler list
-    of its period: `period_rules` and `period_crawlers` where they name the period (a closed period keeps those it
-    was judged with), `rules` and the installed list otherwise."""
+    around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds of its period:
+    `period_rules` where they name the period (a closed period keeps those it was judged with), `rules`
+    otherwise."""
     periods = Periods(period_ms)
     previous = {periods.key(periods.parse_key(p) - periods.length_ms) for p in due}
     following = {periods.key(periods.parse_key(p) + periods.length_ms) for p in due}
@@ -101,11 +100,7 @@ def final_bills(
     judged = _judged(standing.select("click_id", "user_id", "ad_id", "event_time"), period_ms, due, rules, period_rules)
     final = attribute(dedupe(impressions, "impression_id"), standing, carry=("user_agent", "ip"))
     final = final.select("*", period_columns(F.col("click_time"), period_ms)[1]).filter(F.col("period").isin(*due))
-    bot = known_bot(F.col("user_agent"))
-    for crawlers, of in _periods_by(due, None, period_crawlers).items():
-        if crawlers is not None:
-            bot = F.when(F.col("period").isin(*of), known_bot(F.col("user_agent"), crawlers)).otherwise(bot)
-    final = final.withColumn("known_bot", bot).join(judged, "click_id", "left")
+    final = final.join(judged, "click_id", "left")
     late = wanted.filter(F.col("late") & of_due).select("event_type", "event_id")
     return final.select(*FINAL_MATCH_COLUMNS), quarantined, late
 

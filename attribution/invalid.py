@@ -1,29 +1,19 @@
 """The invalid traffic rules on DataFrames (`billing.invalid` is the reference, in plain Python).
 
-- `known_bot(user_agent)`: the crawler list matched in the JVM (`rlike`, Java's `find`: a search anywhere in the text,
-  case-sensitive, as the package's `is_crawler`), never a Python function per row. The list's 1,504 patterns are
-  matched as one expression with their literal prefixes merged (`billing.store.crawler_list.factored_regex`): Java
-  tries every branch of an alternation at every position of the text, and the plain alternation cost about a
-  millisecond per user agent; merged, the branches whose first character does not fit are skipped.
 - `judged_clicks(clicks, rules)`: on a batch of every click received (one copy per id), the flood and duplicate
   rules as window functions: `click_flood` when some window of `flood_window_ms` holding the click holds more than
   `flood_clicks` of the user's clicks, `duplicate_click` when the previous click of the user on the ad (by time, then
   id) is at most `duplicate_window_ms` before it. Reconciliation's final bills apply them (`attribution.final_bills`);
-  `excluded_ip` is read on the driver against the catalog's exclusion history, on the matched clicks only.
+  `known_bot` and `excluded_ip` are read on the driver, on the matched clicks only: the crawler list in Python, as
+  the package's own `is_crawler` searches it, and the exclusion history of the catalog.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from billing.invalid import IvtRules
-from billing.store.crawler_list import CrawlerList, crawler_list, factored_regex
-
-
-def known_bot(user_agent: Column, crawlers: CrawlerList | None = None) -> Column:
-    """Whether the user agent matches the crawler list (the installed one unless given; false for a null one)."""
-    return F.coalesce(user_agent.rlike(factored_regex((crawlers or crawler_list()).patterns)), F.lit(False))
 
 
 def judged_clicks(clicks: DataFrame, rules: IvtRules, id_col: str = "click_id") -> DataFrame:

@@ -33,6 +33,11 @@ CRAWLERS = [
     "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
     "curl/7.68.0",
     "python-requests/2.31.0",
+    # Where regular-expression engines differ (Java's, for one): Python's `\d` is any decimal digit, so this is a
+    # crawler to the package; Python's `$` matches before a trailing newline but not a carriage return, so the next
+    # is not one.
+    "BlogTraffic/\u0663.\u0664 Feed-Fetcher",
+    "x GoogleAssociationService\r\n",
 ]
 ADDRESSES = [
     None,

@@ -2,10 +2,11 @@
 that name at the version `requirements.lock` pins (DOMAIN.md, "Invalid traffic", rule `known_bot`).
 
 A user agent matches when one of the patterns is found anywhere in it, case-sensitively: the package's own
-`is_crawler` (its default). The patterns are written to be portable, and the product matches them in the JVM
-(`attribution.invalid`, one regular expression for Spark's `rlike`, which is Java's `find`); Python's `re` here
-serves the simulator's ground truth and the tests, which check that every pattern compiles in Java and matches the
-package's example user agents there as it does in Python.
+`is_crawler` (its default). Every part of the product searches it here, with Python's `re` as the package does:
+the stream's driver once per distinct user agent (`attribution.charging`), reconciliation's driver on the final
+matches (`attribution.closing.final_charges`), the click's story, the simulator's ground truth. Not in the JVM:
+Java's expressions differ from Python's on a few texts (`\\d` and a non-ASCII digit, `$` before a trailing
+carriage return), and one list must give one verdict.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def _escaped(char: str) -> str:
 def factored_regex(patterns: tuple[str, ...]) -> str:
     """The alternation of `patterns` with their literal prefixes merged into a trie (`Googlebot|Googlebot-Image|
     Google-Read` becomes `Google(?:bot|-Read)`): the same matches for a search anywhere in a text, but at each position
-    a regular-expression engine without a trie of its own (Java's) tries the few branches whose first character fits
+    a regular-expression engine without a trie of its own (Python's) tries the few branches whose first character fits
     instead of every pattern. A pattern that is a prefix of another makes the longer one redundant."""
     root: dict[str, Any] = {}
     others: list[str] = []

@@ -17,7 +17,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 import attribution.closing
-import attribution.invalid
 import billing.store.click_story
 import billing.store.crawler_list
 from attribution.audit import audit
@@ -220,7 +219,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert (settings.layout.crawler_lists / f"{installed.version}.json").exists(), "kept by the closing runs"
         upgraded = CrawlerList("99.0.0", tuple(p for p in installed.patterns if not re.search(p, BOT)))
         assert not upgraded.matches(BOT)
-        for module in (attribution.closing, attribution.invalid, billing.store.crawler_list, billing.store.click_story):
+        for module in (attribution.closing, billing.store.crawler_list, billing.store.click_story):
             monkeypatch.setattr(module, "crawler_list", lambda: upgraded)
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
