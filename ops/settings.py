@@ -82,7 +82,11 @@ class Settings:
     )
     trigger_ms: int = _setting(1_000, "Micro-batch trigger interval of the streaming job, in ms.")
     period_ms: int = _setting(3_600_000, "Length of a billing period, in ms (UTC hours by default).")
-    max_offsets_per_trigger: int = _setting(200_000, "Most Kafka records one micro-batch reads, per query.")
+    max_offsets_per_trigger: int = _setting(
+        200_000,
+        "Most Kafka records one micro-batch reads from each topic: a backlog (a burst, the job back after an outage) "
+        "is read in batches of at most this many.",
+    )
     state_store: str = _setting(
         "auto",
         "State store of a new checkpoint of the streaming job: hdfs (Spark's, in the JVM's memory, checkpointed to "
