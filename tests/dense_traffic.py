@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any
 
 from billing.catalog import Ad, AdChange, Catalog
@@ -82,8 +83,9 @@ def dense_catalog(rng: random.Random) -> Catalog:
 
 
 def dense_events(rng: random.Random) -> tuple[list[Impression], list[Click]]:
-    """Up to 80 impressions and 120 clicks of one to three users on the catalog's ads and one it does not know, and in
-    some draws a flood of one user's clicks around the rule's 21 clicks in 60 s."""
+    """Up to 80 impressions and 120 clicks of one to three users on the catalog's ads and one it does not know, each bound of
+    the rules hit exactly and missed by a millisecond (`_edges`), and in some draws a flood of one user's clicks
+    around the rule's 21 clicks in 60 s."""
     users = [f"u{n}" for n in range(rng.randrange(1, 4))]
     ads = ["a0", "a1", "a2", "a3", "unknown"]
     grid = rng.choice([1_000, 5_000, 10_000])
@@ -101,12 +103,36 @@ def dense_events(rng: random.Random) -> tuple[list[Impression], list[Click]]:
         Click(f"c{n:03d}", rng.choice(ads), rng.choice(users), at(), user_agent(), rng.choice(ADDRESSES))
         for n in range(rng.randrange(5, 120))
     ]
+    edge_impressions, edge_clicks = _edges(rng, at)
+    impressions += edge_impressions
+    clicks += edge_clicks
     if rng.random() < 0.4:  # a flood: 19 to 23 more clicks of one user within 45 to 75 s, on any ads
         user, first, span = rng.choice(users), at(), rng.choice([45_000, 60_000, 75_000])
         clicks += [
             Click(f"f{n:03d}", rng.choice(ads), user, first + rng.randrange(0, span + 1, 1_000), user_agent())
             for n in range(rng.randrange(19, 24))
         ]
+    return impressions, clicks
+
+
+def _edges(rng: random.Random, at: Callable[[], int]) -> tuple[list[Impression], list[Click]]:
+    """Each bound of the rules exactly and a millisecond past it, every draw, each by a user of its own (so that no
+    other rule of another user's traffic hides it): a click 10 s after its impression, a second click on the ad
+    30 s after the first, and 21 clicks spanning 60 s; then the same with 1 ms more."""
+    impressions: list[Impression] = []
+    clicks: list[Click] = []
+    for past in (0, 1):
+        user, ad, start = f"edge{past}", rng.choice(["a0", "a1", "a2", "a3"]), at()
+        impressions.append(Impression(f"ei{past}-attr", ad, f"{user}-attr", start))
+        clicks.append(Click(f"ec{past}-attr", ad, f"{user}-attr", start + 10_000 + past))
+        for n, offset in enumerate((0, 30_000 + past)):
+            impressions.append(Impression(f"ei{past}-dup{n}", ad, f"{user}-dup", start + offset - 1_000))
+            clicks.append(Click(f"ec{past}-dup{n}", ad, f"{user}-dup", start + offset))
+        times = [start, *sorted(start + rng.randrange(1, 60_000) for _ in range(19)), start + 60_000 + past]
+        for n, time in enumerate(times):
+            ad = rng.choice(["a0", "a1", "a2", "a3"])
+            impressions.append(Impression(f"ei{past}-flood{n}", ad, f"{user}-flood", time - 2_000))
+            clicks.append(Click(f"ec{past}-flood{n}", ad, f"{user}-flood", time))
     return impressions, clicks
 
 
