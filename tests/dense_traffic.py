@@ -83,9 +83,9 @@ def dense_catalog(rng: random.Random) -> Catalog:
 
 
 def dense_events(rng: random.Random) -> tuple[list[Impression], list[Click]]:
-    """Up to 80 impressions and 120 clicks of one to three users on the catalog's ads and one it does not know, each bound of
-    the rules hit exactly and missed by a millisecond (`_edges`), and in some draws a flood of one user's clicks
-    around the rule's 21 clicks in 60 s."""
+    """Up to 80 impressions and 120 clicks of one to three users on the catalog's ads and one it does not know,
+    each bound of the rules hit exactly and missed by a millisecond (`_edges`), and in some draws a flood of one
+    user's clicks around the rule's 21 clicks in 60 s."""
     users = [f"u{n}" for n in range(rng.randrange(1, 4))]
     ads = ["a0", "a1", "a2", "a3", "unknown"]
     grid = rng.choice([1_000, 5_000, 10_000])
