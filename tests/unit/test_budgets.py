@@ -13,6 +13,7 @@ from billing.events import Click, Impression
 from billing.rule import bill
 from billing.store.crawler_list import crawler_list
 from tests import oracle
+from tests.dense_traffic import received_once
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 H = 3_600_000
@@ -47,21 +48,7 @@ def outcomes(clicks: list[Click], cat: Catalog) -> tuple[dict[str, str], dict[st
     impressions = [Impression(f"i-{c.click_id}", c.ad_id, c.user_id, c.event_time - S) for c in clicks]
     result = bill(impressions, clicks, cat, is_bot=crawler_list().matches)
     plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
-    received = [
-        {
-            "type": e.type,
-            "id": e.event_id,
-            "ad_id": e.ad_id,
-            "user_id": e.user_id,
-            "event_time": e.event_time,
-            "received_ms": e.event_time,
-            "partition": 0,
-            "offset": n,
-            "user_agent": e.user_agent,
-            "ip": e.ip,
-        }
-        for n, e in enumerate([*impressions, *clicks])
-    ]
+    received = received_once([*impressions, *clicks])
     return plain, {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, cat)}
 
 

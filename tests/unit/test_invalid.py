@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,6 +13,7 @@ from billing.invalid import ExclusionChange, IpExclusions, IvtRules, duplicate_c
 from billing.rule import bill
 from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
 from tests import oracle
+from tests.dense_traffic import received_once
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S = 1_000
@@ -36,22 +36,7 @@ def outcomes(clicks: list[Click], cat: Catalog) -> tuple[dict[str, str], dict[st
     impressions = [Impression(f"i-{k.click_id}", k.ad_id, k.user_id, k.event_time - S) for k in clicks]
     result = bill(impressions, clicks, cat, is_bot=crawler_list().matches)
     plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
-    received: list[dict[str, Any]] = []
-    for n, event in enumerate([*impressions, *clicks]):
-        received.append(
-            {
-                "type": event.type,
-                "id": event.event_id,
-                "ad_id": event.ad_id,
-                "user_id": event.user_id,
-                "event_time": event.event_time,
-                "received_ms": event.event_time,
-                "partition": 0,
-                "offset": n,
-                "user_agent": event.user_agent,
-                "ip": event.ip,
-            }
-        )
+    received = received_once([*impressions, *clicks])
     independent = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, cat)}
     return plain, independent
 
