@@ -69,8 +69,18 @@ class Settings:
         "and workers there.",
     )
     shuffle_partitions: int = _setting(4, "spark.sql.shuffle.partitions; fixed by the first checkpoint.")
-    impression_watermark_ms: int = _setting(30_000, "Watermark delay of the impressions stream, in ms.")
-    click_watermark_ms: int = _setting(30_000, "Watermark delay of the clicks stream, in ms.")
+    impression_watermark_ms: int = _setting(
+        10_000,
+        "Watermark delay of the impressions stream, in ms: an impression whose time is further behind the newest "
+        "receipt time the stream has read is late (kept out of the streaming join, counted, its click billed by "
+        "reconciliation). The join keeps about this plus the 10 s window of traffic and reads all of it every "
+        "batch: a longer delay costs latency and throughput (docs/benchmarks.md).",
+    )
+    click_watermark_ms: int = _setting(
+        10_000,
+        "Watermark delay of the clicks stream, in ms: a click whose time is further behind the newest receipt time "
+        "the stream has read is late (billed by reconciliation, counted meanwhile).",
+    )
     clock_tolerance_ms: int = _setting(
         60_000,
         "How far an event's time may be ahead of the time Kafka received it before it is counted as clock ahead, "

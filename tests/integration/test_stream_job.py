@@ -99,7 +99,8 @@ def ledger_ad_totals(rows: list[dict]) -> dict[str, tuple[int, int]]:
 def job(spark: SparkSession, settings: Settings) -> Iterator[Callable[[], list[StreamingQuery]]]:
     """Starts the job's queries in the test's Spark session (with its health listener); stops them after."""
     started: list[StreamingQuery] = []
-    listener = HealthListener(settings.redis_url, settings.redis_prefix, {"impressions": 30_000, "clicks": 30_000})
+    delays = {"impressions": settings.impression_watermark_ms, "clicks": settings.click_watermark_ms}
+    listener = HealthListener(settings.redis_url, settings.redis_prefix, delays)
     spark.streams.addListener(listener)
 
     def run() -> list[StreamingQuery]:
@@ -249,7 +250,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
     health = last_record()
     assert health is not None
     assert int(health["batch_id"]) >= 1
-    assert health["stream_watermarks_ms"]["clicks"] == T0 + 12 * S - 30_000
+    assert health["stream_watermarks_ms"]["clicks"] == T0 + 12 * S - settings.click_watermark_ms
 
     # Prometheus: the records read per topic (this test's own topics), and the running counts of billing in Redis.
     def records_read(topic: str) -> float | None:
@@ -270,26 +271,26 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
     save_catalog(CATALOG, settings.catalog_file)
-    # Both streams reach T0 + 100 s; with 30 s delays the watermark becomes T0 + 70 s.
-    send(
-        settings,
-        [Impression("i-front", "ad-1", "u-front", T0 + 100 * S), Click("c-front", "ad-1", "u-x", T0 + 100 * S)],
-    )
+    assert settings.impression_watermark_ms == settings.click_watermark_ms
+    # Both streams reach T0 + 100 s; the watermark becomes that less the delays (the defaults), W.
+    front = T0 + 100 * S
+    watermark = front - settings.click_watermark_ms
+    send(settings, [Impression("i-front", "ad-1", "u-front", front), Click("c-front", "ad-1", "u-x", front)])
     queries = job()
     process(queries)
     send(
         settings,
         [
-            # Events at or below the watermark (T0 + 70 s) are late: kept out of the join, so never billed by
-            # the stream (reconciliation books this click as a late click).
-            Impression("i-late", "ad-1", "u-late", T0 + 65 * S),
-            Click("c-late", "ad-1", "u-late", T0 + 70 * S),
+            # Events at or below the watermark are late: kept out of the join, so never billed by the stream
+            # (reconciliation books this click as a late click).
+            Impression("i-late", "ad-1", "u-late", watermark - 5 * S),
+            Click("c-late", "ad-1", "u-late", watermark),
             # A late impression with a click above the watermark: the click finds nothing to join.
-            Impression("i-late-2", "ad-2", "u-late-2", T0 + 69 * S),
-            Click("c-orphan", "ad-2", "u-late-2", T0 + 75 * S),
+            Impression("i-late-2", "ad-2", "u-late-2", watermark - 1 * S),
+            Click("c-orphan", "ad-2", "u-late-2", watermark + 5 * S),
             # 1 ms above the watermark: joined and billed.
-            Impression("i-edge", "ad-3", "u-edge", T0 + 70 * S + 1),
-            Click("c-edge", "ad-3", "u-edge", T0 + 75 * S),
+            Impression("i-edge", "ad-3", "u-edge", watermark + 1),
+            Click("c-edge", "ad-3", "u-edge", watermark + 5 * S),
         ],
     )
     process(queries)
