@@ -309,6 +309,51 @@ def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(set
     assert totals.late("20260101T0000Z", "adv", "adv-2") == {"impression": 1}
 
 
+def test_a_checkpoint_of_30_s_delays_goes_on_with_the_10_s_defaults(spark: SparkSession, settings: Settings) -> None:
+    """An existing deployment started with the earlier defaults (30 s watermark delays) restarts with today's: the
+    checkpoint takes the new delays, nothing is lost and nothing billed twice."""
+    save_catalog(CATALOG, settings.catalog_file)
+    ensure_schemas(settings)
+    earlier = dataclasses.replace(settings, impression_watermark_ms=30_000, click_watermark_ms=30_000)
+    assert settings.click_watermark_ms == settings.impression_watermark_ms == 10_000
+
+    def run(config: Settings, events: list[Event | tuple[str, bytes]]) -> str:
+        """Sends `events` to the job with `config` until it has read them; the job's watermark then."""
+        queries = start(spark, stream_config(config))
+        try:
+            send(config, events)
+            process(queries)
+            return str(queries[0].lastProgress["eventTime"]["watermark"])
+        finally:
+            for query in queries:
+                query.stop()
+
+    before = run(
+        earlier,
+        [
+            Impression("i-a", "ad-1", "u-a", T0),
+            Click("c-a", "ad-1", "u-a", T0 + 5 * S),
+            Impression("i-front", "ad-2", "u-front", T0 + 100 * S),
+            Click("c-front", "ad-2", "u-front", T0 + 100 * S),
+        ],
+    )
+    after = run(
+        settings,
+        [
+            Impression("i-b", "ad-3", "u-b", T0 + 95 * S),
+            Click("c-b", "ad-3", "u-b", T0 + 98 * S),
+            Click("c-a", "ad-1", "u-a", T0 + 5 * S),  # a copy, long past the watermark
+        ],
+    )
+
+    # The watermark: 30 s behind the newest impression and click (T0 + 100 s), then 10 s behind those read since
+    # the restart (the impression at T0 + 95 s; Spark keeps the watermark of a checkpoint, not each stream's).
+    assert (before, after) == ("2026-01-01T00:01:10.000Z", "2026-01-01T00:01:25.000Z")
+    billed = Counter(row["click_id"] for row in ledger_rows(settings))
+    assert billed == {"c-a": 1, "c-front": 1, "c-b": 1}
+    assert redis_ad_totals(settings) == {"ad-1": (1, 250_000), "ad-2": (1, 1_500_000), "ad-3": (1, 70_000)}
+
+
 def consume(bootstrap: str, topic: str, expected: int, deadline_s: float = 30.0) -> list:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{topic}", "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
