@@ -90,8 +90,8 @@ class StreamConfig:
     data_dir: Path
     redis_url: str
     redis_prefix: str
-    impression_watermark_ms: int = 10_000
-    click_watermark_ms: int = 10_000
+    impression_watermark_ms: int
+    click_watermark_ms: int
     clock_tolerance_ms: int = 60_000
     """How far an event's time may be ahead of its receipt by Kafka before it is counted as clock ahead."""
     trigger_ms: int = 1_000

@@ -19,6 +19,9 @@ from typing import Any
 
 from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Impression
+from billing.rule import bill
+from billing.store.crawler_list import crawler_list
+from tests import oracle
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 START = MIDNIGHT - 150_000
@@ -158,6 +161,16 @@ def arrivals(rng: random.Random, events: list[Impression | Click]) -> list[dict[
 def received_once(events: list[Impression | Click]) -> list[dict[str, Any]]:
     """The events as received, each once, in order and at its own time."""
     return [_received(event, event.event_time, 0, offset) for offset, event in enumerate(events)]
+
+
+def outcomes_each_billable(clicks: list[Click], catalog: Catalog) -> tuple[dict[str, str], dict[str, str]]:
+    """(the plain rule's, the oracle's) outcome of every click: `charged` or the reason. Each click gets its own
+    impression 1 s before it, so every click is billable."""
+    impressions = [Impression(f"i-{c.click_id}", c.ad_id, c.user_id, c.event_time - 1_000) for c in clicks]
+    result = bill(impressions, clicks, catalog, is_bot=crawler_list().matches)
+    plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
+    received = received_once([*impressions, *clicks])
+    return plain, {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, catalog)}
 
 
 def _received(event: Impression | Click, received_ms: int, partition: int, offset: int) -> dict[str, Any]:

@@ -9,11 +9,8 @@ import pytest
 
 from billing.budgets import BudgetChange, BudgetLedger, Candidate, charge_in_order, utc_day
 from billing.catalog import Ad, Catalog
-from billing.events import Click, Impression
-from billing.rule import bill
-from billing.store.crawler_list import crawler_list
-from tests import oracle
-from tests.dense_traffic import received_once
+from billing.events import Click
+from tests.dense_traffic import outcomes_each_billable
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 H = 3_600_000
@@ -42,14 +39,6 @@ def _pause(ad_id: str, at: int) -> Any:
 def k(click_id: str, at: int, ad: str = "cheap", user: str | None = None, ua: str | None = None) -> Click:
     # Each click by a user of its own: no click is a duplicate of another unless a case says so.
     return Click(click_id, ad, user or f"u-{click_id}", at, ua)
-
-
-def outcomes(clicks: list[Click], cat: Catalog) -> tuple[dict[str, str], dict[str, str]]:
-    impressions = [Impression(f"i-{c.click_id}", c.ad_id, c.user_id, c.event_time - S) for c in clicks]
-    result = bill(impressions, clicks, cat, is_bot=crawler_list().matches)
-    plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
-    received = received_once([*impressions, *clicks])
-    return plain, {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, cat)}
 
 
 T = MIDNIGHT + 10 * H
@@ -159,7 +148,7 @@ CASES = [
 
 @pytest.mark.parametrize(("clicks", "cat", "expected"), CASES)
 def test_budget_cases(clicks: list[Click], cat: Catalog, expected: dict[str, str]) -> None:
-    plain, independent = outcomes(clicks, cat)
+    plain, independent = outcomes_each_billable(clicks, cat)
     assert plain == expected
     assert independent == expected
 

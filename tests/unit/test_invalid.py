@@ -12,8 +12,7 @@ from billing.events import Click, Impression
 from billing.invalid import ExclusionChange, IpExclusions, IvtRules, duplicate_clicks, flood_clicks, format_rate
 from billing.rule import bill
 from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
-from tests import oracle
-from tests.dense_traffic import received_once
+from tests.dense_traffic import outcomes_each_billable
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S = 1_000
@@ -28,17 +27,6 @@ def catalog(*exclusions: ExclusionChange) -> Catalog:
 
 def c(click_id: str, at: int, ad: int = 0, user: str = "u1", ua: str | None = None, ip: str | None = None) -> Click:
     return Click(click_id, f"ad-{ad:02d}", user, at, ua, ip)
-
-
-def outcomes(clicks: list[Click], cat: Catalog) -> tuple[dict[str, str], dict[str, str]]:
-    """(the plain rule's, the oracle's) outcome of every click: `charged` or the reason. Each click gets its own
-    impression 1 s before it, so every click is billable."""
-    impressions = [Impression(f"i-{k.click_id}", k.ad_id, k.user_id, k.event_time - S) for k in clicks]
-    result = bill(impressions, clicks, cat, is_bot=crawler_list().matches)
-    plain = {row.click_id: "charged" for row in result.charged} | result.reasons()
-    received = received_once([*impressions, *clicks])
-    independent = {row["click_id"]: row["outcome"] for row in oracle.outcomes(received, cat)}
-    return plain, independent
 
 
 NET = ExclusionChange("203.0.113.0/24", 0, True)
@@ -167,7 +155,7 @@ CASES = [
 def test_invalid_traffic_cases(
     clicks: list[Click], exclusions: tuple[ExclusionChange, ...], expected: dict[str, str]
 ) -> None:
-    plain, independent = outcomes(clicks, catalog(*exclusions))
+    plain, independent = outcomes_each_billable(clicks, catalog(*exclusions))
     assert plain == expected
     assert independent == expected
 
