@@ -59,8 +59,14 @@ def run_sender(
 
 
 def finish_sender(sender: subprocess.Popen[bytes], report: Path, timeout_s: float) -> dict[str, Any]:
-    """Wait for a sender and return its report; raise with its log when it failed."""
-    code = sender.wait(timeout=timeout_s)
+    """Wait for a sender and return its report; raise with its log when it failed. A wait that ends otherwise (the
+    run interrupted, the timeout passed) stops the sender first, so that no sender outlives its run."""
+    try:
+        code = sender.wait(timeout=timeout_s)
+    except BaseException:
+        sender.kill()
+        sender.wait()
+        raise
     if code != 0 or not report.exists():
         log = report.with_suffix(".log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"the sender failed with code {code}:\n{log}")
