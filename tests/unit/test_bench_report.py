@@ -3,15 +3,17 @@ profile summary, soak cycles, and the report rendered from a fixture (no service
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from billing.events import Click, Impression
+from billing.store.schema_registry import open_registry
 from ops.bench import analysis, profile, report
-from ops.bench.traffic import cycle_event, cycle_truth
-from producers.wire import RawRecord
+from ops.bench.traffic import CycleFrames, cycle_event, cycle_truth
+from producers.wire import EventSerializer, RawRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
@@ -322,6 +324,42 @@ def test_a_soak_cycle_renames_ids_and_users_and_moves_valid_times() -> None:
     assert cycle_event(ancient, 9, 60_000).event_time == 5
     raw = RawRecord("clicks", b"ad-1", b"\x00\x00\x01")
     assert cycle_event(raw, 4, 60_000) is raw
+
+
+def test_a_cycles_frames_are_its_renamed_events_serialized(tmp_path: Any) -> None:
+    serializer = EventSerializer(open_registry(str(tmp_path / "registry.json")))
+    template = [
+        Impression("soak-i0000000001", "ad-1", "u0000007", T0_MS),
+        Click("soak-c0000000001", "ad-1", "u0000007", T0_MS + 2_000, "Mozilla/5.0 (X11; Linux x86_64)", "203.0.113.9"),
+        Click("soak-c0000000002", "ad-été", "u-ü" * 30, T0_MS + 3_000, None, "2001:db8::1"),
+        Click("soak-c0000000003", "ad-1", "u1", 5),  # a time before 2000 stays where it is
+        Impression("soak-i0000000002", "ad-2", "u" * 200, (1 << 62) - 1),  # multi-byte lengths, the longest times
+        RawRecord("clicks", b"ad-1", b"\x00\x00\x01"),
+    ]
+    frames = CycleFrames(template, serializer)
+    for cycle in (0, 7, 64, 12_345):
+        expected = [
+            (item.topic, item.key, item.value)
+            if isinstance(item, RawRecord)
+            else (
+                {"impression": "impressions", "click": "clicks"}[item.type],
+                item.ad_id.encode(),
+                serializer.serialize(cycle_event(item, cycle, 60_334)),
+            )
+            for item in template
+        ]
+        assert list(frames.cycle(cycle, 60_334)) == expected
+
+
+def test_a_schema_that_does_not_begin_with_the_renamed_fields_is_refused(tmp_path: Any) -> None:
+    registry = open_registry(str(tmp_path / "registry.json"))
+    serializer = EventSerializer(registry)
+    text = json.dumps({"type": "record", "name": "Click", "namespace": "adbill.events", "fields": [
+        {"name": "ad_id", "type": "string"}, {"name": "click_id", "type": "string"},
+        {"name": "user_id", "type": "string"}, {"name": "event_time", "type": "long"}]})  # fmt: skip
+    serializer.use_version(registry, "click", text)
+    with pytest.raises(ValueError, match="click schema in use does not begin with the event id"):
+        CycleFrames([Click("soak-c1", "ad-1", "u1", T0_MS)], serializer)
 
 
 def test_the_ground_truth_of_cycles_is_the_templates_renamed() -> None:
