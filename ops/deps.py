@@ -6,6 +6,7 @@ Each `ensure_*` is idempotent and quick once done: jars are fetched from Maven C
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -170,8 +171,14 @@ def ensure_all(deps_dir: Path, redis: bool = True, browser: bool = True) -> None
 
 
 def _copy_dependencies(pom: Path, target: Path, properties: dict[str, str]) -> None:
-    if (target / _COMPLETE).exists():
-        return
+    """`pom`'s runtime dependencies in `target`, fetched once; again, into an emptied `target`, when the pom or the
+    properties changed since (its `_COMPLETE` marker records what it was fetched for)."""
+    fetched_for = f"{hashlib.sha256(pom.read_bytes()).hexdigest()} {sorted(properties.items())}"
+    marker = target / _COMPLETE
+    if marker.exists():
+        if marker.read_text().splitlines()[-1:] == [fetched_for]:
+            return
+        shutil.rmtree(target)
     mvn = shutil.which("mvn")
     if not mvn:
         raise DependencyError("Maven (mvn) is not on PATH: install Debian's maven package")
@@ -189,7 +196,7 @@ def _copy_dependencies(pom: Path, target: Path, properties: dict[str, str]) -> N
         *(f"-D{key}={value}" for key, value in properties.items()),
     ]
     _run(command)
-    (target / _COMPLETE).write_text(" ".join(command) + "\n")
+    marker.write_text(" ".join(command) + "\n" + fetched_for + "\n")
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> None:

@@ -55,7 +55,10 @@ class LocalKafka:
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
         self.voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
-        self.process = ManagedProcess(name=self.name, command=[], run_dir=self.run_dir, log_dir=self.data_dir / "logs")
+        logs = self.data_dir / "logs"
+        self.process = ManagedProcess(
+            name=self.name, command=[], run_dir=self.run_dir, log_dir=logs, own_log=logs / "server.log"
+        )
 
     @property
     def bootstrap(self) -> str:

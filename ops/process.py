@@ -50,6 +50,9 @@ class ManagedProcess:
     log_max_bytes: int = LOG_MAX_BYTES
     log_backups: int = LOG_BACKUPS
     writer: subprocess.Popen[bytes] | None = None
+    own_log: Path | None = None
+    """A log the child writes itself (a broker's `server.log`): `log_tail` follows the output's tail with it, from
+    its last ERROR line if it has one (where a broker says why it exited), else its last lines."""
 
     @property
     def pid_file(self) -> Path:
@@ -129,11 +132,23 @@ class ManagedProcess:
                 self.writer.wait(timeout=15)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` of the child's output, then of its own log, if any."""
         self._drain()
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        tail = _tail(self.log_file, lines)
+        if self.own_log is not None:
+            tail += f"\n--- {self.own_log}:\n{_tail(self.own_log, lines, from_last=' ERROR ')}"
+        return tail
+
+
+def _tail(path: Path, lines: int, from_last: str | None = None) -> str:
+    """The last `lines` lines of `path`; or, when given and found, `lines` lines from the last that holds
+    `from_last`."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    marked = [n for n, line in enumerate(text) if from_last and from_last in line]
+    return "\n".join(text[marked[-1] : marked[-1] + lines] if marked else text[-lines:])
 
 
 def pid_alive(pid_file: Path) -> int | None:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from ops.kafka_service import LocalKafka
 from ops.logpipe import RollingFile
-from ops.process import ManagedProcess
+from ops.process import ManagedProcess, ServiceError, free_ports
 from ops.settings import PROJECT_ROOT, Settings
+from tests.conftest import DEPS_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +68,24 @@ def test_the_stack_passes_its_log_settings_and_kafka_rolls_its_own_log() -> None
     assert rolling is not None and rolling.get("fileName", "").endswith("/server.log")
     assert config.find("./Appenders/RollingFile/Policies/SizeBasedTriggeringPolicy") is not None
     assert config.find("./Appenders/File") is None, "no appender that grows without bound"
+
+
+def test_the_broker_writes_its_own_log_and_a_broker_that_cannot_start_says_why(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    # Kafka logs through SLF4J 1.7: without the binding of that version every line was dropped, server.log empty.
+    assert "Kafka Server started" in (kafka.data_dir / "logs" / "server.log").read_text()
+    port, controller_port = free_ports(2)
+    broker = LocalKafka(
+        data_dir=tmp_path / "kafka", port=port, controller_port=controller_port, deps_dir=DEPS_DIR, run_dir=tmp_path
+    )
+    broker.write_config()
+    broker.format_storage()
+    meta = broker.data_dir / "data" / "meta.properties"
+    meta.write_text(meta.read_text().replace("node.id=1", "node.id=7"))  # storage of another node
+    try:
+        why = r"(?s)exited with code 1 .*server\.log:\n[^\n]* ERROR .*Stored node id 7 doesn't match"
+        with pytest.raises(ServiceError, match=why):
+            broker.start(timeout_s=120)
+    finally:
+        broker.stop()
