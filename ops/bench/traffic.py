@@ -325,7 +325,8 @@ def _plan_key(parameters: list[Any]) -> str:
 
 
 def cycle_event(item: Any, cycle: int, span_ms: int) -> Any:
-    """The template's event (or raw record, unchanged) as cycle `cycle` sends it (module doc)."""
+    """The template's event (or raw record, unchanged) as cycle `cycle` sends it (module doc): the definition
+    that `cycle_truth` relies on and that `CycleFrames`, which the sender uses, is tested against."""
     from billing.events import Impression
     from billing.intake import MIN_EVENT_TIME_MS
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from billing.events import Click, Impression
+from billing.events import TOPIC_OF, Click, Impression
 from billing.store.schema_registry import open_registry
 from ops.bench import analysis, profile, report
 from ops.bench.traffic import CycleFrames, cycle_event, cycle_truth
@@ -342,7 +342,7 @@ def test_a_cycles_frames_are_its_renamed_events_serialized(tmp_path: Any) -> Non
             (item.topic, item.key, item.value)
             if isinstance(item, RawRecord)
             else (
-                {"impression": "impressions", "click": "clicks"}[item.type],
+                TOPIC_OF[item.type],
                 item.ad_id.encode(),
                 serializer.serialize(cycle_event(item, cycle, 60_334)),
             )
