@@ -151,7 +151,13 @@ class Charging:
     """The stream's charging step (module doc); one per query run, on the driver."""
 
     def __init__(
-        self, layout: DataLayout, periods: Periods, rules: IvtRules, judge: bool = True, budgets: bool = True
+        self,
+        layout: DataLayout,
+        periods: Periods,
+        rules: IvtRules,
+        judge: bool = True,
+        budgets: bool = True,
+        first_batch_id: int = 0,
     ) -> None:
         self.layout = layout
         self.periods = periods
@@ -160,6 +166,8 @@ class Charging:
         """False: no click is found invalid (to measure what the rules cost; reconciliation applies them)."""
         self.budgets = budgets
         """False: every valid click is charged (to measure what the budget check costs)."""
+        self.first_batch_id = first_batch_id
+        """The checkpoint's first batch id (its epoch's base, `attribution.epoch`)."""
         self.recent = RecentClicks(rules)
         self._loaded = False
 
@@ -278,24 +286,29 @@ class Charging:
 
     def _load_recent(self, batch_id: int, watermark_ms: int) -> None:
         """After a start, the recent clicks from the archive: every valid click of the batches before `batch_id`
-        whose event time a bill of this batch may need (the flood window behind the watermark, or later)."""
+        whose event time a bill of this batch may need (the flood window behind the watermark, or later).
+
+        A batch that runs without a watermark yet (0: the checkpoint's second batch, its first having set none)
+        needs every click its checkpoint received before it, whatever their times: the first batch's, at most one
+        batch of records. The clicks of an earlier checkpoint are not read then (a new epoch's first batches: a
+        pair of clicks across the change is reconciliation's, as a match across it is)."""
         self._loaded = True
-        floor = watermark_ms - self.rules.flood_window_ms
         folder = self.layout.archive_of("click")
-        if batch_id == 0 or watermark_ms <= 0 or not folder.is_dir():
+        if batch_id <= self.first_batch_id or not folder.is_dir():
             return
-        first = self.periods.start_of(floor)
-        periods = [p.name.removeprefix("period=") for p in folder.glob("period=*")]
-        wanted = [p for p in periods if self.periods.parse_key(p) >= first]
-        if not wanted:
-            return
+        which = pc.field("batch_id") < batch_id
+        if watermark_ms > 0:
+            floor = watermark_ms - self.rules.flood_window_ms
+            first = self.periods.start_of(floor)
+            periods = [p.name.removeprefix("period=") for p in folder.glob("period=*")]
+            wanted = [p for p in periods if self.periods.parse_key(p) >= first]
+            if not wanted:
+                return
+            which = which & pc.field("period").isin(wanted) & (pc.field("event_time") >= floor)
+        else:
+            which = which & (pc.field("batch_id") >= self.first_batch_id)
         dataset = ds.dataset(folder, format="parquet", partitioning="hive")
-        table = dataset.to_table(
-            columns=["event_id", "ad_id", "user_id", "event_time"],
-            filter=pc.field("period").isin(wanted)
-            & (pc.field("batch_id") < batch_id)
-            & (pc.field("event_time") >= floor),
-        )
+        table = dataset.to_table(columns=["event_id", "ad_id", "user_id", "event_time"], filter=which)
         self.recent.add(*(table.column(name).to_pylist() for name in ("event_id", "ad_id", "user_id", "event_time")))
         log.info("the invalid traffic rules start with %d recent click(s) from the archive", len(self.recent))
 

@@ -247,7 +247,12 @@ class BatchSink:
         self.released = False
         """Whether this query's first batch released the quarantined records it can now decode."""
         self.charging = Charging(
-            config.layout, Periods(config.period_ms), config.ivt_rules, config.judge_invalid, config.hold_budgets
+            config.layout,
+            Periods(config.period_ms),
+            config.ivt_rules,
+            config.judge_invalid,
+            config.hold_budgets,
+            config.epoch.batch_id_base,
         )
         """Prices, judges and charges each batch's matched clicks (`attribution.charging`)."""
 

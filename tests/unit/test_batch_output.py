@@ -434,3 +434,67 @@ def test_bills_are_priced_by_the_history_at_their_time_and_clicks_without_a_pric
         ("ad-new", "", "unknown_ad", 1),
         ("ad-p", "adv-2", "ad_paused", 1),
     ]
+
+
+def _a_click(click_id: str, user_id: str, at: int, offset: int) -> list[dict[str, object]]:
+    """A click on ad-1 as a batch carries it: matched (a bill) and received (the archive)."""
+    return [
+        {**bill(click_id, "ad-1", at), "user_id": user_id},
+        {**received("click", click_id, "ad-1", at, offset), "user_id": user_id},
+    ]
+
+
+def _run_batch(charging: Charging, root: Path, batch_id: int, rows: list[dict[str, object]], watermark: int) -> Charged:
+    """One batch as the sink runs it: the task writes the archive, then the driver charges the bills."""
+    writer = PartitionWriter(
+        batch_id=batch_id,
+        late_watermark_ms=watermark,
+        period_ms=HOUR,
+        clock_tolerance_ms=TOLERANCE,
+        archive_dir=root / "archive",
+        quarantine_dir=root / "quarantine",
+        quarantine_columns=tuple(QUARANTINE_COLUMNS),
+    )
+    figures = batch_figures(writer.write(pa.Table.from_pylist(rows, schema=SCHEMA), 0)[1], ADVERTISER_OF)
+    return charging.charge(batch_id, figures.bills, figures.clicks, CATALOG, watermark, T0 + HOUR, lambda pairs: {})
+
+
+@pytest.mark.parametrize(
+    ("restarted_at", "watermark"),
+    [(1, 0), (2, T0 - 30_000)],
+    ids=["restarted-before-the-stream-has-a-watermark", "restarted-with-a-watermark"],
+)
+def test_a_restarted_driver_judges_a_click_by_the_clicks_received_before_the_restart(
+    tmp_path: Path, restarted_at: int, watermark: int
+) -> None:
+    """The invalid traffic rules of a restarted driver read the clicks before it from the archive: a second click
+    10 s after the first, by its user on its ad, is a `duplicate_click` however the restart fell. (A restart in the
+    checkpoint's second batch runs without a watermark: Spark sets the first one at the end of that batch.)"""
+    root = tmp_path / "data"
+    before = Charging(DataLayout(root), Periods(HOUR), IvtRules())
+    first = _run_batch(before, root, 0, _a_click("c-1", "u-1", T0 + 10_000, 1), watermark=0)
+    assert first.decisions == {"c-1": "charged"}
+    for batch_id in range(1, restarted_at):
+        _run_batch(before, root, batch_id, _a_click(f"c-other-{batch_id}", "u-2", T0 + 11_000, 1 + batch_id), 0)
+
+    after = Charging(DataLayout(root), Periods(HOUR), IvtRules())  # the restarted driver's
+    again = _run_batch(after, root, restarted_at, _a_click("c-2", "u-1", T0 + 20_000, 9), watermark)
+    assert again.decisions == {"c-2": "duplicate_click"}
+    assert again.ledger.num_rows == 0 and again.not_charged.column("reason").to_pylist() == ["duplicate_click"]
+
+
+def test_a_new_checkpoints_driver_without_a_watermark_reads_only_its_own_checkpoints_clicks(tmp_path: Path) -> None:
+    """A new epoch (`attribution.epoch`) starting at batch 5 and restarted in its second batch, before a watermark:
+    the clicks of its first batch are read back, the earlier checkpoint's are not (the whole archive could be
+    months; a pair across the change is reconciliation's)."""
+    root = tmp_path / "data"
+    old = Charging(DataLayout(root), Periods(HOUR), IvtRules())
+    _run_batch(old, root, 4, _a_click("c-old", "u-1", T0 + 10_000, 1), watermark=T0 - 30_000)
+    new = Charging(DataLayout(root), Periods(HOUR), IvtRules(), first_batch_id=5)
+    _run_batch(new, root, 5, _a_click("c-new", "u-2", T0 + 12_000, 2), watermark=0)
+
+    restarted = Charging(DataLayout(root), Periods(HOUR), IvtRules(), first_batch_id=5)
+    rows = _a_click("c-after-old", "u-1", T0 + 20_000, 3) + _a_click("c-after-new", "u-2", T0 + 20_000, 4)
+    out = _run_batch(restarted, root, 6, rows, watermark=0)
+    assert out.decisions == {"c-after-old": "charged", "c-after-new": "duplicate_click"}
+    assert sorted(restarted.recent.ids) == ["c-after-new", "c-after-old", "c-new"]
