@@ -19,7 +19,9 @@ CHUNK = 64 * 1024
 
 
 class RollingFile:
-    """Appends to `path`; past `max_bytes` (at the end of a write) rolls it over, keeping `backups` old files."""
+    """Appends to `path`, keeping `backups` old files: a write that would take a file that holds something past
+    `max_bytes` rolls it over first, so the current file always holds the newest lines (a reader of its tail never
+    meets an empty file after a roll-over). A file passes `max_bytes` only by a single write larger than that."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
         if max_bytes < 1 or backups < 0:
@@ -29,11 +31,11 @@ class RollingFile:
         self.size = self.out.tell()
 
     def write(self, data: bytes) -> None:
+        if self.size and self.size + len(data) > self.max_bytes:
+            self.roll()
         self.out.write(data)
         self.out.flush()
         self.size += len(data)
-        if self.size >= self.max_bytes:
-            self.roll()
 
     def roll(self) -> None:
         self.out.close()

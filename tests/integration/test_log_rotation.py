@@ -53,9 +53,25 @@ def test_rolling_keeps_no_more_than_the_backups_asked(tmp_path: Path) -> None:
         log.write(f"line {n} of the log\n".encode())
     log.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.log", "a.log.1"]
-    assert (tmp_path / "a.log.1").read_text() == "line 4 of the log\n"
+    # Each line is longer than the 10 bytes: each write rolls the file that holds one over before it writes.
+    assert (tmp_path / "a.log").read_text() == "line 4 of the log\n"
+    assert (tmp_path / "a.log.1").read_text() == "line 3 of the log\n"
     with pytest.raises(ValueError):
         RollingFile(tmp_path / "b.log", max_bytes=0, backups=1)
+
+
+def test_a_write_that_fills_the_file_to_its_size_leaves_it_the_newest_lines(tmp_path: Path) -> None:
+    """Lines that fill the file to exactly its size stay in it (the child above writing 50 lines of 1,000 bytes a
+    file, each read on its own, once left `chatty.log` empty after its last line); the next line rolls it over."""
+    log = RollingFile(tmp_path / "c.log", max_bytes=45, backups=1)
+    for n in range(5):
+        log.write(f"line {n:03d}\n".encode())  # 9 bytes: 45 in all
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.log"]
+    assert (tmp_path / "c.log").read_text().splitlines()[-1] == "line 004"
+    log.write(b"line 005\n")
+    log.close()
+    assert (tmp_path / "c.log").read_text() == "line 005\n"
+    assert len((tmp_path / "c.log.1").read_text().splitlines()) == 5
 
 
 def test_the_stack_passes_its_log_settings_and_kafka_rolls_its_own_log() -> None:
