@@ -180,8 +180,9 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
 
 def ground_truth(work: Path, *runs: tuple[SimulationConfig, Path]) -> dict[str, int]:
     """What must be charged of `runs` sent one after the other (click id -> micros): each run's arrivals made again
-    from its start (its `summary.json`), all judged as one traffic by the ground truth."""
-    truth = GroundTruth(BACKLOG.catalog(), workdir=work)
+    from its start (its `summary.json`), all judged as one traffic by the ground truth, with the first run's
+    catalog (one seed, one catalog)."""
+    truth = GroundTruth(runs[0][0].catalog(), workdir=work)
     for config, run_dir in runs:
         start_ms = json.loads((run_dir / "summary.json").read_text())["start_ms"]
         for arrival in Simulator(dataclasses.replace(config, start_ms=start_ms)).arrivals():

@@ -346,10 +346,10 @@ def test_a_reader_that_meets_a_broken_ledger_file_fails_and_names_it(batch: pa.T
     assert "0 bytes" in str(raised.value)
 
 
-def _writer(tmp_path: Path, batch_id: int = 7) -> PartitionWriter:
+def _writer(tmp_path: Path, batch_id: int = 7, late_watermark_ms: int = T0 - 30_000) -> PartitionWriter:
     return PartitionWriter(
         batch_id=batch_id,
-        late_watermark_ms=T0 - 30_000,
+        late_watermark_ms=late_watermark_ms,
         period_ms=HOUR,
         clock_tolerance_ms=TOLERANCE,
         archive_dir=tmp_path / "archive",
@@ -446,15 +446,7 @@ def _a_click(click_id: str, user_id: str, at: int, offset: int) -> list[dict[str
 
 def _run_batch(charging: Charging, root: Path, batch_id: int, rows: list[dict[str, object]], watermark: int) -> Charged:
     """One batch as the sink runs it: the task writes the archive, then the driver charges the bills."""
-    writer = PartitionWriter(
-        batch_id=batch_id,
-        late_watermark_ms=watermark,
-        period_ms=HOUR,
-        clock_tolerance_ms=TOLERANCE,
-        archive_dir=root / "archive",
-        quarantine_dir=root / "quarantine",
-        quarantine_columns=tuple(QUARANTINE_COLUMNS),
-    )
+    writer = _writer(root, batch_id, watermark)
     figures = batch_figures(writer.write(pa.Table.from_pylist(rows, schema=SCHEMA), 0)[1], ADVERTISER_OF)
     return charging.charge(batch_id, figures.bills, figures.clicks, CATALOG, watermark, T0 + HOUR, lambda pairs: {})
 
