@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 
+from attribution.closing import CorrectionFiles
 from attribution.stream_position import stream_position
 from billing.closing import hold_reason
+from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger
 from billing.store.part_status import read_status
 from ops.settings import Settings
@@ -215,30 +216,22 @@ def given_for(settings: Settings, closed: set[str]) -> tuple[int, int]:
     booked in it), and the adjustments of those periods booked in a period still open (the first run closes periods
     while the job still catches up; a bill it makes there after the close is booked in the period open at the next
     run, which the last run, closing up to a minute ago, may leave open)."""
-    exports = [str(settings.layout.export(period) / "billing.parquet") for period in sorted(closed)]
-    exported = sum(ds.dataset(exports, format="parquet").to_table().column("net_micros").to_pylist())
-    folder = settings.root / "corrections"
-    if not folder.exists():
-        return exported, 0
-    booked = ds.dataset(str(folder), format="parquet").to_table(
-        columns=["corrects_period", "booked_period", "amount_micros"]
+    exported = sum(sum(read_export(settings.layout.export(p)).column("net_micros").to_pylist()) for p in closed)
+    booked_open = sum(
+        c.amount_micros
+        for c in CorrectionFiles(settings.layout).read()
+        if c.corrects_period in closed and c.booked_period not in closed
     )
-    return exported, sum(
-        row["amount_micros"]
-        for row in booked.to_pylist()
-        if row["corrects_period"] in closed and row["booked_period"] not in closed
-    )
+    return exported, booked_open
 
 
 def redis_plus_billed_after_close(settings: Settings) -> dict[str, tuple[int, int]]:
     """Each ad's clicks and micros in Redis plus the `billed_after_close` adjustments booked for it: what the ledger
     holds, once every bill the stream made after its period closed is booked."""
     totals = {ad: list(figures) for ad, figures in redis_ad_totals(settings).items()}
-    folder = settings.root / "corrections"
-    booked = ds.dataset(str(folder), format="parquet", partitioning="hive").to_table() if folder.exists() else None
-    for row in booked.to_pylist() if booked is not None else []:
-        if row["reason"] == "billed_after_close":
-            figures = totals.setdefault(row["ad_id"], [0, 0])
+    for correction in CorrectionFiles(settings.layout).read():
+        if correction.reason == "billed_after_close":
+            figures = totals.setdefault(correction.ad_id, [0, 0])
             figures[0] += 1
-            figures[1] += row["amount_micros"]
+            figures[1] += correction.amount_micros
     return {ad: (clicks, micros) for ad, (clicks, micros) in totals.items()}
