@@ -74,6 +74,16 @@ BENCH_ARGS ?=
 bench: deps ## ceiling, textbook baseline and pipeline side by side up to the knee; report in var/bench/<time>/ (BENCH_RATES=, BENCH_DURATION=, BENCH_ARGS="--set trigger_ms=500")
 	$(BIN)/python -m ops.bench --rates $(BENCH_RATES) --duration $(BENCH_DURATION) $(BENCH_ARGS)
 
+REALTIME_VENV := .venv-realtime
+REALTIME_PYSPARK ?= 4.3.0
+REALTIME_ARGS ?=
+# The probe's venv: the product's installed packages at their versions, with pyspark (and its py4j) at REALTIME_PYSPARK.
+bench-realtime: deps ## whether Spark's real-time mode runs the attribution join, in pyspark REALTIME_PYSPARK (its own venv): each try's outcome (REALTIME_ARGS="--rate 1000")
+	@test -x $(REALTIME_VENV)/bin/python || $(PYTHON) -m venv $(REALTIME_VENV)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v -E '^(pyspark|py4j)==' > $(REALTIME_VENV)/others.txt
+	$(REALTIME_VENV)/bin/python -m pip install --quiet pyspark==$(REALTIME_PYSPARK) -r $(REALTIME_VENV)/others.txt
+	$(BIN)/python -m ops.bench.realtime --spark-python $(REALTIME_VENV)/bin/python $(REALTIME_ARGS)
+
 CLUSTER_WORKERS ?= 1,2
 CLUSTER_RATES ?= 10000,20000,40000
 bench-cluster: deps ## the pipeline on a local Spark cluster of 1, then 2 workers: throughput, the driver's and the executors' CPU per event (CLUSTER_WORKERS=, CLUSTER_RATES=)

@@ -54,8 +54,13 @@ def ensure_spark_connector_jars(deps_dir: Path) -> list[Path]:
     version = spark_version()
     target = deps_dir.resolve() / f"spark-connectors-{version}"
     _copy_dependencies(SPARK_POM, target, {"spark.version": version})
+    return jars_pyspark_lacks(target)
+
+
+def jars_pyspark_lacks(folder: Path) -> list[Path]:
+    """The jars of `folder` whose artifact the installed pyspark does not ship (of any version)."""
     shipped = {_artifact_name(jar.name) for jar in _pyspark_jars_dir().glob("*.jar")}
-    return sorted(jar for jar in target.glob("*.jar") if _artifact_name(jar.name) not in shipped)
+    return sorted(jar for jar in folder.glob("*.jar") if _artifact_name(jar.name) not in shipped)
 
 
 def kafka_classpath(deps_dir: Path) -> str:

@@ -18,6 +18,7 @@ and the CPU per event of the driver and of the executors.
 | `report`, `plots` | report.json, report.md and the PNG plots |
 | `stream` | `make bench-stream`: one offered rate through the job (one step of `make bench`) |
 | `reconcile` | `make bench-reconcile`: reconcile, close and export a synthetic day |
+| `realtime` | `make bench-realtime`: whether Spark's real-time mode runs the attribution join, and what it gives |
 | `web` | `make bench-web`: the dashboard and its API under concurrent clients, on gunicorn |
 | `wire` | the producers' hot path (serializer, deserializer, simulator), run by hand |
 """

@@ -27,36 +27,38 @@ from ops.settings import Settings
 QUERY = "baseline"
 
 
-def decoded(spark: Any, settings: Settings, topic: str, event_type: str) -> Any:
-    """A topic's records as the event's fields, `event_time` a timestamp (the schema's timestamp-millis)."""
+def decoded(spark: Any, settings: Settings, topic: str, event_type: str, rate_limit: bool = True) -> Any:
+    """A topic's records as the event's fields, `event_time` a timestamp (the schema's timestamp-millis); at most
+    `maxOffsetsPerTrigger` records a batch unless `rate_limit` is off (real-time mode refuses the option)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     from attribution.job import FETCH_MAX_WAIT_MS
     from billing.schemas import schema_text
 
-    records = (
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
         .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))  # the job's Kafka client setting
-        .load()
     )
+    if rate_limit:
+        reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+    records = reader.load()
     body = F.expr("substring(value, 6)")
     event = from_avro(body, schema_text(event_type), {"mode": "PERMISSIVE"}).alias("event")
     return records.select(event).select("event.*")
 
 
-def textbook_join(spark: Any, settings: Settings) -> Any:
+def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True) -> Any:
     """Billable click pairs: the inner stream-stream join with a watermark per stream (module doc)."""
     from pyspark.sql import functions as F
 
     from billing.rule import ATTRIBUTION_WINDOW_MS
 
     impressions = (
-        decoded(spark, settings, settings.topic_impressions, "impression")
+        decoded(spark, settings, settings.topic_impressions, "impression", rate_limit)
         .select(
             F.col("impression_id"),
             F.col("ad_id").alias("imp_ad_id"),
@@ -66,7 +68,7 @@ def textbook_join(spark: Any, settings: Settings) -> Any:
         .withWatermark("imp_ts", f"{settings.impression_watermark_ms} milliseconds")
     )
     clicks = (
-        decoded(spark, settings, settings.topic_clicks, "click")
+        decoded(spark, settings, settings.topic_clicks, "click", rate_limit)
         .select("click_id", "ad_id", "user_id", F.col("event_time").alias("click_ts"))
         .withWatermark("click_ts", f"{settings.click_watermark_ms} milliseconds")
     )
