@@ -21,7 +21,9 @@ CHUNK = 64 * 1024
 class RollingFile:
     """Appends to `path`, keeping `backups` old files: a write that would take a file that holds something past
     `max_bytes` rolls it over first, so the current file always holds the newest lines (a reader of its tail never
-    meets an empty file after a roll-over). A file passes `max_bytes` only by a single write larger than that."""
+    meets an empty file after a roll-over). A roll-over never splits a line: when the file ends inside one (a read
+    of the pipe can end anywhere), the write's bytes up to the line's end go to the file first. A file passes
+    `max_bytes` only by a single write larger than that, or by the rest of the line it ends with."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
         if max_bytes < 1 or backups < 0:
@@ -29,13 +31,32 @@ class RollingFile:
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
         self.out = path.open("ab")
         self.size = self.out.tell()
+        self.mid_line = self.size > 0 and not self._ends_a_line()
 
     def write(self, data: bytes) -> None:
         if self.size and self.size + len(data) > self.max_bytes:
+            if self.mid_line:
+                end = data.find(b"\n") + 1
+                if not end:  # the whole write continues the line
+                    self._append(data)
+                    return
+                self._append(data[:end])
+                data = data[end:]
+                if not data:  # the next write rolls over: the current file is never left empty
+                    return
             self.roll()
+        self._append(data)
+
+    def _append(self, data: bytes) -> None:
         self.out.write(data)
         self.out.flush()
         self.size += len(data)
+        self.mid_line = not data.endswith(b"\n")
+
+    def _ends_a_line(self) -> bool:
+        with self.path.open("rb") as existing:
+            existing.seek(-1, os.SEEK_END)
+            return existing.read(1) == b"\n"
 
     def roll(self) -> None:
         self.out.close()
@@ -53,6 +74,7 @@ class RollingFile:
             self.path.unlink(missing_ok=True)
         self.out = self.path.open("ab")
         self.size = 0
+        self.mid_line = False
 
     def close(self) -> None:
         self.out.close()

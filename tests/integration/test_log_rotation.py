@@ -105,3 +105,28 @@ def test_the_broker_writes_its_own_log_and_a_broker_that_cannot_start_says_why(
             broker.start(timeout_s=120)
     finally:
         broker.stop()
+
+
+def test_a_roll_over_never_splits_a_line_that_a_read_of_the_pipe_cut(tmp_path: Path) -> None:
+    """The pipe is read in chunks that end anywhere: a line cut between two reads stays whole in one file."""
+    log = RollingFile(tmp_path / "d.log", max_bytes=20, backups=2)
+    log.write(b"first line\nsecond ")  # 18 bytes, the file ends inside "second line"
+    log.write(b"line\nthird line\n")  # would pass 20: "line\n" completes the file's line, then the roll-over
+    log.write(b"fourth ")
+    log.write(b"and fifth ")  # no line end: the line goes on in the same file, past the size
+    log.write(b"line\n")  # completes the line; the file is not left empty by a roll-over now
+    assert (tmp_path / "d.log.1").read_text() == "first line\nsecond line\n"
+    assert (tmp_path / "d.log").read_text() == "third line\nfourth and fifth line\n"
+    log.write(b"sixth\n")
+    log.close()
+    assert (tmp_path / "d.log.2").read_text() == "first line\nsecond line\n"
+    assert (tmp_path / "d.log.1").read_text() == "third line\nfourth and fifth line\n"
+    assert (tmp_path / "d.log").read_text() == "sixth\n"
+    reopened = RollingFile(tmp_path / "e.log", max_bytes=5, backups=1)
+    reopened.write(b"abc")
+    reopened.close()
+    again = RollingFile(tmp_path / "e.log", max_bytes=5, backups=1)  # a file left inside a line by an earlier run
+    again.write(b"def\nnext\n")
+    again.close()
+    assert (tmp_path / "e.log.1").read_text() == "abcdef\n"
+    assert (tmp_path / "e.log").read_text() == "next\n"
