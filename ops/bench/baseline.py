@@ -18,6 +18,7 @@ environment; it runs until SIGTERM.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -51,31 +52,54 @@ def decoded(spark: Any, settings: Settings, topic: str, event_type: str, rate_li
     return records.select(event).select("event.*")
 
 
-def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True) -> Any:
-    """Billable click pairs: the inner stream-stream join with a watermark per stream (module doc)."""
+def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True, bucketed: bool = False) -> Any:
+    """Billable click pairs: the inner stream-stream join with a watermark per stream (module doc).
+
+    `bucketed` (a probe, `BENCH_BASELINE_JOIN=bucketed` in the environment of `python -m ops.bench`): the same
+    pairs, with each side's watermark on a 10 s bucket of its time that is also a join key (a click joins its own
+    bucket and the one before), so that Spark evicts the join's state by key instead of reading every row of state
+    each batch. Its watermark moves in steps of a bucket and a bucket leaves state once the watermark passes its
+    start: the delays must cover the window and a bucket, or pairs across buckets are missed (docs/benchmarks.md,
+    "Eviction by key"). A measure of the eviction's cost, not the product's rule."""
     from pyspark.sql import functions as F
 
     from billing.rule import ATTRIBUTION_WINDOW_MS
 
-    impressions = (
-        decoded(spark, settings, settings.topic_impressions, "impression", rate_limit)
-        .select(
-            F.col("impression_id"),
-            F.col("ad_id").alias("imp_ad_id"),
-            F.col("user_id").alias("imp_user_id"),
-            F.col("event_time").alias("imp_ts"),
-        )
-        .withWatermark("imp_ts", f"{settings.impression_watermark_ms} milliseconds")
+    impressions = decoded(spark, settings, settings.topic_impressions, "impression", rate_limit).select(
+        F.col("impression_id"),
+        F.col("ad_id").alias("imp_ad_id"),
+        F.col("user_id").alias("imp_user_id"),
+        F.col("event_time").alias("imp_ts"),
     )
-    clicks = (
-        decoded(spark, settings, settings.topic_clicks, "click", rate_limit)
-        .select("click_id", "ad_id", "user_id", F.col("event_time").alias("click_ts"))
-        .withWatermark("click_ts", f"{settings.click_watermark_ms} milliseconds")
+    clicks = decoded(spark, settings, settings.topic_clicks, "click", rate_limit).select(
+        "click_id", "ad_id", "user_id", F.col("event_time").alias("click_ts")
     )
     window = F.expr(f"INTERVAL {ATTRIBUTION_WINDOW_MS} MILLISECONDS")
     condition = (
         (clicks["ad_id"] == impressions["imp_ad_id"])
         & (clicks["user_id"] == impressions["imp_user_id"])
+        & (impressions["imp_ts"] <= clicks["click_ts"])
+        & (clicks["click_ts"] <= impressions["imp_ts"] + window)
+    )
+    if not bucketed:
+        impressions = impressions.withWatermark("imp_ts", f"{settings.impression_watermark_ms} milliseconds")
+        clicks = clicks.withWatermark("click_ts", f"{settings.click_watermark_ms} milliseconds")
+        return clicks.join(impressions, condition, "inner")
+
+    def bucket(ts: Any, back: int = 0) -> Any:
+        start_ms = F.floor(F.unix_millis(ts) / ATTRIBUTION_WINDOW_MS) * ATTRIBUTION_WINDOW_MS
+        return F.timestamp_millis((start_ms - back * ATTRIBUTION_WINDOW_MS).cast("long"))
+
+    impressions = impressions.withColumn("imp_bucket", bucket(F.col("imp_ts"))).withWatermark(
+        "imp_bucket", f"{settings.impression_watermark_ms} milliseconds"
+    )
+    clicks = clicks.withColumn(
+        "click_bucket", F.explode(F.array(bucket(F.col("click_ts")), bucket(F.col("click_ts"), back=1)))
+    ).withWatermark("click_bucket", f"{settings.click_watermark_ms} milliseconds")
+    condition = (
+        (clicks["ad_id"] == impressions["imp_ad_id"])
+        & (clicks["user_id"] == impressions["imp_user_id"])
+        & (clicks["click_bucket"] == impressions["imp_bucket"])
         & (impressions["imp_ts"] <= clicks["click_ts"])
         & (clicks["click_ts"] <= impressions["imp_ts"] + window)
     )
@@ -89,8 +113,9 @@ def main() -> int:
     settings = Settings.from_env()
     spark = spark_session(settings, "adbill-bench-baseline", settings.layout.spark_scratch(), stateful=True)
     spark.streams.addListener(HealthListener(settings.redis_url, settings.redis_prefix, {}))
+    bucketed = os.environ.get("BENCH_BASELINE_JOIN") == "bucketed"
     query = (
-        textbook_join(spark, settings)
+        textbook_join(spark, settings, bucketed=bucketed)
         .writeStream.queryName(QUERY)
         .format("noop")
         .option("checkpointLocation", str(settings.layout.checkpoint(QUERY)))
