@@ -96,14 +96,7 @@ def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True, bucke
     clicks = clicks.withColumn(
         "click_bucket", F.explode(F.array(bucket(F.col("click_ts")), bucket(F.col("click_ts"), back=1)))
     ).withWatermark("click_bucket", f"{settings.click_watermark_ms} milliseconds")
-    condition = (
-        (clicks["ad_id"] == impressions["imp_ad_id"])
-        & (clicks["user_id"] == impressions["imp_user_id"])
-        & (clicks["click_bucket"] == impressions["imp_bucket"])
-        & (impressions["imp_ts"] <= clicks["click_ts"])
-        & (clicks["click_ts"] <= impressions["imp_ts"] + window)
-    )
-    return clicks.join(impressions, condition, "inner")
+    return clicks.join(impressions, condition & (clicks["click_bucket"] == impressions["imp_bucket"]), "inner")
 
 
 def main() -> int:

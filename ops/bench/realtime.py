@@ -31,10 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from billing.events import Click, Impression
 
 T0_BEHIND_MS = 120_000
 """The events' times start this far behind the clock, so that every one is valid for intake's checks."""
@@ -57,35 +59,37 @@ def tries(master: str, slots: int) -> list[Try]:
     ]
 
 
-def events(count: int, start_ms: int) -> Iterator[tuple[str, str, str, str, int]]:
-    """(type, id, ad_id, user_id, event_time): impressions, and a click after every third, 0 to 14 s later, so
-    that some clicks fall outside the 10 s window."""
+def events(count: int, start_ms: int) -> Iterator[Impression | Click]:
+    """Impressions, and a click after every third, 0 to 14 s later, so that some clicks fall outside the 10 s
+    window."""
     for n in range(count):
         ad, user, at = f"ad-{n % 50:03d}", f"u{n % 700:05d}", start_ms + n * 7
-        yield ("impression", f"i{n:07d}", ad, user, at)
+        yield Impression(f"i{n:07d}", ad, user, at)
         if n % 3 == 0:
-            yield ("click", f"c{n:07d}", ad, user, at + (n * 997) % 14_000)
+            yield Click(f"c{n:07d}", ad, user, at + (n * 997) % 14_000)
 
 
-def billable(sent: list[tuple[str, str, str, str, int]], window_ms: int) -> set[str]:
-    """The clicks with an impression of the same ad and user at most `window_ms` before them (the rule)."""
-    shown: dict[tuple[str, str], list[int]] = {}
-    for kind, _id, ad, user, at in sent:
-        if kind == "impression":
-            shown.setdefault((ad, user), []).append(at)
-    return {
-        event_id
-        for kind, event_id, ad, user, at in sent
-        if kind == "click" and any(t <= at <= t + window_ms for t in shown.get((ad, user), ()))
-    }
+def billable(sent: Iterable[Impression | Click]) -> set[str]:
+    """The clicks the attribution rule bills among `sent` (`billing.rule.bill`; with an empty catalog, every one
+    comes back not charged as `unknown_ad`, whatever else would stop it)."""
+    from billing.catalog import Catalog
+    from billing.rule import bill
+
+    sent = list(sent)
+    impressions = [e for e in sent if isinstance(e, Impression)]
+    clicks = [e for e in sent if isinstance(e, Click)]
+    billing = bill(impressions, clicks, Catalog([]))
+    return {row.click_id for row in billing.charged} | {row.click_id for row in billing.not_charged}
+
+
+def _send(producer: Any, serialize: Any, settings: Any, event: Impression | Click) -> None:
+    producer.produce(settings.topics[event.type], key=event.ad_id.encode(), value=serialize(event))
 
 
 def run_probe(args: argparse.Namespace) -> int:
     """Start a broker, send the events, run each try in `args.spark_python`, print the outcomes."""
     from confluent_kafka import Producer
 
-    from billing.events import Click, Impression
-    from billing.rule import ATTRIBUTION_WINDOW_MS
     from billing.store.schema_registry import open_registry
     from ops.deps import ensure_kafka_jars, ensure_spark_connector_jars
     from ops.kafka_service import LocalKafka, ensure_topics
@@ -114,17 +118,15 @@ def run_probe(args: argparse.Namespace) -> int:
             say({"try": "broker", "outcome": "failed", "log": str(work / "kafka" / "logs")})
             return 1
         try:
-            topics = {"impression": settings.topic_impressions, "click": settings.topic_clicks}
-            ensure_topics(kafka.bootstrap, list(topics.values()), partitions=settings.topic_partitions)
+            ensure_topics(kafka.bootstrap, list(settings.topics.values()), partitions=settings.topic_partitions)
             serialize = EventSerializer(open_registry(str(work / "registry.json"))).serialize
             sent = list(events(args.events, int(time.time() * 1000) - T0_BEHIND_MS))
             producer = Producer({"bootstrap.servers": kafka.bootstrap})
-            for kind, event_id, ad, user, at in sent:
-                event = Impression(event_id, ad, user, at) if kind == "impression" else Click(event_id, ad, user, at)
-                producer.produce(topics[kind], key=ad.encode(), value=serialize(event))
+            for event in sent:
+                _send(producer, serialize, settings, event)
             producer.flush()
             del producer
-            expected = billable(sent, ATTRIBUTION_WINDOW_MS)
+            expected = billable(sent)
             say({"sent": len(sent), "billable_clicks": len(expected), "spark_python": args.spark_python})
             env = dict(
                 os.environ,
@@ -139,7 +141,7 @@ def run_probe(args: argparse.Namespace) -> int:
                     "--sink", attempt.sink, "--master", attempt.master,
                     "--allowlist-check", str(attempt.allowlist_check).lower(),
                     "--wait", str(args.wait), "--work", str(work / attempt.sink / attempt.master),
-                    "--jars", ",".join(str(jar) for jar in connectors), "--rate", str(args.rate),
+                    "--jars", str(connectors[0].parent), "--rate", str(args.rate),
                     "--checkpoint-ms", str(args.checkpoint_ms),
                     "--registry", str(work / "registry.json"),
                 ]  # fmt: skip
@@ -177,12 +179,10 @@ def spark_side(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     work = Path(args.work)
     (work / "rows").mkdir(parents=True, exist_ok=True)
-    jars = [Path(jar) for jar in args.jars.split(",")]
-    usable = {jar.name for jar in jars_pyspark_lacks(jars[0].parent)}
     spark = (
         SparkSession.builder.master(args.master)
         .appName("adbill-realtime-probe")
-        .config("spark.jars", ",".join(str(jar) for jar in jars if jar.name in usable))
+        .config("spark.jars", ",".join(str(jar) for jar in jars_pyspark_lacks(Path(args.jars))))
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.streaming.realTimeMode.allowlistCheck", args.allowlist_check)
         .config("spark.sql.streaming.realTimeMode.minBatchDuration", f"{min(args.checkpoint_ms, 5000)}ms")
@@ -216,10 +216,8 @@ def spark_side(args: argparse.Namespace) -> int:
     if error is not None:
         outcome |= {"outcome": "failed", "error": _first_line(error)}
     else:
-        from billing.rule import ATTRIBUTION_WINDOW_MS
-
         query.stop()
-        due = billable(paced_events, ATTRIBUTION_WINDOW_MS)
+        due = billable(paced_events)
         latency_ms = sorted(1000 * (billed[click] - sent_at[click]) for click in due & billed.keys())
         outcome |= {
             "outcome": "ran",
@@ -240,20 +238,19 @@ def spark_side(args: argparse.Namespace) -> int:
 
 def _send_paced(
     settings: Any, registry: Path, rate: int, seconds: int, running: Any
-) -> tuple[dict[str, float], list[tuple[str, str, str, str, int]], float]:
+) -> tuple[dict[str, float], list[Impression | Click], float]:
     """Send `rate` events a second for `seconds` (stopping early if `running()` turns false), their event times
     the clock's: impressions, and after every third a click on an impression 0 to 14 s old. Returns each click's
     send time, the events sent and the events a second it managed to send."""
     from confluent_kafka import Producer
 
-    from billing.events import Click, Impression
     from billing.store.schema_registry import open_registry
     from producers.wire import EventSerializer
 
     serialize = EventSerializer(open_registry(str(registry))).serialize
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 0})
     shown: list[tuple[str, str]] = []
-    sent: list[tuple[str, str, str, str, int]] = []
+    sent: list[Impression | Click] = []
     sent_at: dict[str, float] = {}
     started = time.monotonic()
     n = 0
@@ -269,9 +266,8 @@ def _send_paced(
             old_ad, old_user = shown[max(0, n - (n * 997) % (14 * rate))]
             events.append(Click(f"pc{n:07d}", old_ad, old_user, int(now * 1000)))
         for event in events:
-            topic = settings.topic_impressions if isinstance(event, Impression) else settings.topic_clicks
-            producer.produce(topic, key=event.ad_id.encode(), value=serialize(event))
-            sent.append((event.type, event.event_id, event.ad_id, event.user_id, event.event_time))
+            _send(producer, serialize, settings, event)
+            sent.append(event)
             if isinstance(event, Click):
                 sent_at[event.click_id] = time.time()
         producer.poll(0)
@@ -337,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--allowlist-check", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    parser.add_argument("--jars", help=argparse.SUPPRESS)
+    parser.add_argument("--jars", help=argparse.SUPPRESS)  # the connectors' folder
     parser.add_argument("--registry", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     return spark_side(args) if args.spark_side else run_probe(args)

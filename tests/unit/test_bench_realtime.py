@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from billing.events import Click, Impression
 from billing.rule import ATTRIBUTION_WINDOW_MS
 from ops.bench.realtime import _percentile, billable, events, tries
 
@@ -9,22 +10,22 @@ T0 = 1_795_560_600_000
 
 
 def test_a_click_is_expected_billed_within_the_window_of_an_impression_of_its_ad_and_user_bounds_included() -> None:
-    shown = [("impression", "i1", "a1", "u1", T0)]
-    clicks = [
-        ("click", "at-impression", "a1", "u1", T0),
-        ("click", "at-window-end", "a1", "u1", T0 + ATTRIBUTION_WINDOW_MS),
-        ("click", "after-window", "a1", "u1", T0 + ATTRIBUTION_WINDOW_MS + 1),
-        ("click", "before-impression", "a1", "u1", T0 - 1),
-        ("click", "other-user", "a1", "u2", T0 + 5),
-        ("click", "other-ad", "a2", "u1", T0 + 5),
+    shown: list[Impression | Click] = [Impression("i1", "a1", "u1", T0)]
+    clicks: list[Impression | Click] = [
+        Click("at-impression", "a1", "u1", T0),
+        Click("at-window-end", "a1", "u1", T0 + ATTRIBUTION_WINDOW_MS),
+        Click("after-window", "a1", "u1", T0 + ATTRIBUTION_WINDOW_MS + 1),
+        Click("before-impression", "a1", "u1", T0 - 1),
+        Click("other-user", "a1", "u2", T0 + 5),
+        Click("other-ad", "a2", "u1", T0 + 5),
     ]
-    assert billable(shown + clicks, ATTRIBUTION_WINDOW_MS) == {"at-impression", "at-window-end"}
+    assert billable(shown + clicks) == {"at-impression", "at-window-end"}
 
 
 def test_the_backlog_has_clicks_in_and_out_of_the_window_so_that_a_count_can_fail() -> None:
     sent = list(events(3000, T0))
-    clicks = {event[1] for event in sent if event[0] == "click"}
-    expected = billable(sent, ATTRIBUTION_WINDOW_MS)
+    clicks = {event.event_id for event in sent if isinstance(event, Click)}
+    expected = billable(sent)
     assert len(clicks) == 1000
     assert 0 < len(expected) < len(clicks)
 
