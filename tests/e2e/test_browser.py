@@ -23,7 +23,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -139,9 +139,20 @@ def log_in(
 
 
 def wait(driver: WebDriver, until: Callable[[WebDriver], object], timeout_s: float = 15) -> None:
-    """Poll `until`; an element of the page being replaced (a form just sent) is read again on the next poll."""
+    """Poll `until`; an element of the page being replaced (a form just sent) is read again on the next poll.
+    Chromium reports an element read while its page is replaced either as stale or, from 156 on at times, as an
+    inspector error ("Node with given id does not belong to the document"): both are the same race."""
     passing = (NoSuchElementException, StaleElementReferenceException)
-    WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=passing).until(until)
+
+    def polled(d: WebDriver) -> object:
+        try:
+            return until(d)
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                return False
+            raise
+
+    WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=passing).until(polled)
 
 
 def corrected(seeded: Seeded, period: str, level: str, ident: str) -> tuple[int, int]:
