@@ -24,19 +24,23 @@ come one after the other in a seeded order, each after a seeded pause, and each 
   the report, where the suite may not mount a filesystem.
 
 The traffic changes the catalog all through the run (`--catalog-every 60 --new-ads 2`): its ground truth is priced
-by the history, as the pipeline prices. Its producers deploy a new schema version of both event types 20 minutes in
-(`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart by hand.
+by the history, as the pipeline prices. It carries the local stack's invalid traffic (crawlers, clicks from
+excluded ranges, floods, double clicks, late twins) and three budgeted campaigns whose budgets run out during the
+faults (`--no-invalid-traffic`: plain traffic). Its producers deploy a new schema version of both event types 20
+minutes in (`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart by hand.
 
 A recovery step that fails (a command's exit code, a process missing) is reported at once with the step; the suite
 then starts whatever is missing once more and, if billing does not come back within 5 minutes, stops the schedule
 there and gives its verdict on the books as they stand.
 
 Then the traffic stops, the job catches up, `adbill reconcile --until` closes every period (never `--force`) and
-`adbill audit` proves the books. The verdict: the ledger equals the ground truth, no click is billed in two
-batches, Redis equals the ledger to the micro, the exports equal the ground truth, every poison record is in
-quarantine, and the web API answered every read. Per fault: the time to recover (until the job billed a batch
-again) and the events delayed (records that reached Kafka while the job could not bill them). Printed, and written
-to `report.md` and `report.json`.
+`adbill audit` proves the books. The verdict: the ledger equals the ground truth (with invalid traffic, which the
+stream judges with what it has read so far: the ledger plus reconciliation's corrections does, the stream charged
+no click of a crawler or an excluded range, and no campaign's day past its budget), no click is billed in two
+batches, Redis equals the ledger to the micro, the exports with the adjustments later periods booked for them equal
+the ground truth, every poison record is in quarantine, and the web API answered every read. Per fault: the time to
+recover (until the job billed a batch again) and the events delayed (records that reached Kafka while the job could
+not bill them). Printed, and written to `report.md` and `report.json`.
 """
 
 from __future__ import annotations
@@ -59,11 +63,17 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from billing.store.catalog_file import save_catalog
+from attribution.stream_position import BILLING_QUERY
+from billing.budgets import utc_day
+from billing.catalog import Catalog
+from billing.export import ExportStatus, RecordType
+from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.stream_offsets import committed_offsets, end_offsets, records_behind
 from ops.process import pid_alive, stop_pid
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
@@ -82,6 +92,9 @@ DISK_FULL_S = 30.0
 OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "run", "logs", "spark", "spark-events")
 """Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
 fault, not a broker or a log that dies of it)."""
+INVALID_TRAFFIC_BUDGET_SHARE = "0.15"
+"""With invalid traffic on: each budgeted campaign's daily budget as a share of what the traffic (two hours) would
+spend on it, so that budgets run out about 18 minutes in, in the middle of the faults."""
 RECOVERY_DEADLINE_S = 600.0
 OUTAGE_S = 1200.0
 """How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
@@ -124,12 +137,14 @@ class Chaos:
         faults: list[str] | None = None,
         outage_s: float = OUTAGE_S,
         schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S,
+        invalid_traffic: bool = True,
     ) -> None:
         self.out = out.resolve()  # the services' folders are links from the data disk: absolute ones
         self.seed = seed
         self.rate = rate
         self.outage_s = outage_s
         self.schema_deploy_at_s = schema_deploy_at_s
+        self.invalid_traffic = invalid_traffic
         self.plan = list(faults or FAULTS)
         self.rng = random.Random(seed)
         self.home = self.out / "home"
@@ -283,11 +298,22 @@ class Chaos:
             "--run-dir",
             str(run_dir),
             "--no-progress",
+            *(self.invalid_traffic_args() if self.invalid_traffic else ()),
         ]
         log = (self.out / "traffic.log").open("ab")
         self.traffic = subprocess.Popen([sys.executable, "-m", "ops.cli", *args], env=self.env, stdout=log, stderr=log)
         self.t0 = time.monotonic()
         self.say(f"traffic: adbill {' '.join(args)}")
+
+    @staticmethod
+    def invalid_traffic_args() -> list[str]:
+        """The local stack's invalid traffic (crawlers, excluded ranges, floods, double clicks, late twins) and three
+        budgeted campaigns whose budgets run out during the faults (`INVALID_TRAFFIC_BUDGET_SHARE`)."""
+        from ops.cli import STACK_INVALID_TRAFFIC
+
+        args = list(STACK_INVALID_TRAFFIC)
+        args[args.index("--budget-share") + 1] = INVALID_TRAFFIC_BUDGET_SHARE
+        return args
 
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
@@ -306,6 +332,35 @@ class Chaos:
         self.say(f"traffic stopped (exit {code}); {json.dumps(summary.get('publish', summary))[:300]}")
         with (self.out / "traffic" / "billable.jsonl").open() as lines:
             return {row["click_id"]: row["amount_micros"] for row in map(json.loads, lines)}
+
+    def records_behind(self) -> int | None:
+        """Records the event topics hold past the billing query's committed offsets; None when Kafka is away."""
+        topics = [self.settings.topic_impressions, self.settings.topic_clicks]
+        try:
+            end = end_offsets(self.settings.kafka_bootstrap, topics)
+        except Exception:  # confluent_kafka's KafkaException: a broker away
+            return None
+        return sum(records_behind(committed_offsets(self.settings.layout.checkpoint(BILLING_QUERY)), end).values())
+
+    def refused_in_truth(self) -> dict[str, str]:
+        """click_id -> reason of every billable click the ground truth does not charge."""
+        from producers.simulator import NOT_CHARGED_FILE
+
+        path = self.out / "traffic" / NOT_CHARGED_FILE
+        if not path.exists():
+            return {}
+        with path.open() as lines:
+            return {row["click_id"]: row["reason"] for row in map(json.loads, lines)}
+
+    def not_charged_live(self) -> dict[str, str]:
+        """click_id -> reason of every click the stream did not charge (`not_charged/`)."""
+        folder = self.settings.layout.not_charged
+        if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+            return {}
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=["click_id", "reason"])
+        return dict(zip(table.column("click_id").to_pylist(), table.column("reason").to_pylist(), strict=True))
 
     # Faults ------------------------------------------------------------------------------------------------------
     def strike(self, fault: FaultRecord) -> None:
@@ -625,17 +680,17 @@ class Chaos:
 
     # Verdict -----------------------------------------------------------------------------------------------------
     def verdict(self, truth: dict[str, int]) -> dict[str, Any]:
+        import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        from billing.store.export_files import exported_bills, read_export
+        from billing.store.export_files import read_export
         from billing.store.parquet_ledger import read_ledger
 
-        # The job catches up with everything sent.
+        # The job catches up with everything sent: a committed batch read every record the event topics hold.
         caught = None
         start = time.monotonic()
         while time.monotonic() - start < 600:
-            rows = read_ledger(self.settings.layout.ledger).to_pylist()
-            if len(rows) >= len(truth):
+            if self.records_behind() == 0:
                 caught = time.monotonic() - start
                 break
             time.sleep(2)
@@ -653,6 +708,15 @@ class Chaos:
         self.say(f"reconcile --until {until}: exit {reconcile.returncode}: {reconcile.stdout.strip()[-600:]}")
         audit = self.adbill("audit", check=False)
         self.say(f"audit: exit {audit.returncode}: {audit.stdout.strip().splitlines()[-1] if audit.stdout else ''}")
+
+        final = final_ledger(rows, self.settings.layout.corrections)
+        final_missing = sorted(set(truth) - set(final))
+        final_extra = sorted(set(final) - set(truth))
+        final_wrong = sorted(c for c in set(truth) & set(final) if truth[c] != final[c])
+        refused = self.refused_in_truth()
+        bots = {c for c, reason in refused.items() if reason in ("known_bot", "excluded_ip")}
+        bots_charged = sorted(bots & {r["click_id"] for r in rows})
+        past_budget = days_past_budget(rows, CatalogStore(self.settings.catalog_file).current())
 
         billed = Counter(r["click_id"] for r in rows)
         twice = sorted(c for c, n in billed.items() if n > 1)
@@ -672,19 +736,19 @@ class Chaos:
             if per_period.get(k, [0, 0]) != redis_totals.get(k, [0, 0])
         )
 
-        exported: dict[str, int] = {}
-        adjustments = 0
         exports_dir = self.settings.layout.exports
-        periods_closed = 0
-        for folder in sorted(exports_dir.iterdir()) if exports_dir.is_dir() else []:
-            if folder.name.startswith("."):
-                continue
-            table = read_export(folder)
-            periods_closed += 1
-            bills = exported_bills(table).to_pylist()
-            adjustments += table.num_rows - len(bills)
-            for bill in bills:
-                exported[bill["click_id"]] = exported.get(bill["click_id"], 0) + bill["net_micros"]
+        tables = [
+            read_export(folder)
+            for folder in (sorted(exports_dir.iterdir()) if exports_dir.is_dir() else [])
+            if not folder.name.startswith(".")
+        ]
+        periods_closed = len(tables)
+        # What finance was given: each closed period's bills, and the adjustments later periods booked for it (a
+        # late twin found after its period closed retracts the click billed there and adds the twin).
+        exported = exported_books(row for table in tables for row in table.to_pylist())
+        adjustments = sum(
+            pc.sum(pc.equal(table["record_type"], RecordType.ADJUSTMENT.value)).as_py() or 0 for table in tables
+        )
         exports_equal = exported == truth
 
         quarantine_dir = self.settings.layout.quarantine
@@ -699,11 +763,23 @@ class Chaos:
         reads_failed_outside_redis = self.web.failed - sum(
             n for kind, n in self.web.failed_during.items() if kind.startswith("redis")
         )
+        if self.invalid_traffic:
+            # The stream judges invalid traffic and budgets with what it has read so far (a flood's first clicks,
+            # the order it reads a day's clicks in): reconciliation's corrections make the books exact.
+            books = {
+                "the ledger and its corrections equal the ground truth": not (
+                    final_missing or final_extra or final_wrong
+                ),
+                "no click of a crawler or an excluded range charged by the stream": not bots_charged,
+                "no campaign's day charged past its budget by the stream": not past_budget,
+            }
+        else:
+            books = {"ledger equals the ground truth": not (missing or extra or wrong)}
         checks = {
-            "ledger equals the ground truth": not (missing or extra or wrong),
+            **books,
             "no click billed in two batches": not twice,
             "Redis equals the ledger to the micro": not redis_diff,
-            "exports after reconciliation equal the ground truth": exports_equal and reconcile.returncode == 0,
+            "exports and their later adjustments equal the ground truth": exports_equal and reconcile.returncode == 0,
             "audit balances": audit.returncode == 0,
             "every poison record is in quarantine": not poison_missing and self.poison_failed == 0,
             "web API reads all answered (outside the Redis fault)": reads_failed_outside_redis == 0,
@@ -733,6 +809,13 @@ class Chaos:
                 "extra": len(extra),
                 "wrong_amount": len(wrong),
                 "billed_twice": len(twice),
+                "final_missing": len(final_missing),
+                "final_extra": len(final_extra),
+                "final_wrong_amount": len(final_wrong),
+                "not_charged_in_truth": dict(Counter(refused.values())),
+                "not_charged_by_the_stream": dict(Counter(self.not_charged_live().values())),
+                "bots_charged_by_the_stream": len(bots_charged),
+                "days_past_budget": past_budget,
                 "redis_differences": len(redis_diff),
                 "periods_exported": periods_closed,
                 "exported_clicks": len(exported),
@@ -747,7 +830,16 @@ class Chaos:
             },
             "faults": [asdict(f) for f in self.faults],
             "web_failures": self.web.failures,
-            "examples": {"missing": missing[:5], "extra": extra[:5], "twice": twice[:5], "redis": redis_diff[:5]},
+            "examples": {
+                "missing": missing[:5],
+                "extra": extra[:5],
+                "twice": twice[:5],
+                "redis": redis_diff[:5],
+                "final_missing": final_missing[:5],
+                "final_extra": final_extra[:5],
+                "final_wrong": final_wrong[:5],
+                "bots_charged": bots_charged[:5],
+            },
         }
         write_report(self.out, report)
         return report
@@ -794,6 +886,58 @@ class Reconciliation:
         except subprocess.TimeoutExpired:
             self.process.terminate()
             return None
+
+
+def final_ledger(rows: list[dict[str, Any]], corrections: Path) -> dict[str, int]:
+    """The provisional ledger's rows plus every correction: click id -> net micros, of the clicks that net to one
+    bill (a click netting to anything but none or one bill is kept with its count, so that it differs)."""
+    import pyarrow.dataset as ds
+
+    from billing.store.corrections_arrow import corrections_from_arrow
+
+    clicks: Counter[str] = Counter()
+    micros: Counter[str] = Counter()
+    for row in rows:
+        clicks[row["click_id"]] += 1
+        micros[row["click_id"]] += row["amount_micros"]
+    if corrections.is_dir() and any(corrections.rglob("*.parquet")):
+        table = ds.dataset(corrections, format="parquet", partitioning="hive").to_table()
+        for correction in corrections_from_arrow(table):
+            clicks[correction.click_id] += correction.clicks
+            micros[correction.click_id] += correction.amount_micros
+    return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
+
+
+def exported_books(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Click id -> net micros of the clicks that the exports' rows bill once: a click row billed or added counts one
+    bill (a retracted one none), an adjustment added one more and an adjustment retracted one less. A click netting
+    to anything but none or one bill is kept with minus its count, so that it differs."""
+    clicks: Counter[str] = Counter()
+    micros: Counter[str] = Counter()
+    for row in rows:
+        if row["record_type"] == RecordType.CLICK.value:
+            bills = 0 if row["status"] == ExportStatus.RETRACTED.value else 1
+        else:
+            bills = -1 if row["status"] == ExportStatus.RETRACTED.value else 1
+        clicks[row["click_id"]] += bills
+        micros[row["click_id"]] += row["net_micros"]
+    return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
+
+
+def days_past_budget(rows: list[dict[str, Any]], catalog: Catalog) -> list[str]:
+    """Each campaign's UTC day whose total in the provisional ledger (what the stream charged) passed every daily
+    budget the campaign had (a day under an unlimited budget passes none). The final books hold to the budgets when
+    they equal the ground truth, which does."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for row in rows:
+        totals[(row["campaign_id"], utc_day(row["click_time"]))] += row["amount_micros"]
+    out = []
+    for (campaign, day), total in sorted(totals.items()):
+        limits = [b.daily_budget_micros for b in catalog.budgets.get(campaign, ())]
+        bounded = [limit for limit in limits if limit is not None]
+        if bounded and len(bounded) == len(limits) and total > max(bounded):
+            out.append(f"{campaign} {day}: {total} > {max(bounded)}")
+    return out
 
 
 def fill_disk(ballast: Path) -> int:
@@ -907,6 +1051,13 @@ def main(argv: list[str] | None = None) -> int:
         help="when the producers deploy a new schema version, seconds after the traffic starts "
         f"(default {SCHEMA_DEPLOY_AT_S:.0f})",
     )
+    parser.add_argument(
+        "--no-invalid-traffic",
+        dest="invalid_traffic",
+        action="store_false",
+        help="plain traffic: no crawlers, excluded ranges, floods, double clicks nor budgets (the verdict then holds "
+        "the provisional ledger itself to the ground truth)",
+    )
     args = parser.parse_args(argv)
     faults = args.faults.split(",") if args.faults else None
     if faults and set(faults) - set(FAULTS):
@@ -915,7 +1066,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or PROJECT_ROOT / "var" / "chaos" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     try:
-        report = Chaos(out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at).run()
+        report = Chaos(
+            out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at, args.invalid_traffic
+        ).run()
     except RuntimeError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 1

@@ -52,19 +52,29 @@ def decoded(spark: Any, settings: Settings, topic: str, event_type: str, rate_li
     return records.select(event).select("event.*")
 
 
-def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True, bucketed: bool = False) -> Any:
+JOINS = ("plain", "bucketed", "hashed")
+"""The baseline's join (`BENCH_BASELINE_JOIN` in the environment of `python -m ops.bench`): the textbook one, or a
+probe of a lever on it (`textbook_join`)."""
+
+
+def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True, join: str = "plain") -> Any:
     """Billable click pairs: the inner stream-stream join with a watermark per stream (module doc).
 
-    `bucketed` (a probe, `BENCH_BASELINE_JOIN=bucketed` in the environment of `python -m ops.bench`): the same
-    pairs, with each side's watermark on a 10 s bucket of its time that is also a join key (a click joins its own
-    bucket and the one before), so that Spark evicts the join's state by key instead of reading every row of state
-    each batch. Its watermark moves in steps of a bucket and a bucket leaves state once the watermark passes its
-    start: the delays must cover the window and a bucket, or pairs across buckets are missed (docs/benchmarks.md,
-    "Eviction by key"). A measure of the eviction's cost, not the product's rule."""
+    `join` other than `plain` is a probe of a lever, the same pairs by another plan (docs/benchmarks.md):
+    - `bucketed`: each side's watermark on a 10 s bucket of its time that is also a join key (a click joins its own
+      bucket and the one before), so that Spark evicts the join's state by key instead of reading every row of
+      state each batch. Its watermark moves in steps of a bucket and a bucket leaves state once the watermark passes
+      its start: the delays must cover the window and a bucket, or pairs across buckets are missed ("Eviction by
+      key");
+    - `hashed`: the join keyed by one 64-bit hash of `ad_id` and `user_id` instead of the two strings (each side's
+      rows of state then have a key of 8 bytes), the strings compared after the key matches ("A hashed join key").
+    """
     from pyspark.sql import functions as F
 
     from billing.rule import ATTRIBUTION_WINDOW_MS
 
+    if join not in JOINS:
+        raise ValueError(f"BENCH_BASELINE_JOIN must be one of {', '.join(JOINS)}, got {join!r}")
     impressions = decoded(spark, settings, settings.topic_impressions, "impression", rate_limit).select(
         F.col("impression_id"),
         F.col("ad_id").alias("imp_ad_id"),
@@ -75,13 +85,19 @@ def textbook_join(spark: Any, settings: Settings, rate_limit: bool = True, bucke
         "click_id", "ad_id", "user_id", F.col("event_time").alias("click_ts")
     )
     window = F.expr(f"INTERVAL {ATTRIBUTION_WINDOW_MS} MILLISECONDS")
-    condition = (
-        (clicks["ad_id"] == impressions["imp_ad_id"])
-        & (clicks["user_id"] == impressions["imp_user_id"])
-        & (impressions["imp_ts"] <= clicks["click_ts"])
-        & (clicks["click_ts"] <= impressions["imp_ts"] + window)
-    )
-    if not bucketed:
+    in_window = (impressions["imp_ts"] <= clicks["click_ts"]) & (clicks["click_ts"] <= impressions["imp_ts"] + window)
+    same_ad = clicks["ad_id"] == impressions["imp_ad_id"]
+    same_user = clicks["user_id"] == impressions["imp_user_id"]
+    if join == "hashed":
+        # Spark takes each equality between the two sides as a join key: wrapped, the strings' are a filter on the
+        # pairs whose hash matched (a collision of the hash joins nothing more).
+        impressions = impressions.withColumn("imp_key", F.xxhash64("imp_ad_id", "imp_user_id"))
+        clicks = clicks.withColumn("click_key", F.xxhash64("ad_id", "user_id"))
+        condition = (clicks["click_key"] == impressions["imp_key"]) & in_window
+        condition = condition & F.coalesce(same_ad, F.lit(False)) & F.coalesce(same_user, F.lit(False))
+    else:
+        condition = same_ad & same_user & in_window
+    if join != "bucketed":
         impressions = impressions.withWatermark("imp_ts", f"{settings.impression_watermark_ms} milliseconds")
         clicks = clicks.withWatermark("click_ts", f"{settings.click_watermark_ms} milliseconds")
         return clicks.join(impressions, condition, "inner")
@@ -106,9 +122,8 @@ def main() -> int:
     settings = Settings.from_env()
     spark = spark_session(settings, "adbill-bench-baseline", settings.layout.spark_scratch(), stateful=True)
     spark.streams.addListener(HealthListener(settings.redis_url, settings.redis_prefix, {}))
-    bucketed = os.environ.get("BENCH_BASELINE_JOIN") == "bucketed"
     query = (
-        textbook_join(spark, settings, bucketed=bucketed)
+        textbook_join(spark, settings, join=os.environ.get("BENCH_BASELINE_JOIN") or "plain")
         .writeStream.queryName(QUERY)
         .format("noop")
         .option("checkpointLocation", str(settings.layout.checkpoint(QUERY)))

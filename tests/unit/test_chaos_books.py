@@ -1,0 +1,93 @@
+"""The chaos suite's verdict on books with invalid traffic and budgets: the provisional ledger plus reconciliation's
+corrections, and each campaign's day held to its budget (`ops.chaos.final_ledger`, `ops.chaos.days_past_budget`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from billing.budgets import BudgetChange
+from billing.catalog import Ad, Catalog
+from billing.corrections import Correction, CorrectionKind, CorrectionReason
+from billing.store.corrections_arrow import corrections_to_arrow
+from ops.chaos import days_past_budget, exported_books, final_ledger
+
+DAY = 86_400_000
+T0 = 1_795_737_600_000  # 2026-11-27T00:00:00Z
+
+
+def bill(click_id: str, micros: int, at: int = T0, campaign: str = "cmp-1") -> dict[str, Any]:
+    return {"click_id": click_id, "amount_micros": micros, "campaign_id": campaign, "click_time": at}
+
+
+def correction(click_id: str, kind: CorrectionKind, micros: int, reason: CorrectionReason) -> Correction:
+    return Correction(
+        correction_id=f"{click_id}-{kind.value}",
+        kind=kind,
+        click_id=click_id,
+        impression_id=None,
+        ad_id="ad-1",
+        campaign_id="cmp-1",
+        advertiser_id="adv-1",
+        amount_micros=micros,
+        currency="EUR",
+        reason=reason,
+        corrects_period="2026-11-27T00",
+        booked_period="2026-11-27T00",
+        created_at_ms=T0,
+    )
+
+
+def test_the_final_ledger_is_the_provisional_one_with_its_additions_and_retractions(tmp_path: Path) -> None:
+    folder = tmp_path / "corrections" / "period=2026-11-27T00"
+    folder.mkdir(parents=True)
+    corrections = [
+        correction("flooded", CorrectionKind.RETRACTION, -300_000, CorrectionReason.CLICK_FLOOD),
+        correction("late", CorrectionKind.ADDITION, 200_000, CorrectionReason.LATE_CLICK),
+    ]
+    pq.write_table(corrections_to_arrow(corrections), folder / "part-0.parquet")
+    rows = [bill("kept", 300_000), bill("flooded", 300_000), bill("twice", 100_000), bill("twice", 100_000)]
+
+    final = final_ledger(rows, tmp_path / "corrections")
+
+    # A click billed twice and never retracted stands out: it is no bill of the ground truth's.
+    assert final == {"kept": 300_000, "late": 200_000, "twice": -2}
+    assert final_ledger(rows[:1], tmp_path / "absent") == {"kept": 300_000}
+
+
+def test_a_day_past_every_budget_its_campaign_had_is_named_and_an_unlimited_one_never() -> None:
+    catalog = Catalog(
+        [Ad("ad-1", "cmp-1", "adv-1", 100_000, "EUR"), Ad("ad-2", "cmp-2", "adv-1", 100_000, "EUR")],
+        budgets={
+            "cmp-1": [BudgetChange(0, 500_000), BudgetChange(T0 + 3_600_000, 700_000)],
+            "cmp-2": [BudgetChange(0, 100_000), BudgetChange(T0, None)],
+        },
+    )
+    within = [bill(f"a{i}", 100_000) for i in range(7)]  # 700,000: the raised budget's
+    assert days_past_budget(within, catalog) == []
+
+    past = [*within, bill("a7", 100_000), bill("b1", 100_000, at=T0 + DAY)]
+    unlimited = [bill(f"c{i}", 100_000, campaign="cmp-2") for i in range(5)]
+    assert days_past_budget(past + unlimited, catalog) == ["cmp-1 2026-11-27: 800000 > 700000"]
+
+
+def test_the_exports_books_are_each_periods_bills_with_the_adjustments_later_periods_booked_for_them() -> None:
+    def row(click: str, record_type: str, status: str, net: int) -> dict[str, Any]:
+        return {"click_id": click, "record_type": record_type, "status": status, "net_micros": net}
+
+    rows = [
+        row("kept", "click", "billed", 300_000),
+        row("added", "click", "added", 200_000),
+        row("retracted", "click", "retracted", 0),
+        # A late twin found after the period closed: the click billed there retracted, the twin added, later.
+        row("billed-then-duplicate", "click", "billed", 100_000),
+        row("billed-then-duplicate", "adjustment", "retracted", -100_000),
+        row("late-twin", "adjustment", "added", 100_000),
+        row("free", "click", "billed", 0),
+        row("twice", "click", "billed", 100_000),
+        row("twice", "adjustment", "added", 100_000),
+    ]
+
+    assert exported_books(rows) == {"kept": 300_000, "added": 200_000, "late-twin": 100_000, "free": 0, "twice": -2}
