@@ -36,11 +36,12 @@ there and gives its verdict on the books as they stand.
 Then the traffic stops, the job catches up, `adbill reconcile --until` closes every period (never `--force`) and
 `adbill audit` proves the books. The verdict: the ledger equals the ground truth (with invalid traffic, which the
 stream judges with what it has read so far: the ledger plus reconciliation's corrections does, the stream charged
-no click of a crawler or an excluded range, and no campaign's day past its budget), no click is billed in two
-batches, Redis equals the ledger to the micro, the exports with the adjustments later periods booked for them equal
-the ground truth, every poison record is in quarantine, and the web API answered every read. Per fault: the time to
-recover (until the job billed a batch again) and the events delayed (records that reached Kafka while the job could
-not bill them). Printed, and written to `report.md` and `report.json`.
+no click of a crawler or an excluded range, and no campaign's charged total of a day in Redis, read every second,
+passed its budget), no click is billed in two batches, Redis equals the ledger to the micro, the exports with the
+adjustments later periods booked for them equal the ground truth, every poison record is in quarantine, and the web
+API answered every read. Per fault: the time to recover (until the job billed a batch again) and the events delayed
+(records that reached Kafka while the job could not bill them). Printed, and written to `report.md` and
+`report.json`.
 """
 
 from __future__ import annotations
@@ -63,13 +64,13 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attribution.stream_position import BILLING_QUERY
-from billing.budgets import utc_day
+from billing.budgets import DAY_MS, utc_day
 from billing.catalog import Catalog
 from billing.export import ExportStatus, RecordType
 from billing.store.catalog_file import CatalogStore, save_catalog
@@ -162,6 +163,9 @@ class Chaos:
         self.disk = ""
         """How the data folder's small filesystem was mounted, or why it was not."""
         self.disk_mounted = False
+        self.budget_breaches: set[str] = set()
+        """Each campaign's day seen charged past every budget the campaign had (`check_budgets`)."""
+        self.budget_reads = 0
         self.stopped = ""
         """Why the schedule stopped early (a recovery that failed and could not be made good); empty if it ran."""
 
@@ -246,6 +250,7 @@ class Chaos:
             self.adbill("users", "add", "chaos", "--role", "finance", "--password-stdin", stdin="chaos-password\n")
             self.start_traffic()
             threads = [
+                threading.Thread(target=self.watch_budgets, daemon=True),
                 threading.Thread(target=self.read_web, daemon=True),
                 threading.Thread(target=self.send_poison, daemon=True),
             ]
@@ -332,6 +337,25 @@ class Chaos:
         self.say(f"traffic stopped (exit {code}); {json.dumps(summary.get('publish', summary))[:300]}")
         with (self.out / "traffic" / "billable.jsonl").open() as lines:
             return {row["click_id"]: row["amount_micros"] for row in map(json.loads, lines)}
+
+    def watch_budgets(self) -> None:
+        """Every second, each budgeted campaign's charged total of the day (what Redis shows people: the stream's
+        charges and the corrections') against the budgets it had, as long as the run goes."""
+        while not self.stop.wait(1.0):
+            self.check_budgets()
+
+    def check_budgets(self) -> None:
+        """One read of today's and yesterday's charged totals of the campaigns with budgets; a total past every
+        budget its campaign had is kept in `budget_breaches`. Nothing is read while Redis is away."""
+        try:
+            catalog = CatalogStore(self.settings.catalog_file).current()
+            now = int(time.time() * 1000)
+            days = {utc_day(now), utc_day(now - DAY_MS)}
+            charged = self.totals().day_charged((c, day) for c in catalog.budgets for day in days)
+        except Exception:  # redis.RedisError while Redis is a fault's target, a catalog file being replaced
+            return
+        self.budget_reads += 1
+        self.budget_breaches.update(past_budget(charged, catalog))
 
     def records_behind(self) -> int | None:
         """Records the event topics hold past the billing query's committed offsets; None when Kafka is away."""
@@ -716,7 +740,7 @@ class Chaos:
         refused = self.refused_in_truth()
         bots = {c for c, reason in refused.items() if reason in ("known_bot", "excluded_ip")}
         bots_charged = sorted(bots & {r["click_id"] for r in rows})
-        past_budget = days_past_budget(rows, CatalogStore(self.settings.catalog_file).current())
+        self.check_budgets()
 
         billed = Counter(r["click_id"] for r in rows)
         twice = sorted(c for c, n in billed.items() if n > 1)
@@ -771,7 +795,7 @@ class Chaos:
                     final_missing or final_extra or final_wrong
                 ),
                 "no click of a crawler or an excluded range charged by the stream": not bots_charged,
-                "no campaign's day charged past its budget by the stream": not past_budget,
+                "no campaign's day charged past its budget (Redis, read every second)": not self.budget_breaches,
             }
         else:
             books = {"ledger equals the ground truth": not (missing or extra or wrong)}
@@ -815,7 +839,8 @@ class Chaos:
                 "not_charged_in_truth": dict(Counter(refused.values())),
                 "not_charged_by_the_stream": dict(Counter(self.not_charged_live().values())),
                 "bots_charged_by_the_stream": len(bots_charged),
-                "days_past_budget": past_budget,
+                "budget_reads": self.budget_reads,
+                "days_past_budget": sorted(self.budget_breaches),
                 "redis_differences": len(redis_diff),
                 "periods_exported": periods_closed,
                 "exported_clicks": len(exported),
@@ -924,15 +949,11 @@ def exported_books(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
     return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
 
 
-def days_past_budget(rows: list[dict[str, Any]], catalog: Catalog) -> list[str]:
-    """Each campaign's UTC day whose total in the provisional ledger (what the stream charged) passed every daily
-    budget the campaign had (a day under an unlimited budget passes none). The final books hold to the budgets when
-    they equal the ground truth, which does."""
-    totals: Counter[tuple[str, str]] = Counter()
-    for row in rows:
-        totals[(row["campaign_id"], utc_day(row["click_time"]))] += row["amount_micros"]
+def past_budget(charged: Mapping[tuple[str, str], int], catalog: Catalog) -> list[str]:
+    """Each (campaign, UTC day) of `charged` whose total passed every daily budget the campaign had (a campaign
+    that was ever unlimited passes none)."""
     out = []
-    for (campaign, day), total in sorted(totals.items()):
+    for (campaign, day), total in sorted(charged.items()):
         limits = [b.daily_budget_micros for b in catalog.budgets.get(campaign, ())]
         bounded = [limit for limit in limits if limit is not None]
         if bounded and len(bounded) == len(limits) and total > max(bounded):

@@ -1,5 +1,6 @@
 """The chaos suite's verdict on books with invalid traffic and budgets: the provisional ledger plus reconciliation's
-corrections, and each campaign's day held to its budget (`ops.chaos.final_ledger`, `ops.chaos.days_past_budget`)."""
+corrections, the exports with their later adjustments, and each campaign's day held to its budgets
+(`ops.chaos.final_ledger`, `ops.chaos.exported_books`, `ops.chaos.past_budget`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ from billing.budgets import BudgetChange
 from billing.catalog import Ad, Catalog
 from billing.corrections import Correction, CorrectionKind, CorrectionReason
 from billing.store.corrections_arrow import corrections_to_arrow
-from ops.chaos import days_past_budget, exported_books, final_ledger
+from ops.chaos import exported_books, final_ledger, past_budget
 
-DAY = 86_400_000
 T0 = 1_795_737_600_000  # 2026-11-27T00:00:00Z
 
 
-def bill(click_id: str, micros: int, at: int = T0, campaign: str = "cmp-1") -> dict[str, Any]:
-    return {"click_id": click_id, "amount_micros": micros, "campaign_id": campaign, "click_time": at}
+def bill(click_id: str, micros: int) -> dict[str, Any]:
+    return {"click_id": click_id, "amount_micros": micros}
 
 
 def correction(click_id: str, kind: CorrectionKind, micros: int, reason: CorrectionReason) -> Correction:
@@ -65,12 +65,15 @@ def test_a_day_past_every_budget_its_campaign_had_is_named_and_an_unlimited_one_
             "cmp-2": [BudgetChange(0, 100_000), BudgetChange(T0, None)],
         },
     )
-    within = [bill(f"a{i}", 100_000) for i in range(7)]  # 700,000: the raised budget's
-    assert days_past_budget(within, catalog) == []
-
-    past = [*within, bill("a7", 100_000), bill("b1", 100_000, at=T0 + DAY)]
-    unlimited = [bill(f"c{i}", 100_000, campaign="cmp-2") for i in range(5)]
-    assert days_past_budget(past + unlimited, catalog) == ["cmp-1 2026-11-27: 800000 > 700000"]
+    # Up to the raised budget: within; past it: named; a campaign that was unlimited, or has no budget: never.
+    assert past_budget({("cmp-1", "2026-11-27"): 700_000}, catalog) == []
+    charged = {
+        ("cmp-1", "2026-11-27"): 700_001,
+        ("cmp-1", "2026-11-28"): 100_000,
+        ("cmp-2", "2026-11-27"): 5_000_000,
+        ("cmp-3", "2026-11-27"): 9_000_000,
+    }
+    assert past_budget(charged, catalog) == ["cmp-1 2026-11-27: 700001 > 700000"]
 
 
 def test_the_exports_books_are_each_periods_bills_with_the_adjustments_later_periods_booked_for_them() -> None:
