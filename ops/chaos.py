@@ -914,38 +914,43 @@ class Reconciliation:
 
 
 def final_ledger(rows: list[dict[str, Any]], corrections: Path) -> dict[str, int]:
-    """The provisional ledger's rows plus every correction: click id -> net micros, of the clicks that net to one
-    bill (a click netting to anything but none or one bill is kept with its count, so that it differs)."""
+    """The provisional ledger's rows plus every correction, netted per click (`net_bills`)."""
     import pyarrow.dataset as ds
 
     from billing.store.corrections_arrow import corrections_from_arrow
 
-    clicks: Counter[str] = Counter()
-    micros: Counter[str] = Counter()
-    for row in rows:
-        clicks[row["click_id"]] += 1
-        micros[row["click_id"]] += row["amount_micros"]
+    entries = [(row["click_id"], 1, row["amount_micros"]) for row in rows]
     if corrections.is_dir() and any(corrections.rglob("*.parquet")):
         table = ds.dataset(corrections, format="parquet", partitioning="hive").to_table()
-        for correction in corrections_from_arrow(table):
-            clicks[correction.click_id] += correction.clicks
-            micros[correction.click_id] += correction.amount_micros
-    return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
+        entries += [(c.click_id, c.clicks, c.amount_micros) for c in corrections_from_arrow(table)]
+    return net_bills(entries)
 
 
 def exported_books(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Click id -> net micros of the clicks that the exports' rows bill once: a click row billed or added counts one
-    bill (a retracted one none), an adjustment added one more and an adjustment retracted one less. A click netting
-    to anything but none or one bill is kept with minus its count, so that it differs."""
+    """The exports' rows netted per click (`net_bills`): a click row billed or added is one bill (a retracted one
+    none), an adjustment added one more and an adjustment retracted one less."""
+    retracted = ExportStatus.RETRACTED.value
+    return net_bills(
+        (
+            row["click_id"],
+            (0 if row["status"] == retracted else 1)
+            if row["record_type"] == RecordType.CLICK.value
+            else (-1 if row["status"] == retracted else 1),
+            row["net_micros"],
+        )
+        for row in rows
+    )
+
+
+def net_bills(entries: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """(click id, bills, micros) entries summed per click: click id -> net micros of the clicks that net to one bill.
+    A click that nets to anything but none or one bill is kept with minus its count, so that it differs from any
+    ground truth."""
     clicks: Counter[str] = Counter()
     micros: Counter[str] = Counter()
-    for row in rows:
-        if row["record_type"] == RecordType.CLICK.value:
-            bills = 0 if row["status"] == ExportStatus.RETRACTED.value else 1
-        else:
-            bills = -1 if row["status"] == ExportStatus.RETRACTED.value else 1
-        clicks[row["click_id"]] += bills
-        micros[row["click_id"]] += row["net_micros"]
+    for click, bills, amount in entries:
+        clicks[click] += bills
+        micros[click] += amount
     return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
 
 
