@@ -72,6 +72,7 @@ from typing import Any
 from attribution.stream_position import BILLING_QUERY
 from billing.budgets import DAY_MS, utc_day
 from billing.catalog import Catalog
+from billing.corrections import Correction
 from billing.export import ExportStatus, RecordType
 from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.stream_offsets import committed_offsets, end_offsets, records_behind
@@ -166,6 +167,9 @@ class Chaos:
         self.budget_breaches: set[str] = set()
         """Each campaign's day seen charged past every budget the campaign had (`check_budgets`)."""
         self.budget_reads = 0
+        self.catalog = CatalogStore(self.settings.catalog_file)
+        self.budget_totals = self.totals()
+        """One client for the budget reads of every second (it connects again by itself after a Redis fault)."""
         self.stopped = ""
         """Why the schedule stopped early (a recovery that failed and could not be made good); empty if it ran."""
 
@@ -348,10 +352,10 @@ class Chaos:
         """One read of today's and yesterday's charged totals of the campaigns with budgets; a total past every
         budget its campaign had is kept in `budget_breaches`. Nothing is read while Redis is away."""
         try:
-            catalog = CatalogStore(self.settings.catalog_file).current()
+            catalog = self.catalog.current()  # read again only when the file changed
             now = int(time.time() * 1000)
             days = {utc_day(now), utc_day(now - DAY_MS)}
-            charged = self.totals().day_charged((c, day) for c in catalog.budgets for day in days)
+            charged = self.budget_totals.day_charged((c, day) for c in catalog.budgets for day in days)
         except Exception:  # redis.RedisError while Redis is a fault's target, a catalog file being replaced
             return
         self.budget_reads += 1
@@ -375,16 +379,6 @@ class Chaos:
             return {}
         with path.open() as lines:
             return {row["click_id"]: row["reason"] for row in map(json.loads, lines)}
-
-    def not_charged_live(self) -> dict[str, str]:
-        """click_id -> reason of every click the stream did not charge (`not_charged/`)."""
-        folder = self.settings.layout.not_charged
-        if not folder.is_dir() or not any(folder.rglob("*.parquet")):
-            return {}
-        import pyarrow.dataset as ds
-
-        table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=["click_id", "reason"])
-        return dict(zip(table.column("click_id").to_pylist(), table.column("reason").to_pylist(), strict=True))
 
     # Faults ------------------------------------------------------------------------------------------------------
     def strike(self, fault: FaultRecord) -> None:
@@ -707,9 +701,11 @@ class Chaos:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
+        from attribution.closing import CorrectionFiles, not_charged_by_stream
         from billing.store.export_files import read_export
         from billing.store.parquet_ledger import read_ledger
 
+        layout = self.settings.layout
         # The job catches up with everything sent: a committed batch read every record the event topics hold.
         caught = None
         start = time.monotonic()
@@ -733,7 +729,8 @@ class Chaos:
         audit = self.adbill("audit", check=False)
         self.say(f"audit: exit {audit.returncode}: {audit.stdout.strip().splitlines()[-1] if audit.stdout else ''}")
 
-        final = final_ledger(rows, self.settings.layout.corrections)
+        final = final_ledger(rows, CorrectionFiles(layout).read())
+        periods = [folder.name.removeprefix("period=") for folder in layout.not_charged.glob("period=*")]
         final_missing = sorted(set(truth) - set(final))
         final_extra = sorted(set(final) - set(truth))
         final_wrong = sorted(c for c in set(truth) & set(final) if truth[c] != final[c])
@@ -837,7 +834,7 @@ class Chaos:
                 "final_extra": len(final_extra),
                 "final_wrong_amount": len(final_wrong),
                 "not_charged_in_truth": dict(Counter(refused.values())),
-                "not_charged_by_the_stream": dict(Counter(self.not_charged_live().values())),
+                "not_charged_by_the_stream": dict(Counter(not_charged_by_stream(layout, periods).values())),
                 "bots_charged_by_the_stream": len(bots_charged),
                 "budget_reads": self.budget_reads,
                 "days_past_budget": sorted(self.budget_breaches),
@@ -913,16 +910,10 @@ class Reconciliation:
             return None
 
 
-def final_ledger(rows: list[dict[str, Any]], corrections: Path) -> dict[str, int]:
+def final_ledger(rows: list[dict[str, Any]], corrections: Iterable[Correction]) -> dict[str, int]:
     """The provisional ledger's rows plus every correction, netted per click (`net_bills`)."""
-    import pyarrow.dataset as ds
-
-    from billing.store.corrections_arrow import corrections_from_arrow
-
     entries = [(row["click_id"], 1, row["amount_micros"]) for row in rows]
-    if corrections.is_dir() and any(corrections.rglob("*.parquet")):
-        table = ds.dataset(corrections, format="parquet", partitioning="hive").to_table()
-        entries += [(c.click_id, c.clicks, c.amount_micros) for c in corrections_from_arrow(table)]
+    entries += [(c.click_id, c.clicks, c.amount_micros) for c in corrections]
     return net_bills(entries)
 
 
