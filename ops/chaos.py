@@ -26,8 +26,10 @@ come one after the other in a seeded order, each after a seeded pause, and each 
 The traffic changes the catalog all through the run (`--catalog-every 60 --new-ads 2`): its ground truth is priced
 by the history, as the pipeline prices. It carries the local stack's invalid traffic (crawlers, clicks from
 excluded ranges, floods, double clicks, late twins) and three budgeted campaigns whose budgets run out during the
-faults (`--no-invalid-traffic`: plain traffic). Its producers deploy a new schema version of both event types 20
-minutes in (`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart by hand.
+faults and change 21 minutes in (`--changes-at`: one raised, one halved, one made unlimited, and a range added to the
+IP exclusion list; `--no-invalid-traffic`: plain traffic). Its producers deploy a new schema version of both event
+types 20 minutes in (`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart
+by hand.
 
 A recovery step that fails (a command's exit code, a process missing) is reported at once with the step; the suite
 then starts whatever is missing once more and, if billing does not come back within 5 minutes, stops the schedule
@@ -100,6 +102,10 @@ spend on it, so that budgets run out about 18 minutes in, in the middle of the f
 RECOVERY_DEADLINE_S = 600.0
 OUTAGE_S = 1200.0
 """How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
+CHANGES_AT_S = 1260.0
+"""With invalid traffic on: when the budgets change (one raised by half, one halved, one made unlimited) and a range
+joins the IP exclusion list (`adbill produce --changes-at`), seconds after the traffic started: after the budgets ran
+out, so that a raised and an unlimited budget let the stream charge again, under the faults."""
 SCHEMA_DEPLOY_AT_S = 1200.0
 """When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
 the traffic started: about halfway through a full run."""
@@ -140,6 +146,7 @@ class Chaos:
         outage_s: float = OUTAGE_S,
         schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S,
         invalid_traffic: bool = True,
+        changes_at_s: float = CHANGES_AT_S,
     ) -> None:
         self.out = out.resolve()  # the services' folders are links from the data disk: absolute ones
         self.seed = seed
@@ -147,12 +154,15 @@ class Chaos:
         self.outage_s = outage_s
         self.schema_deploy_at_s = schema_deploy_at_s
         self.invalid_traffic = invalid_traffic
+        self.changes_at_s = changes_at_s
         self.plan = list(faults or FAULTS)
         self.rng = random.Random(seed)
         self.home = self.out / "home"
         self.env = cluster_env(self.home)
         self.settings = Settings.from_env(self.env)
         self.t0 = 0.0
+        self.t0_ms = 0
+        """When the traffic started, epoch ms (the change log's clock)."""
         self.faults: list[FaultRecord] = []
         self.active_fault = ""
         self.stop = threading.Event()
@@ -312,17 +322,28 @@ class Chaos:
         log = (self.out / "traffic.log").open("ab")
         self.traffic = subprocess.Popen([sys.executable, "-m", "ops.cli", *args], env=self.env, stdout=log, stderr=log)
         self.t0 = time.monotonic()
+        self.t0_ms = time.time_ns() // 1_000_000
         self.say(f"traffic: adbill {' '.join(args)}")
 
-    @staticmethod
-    def invalid_traffic_args() -> list[str]:
+    def invalid_traffic_args(self) -> list[str]:
         """The local stack's invalid traffic (crawlers, excluded ranges, floods, double clicks, late twins) and three
-        budgeted campaigns whose budgets run out during the faults (`INVALID_TRAFFIC_BUDGET_SHARE`)."""
+        budgeted campaigns whose budgets run out during the faults (`INVALID_TRAFFIC_BUDGET_SHARE`) and change at
+        `changes_at_s`, with the IP exclusion list."""
         from ops.cli import STACK_INVALID_TRAFFIC
 
         args = list(STACK_INVALID_TRAFFIC)
         args[args.index("--budget-share") + 1] = INVALID_TRAFFIC_BUDGET_SHARE
-        return args
+        return [*args, "--changes-at", str(self.changes_at_s)]
+
+    def changed_mid_run(self) -> Counter[str]:
+        """The budget and IP exclusion changes that the traffic made in the pipeline's catalog after its first
+        minute (its budgets and ranges of the start come at once), by kind, from the catalog's change log."""
+        kinds = ("set-budget", "exclude-ip", "include-ip")
+        return Counter(
+            entry.kind
+            for entry in self.catalog.changes()
+            if entry.kind in kinds and entry.made_at is not None and entry.made_at > self.t0_ms + 60_000
+        )
 
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
@@ -812,6 +833,12 @@ class Chaos:
         if time.monotonic() - self.t0 > self.schema_deploy_at_s:
             # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
             checks["the producers deployed a schema version mid-run"] = bool(deployed)
+        changed = self.changed_mid_run() if self.invalid_traffic else Counter()
+        if self.invalid_traffic and time.monotonic() - self.t0 > self.changes_at_s + 60:
+            # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
+            checks["budgets and the IP exclusion list changed mid-run"] = (
+                changed["set-budget"] >= 3 and changed["exclude-ip"] >= 1
+            )
         report = {
             "seed": self.seed,
             "rate": self.rate,
@@ -819,6 +846,7 @@ class Chaos:
             "plan": self.plan,
             "outage_s": self.outage_s,
             "schema_deployed": {"at_s": self.schema_deploy_at_s, "ids": deployed},
+            "changed_mid_run": {"at_s": self.changes_at_s if self.invalid_traffic else None, "kinds": dict(changed)},
             "data_disk": self.disk,
             "stopped": self.stopped,
             "passed": all(checks.values()),
@@ -1001,6 +1029,14 @@ def _deployed(deploy: dict[str, Any] | None) -> str:
     return f"a schema version deployed {when} (ids {ids})" if ids else f"no schema version deployed (due {when})"
 
 
+def _changed(changed: dict[str, Any] | None) -> str:
+    if not changed or changed.get("at_s") is None:
+        return "no budget nor IP exclusion change mid-run"
+    kinds = changed.get("kinds") or {}
+    made = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none made"
+    return f"budgets and the IP exclusion list changed {changed['at_s']:.0f} s in ({made})"
+
+
 def write_report(out: Path, report: dict[str, Any]) -> None:
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     f = report["figures"]
@@ -1011,7 +1047,8 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         f"{' --faults ' + ','.join(report['plan']) if report.get('plan') and report['plan'] != FAULTS else ''}`, "
         f"{report['rate']} events/s live, "
         f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads), "
-        f"{_deployed(report.get('schema_deployed'))}, an outage of {report.get('outage_s', 0):.0f} s; "
+        f"{_deployed(report.get('schema_deployed'))}, {_changed(report.get('changed_mid_run'))}, "
+        f"an outage of {report.get('outage_s', 0):.0f} s; "
         f"home `{report['home']}`, {report.get('data_disk', '')}.",
         "",
         *([f"**The schedule stopped early**: {report['stopped']}.", ""] if report.get("stopped") else []),
@@ -1075,6 +1112,14 @@ def main(argv: list[str] | None = None) -> int:
         help="plain traffic: no crawlers, excluded ranges, floods, double clicks nor budgets (the verdict then holds "
         "the provisional ledger itself to the ground truth)",
     )
+    parser.add_argument(
+        "--changes-at",
+        type=float,
+        default=CHANGES_AT_S,
+        metavar="SECONDS",
+        help="with invalid traffic: when the budgets change and a range joins the IP exclusion list, seconds after "
+        f"the traffic starts (default {CHANGES_AT_S:.0f}: after the budgets ran out)",
+    )
     args = parser.parse_args(argv)
     faults = args.faults.split(",") if args.faults else None
     if faults and set(faults) - set(FAULTS):
@@ -1084,7 +1129,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         report = Chaos(
-            out, seed, args.rate, faults, args.outage_minutes * 60, args.deploy_schema_at, args.invalid_traffic
+            out,
+            seed,
+            args.rate,
+            faults,
+            args.outage_minutes * 60,
+            args.deploy_schema_at,
+            args.invalid_traffic,
+            args.changes_at,
         ).run()
     except RuntimeError as exc:
         print(f"chaos: {exc}", file=sys.stderr)

@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="FRACTION",
         help="clicks from excluded IP ranges; the run adds 198.51.100.0/24 and 2001:db8::/32 to the IP exclusion "
-        "list from its start and 203.0.113.0/24 from halfway (excluded_ip)",
+        "list from its start and 203.0.113.0/24 from halfway or --changes-at (excluded_ip)",
     )
     invalid.add_argument(
         "--floods",
@@ -219,8 +219,16 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="campaigns given a daily budget the run exhausts (from its start; halfway, one raised by half, one "
-        "halved, one made unlimited)",
+        help="campaigns given a daily budget the run exhausts (from its start; halfway or at --changes-at, one raised "
+        "by half, one halved, one made unlimited)",
+    )
+    invalid.add_argument(
+        "--changes-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="SECONDS of the run's time after its start, the budgets change and 203.0.113.0/24 joins the IP "
+        "exclusion list (default: halfway through the run)",
     )
     invalid.add_argument(
         "--budget-share",
@@ -702,6 +710,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         late_duplicate_fraction=args.late_duplicates,
         budget_campaigns=args.budget_campaigns,
         budget_share=args.budget_share,
+        changes_at_s=args.changes_at,
     )
     if args.live and args.rate:
         config = config.at_arrival_rate(args.rate)  # live, the offered rate is the simulated one, exactly

@@ -16,8 +16,9 @@ event time tracks "now" (the live mode of the local stack).
 Invalid traffic and budgets. Every event carries a user agent and an IP address, fixed per user from the seed
 (a handful of browsers; IPv4 and some IPv6). On request the run adds clicks from known crawlers, from excluded IP
 ranges, click floods, double clicks and late clicks that make an earlier click a duplicate (`Made` tags each
-arrival so made), gives some campaigns daily budgets that its traffic exhausts, and changes them halfway: the
-catalog's history (`SimulationConfig.catalog_lines`) holds the budgets and the IP exclusion list with the prices.
+arrival so made), gives some campaigns daily budgets that its traffic exhausts, and changes them halfway (or at
+`changes_at_s`): the catalog's history (`SimulationConfig.catalog_lines`) holds the budgets and the IP exclusion
+list with the prices.
 
 Ground truth. `GroundTruth` admits every arrival through `billing.intake.Intake` in arrival order, with
 the arrival time as the receive time (so a valid event is never "in the future"), and applies the whole contract
@@ -127,7 +128,7 @@ IPV6_SHARE = 5
 
 EXCLUDED_RANGES: tuple[str, ...] = ("198.51.100.0/24", "2001:db8::/32", "203.0.113.0/24")
 """The IP exclusion list of a run with `excluded_ip_fraction` (documentation ranges, RFC 5737 and RFC 3849): the
-first two from the run's start, the last from halfway through it."""
+first two from the run's start, the last from halfway through it (`SimulationConfig.changes_at_ms`)."""
 
 FLOOD_CLICKS = (25, 40)
 """How many clicks a flood has (uniform, inclusive): more than the 20 a minute that make one."""
@@ -211,7 +212,7 @@ class SimulationConfig:
     excluded_ip_fraction: float = 0.0
     """Per ordinary click, the chance of one more impression and click from an address in `EXCLUDED_RANGES` (a
     user `xip-NNN` of a pool). A run with it above 0 has that IP exclusion list, one range added halfway through
-    the run, so its earlier clicks are not excluded. Rule `excluded_ip`."""
+    the run (`changes_at_s`), so its earlier clicks are not excluded. Rule `excluded_ip`."""
     flood_fraction: float = 0.0
     """Per ordinary click, the expected number of flood clicks: a flood is a user of its own (`flood-NNNNNN`) making
     25 to 40 clicks within at most 55 s, each on a random ad after an impression of it. Rule `click_flood`."""
@@ -226,9 +227,13 @@ class SimulationConfig:
     budget_campaigns: int = 0
     """Campaigns (chosen by the seed) given a daily budget from the run's start, `budget_share` of what the ordinary
     traffic is expected to spend on each in the run's span (at most a day), so the run exhausts it. Halfway
-    through the run the first one's budget is raised by half, the second's halved, the third made unlimited."""
+    through the run (`changes_at_s`) the first one's budget is raised by half, the second's halved, the third made
+    unlimited."""
     budget_share: float = 0.3
     """The size of each budget of `budget_campaigns`, as a share of the campaign's expected spend."""
+    changes_at_s: float | None = None
+    """Seconds of event time after the run's start when its mid-run changes of budgets and of the IP exclusion list
+    take effect (`changes_at_ms`); None: halfway through the run's span."""
 
     def __post_init__(self) -> None:
         if (self.events is None) == (self.duration_s is None):
@@ -265,6 +270,8 @@ class SimulationConfig:
             raise ValueError(f"budget_campaigns must be between 0 and the {campaigns} campaigns of the catalog")
         if not self.budget_share > 0:
             raise ValueError("budget_share must be positive")
+        if self.changes_at_s is not None and not self.changes_at_s >= 0:
+            raise ValueError("changes_at_s must not be negative")
         if self.beyond_window_fraction + self.edge_fraction > 1.0:
             raise ValueError("beyond_window_fraction + edge_fraction must not exceed 1")
         if self.out_of_order_fraction + self.late_fraction > 1.0:
@@ -365,8 +372,11 @@ class SimulationConfig:
         """The ids of the ads the run creates (`new_ads`)."""
         return [f"{self.prefix}-new-ad-{n:03d}" for n in range(self.new_ads)]
 
-    def halfway_ms(self, start_ms: int) -> int:
-        """When the run's mid-run changes of budgets and exclusions take effect: halfway through its span."""
+    def changes_at_ms(self, start_ms: int) -> int:
+        """When the run's mid-run changes of budgets and exclusions take effect: `changes_at_s` after its start, or
+        halfway through its span."""
+        if self.changes_at_s is not None:
+            return start_ms + round(self.changes_at_s * 1000)
         return start_ms + self.expected_span_ms() // 2
 
     def daily_budgets(self) -> dict[str, int]:
@@ -390,25 +400,26 @@ class SimulationConfig:
         }
 
     def budget_changes(self, start_ms: int) -> list[BudgetLine]:
-        """The run's budget history (`budget_campaigns`): each budget from `start_ms`; halfway (`halfway_ms`) the
-        first raised by half, the second halved, the third made unlimited."""
+        """The run's budget history (`budget_campaigns`): each budget from `start_ms`; at `changes_at_ms` the first
+        raised by half, the second halved, the third made unlimited."""
         budgets = self.daily_budgets()
         changes = [BudgetLine(campaign, start_ms, micros) for campaign, micros in budgets.items()]
-        halfway = self.halfway_ms(start_ms)
+        changed_at = self.changes_at_ms(start_ms)
         for number, (campaign, micros) in enumerate(list(budgets.items())[:3]):
             later = (micros * 3 // 2 // 10_000 * 10_000, micros // 2 // 10_000 * 10_000, None)[number]
-            changes.append(BudgetLine(campaign, halfway, later))
+            changes.append(BudgetLine(campaign, changed_at, later))
         return changes
 
     def exclusion_changes(self, start_ms: int) -> list[ExclusionLine]:
-        """The run's IP exclusion list (with `excluded_ip_fraction`): `EXCLUDED_RANGES`, the last one from halfway."""
+        """The run's IP exclusion list (with `excluded_ip_fraction`): `EXCLUDED_RANGES`, the last one from
+        `changes_at_ms`."""
         if not self.excluded_ip_fraction:
             return []
         first, second, later = EXCLUDED_RANGES
         return [
             ExclusionLine(first, start_ms, True),
             ExclusionLine(second, start_ms, True),
-            ExclusionLine(later, self.halfway_ms(start_ms), True),
+            ExclusionLine(later, self.changes_at_ms(start_ms), True),
         ]
 
     def catalog_lines(self, start_ms: int) -> list[CatalogEdit]:

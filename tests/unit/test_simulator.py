@@ -562,7 +562,7 @@ def test_clicks_from_excluded_ranges_are_excluded_from_the_time_their_range_is(i
     arrivals, simulator, result = invalid_run
     outcomes = result.outcomes()
     exclusions = simulator.catalog.exclusions
-    halfway = INVALID.halfway_ms(simulator.start_ms)
+    halfway = INVALID.changes_at_ms(simulator.start_ms)
     assert exclusions.ranges_at(simulator.start_ms) == sorted(EXCLUDED_RANGES[:2])
     assert exclusions.ranges_at(halfway) == sorted(EXCLUDED_RANGES)
     excluded, before_their_range = 0, 0
@@ -642,11 +642,35 @@ def test_a_late_earlier_click_makes_a_click_already_sent_a_duplicate(invalid_run
     assert pairs >= len(late)
 
 
+def test_the_mid_run_changes_come_when_asked_not_only_halfway():
+    """`changes_at_s` places the budget and exclusion changes (a long live run can have them while it is watched),
+    and the ground truth's history follows it; without it they come halfway."""
+    start = INVALID.start_ms
+    assert start is not None
+    early = replace(INVALID, changes_at_s=42.5)
+    assert early.changes_at_ms(start) == start + 42_500
+    assert INVALID.changes_at_ms(start) == start + INVALID.expected_span_ms() // 2 != start + 42_500
+    changed = {
+        (type(line).__name__, line.effective_from)
+        for line in early.catalog_lines(start)
+        if line.effective_from != start and type(line).__name__ in ("BudgetLine", "ExclusionLine")
+    }
+    assert changed == {("BudgetLine", start + 42_500), ("ExclusionLine", start + 42_500)}
+    history = early.catalog_history(start)
+    assert history.exclusions.ranges_at(start + 42_499) == sorted(EXCLUDED_RANGES[:2])
+    assert history.exclusions.ranges_at(start + 42_500) == sorted(EXCLUDED_RANGES)
+    third = list(early.daily_budgets())[2]
+    assert history.budget_at(third, start + 42_499) is not None
+    assert history.budget_at(third, start + 42_500) is None
+    with pytest.raises(ValueError, match="changes_at_s must not be negative"):
+        replace(INVALID, changes_at_s=-1)
+
+
 def test_budgets_are_exhausted_and_changed_halfway(invalid_run):
     arrivals, simulator, result = invalid_run
     budgets = INVALID.daily_budgets()
     assert len(budgets) == 3 and all(micros % 10_000 == 0 for micros in budgets.values())
-    halfway = INVALID.halfway_ms(simulator.start_ms)
+    halfway = INVALID.changes_at_ms(simulator.start_ms)
     history = simulator.catalog
     first, second, third = budgets
     assert history.budget_at(first, halfway) == budgets[first] * 3 // 2 // 10_000 * 10_000
