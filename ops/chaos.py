@@ -74,6 +74,7 @@ from typing import Any
 from attribution.stream_position import BILLING_QUERY
 from billing.budgets import DAY_MS, utc_day
 from billing.catalog import Catalog
+from billing.change_log import ChangeEntry
 from billing.corrections import Correction
 from billing.export import ExportStatus, RecordType
 from billing.store.catalog_file import CatalogStore, save_catalog
@@ -338,12 +339,7 @@ class Chaos:
     def changed_mid_run(self) -> Counter[str]:
         """The budget and IP exclusion changes that the traffic made in the pipeline's catalog after its first
         minute (its budgets and ranges of the start come at once), by kind, from the catalog's change log."""
-        kinds = ("set-budget", "exclude-ip", "include-ip")
-        return Counter(
-            entry.kind
-            for entry in self.catalog.changes()
-            if entry.kind in kinds and entry.made_at is not None and entry.made_at > self.t0_ms + 60_000
-        )
+        return budget_and_range_changes(self.catalog.changes(), after_ms=self.t0_ms + 60_000)
 
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
@@ -936,6 +932,17 @@ class Reconciliation:
         except subprocess.TimeoutExpired:
             self.process.terminate()
             return None
+
+
+def budget_and_range_changes(entries: Iterable[ChangeEntry], after_ms: int) -> Counter[str]:
+    """Changes of budgets and of the IP exclusion list made after `after_ms` (epoch ms), by kind (`set-budget`,
+    `exclude-ip`, `include-ip`); entries without the time they were made are not counted."""
+    kinds = ("set-budget", "exclude-ip", "include-ip")
+    return Counter(
+        entry.kind
+        for entry in entries
+        if entry.kind in kinds and entry.made_at is not None and entry.made_at > after_ms
+    )
 
 
 def final_ledger(rows: list[dict[str, Any]], corrections: Iterable[Correction]) -> dict[str, int]:

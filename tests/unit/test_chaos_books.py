@@ -4,12 +4,14 @@ corrections, the exports with their later adjustments, and each campaign's day h
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, Catalog
+from billing.change_log import ChangeEntry
 from billing.corrections import Correction, CorrectionKind, CorrectionReason
-from ops.chaos import exported_books, final_ledger, past_budget
+from ops.chaos import budget_and_range_changes, exported_books, final_ledger, past_budget
 
 T0 = 1_795_737_600_000  # 2026-11-27T00:00:00Z
 
@@ -87,3 +89,24 @@ def test_the_exports_books_are_each_periods_bills_with_the_adjustments_later_per
     ]
 
     assert exported_books(rows) == {"kept": 300_000, "added": 200_000, "late-twin": 100_000, "free": 0, "twice": -2}
+
+
+def test_the_mid_run_changes_are_the_budgets_and_ranges_changed_after_the_start() -> None:
+    start = 1_795_767_881_000
+
+    def entry(kind: str, made_at: int | None) -> ChangeEntry:
+        return ChangeEntry(version=0, kind=kind, made_at=made_at)
+
+    log = [
+        entry("start", start - 5_000),
+        entry("set-budget", start + 100),  # the run's budgets and ranges of its start
+        entry("exclude-ip", start + 120),
+        entry("set-price", start + 1_300_000),  # a price is not counted
+        entry("set-budget", start + 1_250_000),
+        entry("set-budget", start + 1_250_010),
+        entry("include-ip", start + 1_250_020),
+        entry("set-budget", None),  # read from the catalog, when it was made unknown
+    ]
+
+    assert budget_and_range_changes(log, after_ms=start + 60_000) == Counter({"set-budget": 2, "include-ip": 1})
+    assert budget_and_range_changes(log, after_ms=start + 1_300_000) == Counter()
