@@ -18,6 +18,9 @@ from ops.reach import KAFKA_CLIENT_LOGGER, kafka_answers
 log = logging.getLogger(__name__)
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "kafka-log4j2.xml"
+"""The broker's logging: its `server.log`, rolled over by the broker."""
+TOOLS_LOG4J_CONFIG = Path(__file__).resolve().parent / "kafka-tools-log4j2.xml"
+"""Kafka's command-line tools' logging: warnings to standard error, never into a broker's `server.log`."""
 
 TOOLS = {
     "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
@@ -105,14 +108,14 @@ class LocalKafka:
             )
         )
 
-    def _java(self, main_class: str, *args: str, heap: str | None = None) -> list[str]:
+    def _java(self, main_class: str, *args: str, heap: str | None = None, log4j: Path = LOG4J_CONFIG) -> list[str]:
         return [
             deps.java_binary(),
             f"-Xmx{heap or self.heap}",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            f"-Dlog4j2.configurationFile={log4j}",
             f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
             "-cp",
             deps.kafka_classpath(self.deps_dir),
@@ -136,6 +139,7 @@ class LocalKafka:
                 str(self.config_file),
                 "--ignore-formatted",
                 heap="256m",
+                log4j=TOOLS_LOG4J_CONFIG,
             ),
             run_dir=self.run_dir,
             log_dir=self.data_dir / "logs",
@@ -178,7 +182,7 @@ class LocalKafka:
         self.process.stop(timeout_s=30)
 
     def tool_command(self, tool: str, *args: str) -> list[str]:
-        return self._java(TOOLS[tool], *args, heap="256m")
+        return self._java(TOOLS[tool], *args, heap="256m", log4j=TOOLS_LOG4J_CONFIG)
 
 
 @dataclass

@@ -3,6 +3,7 @@ than the cap leaves at most `1 + backups` files of about the cap each, the newes
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -130,3 +131,29 @@ def test_a_roll_over_never_splits_a_line_that_a_read_of_the_pipe_cut(tmp_path: P
     again.close()
     assert (tmp_path / "e.log.1").read_text() == "abcdef\n"
     assert (tmp_path / "e.log").read_text() == "next\n"
+
+
+def test_kafkas_tools_log_warnings_to_stderr_and_never_into_the_brokers_log(kafka: LocalKafka) -> None:
+    """`adbill kafka TOOL` runs Kafka's own tools: they once wrote their INFO lines (their client's whole
+    configuration) into the broker's `server.log`, a file a second process then rolled over too."""
+    server_log = kafka.data_dir / "logs" / "server.log"
+    before = server_log.stat().st_size
+    listed = subprocess.run(
+        kafka.tool_command("topics", "--bootstrap-server", kafka.bootstrap, "--list"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "AdminClientConfig values" not in listed.stdout + listed.stderr  # INFO: not shown
+    with server_log.open("rb") as log:
+        log.seek(before)
+        added = log.read().decode("utf-8", "replace")
+    assert "AdminClientConfig values" not in added, "a tool wrote into the broker's log"
+    missing = subprocess.run(
+        kafka.tool_command("topics", "--bootstrap-server", kafka.bootstrap, "--describe", "--topic", "no-such-topic"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode != 0 and "no-such-topic" in missing.stdout + missing.stderr  # the error is shown
