@@ -26,7 +26,7 @@ come one after the other in a seeded order, each after a seeded pause, and each 
 The traffic changes the catalog all through the run (`--catalog-every 60 --new-ads 2`): its ground truth is priced
 by the history, as the pipeline prices. It carries the local stack's invalid traffic (crawlers, clicks from
 excluded ranges, floods, double clicks, late twins) and three budgeted campaigns whose budgets run out during the
-faults and change 21 minutes in (`--changes-at`: one raised, one halved, one made unlimited, and a range added to the
+faults and change 15 minutes in (`--changes-at`: one raised, one halved, one made unlimited, and a range added to the
 IP exclusion list; `--no-invalid-traffic`: plain traffic). Its producers deploy a new schema version of both event
 types 20 minutes in (`--deploy-schema-at`, about halfway), which the job must decode from then on without a restart
 by hand.
@@ -97,16 +97,17 @@ DISK_FULL_S = 30.0
 OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "run", "logs", "spark", "spark-events")
 """Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
 fault, not a broker or a log that dies of it)."""
-INVALID_TRAFFIC_BUDGET_SHARE = "0.15"
+INVALID_TRAFFIC_BUDGET_SHARE = "0.10"
 """With invalid traffic on: each budgeted campaign's daily budget as a share of what the traffic (two hours) would
-spend on it, so that budgets run out about 18 minutes in, in the middle of the faults."""
+spend on it, so that budgets run out about 12 minutes in, in the middle of the faults."""
 RECOVERY_DEADLINE_S = 600.0
 OUTAGE_S = 1200.0
 """How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
-CHANGES_AT_S = 1260.0
+CHANGES_AT_S = 900.0
 """With invalid traffic on: when the budgets change (one raised by half, one halved, one made unlimited) and a range
 joins the IP exclusion list (`adbill produce --changes-at`), seconds after the traffic started: after the budgets ran
-out, so that a raised and an unlimited budget let the stream charge again, under the faults."""
+out, so that a raised and an unlimited budget let the stream charge again, under the faults (a run with a 5-minute
+outage sends traffic for some 20 minutes)."""
 SCHEMA_DEPLOY_AT_S = 1200.0
 """When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
 the traffic started: about halfway through a full run."""
@@ -830,10 +831,14 @@ class Chaos:
             # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
             checks["the producers deployed a schema version mid-run"] = bool(deployed)
         changed = self.changed_mid_run() if self.invalid_traffic else Counter()
+        raised = charged_after_raises(self.catalog.changes(), self.catalog.current(), rows)
         if self.invalid_traffic and time.monotonic() - self.t0 > self.changes_at_s + 60:
             # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
             checks["budgets and the IP exclusion list changed mid-run"] = (
                 changed["set-budget"] >= 3 and changed["exclude-ip"] >= 1
+            )
+            checks["the stream charged again where a budget was raised or lifted"] = bool(raised) and all(
+                raised.values()
             )
         report = {
             "seed": self.seed,
@@ -842,7 +847,11 @@ class Chaos:
             "plan": self.plan,
             "outage_s": self.outage_s,
             "schema_deployed": {"at_s": self.schema_deploy_at_s, "ids": deployed},
-            "changed_mid_run": {"at_s": self.changes_at_s if self.invalid_traffic else None, "kinds": dict(changed)},
+            "changed_mid_run": {
+                "at_s": self.changes_at_s if self.invalid_traffic else None,
+                "kinds": dict(changed),
+                "charged_after_raises": raised,
+            },
             "data_disk": self.disk,
             "stopped": self.stopped,
             "passed": all(checks.values()),
@@ -945,6 +954,28 @@ def budget_and_range_changes(entries: Iterable[ChangeEntry], after_ms: int) -> C
     )
 
 
+def charged_after_raises(
+    changes: Iterable[ChangeEntry], catalog: Catalog, rows: Iterable[Mapping[str, Any]]
+) -> dict[str, int]:
+    """For each budget change of `changes` that raised a campaign's budget or made it unlimited: the clicks of the
+    campaign that the stream charged (`rows`, the ledger) from the change's effective time to the end of its UTC
+    day. A stream that did not see the change would charge none there once the old budget was spent."""
+    raised: dict[tuple[str, int], int] = {}
+    for entry in changes:
+        if entry.kind != "set-budget" or entry.campaign_id is None or entry.effective_from is None:
+            continue
+        before = catalog.budget_at(entry.campaign_id, entry.effective_from - 1)
+        after = entry.daily_budget_micros
+        if before is not None and (after is None or after > before):
+            raised[(entry.campaign_id, entry.effective_from)] = 0
+    for row in rows:
+        for campaign, effective_from in raised:
+            day_ends = (effective_from // DAY_MS + 1) * DAY_MS
+            if row["campaign_id"] == campaign and effective_from <= row["click_time"] < day_ends:
+                raised[(campaign, effective_from)] += 1
+    return {f"{campaign} from {effective_from}": count for (campaign, effective_from), count in raised.items()}
+
+
 def final_ledger(rows: list[dict[str, Any]], corrections: Iterable[Correction]) -> dict[str, int]:
     """The provisional ledger's rows plus every correction, netted per click (`net_bills`)."""
     entries = [(row["click_id"], 1, row["amount_micros"]) for row in rows]
@@ -1041,7 +1072,9 @@ def _changed(changed: dict[str, Any] | None) -> str:
         return "no budget nor IP exclusion change mid-run"
     kinds = changed.get("kinds") or {}
     made = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none made"
-    return f"budgets and the IP exclusion list changed {changed['at_s']:.0f} s in ({made})"
+    raised = changed.get("charged_after_raises") or {}
+    again = "; charged by the stream after a raise: " + ", ".join(f"{n} ({key})" for key, n in raised.items())
+    return f"budgets and the IP exclusion list changed {changed['at_s']:.0f} s in ({made}{again if raised else ''})"
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:

@@ -7,11 +7,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from billing.budgets import BudgetChange
+from billing.budgets import DAY_MS, BudgetChange
 from billing.catalog import Ad, Catalog
 from billing.change_log import ChangeEntry
 from billing.corrections import Correction, CorrectionKind, CorrectionReason
-from ops.chaos import budget_and_range_changes, exported_books, final_ledger, past_budget
+from ops.chaos import (
+    budget_and_range_changes,
+    charged_after_raises,
+    exported_books,
+    final_ledger,
+    past_budget,
+)
 
 T0 = 1_795_737_600_000  # 2026-11-27T00:00:00Z
 
@@ -110,3 +116,39 @@ def test_the_mid_run_changes_are_the_budgets_and_ranges_changed_after_the_start(
 
     assert budget_and_range_changes(log, after_ms=start + 60_000) == Counter({"set-budget": 2, "include-ip": 1})
     assert budget_and_range_changes(log, after_ms=start + 1_300_000) == Counter()
+
+
+def test_the_clicks_charged_after_a_raise_are_counted_per_raised_or_lifted_budget() -> None:
+    day = 1_795_737_600_000  # a UTC midnight
+    start, change = day + 3_600_000, day + 4_500_000
+    catalog = Catalog(
+        [Ad(f"ad-{n}", f"cmp-{n}", "adv-1", 100_000, "EUR") for n in (1, 2, 3)],
+        budgets={
+            "cmp-1": [BudgetChange(start, 500_000), BudgetChange(change, 750_000)],
+            "cmp-2": [BudgetChange(start, 500_000), BudgetChange(change, 250_000)],
+            "cmp-3": [BudgetChange(start, 500_000), BudgetChange(change, None)],
+        },
+    )
+
+    def budget(campaign: str, at: int, micros: int | None) -> ChangeEntry:
+        return ChangeEntry(
+            version=0, kind="set-budget", campaign_id=campaign, effective_from=at, daily_budget_micros=micros
+        )
+
+    log = [budget(c, start, 500_000) for c in ("cmp-1", "cmp-2", "cmp-3")]
+    log += [budget("cmp-1", change, 750_000), budget("cmp-2", change, 250_000), budget("cmp-3", change, None)]
+    log.append(ChangeEntry(version=0, kind="set-price", ad_id="ad-1", effective_from=change))
+
+    def row(campaign: str, at: int) -> dict[str, Any]:
+        return {"campaign_id": campaign, "click_time": at}
+
+    rows = [
+        row("cmp-1", change - 1),  # before the raise
+        row("cmp-1", change),
+        row("cmp-1", day + DAY_MS),  # the next day: every budget starts again
+        row("cmp-2", change + 5),  # halved: not a raise
+        row("cmp-3", day + DAY_MS - 1),
+    ]
+    # The budgets of the start raise nothing (there was none before); the halved one is not counted.
+    assert charged_after_raises(log, catalog, rows) == {f"cmp-1 from {change}": 1, f"cmp-3 from {change}": 1}
+    assert charged_after_raises(log, catalog, rows[:1]) == {f"cmp-1 from {change}": 0, f"cmp-3 from {change}": 0}
