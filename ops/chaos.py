@@ -165,6 +165,8 @@ class Chaos:
         self.t0 = 0.0
         self.t0_ms = 0
         """When the traffic started, epoch ms (the change log's clock)."""
+        self.traffic_s = 0.0
+        """How long the traffic ran, seconds."""
         self.faults: list[FaultRecord] = []
         self.active_fault = ""
         self.stop = threading.Event()
@@ -346,6 +348,7 @@ class Chaos:
         assert self.traffic is not None
         # SIGTERM, which adbill ends on as on Ctrl-C: a suite started in the background (nohup, `&` in a script)
         # hands its children SIGINT ignored, and the producers would go on for their whole duration.
+        self.traffic_s = time.monotonic() - self.t0
         self.traffic.send_signal(signal.SIGTERM)
         try:
             code = self.traffic.wait(timeout=300)
@@ -827,12 +830,12 @@ class Chaos:
         }
         publish_file = self.out / "traffic" / "publish.json"
         deployed = json.loads(publish_file.read_text()).get("schema_deployed") if publish_file.exists() else None
-        if time.monotonic() - self.t0 > self.schema_deploy_at_s:
+        if self.traffic_s > self.schema_deploy_at_s:
             # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
             checks["the producers deployed a schema version mid-run"] = bool(deployed)
         changed = self.changed_mid_run() if self.invalid_traffic else Counter()
         raised = charged_after_raises(self.catalog.changes(), self.catalog.current(), rows)
-        if self.invalid_traffic and time.monotonic() - self.t0 > self.changes_at_s + 60:
+        if self.invalid_traffic and self.traffic_s > self.changes_at_s + 60:
             # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
             checks["budgets and the IP exclusion list changed mid-run"] = (
                 changed["set-budget"] >= 3 and changed["exclude-ip"] >= 1
@@ -846,6 +849,7 @@ class Chaos:
             "home": str(self.home),
             "plan": self.plan,
             "outage_s": self.outage_s,
+            "traffic_s": round(self.traffic_s, 1),
             "schema_deployed": {"at_s": self.schema_deploy_at_s, "ids": deployed},
             "changed_mid_run": {
                 "at_s": self.changes_at_s if self.invalid_traffic else None,
@@ -1085,7 +1089,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "",
         f"`python -m ops.chaos --seed {report['seed']} --rate {report['rate']}"
         f"{' --faults ' + ','.join(report['plan']) if report.get('plan') and report['plan'] != FAULTS else ''}`, "
-        f"{report['rate']} events/s live, "
+        f"{report['rate']} events/s live for {report.get('traffic_s', 0):.0f} s, "
         f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads), "
         f"{_deployed(report.get('schema_deployed'))}, {_changed(report.get('changed_mid_run'))}, "
         f"an outage of {report.get('outage_s', 0):.0f} s; "
