@@ -40,8 +40,8 @@ Then the traffic stops, the job catches up, `adbill reconcile --until` closes ev
 stream judges with what it has read so far: the ledger plus reconciliation's corrections does, the stream charged
 no click of a crawler or an excluded range, and no campaign's charged total of a day in Redis, read every second,
 passed its budget), no click is billed in two batches, Redis equals the ledger to the micro, the exports with the
-adjustments later periods booked for them equal the ground truth, every poison record is in quarantine, and the web
-API answered every read. Per fault: the time to recover (until the job billed a batch again) and the events delayed
+adjustments booked for them later (in later periods' exports, or in the period still open) equal the ground truth,
+every poison record is in quarantine, and the web API answered every read. Per fault: the time to recover (until the job billed a batch again) and the events delayed
 (records that reached Kafka while the job could not bill them). Printed, and written to `report.md` and
 `report.json`.
 """
@@ -722,7 +722,8 @@ class Chaos:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        from attribution.closing import CorrectionFiles, not_charged_by_stream
+        from attribution.closing import CorrectionFiles, ExportFolders, StateFile, not_charged_by_stream
+        from billing.closing_run import closed_by_exports
         from billing.store.export_files import read_export
         from billing.store.parquet_ledger import read_ledger
 
@@ -750,7 +751,8 @@ class Chaos:
         audit = self.adbill("audit", check=False)
         self.say(f"audit: exit {audit.returncode}: {audit.stdout.strip().splitlines()[-1] if audit.stdout else ''}")
 
-        final = final_ledger(rows, CorrectionFiles(layout).read())
+        corrections = CorrectionFiles(layout).read()
+        final = final_ledger(rows, corrections)
         periods = [folder.name.removeprefix("period=") for folder in layout.not_charged.glob("period=*")]
         final_missing = sorted(set(truth) - set(final))
         final_extra = sorted(set(final) - set(truth))
@@ -787,7 +789,12 @@ class Chaos:
         periods_closed = len(tables)
         # What finance was given: each closed period's bills, and the adjustments later periods booked for it (a
         # late twin found after its period closed retracts the click billed there and adds the twin).
-        exported = exported_books(row for table in tables for row in table.to_pylist())
+        states = closed_by_exports(ExportFolders(layout), StateFile(layout).load())
+        closed = {period for period, state in states.items() if state.closed}
+        # An adjustment for a closed period booked in the period still open (the last reconciliation found a late
+        # twin) is in the books too: finance gets it when that period closes.
+        pending = [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
+        exported = exported_books((row for table in tables for row in table.to_pylist()), pending)
         adjustments = sum(
             pc.sum(pc.equal(table["record_type"], RecordType.ADJUSTMENT.value)).as_py() or 0 for table in tables
         )
@@ -879,6 +886,7 @@ class Chaos:
                 "periods_exported": periods_closed,
                 "exported_clicks": len(exported),
                 "export_adjustment_rows": adjustments,
+                "adjustments_booked_in_open_periods": len(pending),
                 "poison_sent": len(self.poison),
                 "poison_by_kind": dict(Counter(p[3] for p in self.poison)),
                 "poison_missing_from_quarantine": len(poison_missing),
@@ -987,11 +995,13 @@ def final_ledger(rows: list[dict[str, Any]], corrections: Iterable[Correction]) 
     return net_bills(entries)
 
 
-def exported_books(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+def exported_books(rows: Iterable[dict[str, Any]], pending: Iterable[Correction] = ()) -> dict[str, int]:
     """The exports' rows netted per click (`net_bills`): a click row billed or added is one bill (a retracted one
-    none), an adjustment added one more and an adjustment retracted one less."""
+    none), an adjustment added one more and an adjustment retracted one less; with `pending`, the adjustments for
+    the exported periods booked in a period not closed yet (finance gets them when it closes), as the audit counts
+    them (`attribution.audit`)."""
     retracted = ExportStatus.RETRACTED.value
-    return net_bills(
+    entries = [
         (
             row["click_id"],
             (0 if row["status"] == retracted else 1)
@@ -1000,7 +1010,9 @@ def exported_books(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
             row["net_micros"],
         )
         for row in rows
-    )
+    ]
+    entries += [(c.click_id, c.clicks, c.amount_micros) for c in pending]
+    return net_bills(entries)
 
 
 def net_bills(entries: Iterable[tuple[str, int, int]]) -> dict[str, int]:
@@ -1103,7 +1115,8 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         f"Billable clicks {f['billable_clicks']:,}; ledger rows {f['ledger_rows']:,} (missing {f['missing']}, "
         f"extra {f['extra']}, wrong amount {f['wrong_amount']}, billed twice {f['billed_twice']}); Redis "
         f"differences {f['redis_differences']}; {f['periods_exported']} periods exported with "
-        f"{f['exported_clicks']:,} clicks and {f['export_adjustment_rows']} adjustment rows; poison "
+        f"{f['exported_clicks']:,} clicks and {f['export_adjustment_rows']} adjustment rows "
+        f"({f.get('adjustments_booked_in_open_periods', 0)} more booked in the open period); poison "
         f"{f['poison_sent']} sent {f['poison_by_kind']}, {f['poison_missing_from_quarantine']} missing from "
         f"quarantine; web reads {f['web_reads_ok']:,} ok, {f['web_reads_failed']} failed "
         f"{f['web_reads_failed_by_fault']}; the job caught up {f['caught_up_s']} s after the traffic stopped.",

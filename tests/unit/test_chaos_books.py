@@ -96,6 +96,16 @@ def test_the_exports_books_are_each_periods_bills_with_the_adjustments_later_per
 
     assert exported_books(rows) == {"kept": 300_000, "added": 200_000, "late-twin": 100_000, "free": 0, "twice": -2}
 
+    # The last reconciliation found a late twin of a closed period's click: both adjustments are booked in the
+    # period still open, so no export carries them yet; the books hold them (as the audit counts them).
+    pending = [
+        correction("kept", CorrectionKind.RETRACTION, -300_000, CorrectionReason.DUPLICATE_CLICK),
+        correction("kept-twin", CorrectionKind.ADDITION, 300_000, CorrectionReason.LATE_CLICK),
+    ]
+    books = exported_books(rows[:1], pending)
+    assert books == {"kept-twin": 300_000}
+    assert exported_books(rows[:1]) == {"kept": 300_000}
+
 
 def test_the_mid_run_changes_are_the_budgets_and_ranges_changed_after_the_start() -> None:
     start = 1_795_767_881_000
