@@ -41,9 +41,9 @@ stream judges with what it has read so far: the ledger plus reconciliation's cor
 no click of a crawler or an excluded range, and no campaign's charged total of a day in Redis, read every second,
 passed its budget), no click is billed in two batches, Redis equals the ledger to the micro, the exports with the
 adjustments booked for them later (in later periods' exports, or in the period still open) equal the ground truth,
-every poison record is in quarantine, and the web API answered every read. Per fault: the time to recover (until the job billed a batch again) and the events delayed
-(records that reached Kafka while the job could not bill them). Printed, and written to `report.md` and
-`report.json`.
+every poison record is in quarantine, and the web API answered every read. Per fault: the time to recover (until
+the job billed a batch again) and the events delayed (records that reached Kafka while the job could not bill them).
+Printed, and written to `report.md` and `report.json`.
 """
 
 from __future__ import annotations
