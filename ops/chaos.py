@@ -339,11 +339,6 @@ class Chaos:
         args[args.index("--budget-share") + 1] = INVALID_TRAFFIC_BUDGET_SHARE
         return [*args, "--changes-at", str(self.changes_at_s)]
 
-    def changed_mid_run(self) -> Counter[str]:
-        """The budget and IP exclusion changes that the traffic made in the pipeline's catalog after its first
-        minute (its budgets and ranges of the start come at once), by kind, from the catalog's change log."""
-        return budget_and_range_changes(self.catalog.changes(), after_ms=self.t0_ms + 60_000)
-
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
         # SIGTERM, which adbill ends on as on Ctrl-C: a suite started in the background (nohup, `&` in a script)
@@ -840,8 +835,11 @@ class Chaos:
         if self.traffic_s > self.schema_deploy_at_s:
             # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
             checks["the producers deployed a schema version mid-run"] = bool(deployed)
-        changed = self.changed_mid_run() if self.invalid_traffic else Counter()
-        raised = charged_after_raises(self.catalog.changes(), self.catalog.current(), rows)
+        # The catalog's change log: the budget and range changes made after the traffic's first minute (those of
+        # its start come at once), and the clicks the stream charged after each raise.
+        log = self.catalog.changes()
+        changed = budget_and_range_changes(log, after_ms=self.t0_ms + 60_000) if self.invalid_traffic else Counter()
+        raised = charged_after_raises(log, self.catalog.current(), rows)
         if self.invalid_traffic and self.traffic_s > self.changes_at_s + 60:
             # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
             checks["budgets and the IP exclusion list changed mid-run"] = (
