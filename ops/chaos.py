@@ -775,19 +775,14 @@ class Chaos:
             if per_period.get(k, [0, 0]) != redis_totals.get(k, [0, 0])
         )
 
-        exports_dir = self.settings.layout.exports
-        tables = [
-            read_export(folder)
-            for folder in (sorted(exports_dir.iterdir()) if exports_dir.is_dir() else [])
-            if not folder.name.startswith(".")
-        ]
-        periods_closed = len(tables)
-        # What finance was given: each closed period's bills, and the adjustments later periods booked for it (a
-        # late twin found after its period closed retracts the click billed there and adds the twin).
+        # What finance was given: each closed period's export (the periods closing marked closed, as the audit
+        # reads them), and the adjustments booked for it later: in later periods' exports (a late twin found after
+        # its period closed retracts the click billed there and adds the twin), or in the period still open (the
+        # last reconciliation found one), which finance gets when that period closes.
         states = closed_by_exports(ExportFolders(layout), StateFile(layout).load())
         closed = {period for period, state in states.items() if state.closed}
-        # An adjustment for a closed period booked in the period still open (the last reconciliation found a late
-        # twin) is in the books too: finance gets it when that period closes.
+        tables = [read_export(layout.export(period)) for period in sorted(closed)]
+        periods_closed = len(tables)
         pending = [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
         exported = exported_books((row for table in tables for row in table.to_pylist()), pending)
         adjustments = sum(
