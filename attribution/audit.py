@@ -36,6 +36,7 @@ from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
 from billing.corrections import Correction, CorrectionKind, check_reconciled
 from billing.export import ExportStatus, RecordType
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger
@@ -75,8 +76,9 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
     # started: a batch the stream writes meanwhile is in neither, so a running stream makes no false difference.
     through = CommittedBatch(layout.checkpoint(BILLING_QUERY)).batch()
     exports = ExportFolders(layout)
-    closed = {p for p, s in closed_by_exports(exports, StateFile(layout).load()).items() if s.closed}
+    closed = closed_periods(layout)
     corrections = CorrectionFiles(layout).read()
+    pending = pending_adjustments(corrections, closed)
     every = set(data_versions(layout, periods, through)) | closed | {c.corrects_period for c in corrections}
     if not every:
         return []
@@ -93,9 +95,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
             # What finance was given: the export, and the adjustments as the later closed periods' exports carry
             # them (those booked in a period still open are in its correction files only, so far).
             books = exports.given(period)
-            entries = given_adjustments.get(period, []) + [
-                c for c in of_period if c.booked_period != period and c.booked_period not in closed
-            ]
+            entries = given_adjustments.get(period, []) + [c for c in pending if c.corrects_period == period]
         else:
             books = ledger.filter(pc.equal(ledger["period"], period)).to_pylist()
             entries = of_period
@@ -114,6 +114,17 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
             )
         )
     return out
+
+
+def closed_periods(layout: DataLayout) -> set[str]:
+    """The periods closing marked closed, each with its export (`billing.closing_run.closed_by_exports`)."""
+    return {p for p, s in closed_by_exports(ExportFolders(layout), StateFile(layout).load()).items() if s.closed}
+
+
+def pending_adjustments(corrections: Iterable[Correction], closed: set[str]) -> list[Correction]:
+    """The adjustments for the `closed` periods booked in a period not closed yet: in its correction files only, so
+    far; finance gets them in that period's export when it closes."""
+    return [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
 
 
 def exported_adjustments(exports: ExportFolders, closed: list[str]) -> dict[str, list[Correction]]:

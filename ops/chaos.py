@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from attribution.stream_position import BILLING_QUERY
-from billing.budgets import DAY_MS, utc_day
+from billing.budgets import DAY_MS, day_start, utc_day
 from billing.catalog import Catalog
 from billing.change_log import ChangeEntry
 from billing.corrections import Correction
@@ -717,8 +717,8 @@ class Chaos:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        from attribution.closing import CorrectionFiles, ExportFolders, StateFile, not_charged_by_stream
-        from billing.closing_run import closed_by_exports
+        from attribution.audit import closed_periods, pending_adjustments
+        from attribution.closing import CorrectionFiles, not_charged_by_stream
         from billing.store.export_files import read_export
         from billing.store.parquet_ledger import read_ledger
 
@@ -779,11 +779,10 @@ class Chaos:
         # reads them), and the adjustments booked for it later: in later periods' exports (a late twin found after
         # its period closed retracts the click billed there and adds the twin), or in the period still open (the
         # last reconciliation found one), which finance gets when that period closes.
-        states = closed_by_exports(ExportFolders(layout), StateFile(layout).load())
-        closed = {period for period, state in states.items() if state.closed}
+        closed = closed_periods(layout)
         tables = [read_export(layout.export(period)) for period in sorted(closed)]
         periods_closed = len(tables)
-        pending = [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
+        pending = pending_adjustments(corrections, closed)
         exported = exported_books((row for table in tables for row in table.to_pylist()), pending)
         adjustments = sum(
             pc.sum(pc.equal(table["record_type"], RecordType.ADJUSTMENT.value)).as_py() or 0 for table in tables
@@ -973,10 +972,13 @@ def charged_after_raises(
         after = entry.daily_budget_micros
         if before is not None and (after is None or after > before):
             raised[(entry.campaign_id, entry.effective_from)] = 0
+    day_ends = {key: day_start(key[1]) + DAY_MS for key in raised}
     for row in rows:
         for campaign, effective_from in raised:
-            day_ends = (effective_from // DAY_MS + 1) * DAY_MS
-            if row["campaign_id"] == campaign and effective_from <= row["click_time"] < day_ends:
+            if (
+                row["campaign_id"] == campaign
+                and effective_from <= row["click_time"] < day_ends[(campaign, effective_from)]
+            ):
                 raised[(campaign, effective_from)] += 1
     return {f"{campaign} from {effective_from}": count for (campaign, effective_from), count in raised.items()}
 
