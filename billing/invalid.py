@@ -109,13 +109,27 @@ def parse_cidr(text: object) -> IpNetwork:
 @lru_cache(maxsize=65_536)
 def parse_ip(text: str | None) -> IpAddress | None:
     """The address in `text`, or None when it is not one (the click is judged as if it had none). The text is the
-    address and nothing else: surrounding spaces, a port or a list of addresses make it not one."""
+    address and nothing else: surrounding spaces, a port or a list of addresses make it not one. An IPv4-mapped IPv6
+    address (`::ffff:203.0.113.5`, as dual-stack servers log IPv4 clients) is its IPv4 address."""
     if text is None:
         return None
     try:
-        return ipaddress.ip_address(text)
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def matching_network(network: IpNetwork) -> IpNetwork:
+    """The range as addresses are compared with it: a range of IPv4-mapped IPv6 addresses
+    (`::ffff:203.0.113.0/120`) is its IPv4 range, as each of its addresses is its IPv4 address (`parse_ip`)."""
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        mapped = network.network_address.ipv4_mapped
+        if mapped is not None:
+            return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +175,12 @@ class IpExclusions:
         for cidr, entries in sorted(by_range.items()):
             entries.sort(key=lambda c: (c.effective_from, c.version))
             self._ranges.append(
-                (parse_cidr(cidr), cidr, [c.effective_from for c in entries], [c.excluded for c in entries])
+                (
+                    matching_network(parse_cidr(cidr)),
+                    cidr,
+                    [c.effective_from for c in entries],
+                    [c.excluded for c in entries],
+                )
             )
 
     def __bool__(self) -> bool:

@@ -166,6 +166,14 @@ ORDER BY p.click_id
 )
 
 
+def _as_compared(network: Any) -> Any:
+    """A range of IPv4-mapped IPv6 addresses is the IPv4 range its addresses map to."""
+    mapped_prefix = ipaddress.ip_network("::ffff:0:0/96")
+    if network.version == 6 and network.prefixlen >= 96 and network.subnet_of(mapped_prefix):
+        return ipaddress.ip_network(f"{network.network_address.ipv4_mapped}/{network.prefixlen - 96}")
+    return network
+
+
 def _excluded(ip: str | None, at_ms: int, ranges: list[tuple[Any, list[tuple[int, int, bool]]]]) -> bool:
     """Whether `ip` lies in a range excluded at `at_ms` (entries (effective_from, version, excluded))."""
     if ip is None:
@@ -174,6 +182,8 @@ def _excluded(ip: str | None, at_ms: int, ranges: list[tuple[Any, list[tuple[int
         address = ipaddress.ip_address(ip)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # the contract: an IPv4-mapped IPv6 address is its IPv4 address
     for network, entries in ranges:
         if address.version != network.version or address not in network:
             continue
@@ -198,7 +208,7 @@ def outcomes(
     ranges: dict[str, list[tuple[int, int, bool]]] = {}
     for change in catalog.exclusions.changes:
         ranges.setdefault(change.cidr, []).append((change.effective_from, change.version, change.excluded))
-    networks = [(ipaddress.ip_network(cidr), entries) for cidr, entries in ranges.items()]
+    networks = [(_as_compared(ipaddress.ip_network(cidr)), entries) for cidr, entries in ranges.items()]
     for row in rows:
         if row["unpriced"]:
             row["outcome"] = row["unpriced"]

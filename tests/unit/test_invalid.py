@@ -112,6 +112,28 @@ CASES = [
     ),
     # An IPv4 address is never in an IPv6 range (nor the reverse).
     pytest.param([c("c1", T0, ip="203.0.113.1")], (NET6,), {"c1": "charged"}, id="ipv4-vs-ipv6-range"),
+    # An IPv4-mapped IPv6 address (how dual-stack servers log IPv4 clients) is its IPv4 address: in an excluded
+    # IPv4 range, in either letter case and spelling, and outside it when its IPv4 address is.
+    pytest.param(
+        [
+            c("c1", T0, ip="::ffff:203.0.113.5"),
+            c("c2", T0, user="u2", ip="::FFFF:cb00:7105"),
+            c("c3", T0, user="u3", ip="0:0:0:0:0:ffff:203.0.113.9"),
+            c("c4", T0, user="u4", ip="::ffff:203.0.114.5"),
+        ],
+        (NET,),
+        {"c1": "excluded_ip", "c2": "excluded_ip", "c3": "excluded_ip", "c4": "charged"},
+        id="ipv4-mapped-ipv6-in-ipv4-range",
+    ),
+    # A range written as IPv4-mapped IPv6 excludes the IPv4 addresses it maps, however the click writes them.
+    pytest.param(
+        [c("c1", T0, ip="203.0.113.5"), c("c2", T0, user="u2", ip="::ffff:203.0.113.6")],
+        (ExclusionChange("::ffff:203.0.113.0/120", 0, True),),
+        {"c1": "excluded_ip", "c2": "excluded_ip"},
+        id="ipv4-mapped-range",
+    ),
+    # An IPv6 address that only looks alike (IPv4-compatible, not mapped) is not the IPv4 address.
+    pytest.param([c("c1", T0, ip="::203.0.113.5")], (NET,), {"c1": "charged"}, id="ipv4-compatible-not-mapped"),
     # An `ip` that is not an address is judged as none: not bad input, not excluded.
     pytest.param([c("c1", T0, ip="not-an-ip")], (NET,), {"c1": "charged"}, id="ip-not-an-address"),
     # Nor is an address with anything around it: spaces, a port, a second address.
