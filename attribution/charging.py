@@ -74,6 +74,9 @@ class RecentClicks:
         self.rules = rules
         self.by_user: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
         """user -> sorted (event_time, click_id, ad_id)."""
+        self.by_user_ad: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+        """(user, ad) -> sorted (event_time, click_id): a click's predecessor on its ad, however many clicks of the
+        user on other ads lie between."""
         self.ids: set[str] = set()
         self._by_second: dict[int, list[tuple[str, int, str, str]]] = defaultdict(list)
 
@@ -86,6 +89,7 @@ class RecentClicks:
                 continue
             self.ids.add(click_id)
             bisect.insort(self.by_user[user_id], (at, click_id, ad_id))
+            bisect.insort(self.by_user_ad[(user_id, ad_id)], (at, click_id))
             self._by_second[at // 1000].append((user_id, at, click_id, ad_id))
 
     def evict_before(self, floor_ms: int) -> int:
@@ -100,6 +104,13 @@ class RecentClicks:
                         del held[index]
                     if not held:
                         del self.by_user[user_id]
+                on_ad = self.by_user_ad.get((user_id, ad_id))
+                if on_ad is not None:
+                    index = bisect.bisect_left(on_ad, (at, click_id))
+                    if index < len(on_ad) and on_ad[index] == (at, click_id):
+                        del on_ad[index]
+                    if not on_ad:
+                        del self.by_user_ad[(user_id, ad_id)]
                 self.ids.discard(click_id)
                 gone += 1
         return gone
@@ -118,14 +129,9 @@ class RecentClicks:
 
     def duplicate(self, user_id: str, ad_id: str, at: int, click_id: str) -> bool:
         """Whether the user's previous click on the ad (by time, then id) is at most the duplicate window before."""
-        held = self.by_user.get(user_id, [])
+        held = self.by_user_ad.get((user_id, ad_id), [])
         index = bisect.bisect_left(held, (at, click_id))
-        for before_at, _, before_ad in reversed(held[max(0, index - 64) : index]):
-            if at - before_at > self.rules.duplicate_window_ms:
-                return False
-            if before_ad == ad_id:
-                return True
-        return False
+        return index > 0 and at - held[index - 1][0] <= self.rules.duplicate_window_ms
 
 
 @dataclass(frozen=True)

@@ -490,3 +490,26 @@ def test_a_new_checkpoints_driver_without_a_watermark_reads_only_its_own_checkpo
     out = _run_batch(restarted, root, 6, rows, watermark=0)
     assert out.decisions == {"c-after-old": "charged", "c-after-new": "duplicate_click"}
     assert sorted(restarted.recent.ids) == ["c-after-new", "c-after-old", "c-new"]
+
+
+def test_the_stream_finds_a_duplicate_click_however_many_clicks_of_its_user_on_other_ads_lie_between() -> None:
+    """With the flood threshold raised (a setting), a user may click many other ads between two clicks on one ad:
+    the stream's duplicate rule reads the click's predecessor on its ad, as the plain rule does, not a fixed number
+    of the user's clicks back."""
+    from attribution.charging import RecentClicks
+    from billing.invalid import duplicate_clicks
+
+    rules = IvtRules(flood_clicks=1_000)
+    recent = RecentClicks(rules)
+    others = [(f"o-{n:03d}", f"ad-o{n}", T0 + 100 + n * 100) for n in range(200)]  # 200 ads in 20 s
+    clicks = [("c-first", "ad-1", T0), *others, ("c-again", "ad-1", T0 + 25_000), ("c-late", "ad-1", T0 + 54_000)]
+    recent.add([c for c, _, _ in clicks], [a for _, a, _ in clicks], ["u-1"] * len(clicks), [t for _, _, t in clicks])
+    found = {c for c, a, t in clicks if recent.duplicate("u-1", a, t, c)}
+    on_ad = [(t, c) for c, a, t in clicks if a == "ad-1"]
+    assert found == duplicate_clicks(on_ad, rules) == {"c-again", "c-late"}
+    # Evicted behind the watermark, a click no longer makes the next one a duplicate.
+    recent.evict_before(T0 + 25_000)
+    assert not recent.duplicate("u-1", "ad-1", T0 + 25_000, "c-again") and recent.duplicate(
+        "u-1", "ad-1", T0 + 56_000, "c-late"
+    )
+    assert ("u-1", "ad-1") in recent.by_user_ad and len(recent.by_user_ad[("u-1", "ad-1")]) == 2
