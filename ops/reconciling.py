@@ -211,12 +211,12 @@ class ReconcileMetrics:
 def audit_after_run(spark: object, settings: Settings, config: ReconcileConfig) -> None:
     """The audit after a run that closed periods (`ADBILL_AUDIT_AFTER_CLOSE`), so that finance's page says the books
     are proven; a failure is said and the schedule goes on."""
-    from attribution.audit import audit, record
+    from attribution.audit import audit
     from billing.store.catalog_file import load_catalog
 
     try:
         audits = audit(spark, config, load_catalog(settings.catalog_file))  # type: ignore[arg-type]
-        record(config, audits)
+        record_audit(config, audits)
     except Exception as exc:  # the audit is a check: reconciliation's schedule must not stop for it
         print(f"reconcile: the audit after the run failed: {exc}", file=sys.stderr, flush=True)
         return
@@ -224,8 +224,9 @@ def audit_after_run(spark: object, settings: Settings, config: ReconcileConfig) 
 
 
 def run_audit(settings: Settings) -> int:
-    """`adbill audit`: print the books against the rule per period; 0 when every period balances, 1 if not."""
-    from attribution.audit import audit, record
+    """`adbill audit`: print the books against the rule per period; 1 when a closed period differs, else 0 (an open
+    period that differs is awaiting close: its late data is corrected when it closes)."""
+    from attribution.audit import audit
     from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -238,9 +239,36 @@ def run_audit(settings: Settings) -> int:
         audits = audit(spark, config, load_catalog(settings.catalog_file))
     finally:
         spark.stop()
-    record(config, audits)
+    record_audit(config, audits)
     print(audit_table(audits))
-    return 0 if all(a.balanced for a in audits) else 1
+    return 0 if all(a.balanced or not a.closed for a in audits) else 1
+
+
+def audit_outcome(audits: list[PeriodAudit], ran_at_ms: int) -> dict[str, object]:
+    """What the audit keeps of its run: the closed periods that differ (`differences`: what finance was given is
+    wrong, a failure: the health page's red, `adbill_audit_periods_differing` and its alert) apart from the open
+    ones that differ (`awaiting_close`: the stream's ledger before the close corrects it, no failure)."""
+    from attribution.audit import by_currency
+
+    return {
+        "ran_at_ms": ran_at_ms,
+        "periods": len(audits),
+        "differences": [a.period for a in audits if a.closed and not a.balanced],
+        "awaiting_close": [a.period for a in audits if not a.closed and not a.balanced],
+        "rule_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.rule_micros.items()]),
+        "books_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.books_micros.items()]),
+    }
+
+
+def record_audit(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | None = None) -> None:
+    """Keep the audit's outcome (`audit_outcome`) beside the reconciliation state and in Redis, where the finance
+    and health pages and the job's `/metrics` read it."""
+    from attribution.restore import save_record
+    from billing.store.redis_totals import RedisTotals
+
+    outcome = audit_outcome(audits, ran_at_ms if ran_at_ms is not None else int(time.time() * 1000))
+    save_record(config.layout.last_audit_file, outcome)
+    RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(outcome)
 
 
 def audit_table(audits: list[PeriodAudit]) -> str:
@@ -260,7 +288,8 @@ def audit_table(audits: list[PeriodAudit]) -> str:
         verdict = (
             "ok"
             if a.balanced
-            else f"DIFFERS by {a.books_clicks - a.rule_clicks:+,} clicks"
+            else ("DIFFERS" if a.closed else "awaiting close: differs")
+            + f" by {a.books_clicks - a.rule_clicks:+,} clicks"
             + "".join(f", {d}" for d in differences)
             + (f"; {a.problems[0]}" if a.problems else "")
         )
@@ -271,11 +300,18 @@ def audit_table(audits: list[PeriodAudit]) -> str:
             # One line per currency, each naming its period; the clicks and the verdict on the period's first.
             line = period + (clicks if n == 0 else " " * len(clicks)) + money + (verdict if n == 0 else "")
             lines.append(line.rstrip())
-    differing = [a.period for a in audits if not a.balanced]
+    differing = [a.period for a in audits if a.closed and not a.balanced]
+    awaiting = [a.period for a in audits if not a.closed and not a.balanced]
+    waits = f"; open, awaiting close: {', '.join(awaiting)}" if awaiting else ""
     if not audits:
         lines.append("audit: no period has data yet")
     elif differing:
-        lines.append(f"audit: {len(differing)} of {len(audits)} period(s) differ: {', '.join(differing)}")
+        lines.append(f"audit: {len(differing)} of {len(audits)} period(s) differ: {', '.join(differing)}{waits}")
+    elif awaiting:
+        lines.append(
+            f"audit: every closed period balances; {len(awaiting)} open period(s) differ until they close, awaiting "
+            f"close: {', '.join(awaiting)}"
+        )
     else:
         lines.append(f"audit: all {len(audits)} period(s) balance, to the click and the micro")
     return "\n".join(lines)

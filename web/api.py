@@ -268,7 +268,12 @@ def finance() -> Response:
             "exports": [_export(e) for e in f.exports],
             "last_audit": None
             if f.audit is None
-            else {"ran_at_ms": f.audit.ran_at_ms, "periods": f.audit.periods, "differences": f.audit.differences},
+            else {
+                "ran_at_ms": f.audit.ran_at_ms,
+                "periods": f.audit.periods,
+                "differences": f.audit.differences,
+                "awaiting_close": f.audit.awaiting_close,
+            },
         }
     )
 
@@ -292,7 +297,7 @@ def health() -> Response:
     fresh = lookups.freshness()
     audit = services().reader.last_audit()
     lag = lookups.kafka_lag()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
+    statuses = lookups.health_status(h, fresh, audit, lag)
     return jsonify(
         {
             "kafka": None

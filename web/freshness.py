@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from billing.periods import format_elapsed, format_utc
 from billing.store.part_status import describe_wait
+from web.display import period_label
 
 OK, AMBER, RED, UNKNOWN = "ok", "amber", "red", "unknown"
 _RANK = {OK: 0, UNKNOWN: 1, AMBER: 2, RED: 3}
@@ -125,22 +126,39 @@ def redis_status() -> ComponentStatus:
 
 
 def reconciliation_status(
-    finished_at_ms: int | None, held: dict[str, str], differences: Sequence[str], now_ms: int
+    finished_at_ms: int | None,
+    held: dict[str, str],
+    differences: Sequence[str],
+    now_ms: int,
+    awaiting_close: Sequence[str] = (),
 ) -> ComponentStatus:
-    """Red when the last audit found a period that differs from the rule; amber when periods are held or no run
-    finished for `RECONCILE_LATE_S`; unknown before the first run."""
+    """Red when the last audit found a closed period that differs from the rule (`differences`, named); amber when
+    periods are held or no run finished for `RECONCILE_LATE_S`; unknown before the first run. An open period that
+    differs (`awaiting_close`) is said, never a failure: its late data is corrected when it closes."""
+    waits = (
+        f" Open, awaiting close (they differ from the rule until they close): {_labels(awaiting_close)}."
+        if awaiting_close
+        else ""
+    )
     if differences:
         return ComponentStatus(
-            "Reconciliation", RED, f"The last audit found {_periods(len(differences))} differing from the rule."
+            "Reconciliation",
+            RED,
+            f"The last audit found {_periods(len(differences))} closed and differing from the rule: "
+            f"{_labels(differences)}.{waits}",
         )
     if finished_at_ms is None:
-        return ComponentStatus("Reconciliation", UNKNOWN, "No reconciliation has run yet.")
+        return ComponentStatus("Reconciliation", UNKNOWN, "No reconciliation has run yet." + waits)
     age = max(0, now_ms - finished_at_ms)
     if held:
-        return ComponentStatus("Reconciliation", AMBER, f"{_periods(len(held))} held; see the reasons below.")
+        return ComponentStatus("Reconciliation", AMBER, f"{_periods(len(held))} held; see the reasons below." + waits)
     if age > RECONCILE_LATE_S * 1000:
-        return ComponentStatus("Reconciliation", AMBER, f"No run finished for {format_elapsed(age)}.")
-    return ComponentStatus("Reconciliation", OK, f"Last run finished {format_elapsed(age)} ago.")
+        return ComponentStatus("Reconciliation", AMBER, f"No run finished for {format_elapsed(age)}." + waits)
+    return ComponentStatus("Reconciliation", OK, f"Last run finished {format_elapsed(age)} ago." + waits)
+
+
+def _labels(periods: Sequence[str]) -> str:
+    return ", ".join(period_label(p) for p in periods)
 
 
 def _periods(n: int) -> str:

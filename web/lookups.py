@@ -27,7 +27,7 @@ from web.freshness import (
 )
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
-from web.model import AdDetail, CampaignDetail, CorrectionPage, Finance, Health
+from web.model import AdDetail, Audit, CampaignDetail, CorrectionPage, Finance, Health
 from web.ranges import (
     DEFAULT_PRESET,
     DateRange,
@@ -175,10 +175,11 @@ def kafka_lag() -> LagReading | None:
 
 
 def health_status(
-    h: Health, fresh: Freshness, audit_differences: list[str], lag: LagReading | None = None
+    h: Health, fresh: Freshness, audit: Audit | None, lag: LagReading | None = None
 ) -> list[ComponentStatus]:
     """The job, Kafka, Redis and reconciliation, each summed up in one status; a part that says it waits (for disk
-    space) shows that instead. Kafka's lag is `lag` (read from Kafka) when given, else the job's last report."""
+    space) shows that instead. Kafka's lag is `lag` (read from Kafka) when given, else the job's last report;
+    reconciliation's takes in the last `audit` (None before the first)."""
     svc = services()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
@@ -192,6 +193,10 @@ def health_status(
         waiting_status("Reconciliation", reconcile_waits, svc.clock())
         if reconcile_waits
         else reconciliation_status(
-            r.finished_at_ms if r else None, r.held if r else {}, audit_differences, svc.clock()
+            r.finished_at_ms if r else None,
+            r.held if r else {},
+            audit.differences if audit else [],
+            svc.clock(),
+            audit.awaiting_close if audit else [],
         ),
     ]

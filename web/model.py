@@ -328,7 +328,9 @@ class Audit:
     ran_at_ms: int
     periods: int
     differences: list[str]
-    """Periods whose books differ from the rule (empty: every period balances)."""
+    """Closed periods whose books (export and adjustments) differ from the rule: a failure (empty: none)."""
+    awaiting_close: list[str] = field(default_factory=list)
+    """Open periods whose ledger and corrections differ from the rule: no failure, the close corrects them."""
 
 
 @dataclass(frozen=True, slots=True)

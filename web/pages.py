@@ -203,10 +203,11 @@ def health() -> str:
     fresh = lookups.freshness()
     audit = svc.reader.last_audit()
     lag = lookups.kafka_lag()
-    statuses = lookups.health_status(h, fresh, audit.differences if audit else [], lag)
+    statuses = lookups.health_status(h, fresh, audit, lag)
     return render_template(
         "health.html",
         h=h,
+        audit=audit,
         lag=lag,
         now_ms=svc.clock(),
         fresh=fresh,

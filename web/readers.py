@@ -887,4 +887,5 @@ def _audit(data: dict[str, str]) -> Audit:
         ran_at_ms=_int_field(data.get("ran_at_ms")) or 0,
         periods=_int_field(data.get("periods")) or 0,
         differences=[str(p) for p in _json_field(data.get("differences"), [])],
+        awaiting_close=[str(p) for p in _json_field(data.get("awaiting_close"), [])],
     )

@@ -3,6 +3,7 @@ by `ops.deps` where it may), and every metric they name is one the job or reconc
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import uuid
@@ -15,10 +16,15 @@ from attribution.progress import ReconciliationCollector
 from billing.store.redis_keys import RedisKeys
 from ops import deps
 from ops.redis_service import LocalRedis
+from ops.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 ALERTS = Path(deps.__file__).resolve().parent / "alerts"
+BOOKS_DIFFER_DESCRIPTION = (
+    "The last `adbill audit` found a closed period whose export and adjustments differ from the rule over every "
+    "event; the health and finance pages name it. An open period that differs is awaiting close and never counts."
+)
 PROJECT = ALERTS.parent.parent
 
 
@@ -117,3 +123,51 @@ def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
     )
     assert registry.get_sample_value("adbill_campaigns_capped_today") == 0
     client.close()
+
+
+def test_an_open_period_that_differs_never_fires_books_differ(redis_settings: Settings, tmp_path: Path) -> None:
+    """From the audit's record to the page: three hourly audits, each finding the open hour differing, recorded as
+    `adbill reconcile --every` records them and scraped from the job's `/metrics`, never fire `AdbillBooksDiffer`
+    under the real rules; a closed period that differs does."""
+    from prometheus_client import CollectorRegistry
+
+    from attribution.audit import PeriodAudit
+    from ops.reconciling import reconcile_config, record_audit
+
+    tool = promtool()
+    config = reconcile_config(redis_settings)
+
+    def scraped(audits: list[PeriodAudit]) -> int:
+        record_audit(config, audits)
+        registry = CollectorRegistry()
+        registry.register(ReconciliationCollector(redis_settings.redis_url, redis_settings.redis_prefix))
+        return int(registry.get_sample_value("adbill_audit_periods_differing") or 0)
+
+    hours = [f"20260101T{h:02}00Z" for h in range(5)]
+    values = [
+        scraped(
+            [PeriodAudit(p, True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000}) for p in hours[:n]]
+            + [PeriodAudit(hours[n], False, 2, {"EUR": 500_000}, 1, {"EUR": 250_000})]
+        )
+        for n in (1, 2, 3)
+    ]
+    failing = scraped([PeriodAudit(hours[0], True, 3, {"EUR": 750_000}, 2, {"EUR": 500_000})])
+    assert (values, failing) == ([0, 0, 0], 1)
+    series = " ".join(f"{v}x59" for v in values) + f" {failing}x10"
+    (tmp_path / "adbill.rules.yml").write_text((ALERTS / "adbill.rules.yml").read_text())
+    quiet = "\n".join(
+        f"      - eval_time: {minute}m\n        alertname: AdbillBooksDiffer\n        exp_alerts: []"
+        for minute in (5, 65, 125, 178)
+    )
+    (tmp_path / "scraped.test.yml").write_text(
+        "rule_files: [adbill.rules.yml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n"
+        f"      - series: 'adbill_audit_periods_differing{{job=\"adbill-stream\"}}'\n        values: '{series}'\n"
+        f"    alert_rule_test:\n{quiet}\n      - eval_time: 185m\n        alertname: AdbillBooksDiffer\n"
+        "        exp_alerts:\n          - exp_labels: {severity: page}\n            exp_annotations:\n"
+        '              summary: "adbill audit: 1 closed period(s) differ from the rule"\n'
+        f"              description: {json.dumps(BOOKS_DIFFER_DESCRIPTION)}\n"
+    )
+    tested = subprocess.run(
+        [tool, "test", "rules", "scraped.test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr

@@ -236,8 +236,8 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
     page = client.get("/health").text  # type: ignore[attr-defined]
     assert "has been down for 22 min" in page and "1.2 M record(s) behind" in page
     finance = client.get("/api/v1/finance").json  # type: ignore[attr-defined]
-    assert finance["last_audit"] == {"ran_at_ms": P1_MS, "periods": 3, "differences": [P1]}
-    assert "1 differ from the rule" in client.get("/finance").text  # type: ignore[attr-defined]
+    assert finance["last_audit"] == {"ran_at_ms": P1_MS, "periods": 3, "differences": [P1], "awaiting_close": []}
+    assert "1 closed differ from the rule" in client.get("/finance").text  # type: ignore[attr-defined]
 
     registry = CollectorRegistry()
     registry.register(ReconciliationCollector(redis_settings.redis_url, redis_settings.redis_prefix))

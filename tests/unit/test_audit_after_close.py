@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 import attribution.audit
+import ops.reconciling
 from attribution.audit import PeriodAudit
-from ops.reconciling import audit_after_run, reconcile_config
+from ops.reconciling import audit_after_run, audit_outcome, reconcile_config
 from ops.settings import Settings
 
 
@@ -22,7 +23,7 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
     recorded: list[list[PeriodAudit]] = []
     balanced = PeriodAudit("20260101T0000Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: [balanced])
-    monkeypatch.setattr(attribution.audit, "record", lambda config, audits: recorded.append(audits))
+    monkeypatch.setattr(ops.reconciling, "record_audit", lambda config, audits: recorded.append(audits))
     audit_after_run(object(), settings, reconcile_config(settings))
     assert recorded == [[balanced]]
     assert "all 1 period(s) balance" in capsys.readouterr().out
@@ -33,3 +34,15 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
     monkeypatch.setattr(attribution.audit, "audit", broken)
     audit_after_run(object(), settings, reconcile_config(settings))  # said, not raised
     assert "the audit after the run failed: Spark went away" in capsys.readouterr().err
+
+
+def test_the_outcome_keeps_closed_periods_that_differ_apart_from_open_ones_awaiting_close() -> None:
+    closed_ok = PeriodAudit("20260101T0800Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
+    closed_off = PeriodAudit("20260101T0900Z", True, 3, {"EUR": 750_000}, 2, {"EUR": 500_000})
+    open_off = PeriodAudit("20260101T1000Z", False, 2, {"EUR": 500_000}, 1, {"EUR": 250_000})
+    outcome = audit_outcome([closed_ok, closed_off, open_off], 1_767_261_960_000)
+    assert outcome["differences"] == ["20260101T0900Z"], "a failure: what finance was given differs"
+    assert outcome["awaiting_close"] == ["20260101T1000Z"], "no failure: the close corrects it"
+    assert outcome["periods"] == 3
+    assert outcome["rule_micros_by_currency"] == {"EUR": 2_000_000}
+    assert audit_outcome([closed_ok, open_off], 0)["differences"] == []

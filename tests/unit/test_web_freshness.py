@@ -54,6 +54,13 @@ def test_reconciliation_is_red_on_an_audit_difference_and_amber_when_held_or_lat
     assert reconciliation_status(None, {}, [], NOW).level == UNKNOWN
 
 
+def test_an_open_period_that_differs_is_awaiting_close_and_a_closed_one_is_red_and_named() -> None:
+    waiting = reconciliation_status(NOW - 60_000, {}, [], NOW, ["20260101T1000Z"])
+    assert waiting.level == OK and "awaiting close" in waiting.text and "2026-01-01 10:00 UTC" in waiting.text
+    failing = reconciliation_status(NOW - 60_000, {}, ["20260101T0900Z"], NOW, ["20260101T1000Z"])
+    assert failing.level == RED and "2026-01-01 09:00 UTC" in failing.text.split("awaiting")[0]
+
+
 def test_the_overall_status_is_the_worst() -> None:
     assert worst([OK, OK]) == OK
     assert worst([OK, UNKNOWN]) == UNKNOWN
