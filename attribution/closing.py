@@ -584,8 +584,10 @@ def final_charges(
     charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
     history, judged (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the
     exclusion list on the driver, each period with the list it was judged with) and charged in event-time order
-    within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the day's earlier periods
-    are computed as well, since a click's charge depends on the clicks before it that day.
+    within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the due periods' whole UTC
+    days are computed (`attribution.final_bills.scope_of`), since a click's charge depends on the clicks before it
+    that day; the clicks not charged are given for all of them, so that a run sees which bills of a still open
+    period of the day are over the budget now.
 
     The crawler list is searched in Python, as the stream and the click's story search it and as the package's own
     `is_crawler` does, once per distinct user agent: Java's expressions differ from Python's on a few texts (`\\d`
@@ -625,10 +627,7 @@ def final_charges(
         if row["period"] in wanted
     ]
     not_charged = pa.Table.from_pylist(
-        [
-            *unpriced,
-            *({**r.to_dict(), "period": period_of[r.click_id]} for r in refused if period_of[r.click_id] in wanted),
-        ],
+        [*unpriced, *({**r.to_dict(), "period": period_of[r.click_id]} for r in refused)],
         schema=FINAL_NOT_CHARGED_SCHEMA,
     )
     quarantined = quarantined_df.toArrow()

@@ -37,13 +37,15 @@ click)."""
 
 def scope_of(due: list[str], periods: Periods, whole_days: bool) -> list[str]:
     """The periods whose final bills a run computes: the due ones and, with `whole_days` (some campaign has a daily
-    budget: a click's charge depends on the clicks before it that day), every earlier period of their UTC days."""
+    budget), every other period of their UTC days: the earlier ones because a click's charge depends on the clicks
+    before it that day, the later ones (still open, as received so far) for the bills a late click earlier in the
+    day leaves over the budget (`billing.closing_run.budget_room`)."""
     scope = set(due)
     if whole_days:
         for period in due:
             start = periods.parse_key(period)
             midnight = start - start % DAY_MS
-            scope.update(periods.key(at) for at in range(midnight, start, periods.length_ms))
+            scope.update(periods.key(at) for at in range(midnight, midnight + DAY_MS, periods.length_ms))
     return sorted(scope, key=periods.parse_key)
 
 

@@ -14,16 +14,24 @@ stream's position and a clock. The steps, in order (`close_periods`):
    (`settle_closed_in_redis`);
 3. **final bills**: the rule over every event received of the due periods (the port; id conflicts are kept
    and counted, then sent to the quarantine topic once each);
-4. per due period, oldest first:
-   - **reconcile**: the new corrections (`billing.corrections.reconcile_period`) of an open period against its
-     ledger and earlier corrections; of a closed period against what finance was given (its export plus the
-     adjustments booked since), booked in the open period (a bill the stream made after the close:
-     `billed_after_close`); the invariant is checked before anything is written (`check_reconciled`);
-   - **book**: the new corrections written (one file per period and run), then applied to the totals once per
-     correction id (earlier ones too: a run that stopped between the two is completed);
-   - **export** and **close**, an open period only: its export written (`billing.export.build_export`, never
-     rewritten after), the period closed in the totals (its figures become the export's), then in the state;
-   - the period's state records the data version and the catalog version it was reconciled with.
+4. **reconcile**, per due period, oldest first: the new corrections (`billing.corrections.reconcile_period`) of
+   an open period against its ledger and earlier corrections; of a closed period against what finance was given
+   (its export plus the adjustments booked since), booked in the open period (a bill the stream made after the
+   close: `billed_after_close`); the invariant is checked for every due period before anything is written
+   (`check_reconciled`);
+5. **room**: where an addition raises a campaign's UTC day (a late click earlier in the day, a catalog change),
+   the bills of that day's periods that stay open after the run which the budget, taken in event-time order over
+   everything received so far, finds over it are retracted now, `over_budget`, corrected and booked in their open
+   period (`budget_room`): otherwise the day's closed exports and live totals would charge past the budget until
+   those periods close. When such a period is reconciled later, the retraction already stands (nothing is
+   retracted twice); a click the complete data charges after all is added back, `over_budget` again;
+6. **book**: the new corrections written (one file per period and run; the files that take back before those that
+   add), then applied to the totals in one call, retractions first, once per correction id (earlier ones too, of
+   the due periods and of their days' open periods: a run that stopped between the two is completed);
+7. per due period, oldest first: **export** and **close**, an open period only: its export written
+   (`billing.export.build_export`, never rewritten after), the period closed in the totals (its figures become
+   the export's), then in the state; the period's state records the data version and the catalog version it was
+   reconciled with.
 
 A run killed at any point is completed by the next: an export closes its period whatever the state says
 (`closed_by_exports`), the totals are closed from the export when they do not know the period as closed, and
@@ -34,16 +42,24 @@ corrections have deterministic ids and `reconcile_period` returns only what is m
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from billing.budgets import OVER_BUDGET, day_start
 from billing.catalog import Catalog
 from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
-from billing.corrections import ArrivalFacts, Correction, check_reconciled, reconcile_period
+from billing.corrections import (
+    ArrivalFacts,
+    Correction,
+    CorrectionKind,
+    check_reconciled,
+    over_budget_room,
+    reconcile_period,
+)
 from billing.export import build_export
-from billing.periods import Periods
+from billing.periods import ANY_PERIOD, Periods
 
 Bills = Any
 """A table of bills, as `billing.corrections` and `billing.export` take them (the adapters' choice of rows)."""
@@ -142,7 +158,8 @@ class FinalBills(Protocol):
         """The final bills of one due period."""
 
     def not_charged_of(self, period: str) -> Bills:
-        """The billable clicks of one due period that are not charged, with the reason."""
+        """The billable clicks of one due period that are not charged, with the reason; with budgets, of any other
+        period of a due period's UTC day too (a period still open: as received so far), for `budget_room`."""
 
     @property
     def judged_with(self) -> dict[str, Any]:
@@ -341,10 +358,11 @@ def close_periods(
         raise RuntimeError(f"the open period {booked_in} is already closed: is the clock behind the data?")
     report.conflicts = totals.add_conflicts(ports.conflicts.keep(due, final_all.conflicts))
     _send_conflicts(ports.conflicts, report, progress)
+    # Reconcile every due period first: nothing is written unless all of them balance.
+    new_of: dict[str, list[Correction]] = {}
     for period in due:
         progress(f"period {period}")
         final = final_all.of_period(period)
-        ledger_rows = ledger.of_period(period)
         of_period = [c for c in every_correction if c.corrects_period == period]
         if period in closed:
             # What finance was given: the export's bills and the adjustments booked for the period since.
@@ -362,32 +380,46 @@ def close_periods(
             )
             problems = check_reconciled(final, given, earlier + new)
         else:
-            earlier = of_period
+            ledger_rows = ledger.of_period(period)
             new = reconcile_period(
-                period, final, ledger_rows, earlier, booked_period=period, now_ms=now_ms, facts=facts
+                period, final, ledger_rows, of_period, booked_period=period, now_ms=now_ms, facts=facts
             )
-            problems = check_reconciled(final, ledger_rows, earlier + new)
+            problems = check_reconciled(final, ledger_rows, of_period + new)
         if problems:
             raise RuntimeError(f"reconciliation of {period} does not balance: {problems[:5]}")
+        new_of[period] = new
+    # The room a raise needs: the bills of the day's still open periods that the budget no longer lets stand.
+    still_open = _open_on_days_of(due, versions, closed, periods)
+    room = budget_room(new_of, final_all, ledger, every_correction, still_open, now_ms)
+    # Book: what takes back is written before what adds, and reaches the totals first, in the same call.
+    for period, new in sorted([*room.items(), *new_of.items()], key=lambda item: _raises(item[1])):
         if new:
             ports.corrections.write(period, report.run_id, new)
             every_correction += new
-        progress(f"period {period}: {len(new)} new correction(s) written")
-        # Earlier ones too: a run that stopped between its file and Redis is completed (each id applies once).
-        totals.apply_corrections(of_period + new, _starts(periods, of_period + new))
+        if period in room:
+            progress(f"period {period}: {len(new)} over-budget retraction(s) written, room for a raise of its day")
+        else:
+            progress(f"period {period}: {len(new)} new correction(s) written")
+    # Earlier ones too: a run that stopped between its files and Redis is completed (each id applies once).
+    to_apply = [c for c in every_correction if c.corrects_period in new_of or c.corrects_period in still_open]
+    to_apply.sort(key=lambda c: c.kind != CorrectionKind.RETRACTION)
+    totals.apply_corrections(to_apply, _starts(periods, to_apply))
+    for period in due:
         progress(f"period {period}: corrections applied to Redis")
-        report.additions += sum(1 for c in new if c.kind == "addition")
-        report.retractions += sum(1 for c in new if c.kind == "retraction")
+    for new in [*room.values(), *new_of.values()]:
+        report.additions += sum(1 for c in new if c.kind == CorrectionKind.ADDITION)
+        report.retractions += sum(1 for c in new if c.kind == CorrectionKind.RETRACTION)
         for c in new:
             report.net_micros_by_currency[c.currency] = (
                 report.net_micros_by_currency.get(c.currency, 0) + c.amount_micros
             )
+    for period in due:
         state = states.get(period, PeriodState(version=-1))
         if period not in closed:
             export = build_export(
                 period,
-                final,
-                ledger_rows,
+                final_all.of_period(period),
+                ledger.of_period(period),
                 [c for c in every_correction if c.corrects_period == period],
                 [c for c in every_correction if c.booked_period == period and c.corrects_period != period],
             )
@@ -475,6 +507,72 @@ def _finish(ports: ClosingPorts, totals: Totals, report: RunReport) -> None:
     report.finished_at_ms = ports.clock()
     ports.states.record_run(report.record())
     totals.record_reconciliation(report.record())
+
+
+def budget_room(
+    new_of: Mapping[str, list[Correction]],
+    final_all: FinalBills,
+    ledger: Ledger,
+    every_correction: Iterable[Correction],
+    still_open: Iterable[str],
+    now_ms: int,
+) -> dict[str, list[Correction]]:
+    """Per period still open, the `over_budget` retractions that make room for what the run's new corrections
+    raise (`billing.corrections.over_budget_room`): for each campaign and UTC day an addition raises, the bills of
+    the day's open periods that the budget, taken in event-time order over everything received so far, finds over
+    it. Without them, the day's closed exports and live totals would charge past the budget until those periods
+    close."""
+    raised = {
+        (c.campaign_id, _day_of(c.corrects_period))
+        for new in new_of.values()
+        for c in new
+        if c.kind == CorrectionKind.ADDITION and c.amount_micros > 0
+    }
+    if not raised:
+        return {}
+    earlier = list(every_correction)
+    room: dict[str, list[Correction]] = {}
+    for period in still_open:
+        day = _day_of(period)
+        over = {
+            row["click_id"]
+            for row in final_all.not_charged_of(period)
+            if row["reason"] == OVER_BUDGET and (row["campaign_id"], day) in raised
+        }
+        if not over:
+            continue
+        retractions = over_budget_room(
+            period,
+            over,
+            ledger.of_period(period),
+            [c for c in earlier if c.corrects_period == period],
+            now_ms=now_ms,
+        )
+        if retractions:
+            room[period] = retractions
+    return room
+
+
+def _open_on_days_of(
+    due: Iterable[str], versions: Mapping[str, int], closed: Collection[str], periods: Periods
+) -> list[str]:
+    """The periods with data, neither closed nor due, on the UTC day of a due period: still open after the run."""
+    days = {_day_of(period) for period in due}
+    due_now = set(due)
+    return sorted(
+        (p for p in versions if p not in closed and p not in due_now and _day_of(p) in days),
+        key=periods.parse_key,
+    )
+
+
+def _day_of(period: str) -> int:
+    """The UTC day a period lies in (its midnight, epoch ms): periods divide a day evenly."""
+    return day_start(ANY_PERIOD.parse_key(period))
+
+
+def _raises(corrections: Iterable[Correction]) -> bool:
+    """Whether a file of corrections adds more than it takes back."""
+    return sum(c.amount_micros for c in corrections) > 0
 
 
 def _starts(periods: Periods, corrections: Iterable[Correction]) -> dict[str, int]:

@@ -351,7 +351,9 @@ def reconcile_period(
       when the catalog prices the matched click at nothing (`unpriced_click_ids`), else `not_billable`;
     - an addition is `catalog_change` when it replaces a bill at another price of the same ad, `id_conflict` when
       the click stood at another charge (the pair of a replaced bill), else `billed_after_close` when the stream
-      billed it after its period closed, else `catalog_change` when the stream could not price it
+      billed it after its period closed, else the rule's name when the stream did not charge the click for an
+      invalid traffic rule or the budget, or an earlier correction took it back for one (an early `over_budget`
+      retraction that the complete data no longer supports), else `catalog_change` when the stream could not price it
       (`unpriced_click_ids`), else `late_click` when the click arrived late, else `late_impression` when its final
       impression did, else `missed_match`.
 
@@ -379,6 +381,13 @@ def reconcile_period(
     unpriced = facts.unpriced_click_ids if facts else frozenset()
     refused: Mapping[str, str] = facts.not_charged_reasons if facts else {}
     stream_refused: Mapping[str, str] = facts.stream_not_charged if facts else {}
+    # The rule an earlier correction took a click back for (an early `over_budget` retraction in an open period):
+    # when the complete data charges the click after all, the addition that books it back says the same rule.
+    taken_back = {
+        c.click_id: str(c.reason)
+        for c in sorted(existing, key=lambda c: c.created_at_ms)
+        if c.kind == CorrectionKind.RETRACTION and c.reason in CHARGE_REASONS
+    }
 
     new: list[Correction] = []
     for click_id in sorted(wanted.keys() | entries.keys()):
@@ -396,7 +405,7 @@ def reconcile_period(
             conflicting_impressions=conflicting_impressions,
             unpriced=click_id in unpriced,
             final_reason=refused.get(click_id),
-            stream_reason=stream_refused.get(click_id),
+            stream_reason=stream_refused.get(click_id) or taken_back.get(click_id),
         )
         for step in steps:
             ordinal = ordinals[(click_id, step.kind)]
@@ -505,6 +514,32 @@ def _steps_for_click(
                 _Step(CorrectionKind.ADDITION, CorrectionReason.MISSED_MATCH, charge, None) for _ in range(want - have)
             )
     return retractions + additions
+
+
+def over_budget_room(
+    period: str,
+    over_budget: Collection[str],
+    ledger: Iterable[BillRow],
+    corrections: Iterable[Correction],
+    *,
+    now_ms: int,
+) -> list[Correction]:
+    """The `over_budget` retractions, in the open `period`, of the bills that still stand there of the clicks
+    `over_budget` names: those the complete data received so far finds over their campaign's daily budget. A run
+    that raises a campaign's day (a late click earlier in the day) books them with the raise, so that the day's
+    closed exports and live totals together never charge more than the budget while `period` is still open.
+
+    Booked in `period` itself, with the ids `reconcile_period` would give them: when `period` is reconciled and
+    closed, ledger + corrections already stand where the rule wants them, and nothing is retracted twice; a click
+    the complete data charges after all by then is added back, with the reason `over_budget`. `ledger` and
+    `corrections` are the period's rows and corrections (others, and other clicks', are left out here)."""
+    wanted = frozenset(over_budget)
+    rows = [row for row in ledger if _bill(row).click_id in wanted]
+    earlier = [c for c in corrections if c.corrects_period == period and c.click_id in wanted]
+    facts = ArrivalFacts(not_charged_reasons=dict.fromkeys(wanted, CorrectionReason.OVER_BUDGET.value))
+    new = reconcile_period(period, [], rows, earlier, booked_period=period, now_ms=now_ms, facts=facts)
+    # Only what takes a bill back: an open period's additions wait for its own reconciliation.
+    return [c for c in new if c.kind == CorrectionKind.RETRACTION]
 
 
 def booking_period(corrects_period: str, open_period: str, closed_periods: Collection[str]) -> str:

@@ -14,13 +14,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition
 from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.periods import Periods
-from billing.rule import BillableClick
+from billing.rule import BillableClick, charge
 from billing.store.export_files import export_table, exported_bills
 
 H = 3_600_000
@@ -30,6 +31,7 @@ PAST_HORIZON = START + 2 * H
 AD = Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")
 CATALOG = Catalog([AD])
 OFFSETS = {"clicks": {0: 10}}
+KEY = Periods(H).key_of
 
 
 def bill(click_id: str) -> BillableClick:
@@ -41,19 +43,30 @@ def bill(click_id: str) -> BillableClick:
 
 @dataclass
 class Final:
-    bills: list[BillableClick]
-    facts: ArrivalFacts = field(default_factory=ArrivalFacts)
+    """The rule over every click received, priced: charged in each campaign's UTC day in event-time order
+    (`billing.rule.charge`), as the Spark port charges its matches; each period's share by the click's time."""
+
+    priced: list[BillableClick]
+    catalog: Catalog = CATALOG
+    late: frozenset[str] = frozenset()
     conflicts: list[ConflictKey] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.bills, self.refused = charge(self.priced, {}, self.catalog)
+
+    @property
+    def facts(self) -> ArrivalFacts:
+        return ArrivalFacts(late_click_ids=self.late, not_charged_reasons={r.click_id: r.reason for r in self.refused})
 
     @property
     def clicks(self) -> int:
         return len(self.bills)
 
     def of_period(self, period: str) -> list[BillableClick]:
-        return self.bills if period == PERIOD else []
+        return [r for r in self.bills if KEY(r.click_time) == period]
 
     def not_charged_of(self, period: str) -> list[Any]:
-        return []
+        return [r.to_dict() for r in self.refused if KEY(r.click_time) == period]
 
     @property
     def judged_with(self) -> dict[str, Any]:
@@ -65,7 +78,7 @@ class Ledger:
     rows: list[BillableClick]
 
     def of_period(self, period: str) -> list[BillableClick]:
-        return self.rows if period == PERIOD else []
+        return [r for r in self.rows if KEY(r.click_time) == period]
 
     def billed_after_close(self, period: str, given: list[Any]) -> set[str]:
         return {r.click_id for r in self.of_period(period)} - {r["click_id"] for r in given}
@@ -89,6 +102,11 @@ class Memory:
     records: list[dict[str, object]] = field(default_factory=list)
     catalog: Catalog = CATALOG
     release: Released | None = None
+    late: frozenset[str] = frozenset()
+    writes: list[list[Correction]] = field(default_factory=list)
+    """Each corrections file, in the order written."""
+    applications: list[list[Correction]] = field(default_factory=list)
+    """Each call that applied corrections to the totals, in order, with what it was given in order."""
 
     # CorrectionsStore
     def read(self) -> list[Correction]:
@@ -97,6 +115,7 @@ class Memory:
     def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
         self.corrections += corrections
         self.files += 1
+        self.writes.append(list(corrections))
 
     # ConflictsStore
     def keep(self, due: list[str], found: list[ConflictKey]) -> list[ConflictKey]:
@@ -116,7 +135,9 @@ class Memory:
         self.not_charged_in_totals[period] = counts
 
     def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> int:
-        new = {c.correction_id for c in corrections} - self.applied
+        given = list(corrections)
+        self.applications.append(given)
+        new = {c.correction_id for c in given} - self.applied
         self.applied |= new
         return len(new)
 
@@ -181,14 +202,14 @@ class Memory:
         states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
         return ClosingPorts(
             catalog=self.catalog,
-            final_bills=lambda due: Final(self.final),
+            final_bills=lambda due: Final(self.final, self.catalog, self.late),
             ledger=lambda: Ledger(self.ledger),
             corrections=self,
             conflicts=self,
             totals=self.make_totals,
             exports=exports,  # type: ignore[arg-type]
             states=states,  # type: ignore[arg-type]
-            versions=lambda: {PERIOD: 1},
+            versions=lambda: {KEY(r.click_time): 1 for r in self.final + self.ledger} or {PERIOD: 1},
             position=lambda: StreamPosition(
                 committed=self.committed, end=OFFSETS, silent_for_ms=1_000 if self.committed else None
             ),
@@ -334,3 +355,88 @@ def test_the_run_that_closes_a_months_last_period_has_its_invoices_issued() -> N
     assert report.record()["invoices"] == report.invoices
     close_periods(ports, Periods(H), 15 * 60_000)  # nothing due: asked again all the same (an earlier one failed)
     assert len(asked) == 2
+
+
+# --- A late click inside a budget: the room it needs is taken back in the same run --------------------------------
+
+EUR = 1_000_000
+BUDGETED = Catalog([Ad("ad-e", "cmp-b", "adv-1", EUR, "EUR")], budgets={"cmp-b": [BudgetChange(0, 3 * EUR)]})
+P09, P10 = KEY(START + 9 * H), KEY(START + 10 * H)
+CLOSES_09 = START + 10 * H + 20 * 60_000  # 10:20: 09:00 is past its horizon, 10:00 is open
+CLOSES_10 = START + 11 * H + 20 * 60_000
+
+
+def click_at(click_id: str, at: int) -> BillableClick:
+    user = f"u-{click_id}"
+    return BillableClick(click_id, f"i-{click_id}", "ad-e", "cmp-b", "adv-1", user, at, at - 1000, EUR, "EUR")
+
+
+def day_books(memory: Memory, open_periods: Iterable[str]) -> int:
+    """The day's charged micros as finance and the live figures have them: the closed periods' exports with the
+    adjustments booked for them, the open periods' ledger with their corrections."""
+    exported = sum(row["net_micros"] for table, _ in memory.exports.values() for row in table.to_pylist())
+    live = [r for r in memory.ledger if KEY(r.click_time) in set(open_periods)]
+    pending = [c for c in memory.corrections if c.booked_period in set(open_periods)]
+    return exported + sum(r.amount_micros for r in live) + sum(c.amount_micros for c in pending)
+
+
+def late_click_in_a_full_day() -> Memory:
+    """3.00 EUR a day; the stream charged three 1.00 clicks at 10:05 (10:00 still open); a click of 09:50 arrives
+    late, first in event time: the complete data charges it and finds the last 10:05 click (by id) over budget."""
+    at_1005 = START + 10 * H + 5 * 60_000
+    stream = [click_at(c, at_1005) for c in ("c-10a", "c-10b", "c-10c")]
+    late = click_at("c-0950", START + 9 * H + 50 * 60_000)
+    return Memory(final=[late, *stream], ledger=stream, committed=OFFSETS, catalog=BUDGETED, late=frozenset({"c-0950"}))
+
+
+def test_the_run_that_adds_a_late_click_takes_back_in_the_open_period_the_click_it_makes_over_budget() -> None:
+    memory = late_click_in_a_full_day()
+    report = run(memory, now_ms=CLOSES_09)
+    assert report.closed == [P09] and P10 not in memory.states
+    assert [(c.click_id, c.kind, c.reason, c.corrects_period, c.booked_period) for c in memory.corrections] == [
+        ("c-10c", "retraction", "over_budget", P10, P10),
+        ("c-0950", "addition", "late_click", P09, P09),
+    ]
+    # The day's books: 09:00's export (the late click) and 10:00's ledger less its retraction, within 3.00.
+    assert day_books(memory, [P10]) == 3 * EUR
+    # Booked no later than the addition: in a file written before it, and applied to the totals first, in the
+    # same call.
+    retraction, addition = memory.corrections
+    assert memory.writes == [[retraction], [addition]]
+    (together,) = [call for call in memory.applications if addition in call]
+    assert retraction in together and together.index(retraction) < together.index(addition)
+    assert (report.additions, report.retractions, report.net_micros_by_currency) == (1, 1, {"EUR": 0})
+    assert run(memory, now_ms=CLOSES_09).periods == [] and memory.files == 2, "a second run writes nothing"
+
+
+def test_closing_the_open_period_later_counts_the_retraction_already_booked_and_the_books_equal_the_rule() -> None:
+    memory = late_click_in_a_full_day()
+    run(memory, now_ms=CLOSES_09)
+    later = run(memory, now_ms=CLOSES_10)
+    assert later.closed == [P10] and (later.additions, later.retractions) == (0, 0)
+    assert memory.files == 2, "nothing retracted twice"
+    # Ledger + corrections = the rule: the late click and the first two of 10:05.
+    net: dict[str, int] = {}
+    for r in memory.ledger:
+        net[r.click_id] = net.get(r.click_id, 0) + r.amount_micros
+    for c in memory.corrections:
+        net[c.click_id] = net.get(c.click_id, 0) + c.amount_micros
+    assert {c for c, micros in net.items() if micros} == {"c-0950", "c-10a", "c-10b"}
+    assert exported_bills(memory.exports[P10][0])["click_id"].to_pylist() == ["c-10a", "c-10b"]
+    assert day_books(memory, []) == 3 * EUR
+    assert run(memory, now_ms=CLOSES_10).periods == [] and memory.files == 2
+
+
+def test_a_retraction_that_later_data_proves_wrong_is_booked_back_with_its_reason() -> None:
+    memory = late_click_in_a_full_day()
+    run(memory, now_ms=CLOSES_09)
+    # A back-fill raises the day's budget to 4.00 from 10:00 (recorded history): the third 10:05 click fits again.
+    memory.catalog = memory.catalog.with_budget("cmp-b", START + 10 * H, 4 * EUR, CLOSES_09, backfill=True)
+    assert run(memory, now_ms=CLOSES_10).closed == [P10]
+    booked_back = [c for c in memory.corrections if c.click_id == "c-10c"]
+    assert [(c.kind, c.reason, c.corrects_period, c.booked_period) for c in booked_back] == [
+        ("retraction", "over_budget", P10, P10),
+        ("addition", "over_budget", P10, P10),
+    ]
+    assert len({c.correction_id for c in booked_back}) == 2
+    assert exported_bills(memory.exports[P10][0])["click_id"].to_pylist() == ["c-10a", "c-10b", "c-10c"]

@@ -26,6 +26,7 @@ from billing.corrections import (
     booking_period,
     check_reconciled,
     correction_id,
+    over_budget_room,
     reconcile_period,
 )
 from billing.intake import billable_from_arrivals
@@ -643,3 +644,33 @@ def test_clicks_the_catalog_priced_otherwise_are_added_or_retracted_as_catalog_c
         ("held", CorrectionKind.ADDITION, CorrectionReason.CATALOG_CHANGE),
         ("paused", CorrectionKind.RETRACTION, CorrectionReason.CATALOG_CHANGE),
     ]
+
+
+# --- Room for a raise: over-budget retractions in an open period -----------------------------------------------------
+
+
+def test_the_room_a_raise_needs_is_retracted_in_the_open_period_with_the_ids_its_reconciliation_would_give() -> None:
+    # The open period's ledger: c1, c2 and c3 twice (a replayed bill); the complete data so far finds c2 and c3 over
+    # the budget (and c9 too, which the stream never charged: nothing to take back).
+    rows = [ledger("c1"), ledger("c2"), ledger("c3"), ledger("c3")]
+    room = over_budget_room(PERIOD, {"c2", "c3", "c9"}, rows, [], now_ms=NOW)
+    assert sorted((c.click_id, c.kind, c.reason, c.corrects_period, c.booked_period) for c in room) == [
+        ("c2", RETRACT, R.OVER_BUDGET, PERIOD, PERIOD),
+        ("c3", RETRACT, R.DUPLICATE, PERIOD, PERIOD),
+        ("c3", RETRACT, R.OVER_BUDGET, PERIOD, PERIOD),
+    ]
+    # Asked again, or when the period is reconciled with the same complete data, nothing more is written.
+    assert over_budget_room(PERIOD, {"c2", "c3"}, rows, room, now_ms=NOW + 60_000) == []
+    final = [bill("c1")]
+    facts = ArrivalFacts(not_charged_reasons={"c2": "over_budget", "c3": "over_budget"})
+    assert reconcile_period(PERIOD, final, rows, room, booked_period=PERIOD, now_ms=NOW, facts=facts) == []
+    assert check_reconciled(final, rows, room) == []
+
+
+def test_a_click_retracted_early_for_the_budget_and_charged_by_the_complete_data_is_added_back_as_over_budget() -> None:
+    room = over_budget_room(PERIOD, {"c1"}, [ledger("c1")], [], now_ms=NOW)
+    # By the period's close, the complete data charges c1 after all (the click that took its room was retracted).
+    back = reconcile_period(PERIOD, [bill("c1")], [ledger("c1")], room, booked_period=PERIOD, now_ms=NOW + 3_600_000)
+    assert [(c.kind, c.reason, c.amount_micros) for c in back] == [(ADD, R.OVER_BUDGET, 250_000)]
+    assert back[0].correction_id == correction_id(ADD, "c1", PERIOD, 0)
+    assert check_reconciled([bill("c1")], [ledger("c1")], room + back) == []
