@@ -31,7 +31,15 @@ from billing.intake import QuarantineReason
 from billing.periods import Periods
 from billing.store.budget_days import read_budget_days
 from billing.store.catalog_file import load_catalog
-from billing.store.export_files import CSV_FILE, MANIFEST_FILE, PARQUET_FILE, SUMS_FILE, Manifest, read_manifest
+from billing.store.export_files import (
+    CSV_FILE,
+    MANIFEST_FILE,
+    NOT_CHARGED_FILE,
+    PARQUET_FILE,
+    SUMS_FILE,
+    Manifest,
+    read_manifest,
+)
 from billing.store.part_status import read_status
 from billing.store.redis_keys import RedisKeys
 from web.model import (
@@ -64,8 +72,9 @@ from web.model import (
     totals_by_currency,
 )
 
-EXPORT_FILES = (PARQUET_FILE, CSV_FILE, MANIFEST_FILE, SUMS_FILE)
-"""The files of an export folder, the only names a download may ask for."""
+EXPORT_FILES = (PARQUET_FILE, CSV_FILE, NOT_CHARGED_FILE, MANIFEST_FILE, SUMS_FILE)
+"""The files of an export folder (`billing.store.export_files.write_export`), the only names a download may ask for;
+`not_charged.parquet` is there when the period's clicks not charged were exported with it."""
 
 SERIES_PERIODS = 72
 """Periods in the chart and the per-period tables: three days of hours."""
