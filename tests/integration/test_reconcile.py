@@ -19,7 +19,9 @@ from pyspark.sql import SparkSession
 from attribution import closing as closing_module
 from attribution.closing import run_closing
 from attribution.job import start
+from billing.budgets import day_start, utc_day
 from billing.catalog import Ad, Catalog
+from billing.closing_run import close_periods
 from billing.events import Click, Impression
 from billing.periods import Periods
 from billing.store.catalog_file import save_catalog
@@ -27,6 +29,7 @@ from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.invoice_files import InvoiceFiles
 from billing.store.parquet_ledger import read_ledger
+from billing.store.redis_totals import BudgetDayCount, RedisTotals, TotalsRow
 from billing.store.schema_registry import open_registry
 from ops.reconciling import reconcile_config
 from ops.settings import Settings
@@ -37,6 +40,7 @@ from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
 from tests.redis_figures import RedisFigures
+from tests.unit.test_closing_run import CLOSES_09, CLOSES_10, EUR, P10, late_click_in_a_full_day
 
 pytestmark = pytest.mark.integration
 
@@ -392,3 +396,54 @@ def test_an_id_conflict_across_a_period_boundary_is_billed_once_when_the_periods
         ("x-c", boundary - 3_000),
         ("y-i", boundary - 4_000),
     ]
+
+
+def test_a_late_click_inside_a_full_budget_never_takes_the_redis_day_total_past_the_budget(
+    redis_settings: Settings,
+) -> None:
+    """The stream charged 3.00 of a 3.00 day at 10:05 (10:00 open); a late 09:50 click is added when 09:00 closes.
+    On a real Redis, read after every write the run makes: the day's charged total never passes 3.00, because the
+    retraction that makes the room reaches Redis in the same call as the addition, ahead of it."""
+    start_10 = Periods().parse_key(P10)
+    day = utc_day(start_10)
+    seen: list[int] = []
+
+    class Watched(RedisTotals):
+        """The run's totals, with the day's charged micros read back after each of its writes."""
+
+        def read_day(self) -> int:
+            seen.append(self.budget_day(day, "cmp-b")["charged_micros"])
+            return seen[-1]
+
+        def apply_corrections(self, corrections, period_start_ms):  # type: ignore[no-untyped-def]
+            given = list(corrections)
+            assert len(given) < 2000, "one script call: nothing between the retraction and the addition"
+            applied = super().apply_corrections(given, period_start_ms)
+            self.read_day()
+            return applied
+
+        def close_period(self, period, period_start_ms, exported):  # type: ignore[no-untyped-def]
+            super().close_period(period, period_start_ms, exported)
+            self.read_day()
+
+    totals = Watched.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
+    assert isinstance(totals, Watched)
+    # What the stream's batch put in Redis: three 1.00 clicks of 10:00, the day at its budget.
+    totals.apply_batch(
+        "billing",
+        0,
+        [TotalsRow(P10, start_10, "adv-1", "cmp-b", "ad-e", 3, 3 * EUR)],
+        budget_days=[BudgetDayCount(P10, "cmp-b", day, day_start(start_10), 3, 3 * EUR)],
+    )
+    assert totals.read_day() == 3 * EUR
+    memory = late_click_in_a_full_day()
+    for now in (CLOSES_09, CLOSES_10):  # 09:00 closes with the late click; then 10:00 closes
+        ports = dataclasses.replace(memory.ports(now), totals=lambda: totals)
+        close_periods(ports, Periods(), 15 * 60_000)
+    assert max(seen) == 3 * EUR and seen[-1] == 3 * EUR, seen
+    assert totals.budget_day(day, "cmp-b") == {
+        "charged_clicks": 3,
+        "charged_micros": 3 * EUR,
+        "over_clicks": 1,
+        "over_micros": EUR,
+    }
