@@ -211,6 +211,40 @@ def corrections(advertiser_id: str) -> Response:
     )
 
 
+@bp.get("/advertisers/<advertiser_id>/not-charged")
+def not_charged_clicks(advertiser_id: str) -> Response:
+    """The advertiser's billable clicks not charged in `period`, else the date range; paged as the corrections."""
+    page = lookups.not_charged_clicks(advertiser_id)
+    return jsonify(
+        {
+            "advertiser_id": page.advertiser_id,
+            "currency": page.currency,
+            "period": page.period,
+            "range": None if page.range is None else page.range.as_json(),
+            "total": page.total,
+            "offset": page.offset,
+            "limit": page.limit,
+            "provisional": page.provisional,
+            "by_reason": page.by_reason,
+            "would_cost_micros_by_currency": micros_by_currency(page.would_cost),
+            "clicks": [
+                {
+                    "click_id": c.click_id,
+                    "click_time": c.click_time,
+                    "period": c.period,
+                    "ad_id": c.ad_id,
+                    "campaign_id": c.campaign_id,
+                    "reason": c.reason,
+                    "amount_micros": None if c.amount_micros is None else micros_text(c.amount_micros),
+                    "currency": c.currency,
+                    "final": c.final,
+                }
+                for c in page.items
+            ],
+        }
+    )
+
+
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> Response:
     found = lookups.correction(advertiser_id, correction_id)

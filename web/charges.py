@@ -21,7 +21,7 @@ from billing.invoices import Invoice
 from billing.money import format_micros
 from billing.periods import format_utc
 from billing.store.export_files import CSV_FILE, PARQUET_FILE
-from web.model import FinanceRange, NotCharged, Period
+from web.model import FinanceRange, NotCharged, NotChargedClicks, Period
 from web.ranges import DateRange
 from web.readers import BillingReader, _figures, _not_charged
 from web.statements import CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL, PeriodCharges, safe_cell
@@ -153,6 +153,31 @@ def charges_csv(
                 currency,
             ]
         )
+    return out.getvalue()
+
+
+NOT_CHARGED_COLUMNS = (
+    "click_id", "click_time", "period", "ad_id", "campaign_id", "reason", "would_have_cost", "amount_micros",
+    "currency", "status",
+)  # fmt: skip
+"""The not-charged list's CSV: what it would have cost in decimal (all six digits, exact) and in micros; `status`
+`final` (the closed period's export) or `provisional` (the stream's decision, the period still open)."""
+
+
+def not_charged_csv(page: NotChargedClicks) -> str:
+    """The advertiser's not-charged clicks (`page.items`: every one asked for) as CSV, spreadsheet-safe."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(NOT_CHARGED_COLUMNS)
+    for c in page.items:
+        cost = None if c.amount_micros is None else format_micros(c.amount_micros)
+        writer.writerow(
+            _cell(v)
+            for v in (
+                c.click_id, _iso(c.click_time), c.period, c.ad_id, c.campaign_id, c.reason, cost, c.amount_micros,
+                c.currency, "final" if c.final else "provisional",
+            )
+        )  # fmt: skip
     return out.getvalue()
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, abort, redirect, render_template, request, url_for
 
 from web import lookups
-from web.charges import charges_csv, month_advertisers_csv, month_export_csv, statement_periods
+from web.charges import charges_csv, month_advertisers_csv, month_export_csv, not_charged_csv, statement_periods
 from web.guards import advertiser_or_404, finance_or_404
 from web.ranges import DEFAULT_PRESET, DateRange, RangeError, parse_month
 from web.readers import is_id
@@ -40,6 +40,14 @@ def charges(advertiser_id: str) -> Response:
     text = charges_csv(services().reader, advertiser_id, span, campaign_id=campaign, ad_id=ad)
     which = f"-{ad or campaign}" if ad or campaign else ""
     return _attachment(text, "text/csv", f"adbill-charges-{advertiser_id}{which}-{span.first}-{span.last}.csv")
+
+
+@bp.get("/advertisers/<advertiser_id>/not-charged.csv")
+def not_charged_clicks(advertiser_id: str) -> Response:
+    """Every billable click of the advertiser not charged in the period or date range asked for, one row each."""
+    page = lookups.not_charged_clicks(advertiser_id, paged=False)
+    which = page.period or (f"{page.range.first}-{page.range.last}" if page.range else "")
+    return _attachment(not_charged_csv(page), "text/csv", f"adbill-not-charged-{advertiser_id}-{which}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/statements/<month>")

@@ -16,6 +16,7 @@ from billing.budget_days import CampaignDay
 from billing.corrections import Correction
 from billing.store.part_status import RECONCILE_PART, STREAM_PART
 from billing.store.stream_offsets import LagReading
+from web.display import period_label
 from web.freshness import (
     ComponentStatus,
     Freshness,
@@ -27,7 +28,7 @@ from web.freshness import (
 )
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
-from web.model import AdDetail, Audit, CampaignDetail, CorrectionPage, Finance, Health
+from web.model import AdDetail, Audit, CampaignDetail, CorrectionPage, Finance, Health, NotChargedClicks
 from web.ranges import (
     DEFAULT_PRESET,
     DateRange,
@@ -149,6 +150,47 @@ def corrections(advertiser_id: str) -> CorrectionPage:
 def correction(advertiser_id: str, correction_id: str) -> Correction:
     advertiser_or_404(advertiser_id)
     return found(services().reader.correction(advertiser_id, correction_id))
+
+
+def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClicks:
+    """The advertiser's billable clicks not charged in the `period` asked for, else in the date range (`range`, or
+    `from` and `to`; default: month to date), newest first; the page that `offset` and `limit` ask for (`paged`),
+    else every one (the CSV)."""
+    advertiser_or_404(advertiser_id)
+    svc = services()
+    offset, limit = paging_args()
+    key = period_arg()
+    span: DateRange | None = None
+    if key is not None:
+        start = svc.reader.period_length.parse_key(key)
+        end, label = start + svc.reader.period_length.length_ms, period_label(key)
+    else:
+        span = date_range(DEFAULT_PRESET)
+        assert span is not None  # a default is given
+        start, end, label = span.start_ms, span.end_ms, span.label
+    clicks = svc.reader.not_charged_clicks(advertiser_id, start, end)
+    would_cost: dict[str, int] = {}
+    by_reason: dict[str, int] = {}
+    for c in clicks:
+        by_reason[c.reason] = by_reason.get(c.reason, 0) + 1
+        if c.amount_micros is not None:
+            would_cost[c.currency] = would_cost.get(c.currency, 0) + c.amount_micros
+    if not paged:
+        offset, limit = 0, max(len(clicks), 1)
+    return NotChargedClicks(
+        advertiser_id,
+        svc.reader.currency(advertiser_id),
+        label,
+        key,
+        span,
+        len(clicks),
+        offset,
+        limit,
+        clicks[offset : offset + limit],
+        dict(sorted(would_cost.items())),
+        dict(sorted(by_reason.items())),
+        any(not c.final for c in clicks),
+    )
 
 
 def finance() -> Finance:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from billing.corrections import Correction
     from billing.store.export_files import Manifest
+    from billing.store.not_charged_clicks import NotChargedClick
+    from web.ranges import DateRange
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,31 @@ class CorrectionPage:
     offset: int
     limit: int
     items: list[Correction]
+
+
+@dataclass(frozen=True, slots=True)
+class NotChargedClicks:
+    """An advertiser's billable clicks that were not charged, in a period or a date range (`span`), newest first:
+    one page of them (`items`, from `offset`), and what all of them would have cost, per currency."""
+
+    advertiser_id: str
+    currency: str
+    span: str
+    """What was asked for, for people: a period's label, or a date range's."""
+    period: str | None
+    """The period asked for (`period=`), or None for a date range."""
+    range: DateRange | None
+    total: int
+    offset: int
+    limit: int
+    items: list[NotChargedClick]
+    would_cost: dict[str, int]
+    """Micros per currency of every click listed (not only this page's), never added across two; those without a
+    price count in `total` only."""
+    by_reason: dict[str, int]
+    """Clicks per reason, every click listed."""
+    provisional: bool
+    """Some clicks come from a period still open: the stream's decision, which reconciliation may still correct."""
 
 
 @dataclass(frozen=True, slots=True)

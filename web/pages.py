@@ -132,6 +132,12 @@ def corrections(advertiser_id: str) -> str:
     return render_template("corrections.html", page=lookups.corrections(advertiser_id))
 
 
+@bp.get("/advertisers/<advertiser_id>/not-charged")
+def not_charged_clicks(advertiser_id: str) -> str:
+    """The advertiser's billable clicks that were not charged, one row each, in a period or a date range."""
+    return render_template("not_charged.html", page=lookups.not_charged_clicks(advertiser_id))
+
+
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> str:
     found = lookups.correction(advertiser_id, correction_id)

@@ -28,6 +28,7 @@ from billing.budgets import utc_day
 from billing.catalog import Catalog, Unbillable
 from billing.corrections import Correction
 from billing.intake import QuarantineReason
+from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.budget_days import read_budget_days
 from billing.store.catalog_file import load_catalog
@@ -40,6 +41,7 @@ from billing.store.export_files import (
     Manifest,
     read_manifest,
 )
+from billing.store.not_charged_clicks import NotChargedClick, not_charged_clicks
 from billing.store.part_status import read_status
 from billing.store.redis_keys import RedisKeys
 from web.model import (
@@ -148,6 +150,8 @@ class BillingReader:
         self.client = client
         self.prefix = prefix
         self.exports_dir = exports_dir
+        self.layout = DataLayout(exports_dir.parent)
+        """The data folder: `exports_dir` is its `exports` (`web.app.exports_dir`)."""
         self.catalog = catalog
         self.keys = RedisKeys(prefix)
         self.period_length = period_length or Periods()
@@ -412,6 +416,11 @@ class BillingReader:
         total, raw = pipe.execute()
         items = [c for c in (_correction(text) for text in raw) if c and c.advertiser_id == advertiser_id]
         return CorrectionPage(advertiser_id, self.currency(advertiser_id), int(total), offset, limit, items)
+
+    def not_charged_clicks(self, advertiser_id: str, start_ms: int, end_ms: int) -> list[NotChargedClick]:
+        """The advertiser's billable clicks not charged in the periods starting in [start_ms, end_ms), newest first:
+        a closed period's from its export, an open one's as the stream decided (`billing.store.not_charged_clicks`)."""
+        return not_charged_clicks(self.layout, self.period_length, advertiser_id, start_ms, end_ms)
 
     def period_corrections(
         self, advertiser_id: str, period_key: str, limit: int, scan: int = 5000, chunk: int = 1000
