@@ -186,22 +186,44 @@ class Charging:
         watermark_ms: int,
         billed_at_ms: int,
         day_totals: DayTotals,
+        counted: bool = False,
     ) -> Charged:
-        """Decide the batch's bills (module doc)."""
+        """Decide the batch's bills (module doc). `counted`: Redis has already applied this batch (a replay after a
+        crash between Redis and the checkpoint's commit)."""
         if self.judge and not self._loaded:
             self._load_recent(batch_id, watermark_ms)
         if self.judge:
             self.recent.add(*(clicks.column(name).to_pylist() for name in CLICK_KEY_COLUMNS))
         priced = price_matches(bills, catalog)
-        rows = priced.bills.to_pylist()
+        bills_priced = priced.bills
+        rows = bills_priced.to_pylist()
         pinned = self._pinned(batch_id)
         if pinned is None:
             decisions = self._decide(rows, catalog, day_totals)
             self._pin(batch_id, decisions)
         else:
-            decisions = {row["click_id"]: pinned.get(row["click_id"], CHARGED) for row in rows}
+            decisions = {row["click_id"]: pinned[row["click_id"]] for row in rows if row["click_id"] in pinned}
+            extra = [row for row in rows if row["click_id"] not in pinned]
+            if extra and counted:
+                # Redis counted the first attempt's bills and applies a batch once: a bill charged now would be in
+                # the ledger and never in the live totals. Reconciliation bills it, judged like every other click.
+                left = pa.array([row["click_id"] for row in extra], pa.string())
+                bills_priced = bills_priced.filter(pc.invert(pc.is_in(bills_priced.column("click_id"), left)))
+                log.warning(
+                    "batch %d replayed with %d bill(s) its first attempt did not have, after Redis had counted the "
+                    "batch: left to reconciliation (%s)",
+                    batch_id,
+                    len(extra),
+                    ", ".join(sorted(left.to_pylist())[:5]),
+                )
+            elif extra:
+                # Judged like any bill, on the day totals with this batch's pinned charges in them (Redis has not
+                # counted the batch yet), and pinned with the rest so that a later replay decides the same.
+                spent = _with_charges(day_totals, rows, decisions)
+                decisions.update(self._decide(extra, catalog, spent))
+                self._pin(batch_id, decisions)
         self.recent.evict_before(watermark_ms - self.rules.flood_window_ms)
-        return self._tables(batch_id, priced.bills, priced.unbilled, decisions, billed_at_ms, pinned is not None)
+        return self._tables(batch_id, bills_priced, priced.unbilled, decisions, billed_at_ms, pinned is not None)
 
     def _decide(self, rows: list[dict], catalog: Catalog, day_totals: DayTotals) -> dict[str, str]:  # type: ignore[type-arg]
         decisions: dict[str, str] = {}
@@ -317,6 +339,21 @@ class Charging:
         table = dataset.to_table(columns=["event_id", "ad_id", "user_id", "event_time"], filter=which)
         self.recent.add(*(table.column(name).to_pylist() for name in ("event_id", "ad_id", "user_id", "event_time")))
         log.info("the invalid traffic rules start with %d recent click(s) from the archive", len(self.recent))
+
+
+def _with_charges(day_totals: DayTotals, rows: list[dict], decisions: Mapping[str, str]) -> DayTotals:  # type: ignore[type-arg]
+    """`day_totals` plus what `decisions` charged of `rows`, per (campaign, day)."""
+    charged: dict[tuple[str, str], int] = defaultdict(int)
+    for row in rows:
+        if decisions.get(row["click_id"]) == CHARGED:
+            charged[(row["campaign_id"], utc_day(row["click_time"]))] += row["amount_micros"]
+
+    def spent(pairs: Iterable[tuple[str, str]]) -> Mapping[tuple[str, str], int]:
+        wanted = set(pairs)
+        so_far = day_totals(wanted)
+        return {pair: so_far.get(pair, 0) + charged.get(pair, 0) for pair in wanted}
+
+    return spent
 
 
 def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:

@@ -43,6 +43,19 @@ class Epoch:
 
     batch_id_base: int = 0
     starting_offsets: dict[str, dict[int, int]] | None = None
+    applied_before: int | None = None
+    """The last batch Redis had applied when the epoch started (its first batch needs Redis to hold it); None when
+    not recorded (an epoch started by an earlier version, or over a Redis that had lost its data)."""
+
+    def needs_applied(self, batch_id: int) -> int:
+        """The batch Redis must have applied before the job decides batch `batch_id` (-1: none): the one before it,
+        or, for the epoch's first batch, the last one Redis had applied when the epoch started (the batches between,
+        set aside, were never applied; unknown: any record of a batch applied)."""
+        if batch_id > self.batch_id_base:
+            return batch_id - 1
+        if batch_id == 0:
+            return -1
+        return self.applied_before if self.applied_before is not None else 0
 
     def spark_starting_offsets(self, topic: str) -> str | None:
         """`startingOffsets` of one topic's source, as Spark's JSON, or None for the default."""
@@ -112,10 +125,24 @@ def set_aside_batches_after(data_dir: Path, last_complete: int) -> list[Path]:
             target.parent.mkdir(parents=True, exist_ok=True)
             folder.rename(target)
             moved.append(target)
-    # What the stream decided for those batches goes with them: the new epoch's batch of that id holds other bills.
-    pins = layout.decisions
-    for pin in sorted(pins.glob("*.parquet")) if pins.is_dir() else []:
-        if pin.stem.isdigit() and int(pin.stem) > last_complete:
+    return moved + set_aside_pins_after(data_dir, last_complete)
+
+
+def set_aside_pins_after(data_dir: Path, last_complete: int) -> list[Path]:
+    """Move what the stream pinned for each batch after `last_complete` (the outcome of each bill, and the catalog
+    version it priced the batch with, `DataLayout.decisions` and `.catalog_versions`) out of the way, to
+    `DataLayout.uncommitted`: a new epoch's batch of that id holds other bills, read later, to be priced and decided
+    with the catalog and the totals of its own time. A batch's catalog version is pinned before any of its files is
+    written, so a pin may stand for a batch that left no folder."""
+    layout = DataLayout(data_dir)
+    pins = [
+        *(sorted(layout.decisions.glob("*.parquet")) if layout.decisions.is_dir() else []),
+        *(sorted(layout.catalog_versions.iterdir()) if layout.catalog_versions.is_dir() else []),
+    ]
+    moved = []
+    for pin in pins:
+        name = pin.name.removesuffix(".parquet")
+        if name.isdigit() and int(name) > last_complete:
             target = layout.uncommitted / pin.relative_to(layout.root)
             target.parent.mkdir(parents=True, exist_ok=True)
             pin.replace(target)
@@ -171,6 +198,7 @@ def prepare_epoch(
             starting_offsets=None
             if offsets is None
             else {t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
+            applied_before=None if data.get("applied_before") is None else int(data["applied_before"]),
         )
     if checkpoint_started(checkpoint):
         return Epoch()
@@ -188,10 +216,12 @@ def prepare_epoch(
         # The earlier checkpoint stopped in the middle of a batch: written in part or whole, never applied to Redis
         # nor committed. Its records are read again by this epoch; its files would otherwise stand for them.
         set_aside_batches_after(data_dir, redis_last_applied)
+    else:
+        set_aside_pins_after(data_dir, newest)
     topics = partitions()
     read = offsets_read(data_dir, list(topics))
     starting = {t: {p: read[t].get(p, -2) for p in sorted(parts)} for t, parts in topics.items()}
-    epoch = Epoch(batch_id_base=newest + 1, starting_offsets=starting)
+    epoch = Epoch(batch_id_base=newest + 1, starting_offsets=starting, applied_before=redis_last_applied)
     checkpoint.mkdir(parents=True, exist_ok=True)
     temporary = checkpoint / f".{EPOCH_FILE}.tmp"
     temporary.write_text(
@@ -199,6 +229,7 @@ def prepare_epoch(
             {
                 "batch_id_base": epoch.batch_id_base,
                 "starting_offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in starting.items()},
+                "applied_before": redis_last_applied,
                 "created_at_ms": int(time.time() * 1000),
             },
             indent=1,

@@ -229,8 +229,12 @@ class BatchSink:
     into place, so a batch replayed after a crash replaces its own files and nothing else (the driver prunes any
     other file an earlier attempt left in those folders). Redis applies batch N only if N is above the last batch
     it applied, in one Lua script, so a crash between the writes, or after them and before Spark commits the
-    batch, counts nothing twice and loses nothing. The quarantine topic is at-least-once (a replayed batch is
-    sent again, with the same keys); the quarantine table is exact.
+    batch, counts nothing twice and loses nothing. Batch N needs Redis to have applied every batch before it
+    (`Epoch.needs_applied`): a Redis that lost its data, or its latest writes (a power loss, a copy from before
+    them), stops the batch before it decides anything on the day totals it would read there, and again in the
+    script that applies it; `adbill restore-redis` puts the figures back and the job replays the batch. The
+    quarantine topic is at-least-once (a replayed batch is sent again, with the same keys); the quarantine table
+    is exact.
 
     Every file is flushed to disk before Redis and the checkpoint hear of the batch. Bad records' bytes are cut
     to a size and a digest when larger than `QUARANTINE_VALUE_LIMIT`, so a junk record of a megabyte neither
@@ -307,8 +311,19 @@ class BatchSink:
         clock.lap("write")
         advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
         figures = batch_figures(written, advertiser_of)
+        # Nothing is decided on the day totals of a Redis that lost its data or its latest writes: the batch stops
+        # here (RedisBehindError), before a decision is pinned, and is replayed after `adbill restore-redis`.
+        needs = self.config.epoch.needs_applied(batch_id)
+        start = self.totals.batch_day_charged(BILLING_QUERY, batch_id, needs, ())
         charged = self.charging.charge(
-            batch_id, figures.bills, figures.clicks, catalog, watermark, billed_at_ms, self.totals.day_charged
+            batch_id,
+            figures.bills,
+            figures.clicks,
+            catalog,
+            watermark,
+            billed_at_ms,
+            lambda pairs: self.totals.batch_day_charged(BILLING_QUERY, batch_id, needs, pairs).day_charged,
+            counted=start.last_applied is not None and start.last_applied >= batch_id,
         )
         files = [
             *figures.files,
@@ -328,7 +343,7 @@ class BatchSink:
             late=figures.late + released.late,
             quarantined=figures.quarantined + released.quarantined,
             clock_ahead=figures.clock_ahead,
-            require_history=True,
+            applied_through=needs,
             unbilled=charged.unbilled_counts,
             not_charged=charged.not_charged_counts,
             budget_days=charged.budget_days,

@@ -13,8 +13,9 @@ starts again, which completes its files and applies it to Redis then.
 
 The job must not apply a batch meanwhile: `restore_redis` holds the job's lock (`attribution.job_lock`), which the
 running job holds (so the restore waits a while for a job stopped a moment ago, then refuses), and the job itself
-refuses to apply a batch to a Redis that has lost the record of the batches applied
-(`RedisTotals.apply_batch(..., require_history=True)`), so a job left running stops rather than count half.
+refuses to decide or apply a batch on a Redis that has lost the record of the batches applied, or holds an older one
+(`RedisTotals.batch_day_charged` and `apply_batch(..., applied_through=...)`), so a job left running stops rather
+than count half or charge past a budget on day totals that lack the lost batches.
 """
 
 from __future__ import annotations

@@ -44,8 +44,10 @@ class LocalRedis:
             str(self.data_dir),
             "--appendonly",
             "yes" if self.appendonly else "no",
+            # Every write on disk before Redis answers: a live total, the record of the batches applied or a
+            # correction acknowledged survives a power loss (`docs/operations.md`, "Power loss").
             "--appendfsync",
-            "everysec",
+            "always",
             "--save",
             "",
             "--daemonize",

@@ -107,9 +107,17 @@ _APPLY_BATCH = (
 local marker = KEYS[1]
 local batch_id = tonumber(ARGV[1])
 local recorded = redis.call('GET', marker)
-if not recorded and batch_id > 0 and ARGV[3] == '1' then
-  return redis.error_reply('adbill: Redis has no record of the batches applied before batch ' .. ARGV[1] ..
-    ': it lost its data; stop the job and run adbill restore-redis')
+if ARGV[3] ~= '' then
+  local need = tonumber(ARGV[3])
+  if not recorded and need >= 0 then
+    return redis.error_reply('adbill: Redis has no record of the batches applied before batch ' .. ARGV[1] ..
+      ': it lost its data; stop the job and run adbill restore-redis')
+  end
+  if recorded and tonumber(recorded) < need then
+    return redis.error_reply('adbill: Redis has applied the batches up to ' .. recorded .. ', but the batches up ' ..
+      'to ' .. ARGV[3] .. ' were applied before batch ' .. ARGV[1] .. ': it lost its latest writes (a power loss, ' ..
+      'or a copy from before them); stop the job and run adbill restore-redis')
+  end
 end
 local last = tonumber(recorded or '-1')
 if batch_id <= last then return 0 end
@@ -246,6 +254,31 @@ class Totals:
     micros: int = 0
 
 
+class RedisBehindError(RuntimeError):
+    """Redis has not applied every batch the streaming job committed: it lost its data, or its latest writes."""
+
+    def __init__(self, batch_id: int, last: int | None, applied_through: int) -> None:
+        self.batch_id, self.last, self.applied_through = batch_id, last, applied_through
+        if last is None:
+            said = f"Redis has no record of the batches applied before batch {batch_id}: it lost its data"
+        else:
+            said = (
+                f"Redis has applied the batches up to {last}, but the batches up to {applied_through} were applied "
+                f"before batch {batch_id}: it lost its latest writes (a power loss, or a copy from before them)"
+            )
+        super().__init__(
+            f"adbill: {said}; the batch decides nothing on its day totals. Stop the job and run adbill restore-redis"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStart:
+    """What Redis holds when the streaming job decides a batch (`RedisTotals.batch_day_charged`)."""
+
+    last_applied: int | None
+    day_charged: dict[tuple[str, str], int]
+
+
 class RedisTotals:
     """Writes the live totals under one key prefix (and reads the little the writers need back)."""
 
@@ -269,16 +302,17 @@ class RedisTotals:
         late: Iterable[LateCount] = (),
         quarantined: Iterable[QuarantineCount] = (),
         clock_ahead: Iterable[ClockAheadCount] = (),
-        require_history: bool = False,
+        applied_through: int | None = None,
         unbilled: Iterable[UnbilledCount] = (),
         not_charged: Iterable[NotChargedCount] = (),
         budget_days: Iterable[BudgetDayCount] = (),
     ) -> bool:
         """Add a micro-batch's totals, late, quarantine, clock-ahead and unbilled counts once; False when that batch
-        (or a later one) was already applied. With `require_history` (the streaming job), a batch after the first is
-        refused (redis.ResponseError) when Redis has no record of the batches applied before it: Redis lost its
-        data. Bills of a closed period change nothing: finance has its export (reconciliation books what the
-        stream billed after the close as adjustments in an open period)."""
+        (or a later one) was already applied. With `applied_through` (the streaming job: the batch Redis must have
+        applied before this one, `attribution.job.BatchSink.applied_before`; -1 for none), the batch is refused
+        (redis.ResponseError) when Redis has no record of the batches applied, or an older one: Redis lost its data
+        or its latest writes. Bills of a closed period change nothing: finance has its export (reconciliation books
+        what the stream billed after the close as adjustments in an open period)."""
         k = self.keys
         ops: list[list[Any]] = []
         counters = k.counters()
@@ -329,7 +363,8 @@ class RedisTotals:
         for day in budget_days:
             ops += budget_day_ops(k, day, open_only=True)
         keys = [k.applied(sink), k.closed_periods()]
-        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), "1" if require_history else "0"]))
+        need = "" if applied_through is None else str(applied_through)
+        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), need]))
 
     def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
         """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in
@@ -443,6 +478,24 @@ class RedisTotals:
         for campaign, day in wanted:
             pipe.hget(self.keys.budget_day(day, campaign), "charged_micros")
         return {pair: int(value or 0) for pair, value in zip(wanted, pipe.execute(), strict=True)}
+
+    def batch_day_charged(
+        self, sink: str, batch_id: int, applied_through: int, pairs: Iterable[tuple[str, str]]
+    ) -> BatchStart:
+        """What the streaming job reads before it decides batch `batch_id`, in one transaction: the last batch Redis
+        applied and (campaign, day) -> micros charged that day so far. RedisBehindError, before anything is
+        decided, when Redis has not applied every batch up to `applied_through` (-1: none needed): a day total read
+        from a Redis that lost its data, or its latest writes, would let the batch charge past a budget."""
+        wanted = sorted(set(pairs))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(self.keys.applied(sink))
+        for campaign, day in wanted:
+            pipe.hget(self.keys.budget_day(day, campaign), "charged_micros")
+        recorded, *values = pipe.execute()
+        last = None if recorded is None else int(recorded)
+        if applied_through >= 0 and (last is None or last < applied_through):
+            raise RedisBehindError(batch_id, last, applied_through)
+        return BatchStart(last, {pair: int(value or 0) for pair, value in zip(wanted, values, strict=True)})
 
     def budget_day(self, day: str, campaign_id: str) -> dict[str, int]:
         """A campaign's figures on a UTC day (`BUDGET_DAY_FIELDS`)."""
