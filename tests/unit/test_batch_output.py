@@ -27,6 +27,7 @@ from attribution.batch_output import (
 )
 from attribution.charging import Charged, Charging
 from attribution.decode import QUARANTINE_COLUMNS
+from billing.budgets import BudgetChange
 from billing.catalog import Ad, Catalog, PriceChange
 from billing.invalid import IvtRules
 from billing.layout import DataLayout
@@ -513,3 +514,53 @@ def test_the_stream_finds_a_duplicate_click_however_many_clicks_of_its_user_on_o
         "u-1", "ad-1", T0 + 56_000, "c-late"
     )
     assert ("u-1", "ad-1") in recent.by_user_ad and len(recent.by_user_ad[("u-1", "ad-1")]) == 2
+
+
+BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+BUDGETED = Catalog(
+    [Ad("ad-1", "camp-ad-1", "adv-1", 1_500_000, "USD")], budgets={"camp-ad-1": [BudgetChange(0, 3_000_000, 0)]}
+)
+
+
+def test_a_replayed_batch_judges_and_holds_to_the_budget_the_bills_its_first_attempt_did_not_have(
+    tmp_path: Path,
+) -> None:
+    """The first attempt at batch 7 decided one bill and stopped before Redis; its replay, after a restart that
+    decodes records the first attempt quarantined, has two more: a crawler's click and a click the day's budget no
+    longer holds once the pinned charge is counted (Redis does not hold it yet). Neither is charged; a third attempt
+    decides as the second did."""
+    root = tmp_path / "data"
+    spent_before = lambda pairs: {pair: 1_500_000 for pair in pairs}  # noqa: E731
+    first_bills = [bill("c-1", "ad-1", T0 + 10)]
+    extra = [{**bill("c-bot", "ad-1", T0 + 20), "user_agent": BOT}, bill("c-more", "ad-1", T0 + 30)]
+    for_first = split(pa.Table.from_pylist(first_bills, schema=SCHEMA))
+    first = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+        7, for_first.bills, for_first.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, spent_before
+    )
+    assert first.decisions == {"c-1": "charged"}
+    replay = split(pa.Table.from_pylist(first_bills + extra, schema=SCHEMA))
+    for attempt in range(2):  # a restarted driver each time; the second replay finds the day emptier
+        spent = spent_before if attempt == 0 else (lambda pairs: dict.fromkeys(pairs, 0))
+        again = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+            7, replay.bills, replay.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, spent
+        )
+        assert again.decisions == {"c-1": "charged", "c-bot": "known_bot", "c-more": "over_budget"}, attempt
+        assert again.ledger.column("click_id").to_pylist() == ["c-1"]
+        assert sorted(again.not_charged.column("reason").to_pylist()) == ["known_bot", "over_budget"]
+
+
+def test_a_replayed_batch_that_redis_already_counted_leaves_a_new_bill_to_reconciliation(tmp_path: Path) -> None:
+    """Redis applied batch 7 before the crash (it applies a batch once): a bill the replay has and the first attempt
+    had not could never reach the live totals, so the stream writes it nowhere and reconciliation bills it."""
+    root = tmp_path / "data"
+    first_bills = [bill("c-1", "ad-1", T0 + 10)]
+    for_first = split(pa.Table.from_pylist(first_bills, schema=SCHEMA))
+    Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+        7, for_first.bills, for_first.clicks, CATALOG, T0 - 30_000, T0 + HOUR, lambda pairs: {}
+    )
+    replay = split(pa.Table.from_pylist([*first_bills, bill("c-new", "ad-1", T0 + 20)], schema=SCHEMA))
+    again = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+        7, replay.bills, replay.clicks, CATALOG, T0 - 30_000, T0 + HOUR, lambda pairs: {}, counted=True
+    )
+    assert again.ledger.column("click_id").to_pylist() == ["c-1"] and again.not_charged.num_rows == 0
+    assert [t.clicks for t in again.totals] == [1]
