@@ -13,6 +13,10 @@ come one after the other in a seeded order, each after a seeded pause, and each 
 - `broker`: SIGKILL of the leader broker of a partition, restarted after a while;
 - `redis`: Redis SIGKILLed and its data folder removed; the job stopped, Redis started empty, the totals rebuilt
   from the ledger (`adbill rebuild-totals`), the job started;
+- `redis-restarted`: once a budget has run out, Redis SIGKILLed, its data folder removed and Redis started again
+  empty at once, as a supervisor restarts it (`restart: unless-stopped`), under the running job: the job must stop
+  by itself before it charges a click on the empty day totals (the budget watch below sees no day past its
+  budget), and is then recovered as for `redis`;
 - `outage`: the job stopped for 20 minutes (`--outage-minutes`) under live traffic, far past the lateness horizon,
   prices changing meanwhile; reconciliation must hold the periods it has not read, and close them once it has;
 - overlapping: `driver+broker` (the leader broker of a partition SIGKILLed while the job starts again after its
@@ -72,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from attribution.stream_position import BILLING_QUERY
-from billing.budgets import DAY_MS, day_start, utc_day
+from billing.budgets import DAY_MS, OVER_BUDGET, day_start, utc_day
 from billing.catalog import Catalog
 from billing.change_log import ChangeEntry
 from billing.corrections import Correction
@@ -83,7 +87,7 @@ from ops.process import pid_alive, stop_pid
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
 
-FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "outage"]
+FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "redis-restarted", "outage"]
 FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk"]
 """One at a time, then overlapping (a second fault while the first one's recovery runs), then the full disk."""
 PERIOD_MS = 60_000
@@ -101,6 +105,11 @@ INVALID_TRAFFIC_BUDGET_SHARE = "0.10"
 """With invalid traffic on: each budgeted campaign's daily budget as a share of what the traffic (two hours) would
 spend on it, so that budgets run out about 12 minutes in, in the middle of the faults."""
 RECOVERY_DEADLINE_S = 600.0
+BUDGET_EXHAUSTED_WAIT_S = 900.0
+"""How long the `redis-restarted` fault waits for a budget to run out before it strikes all the same."""
+JOB_STOPS_BY_ITSELF_S = 120.0
+"""How long the job may take to stop by itself on a Redis restarted empty: its next batch (a trigger and a batch, or
+Redis calls' deadlines while Redis was away)."""
 OUTAGE_S = 1200.0
 """How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
 CHANGES_AT_S = 900.0
@@ -181,6 +190,8 @@ class Chaos:
         self.budget_breaches: set[str] = set()
         """Each campaign's day seen charged past every budget the campaign had (`check_budgets`)."""
         self.budget_reads = 0
+        self.ran_on_empty_redis = 0
+        """`redis-restarted` faults under which the job went on running on the empty Redis."""
         self.catalog = CatalogStore(self.settings.catalog_file)
         self.budget_totals = self.totals()
         """One client for the budget reads of every second (it connects again by itself after a Redis fault)."""
@@ -471,6 +482,46 @@ class Chaos:
         self.lose_redis_data()
         time.sleep(5)
         self.restore_redis(fault)
+
+    def fault_redis_restarted(self, fault: FaultRecord, before: int) -> None:
+        exhausted = self.wait_budget_exhausted(BUDGET_EXHAUSTED_WAIT_S)
+        pid = self.pid("redis")
+        fault.target = f"redis pid {pid}, data folder removed, started again empty under the job"
+        os.kill(pid, signal.SIGKILL)
+        self.lose_redis_data()
+        time.sleep(1)
+        self.adbill("up", "--cluster", "--detach", "--no-traffic", "--no-job", "--no-web")
+        stopped = self.wait_stream_stopped(JOB_STOPS_BY_ITSELF_S)
+        said = (
+            f"{'a budget had run out' if exhausted else 'no budget had run out yet'}; the job "
+            f"{'stopped by itself' if stopped else 'did not stop by itself'} within {JOB_STOPS_BY_ITSELF_S:.0f} s"
+        )
+        if not stopped:
+            self.ran_on_empty_redis += 1
+        self.restore_redis(fault)
+        fault.note = f"{said}; {fault.note}"
+
+    def wait_budget_exhausted(self, deadline_s: float) -> bool:
+        """Wait until the stream has found a click over budget (a budget ran out), at most `deadline_s`."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                counters = self.budget_totals.client.hgetall(self.budget_totals.keys.counters())
+                if int(counters.get(f"not_charged_{OVER_BUDGET}", 0) or 0) > 0:
+                    return True
+            except Exception:  # redis.RedisError: Redis away a moment
+                pass
+            time.sleep(2)
+        return False
+
+    def wait_stream_stopped(self, deadline_s: float) -> bool:
+        """Whether the streaming job's process ends within `deadline_s`."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if pid_alive(self.settings.run_dir / "stream.pid") is None:
+                return True
+            time.sleep(1)
+        return False
 
     def lose_redis_data(self) -> None:
         """Remove what Redis kept on disk (its folder may be a link to the machine's disk: its contents go)."""
@@ -824,6 +875,8 @@ class Chaos:
             "every fault recovered": all(f.recovered_s is not None for f in self.faults if f.target != "skipped"),
             "the schedule ran to its end": not self.stopped,
         }
+        if any(f.kind == "redis-restarted" and f.target != "skipped" for f in self.faults):
+            checks["the job stopped by itself on a Redis restarted empty"] = self.ran_on_empty_redis == 0
         publish_file = self.out / "traffic" / "publish.json"
         deployed = json.loads(publish_file.read_text()).get("schema_deployed") if publish_file.exists() else None
         if self.traffic_s > self.schema_deploy_at_s:
