@@ -93,6 +93,8 @@ class WebSettings(Protocol):
     @property
     def period_ms(self) -> int: ...
     @property
+    def lateness_horizon_ms(self) -> int: ...
+    @property
     def kafka_bootstrap(self) -> str: ...
     @property
     def topic_impressions(self) -> str: ...
@@ -146,6 +148,7 @@ def create_app(
         recent=RecentResults(cache_s),
         clock=clock,
         ready_batch_age_s=settings.web_ready_batch_age_s,
+        horizon_ms=settings.lateness_horizon_ms,
         kafka_lag=kafka_lag
         or KafkaLag(
             DataLayout(settings.root).checkpoint(QUERY_NAMES[0]),
@@ -222,6 +225,8 @@ def create_app(
         range_url=pages.range_url,
         months_of=downloads.months_of,
         clock_ms=lambda: services().clock(),
+        final_at_ms=final_at_ms,
+        horizon_minutes=lambda: services().horizon_ms // 60_000,
         range_problem=lookups.range_problem,
         name_of=naming.name_of,
     )
@@ -243,6 +248,14 @@ def create_app(
         reason_explanation=reason_explanation,
     )
     return app
+
+
+def final_at_ms(period_start_ms: int) -> int:
+    """When an open period's figures can become final at the earliest: its end plus the lateness horizon, the first
+    moment reconciliation corrects and closes it (`billing.closing.plan_run`; later if the stream has not read past
+    it by then)."""
+    svc = services()
+    return period_start_ms + svc.reader.period_length.length_ms + svc.horizon_ms
 
 
 class _Described:

@@ -121,6 +121,11 @@ class Statement:
     def open_periods(self) -> int:
         return sum(1 for p in self.periods if p.status == PROVISIONAL)
 
+    @property
+    def last_open_start_ms(self) -> int | None:
+        """The start of the month's latest open period (the last of its figures to become final), None if none."""
+        return max((p.start_ms for p in self.periods if p.status == PROVISIONAL), default=None)
+
 
 def build_statement(
     advertiser_id: str,
