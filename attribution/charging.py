@@ -17,9 +17,15 @@ campaign's charged total per UTC day so far (Redis). Out: `Charged`: the tables 
 - **Budgets.** The valid clicks are taken in order of event time, then click id, each charged when its day's total
   so far plus its price fits the budget in force at its time (`billing.budgets.BudgetLedger`), so the live totals
   never pass a budget.
-- **Exactly once.** What the first attempt at batch N decided is kept (`DataLayout.decisions`, written before any
-  file of the batch): a replayed batch decides the same, whatever the recent clicks or the day totals are by then,
-  so the files a replay writes are the ones Redis counted.
+- **Exactly once.** What an attempt at batch N decided is kept (`DataLayout.decisions`, written before any file of
+  the batch). A replay of a batch Redis has already counted decides the same, whatever the recent clicks or the day
+  totals are by then, so the files a replay writes are the ones Redis counted; a bill it has that the first attempt
+  had not is left to reconciliation (Redis applies a batch once). A replay of a batch Redis has not counted decides
+  again, on the day totals Redis holds then (after a restore, the restored ones): nothing else has counted its first
+  decisions (reconciliation reads committed batches only).
+- **The day totals it decided on.** The batch applies to Redis only while each campaign's day it charged on still
+  holds the total it read (`Charged.day_totals_read`); a reconciliation run that moved one in between (an addition,
+  a retraction) makes the batch decide again on the day as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -147,6 +153,9 @@ class Charged:
     budget_days: list[BudgetDayCount]
     decisions: dict[str, str] = field(default_factory=dict)
     replayed: bool = False
+    """Decided as the first attempt decided (Redis had counted the batch)."""
+    day_totals_read: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(campaign, day) -> the charged total the decisions were taken on: the batch applies only on those."""
 
 
 DayTotals = Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], int]]
@@ -197,14 +206,15 @@ class Charging:
         priced = price_matches(bills, catalog)
         bills_priced = priced.bills
         rows = bills_priced.to_pylist()
-        pinned = self._pinned(batch_id)
+        pinned = self._pinned(batch_id) if counted else None
+        read: dict[tuple[str, str], int] = {}
         if pinned is None:
-            decisions = self._decide(rows, catalog, day_totals)
+            decisions = self._decide(rows, catalog, _reading(day_totals, read))
             self._pin(batch_id, decisions)
         else:
             decisions = {row["click_id"]: pinned[row["click_id"]] for row in rows if row["click_id"] in pinned}
             extra = [row for row in rows if row["click_id"] not in pinned]
-            if extra and counted:
+            if extra:
                 # Redis counted the first attempt's bills and applies a batch once: a bill charged now would be in
                 # the ledger and never in the live totals. Reconciliation bills it, judged like every other click.
                 left = pa.array([row["click_id"] for row in extra], pa.string())
@@ -216,14 +226,9 @@ class Charging:
                     len(extra),
                     ", ".join(sorted(left.to_pylist())[:5]),
                 )
-            elif extra:
-                # Judged like any bill, on the day totals with this batch's pinned charges in them (Redis has not
-                # counted the batch yet), and pinned with the rest so that a later replay decides the same.
-                spent = _with_charges(day_totals, rows, decisions)
-                decisions.update(self._decide(extra, catalog, spent))
-                self._pin(batch_id, decisions)
         self.recent.evict_before(watermark_ms - self.rules.flood_window_ms)
-        return self._tables(batch_id, bills_priced, priced.unbilled, decisions, billed_at_ms, pinned is not None)
+        charged = self._tables(batch_id, bills_priced, priced.unbilled, decisions, billed_at_ms, pinned is not None)
+        return replace(charged, day_totals_read=read)
 
     def _decide(self, rows: list[dict], catalog: Catalog, day_totals: DayTotals) -> dict[str, str]:  # type: ignore[type-arg]
         decisions: dict[str, str] = {}
@@ -341,19 +346,15 @@ class Charging:
         log.info("the invalid traffic rules start with %d recent click(s) from the archive", len(self.recent))
 
 
-def _with_charges(day_totals: DayTotals, rows: list[dict], decisions: Mapping[str, str]) -> DayTotals:  # type: ignore[type-arg]
-    """`day_totals` plus what `decisions` charged of `rows`, per (campaign, day)."""
-    charged: dict[tuple[str, str], int] = defaultdict(int)
-    for row in rows:
-        if decisions.get(row["click_id"]) == CHARGED:
-            charged[(row["campaign_id"], utc_day(row["click_time"]))] += row["amount_micros"]
+def _reading(day_totals: DayTotals, read: dict[tuple[str, str], int]) -> DayTotals:
+    """`day_totals`, keeping in `read` every figure it gave."""
 
-    def spent(pairs: Iterable[tuple[str, str]]) -> Mapping[tuple[str, str], int]:
-        wanted = set(pairs)
-        so_far = day_totals(wanted)
-        return {pair: so_far.get(pair, 0) + charged.get(pair, 0) for pair in wanted}
+    def reads(pairs: Iterable[tuple[str, str]]) -> Mapping[tuple[str, str], int]:
+        got = day_totals(pairs)
+        read.update(got)
+        return got
 
-    return spent
+    return reads
 
 
 def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:

@@ -70,7 +70,7 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_file import CatalogStore
 from billing.store.durable import make_folder, replace_files
-from billing.store.redis_totals import RedisTotals
+from billing.store.redis_totals import DayTotalsMovedError, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,11 @@ def _as_received(decoded: DataFrame, event_type: str, id_col: str) -> DataFrame:
     )
 
 
+DAY_TOTALS_TRIES = 5
+"""How many times a batch is decided again when a campaign's day total moved between its read and the batch's apply
+(a reconciliation run applying corrections at that moment)."""
+
+
 class BatchSink:
     """Writes one micro-batch: the Parquet ledger, archive and quarantine and the quarantine topic on the
     executors, then Redis from the driver.
@@ -315,39 +320,50 @@ class BatchSink:
         # here (RedisBehindError), before a decision is pinned, and is replayed after `adbill restore-redis`.
         needs = self.config.epoch.needs_applied(batch_id)
         start = self.totals.batch_day_charged(BILLING_QUERY, batch_id, needs, ())
-        charged = self.charging.charge(
-            batch_id,
-            figures.bills,
-            figures.clicks,
-            catalog,
-            watermark,
-            billed_at_ms,
-            lambda pairs: self.totals.batch_day_charged(BILLING_QUERY, batch_id, needs, pairs).day_charged,
-            counted=start.last_applied is not None and start.last_applied >= batch_id,
-        )
-        files = [
-            *figures.files,
-            *write_batch_files(charged.ledger, self.config.layout.ledger, ("period", "batch_id"), prune=False),
-            *write_batch_files(charged.unbilled, self.config.layout.unbilled, ("period", "batch_id"), prune=False),
-            *write_batch_files(
-                charged.not_charged, self.config.layout.not_charged, ("period", "batch_id"), prune=False
-            ),
-        ]
-        prune_batch_folders(files)
-        clock.lap("charge")
-        released = self.release(batch_id, advertiser_of)
-        self.totals.apply_batch(
-            BILLING_QUERY,
-            batch_id,
-            charged.totals,
-            late=figures.late + released.late,
-            quarantined=figures.quarantined + released.quarantined,
-            clock_ahead=figures.clock_ahead,
-            applied_through=needs,
-            unbilled=charged.unbilled_counts,
-            not_charged=charged.not_charged_counts,
-            budget_days=charged.budget_days,
-        )
+        counted = start.last_applied is not None and start.last_applied >= batch_id
+        for attempt in range(1, DAY_TOTALS_TRIES + 1):
+            charged = self.charging.charge(
+                batch_id,
+                figures.bills,
+                figures.clicks,
+                catalog,
+                watermark,
+                billed_at_ms,
+                lambda pairs: self.totals.batch_day_charged(BILLING_QUERY, batch_id, needs, pairs).day_charged,
+                counted=counted,
+            )
+            files = [
+                *figures.files,
+                *write_batch_files(charged.ledger, self.config.layout.ledger, ("period", "batch_id"), prune=False),
+                *write_batch_files(charged.unbilled, self.config.layout.unbilled, ("period", "batch_id"), prune=False),
+                *write_batch_files(
+                    charged.not_charged, self.config.layout.not_charged, ("period", "batch_id"), prune=False
+                ),
+            ]
+            prune_batch_folders(files)
+            clock.lap("charge")
+            released = self.release(batch_id, advertiser_of)
+            try:
+                self.totals.apply_batch(
+                    BILLING_QUERY,
+                    batch_id,
+                    charged.totals,
+                    late=figures.late + released.late,
+                    quarantined=figures.quarantined + released.quarantined,
+                    clock_ahead=figures.clock_ahead,
+                    applied_through=needs,
+                    unbilled=charged.unbilled_counts,
+                    not_charged=charged.not_charged_counts,
+                    budget_days=charged.budget_days,
+                    day_totals_read=charged.day_totals_read,
+                )
+                break
+            except DayTotalsMovedError as moved:
+                # Reconciliation changed a day this batch charged on (an addition, a retraction) between the read
+                # and the apply: decided again on the day as it is now, so the live total never passes a budget.
+                if attempt == DAY_TOTALS_TRIES:
+                    raise
+                log.info("batch %d: %s; deciding it again (try %d)", batch_id, moved, attempt + 1)
         clock.lap("redis")
         self.released = True
         log.info(

@@ -121,6 +121,10 @@ if ARGV[3] ~= '' then
 end
 local last = tonumber(recorded or '-1')
 if batch_id <= last then return 0 end
+for _, item in ipairs(cjson.decode(ARGV[4])) do
+  -- A day total the batch decided on, as text: moved since (a reconciliation run), the batch is decided again.
+  if (redis.call('HGET', item[1], 'charged_micros') or '0') ~= item[2] then return -2 end
+end
 run(cjson.decode(ARGV[2]), KEYS[2])
 redis.call('SET', marker, batch_id)
 return 1
@@ -271,6 +275,13 @@ class RedisBehindError(RuntimeError):
         )
 
 
+class DayTotalsMovedError(RuntimeError):
+    """A campaign's day total that a batch decided on moved before the batch was applied."""
+
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(f"a campaign's day total that batch {batch_id} decided on moved before it was applied")
+
+
 @dataclass(frozen=True, slots=True)
 class BatchStart:
     """What Redis holds when the streaming job decides a batch (`RedisTotals.batch_day_charged`)."""
@@ -306,12 +317,15 @@ class RedisTotals:
         unbilled: Iterable[UnbilledCount] = (),
         not_charged: Iterable[NotChargedCount] = (),
         budget_days: Iterable[BudgetDayCount] = (),
+        day_totals_read: Mapping[tuple[str, str], int] | None = None,
     ) -> bool:
         """Add a micro-batch's totals, late, quarantine, clock-ahead and unbilled counts once; False when that batch
         (or a later one) was already applied. With `applied_through` (the streaming job: the batch Redis must have
         applied before this one, `attribution.job.BatchSink.applied_before`; -1 for none), the batch is refused
         (redis.ResponseError) when Redis has no record of the batches applied, or an older one: Redis lost its data
-        or its latest writes. Bills of a closed period change nothing: finance has its export (reconciliation books
+        or its latest writes. With `day_totals_read` ((campaign, day) -> the charged total the batch decided on),
+        DayTotalsMovedError when one of them moved since, and nothing is applied. Bills of a closed period change
+        nothing: finance has its export (reconciliation books
         what the stream billed after the close as adjustments in an open period)."""
         k = self.keys
         ops: list[list[Any]] = []
@@ -364,7 +378,13 @@ class RedisTotals:
             ops += budget_day_ops(k, day, open_only=True)
         keys = [k.applied(sink), k.closed_periods()]
         need = "" if applied_through is None else str(applied_through)
-        return bool(self._apply(keys=keys, args=[batch_id, json.dumps(ops), need]))
+        read = [
+            [k.budget_day(day, campaign), str(micros)] for (campaign, day), micros in (day_totals_read or {}).items()
+        ]
+        done = int(self._apply(keys=keys, args=[batch_id, json.dumps(ops), need, json.dumps(read)]))
+        if done == -2:
+            raise DayTotalsMovedError(batch_id)
+        return bool(done)
 
     def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
         """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in

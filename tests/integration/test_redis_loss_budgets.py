@@ -234,3 +234,43 @@ def test_a_redis_back_from_a_power_loss_with_older_data_stops_the_job_until_rest
     ledger = read_ledger(settings.root / "ledger").to_pylist()
     redis_micros = sum(t.micros for t in figures.all_ad_totals().values())
     assert redis_micros == sum(r["amount_micros"] for r in ledger), "every batch counted once, the lost ones too"
+
+
+def test_a_day_total_moved_by_reconciliation_between_a_batchs_read_and_its_apply_makes_the_batch_decide_again(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reconciliation run adds a late click's 2 EUR to the day while a batch, which read the day at 2 EUR, is
+    writing its files: charged on what it read, b2 would take the day to 6 EUR against 5. The apply finds the day
+    moved, and the batch decides again on 4 EUR: b2 is over budget, and no moment of the day passes the budget."""
+    from attribution.charging import Charging
+
+    save_catalog(CATALOG, settings.catalog_file)
+    ensure_schemas(settings)
+    figures = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
+    key = figures.keys.budget_day(utc_day(T0), "cmp-b")
+    decide = Charging.charge
+    moved: list[bool] = []
+
+    def reconciliation_meanwhile(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        charged = decide(self, *args, **kwargs)
+        if not moved and "c-b2" in charged.decisions:
+            figures.client.hincrby(key, "charged_micros", 2_000_000)  # a late click's addition, as corrections do
+            moved.append(charged.decisions["c-b2"] == "charged")
+        return charged
+
+    monkeypatch.setattr(Charging, "charge", reconciliation_meanwhile)
+    watch = DayWatch(settings.redis_url, settings.redis_prefix)
+    queries = start(spark, stream_config(settings))
+    try:
+        publish(settings, pair("b1", "ad-b", T0 + 10 * S))
+        queries[0].processAllAvailable()
+        assert figures.budget_day(utc_day(T0), "cmp-b")["charged_micros"] == 2_000_000
+        publish(settings, pair("b2", "ad-b", T0 + 20 * S))
+        queries[0].processAllAvailable()
+    finally:
+        queries[0].stop()
+        highest = watch.stop()
+    assert moved == [True], "the first decision charged b2 on the day it read, which then moved"
+    assert not_charged(settings) == {"c-b2": "over_budget"}
+    assert figures.budget_day(utc_day(T0), "cmp-b")["charged_micros"] == 4_000_000
+    assert highest <= BUDGET, f"the live day total reached {highest} against {BUDGET}"

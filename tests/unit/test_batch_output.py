@@ -150,12 +150,20 @@ def split(batch: pa.Table, batch_id: int = 7):
 
 
 def charge(
-    batch: pa.Table, root: Path, batch_id: int = 7, billed_at_ms: int = T0 + 2 * HOUR, catalog: Catalog = CATALOG
+    batch: pa.Table,
+    root: Path,
+    batch_id: int = 7,
+    billed_at_ms: int = T0 + 2 * HOUR,
+    catalog: Catalog = CATALOG,
+    counted: bool = False,
 ) -> Charged:
-    """The batch's matched clicks charged on the driver, as `BatchSink` does after the tasks wrote their shares."""
+    """The batch's matched clicks charged on the driver, as `BatchSink` does after the tasks wrote their shares
+    (`counted`: Redis had applied the batch before)."""
     out = split(batch, batch_id)
     charging = Charging(DataLayout(root), Periods(HOUR), IvtRules())
-    return charging.charge(batch_id, out.bills, out.clicks, catalog, T0 - 30_000, billed_at_ms, lambda pairs: {})
+    return charging.charge(
+        batch_id, out.bills, out.clicks, catalog, T0 - 30_000, billed_at_ms, lambda pairs: {}, counted=counted
+    )
 
 
 def test_split_gives_matched_clicks_archive_and_quarantine_rows_with_periods(batch: pa.Table, tmp_path: Path) -> None:
@@ -289,7 +297,7 @@ def test_writing_a_replayed_batch_again_replaces_its_files(batch: pa.Table, tmp_
     write_batch_files(first.ledger, ledger, ("period", "batch_id"))
     earlier = ledger / "period=20260101T0000Z" / "batch_id=7" / "part-00000-from-an-earlier-attempt.parquet"
     earlier.write_bytes((ledger / "period=20260101T0000Z" / "batch_id=7" / "part-00000.parquet").read_bytes())
-    again = charge(batch, tmp_path / "data", billed_at_ms=T0 + 3 * HOUR)
+    again = charge(batch, tmp_path / "data", billed_at_ms=T0 + 3 * HOUR, counted=True)
     assert again.replayed and again.decisions == first.decisions
     write_batch_files(again.ledger, ledger, ("period", "batch_id"))
     back = read_ledger(ledger)
@@ -522,31 +530,35 @@ BUDGETED = Catalog(
 )
 
 
-def test_a_replayed_batch_judges_and_holds_to_the_budget_the_bills_its_first_attempt_did_not_have(
+def test_a_replayed_batch_that_redis_has_not_counted_is_decided_again_on_the_day_as_redis_holds_it(
     tmp_path: Path,
 ) -> None:
-    """The first attempt at batch 7 decided one bill and stopped before Redis; its replay, after a restart that
-    decodes records the first attempt quarantined, has two more: a crawler's click and a click the day's budget no
-    longer holds once the pinned charge is counted (Redis does not hold it yet). Neither is charged; a third attempt
-    decides as the second did."""
+    """The first attempt at batch 7 decided one bill and stopped before Redis. Its replay, after a restart that
+    decodes records the first attempt quarantined, has two more: a crawler's click and a click that the day's budget
+    no longer holds. Nothing but the first attempt's own files knew its decisions, so the replay decides every bill
+    again, on the day total Redis holds now; once Redis has counted the batch, a further replay decides as that
+    attempt did, whatever the day total has become."""
     root = tmp_path / "data"
-    spent_before = lambda pairs: {pair: 1_500_000 for pair in pairs}  # noqa: E731
     first_bills = [bill("c-1", "ad-1", T0 + 10)]
     extra = [{**bill("c-bot", "ad-1", T0 + 20), "user_agent": BOT}, bill("c-more", "ad-1", T0 + 30)]
     for_first = split(pa.Table.from_pylist(first_bills, schema=SCHEMA))
     first = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
-        7, for_first.bills, for_first.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, spent_before
+        7, for_first.bills, for_first.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, lambda pairs: dict.fromkeys(pairs, 0)
     )
     assert first.decisions == {"c-1": "charged"}
     replay = split(pa.Table.from_pylist(first_bills + extra, schema=SCHEMA))
-    for attempt in range(2):  # a restarted driver each time; the second replay finds the day emptier
-        spent = spent_before if attempt == 0 else (lambda pairs: dict.fromkeys(pairs, 0))
-        again = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
-            7, replay.bills, replay.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, spent
-        )
-        assert again.decisions == {"c-1": "charged", "c-bot": "known_bot", "c-more": "over_budget"}, attempt
-        assert again.ledger.column("click_id").to_pylist() == ["c-1"]
-        assert sorted(again.not_charged.column("reason").to_pylist()) == ["known_bot", "over_budget"]
+    spent_before = lambda pairs: dict.fromkeys(pairs, 1_500_000)  # noqa: E731
+    again = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+        7, replay.bills, replay.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, spent_before
+    )
+    assert again.decisions == {"c-1": "charged", "c-bot": "known_bot", "c-more": "over_budget"}
+    assert again.ledger.column("click_id").to_pylist() == ["c-1"] and not again.replayed
+    assert sorted(again.not_charged.column("reason").to_pylist()) == ["known_bot", "over_budget"]
+    assert again.day_totals_read == {("camp-ad-1", "2026-01-01"): 1_500_000}, "what the apply holds Redis to"
+    counted = Charging(DataLayout(root), Periods(HOUR), IvtRules()).charge(
+        7, replay.bills, replay.clicks, BUDGETED, T0 - 30_000, T0 + HOUR, lambda pairs: {}, counted=True
+    )
+    assert counted.replayed and counted.decisions == again.decisions and counted.day_totals_read == {}
 
 
 def test_a_replayed_batch_that_redis_already_counted_leaves_a_new_bill_to_reconciliation(tmp_path: Path) -> None:
