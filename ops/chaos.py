@@ -415,7 +415,7 @@ class Chaos:
         before = self.last_batch()
         struck = time.monotonic()
         try:
-            getattr(self, f"fault_{fault.kind.replace('+', '_')}")(fault, before)
+            getattr(self, f"fault_{fault.kind.replace('+', '_').replace('-', '_')}")(fault, before)
             # Redis restored, or the disk freed: billed again means a batch after the last one before the recovery.
             after = max(before, self.last_batch()) if fault.kind.startswith(("redis", "disk")) else before
             recovered = self.wait_billed_after(after, RECOVERY_DEADLINE_S)
