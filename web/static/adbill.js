@@ -94,6 +94,8 @@ function fillTable(table, rows, currency) {
       const td = document.createElement("td");
       const value = lookup(row, th.dataset.k);
       if (th.classList.contains("num")) td.className = "num";
+      if (th.classList.contains("name")) td.className = "name";
+      td.dataset.label = th.textContent.trim();
       if (th.dataset.f === "status") {
         td.appendChild(statusBadge(value));
       } else if (th.dataset.f === "span_status") {
@@ -219,7 +221,18 @@ function refreshDashboard(root) {
     });
 }
 
+// A table read as one card per row on a phone (`stack`, adbill.css) names each value by its column's header.
+function labelCells(table) {
+  const heads = Array.from(table.querySelectorAll("thead th")).map((th) => th.textContent.trim());
+  for (const tr of table.querySelectorAll("tbody tr")) {
+    Array.from(tr.children).forEach((td, i) => {
+      if (!td.dataset.label && heads[i] && td.colSpan === 1) td.dataset.label = heads[i];
+    });
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  for (const table of document.querySelectorAll("table.stack")) labelCells(table);
   const root = document.getElementById("dashboard");
   if (!root) return;
   if (root.dataset.currencyDigits) currencyDigits = Number(root.dataset.currencyDigits);

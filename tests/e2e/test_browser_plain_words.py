@@ -1,0 +1,95 @@
+"""What the pages show, in a real headless Chromium against `adbill web` (the fixtures of `test_browser`), at 1360 px
+and 390 px: the dashboard's tables on screen, who made a change, errors beside their field in the terms typed, and
+the health page. Screenshots under the test's folder, `var/test-output/screens/` and /tmp."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
+from tests.e2e.test_browser_catalog import NARROW, WIDE, shoot_at
+from tests.web_support import OWN
+
+pytestmark = pytest.mark.e2e
+
+DASHBOARD_TABLES = ("campaigns", "ads", "ads-not-charged", "series", "series-not-charged")
+
+
+def to_tmp(shots: Callable[[WebDriver, str], Path]) -> Callable[[WebDriver, str], Path]:
+    """`screens`, with a copy of each screenshot in /tmp for people to look at."""
+
+    def shoot(driver: WebDriver, name: str) -> Path:
+        path = shots(driver, name)
+        shutil.copy(path, Path("/tmp") / path.name)
+        return path
+
+    return shoot
+
+
+def overflowing(driver: WebDriver, table_ids: tuple[str, ...]) -> dict[str, list[int]]:
+    """The tables wider than the box they are shown in (a scroll bar under them), with both widths."""
+    found: dict[str, list[int]] = driver.execute_script(
+        """const out = {};
+        for (const id of arguments[0]) {
+          const table = document.getElementById(id);
+          const box = table.parentElement;
+          if (table.scrollWidth > box.clientWidth + 1) out[id] = [table.scrollWidth, box.clientWidth];
+        }
+        return out;""",
+        list(table_ids),
+    )
+    return found
+
+
+def off_screen(driver: WebDriver, selector: str) -> list[str]:
+    """The texts of the elements matching `selector` whose right edge lies past the window's."""
+    texts: list[str] = driver.execute_script(
+        """return Array.from(document.querySelectorAll(arguments[0]))
+             .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.textContent.trim());""",
+        selector,
+    )
+    return texts
+
+
+def test_the_dashboards_tables_fit_1360_px_and_read_as_cards_at_390(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    log_in(browser, served.base_url, "alice", f"/advertisers/{OWN}")
+    browser.set_window_size(WIDE, 1100)
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+    # As rendered by the live refresh (rebuilt from the API) and as the server rendered them: the same columns.
+    for moment in ("refreshed", "rendered"):
+        assert overflowing(browser, DASHBOARD_TABLES) == {}, moment
+        heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#dashboard table.data thead th")]
+        for head in ("Invalid clicks (not charged)", "Invalid rate", "Not charged: over budget", "Name"):
+            assert head in heads, head
+        assert off_screen(browser, "#dashboard table.data thead th") == [], moment
+        browser.execute_script("document.getElementById('ads').scrollIntoView()")
+        shoot(browser, f"dashboard-tables-{moment}-{WIDE}")
+        browser.execute_script("window.stop(); location.reload();")  # the page as the server sends it, then refreshed
+        wait(browser, lambda d: d.find_elements(By.ID, "ads"))
+    browser.execute_script("window.scrollTo(0, 0)")
+    shoot_at(browser, shoot, WIDE, "dashboard")
+    # The period's figures say they are provisional and when they become final.
+    assert "Provisional." in browser.find_element(By.ID, "period-note").text
+
+    browser.execute_script("window.scrollTo(0, 0)")
+    shoot_at(browser, shoot, NARROW, "dashboard")
+    wait(browser, lambda d: int(d.find_element(By.ID, "dashboard").get_attribute("data-refreshes") or 0) >= 1)
+    assert overflowing(browser, DASHBOARD_TABLES) == {}
+    assert off_screen(browser, "#ads tbody td, #series-not-charged tbody td") == []
+    # Each row is a card whose values say what they are.
+    card = browser.find_element(By.CSS_SELECTOR, "#ads-not-charged tbody tr")
+    labels = [td.get_attribute("data-label") for td in card.find_elements(By.TAG_NAME, "td")]
+    assert labels[1:4] == ["Invalid clicks (not charged)", "Invalid rate", "Not charged: over budget"]
+    browser.execute_script("document.getElementById('ads').scrollIntoView()")
+    shoot(browser, f"dashboard-ads-{NARROW}")
