@@ -217,3 +217,30 @@ def test_java_home_is_the_same_on_every_architecture() -> None:
     assert "ln -sfn" in dockerfile and home in dockerfile.split("ENV JAVA_HOME")[0], "the image links JAVA_HOME"
     for svc in SERVICES.values():
         assert "amd64" not in str(svc.get("environment", {}))
+
+
+def _mounts(service: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    """Container path -> volume of a service's named volumes."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target = str(volume).split(":")[:2]
+        out[target] = source
+    return out
+
+
+def test_every_service_whose_processes_write_the_data_folder_mounts_it() -> None:
+    """The adbill services write the data folder (ADBILL_HOME); so do the Spark workers' executors, where the stream's
+    tasks write the batch files (`StreamConfig.write_on_executors`) and the join's state store writes the checkpoint
+    (`DataLayout.checkpoints`, under ADBILL_HOME). A service without the volume would write into its own container,
+    lost at its restart and unseen by the others."""
+    from billing.layout import DataLayout
+
+    adbill = {name for name in ADBILL_SERVICES if "ADBILL_HOME" in SERVICES[name].get("environment", {})}
+    home = {str(SERVICES[name]["environment"]["ADBILL_HOME"]) for name in adbill}
+    assert len(home) == 1
+    data = home.pop()
+    assert str(DataLayout(Path(data)).checkpoints).startswith(data), "the checkpoint lives in the data folder"
+    writers = adbill | {name for name in SERVICES if name.startswith("spark-worker-")}
+    volumes = {name: _mounts(SERVICES[name]).get(data) for name in writers}
+    assert volumes == dict.fromkeys(writers, "adbill-data"), volumes
+    assert "adbill-data" in COMPOSE["volumes"]
