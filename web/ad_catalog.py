@@ -76,6 +76,7 @@ def register(app: Flask, catalog_file: Path) -> None:
     """Keep the catalog's store for the app's views (`create_app` calls this once)."""
     app.extensions[EXTENSION] = CatalogStore(catalog_file)
     app.jinja_env.globals["price_changes"] = changes_by_version
+    app.jinja_env.globals["made_of"] = made_of
 
 
 def store() -> CatalogStore:
@@ -301,6 +302,25 @@ def make_exclusion_change(action: str, cidr: str, at_ms: int | None) -> tuple[Ca
 def made_by() -> MadeBy:
     """Who makes this request's change and through which door, for the catalog's change log (`maker`)."""
     return maker()
+
+
+@dataclass(frozen=True, slots=True)
+class MadeAs:
+    """Who made a history entry, through which door and when, as the catalog's change log says it."""
+
+    who: str | None
+    door: str | None
+    made_at: int | None
+
+
+def made_of(entry: BudgetChange | ExclusionChange) -> MadeAs:
+    """Who made a budget or IP exclusion entry, through which door and when: the change log's line of the version
+    the entry made, as `/catalog/changes` and the click story show it; what the entry itself recorded only where the
+    log has no line for its version (a change made before the log existed)."""
+    change = changes_by_version().get(entry.version)
+    if change is not None and change.recorded:
+        return MadeAs(change.who, change.door, change.made_at)
+    return MadeAs(entry.made_by, entry.door, entry.made_at)
 
 
 def changes_by_version() -> dict[int, ChangeEntry]:

@@ -21,10 +21,11 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from billing.budget_days import CampaignDay
 from billing.budgets import BudgetChange
 from billing.corrections import Correction
+from billing.invalid import ExclusionChange
 from billing.store.export_files import Manifest
 from web import lookups
 from web.access import visible_advertisers
-from web.ad_catalog import BudgetStatus
+from web.ad_catalog import BudgetStatus, made_of
 from web.freshness import worst
 from web.guards import finance_or_404, logged_in
 from web.model import (
@@ -454,10 +455,15 @@ def budget_entry_document(entry: BudgetChange) -> dict[str, Any]:
         "effective_from": entry.effective_from,
         "daily_budget_micros": micros_text(entry.daily_budget_micros),
         "version": entry.version,
-        "made_by": entry.made_by,
-        "door": entry.door,
-        "made_at": entry.made_at,
+        **made_document(entry),
     }
+
+
+def made_document(entry: BudgetChange | ExclusionChange) -> dict[str, Any]:
+    """Who made a budget or exclusion entry, through which door and when, from the catalog's change log
+    (`web.ad_catalog.made_of`): the same as `/api/v1/catalog/changes` says."""
+    made = made_of(entry)
+    return {"made_by": made.who, "door": made.door, "made_at": made.made_at}
 
 
 def budget_document(b: BudgetStatus) -> dict[str, Any]:

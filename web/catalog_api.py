@@ -48,7 +48,14 @@ from web.ad_catalog import (
     make_change,
     make_exclusion_change,
 )
-from web.api import budget_document, budget_entry_document, campaign_day_document, micros_text, require_login
+from web.api import (
+    budget_document,
+    budget_entry_document,
+    campaign_day_document,
+    made_document,
+    micros_text,
+    require_login,
+)
 from web.guards import advertiser_or_404
 from web.readers import is_id
 from web.services import services
@@ -340,7 +347,5 @@ def _exclusion(e: ExclusionChange) -> dict[str, Any]:
         "effective_from": e.effective_from,
         "excluded": e.excluded,
         "version": e.version,
-        "made_by": e.made_by,
-        "door": e.door,
-        "made_at": e.made_at,
+        **made_document(e),
     }

@@ -4,7 +4,9 @@ the health page. Screenshots under the test's folder, `var/test-output/screens/`
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +14,10 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from billing.catalog import MadeBy
+from billing.store.catalog_file import CatalogStore
+from producers.capture import parse_capture_line
+from producers.publisher import apply_to_store
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.e2e.test_browser_catalog import NARROW, WIDE, shoot_at
 from tests.web_support import OWN
@@ -93,3 +99,33 @@ def test_the_dashboards_tables_fit_1360_px_and_read_as_cards_at_390(
     assert labels[1:4] == ["Invalid clicks (not charged)", "Invalid rate", "Not charged: over budget"]
     browser.execute_script("document.getElementById('ads').scrollIntoView()")
     shoot(browser, f"dashboard-ads-{NARROW}")
+
+
+def test_the_budget_and_ip_exclusion_pages_say_who_made_a_change_and_through_which_door(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    campaign = next(a.campaign_id for a in served.seeded.catalog if a.advertiser_id == OWN)
+    store = CatalogStore(served.seeded.settings.catalog_file)
+    now = int(time.time() * 1000)
+    for line in (
+        {"type": "budget", "campaign_id": campaign, "effective_from": now + 600_000, "daily_budget_micros": 7_000_000},
+        {"type": "ip_exclusion", "cidr": "198.51.100.0/24", "effective_from": now + 600_000, "excluded": True},
+    ):
+        apply_to_store(store, parse_capture_line(json.dumps(line)), now, MadeBy("root", "simulator"))  # type: ignore[arg-type]
+    log_in(browser, served.base_url, "ada", "/catalog/changes")
+    change_row = browser.find_element(By.CSS_SELECTOR, "#changes tbody tr")
+    assert "root" in change_row.text and "simulator" in change_row.text
+    for url, table, name in (
+        (f"/catalog/campaigns/{campaign}", "budget-history", "budget"),
+        ("/catalog/ip-exclusions", "exclusion-history", "ip-exclusions"),
+    ):
+        browser.get(served.base_url + url)
+        row = browser.find_element(By.CSS_SELECTOR, f"#{table} tbody tr")
+        made = row.find_element(By.CSS_SELECTOR, "td.made-by").text, row.find_element(By.CSS_SELECTOR, "td.door").text
+        assert made == ("root", "simulator"), name
+        for width in (WIDE, NARROW):
+            shoot_at(browser, shoot, width, name)
+        browser.set_window_size(WIDE, 1100)

@@ -4,13 +4,18 @@ errors in the terms people typed, amounts in the currency's minor unit, and the 
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 from flask.testing import FlaskClient
 
+from billing.catalog import MadeBy
+from billing.store.catalog_file import CatalogStore
 from billing.store.stream_offsets import LagReading
 from ops.settings import PROJECT_ROOT, Settings
+from producers.capture import parse_capture_line
+from producers.publisher import apply_to_store
 from tests.web_support import OWN, Seeded, login, seed
 from web.app import create_app
 
@@ -58,3 +63,31 @@ def test_the_dashboard_and_the_statement_say_when_a_provisional_figure_becomes_f
     readme = " ".join((PROJECT_ROOT / "README.md").read_text().split())
     assert "every five minutes reconciliation applies the rule" not in readme
     assert "provisional" in readme and "lateness horizon" in readme
+
+
+def test_budget_and_ip_exclusion_pages_say_who_made_a_change_as_the_change_log_does(seeded: Seeded) -> None:
+    """A change the simulator made (its author in the change log only) reads the same on the campaign's budget page,
+    the IP exclusion page, their API documents and `/catalog/changes`: who, and through which door."""
+    campaign = next(a.campaign_id for a in seeded.catalog if a.advertiser_id == OWN)
+    store = CatalogStore(seeded.settings.catalog_file)
+    simulator = MadeBy("root", "simulator")
+    for line in (
+        {"type": "budget", "campaign_id": campaign, "effective_from": NOW_MS + 1, "daily_budget_micros": 5_000_000},
+        {"type": "ip_exclusion", "cidr": "203.0.113.0/24", "effective_from": NOW_MS + 60_000, "excluded": True},
+    ):
+        apply_to_store(store, parse_capture_line(json.dumps(line)), NOW_MS, simulator)  # type: ignore[arg-type]
+    ada = client_of(seeded, "ada")
+    log = ada.get("/api/v1/catalog/changes").json["changes"]
+    made = {c["kind"]: (c["who"], c["door"]) for c in log if c["kind"] in ("set-budget", "exclude-ip")}
+    assert made == {"set-budget": ("root", "simulator"), "exclude-ip": ("root", "simulator")}
+
+    budget = ada.get(f"/catalog/campaigns/{campaign}").text
+    row = budget.split('id="budget-history"')[1].split("</tr>")[1]
+    assert '<td class="made-by">root</td><td class="door">simulator</td>' in row
+    exclusions = ada.get("/catalog/ip-exclusions").text
+    assert exclusions.count('<td class="made-by">root</td>') == 2, "planned and in the history"
+    assert '<td class="made-by">root</td><td class="door">simulator</td>' in exclusions
+    entry = ada.get(f"/api/v1/catalog/campaigns/{campaign}/budgets").json["history"][-1]
+    assert (entry["made_by"], entry["door"]) == ("root", "simulator") and entry["made_at"] == NOW_MS
+    ranges = ada.get("/api/v1/catalog/ip-exclusions").json["history"]
+    assert [(e["made_by"], e["door"]) for e in ranges] == [("root", "simulator")]
