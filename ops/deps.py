@@ -1,4 +1,5 @@
-"""Everything the product needs that pip does not install: Kafka's jars, Spark's connectors, redis-server.
+"""Everything the product needs that pip does not install: Kafka's jars, Spark's connectors, redis-server,
+PostgreSQL's server.
 
 Each `ensure_*` is idempotent and quick once done: jars are fetched from Maven Central with Maven into
 `.deps/` (git-ignored) and marked complete only after Maven succeeded, so an interrupted fetch is redone.
@@ -87,6 +88,35 @@ def ensure_redis_server() -> str:
     return found
 
 
+POSTGRES_ROOT = Path("/usr/lib/postgresql")
+
+
+def ensure_postgres() -> Path:
+    """The folder of PostgreSQL's server programs (`initdb`, `postgres`) of the newest version Debian installed,
+    installing Debian's `postgresql` package when none is and we may."""
+    found = _postgres_bin()
+    if found is not None:
+        return found
+    if os.geteuid() != 0:
+        raise DependencyError(
+            "PostgreSQL's server is not installed; install Debian's package with: "
+            "sudo apt-get update && sudo apt-get install -y postgresql"
+        )
+    print("installing Debian's postgresql package ...", file=sys.stderr, flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"], env=env)
+    found = _postgres_bin()
+    if found is None:
+        raise DependencyError(f"apt-get installed postgresql but {POSTGRES_ROOT}/*/bin/postgres is missing")
+    return found
+
+
+def _postgres_bin() -> Path | None:
+    versions = [p for p in POSTGRES_ROOT.glob("*/bin") if (p / "postgres").exists() and (p / "initdb").exists()]
+    return max(versions, key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0, default=None)
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
@@ -167,6 +197,7 @@ def ensure_all(deps_dir: Path, redis: bool = True, browser: bool = True) -> None
     print(f"spark connectors ({spark_version()}): {', '.join(jar.name for jar in jars)}")
     if redis:
         print(f"redis-server: {ensure_redis_server()}")
+        print(f"postgresql: {ensure_postgres()}")
     if browser:
         print("chromium, chromedriver (browser tests): {}, {}".format(*ensure_browser()))
         print(f"promtool (alert rule tests): {ensure_promtool()}")

@@ -1,4 +1,4 @@
-"""Fixtures that start the real services on free loopback ports: Kafka (KRaft), Redis and local Spark.
+"""Fixtures that start the real services on free loopback ports: Kafka (KRaft), Redis, PostgreSQL and local Spark.
 
 They start on first use, once per test session, and stop at its end. Each test gets its own topics, schema
 registry file and Redis key prefix, so tests never see each other's data.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -21,6 +23,7 @@ from pyspark.sql import SparkSession
 from attribution.session import build_spark
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, ensure_topics
+from ops.postgres_service import LocalPostgres, database_url, ensure_database
 from ops.process import free_port, free_ports
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
@@ -70,6 +73,28 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.
     yield server
     with _timed(pytestconfig, "Redis"):
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(pytestconfig: pytest.Config) -> Iterator[LocalPostgres]:
+    """A real PostgreSQL server on a free port, for the whole test session. Its folder is under /tmp: when the tests
+    run as root the server runs as the `postgres` user, which pytest's own temporary folders (mode 700) keep out."""
+    home = Path(tempfile.mkdtemp(prefix="adbill-postgres-"))
+    home.chmod(0o755)
+    server = LocalPostgres(data_dir=home / "cluster", port=free_port(), run_dir=home / "run", log_dir=home / "logs")
+    with _timed(pytestconfig, "PostgreSQL"):
+        server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def database(postgres_server: LocalPostgres) -> str:
+    """The URL of a database of one test's own, new and empty, on the session's PostgreSQL."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    ensure_database(database_url(postgres_server.port, "postgres"), name)
+    return database_url(postgres_server.port, name)
 
 
 @pytest.fixture(scope="session")
