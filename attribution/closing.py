@@ -27,7 +27,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -84,7 +84,7 @@ from billing.store.export_files import (
 )
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles, InvoiceStoreError
 from billing.store.names_file import NamesFile
-from billing.store.parquet_ledger import read_ledger
+from billing.store.parquet_ledger import read_batches, read_ledger
 from billing.store.period_states import load_states, save_states
 from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount, RedisTotals
@@ -316,7 +316,9 @@ def closing_ports(
         final_bills=lambda due: SparkFinalBills.compute(
             spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules
         ),
-        ledger=lambda: LedgerTable(ledger_up_to(read_ledger(layout.ledger), through.batch())),
+        ledger=lambda: LedgerTable(
+            ledger_up_to(read_ledger(layout.ledger), through.batch()), layout.ledger, through.batch()
+        ),
         corrections=CorrectionFiles(layout),
         conflicts=ConflictFiles(layout, catalog, config.kafka_bootstrap, config.topic_quarantine),
         totals=lambda: RedisTotals.from_url(
@@ -673,9 +675,12 @@ def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:
 
 @dataclass(frozen=True)
 class LedgerTable:
-    """The stream's ledger, read once per run."""
+    """The stream's ledger, read once per run (up to batch `through`, None: every batch there was), and the bills of
+    the batches the stream applied since, read from their own folders in `folder`."""
 
     table: pa.Table
+    folder: Path | None = None
+    through: int | None = None
 
     def of_period(self, period: str) -> list[dict[str, Any]]:
         return self.table.filter(pc.equal(self.table["period"], period)).to_pylist()
@@ -683,6 +688,20 @@ class LedgerTable:
     def billed_after_close(self, period: str, given: list[dict[str, Any]]) -> set[str]:
         billed = set(self.table.filter(pc.equal(self.table["period"], period))["click_id"].to_pylist())
         return billed - {r["click_id"] for r in given}
+
+    @property
+    def read_through(self) -> int | None:
+        if self.folder is None:
+            return None
+        if self.through is not None:
+            return self.through
+        newest = pc.max(self.table["batch_id"]).as_py() if self.table.num_rows else None
+        return -1 if newest is None else int(newest)
+
+    def newer(self, after_batch: int, through_batch: int, periods: Collection[str]) -> list[dict[str, Any]]:
+        if self.folder is None:
+            return []
+        return read_batches(self.folder, periods, after_batch, through_batch).to_pylist()
 
 
 @dataclass(frozen=True)

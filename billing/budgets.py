@@ -136,3 +136,42 @@ def charge_in_order(
         if ledger.decide(candidate, budget_of):
             charged.add(candidate.click_id)
     return charged, ledger
+
+
+@dataclass(frozen=True, slots=True)
+class StandingBill:
+    """A bill that stands on a campaign's day as the books have it; `movable` when a correction may still take it
+    back (its period is open), not when a closed export or the period being closed holds it."""
+
+    click_id: str
+    campaign_id: str
+    click_time: int
+    amount_micros: int
+    movable: bool
+
+
+def over_budget_standing(bills: Iterable[StandingBill], budget_of: BudgetOf) -> set[str]:
+    """The click ids of the movable bills that the day's budget no longer lets stand: each campaign's day taken in
+    order of event time, then click id, a movable bill stays when the total so far plus its price fits the budget in
+    force at its time (`BudgetLedger.decide`), a bill that cannot move counts whatever. The later ones are the ones
+    over: what a run takes back so that the day's closed exports and live totals together stay within the budget."""
+    ledger = BudgetLedger()
+    over: set[str] = set()
+    for bill in sorted(bills, key=lambda b: (b.click_time, b.click_id)):
+        candidate = Candidate(bill.click_id, bill.campaign_id, bill.click_time, bill.amount_micros)
+        if not bill.movable:
+            key = (bill.campaign_id, utc_day(bill.click_time))
+            ledger.spent[key] = ledger.spent.get(key, 0) + bill.amount_micros
+        elif not ledger.decide(candidate, budget_of):
+            over.add(bill.click_id)
+    return over
+
+
+class DaysMovedError(RuntimeError):
+    """A campaign's day total that corrections were to be applied against moved before they were applied (the
+    stream charged it meanwhile); nothing of those days was applied."""
+
+    def __init__(self, days: Iterable[tuple[str, str]]) -> None:
+        self.days = sorted(set(days))
+        listed = ", ".join(f"{campaign} on {day}" for campaign, day in self.days)
+        super().__init__(f"the day total of {listed} moved before the corrections were applied")

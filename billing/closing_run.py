@@ -27,7 +27,12 @@ stream's position and a clock. The steps, in order (`close_periods`):
    retracted twice); a click the complete data charges after all is added back, `over_budget` again;
 6. **book**: the new corrections written (one file per period and run; the files that take back before those that
    add), then applied to the totals in one call, retractions first, once per correction id (earlier ones too, of
-   the due periods and of their days' open periods: a run that stopped between the two is completed);
+   the due periods and of their days' open periods: a run that stopped between the two is completed). A budgeted
+   day an addition raises is held against every bill of the stream Redis holds for it, not only those the plan
+   read (`RaisedDays`): read with the stream's last batch applied, the bills of the batches since are counted and
+   the latest that no longer fit retracted, `over_budget`, before the write; the day's corrections then reach
+   Redis together only while it holds the total read, and when the stream charged it meanwhile, its newer bills
+   are counted and the apply tried again, up to `DAY_TRIES` times (`DaysUnsettledError`);
 7. per due period, oldest first: **export** and **close**, an open period only: its export written
    (`billing.export.build_export`, never rewritten after), the period closed in the totals (its figures become
    the export's), then in the state; the period's state records the data version and the catalog version it was
@@ -47,19 +52,29 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from billing.budgets import OVER_BUDGET, day_start
+from billing.budgets import (
+    OVER_BUDGET,
+    DaysMovedError,
+    StandingBill,
+    day_start,
+    over_budget_standing,
+    parse_day,
+    utc_day,
+)
 from billing.catalog import Catalog
 from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.corrections import (
     ArrivalFacts,
+    BillRow,
     Correction,
     CorrectionKind,
     check_reconciled,
     over_budget_room,
     reconcile_period,
+    standing_bills,
 )
 from billing.export import build_export
-from billing.periods import ANY_PERIOD, Periods
+from billing.periods import ANY_PERIOD, DAY_MS, Periods
 
 Bills = Any
 """A table of bills, as `billing.corrections` and `billing.export` take them (the adapters' choice of rows)."""
@@ -83,6 +98,24 @@ class HeldError(RuntimeError):
 
 class ReconcileBusyError(RuntimeError):
     """Another reconciliation run holds the lock."""
+
+
+DAY_TRIES = 5
+"""How many times a run applies its corrections of a budgeted day that the stream keeps charging meanwhile, each time
+with the stream's newer bills of the day counted (`RaisedDays`)."""
+
+
+class DaysUnsettledError(RuntimeError):
+    """The stream charged a day the run raises between its read and its apply, `DAY_TRIES` times over."""
+
+    def __init__(self, days: Iterable[tuple[str, str]], tries: int) -> None:
+        self.days = sorted(days)
+        listed = ", ".join(f"campaign {campaign} on {day}" for campaign, day in self.days)
+        super().__init__(
+            f"reconciliation could not apply its corrections of {listed}: the streaming job charged the day again "
+            f"between the run's read and its apply, {tries} times; the corrections are written and nothing of "
+            "those days reached Redis. Run reconciliation again: it applies them"
+        )
 
 
 @dataclass
@@ -167,12 +200,19 @@ class FinalBills(Protocol):
 
 
 class Ledger(Protocol):
-    """The stream's provisional bills."""
+    """The stream's provisional bills, as the run read them."""
 
     def of_period(self, period: str) -> Bills: ...
 
     def billed_after_close(self, period: str, given: Bills) -> set[str]:
         """Click ids the stream billed for `period` that `given` (its export's bills) lacks."""
+
+    @property
+    def read_through(self) -> int | None:
+        """The last of the stream's batches whose bills were read; None when not known (nothing newer is read)."""
+
+    def newer(self, after_batch: int, through_batch: int, periods: Collection[str]) -> Bills:
+        """The bills of `periods` that the stream's batches after `after_batch` up to `through_batch` wrote."""
 
 
 class CorrectionsStore(Protocol):
@@ -199,13 +239,35 @@ class Totals(Protocol):
 
     def close_period(self, period: str, period_start_ms: int, exported: Any) -> None: ...
 
-    def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> Any: ...
+    def apply_corrections(
+        self,
+        corrections: Iterable[Correction],
+        period_start_ms: Mapping[str, int],
+        days_read: Mapping[tuple[str, str], int] | None = None,
+    ) -> Any:
+        """Each correction once per id; those of the (campaign, day) pairs of `days_read` only while the day still
+        holds the charged total read there, all of a day's or none (DaysMovedError names the days that moved)."""
+
+    def read_days(self, pairs: Iterable[tuple[str, str]]) -> DaysRead:
+        """The stream's last batch applied and (campaign, day) -> charged micros, read together."""
 
     def add_conflicts(self, conflicts: Iterable[ConflictKey]) -> int: ...
 
     def set_not_charged(self, period: str, period_start_ms: int, counts: Any) -> None: ...
 
     def record_reconciliation(self, record: Mapping[str, Any]) -> None: ...
+
+
+class DaysRead(Protocol):
+    """Campaigns' day totals and the stream's last batch applied, read together (`Totals.read_days`)."""
+
+    @property
+    def last_applied(self) -> int | None:
+        """The stream's last batch the day totals hold (None: no record)."""
+
+    @property
+    def day_charged(self) -> dict[tuple[str, str], int]:
+        """(campaign, UTC day) -> micros charged that day so far."""
 
 
 class Exports(Protocol):
@@ -391,6 +453,18 @@ def close_periods(
     # The room a raise needs: the bills of the day's still open periods that the budget no longer lets stand.
     still_open = _open_on_days_of(due, versions, closed, periods)
     room = budget_room(new_of, final_all, ledger, every_correction, still_open, now_ms)
+    # And the bills the stream charged on those days since the run read the ledger, which Redis holds.
+    raised = RaisedDays(ports.catalog, periods, closed, due, final_all, ledger, ports.exports, now_ms)
+    raised.count([*every_correction, *(c for new in (*room.values(), *new_of.values()) for c in new)])
+    days = raised.days_of(
+        c
+        for c in [*every_correction, *(c for new in new_of.values() for c in new)]
+        if c.corrects_period in new_of or c.corrects_period in still_open
+    )
+    read = totals.read_days(days) if days else None
+    if read is not None:
+        for period, extra in raised.room(days, read.last_applied).items():
+            room[period] = [*room.get(period, []), *extra]
     # Book: what takes back is written before what adds, and reaches the totals first, in the same call.
     for period, new in sorted([*room.items(), *new_of.items()], key=lambda item: _raises(item[1])):
         if new:
@@ -402,8 +476,28 @@ def close_periods(
             progress(f"period {period}: {len(new)} new correction(s) written")
     # Earlier ones too: a run that stopped between its files and Redis is completed (each id applies once).
     to_apply = [c for c in every_correction if c.corrects_period in new_of or c.corrects_period in still_open]
-    to_apply.sort(key=lambda c: c.kind != CorrectionKind.RETRACTION)
-    totals.apply_corrections(to_apply, _starts(periods, to_apply))
+    to_apply += [c for period in room.keys() - new_of.keys() - set(still_open) for c in room[period]]
+    for attempt in range(1, DAY_TRIES + 1):
+        to_apply.sort(key=lambda c: c.kind != CorrectionKind.RETRACTION)
+        try:
+            totals.apply_corrections(
+                to_apply, _starts(periods, to_apply), days_read=None if read is None else read.day_charged
+            )
+            break
+        except DaysMovedError as moved:
+            if attempt == DAY_TRIES:
+                raise DaysUnsettledError(moved.days, DAY_TRIES) from moved
+            # The stream charged a raised day meanwhile: its newer bills counted, retracted where over, again.
+            progress(f"{moved}; counting the stream's newer bills there (try {attempt + 1})")
+            read = totals.read_days(moved.days)
+            for period, extra in sorted(raised.room(moved.days, read.last_applied).items()):
+                ports.corrections.write(period, f"{report.run_id}-{attempt + 1}", extra)
+                progress(
+                    f"period {period}: {len(extra)} over-budget retraction(s) written, room for a raise of its day"
+                )
+                every_correction += extra
+                to_apply += extra
+                room[period] = [*room.get(period, []), *extra]
     for period in due:
         progress(f"period {period}: corrections applied to Redis")
     for new in [*room.values(), *new_of.values()]:
@@ -551,6 +645,149 @@ def budget_room(
         if retractions:
             room[period] = retractions
     return room
+
+
+class RaisedDays:
+    """The budgeted campaign days a run's corrections raise, held to their budget with every bill of the stream that
+    Redis holds for them: those the run's plan read and those of the batches the stream applied since
+    (`Ledger.newer`, from the batch the plan read through to the last Redis applied).
+
+    On each day the bills that stand are taken in the budget's order (event time, then click id,
+    `billing.budgets.over_budget_standing`): the closed periods' (their export and the adjustments booked for them),
+    the due periods' (their final bills, and the stream's newer ones, which Redis counts until they are adjusted),
+    and the open periods', the only ones a correction may take back now (their ledger and newer bills less the
+    corrections booked); the later ones the budget no longer lets stand are retracted, `over_budget`, in their open
+    period, with the ids `over_budget_room` gives (the period's own reconciliation finds them booked)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        periods: Periods,
+        closed: Collection[str],
+        due: Collection[str],
+        final_all: FinalBills,
+        ledger: Ledger,
+        exports: Exports,
+        now_ms: int,
+    ) -> None:
+        self.catalog, self.periods, self.closed, self.due = catalog, periods, set(closed), set(due)
+        self.final_all, self.ledger, self.exports, self.now_ms = final_all, ledger, exports, now_ms
+        self.read_through = ledger.read_through
+        self.newer: list[BillRow] = []
+        self._corrections: dict[str, list[Correction]] = {}
+        self._rows: dict[str, dict[str, list[BillRow]]] = {}
+
+    def count(self, corrections: Iterable[Correction]) -> None:
+        """Corrections booked (or about to be): they stand in their periods' books."""
+        for c in corrections:
+            self._corrections.setdefault(c.corrects_period, []).append(c)
+
+    def days_of(self, corrections: Iterable[Correction]) -> list[tuple[str, str]]:
+        """(campaign, UTC day) of each addition that raises a day with a budget."""
+        days = set()
+        for c in corrections:
+            if c.kind == CorrectionKind.ADDITION and c.amount_micros > 0:
+                start = self.periods.parse_key(c.corrects_period)
+                if self._budgeted(c.campaign_id, day_start(start)):
+                    days.add((c.campaign_id, utc_day(start)))
+        return sorted(days)
+
+    def room(self, days: Iterable[tuple[str, str]], last_applied: int | None) -> dict[str, list[Correction]]:
+        """Per open period, the `over_budget` retractions the `days` need, counting the stream's bills up to batch
+        `last_applied` (what Redis holds); they are counted as booked."""
+        days = sorted(days)
+        if self.read_through is not None and last_applied is not None and last_applied > self.read_through:
+            of_days = [p for day in sorted({day for _, day in days}) for p in self._periods_of(day)]
+            self.newer += list(self.ledger.newer(self.read_through, last_applied, of_days))
+            self.read_through = last_applied
+            self._rows = {}
+        room: dict[str, list[Correction]] = {}
+        for campaign, day in days:
+            bills, movable = self._standing(campaign, day)
+            over = over_budget_standing(bills, self.catalog.budget_at) if movable else set()
+            for period, (rows, standing) in movable.items():
+                clicks = over & standing
+                if not clicks:
+                    continue
+                earlier = [c for c in self._corrections.get(period, []) if c.click_id in clicks]
+                retractions = over_budget_room(period, clicks, rows, earlier, now_ms=self.now_ms)
+                self.count(retractions)
+                room.setdefault(period, []).extend(retractions)
+        return room
+
+    def _standing(
+        self, campaign: str, day: str
+    ) -> tuple[list[StandingBill], dict[str, tuple[list[BillRow], set[str]]]]:
+        """The bills that stand on the campaign's day; per open period with bills that may move, its rows and the
+        click ids standing there."""
+        bills: list[StandingBill] = []
+        movable: dict[str, tuple[list[BillRow], set[str]]] = {}
+        fixed: list[str] = []
+        for period in self._periods_of(day):
+            if period in self.closed or period in self.due:
+                fixed.append(period)
+                continue
+            rows = self._rows_of(period).get(campaign, [])
+            corrections = [c for c in self._corrections.get(period, []) if c.campaign_id == campaign]
+            standing = self._bills(period, rows, corrections, movable=True)
+            if standing:
+                bills += standing
+                movable[period] = (rows, {bill.click_id for bill in standing})
+        if not movable:
+            return bills, movable  # nothing a correction may take back: the rest need not be read
+        for period in fixed:
+            if period in self.closed:
+                given = [r for r in self.exports.given(period) if _field(r, "campaign_id") == campaign]
+                adjustments = [
+                    c
+                    for c in self._corrections.get(period, [])
+                    if c.campaign_id == campaign and c.booked_period != period
+                ]
+                bills += self._bills(period, given, adjustments, movable=False)
+            else:
+                rows = self._rows_of(period).get(campaign, [])
+                bills += self._bills(period, rows, [], movable=False)
+        return bills, movable
+
+    def _rows_of(self, period: str) -> dict[str, list[BillRow]]:
+        """A period's bills by campaign, as the books count them now: a due period's final bills, an open period's
+        ledger rows; with the stream's newer bills of either (a closed period's are adjustments to come)."""
+        if period not in self._rows:
+            rows = list(self.final_all.of_period(period) if period in self.due else self.ledger.of_period(period))
+            rows += [row for row in self.newer if self.periods.key_of(_field(row, "click_time")) == period]
+            by_campaign: dict[str, list[BillRow]] = {}
+            for row in rows:
+                by_campaign.setdefault(_field(row, "campaign_id"), []).append(row)
+            self._rows[period] = by_campaign
+        return self._rows[period]
+
+    def _bills(
+        self, period: str, rows: list[BillRow], corrections: list[Correction], *, movable: bool
+    ) -> list[StandingBill]:
+        times = {_field(row, "click_id"): _field(row, "click_time") for row in rows}
+        start = self.periods.parse_key(period)
+        return [
+            StandingBill(click_id, charge.campaign_id, times.get(click_id, start), charge.amount_micros, movable)
+            for click_id, charge in standing_bills(rows, corrections)
+        ]
+
+    def _periods_of(self, day: str) -> list[str]:
+        midnight = parse_day(day)
+        return [self.periods.key(at) for at in range(midnight, midnight + DAY_MS, self.periods.length_ms)]
+
+    def _budgeted(self, campaign: str, midnight: int) -> bool:
+        """Whether the campaign has a budget at some time of the day."""
+        if self.catalog.budget_at(campaign, midnight) is not None:
+            return True
+        return any(
+            change.daily_budget_micros is not None and midnight <= change.effective_from < midnight + DAY_MS
+            for change in self.catalog.budget_history(campaign)
+        )
+
+
+def _field(row: BillRow, name: str) -> Any:
+    """A field of a bill, a mapping's or a `BillableClick`'s."""
+    return row[name] if isinstance(row, Mapping) else getattr(row, name)
 
 
 def _open_on_days_of(

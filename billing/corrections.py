@@ -542,6 +542,17 @@ def over_budget_room(
     return [c for c in new if c.kind == CorrectionKind.RETRACTION]
 
 
+def standing_bills(ledger: Iterable[BillRow], corrections: Iterable[Correction]) -> list[tuple[str, Charge]]:
+    """The bills that stand once `corrections` are counted on `ledger` (a period's ledger rows, or what its export
+    bills): (click id, charge), a click as many times as it stands at that charge (none below zero), by click id."""
+    distinct, _ = _distinct_corrections(corrections)
+    out: list[tuple[str, Charge]] = []
+    for click_id, entries in sorted(_entries_of(ledger, distinct).items()):
+        for charge, times in sorted(_Standing(entries).count.items()):
+            out += [(click_id, charge)] * max(times, 0)
+    return out
+
+
 def booking_period(corrects_period: str, open_period: str, closed_periods: Collection[str]) -> str:
     """Where a correction of `corrects_period` is booked: there while it is open, else in the current `open_period`."""
     if open_period in closed_periods:

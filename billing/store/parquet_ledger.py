@@ -8,6 +8,7 @@ never go on without a batch's bills.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -61,6 +62,39 @@ def read_ledger(ledger_dir: str | Path) -> pa.Table:
         if not broken:
             raise
         raise LedgerCorruptError(path, broken) from exc
+
+
+def read_batches(ledger_dir: str | Path, periods: Iterable[str], after_batch: int, through_batch: int) -> pa.Table:
+    """The billed clicks of `periods` written by the batches after `after_batch` up to `through_batch`, read from their
+    folders only (`period=P/batch_id=N/`), not the whole ledger: what a reconciliation run looks at when the stream
+    applied batches after the one it read through. A batch Redis applied has its files whole (they are written
+    before the apply). LedgerCorruptError as `read_ledger`."""
+    root = Path(ledger_dir)
+    files: list[str] = []
+    for period in sorted(set(periods)):
+        folder = root / f"period={period}"
+        if not folder.is_dir():
+            continue
+        for batch in folder.glob("batch_id=*"):
+            number = batch.name.removeprefix("batch_id=")
+            if number.lstrip("-").isdigit() and after_batch < int(number) <= through_batch:
+                files += [str(f) for f in sorted(batch.glob("*.parquet")) if not f.name.startswith(".")]
+    if not files:
+        return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
+    try:
+        dataset = ds.dataset(
+            files,
+            schema=LEDGER_SCHEMA,
+            format="parquet",
+            partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
+            partition_base_dir=str(root),
+        )
+        return dataset.to_table(columns=list(LEDGER_COLUMNS))
+    except (pa.ArrowException, OSError) as exc:
+        broken = _unreadable_files(root)
+        if not broken:
+            raise
+        raise LedgerCorruptError(root, broken) from exc
 
 
 def _unreadable_files(ledger_dir: Path) -> dict[Path, str]:

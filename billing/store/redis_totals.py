@@ -25,7 +25,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from billing.budgets import OVER_BUDGET, day_start, utc_day
+from billing.budgets import OVER_BUDGET, DaysMovedError, day_start, utc_day
 from billing.invalid import INVALID_REASONS
 from billing.periods import ANY_PERIOD
 from billing.store.redis_keys import RedisKeys
@@ -108,16 +108,9 @@ local marker = KEYS[1]
 local batch_id = tonumber(ARGV[1])
 local recorded = redis.call('GET', marker)
 if ARGV[3] ~= '' then
+  -- Redis lost its data (no record) or its latest writes (an older one): RedisBehindError, nothing applied.
   local need = tonumber(ARGV[3])
-  if not recorded and need >= 0 then
-    return redis.error_reply('adbill: Redis has no record of the batches applied before batch ' .. ARGV[1] ..
-      ': it lost its data; stop the job and run adbill restore-redis')
-  end
-  if recorded and tonumber(recorded) < need then
-    return redis.error_reply('adbill: Redis has applied the batches up to ' .. recorded .. ', but the batches up ' ..
-      'to ' .. ARGV[3] .. ' were applied before batch ' .. ARGV[1] .. ': it lost its latest writes (a power loss, ' ..
-      'or a copy from before them); stop the job and run adbill restore-redis')
-  end
+  if (not recorded and need >= 0) or (recorded and tonumber(recorded) < need) then return -3 end
 end
 local last = tonumber(recorded or '-1')
 if batch_id <= last then return 0 end
@@ -145,6 +138,32 @@ end
 return applied
 """
 )
+
+_APPLY_ONCE_ON_DAY = (
+    _RUN_OPS
+    + """
+local seen, day, expected = KEYS[1], KEYS[2], ARGV[2]
+local items = cjson.decode(ARGV[1])
+local new = false
+for _, item in ipairs(items) do
+  if redis.call('SISMEMBER', seen, item[1]) == 0 then new = true break end
+end
+if not new then return 0 end
+-- The day total the run counted on, as text: moved since (the stream charged it), nothing is applied.
+if (redis.call('HGET', day, 'charged_micros') or '0') ~= expected then return -1 end
+local applied = 0
+for _, item in ipairs(items) do
+  if redis.call('SADD', seen, item[1]) == 1 then
+    applied = applied + 1
+    run(item[2], nil)
+  end
+end
+return applied
+"""
+)
+"""Applies the corrections of one campaign's day once per id, all or none, only while the day's charged total is
+the one the run read: a reconciliation run's retractions and additions of a budgeted day reach Redis together, on
+the day as the run counted it. A call whose corrections are all applied already checks nothing."""
 
 
 def connect(url: str, timeout_s: float = REDIS_TIMEOUT_S, retries: int = REDIS_RETRIES) -> redis.Redis:
@@ -271,7 +290,8 @@ class RedisBehindError(RuntimeError):
                 f"before batch {batch_id}: it lost its latest writes (a power loss, or a copy from before them)"
             )
         super().__init__(
-            f"adbill: {said}; the batch decides nothing on its day totals. Stop the job and run adbill restore-redis"
+            f"adbill: {said}; nothing of the batch is decided or counted on it. Stop the job and run adbill "
+            "restore-redis"
         )
 
 
@@ -299,6 +319,7 @@ class RedisTotals:
         self.keys = RedisKeys(prefix)
         self._apply = client.register_script(_APPLY_BATCH)
         self._apply_once = client.register_script(_APPLY_ONCE)
+        self._apply_on_day = client.register_script(_APPLY_ONCE_ON_DAY)
         self._close = client.register_script(_CLOSE_PERIOD)
 
     @classmethod
@@ -321,9 +342,9 @@ class RedisTotals:
     ) -> bool:
         """Add a micro-batch's totals, late, quarantine, clock-ahead and unbilled counts once; False when that batch
         (or a later one) was already applied. With `applied_through` (the streaming job: the batch Redis must have
-        applied before this one, `attribution.job.BatchSink.applied_before`; -1 for none), the batch is refused
-        (redis.ResponseError) when Redis has no record of the batches applied, or an older one: Redis lost its data
-        or its latest writes. With `day_totals_read` ((campaign, day) -> the charged total the batch decided on),
+        applied before this one, `attribution.epoch.Epoch.needs_applied`; -1 for none), the batch is refused
+        (RedisBehindError) when Redis has no record of the batches applied, or an older one: Redis lost its data or
+        its latest writes. With `day_totals_read` ((campaign, day) -> the charged total the batch decided on),
         DayTotalsMovedError when one of them moved since, and nothing is applied. Bills of a closed period change
         nothing: finance has its export (reconciliation books
         what the stream billed after the close as adjustments in an open period)."""
@@ -382,17 +403,31 @@ class RedisTotals:
             [k.budget_day(day, campaign), str(micros)] for (campaign, day), micros in (day_totals_read or {}).items()
         ]
         done = int(self._apply(keys=keys, args=[batch_id, json.dumps(ops), need, json.dumps(read)]))
+        if done == -3:
+            raise RedisBehindError(batch_id, self.last_applied(sink), applied_through or 0)
         if done == -2:
             raise DayTotalsMovedError(batch_id)
         return bool(done)
 
-    def apply_corrections(self, corrections: Iterable[Any], period_start_ms: Mapping[str, int]) -> int:
+    def apply_corrections(
+        self,
+        corrections: Iterable[Any],
+        period_start_ms: Mapping[str, int],
+        days_read: Mapping[tuple[str, str], int] | None = None,
+    ) -> int:
         """Add each correction (`billing.corrections.Correction`) to the figures of the period it is booked in
         (the corrected period while that is open; the open period for an adjustment of a closed one) and to its
         advertiser's list, once per correction id; returns how many were new. `period_start_ms` maps each
-        booked period to its start, for the period index."""
+        booked period to its start, for the period index.
+
+        With `days_read` ((campaign, UTC day of the corrected period) -> the charged micros the caller read there),
+        the corrections of each of those days are applied in one script call, in the order given, and only while the
+        day still holds that total; the days that moved are applied nothing and raised together as DaysMovedError,
+        after the other corrections are applied."""
         k = self.keys
+        read = days_read or {}
         items = []
+        guarded: dict[tuple[str, str], list[list[Any]]] = {}
         for c in corrections:
             period = c.booked_period
             ops: list[list[Any]] = []
@@ -414,8 +449,34 @@ class RedisTotals:
                 ["lpush", k.correction_list(c.advertiser_id), json.dumps(c.to_dict(), sort_keys=True)],
             ]
             ops += correction_side_ops(k, c, period_start_ms)
-            items.append([c.correction_id, ops])
-        return self._apply_items(k.corrections_applied(), items)
+            pair = (c.campaign_id, utc_day(ANY_PERIOD.parse_key(c.corrects_period)))
+            if pair in read:
+                guarded.setdefault(pair, []).append([c.correction_id, ops])
+            else:
+                items.append([c.correction_id, ops])
+        applied, moved = 0, []
+        for (campaign, day), of_day in guarded.items():
+            # One call per day, however many corrections: its retractions and additions reach Redis together.
+            done = int(
+                self._apply_on_day(
+                    keys=[k.corrections_applied(), k.budget_day(day, campaign)],
+                    args=[json.dumps(of_day), str(read[(campaign, day)])],
+                )
+            )
+            if done < 0:
+                moved.append((campaign, day))
+            else:
+                applied += done
+        applied += self._apply_items(k.corrections_applied(), items)
+        if moved:
+            raise DaysMovedError(moved)
+        return applied
+
+    def read_days(self, pairs: Iterable[tuple[str, str]], sink: str = "billing") -> BatchStart:
+        """What a reconciliation run reads before it applies corrections to budgeted days, in one transaction: the
+        last batch `sink` (the streaming job's) applied, and (campaign, day) -> micros charged that day so far. The
+        stream's bills of those days in Redis are those of the batches up to that one."""
+        return self.batch_day_charged(sink, 0, -1, pairs)
 
     def add_conflicts(self, conflicts: Iterable[tuple[str, str, str | None]]) -> int:
         """Count quarantined id conflicts, each (`topic/partition/offset`, topic, advertiser) once."""

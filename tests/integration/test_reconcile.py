@@ -24,6 +24,7 @@ from billing.catalog import Ad, Catalog
 from billing.closing_run import close_periods
 from billing.events import Click, Impression
 from billing.periods import Periods
+from billing.rule import charge
 from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
@@ -40,13 +41,26 @@ from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
 from tests.redis_figures import RedisFigures
-from tests.unit.test_closing_run import CLOSES_09, CLOSES_10, EUR, P10, late_click_in_a_full_day
+from tests.unit.test_closing_run import (
+    BUDGETED,
+    CLOSES_09,
+    CLOSES_10,
+    EUR,
+    OFFSETS,
+    P09,
+    P10,
+    START,
+    Memory,
+    click_at,
+    late_click_in_a_full_day,
+)
 
 pytestmark = pytest.mark.integration
 
 T0 = 1_767_229_170_000  # 2026-01-01T00:59:30Z: the traffic's event time crosses into the 01:00 period
 UNTIL = 1_767_236_400_000  # 2026-01-01T03:00Z: reconcile and close everything before it
 P0, P1 = "20260101T0000Z", "20260101T0100Z"
+H_MS = 3_600_000
 
 
 def read_back(settings: Settings, expected: int, undecodable: int = 0) -> list[dict]:
@@ -415,10 +429,10 @@ def test_a_late_click_inside_a_full_budget_never_takes_the_redis_day_total_past_
             seen.append(self.budget_day(day, "cmp-b")["charged_micros"])
             return seen[-1]
 
-        def apply_corrections(self, corrections, period_start_ms):  # type: ignore[no-untyped-def]
+        def apply_corrections(self, corrections, period_start_ms, days_read=None):  # type: ignore[no-untyped-def]
             given = list(corrections)
             assert len(given) < 2000, "one script call: nothing between the retraction and the addition"
-            applied = super().apply_corrections(given, period_start_ms)
+            applied = super().apply_corrections(given, period_start_ms, days_read)
             self.read_day()
             return applied
 
@@ -444,6 +458,127 @@ def test_a_late_click_inside_a_full_budget_never_takes_the_redis_day_total_past_
     assert totals.budget_day(day, "cmp-b") == {
         "charged_clicks": 3,
         "charged_micros": 3 * EUR,
+        "over_clicks": 1,
+        "over_micros": EUR,
+    }
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        # The stream's batch lands after the run's read point and before the run reads Redis's day.
+        "reconciling",
+        # It lands after the run read Redis's day and wrote its corrections, just before they reach Redis.
+        f"period {P09}: 1 new correction(s) written",
+    ],
+)
+def test_a_bill_the_stream_charges_while_a_run_books_a_late_click_never_takes_the_day_past_the_budget(
+    redis_settings: Settings, moment: str
+) -> None:
+    """3.00 EUR a day; the stream charged 2.00 at 10:05 (batch 0, 10:00 open); a 09:50 click arrived late, and the
+    run that closes 09:00 plans from batch 0: 09:50 + 2.00 = 3.00, no room needed. While it runs, the stream charges
+    a 1.00 click of 10:06 (batch 1: the day read 2.00, it fits). The run must count that bill before its addition
+    reaches Redis: the 10:06 click, last in event time, no longer fits and is taken back (`over_budget`) in the same
+    call. Read after every write to a real Redis, the day's charged total never passes 3.00, and the books closed
+    later equal the rule."""
+    start_10 = Periods().parse_key(P10)
+    day = utc_day(start_10)
+    budget = 3 * EUR
+    seen: list[tuple[str, int]] = []
+
+    class Watched(RedisTotals):
+        """Redis, with the day's charged micros read back after each write, the stream's and the run's."""
+
+        def read_day(self, after: str) -> int:
+            seen.append((after, self.budget_day(day, "cmp-b")["charged_micros"]))
+            return seen[-1][1]
+
+        def apply_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            applied = super().apply_batch(*args, **kwargs)
+            self.read_day(f"batch {args[1]}")
+            return applied
+
+        def apply_corrections(self, corrections, period_start_ms, days_read=None):  # type: ignore[no-untyped-def]
+            try:
+                return super().apply_corrections(corrections, period_start_ms, days_read)
+            finally:
+                self.read_day("corrections")
+
+        def close_period(self, period, period_start_ms, exported):  # type: ignore[no-untyped-def]
+            super().close_period(period, period_start_ms, exported)
+            self.read_day(f"close {period}")
+
+    totals = Watched.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
+    assert isinstance(totals, Watched)
+    at_1005 = START + 10 * H_MS + 5 * 60_000
+    stream = [click_at(c, at_1005) for c in ("c-10a", "c-10b")]
+    late = click_at("c-0950", START + 9 * H_MS + 50 * 60_000)
+    newer = click_at("c-1006", at_1005 + 60_000)
+
+    def stream_batch(batch_id: int, bills: list) -> None:
+        """What the streaming job does with a batch: read the day, charge what fits, apply on the day it read."""
+        read = totals.batch_day_charged("billing", batch_id, batch_id - 1, [("cmp-b", day)]).day_charged
+        assert read[("cmp-b", day)] + sum(b.amount_micros for b in bills) <= budget, "the stream charges what fits"
+        totals.apply_batch(
+            "billing",
+            batch_id,
+            [TotalsRow(P10, start_10, "adv-1", "cmp-b", "ad-e", len(bills), sum(b.amount_micros for b in bills))],
+            applied_through=batch_id - 1,
+            budget_days=[
+                BudgetDayCount(P10, "cmp-b", day, day_start(start_10), len(bills), sum(b.amount_micros for b in bills))
+            ],
+            day_totals_read=read,
+        )
+
+    stream_batch(0, stream)
+    memory = Memory(
+        final=[late, *stream],
+        ledger=list(stream),
+        committed=OFFSETS,
+        catalog=BUDGETED,
+        late=frozenset({"c-0950"}),
+        read_through=0,
+        later={1: [newer]},
+    )
+    charged_meanwhile: list[str] = []
+    said: list[str] = []
+
+    def progress(message: str) -> None:
+        said.append(message)
+        if message.startswith(moment) and not charged_meanwhile:
+            stream_batch(1, [newer])
+            charged_meanwhile.append(message)
+
+    ports = dataclasses.replace(memory.ports(CLOSES_09), totals=lambda: totals)
+    report = close_periods(ports, Periods(), 15 * 60_000, progress=progress)
+    assert charged_meanwhile and report.closed == [P09]
+    # Counted before the first apply, or found when the apply refused a day that had moved, and counted then.
+    assert any("moved" in line for line in said) == (moment != "reconciling"), said
+    assert max(micros for _, micros in seen) <= budget, seen
+    assert sorted((c.click_id, c.kind, c.reason, c.corrects_period) for c in memory.corrections) == [
+        ("c-0950", "addition", "late_click", P09),
+        ("c-1006", "retraction", "over_budget", P10),
+    ]
+    # The stream's batch 1 is read by the next run (it received the click by then); 10:00 closes.
+    memory.ledger.append(newer)
+    memory.final.append(newer)
+    memory.read_through, memory.later = 1, {}
+    ports = dataclasses.replace(memory.ports(CLOSES_10), totals=lambda: totals)
+    assert close_periods(ports, Periods(), 15 * 60_000).closed == [P10]
+    assert max(micros for _, micros in seen) <= budget, seen
+    # The books: ledger + corrections = the rule over every click received, and Redis's day holds them.
+    net: Counter[str] = Counter()
+    for row in memory.ledger:
+        net[row.click_id] += row.amount_micros
+    for correction in memory.corrections:
+        net[correction.click_id] += correction.amount_micros
+    charged, refused = charge(memory.final, {}, BUDGETED)
+    assert {c for c, micros in net.items() if micros} == {r.click_id for r in charged} == {"c-0950", "c-10a", "c-10b"}
+    assert [r.click_id for r in refused] == ["c-1006"]
+    assert len(memory.corrections) == 2, "the close finds the early retraction booked and writes nothing twice"
+    assert totals.budget_day(day, "cmp-b") == {
+        "charged_clicks": 3,
+        "charged_micros": budget,
         "over_clicks": 1,
         "over_micros": EUR,
     }

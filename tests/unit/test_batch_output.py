@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 
@@ -32,7 +33,7 @@ from billing.catalog import Ad, Catalog, PriceChange
 from billing.invalid import IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_ledger
+from billing.store.parquet_ledger import LEDGER_COLUMNS, LedgerCorruptError, read_batches, read_ledger
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow
 
 HOUR = 3_600_000
@@ -275,6 +276,22 @@ def test_files_are_partitioned_like_spark_writes_them_and_read_back_whole(batch:
     table = ds.dataset(archive, format="parquet", partitioning="hive").to_table()
     assert "late" in table.column_names
     assert sorted(table.column("event_id").to_pylist()) == sorted(out.events.column("event_id").to_pylist())
+
+
+def test_the_bills_of_a_range_of_batches_are_read_from_their_own_folders(batch: pa.Table, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    bills = charge(batch, tmp_path / "data").ledger  # batch 7, in 00:00 and 01:00
+    write_batch_files(bills, ledger, ("period", "batch_id"))
+    # A later batch being written: its staging dot-file is not read.
+    staging = ledger / "period=20260101T0000Z" / "batch_id=8" / ".part-00000.parquet.tmp"
+    staging.parent.mkdir(parents=True)
+    staging.write_bytes(b"PAR1 half a file")
+    of_00 = bills.filter(pc.equal(bills["period"], "20260101T0000Z"))
+    back = read_batches(ledger, ["20260101T0000Z", "20260102T0000Z"], 6, 8)
+    assert back.column_names == list(LEDGER_COLUMNS)
+    assert back.sort_by("click_id").to_pylist() == of_00.sort_by("click_id").to_pylist()
+    assert read_batches(ledger, ["20260101T0000Z", "20260101T0100Z"], 7, 9).num_rows == 0, "after batch 7 only"
+    assert read_batches(ledger, ["20260101T0100Z"], 5, 6).num_rows == 0, "up to batch 6 only"
 
 
 def test_a_period_whose_only_file_is_still_being_written_reads_as_no_bills(batch: pa.Table, tmp_path: Path) -> None:

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from billing.budgets import BudgetChange, BudgetLedger, Candidate, charge_in_order, utc_day
+from billing.budgets import (
+    BudgetChange,
+    BudgetLedger,
+    Candidate,
+    StandingBill,
+    charge_in_order,
+    over_budget_standing,
+    utc_day,
+)
 from billing.catalog import Ad, Catalog
 from billing.events import Click
 from tests.dense_traffic import outcomes_each_billable
@@ -164,3 +172,35 @@ def test_the_stream_decides_from_the_totals_so_far() -> None:
         [Candidate("b", "cmp-1", T + 1, 2), Candidate("a", "cmp-1", T, 3)], lambda c, t: 4, {("cmp-1", utc_day(T)): 0}
     )
     assert charged == {"a"} and after.spent == {("cmp-1", utc_day(T)): 3}
+
+
+# What a reconciliation run takes back on a day it raises: the bills that stand, in the budget's order; 3.00 a day
+# from midnight (2026-01-01), 1.00 a day from 12:00.
+NOON = 1_767_268_800_000  # 2026-01-01T12:00Z
+STANDING_BUDGETS = {"cmp": [BudgetChange(0, 3_000_000), BudgetChange(NOON, 1_000_000)]}
+
+
+def standing(click_id: str, at: int, micros: int = 1_000_000, movable: bool = True) -> StandingBill:
+    return StandingBill(click_id, "cmp", at, micros, movable)
+
+
+@pytest.mark.parametrize(
+    ("bills", "over"),
+    [
+        # Three 1.00 bills fill 3.00: nothing over.
+        ([standing("a", NOON - 3), standing("b", NOON - 2), standing("c", NOON - 1)], set()),
+        # A fourth, last in event time, is over; on a tie of time the larger click id is the later.
+        ([standing(c, NOON - 10) for c in ("d", "a", "c", "b")], {"d"}),
+        # A bill that cannot move (a closed export, a period being closed) counts first in its place, whatever.
+        ([standing("late", NOON - 50, movable=False), *(standing(c, NOON - 10) for c in "abc")], {"c"}),
+        # ... and counts even when it does not fit itself: every movable bill after it is over.
+        ([standing("x", NOON - 60, 4_000_000, movable=False), standing("a", NOON - 10)], {"a"}),
+        # A later, cheaper bill that still fits stays.
+        ([standing("a", NOON - 30, 2_000_000), standing("b", NOON - 20, 2_000_000), standing("c", NOON - 10)], {"b"}),
+        # The budget in force at each bill's time: 1.00 from noon, so a bill after noon finds the day full.
+        ([standing("a", NOON - 10), standing("b", NOON + 10)], {"b"}),
+    ],
+)
+def test_the_bills_a_raised_day_no_longer_lets_stand(bills: list[StandingBill], over: set[str]) -> None:
+    catalog = Catalog([Ad("ad", "cmp", "adv", 1_000_000, "EUR")], budgets=STANDING_BUDGETS)
+    assert over_budget_standing(bills, catalog.budget_at) == over

@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from billing.budgets import BudgetChange
+from billing.budgets import BudgetChange, DaysMovedError, utc_day
 from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition
-from billing.closing_run import ClosingPorts, ConflictKey, HeldError, close_periods
+from billing.closing_run import DAY_TRIES, ClosingPorts, ConflictKey, DaysUnsettledError, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.periods import Periods
@@ -32,6 +32,7 @@ AD = Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")
 CATALOG = Catalog([AD])
 OFFSETS = {"clicks": {0: 10}}
 KEY = Periods(H).key_of
+KEY_START = Periods(H).parse_key
 
 
 def bill(click_id: str) -> BillableClick:
@@ -76,9 +77,23 @@ class Final:
 @dataclass
 class Ledger:
     rows: list[BillableClick]
+    read_through: int | None = None
+    """The batch the rows were read through (None: not known, nothing newer is looked for)."""
+    later: dict[int, list[BillableClick]] = field(default_factory=dict)
+    """The bills of the stream's batches after the read point, by batch."""
 
     def of_period(self, period: str) -> list[BillableClick]:
         return [r for r in self.rows if KEY(r.click_time) == period]
+
+    def newer(self, after_batch: int, through_batch: int, periods: Iterable[str]) -> list[BillableClick]:
+        wanted = set(periods)
+        return [
+            r
+            for batch, rows in sorted(self.later.items())
+            if after_batch < batch <= through_batch
+            for r in rows
+            if KEY(r.click_time) in wanted
+        ]
 
     def billed_after_close(self, period: str, given: list[Any]) -> set[str]:
         return {r.click_id for r in self.of_period(period)} - {r["click_id"] for r in given}
@@ -107,6 +122,14 @@ class Memory:
     """Each corrections file, in the order written."""
     applications: list[list[Correction]] = field(default_factory=list)
     """Each call that applied corrections to the totals, in order, with what it was given in order."""
+    read_through: int | None = None
+    later: dict[int, list[BillableClick]] = field(default_factory=dict)
+    """The stream's batches after `read_through` (the ledger's `newer`)."""
+    last_applied: int | None = None
+    """The stream's last batch the totals hold."""
+    moving: int = 0
+    """How many more applies find a guarded day moved (the stream charging it meanwhile)."""
+    reads: int = 0
 
     # CorrectionsStore
     def read(self) -> list[Correction]:
@@ -134,8 +157,22 @@ class Memory:
     def set_not_charged(self, period: str, period_start_ms: int, counts: Any) -> None:
         self.not_charged_in_totals[period] = counts
 
-    def apply_corrections(self, corrections: Iterable[Correction], period_start_ms: Mapping[str, int]) -> int:
+    def read_days(self, pairs: Iterable[tuple[str, str]]) -> Any:
+        self.reads += 1
+        return SimpleNamespace(last_applied=self.last_applied, day_charged=dict.fromkeys(pairs, 0))
+
+    def apply_corrections(
+        self,
+        corrections: Iterable[Correction],
+        period_start_ms: Mapping[str, int],
+        days_read: Mapping[tuple[str, str], int] | None = None,
+    ) -> int:
         given = list(corrections)
+        if days_read and self.moving:
+            self.moving -= 1
+            given = [c for c in given if (c.campaign_id, utc_day(KEY_START(c.corrects_period))) not in days_read]
+            self.applied |= {c.correction_id for c in given}
+            raise DaysMovedError(days_read)
         self.applications.append(given)
         new = {c.correction_id for c in given} - self.applied
         self.applied |= new
@@ -203,7 +240,7 @@ class Memory:
         return ClosingPorts(
             catalog=self.catalog,
             final_bills=lambda due: Final(self.final, self.catalog, self.late),
-            ledger=lambda: Ledger(self.ledger),
+            ledger=lambda: Ledger(self.ledger, self.read_through, self.later),
             corrections=self,
             conflicts=self,
             totals=self.make_totals,
@@ -440,3 +477,56 @@ def test_a_retraction_that_later_data_proves_wrong_is_booked_back_with_its_reaso
     ]
     assert len({c.correction_id for c in booked_back}) == 2
     assert exported_bills(memory.exports[P10][0])["click_id"].to_pylist() == ["c-10a", "c-10b", "c-10c"]
+
+
+def a_bill_charged_while_the_run_reads() -> Memory:
+    """3.00 EUR a day; the stream charged 2.00 at 10:05 (batch 0, read by the run); a 09:50 click arrives late (the
+    plan: 3.00, no room needed); batch 1, applied to the totals after the run's read, charged 1.00 at 10:06."""
+    at_1005 = START + 10 * H + 5 * 60_000
+    stream = [click_at(c, at_1005) for c in ("c-10a", "c-10b")]
+    late = click_at("c-0950", START + 9 * H + 50 * 60_000)
+    return Memory(
+        final=[late, *stream],
+        ledger=stream,
+        committed=OFFSETS,
+        catalog=BUDGETED,
+        late=frozenset({"c-0950"}),
+        read_through=0,
+        later={1: [click_at("c-1006", at_1005 + 60_000)]},
+        last_applied=1,
+    )
+
+
+def test_a_bill_the_stream_charged_after_the_runs_read_is_counted_and_the_last_one_taken_back() -> None:
+    memory = a_bill_charged_while_the_run_reads()
+    report = run(memory, now_ms=CLOSES_09)
+    assert report.closed == [P09]
+    assert [(c.click_id, c.kind, c.reason, c.corrects_period, c.booked_period) for c in memory.corrections] == [
+        ("c-1006", "retraction", "over_budget", P10, P10),
+        ("c-0950", "addition", "late_click", P09, P09),
+    ]
+    (together,) = [call for call in memory.applications if memory.corrections[1] in call]
+    assert together.index(memory.corrections[0]) < together.index(memory.corrections[1])
+    # The run that closes 10:00 reads batch 1 too: the retraction already stands, nothing is written twice.
+    memory.ledger.append(memory.later.pop(1)[0])
+    memory.final.append(memory.ledger[-1])
+    memory.read_through = 1
+    assert run(memory, now_ms=CLOSES_10).closed == [P10] and memory.files == 2
+    assert exported_bills(memory.exports[P10][0])["click_id"].to_pylist() == ["c-10a", "c-10b"]
+    assert day_books(memory, []) == 3 * EUR
+
+
+def test_a_day_the_stream_keeps_charging_is_tried_a_bounded_number_of_times_then_the_next_run_completes() -> None:
+    memory = a_bill_charged_while_the_run_reads()
+    memory.moving = DAY_TRIES
+    with pytest.raises(DaysUnsettledError, match="campaign cmp-b on 2026-01-01"):
+        run(memory, now_ms=CLOSES_09)
+    assert memory.reads == DAY_TRIES and not memory.exports
+    assert not {c.correction_id for c in memory.corrections} & memory.applied, "nothing of the day was applied"
+    report = run(memory, now_ms=CLOSES_09)
+    assert report.closed == [P09] and (report.additions, report.retractions) == (0, 0)
+    assert sorted((c.click_id, c.kind) for c in memory.corrections) == [
+        ("c-0950", "addition"),
+        ("c-1006", "retraction"),
+    ]
+    assert {c.correction_id for c in memory.corrections} <= memory.applied
