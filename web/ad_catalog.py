@@ -25,8 +25,9 @@ from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, 
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
 from billing.change_log import ChangeEntry, by_version
 from billing.invalid import ExclusionChange
-from billing.money import parse_amount
+from billing.money import minor_digits, parse_amount
 from billing.store.catalog_file import CatalogStore
+from web import display
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
 from web.readers import is_id
@@ -98,21 +99,68 @@ def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
     return sorted(ads, key=lambda ad: (ad.advertiser_id, ad.campaign_id, ad.ad_id))
 
 
-def form_micros(form: dict[str, str], units_field: str, micros_field: str, what: str) -> str | None:
+class FieldError(CatalogError):
+    """What a person typed in one field of a form, refused before it reaches the catalog: the page shows the message
+    beside that field (`field`, the form field's name), in the terms the person typed it in."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+PRICE_DECIMALS = 6
+"""A price, being per click, may be finer than the currency's minor unit (0.0035 EUR a click): down to the micro.
+Budgets and every total are in the minor unit (`billing.money.minor_digits`)."""
+
+
+def amount_rule(currency: str, minor_unit: bool) -> str:
+    """How an amount is typed in `currency`, in words: `with at most 2 decimals (the minor unit of EUR)`."""
+    if not minor_unit:
+        return f"with at most {PRICE_DECIMALS} decimals (the micro)"
+    digits = minor_digits(currency)
+    if digits == 0:
+        return f"in whole {currency} (it has no minor unit)"
+    return f"with at most {digits} decimal{'s' if digits > 1 else ''} (the minor unit of {currency})"
+
+
+def form_micros(
+    form: dict[str, str], units_field: str, micros_field: str, what: str, currency: str = "", minor_unit: bool = False
+) -> str | None:
     """The amount a form asks for, in micros as text (`catalog_change` and `budget_change` read it as the command
     reads its micros): typed in currency units in `units_field` (`0.50`, converted exactly: the digits are moved, no
-    float; at most six decimals, the micro), or in micros in `micros_field` (scripts, older forms); None when
-    neither is given. CatalogError when the units are not an amount."""
+    float), or in micros in `micros_field` (scripts, older forms); None when neither is given. Typed in units, it is
+    checked here, before the catalog, with a message in the currency as typed (FieldError): a number, not negative,
+    with at most six decimals (a price: the micro), or, with `minor_unit` (a budget), at most the currency's minor
+    unit (none for JPY, two for EUR, three for KWD)."""
     units = form.get(units_field, "").strip()
     if not units:
         return form.get(micros_field, "").strip() or None
+    in_currency = currency or "the advertiser's currency"
+    rule = amount_rule(currency, minor_unit and bool(currency))
+    digits = minor_digits(currency) if minor_unit and currency else PRICE_DECIMALS
+    example = "0.25" if digits == PRICE_DECIMALS else ("50." + "0" * digits).rstrip(".")
+    typed = f"{units} {currency}".strip()
     try:
-        return str(parse_amount(units))
+        micros = parse_amount(units)
     except ValueError:
-        raise CatalogError(
-            f"{what} is an amount in the currency's units, such as 0.25, with at most 6 decimals (the micro); got "
-            f"{units!r}"
-        ) from None
+        micros = None
+    if micros is None or micros % 10 ** (PRICE_DECIMALS - digits):
+        message = f"{what} is an amount in {in_currency} such as {example}, {rule}: you typed {typed}"
+        raise FieldError(units_field, message)
+    if micros < 0:
+        raise FieldError(units_field, f"{what} must not be negative: you typed {typed}")
+    return str(micros)
+
+
+def check_not_past(at_ms: int | None, now_ms: int, field: str = "effective_from") -> None:
+    """FieldError when a form's effective time is in the past (the web makes no back-fill), in the pages' own time
+    format; the catalog checks again under its lock, for a change that waited for it."""
+    if at_ms is not None and at_ms < now_ms:
+        raise FieldError(
+            field,
+            f"the effective time {display.utc(at_ms)} is in the past (now is {display.utc(now_ms)}): leave it empty "
+            "for now, or give a later time",
+        )
 
 
 def effective_from_text(text: str | None) -> int | None:
@@ -132,8 +180,9 @@ def effective_from_text(text: str | None) -> int | None:
             return int(moment.timestamp()) * 1000 + int((fraction or "0").ljust(3, "0"))
         except ValueError:
             pass  # a day or hour that does not exist: refused below
-    raise CatalogError(
-        f"the effective time is epoch ms or a UTC time such as 2026-01-01T10:00, or empty for now; got {value!r}"
+    raise FieldError(
+        "effective_from",
+        f"the effective time is a UTC time such as 2026-01-01 10:00, or empty for now: you typed {value}",
     )
 
 

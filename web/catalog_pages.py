@@ -19,9 +19,11 @@ from billing.catalog import CatalogError
 from web.ad_catalog import (
     AdStatus,
     BudgetStatus,
+    FieldError,
     ads_of,
     catalog_or_404,
     check_ids,
+    check_not_past,
     effective_from_text,
     exclusions_or_404,
     form_micros,
@@ -70,17 +72,18 @@ def create_ad() -> Response | str | tuple[str, int]:
         check_ids(
             ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
         )
+        currency = form["currency"].upper() or services().reader.catalog.get().currency_of(form["advertiser_id"]) or ""
         made = make_change(
             "create-ad",
             form["ad_id"],
-            effective_from_text(form["effective_from"]),
-            cpc_micros=form_micros(form, "price", "cpc_micros", "a price"),
+            typed_time(form["effective_from"]),
+            cpc_micros=form_micros(form, "price", "cpc_micros", "a price", currency),
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,
             currency=form["currency"] or None,
         )
     except CatalogError as refused:
-        return _catalog_page(form, str(refused), 400)
+        return _catalog_page(form, str(refused), 400, field_of(refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
 
 
@@ -102,17 +105,18 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
         action = form["action"]
         if action not in _CHANGE_ACTIONS:
             raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
+        known = services().reader.catalog.get().get(ad_id)
         made = make_change(
             action,
             ad_id,
-            effective_from_text(form["effective_from"]),
-            cpc_micros=form_micros(form, "price", "cpc_micros", "a price"),
+            typed_time(form["effective_from"]),
+            cpc_micros=form_micros(form, "price", "cpc_micros", "a price", known.currency if known else ""),
             campaign_id=form["campaign_id"] or None,
             advertiser_id=form["advertiser_id"] or None,
             currency=form["currency"] or None,
         )
     except CatalogError as refused:
-        return _ad_page(ad_id, form, str(refused), 400)
+        return _ad_page(ad_id, form, str(refused), 400, field_of(refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
 
 
@@ -120,15 +124,31 @@ _CREATE_FIELDS = ("ad_id", "campaign_id", "advertiser_id", "currency", "price", 
 _CHANGE_FIELDS = ("action", "price", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency")
 
 
-def _catalog_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+def typed_time(text: str) -> int | None:
+    """A form's effective time (`effective_from_text`), refused beside its field when it is in the past."""
+    at_ms = effective_from_text(text)
+    check_not_past(at_ms, services().clock())
+    return at_ms
+
+
+def field_of(refused: CatalogError) -> str | None:
+    """The form field a refusal is about (the page shows it beside that field), None: the change as a whole."""
+    return refused.field if isinstance(refused, FieldError) else None
+
+
+def _catalog_page(
+    form: dict[str, str], error: str, status: int, error_field: str | None = None
+) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
     listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get())]
-    body = render_template("catalog.html", ads=listed, now_ms=now, form=form, error=error)
+    body = render_template("catalog.html", ads=listed, now_ms=now, form=form, error=error, error_field=error_field)
     return body if status == 200 else (body, status)
 
 
-def _ad_page(ad_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+def _ad_page(
+    ad_id: str, form: dict[str, str], error: str, status: int, error_field: str | None = None
+) -> str | tuple[str, int]:
     """The ad's history and, for an admin, the forms to change it; a refused change of an ad that does not exist
     answers with the catalog's page (400), and a page of one 404."""
     svc = services()
@@ -145,6 +165,7 @@ def _ad_page(ad_id: str, form: dict[str, str], error: str, status: int) -> str |
         now_ms=now,
         form=form,
         error=error,
+        error_field=error_field,
         made=int(made) if made.isdigit() and len(made) < 16 else None,
     )
     return body if status == 200 else (body, status)
@@ -171,15 +192,17 @@ def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
     if not is_id(campaign_id):
         abort(404)
     form = {k: request.form.get(k, "").strip() for k in ("daily_amount", "daily_micros", "unlimited", "effective_from")}
+    catalog = services().reader.catalog.get()
+    currency = catalog.currency_of(catalog.advertiser_of_campaign(campaign_id) or "") or ""
     try:
         made = make_budget_change(
             campaign_id,
-            effective_from_text(form["effective_from"]),
-            daily_micros=form_micros(form, "daily_amount", "daily_micros", "a daily budget"),
+            typed_time(form["effective_from"]),
+            daily_micros=form_micros(form, "daily_amount", "daily_micros", "a daily budget", currency, minor_unit=True),
             unlimited=bool(form["unlimited"]),
         )
     except CatalogError as refused:
-        return _campaign_page(campaign_id, form, str(refused), 400)
+        return _campaign_page(campaign_id, form, str(refused), 400, field_of(refused))
     return redirect(url_for(".campaign_budget", campaign_id=made.campaign_id, made=made.entry.version), code=303)
 
 
@@ -205,7 +228,9 @@ def _budgets_page(form: dict[str, str], error: str, status: int) -> str | tuple[
     return body if status == 200 else (body, status)
 
 
-def _campaign_page(campaign_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+def _campaign_page(
+    campaign_id: str, form: dict[str, str], error: str, status: int, error_field: str | None = None
+) -> str | tuple[str, int]:
     """A campaign's budget history and, for an admin, the form to change it; a refused change of a campaign that
     does not exist answers with the budgets page (400), and a page of one 404."""
     svc = services()
@@ -227,6 +252,7 @@ def _campaign_page(campaign_id: str, form: dict[str, str], error: str, status: i
         now_ms=now,
         form=form,
         error=error,
+        error_field=error_field,
         made=int(made) if made.isdigit() and len(made) < 16 else None,
     )
     return body if status == 200 else (body, status)
@@ -245,13 +271,15 @@ def change_ip_exclusions() -> Response | str | tuple[str, int]:
     exclusions_or_404()
     form = {k: request.form.get(k, "").strip() for k in ("cidr", "action", "effective_from")}
     try:
-        _, entry = make_exclusion_change(form["action"], form["cidr"], effective_from_text(form["effective_from"]))
+        _, entry = make_exclusion_change(form["action"], form["cidr"], typed_time(form["effective_from"]))
     except CatalogError as refused:
-        return _exclusions_page(form, str(refused), 400)
+        return _exclusions_page(form, str(refused), 400, field_of(refused))
     return redirect(url_for(".ip_exclusions", made=entry.version), code=303)
 
 
-def _exclusions_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
+def _exclusions_page(
+    form: dict[str, str], error: str, status: int, error_field: str | None = None
+) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
     exclusions = svc.reader.catalog.get().exclusions
@@ -268,6 +296,7 @@ def _exclusions_page(form: dict[str, str], error: str, status: int) -> str | tup
         now_ms=now,
         form=form,
         error=error,
+        error_field=error_field,
         made=int(made) if made.isdigit() and len(made) < 16 else None,
     )
     return body if status == 200 else (body, status)

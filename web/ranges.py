@@ -115,7 +115,7 @@ def parse_range(
         first = first or last
         last = last or today
         if first is None or last < first:
-            raise RangeError("to is on or after from")
+            raise RangeError("to is before from: a range ends on or after the day it starts")
         if (last - first).days + 1 > MAX_DAYS:
             raise RangeError(f"a range is at most {MAX_DAYS} days")
         return DateRange(first, last)

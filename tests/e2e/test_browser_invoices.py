@@ -146,7 +146,7 @@ def test_a_bad_range_is_kept_beside_its_form_and_the_layout_holds(
     )
     browser.find_element(By.CSS_SELECTOR, "#range-form button").click()
     wait(browser, lambda d: d.find_elements(By.ID, "range-error"))
-    assert "to is on or after from" in browser.find_element(By.ID, "range-error").text
+    assert "to is before from" in browser.find_element(By.ID, "range-error").text
     assert browser.find_element(By.ID, "range-from").get_attribute("value") == "2026-01-31"
     assert browser.find_element(By.ID, "range-to").get_attribute("value") == "2026-01-01"
     assert browser.find_element(By.ID, "spend-chart").is_displayed(), "the rest of the page is there"

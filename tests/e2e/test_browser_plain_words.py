@@ -129,3 +129,31 @@ def test_the_budget_and_ip_exclusion_pages_say_who_made_a_change_and_through_whi
         for width in (WIDE, NARROW):
             shoot_at(browser, shoot, width, name)
         browser.set_window_size(WIDE, 1100)
+
+
+def test_a_refused_price_is_said_beside_its_field_in_the_currency_typed(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    ad = next(a for a in served.seeded.catalog if a.advertiser_id == OWN)
+    log_in(browser, served.base_url, "ada", f"/catalog/ads/{ad.ad_id}")
+    field = browser.find_element(By.ID, "set-price-amount")
+    field.clear()
+    field.send_keys("-1.00")
+    browser.find_element(By.ID, "set-submit").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "catalog-error"))
+    error = browser.find_element(By.ID, "catalog-error")
+    assert error.text == "a price must not be negative: you typed -1.00 EUR"
+    # Beside its field: inside the field's label, just under it, in the form that was sent.
+    label = browser.find_element(By.CSS_SELECTOR, "#set-price label:has(#set-price-amount)")
+    assert label.find_element(By.ID, "catalog-error") == error
+    field = browser.find_element(By.ID, "set-price-amount")  # the page sent back, with what was typed
+    assert field.get_attribute("value") == "-1.00"
+    below = error.rect["y"] - (field.rect["y"] + field.rect["height"])
+    assert 0 <= below < 60, below
+    for width in (WIDE, NARROW):
+        browser.execute_script("document.getElementById('set-price').scrollIntoView()")
+        shoot_at(browser, shoot, width, "price-refused")
+    browser.set_window_size(WIDE, 1100)

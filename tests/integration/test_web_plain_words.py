@@ -16,7 +16,7 @@ from billing.store.stream_offsets import LagReading
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
-from tests.web_support import OWN, Seeded, login, seed
+from tests.web_support import OWN, Seeded, form_token, login, seed
 from web.app import create_app
 
 pytestmark = pytest.mark.integration
@@ -91,3 +91,43 @@ def test_budget_and_ip_exclusion_pages_say_who_made_a_change_as_the_change_log_d
     assert (entry["made_by"], entry["door"]) == ("root", "simulator") and entry["made_at"] == NOW_MS
     ranges = ada.get("/api/v1/catalog/ip-exclusions").json["history"]
     assert [(e["made_by"], e["door"]) for e in ranges] == [("root", "simulator")]
+
+
+def test_a_refusal_is_said_beside_its_field_in_the_terms_typed(seeded: Seeded) -> None:
+    """A price or budget typed in the currency is refused in the currency as typed, never in micros; a past time in the
+    pages' own format; a date range whose end comes before its start says so."""
+    ada = client_of(seeded, "ada")
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    token = form_token(ada.get(f"/catalog/ads/{ad.ad_id}").text)
+    before = seeded.settings.catalog_file.read_bytes()
+
+    def refusal(url: str, fields: dict[str, str]) -> str:
+        page = ada.post(url, data={"csrf_token": token, **fields})
+        assert page.status_code == 400, page.text
+        return page.text
+
+    page = refusal(f"/catalog/ads/{ad.ad_id}/changes", {"action": "set-price", "price": "-1.00"})
+    beside = page.split('id="set-price-amount"')[1].split("</label>")[0]
+    assert (
+        '<span class="error field-error" role="alert" id="catalog-error">a price must not be negative: you typed '
+        "-1.00 EUR</span>" in beside
+    )
+    assert "1000000" not in text_of(page)
+    page = refusal(f"/catalog/campaigns/{ad.campaign_id}/budgets", {"daily_amount": "-50"})
+    beside = page.split('id="budget-amount"')[1].split("</label>")[0]
+    assert "a daily budget must not be negative: you typed -50 EUR" in beside and "50000000" not in text_of(page)
+    page = refusal(f"/catalog/ads/{ad.ad_id}/changes", {"action": "pause", "effective_from": "2026-01-01T05:00"})
+    beside = page.split('id="pause-effective-from"')[1].split("</label>")[0]
+    assert (
+        "the effective time 2026-01-01 05:00:00 UTC is in the past (now is 2026-01-01 05:40:00 UTC): leave it empty "
+        "for now, or give a later time" in beside
+    )
+    page = refusal("/catalog/ip-exclusions", {"cidr": "203.0.113.0/24", "action": "exclude", "effective_from": "x"})
+    beside = page.split('id="exclusion-effective-from"')[1].split("</label>")[0]
+    assert "a UTC time such as 2026-01-01 10:00, or empty for now: you typed x" in beside
+    assert seeded.settings.catalog_file.read_bytes() == before
+
+    alice = client_of(seeded, "alice")
+    ranged = text_of(alice.get(f"/advertisers/{OWN}?from=2026-01-31&to=2026-01-01").text)
+    assert "to is before from: a range ends on or after the day it starts" in ranged
+    assert "to is on or after from" not in ranged

@@ -51,7 +51,7 @@ def test_a_forms_effective_time(text: str, expected: int | None) -> None:
 
 @pytest.mark.parametrize("text", ["tomorrow", "2026-02-30T00:00", "2026-01-01T25:00", "-5", "2026-01-01", "1.5"])
 def test_an_effective_time_that_is_no_time_is_refused_in_one_line(text: str) -> None:
-    with pytest.raises(CatalogError, match="the effective time is epoch ms or a UTC time") as refused:
+    with pytest.raises(CatalogError, match="the effective time is a UTC time such as 2026-01-01 10:00") as refused:
         effective_from_text(text)
     assert "\n" not in str(refused.value)
 
