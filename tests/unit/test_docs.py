@@ -1,6 +1,7 @@
 """The docs, README.md and docs/ (`make docs`, part of `make test`): every relative link and anchor resolves, every
 command a page shows exists with its flags or is run here, the settings page is the one the settings object gives,
-the data-flow picture is drawn from its source as it stands, and the README stays short."""
+the data-flow picture is drawn from its source as it stands, the README stays short, the billing rules name tests
+and code that exist, and no page cites a file outside the repository."""
 
 from __future__ import annotations
 
@@ -499,3 +500,99 @@ def test_every_test_a_page_names_exists(page: Path) -> None:
             assert f"def {test}(" in (PROJECT_ROOT / path).read_text(), (
                 f"{rel(page)} names {path}::{test}: no such test"
             )
+
+
+# Tests: the billing rules -----------------------------------------------------------------------------------------
+RULES = DOCS / "billing-rules.md"
+"""The rules the product bills by, each with the code that applies it and the tests that prove it."""
+SKIPPED_FOLDERS = {"var", "build", "node_modules"}
+"""Folders whose Markdown is not the project's (besides hidden ones: .venv, .deps, .git, the tools' caches)."""
+OUTSIDE = re.compile(r"\.\./shared|\bshared/DOMAIN\.md|(?<![\w/.-])DOMAIN\.md\b")
+"""How the project's pages once cited a contract kept outside the repository."""
+TESTS_OF = re.compile(r"^( *)- `(tests/[\w/]+\.py)`:(.*(?:\n\1  (?! *- ).*)*)", re.M)
+"""A list item naming the tests of one file: `- `tests/FILE.py`: `test_name`, `test_name[case-id]`, ...`."""
+TEST_NAME = re.compile(r"`(test_\w+)(?:\[([\w.-]+)\])?`")
+CODE = re.compile(r"(?:attribution|billing|ops|producers|web)(?:\.\w+)+")
+FILE_SUFFIXES = {"avsc", "csv", "json", "lock", "md", "parquet", "py"}
+"""A span such as `billing.parquet` names a file, not code."""
+
+
+def project_markdown() -> list[Path]:
+    """Every Markdown file of the repository, outside hidden folders and those of `SKIPPED_FOLDERS`."""
+    found = []
+    for page in sorted(PROJECT_ROOT.rglob("*.md")):
+        parts = page.relative_to(PROJECT_ROOT).parts[:-1]
+        if not any(part.startswith(".") or part in SKIPPED_FOLDERS for part in parts):
+            found.append(page)
+    return found
+
+
+def named_tests(text: str) -> list[tuple[str, str, str | None]]:
+    """(file, test function, case id or None) of each test a page names in the notation of `TESTS_OF`."""
+    return [
+        (path, name, case or None)
+        for _indent, path, names in TESTS_OF.findall(text)
+        for name, case in TEST_NAME.findall(names)
+    ]
+
+
+def test_no_markdown_file_cites_a_file_outside_the_repository() -> None:
+    pages = project_markdown()
+    assert README in pages and RULES in pages
+    cited = []
+    for page in pages:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            cited += [f"{rel(page)}:{number}: {match}" for match in OUTSIDE.findall(line)]
+        for target in links(page):
+            path = target.partition("#")[0]
+            if path and not re.match(r"[a-z]+:", path):
+                resolved = (page.parent / path).resolve()
+                if not resolved.is_relative_to(PROJECT_ROOT.resolve()):
+                    cited.append(f"{rel(page)}: {target}")
+    assert not cited, f"pages that cite files outside the repository (cite docs/billing-rules.md): {cited}"
+
+
+def test_every_test_the_billing_rules_name_exists() -> None:
+    text = RULES.read_text()
+    named = named_tests(text)
+    assert len(named) > 100, "docs/billing-rules.md names its tests as `- `tests/FILE.py`: `test_name`, ...`"
+    assert not re.search(r"tests/[\w/]+\.py::", text), "docs/billing-rules.md: name tests in one notation only"
+    missing = []
+    for path, name, case in named:
+        source = PROJECT_ROOT / path
+        if not source.exists():
+            missing.append(f"{path}: no such file")
+        elif not re.search(rf"^\s*def {name}\(", source.read_text(), re.M):
+            missing.append(f"{path}: no test {name}")
+        elif case and not re.search(rf"""\bid=["']{re.escape(case)}["']""", source.read_text()):
+            missing.append(f"{path}: {name} has no case {case}")
+    assert not missing, f"docs/billing-rules.md names tests that do not exist: {missing}"
+
+
+def test_every_section_of_the_billing_rules_names_its_tests() -> None:
+    sections = re.split(r"^## ", prose(RULES.read_text()), flags=re.M)[1:]
+    assert len(sections) >= 10
+    bare = [section.splitlines()[0] for section in sections if not named_tests(section)]
+    assert not bare, f"sections of docs/billing-rules.md that name no test: {bare}"
+
+
+def test_every_piece_of_code_the_billing_rules_name_exists() -> None:
+    missing = []
+    for span in sorted(set(spans(RULES.read_text()))):
+        if not CODE.fullmatch(span) or span.rsplit(".", 1)[1] in FILE_SUFFIXES:
+            continue
+        parts = span.split(".")
+        found: object = importlib.import_module(parts[0])
+        for end, attribute in enumerate(parts[1:], 2):
+            if hasattr(found, "__path__") and importlib.util.find_spec(".".join(parts[:end])) is not None:
+                found = importlib.import_module(".".join(parts[:end]))
+            else:
+                found = getattr(found, attribute, None)
+        if found is None:
+            missing.append(span)
+    assert not missing, f"docs/billing-rules.md names code that does not exist: {missing}"
+
+
+def test_the_billing_rules_keep_to_120_characters_a_line() -> None:
+    long = [n for n, line in enumerate(RULES.read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, f"docs/billing-rules.md: lines over 120 characters: {long}"
