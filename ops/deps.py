@@ -70,22 +70,7 @@ def kafka_classpath(deps_dir: Path) -> str:
 
 def ensure_redis_server() -> str:
     """Path of redis-server, installing Debian's package when it is missing and we may."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    if os.geteuid() != 0:
-        raise DependencyError(
-            "redis-server is not installed; install Debian's package with: "
-            "sudo apt-get update && sudo apt-get install -y redis-server"
-        )
-    print("installing Debian's redis-server package ...", file=sys.stderr, flush=True)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-qq"], env=env)
-    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"], env=env)
-    found = shutil.which("redis-server")
-    if not found:
-        raise DependencyError("apt-get installed redis-server but it is not on PATH")
-    return found
+    return ensure_debian_tool("redis-server", "redis-server", "the live totals")
 
 
 POSTGRES_ROOT = Path("/usr/lib/postgresql")
@@ -95,18 +80,9 @@ def ensure_postgres() -> Path:
     """The folder of PostgreSQL's server programs (`initdb`, `postgres`) of the newest version Debian installed,
     installing Debian's `postgresql` package when none is and we may."""
     found = _postgres_bin()
-    if found is not None:
-        return found
-    if os.geteuid() != 0:
-        raise DependencyError(
-            "PostgreSQL's server is not installed; install Debian's package with: "
-            "sudo apt-get update && sudo apt-get install -y postgresql"
-        )
-    print("installing Debian's postgresql package ...", file=sys.stderr, flush=True)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-qq"], env=env)
-    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"], env=env)
-    found = _postgres_bin()
+    if found is None:
+        apt_install(["postgresql"], "PostgreSQL's server")
+        found = _postgres_bin()
     if found is None:
         raise DependencyError(f"apt-get installed postgresql but {POSTGRES_ROOT}/*/bin/postgres is missing")
     return found
@@ -129,16 +105,8 @@ def ensure_browser() -> tuple[Path, Path]:
     wanted = {"chromium": CHROMIUM, "chromium-driver": CHROMEDRIVER}
     missing = [package for package, path in wanted.items() if not path.exists()]
     if missing:
-        if os.geteuid() != 0:
-            raise DependencyError(
-                f"{', '.join(missing)} not installed; install Debian's packages with: "
-                f"sudo apt-get update && sudo apt-get install -y {' '.join(missing)}"
-            )
-        print(f"installing Debian's {', '.join(missing)} ...", file=sys.stderr, flush=True)
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        _run(["apt-get", "update", "-qq"], env=env)
         # Fonts so that screenshots show text; recommends left out to keep the install small.
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, "fonts-dejavu-core"], env=env)
+        apt_install(missing, "the browser tests", also=["fonts-dejavu-core"])
         still = [package for package, path in wanted.items() if not path.exists()]
         if still:
             raise DependencyError(f"apt-get installed {', '.join(still)} but {CHROMIUM} or {CHROMEDRIVER} is missing")
@@ -150,19 +118,25 @@ def ensure_debian_tool(binary: str, package: str, why: str) -> str:
     found = shutil.which(binary)
     if found:
         return found
-    if os.geteuid() != 0:
-        raise DependencyError(
-            f"{binary} ({why}) is not installed; install Debian's package with: "
-            f"sudo apt-get update && sudo apt-get install -y {package}"
-        )
-    print(f"installing Debian's {package} package ({why}) ...", file=sys.stderr, flush=True)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(["apt-get", "update", "-qq"], env=env)
-    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env)
+    apt_install([package], f"{binary} ({why})")
     found = shutil.which(binary)
     if not found:
         raise DependencyError(f"apt-get installed {package} but {binary} is not on PATH")
     return found
+
+
+def apt_install(packages: list[str], what: str, also: list[str] | None = None) -> None:
+    """Install Debian's `packages` (and `also`), without their recommends; DependencyError saying the command to run
+    when we may not (not root)."""
+    if os.geteuid() != 0:
+        raise DependencyError(
+            f"{what}: not installed; install Debian's package with: "
+            f"sudo apt-get update && sudo apt-get install -y {' '.join(packages)}"
+        )
+    print(f"installing Debian's {', '.join(packages)} ({what}) ...", file=sys.stderr, flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], env=env)
+    _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, *(also or [])], env=env)
 
 
 def ensure_promtool() -> str:

@@ -5,10 +5,7 @@ passes a budget, before the restore, during it or after. A watcher reads the cam
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -26,7 +23,7 @@ from billing.invalid import ExclusionChange, IpExclusions
 from billing.periods import Periods
 from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
-from ops.process import free_port, port_open
+from ops.process import free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -34,6 +31,7 @@ from ops.streaming import stream_config
 from tests import oracle
 from tests.integration.test_closing_follows_stream import publish
 from tests.integration.test_invalid_traffic import not_charged
+from tests.integration.test_overlapping_faults import lose
 from tests.integration.test_reconcile import read_back
 from tests.redis_figures import RedisFigures
 
@@ -82,19 +80,6 @@ class DayWatch:
         return self.highest
 
 
-def _kill(own: LocalRedis) -> None:
-    """Redis dies at once (SIGKILL), with any child it forked to rewrite its file; returns once its port is free."""
-    pid = own.process.running_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    if own.process.popen is not None:
-        own.process.popen.wait(timeout=30)
-    subprocess.run(["pkill", "-KILL", "-f", f"redis-.*127\\.0\\.0\\.1:{own.port}"], check=False)
-    deadline = time.monotonic() + 60
-    while port_open("127.0.0.1", own.port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-
 def _failure(query, deadline_s: float = 180) -> str:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + deadline_s
     while query.isActive and time.monotonic() < deadline:
@@ -138,8 +123,7 @@ def test_a_redis_lost_with_the_days_budget_spent_charges_nothing_past_it_before_
         applied = RedisFigures.from_url(settings.redis_url, settings.redis_prefix).last_applied("billing")
         assert applied is not None
 
-        _kill(own_redis)
-        shutil.rmtree(own_redis.data_dir)
+        lose(own_redis, own_redis.data_dir)
         own_redis.start()
         publish(settings, pair("b4", "ad-b", T0 + 40 * S) + pair("b5", "ad-b", T0 + 41 * S))
         assert "restore-redis" in _failure(queries[0])
@@ -202,8 +186,7 @@ def test_a_redis_back_from_a_power_loss_with_older_data_stops_the_job_until_rest
     finally:
         queries[0].stop()
 
-    _kill(own_redis)
-    shutil.rmtree(own_redis.data_dir)
+    lose(own_redis, own_redis.data_dir)  # the power goes: what Redis held in memory is gone
     shutil.copytree(older, own_redis.data_dir)
     own_redis.start()
     figures = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
