@@ -409,6 +409,10 @@ class Chaos:
 
     # Faults ------------------------------------------------------------------------------------------------------
     def strike(self, fault: FaultRecord) -> None:
+        exhausted = None
+        if fault.kind == "redis-restarted":  # strikes once a budget has run out: waited for before the clock starts
+            exhausted = self.wait_budget_exhausted(BUDGET_EXHAUSTED_WAIT_S)
+        fault.note = "" if exhausted is None else ("a budget had run out" if exhausted else "no budget had run out")
         fault.at_s = round(time.monotonic() - self.t0, 1)
         self.active_fault = fault.kind
         before_end = self.kafka_end()
@@ -484,7 +488,7 @@ class Chaos:
         self.restore_redis(fault)
 
     def fault_redis_restarted(self, fault: FaultRecord, before: int) -> None:
-        exhausted = self.wait_budget_exhausted(BUDGET_EXHAUSTED_WAIT_S)
+        exhausted = fault.note
         pid = self.pid("redis")
         fault.target = f"redis pid {pid}, data folder removed, started again empty under the job"
         os.kill(pid, signal.SIGKILL)
@@ -493,8 +497,8 @@ class Chaos:
         self.adbill("up", "--cluster", "--detach", "--no-traffic", "--no-job", "--no-web")
         stopped = self.wait_stream_stopped(JOB_STOPS_BY_ITSELF_S)
         said = (
-            f"{'a budget had run out' if exhausted else 'no budget had run out yet'}; the job "
-            f"{'stopped by itself' if stopped else 'did not stop by itself'} within {JOB_STOPS_BY_ITSELF_S:.0f} s"
+            f"{exhausted}; the job {'stopped by itself' if stopped else 'did not stop by itself'} within "
+            f"{JOB_STOPS_BY_ITSELF_S:.0f} s"
         )
         if not stopped:
             self.ran_on_empty_redis += 1
