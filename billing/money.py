@@ -56,6 +56,19 @@ def minor_digits(currency: str) -> int:
     return MINOR_UNIT_DIGITS.get(currency.upper(), 2)
 
 
+def format_amount(micros: int, currency: str) -> str:
+    """An exact decimal for a file's amount cell, written in the currency's minor unit and with more digits only where
+    the micros need them (a price per click may be finer than the minor unit): `296_797_000_000, "JPY"` ->
+    `"296797"`, `3_614_986_000, "KWD"` -> `"3614.986"`, `1_230_000, "EUR"` -> `"1.23"`, `1_234_567, "EUR"` ->
+    `"1.234567"`. No grouping and no code. Without a currency (unknown) all six decimals, as `format_micros`."""
+    text = format_micros(micros)
+    if not currency:
+        return text
+    units, fraction = text.split(".")
+    fraction = fraction.rstrip("0").ljust(minor_digits(currency), "0")
+    return f"{units}.{fraction}" if fraction else units
+
+
 def round_half_away(value: int | Fraction, currency: str) -> int:
     """An amount in micros (an integer, or an exact fraction of micros) rounded once to the currency's minor unit,
     half away from zero: `1.005 EUR` -> `1.01 EUR`, `-1.005 EUR` -> `-1.01 EUR`, `0.5 JPY` -> `1 JPY`. The result is

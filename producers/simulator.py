@@ -54,6 +54,7 @@ from billing.catalog import AdChange, Catalog, Unbillable, generate_catalog, gen
 from billing.events import TOPIC_OF, Click, Event, Impression
 from billing.intake import MIN_EVENT_TIME_MS, Intake, QuarantineReason
 from billing.invalid import DEFAULT_RULES, INVALID_REASONS, IvtRules
+from billing.money import minor_digits
 from billing.periods import DAY_MS
 from billing.rule import (
     ATTRIBUTION_WINDOW_MS,
@@ -380,8 +381,9 @@ class SimulationConfig:
         return start_ms + self.expected_span_ms() // 2
 
     def daily_budgets(self) -> dict[str, int]:
-        """The budgets of `budget_campaigns` (campaign -> micros a day, whole cents): `budget_share` of what the
-        ordinary traffic is expected to spend on the campaign in the run's span, or in one day of a longer run."""
+        """The budgets of `budget_campaigns` (campaign -> micros a day, whole cents, or whole units of a currency
+        without a minor unit, such as JPY: a budget is in the minor unit): `budget_share` of what the ordinary traffic
+        is expected to spend on the campaign in the run's span, or in one day of a longer run."""
         if not self.budget_campaigns:
             return {}
         base = self.catalog()
@@ -392,12 +394,21 @@ class SimulationConfig:
         clicks = self.impression_rate * self.click_through_rate * billable_share * min(self.expected_span_ms(), DAY_MS)
         rng = random.Random(f"adbill-budgets-{self.seed}")
         chosen = rng.sample(sorted(prices), self.budget_campaigns)
+        steps = self.budget_steps()
         return {
             campaign: max(
-                10_000, int(self.budget_share * clicks / 1000 * prices[campaign] / len(base)) // 10_000 * 10_000
+                steps[campaign],
+                int(self.budget_share * clicks / 1000 * prices[campaign] / len(base))
+                // steps[campaign]
+                * steps[campaign],
             )
             for campaign in chosen
         }
+
+    def budget_steps(self) -> dict[str, int]:
+        """Per campaign, the micros its budgets are a multiple of: a whole cent, or the currency's minor unit when
+        that is coarser (a whole yen)."""
+        return {ad.campaign_id: max(10_000, 10 ** (6 - minor_digits(ad.currency))) for ad in self.catalog()}
 
     def budget_changes(self, start_ms: int) -> list[BudgetLine]:
         """The run's budget history (`budget_campaigns`): each budget from `start_ms`; at `changes_at_ms` the first
@@ -405,8 +416,10 @@ class SimulationConfig:
         budgets = self.daily_budgets()
         changes = [BudgetLine(campaign, start_ms, micros) for campaign, micros in budgets.items()]
         changed_at = self.changes_at_ms(start_ms)
+        steps = self.budget_steps()
         for number, (campaign, micros) in enumerate(list(budgets.items())[:3]):
-            later = (micros * 3 // 2 // 10_000 * 10_000, micros // 2 // 10_000 * 10_000, None)[number]
+            step = steps[campaign]
+            later = (micros * 3 // 2 // step * step, micros // 2 // step * step, None)[number]
             changes.append(BudgetLine(campaign, changed_at, later))
         return changes
 

@@ -152,6 +152,18 @@ def form_micros(
     return str(micros)
 
 
+def check_minor_unit(micros: int | None, currency: str, what: str = "a daily budget") -> None:
+    """CatalogError when a budget in micros (the API's, a script's) is finer than its currency's minor unit: a budget,
+    like every total, is a whole number of minor units (1000.5 JPY is no budget; a price may be finer)."""
+    if micros is None or not currency:
+        return
+    step = 10 ** (PRICE_DECIMALS - minor_digits(currency))
+    if micros % step:
+        raise CatalogError(
+            f"{what} in {currency} is {amount_rule(currency, True)}: in micros a multiple of {step:,}, got {micros}"
+        )
+
+
 def check_not_past(at_ms: int | None, now_ms: int, field: str = "effective_from") -> None:
     """FieldError when a form's effective time is in the past (the web makes no back-fill), in the pages' own time
     format; the catalog checks again under its lock, for a change that waited for it."""
@@ -313,7 +325,7 @@ def make_budget_change(campaign_id: str, at_ms: int | None, *, daily_micros: obj
     made_by = maker()
 
     def request_(current: Catalog | None, now_ms: int) -> BudgetSetting:
-        return budget_change(
+        setting = budget_change(
             campaign_id,
             now_ms if at_ms is None else at_ms,
             current,
@@ -321,6 +333,10 @@ def make_budget_change(campaign_id: str, at_ms: int | None, *, daily_micros: obj
             unlimited=unlimited,
             made_by=made_by,
         )
+        if current is not None:
+            advertiser = current.advertiser_of_campaign(campaign_id) or ""
+            check_minor_unit(setting.daily_budget_micros, current.currency_of(advertiser) or "")
+        return setting
 
     changed = store().change(request_, clock=services().clock)
     entry = next(b for b in changed.budget_history(campaign_id) if b.version == changed.version)

@@ -1,8 +1,9 @@
 """Adapter: what the downloads and statements read, from Redis (open periods, live figures) and the export folder
 (closed periods, as finance was given them), into `web.statements` values and CSV text.
 
-Every CSV keeps money as integer micros and adds a decimal column beside it (exact: `billing.money.format_micros`);
-text cells a producer or user wrote never start a formula (`web.statements.safe_cell`).
+Every CSV keeps money as integer micros and adds a decimal column beside it (exact, in the currency's minor unit and
+finer only where the micros need it: `billing.money.format_amount`); text cells a producer or user wrote never start a
+formula (`web.statements.safe_cell`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 
 from billing.invalid import INVALID_REASONS
 from billing.invoices import Invoice
-from billing.money import format_micros
+from billing.money import format_amount
 from billing.periods import format_utc
 from billing.store.export_files import CSV_FILE, PARQUET_FILE
 from web.model import FinanceRange, NotCharged, NotChargedClicks, Period
@@ -149,7 +150,7 @@ def charges_csv(
                 provisional.micros,
                 corrections.micros,
                 corrected.micros,
-                format_micros(corrected.micros),
+                format_amount(corrected.micros, currency),
                 currency,
             ]
         )
@@ -160,8 +161,9 @@ NOT_CHARGED_COLUMNS = (
     "click_id", "click_time", "period", "ad_id", "campaign_id", "reason", "would_have_cost", "amount_micros",
     "currency", "status",
 )  # fmt: skip
-"""The not-charged list's CSV: what it would have cost in decimal (all six digits, exact) and in micros; `status`
-`final` (the closed period's export) or `provisional` (the stream's decision, the period still open)."""
+"""The not-charged list's CSV: what it would have cost in decimal (`billing.money.format_amount`, exact) and in
+micros; `status` `final` (the closed period's export) or `provisional` (the stream's decision, the period still
+open)."""
 
 
 def not_charged_csv(page: NotChargedClicks) -> str:
@@ -170,7 +172,7 @@ def not_charged_csv(page: NotChargedClicks) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(NOT_CHARGED_COLUMNS)
     for c in page.items:
-        cost = None if c.amount_micros is None else format_micros(c.amount_micros)
+        cost = None if c.amount_micros is None else format_amount(c.amount_micros, c.currency or "")
         writer.writerow(
             _cell(v)
             for v in (
@@ -204,7 +206,7 @@ def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
                 *(_cell(row[n]) for n in names),
                 _iso(row.get("click_time")),
                 _iso(row.get("impression_time")),
-                format_micros(int(row["net_micros"])),
+                format_amount(int(row["net_micros"]), str(row.get("currency") or "")),
             ]
         )
     return out.getvalue()
@@ -249,14 +251,14 @@ def month_advertisers_csv(
                 status,
                 corrected.clicks,
                 corrected.micros,
-                format_micros(corrected.micros),
+                format_amount(corrected.micros, line.currency or ""),
                 line.not_charged.invalid.clicks,
                 line.not_charged.invalid.micros,
                 line.not_charged.over_budget.clicks,
                 line.not_charged.over_budget.micros,
                 invoice.label if invoice else "",
                 invoice.totals.total_micros if invoice else "",
-                format_micros(invoice.totals.total_micros) if invoice else "",
+                format_amount(invoice.totals.total_micros, invoice.currency) if invoice else "",
             ]
         )
     return out.getvalue()

@@ -11,14 +11,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from babel.numbers import format_currency, format_decimal, get_currency_precision
+from babel.numbers import format_currency, format_decimal
 
+from billing.money import minor_digits
 from billing.periods import format_elapsed, format_utc
 
 LOCALE = "en_US"
 """Grouping with commas, a point before the decimals: the pages' one locale."""
-
-_PATTERN = "#,##0.00 \xa4\xa4"  # the amount, a space, the ISO code (`EUR`)
 
 
 def decimal_amount(micros: int) -> Decimal:
@@ -29,8 +28,10 @@ def decimal_amount(micros: int) -> Decimal:
 
 
 def currency_digits(currency: str) -> int:
-    """The decimals a currency is written with where the amount is whole (2 for EUR, 0 for JPY)."""
-    return get_currency_precision(currency) if currency else 2
+    """The decimals a currency is written with where the amount is whole (2 for EUR, 0 for JPY, 3 for KWD): its
+    ISO 4217 minor unit, from `billing.money.minor_digits`, the one source the invoices round with too (Babel's
+    CLDR data writes some currencies with fewer: IQD with none, where ISO 4217 has three)."""
+    return minor_digits(currency) if currency else 2
 
 
 def money(micros: int, currency: str = "") -> str:
@@ -39,7 +40,11 @@ def money(micros: int, currency: str = "") -> str:
     amount = decimal_amount(micros)
     if not currency:
         return format_decimal(amount, format="#,##0.00", locale=LOCALE, decimal_quantization=False)
-    return format_currency(amount, currency, format=_PATTERN, locale=LOCALE, decimal_quantization=False)
+    digits = currency_digits(currency)
+    pattern = "#,##0" + ("." + "0" * digits if digits else "") + " \xa4\xa4"  # the amount, a space, the ISO code
+    return format_currency(
+        amount, currency, format=pattern, locale=LOCALE, currency_digits=False, decimal_quantization=False
+    )
 
 
 def budget(micros: int | None, currency: str = "") -> str:

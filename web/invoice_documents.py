@@ -18,7 +18,7 @@ from reportlab.lib.units import mm
 from reportlab.platypus import KeepTogether, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from billing.invoices import ADJUSTMENT, CHARGES, CORRECTION, Invoice, InvoiceLine
-from billing.money import format_micros
+from billing.money import format_amount
 from web.display import money, period_label, plural, signed_money
 from web.statements import safe_cell
 
@@ -73,7 +73,7 @@ def invoice_csv(invoice: Invoice) -> str:
                 " ".join(line.corrects),
                 line.clicks,
                 line.amount_micros,
-                format_micros(line.amount_micros),
+                format_amount(line.amount_micros, invoice.currency),
             ]
         )
     t = invoice.totals
@@ -84,7 +84,8 @@ def invoice_csv(invoice: Invoice) -> str:
         ("tax", tax, t.tax_micros),
         ("total", invoice.payment_terms, t.total_micros),
     ):
-        writer.writerow([*head, kind, "", "", safe_cell(text), "", "", "", micros, format_micros(micros)])
+        amount = format_amount(micros, invoice.currency)
+        writer.writerow([*head, kind, "", "", safe_cell(text), "", "", "", micros, amount])
     return out.getvalue()
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from billing.invalid import format_rate
-from billing.money import format_micros
+from billing.money import format_amount
 from web.model import Figures, NotCharged
 from web.ranges import DateRange, day_of
 
@@ -191,7 +191,7 @@ def statement_csv(statement: Statement) -> str:
                 p.charges_micros,
                 p.adjustments_micros,
                 p.total_micros,
-                format_micros(p.total_micros),
+                format_amount(p.total_micros, statement.currency),
                 statement.currency,
                 p.not_charged.invalid.clicks,
                 p.not_charged.invalid.micros,
@@ -210,7 +210,7 @@ def statement_csv(statement: Statement) -> str:
             statement.closed_micros + statement.provisional_micros,
             statement.adjustments_micros,
             statement.total_micros,
-            format_micros(statement.total_micros),
+            format_amount(statement.total_micros, statement.currency),
             statement.currency,
             statement.invalid.clicks,
             statement.invalid.micros,

@@ -157,3 +157,37 @@ def test_a_refused_price_is_said_beside_its_field_in_the_currency_typed(
         browser.execute_script("document.getElementById('set-price').scrollIntoView()")
         shoot_at(browser, shoot, width, "price-refused")
     browser.set_window_size(WIDE, 1100)
+
+
+def test_a_jpy_budget_is_typed_in_whole_yen(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    campaign = next(a.campaign_id for a in served.seeded.catalog if a.currency == "JPY")
+    log_in(browser, served.base_url, "ada", f"/catalog/campaigns/{campaign}")
+    assert (
+        "in whole JPY (it has no minor unit)"
+        in browser.find_element(By.ID, "set-budget").find_element(By.XPATH, "preceding-sibling::p").text
+    )
+    field = browser.find_element(By.ID, "budget-amount")
+    field.send_keys("1000.5")
+    # The form says it before it is sent, and the page after.
+    wait(browser, lambda d: d.find_element(By.ID, "budget-amount-micros").text == "not an amount in whole JPY")
+    browser.find_element(By.CSS_SELECTOR, "#set-budget button[type=submit]").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "catalog-error"))
+    assert browser.find_element(By.ID, "catalog-error").text == (
+        "a daily budget is an amount in JPY such as 50, in whole JPY (it has no minor unit): you typed 1000.5 JPY"
+    )
+    for width in (WIDE, NARROW):
+        browser.execute_script("document.getElementById('set-budget').scrollIntoView()")
+        shoot_at(browser, shoot, width, "jpy-budget-refused")
+    browser.set_window_size(WIDE, 1100)
+    field = browser.find_element(By.ID, "budget-amount")
+    field.clear()
+    field.send_keys("1000")
+    wait(browser, lambda d: d.find_element(By.ID, "budget-amount-micros").text == "= 1,000,000,000 micros stored")
+    browser.find_element(By.CSS_SELECTOR, "#set-budget button[type=submit]").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "catalog-done"))
+    assert "(1,000 JPY) a day" in browser.find_element(By.ID, "catalog-done").text

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
-from billing.money import format_micros
+from billing.money import format_amount
 from billing.store.part_status import STREAM_PART, PartStatus
 from billing.store.redis_keys import RedisKeys
 from billing.store.stream_offsets import LagReading
@@ -315,7 +315,7 @@ def test_the_statement_is_the_exports_plus_adjustments_and_the_open_remainder_as
     rows = list(csv.DictReader(io.StringIO(csv_response.text)))
     total_row = rows[-1]
     assert total_row["period"] == "TOTAL" and int(total_row["total_micros"]) == total
-    assert total_row["total"] == format_micros(total) and total_row["status"] == "provisional"
+    assert total_row["total"] == format_amount(total, "EUR") and total_row["status"] == "provisional"
     assert sum(int(r["total_micros"]) for r in rows[:-1]) == total
     assert {r["status"] for r in rows[:-1]} == {"closed", "closed (export not on file)", "provisional"}
 
@@ -353,7 +353,7 @@ def test_charges_csv_and_finances_month_are_redis_and_the_exports(seeded: Seeded
         assert sum(int(r["amount_micros"]) for r in mine) == micros, period
         assert sum(int(r["clicks"]) for r in mine) == clicks, period
     for r in rows:
-        assert r["amount"] == format_micros(int(r["amount_micros"]))
+        assert r["amount"] == format_amount(int(r["amount_micros"]), r["currency"])
         assert int(r["provisional_micros"]) + int(r["corrections_micros"]) == int(r["amount_micros"])
     assert alice.get(f"/advertisers/{OWN}/charges.csv?from=2026-01-02&to=2026-01-01").status_code == 400
 
@@ -370,7 +370,7 @@ def test_charges_csv_and_finances_month_are_redis_and_the_exports(seeded: Seeded
         for currency, micros in m["total_micros_by_currency"].items():
             exported[currency] = exported.get(currency, 0) + micros
     assert by_currency == exported and len(exported) > 1
-    assert all(r["net_amount"] == format_micros(int(r["net_micros"])) for r in lines)
+    assert all(r["net_amount"] == format_amount(int(r["net_micros"]), r["currency"]) for r in lines)
     assert fiona.get("/finance/months/2025-12/billing.csv").status_code == 404
     assert fiona.get("/finance/months/2026-13/billing.csv").status_code == 400
     assert alice.get("/finance/months/2026-01/billing.csv").status_code == 404

@@ -121,10 +121,10 @@ def test_the_advertiser_reads_its_invoice_beside_the_open_month_as_page_csv_and_
     assert sum(int(r["amount_micros"]) for r in lines) == 1_234_560
     totals = {r["line_kind"]: r for r in rows if r["line_kind"] in ("net", "amount", "tax", "total")}
     assert [totals[k]["amount"] for k in ("net", "amount", "tax", "total")] == [
-        "1.234560",
-        "1.230000",
-        "0.250000",
-        "1.480000",
+        "1.23456",  # exact: finer than the cent where the micros are
+        "1.23",
+        "0.25",
+        "1.48",
     ]
     assert {r["invoice"] for r in rows} == {"INV-000001"}
 

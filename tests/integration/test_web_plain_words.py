@@ -4,8 +4,11 @@ errors in the terms people typed, amounts in the currency's minor unit, and the 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
+from decimal import Decimal
 
 import pytest
 from flask.testing import FlaskClient
@@ -18,6 +21,7 @@ from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.web_support import OWN, Seeded, form_token, login, seed
 from web.app import create_app
+from web.security import CSRF_HEADER
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +135,65 @@ def test_a_refusal_is_said_beside_its_field_in_the_terms_typed(seeded: Seeded) -
     ranged = text_of(alice.get(f"/advertisers/{OWN}?from=2026-01-31&to=2026-01-01").text)
     assert "to is before from: a range ends on or after the day it starts" in ranged
     assert "to is on or after from" not in ranged
+
+
+def test_amounts_are_typed_and_written_in_the_currencys_minor_unit(seeded: Seeded) -> None:
+    """JPY has no minor unit, KWD three decimals (ISO 4217, `billing.money.minor_digits`): the CSVs write amounts so,
+    a JPY budget is whole yen on the form and the API, and the health page names no amount without its currency."""
+    fiona = client_of(seeded, "fiona")
+    places = {"adv-0000": 2, "adv-0001": 0, "adv-0002": 3}  # EUR, JPY, KWD
+    for advertiser, digits in places.items():
+        for url, column in (
+            (f"/advertisers/{advertiser}/charges.csv?from=2026-01-01&to=2026-01-01", "amount"),
+            (f"/advertisers/{advertiser}/statements/2026-01/statement.csv", "total"),
+        ):
+            rows = list(csv.DictReader(io.StringIO(fiona.get(url).text)))
+            assert rows, url
+            for row in rows:
+                micros = int(row[f"{column}_micros"] if f"{column}_micros" in row else row["total_micros"])
+                amount = row[column]
+                decimals = len(amount.split(".")[1]) if "." in amount else 0
+                # The minor unit, more only where the micros need it (prices per click may be finer).
+                assert decimals == max(digits, len(f"{abs(micros) % 1_000_000:06d}".rstrip("0"))), (url, row)
+                assert Decimal(amount) * 1_000_000 == micros, (url, row)
+    month = list(csv.DictReader(io.StringIO(fiona.get("/finance/months/2026-01/advertisers.csv").text)))
+    assert {r["advertiser_id"]: "." in r["amount"] for r in month}["adv-0001"] is False
+
+    ada = client_of(seeded, "ada")
+    jpy_campaign = next(a.campaign_id for a in seeded.catalog if a.currency == "JPY")
+    token = form_token(ada.get(f"/catalog/campaigns/{jpy_campaign}").text)
+    before = seeded.settings.catalog_file.read_bytes()
+    page = ada.post(f"/catalog/campaigns/{jpy_campaign}/budgets", data={"csrf_token": token, "daily_amount": "1000.5"})
+    assert page.status_code == 400
+    assert (
+        "a daily budget is an amount in JPY such as 50, in whole JPY (it has no minor unit): you typed 1000.5 JPY"
+        in (page.text.split('id="budget-amount"')[1].split("</label>")[0])
+    )
+    answer = ada.post(
+        f"/api/v1/catalog/campaigns/{jpy_campaign}/budgets",
+        json={"daily_budget_micros": 1_000_500_000},
+        headers={CSRF_HEADER: token},
+    )
+    assert answer.status_code == 400
+    assert "in whole JPY" in answer.json["error"] and "multiple of 1,000,000" in answer.json["error"]
+    assert seeded.settings.catalog_file.read_bytes() == before
+    made = ada.post(f"/catalog/campaigns/{jpy_campaign}/budgets", data={"csrf_token": token, "daily_amount": "1000"})
+    assert made.status_code == 303
+    # A KWD budget to the fils, and a EUR price finer than the cent: both kept exactly.
+    kwd_campaign = next(a.campaign_id for a in seeded.catalog if a.currency == "KWD")
+    made = ada.post(f"/catalog/campaigns/{kwd_campaign}/budgets", data={"csrf_token": token, "daily_amount": "12.345"})
+    assert made.status_code == 303
+    eur_ad = next(a.ad_id for a in seeded.catalog if a.currency == "EUR")
+    made = ada.post(
+        f"/catalog/ads/{eur_ad}/changes", data={"csrf_token": token, "action": "set-price", "price": "0.0035"}
+    )
+    assert made.status_code == 303
+
+    # A run that booked nothing: its net is said in words, not as an amount without a currency.
+    seeded.writer.reconciliation(
+        {"run_id": "nothing", "started_at_ms": NOW_MS - 60_000, "finished_at_ms": NOW_MS - 30_000,
+         "duration_ms": 30_000, "periods": [], "closed": [], "additions": 0, "retractions": 0,
+         "net_micros_by_currency": {}}
+    )  # fmt: skip
+    net = ada.get("/health").text.split('id="reconcile-net">')[1].split("</td>")[0]
+    assert text_of(net) == "nothing booked"

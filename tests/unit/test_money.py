@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing.money import format_micros, parse_amount
+from billing.money import format_amount, format_micros, parse_amount
 
 
 @pytest.mark.parametrize(
@@ -63,3 +63,25 @@ def test_parse_amount_refuses_floats() -> None:
 def test_round_trip() -> None:
     for micros in (0, 1, -1, 999_999, 1_000_000, -123_456_789):
         assert parse_amount(format_micros(micros, "EUR").split()[0]) == micros
+
+
+@pytest.mark.parametrize(
+    ("micros", "currency", "text"),
+    [
+        (296_797_000_000, "JPY", "296797"),  # no minor unit: no decimals
+        (3_614_986_000, "KWD", "3614.986"),  # three decimals
+        (1_230_000, "EUR", "1.23"),
+        (0, "EUR", "0.00"),
+        (0, "JPY", "0"),
+        (3_500, "EUR", "0.0035"),  # a price per click may be finer than the minor unit: every digit it needs
+        (500_000, "JPY", "0.5"),
+        (-1_230_000, "EUR", "-1.23"),
+        (1_000_000_000, "IQD", "1000.000"),  # ISO 4217's three, where Babel's CLDR data has none
+        (1_230_000, "", "1.230000"),  # no currency: all six, as format_micros
+    ],
+)
+def test_a_files_amount_is_in_the_currencys_minor_unit_and_finer_only_where_needed(
+    micros: int, currency: str, text: str
+) -> None:
+    assert format_amount(micros, currency) == text
+    assert parse_amount(text) == micros

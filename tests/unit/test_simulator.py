@@ -669,12 +669,15 @@ def test_the_mid_run_changes_come_when_asked_not_only_halfway():
 def test_budgets_are_exhausted_and_changed_halfway(invalid_run):
     arrivals, simulator, result = invalid_run
     budgets = INVALID.daily_budgets()
-    assert len(budgets) == 3 and all(micros % 10_000 == 0 for micros in budgets.values())
+    # In whole cents, or whole units of a currency without a minor unit (JPY): a budget is in the minor unit.
+    steps = INVALID.budget_steps()
+    assert len(budgets) == 3 and all(micros % steps[c] == 0 for c, micros in budgets.items())
+    assert {steps[c] for c in budgets} >= {1_000_000}, "a JPY campaign among them, its budget in whole yen"
     halfway = INVALID.changes_at_ms(simulator.start_ms)
     history = simulator.catalog
     first, second, third = budgets
-    assert history.budget_at(first, halfway) == budgets[first] * 3 // 2 // 10_000 * 10_000
-    assert history.budget_at(second, halfway) == budgets[second] // 2 // 10_000 * 10_000
+    assert history.budget_at(first, halfway) == budgets[first] * 3 // 2 // steps[first] * steps[first]
+    assert history.budget_at(second, halfway) == budgets[second] // 2 // steps[second] * steps[second]
     assert history.budget_at(third, halfway) is None
     assert all(history.budget_at(c, simulator.start_ms) == micros for c, micros in budgets.items())
     days = result.counts["budgets"]
