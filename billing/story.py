@@ -931,9 +931,20 @@ REASON_WORDS = {
 }
 
 
-def describe(story: ClickStory, money: Callable[[int, str], str] | None = None) -> list[str]:
-    """The story's "why", a sentence a line, with `money(micros, currency)` (all six decimals by default)."""
+def describe(
+    story: ClickStory, money: Callable[[int, str], str] | None = None, time: Callable[[int], str] | None = None
+) -> list[str]:
+    """The story's "why", a sentence a line, with `money(micros, currency)` (all six decimals by default) and
+    `time(epoch_ms)` (ISO-8601 UTC by default; the pages pass their own format)."""
     show = money or (lambda micros, currency: format_micros(micros, currency))
+    at = time or format_utc
+
+    def _when(at_ms: int | None) -> str:
+        return _when_text(at_ms, at)
+
+    def _by(change: ChangeEntry | None) -> str:
+        return _by_text(change, at)
+
     outcome, cur = story.outcome, story.currency or story.outcome.currency or ""
     if outcome.status == NOT_RECEIVED:
         return [f"No click with the id {story.click_id} was ever received."]
@@ -1013,14 +1024,14 @@ def describe(story: ClickStory, money: Callable[[int, str], str] | None = None) 
     return lines
 
 
-def _when(at_ms: int | None) -> str:
-    return "the beginning" if not at_ms else format_utc(at_ms)
+def _when_text(at_ms: int | None, time: Callable[[int], str] = format_utc) -> str:
+    return "the beginning" if not at_ms else time(at_ms)
 
 
-def _by(change: ChangeEntry | None) -> str:
+def _by_text(change: ChangeEntry | None, time: Callable[[int], str] = format_utc) -> str:
     if change is None or not change.recorded or not change.who:
         return ", author not recorded" if change is not None else ""
-    made = f" at {format_utc(change.made_at)}" if change.made_at else ""
+    made = f" at {time(change.made_at)}" if change.made_at else ""
     return f", made by {change.who} through the {change.door}{made}"
 
 

@@ -137,3 +137,42 @@ def plant_exported_click(root: Path, period: str, advertiser_id: str, duplicate:
     ledger = pa.Table.from_pylist([{name: bill[name] for name in LEDGER_COLUMNS}])
     write_batch_files(ledger, layout.ledger, ["period", "batch_id"])
     return str(row["click_id"])
+
+
+def plant_not_charged_click(seeded: Seeded, period_start_ms: int, reason: str = "over_budget") -> str:
+    """A click of the open period from `period_start_ms` that the stream did not charge for `reason`, written as the
+    streaming job writes it: its impression and click in the archive, its row in the stream's `not_charged/` files.
+    Returns the click id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
+    from billing.periods import Periods
+
+    layout = DataLayout(seeded.settings.root)
+    ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
+    period = Periods().key(period_start_ms)
+    at = period_start_ms + 600_000
+    click_id, impression_id, user_id, batch = f"nc-story-{reason}", f"i-nc-story-{reason}", "u-nc-story", 900
+
+    def event(event_type: str, event_id: str, time_ms: int, offset: int) -> dict[str, object]:
+        return {
+            "event_type": event_type, "event_id": event_id, "ad_id": ad.ad_id, "user_id": user_id,
+            "event_time": time_ms, "received_ms": time_ms + 150, "topic": f"{event_type}s", "partition": 0,
+            "offset": offset, "value": b"\0\0\0\0\1", "user_agent": "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0",
+            "ip": "192.0.2.45", "late": False, "period_start_ms": period_start_ms, "period": period, "batch_id": batch,
+        }  # fmt: skip
+
+    events = [event("impression", impression_id, at - 3_000, 71), event("click", click_id, at, 72)]
+    write_batch_files(
+        pa.Table.from_pylist(events).select(list(ARCHIVE_COLUMNS)), layout.archive, ["event_type", "period", "batch_id"]
+    )
+    row = {
+        "click_id": click_id, "impression_id": impression_id, "ad_id": ad.ad_id, "campaign_id": ad.campaign_id,
+        "advertiser_id": OWN, "user_id": user_id, "click_time": at, "impression_time": at - 3_000,
+        "amount_micros": ad.cpc_micros, "currency": ad.currency, "reason": reason,
+    }  # fmt: skip
+    folder = layout.not_charged / f"period={period}" / f"batch_id={batch}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([row]), folder / "part-0.parquet")
+    return click_id

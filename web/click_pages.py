@@ -92,7 +92,7 @@ def click(click_id: str) -> str | tuple[str, int]:
     page = render_template(
         "click.html",
         s=story,
-        why=describe(story, display.money),
+        why=describe(story, display.money, display.utc),
         finance=principal.role is not Role.ADVERTISER,
     )
     return page if status == 200 else (page, status)

@@ -20,7 +20,7 @@ from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.e2e.test_browser_catalog import NARROW, WIDE, shoot_at
-from tests.web_support import OWN
+from tests.web_support import FIRST_PERIOD_MS, OWN, plant_not_charged_click
 
 pytestmark = pytest.mark.e2e
 
@@ -191,3 +191,35 @@ def test_a_jpy_budget_is_typed_in_whole_yen(
     browser.find_element(By.CSS_SELECTOR, "#set-budget button[type=submit]").click()
     wait(browser, lambda d: d.find_elements(By.ID, "catalog-done"))
     assert "(1,000 JPY) a day" in browser.find_element(By.ID, "catalog-done").text
+
+
+def test_a_not_charged_clicks_story_says_so_at_both_widths(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    seeded = served.seeded
+    campaign = next(a.campaign_id for a in seeded.catalog if a.advertiser_id == OWN)
+    budget = {
+        "type": "budget",
+        "campaign_id": campaign,
+        "effective_from": FIRST_PERIOD_MS,
+        "daily_budget_micros": 10_000,
+    }
+    apply_to_store(
+        CatalogStore(seeded.settings.catalog_file),
+        parse_capture_line(json.dumps(budget)),  # type: ignore[arg-type]
+        FIRST_PERIOD_MS + 60_000,
+        MadeBy("root", "simulator"),
+    )
+    click_id = plant_not_charged_click(seeded, FIRST_PERIOD_MS + 5 * 3_600_000)
+    log_in(browser, served.base_url, "alice", f"/clicks/{click_id}")
+    stands = browser.find_element(By.CSS_SELECTOR, "#copies tbody tr").text
+    assert "the one billed" not in stands and "the one the rule judged; not charged (Over budget)" in stands
+    why = browser.find_element(By.ID, "why").text
+    assert "made by root through the simulator at 2026-01-01 00:01:00 UTC" in why and "Z;" not in why
+    for width in (WIDE, NARROW):
+        browser.execute_script("document.getElementById('why').scrollIntoView()")
+        shoot_at(browser, shoot, width, "story-not-charged")
+    browser.set_window_size(WIDE, 1100)

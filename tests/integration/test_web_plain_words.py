@@ -9,6 +9,7 @@ import io
 import json
 import re
 from decimal import Decimal
+from html import unescape
 
 import pytest
 from flask.testing import FlaskClient
@@ -19,7 +20,7 @@ from billing.store.stream_offsets import LagReading
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
-from tests.web_support import OWN, Seeded, form_token, login, seed
+from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, form_token, login, plant_not_charged_click, seed
 from web.app import create_app
 from web.security import CSRF_HEADER
 
@@ -42,7 +43,7 @@ def client_of(seeded: Seeded, who: str, now_ms: int = NOW_MS) -> FlaskClient:
 
 def text_of(html: str) -> str:
     """The page's words, without its tags and with its white space folded."""
-    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 def test_the_dashboard_and_the_statement_say_when_a_provisional_figure_becomes_final(seeded: Seeded) -> None:
@@ -197,3 +198,26 @@ def test_amounts_are_typed_and_written_in_the_currencys_minor_unit(seeded: Seede
     )  # fmt: skip
     net = ada.get("/health").text.split('id="reconcile-net">')[1].split("</td>")[0]
     assert text_of(net) == "nothing booked"
+
+
+def test_a_not_charged_clicks_story_never_calls_it_billed_and_says_times_as_the_pages_do(seeded: Seeded) -> None:
+    campaign = next(a.campaign_id for a in seeded.catalog if a.advertiser_id == OWN)
+    store = CatalogStore(seeded.settings.catalog_file)
+    budget = {
+        "type": "budget",
+        "campaign_id": campaign,
+        "effective_from": FIRST_PERIOD_MS,
+        "daily_budget_micros": 10_000,
+    }
+    apply_to_store(store, parse_capture_line(json.dumps(budget)), NOW_MS - 120_000, MadeBy("root", "simulator"))  # type: ignore[arg-type]
+    click_id = plant_not_charged_click(seeded, FIRST_PERIOD_MS + 5 * 3_600_000)
+    alice = client_of(seeded, "alice")
+    page = alice.get(f"/clicks/{click_id}")
+    assert page.status_code == 200, page.text
+    copies = text_of(page.text.split('id="copies"')[1].split("</table>")[0])
+    assert "the one billed" not in copies
+    assert "The first copy to arrive: the one the rule judged; not charged (Over budget)." in copies
+    why = text_of(page.text.split('id="why"')[1].split("</ul>")[0])
+    assert f"Campaign {campaign}'s daily budget on 2026-01-01: 0.01 EUR" in why
+    assert "made by root through the simulator at 2026-01-01 05:38:00 UTC" in why
+    assert not re.search(r"\dT\d\d:\d\d:\d\d\.\d{3}Z", why), why
