@@ -291,27 +291,39 @@ def _expected_per_ad(settings: Settings, catalog, delivered: int, raw: int = 0) 
     return out
 
 
+class _CrashBeforeRedis(RuntimeError):
+    """The driver dies after the batch's files, before Redis hears of the batch."""
+
+
 def _a_batch_stopped_after_its_files(  # type: ignore[no-untyped-def]
     spark: SparkSession, settings: Settings, catalog, events: list, before_crash: Callable[[], object] = lambda: None
 ) -> int:
     """Run the job over `events` and a bad record, so that it stops in the middle of the batch that reads them:
-    its files written, Redis not told, the checkpoint not committed (Redis refuses the batch: the record of the
-    batches applied is gone for that moment). `before_crash` runs just before `events` are sent. Returns the
-    batch's id; Redis is as before the batch."""
+    its files written, Redis not told, the checkpoint not committed (the batch fails where it would apply to Redis,
+    as a driver that dies there). `before_crash` runs just before `events` are sent. Returns the batch's id; Redis is
+    as before the batch."""
     import time
 
-    from billing.store.redis_keys import RedisKeys
+    from billing.store.redis_totals import RedisTotals
     from billing.store.schema_registry import open_registry
     from producers.publisher import EventPublisher
     from producers.wire import EventSerializer
 
+    apply_batch = RedisTotals.apply_batch
+    armed: list[bool] = []
+
+    def crash_when_armed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if armed:
+            raise _CrashBeforeRedis("the driver died after the batch's files, before Redis")
+        return apply_batch(self, *args, **kwargs)
+
     queries = start(spark, stream_config(settings))
     try:
         queries[0].processAllAvailable()
-        client = RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client
-        marker = RedisKeys(settings.redis_prefix).applied("billing")
-        applied = client.get(marker)
-        client.delete(marker)
+        applied = RedisFigures.from_url(settings.redis_url, settings.redis_prefix).last_applied("billing")
+        assert applied is not None
+        RedisTotals.apply_batch = crash_when_armed  # type: ignore[method-assign]
+        armed.append(True)
         before_crash()
         publish(settings, events)
         publisher = EventPublisher(
@@ -322,13 +334,13 @@ def _a_batch_stopped_after_its_files(  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + 180
         while queries[0].isActive and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "restore-redis" in str(_failure_of(queries[0]))
-        client.set(marker, applied)
+        assert "the driver died after the batch's files" in str(_failure_of(queries[0]))
     finally:
+        RedisTotals.apply_batch = apply_batch  # type: ignore[method-assign]
         if queries[0].isActive:
             queries[0].stop()
     newest = newest_batch_id(settings.root)
-    assert newest is not None and newest > int(applied)
+    assert newest is not None and newest > applied
     return newest
 
 
