@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +73,7 @@ def run_reconcile(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     status = ReconcileStatus(settings)
+    running = ReconcileStatus.running(settings)
     # Room first: the run lock, Spark's scratch and event log, and the run's files are in the data folder.
     retry_while_disk_full(lambda: probe_room(settings.root), "starting reconciliation", settings.root, status)
     ensure_catalog(settings)
@@ -89,6 +90,7 @@ def run_reconcile(
         try:
             while True:
                 started = time.monotonic()
+                running("a run is under way")
                 try:
                     # A run stopped by a full disk is run again once there is room: it completes what it left.
                     report = retry_while_disk_full(
@@ -121,6 +123,8 @@ def run_reconcile(
                     print(f"reconcile: {exc}", file=sys.stderr, flush=True)
                     if metrics:
                         metrics.outcome("busy", time.monotonic() - started)
+                finally:
+                    running(None)
                 if not every_s:
                     return 0
                 time.sleep(every_s)
@@ -156,6 +160,14 @@ class ReconcileStatus:
     def __call__(self, message: str | None) -> None:
         print(f"reconcile: {message or 'disk space is back: going on'}", file=sys.stderr, flush=True)
         self.record(message)
+
+    @staticmethod
+    def running(settings: Settings) -> Callable[[str | None], None]:
+        """The record of a run under way (`RECONCILE_RUN_PART`), for the health page: set at a run's start, removed
+        at its end."""
+        from billing.store.part_status import RECONCILE_RUN_PART, RUNNING, PartStatus
+
+        return PartStatus(settings.redis_url, settings.redis_prefix, RECONCILE_RUN_PART, state=RUNNING)
 
 
 class ReconcileMetrics:

@@ -1,8 +1,9 @@
 """Who may see what, and when a login is refused: the web UI's rules, pure (no Flask, no Redis).
 
 DOMAIN.md, "Who sees what": an advertiser sees its own totals, clicks and corrections and nothing of any other
-advertiser; finance sees every advertiser's totals and the exports; an admin sees everything and the pipeline's
-health. Whatever a principal may not see does not exist for it: the views answer 404, the same answer as for an id
+advertiser; finance sees every advertiser's totals and the exports, and the pipeline's health (reading it, not
+changing anything: its closing of the books waits on the stream and reconciliation); an admin sees everything.
+Whatever a principal may not see does not exist for it: the views answer 404, the same answer as for an id
 that exists nowhere, so that ids of other advertisers cannot even be probed.
 """
 
@@ -19,9 +20,9 @@ class Role(StrEnum):
     ADVERTISER = "advertiser"
     """Bound to one advertiser; sees that advertiser only."""
     FINANCE = "finance"
-    """Every advertiser's totals, the periods and the finance exports."""
+    """Every advertiser's totals, the periods, the finance exports and the pipeline's health."""
     ADMIN = "admin"
-    """Everything finance sees, and the pipeline's health."""
+    """Everything finance sees, and the catalog's changes and the IP exclusion list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +51,9 @@ def may_see_finance(principal: Principal) -> bool:
 
 
 def may_see_health(principal: Principal) -> bool:
-    """The pipeline's health: lag, watermarks, batch durations, late and quarantined counts."""
-    return principal.role is Role.ADMIN
+    """The pipeline's health: lag, watermarks, batch durations, late and quarantined counts, reconciliation's runs:
+    an admin's, and finance's, whose closing of the books waits on the stream and on reconciliation."""
+    return principal.role in (Role.FINANCE, Role.ADMIN)
 
 
 def may_change_catalog(principal: Principal) -> bool:

@@ -34,7 +34,7 @@ from web import (
     pages,
     probes,
 )
-from web.access import LoginLimit, Role, may_see_finance, may_see_health
+from web.access import LoginLimit, Role, may_change_catalog, may_see_finance, may_see_health
 from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.changes import api_bp as change_api
@@ -95,6 +95,10 @@ class WebSettings(Protocol):
     @property
     def lateness_horizon_ms(self) -> int: ...
     @property
+    def impression_watermark_ms(self) -> int: ...
+    @property
+    def click_watermark_ms(self) -> int: ...
+    @property
     def kafka_bootstrap(self) -> str: ...
     @property
     def topic_impressions(self) -> str: ...
@@ -149,6 +153,7 @@ def create_app(
         clock=clock,
         ready_batch_age_s=settings.web_ready_batch_age_s,
         horizon_ms=settings.lateness_horizon_ms,
+        watermark_delay_ms=max(settings.impression_watermark_ms, settings.click_watermark_ms),
         kafka_lag=kafka_lag
         or KafkaLag(
             DataLayout(settings.root).checkpoint(QUERY_NAMES[0]),
@@ -218,6 +223,7 @@ def create_app(
         principal=current_principal,
         may_see_finance=may_see_finance,
         may_see_health=may_see_health,
+        may_change_catalog=may_change_catalog,
         Role=Role,
         age=display.age,
         reasons=REASONS,

@@ -71,8 +71,46 @@ def worst(levels: Sequence[str]) -> str:
     return max(levels, key=lambda level: _RANK[level]) if levels else UNKNOWN
 
 
-def job_status(fresh: Freshness) -> ComponentStatus:
-    return ComponentStatus("Streaming job", fresh.level, fresh.text)
+SILENT_AFTER_S = 13
+"""The job reports every batch, and an idle trigger every 10 s when there is nothing to read (Spark's
+`noDataProgressEventInterval`): silent for longer than this (or than 1.5 times its longest recent batch, when that is
+longer) it may be frozen, long before the figures' banner turns amber."""
+
+WATERMARK_BEHIND_S = 20
+"""While records flow, a watermark further behind the clock than its delay plus this is amber: the live bill lags."""
+
+
+def job_status(
+    fresh: Freshness,
+    now_ms: int | None = None,
+    recent_durations_ms: Sequence[int] = (),
+    watermark_ms: int | None = None,
+    watermark_delay_ms: int = 0,
+    flowing: bool = False,
+) -> ComponentStatus:
+    """The streaming job: its freshness (`fresh`, from its heartbeat); silent past `SILENT_AFTER_S` (or 1.5 times its
+    longest recent batch) it may be frozen (amber); and how far its watermark (`watermark_ms`, the last batch's) is
+    behind the clock, amber past its delay plus `WATERMARK_BEHIND_S` while records flow (`flowing`: records wait in
+    Kafka or the last batch read some)."""
+    if now_ms is None or fresh.level == UNKNOWN:
+        return ComponentStatus("Streaming job", fresh.level, fresh.text)
+    level, text = fresh.level, fresh.text
+    silent_limit_ms = max(SILENT_AFTER_S * 1000, 3 * max(recent_durations_ms, default=0) // 2)
+    if level == OK and fresh.age_ms is not None and fresh.age_ms > silent_limit_ms:
+        level = AMBER
+        text = (
+            f"Silent for {format_elapsed(fresh.age_ms)}: no batch and no idle report since "
+            f"{_utc(fresh.last_batch_ms or 0)} (it reports at least every 10 s): the job may be frozen."
+        )
+    if watermark_ms is not None:
+        behind = max(0, now_ms - watermark_ms)
+        text += (
+            f" Watermark {_utc(watermark_ms)}, {format_elapsed(behind)} behind the clock "
+            f"({format_elapsed(watermark_delay_ms)} of that is its delay): clicks after it are not billed live yet."
+        )
+        if flowing and behind > watermark_delay_ms + WATERMARK_BEHIND_S * 1000:
+            level = worst([level, AMBER])
+    return ComponentStatus("Streaming job", level, text)
 
 
 def waiting_status(name: str, status: Mapping[str, str], now_ms: int) -> ComponentStatus:
@@ -131,10 +169,30 @@ def reconciliation_status(
     differences: Sequence[str],
     now_ms: int,
     awaiting_close: Sequence[str] = (),
+    running_since_ms: int | None = None,
 ) -> ComponentStatus:
     """Red when the last audit found a closed period that differs from the rule (`differences`, named); amber when
-    periods are held or no run finished for `RECONCILE_LATE_S`; unknown before the first run. An open period that
-    differs (`awaiting_close`) is said, never a failure: its late data is corrected when it closes."""
+    periods are held, no run finished for `RECONCILE_LATE_S` or a run has been under way that long; unknown before
+    the first run. A run under way (`running_since_ms`, its record `billing.store.part_status.RECONCILE_RUN_PART`)
+    is said first. An open period that differs (`awaiting_close`) is said, never a failure: its late data is
+    corrected when it closes."""
+    if running_since_ms is not None:
+        running_ms = max(0, now_ms - running_since_ms)
+        said = reconciliation_status(finished_at_ms, held, differences, now_ms, awaiting_close)
+        last = (
+            f"the last run finished {format_elapsed(max(0, now_ms - finished_at_ms))} ago"
+            if finished_at_ms is not None
+            else "no run has finished yet"
+        )
+        level = worst(
+            [OK if said.level == UNKNOWN else said.level, AMBER if running_ms > RECONCILE_LATE_S * 1000 else OK]
+        )
+        rest = f" {said.text}" if said.level in (RED, AMBER) else ""
+        return ComponentStatus(
+            "Reconciliation",
+            level,
+            f"Running: a run under way since {_utc(running_since_ms)} ({format_elapsed(running_ms)}); {last}.{rest}",
+        )
     waits = (
         f" Open, awaiting close (they differ from the rule until they close): {_labels(awaiting_close)}."
         if awaiting_close

@@ -14,7 +14,7 @@ from flask import abort, g, request
 
 from billing.budget_days import CampaignDay
 from billing.corrections import Correction
-from billing.store.part_status import RECONCILE_PART, STREAM_PART
+from billing.store.part_status import RECONCILE_PART, RECONCILE_RUN_PART, STREAM_PART
 from billing.store.stream_offsets import LagReading
 from web.display import period_label
 from web.freshness import (
@@ -223,11 +223,26 @@ def health_status(
     space) shows that instead. Kafka's lag is `lag` (read from Kafka) when given, else the job's last report;
     reconciliation's takes in the last `audit` (None before the first)."""
     svc = services()
+    now = svc.clock()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
     stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
+    running = svc.reader.part_waiting(RECONCILE_RUN_PART).get("since_ms", "")
+    waiting = sum(n or 0 for n in (lag.lag if lag is not None and lag.lag else (query.lag if query else {})).values())
+    watermark = None
+    if query is not None:
+        streams = [w for w in query.stream_watermarks_ms.values() if w is not None]
+        watermark = query.watermark_ms if query.watermark_ms is not None else min(streams, default=None)
+    job = job_status(
+        fresh,
+        now,
+        query.recent_durations_ms if query else (),
+        watermark,
+        svc.watermark_delay_ms,
+        flowing=waiting > 0 or bool(query and query.input_rows),
+    )
     return [
-        waiting_status("Streaming job", stream_waits, svc.clock()) if stream_waits else job_status(fresh),
+        waiting_status("Streaming job", stream_waits, now) if stream_waits else job,
         kafka_status(query.lag if query else {}, query.lag_before if query else None)
         if lag is None
         else kafka_status(lag.lag, query.lag_before if query else None, lag.error, fresh, lag.committed),
@@ -238,7 +253,8 @@ def health_status(
             r.finished_at_ms if r else None,
             r.held if r else {},
             audit.differences if audit else [],
-            svc.clock(),
+            now,
             audit.awaiting_close if audit else [],
+            int(running) if running.isdigit() else None,
         ),
     ]

@@ -39,6 +39,9 @@ class Services:
     ready_batch_age_s: int = 60
     kafka_lag: Callable[[], LagReading] | None = None
     """The billing query's lag read from Kafka and its checkpoint now (the health page), None: not asked."""
+    watermark_delay_ms: int = 10_000
+    """The streams' watermark delay (the longer of the two): how far behind the clock the job's watermark is by
+    design (the health page says how much further it is)."""
     horizon_ms: int = 15 * 60_000
     """The lateness horizon: how long after its end a period waits for late events before reconciliation corrects
     and closes it (the pages say when an open period's figures become final)."""

@@ -1,7 +1,8 @@
 """What a long-running part says of itself beyond its heartbeat: that it waits, and for what (disk space).
 
 `PREFIX:health:status:PART` (hash `state`, `message`, `since_ms`) is set while the streaming job (`stream`) or
-reconciliation (`reconcile`) waits, and removed when it goes on; `adbill health PART` shows it. Recording it never
+reconciliation (`reconcile`) waits, and removed when it goes on; `adbill health PART` shows it. Reconciliation keeps
+one more, `reconcile-run`, while a run is under way (`RUNNING`), for the health page. Recording it never
 stops the part: a Redis that does not answer is logged and passed over.
 """
 
@@ -21,6 +22,10 @@ log = logging.getLogger(__name__)
 WAITING_FOR_DISK = "waiting for disk space"
 STREAM_PART, RECONCILE_PART = "stream", "reconcile"
 """The parts that keep a status record: the streaming job and reconciliation."""
+RUNNING = "running"
+RECONCILE_RUN_PART = "reconcile-run"
+"""Reconciliation's run under way: set when a run starts (`state` running, `since_ms` its start), removed when it
+ends however it ends; a record left by a run killed outright stays, and the health page says how long it has run."""
 
 
 class PartStatus:

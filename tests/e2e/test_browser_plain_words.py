@@ -16,11 +16,14 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from billing.catalog import MadeBy
 from billing.store.catalog_file import CatalogStore
+from billing.store.part_status import RECONCILE_RUN_PART
+from billing.store.redis_keys import RedisKeys
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.e2e.test_browser_catalog import NARROW, WIDE, shoot_at
 from tests.web_support import FIRST_PERIOD_MS, OWN, plant_not_charged_click
+from web.sample_data import health_record
 
 pytestmark = pytest.mark.e2e
 
@@ -223,3 +226,36 @@ def test_a_not_charged_clicks_story_says_so_at_both_widths(
         browser.execute_script("document.getElementById('why').scrollIntoView()")
         shoot_at(browser, shoot, width, "story-not-charged")
     browser.set_window_size(WIDE, 1100)
+
+
+def test_finance_reads_the_health_page_with_a_frozen_job_and_a_run_under_way(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    seeded = served.seeded
+    keys = RedisKeys(seeded.settings.redis_prefix)
+    now = int(time.time() * 1000)
+    seeded.client.set(keys.heartbeat("billing"), now - 20_000)  # frozen: nothing for 20 s
+    seeded.writer.health({**health_record("billing", 95, now - 20_000), "watermark_ms": now - 31_000})
+    seeded.client.hset(keys.health_status(RECONCILE_RUN_PART), mapping={"state": "running", "since_ms": now - 840_000})
+    log_in(browser, served.base_url, "fiona", "/finance")
+    browser.find_element(By.ID, "nav-health").click()
+    wait(browser, lambda d: d.current_url.endswith("/health"))
+    # Never "all good" (red here: this fixture runs no Kafka, which the page says too).
+    assert browser.find_element(By.ID, "overall-status").get_attribute("data-level") in ("amber", "red")
+    job = browser.find_element(By.ID, "status-streaming-job")
+    assert job.get_attribute("data-level") == "amber" and "the job may be frozen" in job.text
+    assert "behind the clock" in job.text
+    run = browser.find_element(By.ID, "status-reconciliation").text
+    assert "Running: a run under way since" in run and "(14 min)" in run
+    for width in (WIDE, NARROW):
+        browser.set_window_size(width, 1400 if width == NARROW else 1100)
+        wait(browser, lambda d, w=width: d.execute_script("return window.innerWidth") <= w)  # type: ignore[misc]
+        shoot(browser, f"health-finance-{width}")
+        # The page never scrolls sideways, and the status lines fit their table (no scroll bar under it).
+        assert not browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth + 1;")
+        assert overflowing(browser, ("status",)) == {}
+    browser.set_window_size(WIDE, 1100)
+    seeded.client.delete(keys.health_status(RECONCILE_RUN_PART))

@@ -25,6 +25,7 @@ from tests.web_support import OWN, Seeded, login, seed, web_screens_dir
 from web import display
 from web.app import create_app
 from web.reasons import REASONS
+from web.sample_data import health_record
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +88,8 @@ def test_every_live_page_says_when_the_data_was_last_billed(
 def test_the_health_page_sums_up_the_job_kafka_redis_and_reconciliation(seeded: Seeded) -> None:
     ada = client_of(seeded, "ada")
     beat(seeded, NOW_MS - 2_000)
+    # Its last batch two seconds ago, its watermark its delay and two seconds behind the clock.
+    seeded.writer.health({**health_record("billing", 70, NOW_MS - 2_000), "watermark_ms": NOW_MS - 12_000})
     status = ada.get("/api/v1/health").json["status"]
     levels = {c["name"]: c["level"] for c in status["components"]}
     # The sample's last reconciliation finished long before NOW_MS: amber; the rest is fine.

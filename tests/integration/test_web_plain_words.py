@@ -16,12 +16,15 @@ from flask.testing import FlaskClient
 
 from billing.catalog import MadeBy
 from billing.store.catalog_file import CatalogStore
+from billing.store.part_status import RECONCILE_RUN_PART
+from billing.store.redis_keys import RedisKeys
 from billing.store.stream_offsets import LagReading
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, form_token, login, plant_not_charged_click, seed
 from web.app import create_app
+from web.sample_data import health_record
 from web.security import CSRF_HEADER
 
 pytestmark = pytest.mark.integration
@@ -221,3 +224,48 @@ def test_a_not_charged_clicks_story_never_calls_it_billed_and_says_times_as_the_
     assert f"Campaign {campaign}'s daily budget on 2026-01-01: 0.01 EUR" in why
     assert "made by root through the simulator at 2026-01-01 05:38:00 UTC" in why
     assert not re.search(r"\dT\d\d:\d\d:\d\d\.\d{3}Z", why), why
+
+
+def test_the_health_page_says_a_frozen_job_a_watermark_behind_and_a_run_under_way_and_finance_reads_it(
+    seeded: Seeded,
+) -> None:
+    keys = RedisKeys(seeded.settings.redis_prefix)
+    client = seeded.client
+
+    def job(who: str = "ada") -> tuple[str, str]:
+        page = client_of(seeded, who).get("/health")
+        assert page.status_code == 200
+        row = page.text.split('id="status-streaming-job"')[1].split("</tr>")[0]
+        return row.split('data-level="')[0], text_of(row)
+
+    # The job beat 27 s ago and nothing since: frozen, long before the banner's 60 s.
+    client.set(keys.heartbeat("billing"), NOW_MS - 27_000)
+    seeded.writer.health({**health_record("billing", 90, NOW_MS - 27_000), "watermark_ms": NOW_MS - 37_000})
+    _, said = job()
+    assert "amber" in said and "Silent for 27 s: no batch and no idle report since 2026-01-01 05:39:33 UTC" in said
+    assert "the job may be frozen" in said
+    overall = client_of(seeded, "ada").get("/health").text.split('id="overall-status"')[1]
+    assert 'data-level="amber"' in overall.split(">")[0] and "all good" not in overall.split("</span>")[0]
+    # Under load: billed a second ago, its watermark 38 s behind the clock.
+    client.set(keys.heartbeat("billing"), NOW_MS - 1_000)
+    seeded.writer.health({**health_record("billing", 91, NOW_MS - 1_000), "watermark_ms": NOW_MS - 38_000})
+    _, said = job()
+    assert "amber" in said and "(1 s ago)" in said
+    assert "Watermark 2026-01-01 05:39:22 UTC, 38 s behind the clock (10 s of that is its delay)" in said
+    # Healthy: a batch a second ago, its watermark its delay and a little behind.
+    seeded.writer.health({**health_record("billing", 92, NOW_MS - 1_000), "watermark_ms": NOW_MS - 12_000})
+    _, said = job()
+    assert "Streaming job ok Data last billed" in said and "12 s behind the clock" in said
+
+    # A reconciliation under way for 14 minutes, the last one finished 12 minutes ago (it started before).
+    seeded.writer.reconciliation(
+        {"run_id": "r", "started_at_ms": NOW_MS - 900_000, "finished_at_ms": NOW_MS - 720_000, "duration_ms": 180_000,
+         "periods": [], "closed": [], "additions": 0, "retractions": 0, "net_micros_by_currency": {}}
+    )  # fmt: skip
+    client.hset(keys.health_status(RECONCILE_RUN_PART), mapping={"state": "running", "since_ms": str(NOW_MS - 840_000)})
+    page = client_of(seeded, "fiona").get("/health")  # finance reads the health page too
+    assert page.status_code == 200
+    said = text_of(page.text.split('id="status-reconciliation"')[1].split("</tr>")[0])
+    assert "Running: a run under way since 2026-01-01 05:26:00 UTC (14 min); the last run finished 12 min ago." in said
+    assert 'id="nav-health"' in client_of(seeded, "fiona").get("/finance").text
+    assert client_of(seeded, "alice").get("/health").status_code == 404

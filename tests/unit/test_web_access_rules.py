@@ -24,7 +24,7 @@ KNOWN = ["adv-0001", "adv-0000", "adv-0002"]
     "principal, advertiser, finance, health",
     [
         (ALICE, {"adv-0000": True, "adv-0001": False, "adv-00000": False, "": False}, False, False),
-        (FIONA, {"adv-0000": True, "adv-0001": True}, True, False),
+        (FIONA, {"adv-0000": True, "adv-0001": True}, True, True),  # finance reads the health page too
         (ADA, {"adv-0000": True, "adv-0001": True}, True, True),
     ],
 )
