@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 
 from reportlab.lib import colors
+from reportlab.lib.enums import TA_RIGHT
 from reportlab.lib.pagesizes import A4
-from reportlab.lib.styles import getSampleStyleSheet
+from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
 from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
-from web.display import money, plural, utc
+from web.display import money, period_label, plural, utc
 from web.statements import PROVISIONAL, Statement
 
 
@@ -37,7 +38,8 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
         ),
         Paragraph(
             f"Generated {utc(generated_ms)}. Closed periods are final, as in finance's exports; open periods are "
-            "provisional and may still be corrected.",
+            "provisional, the stream's live figures, which reconciliation corrects when the period closes after its "
+            "lateness horizon.",
             styles["Normal"],
         ),
         Spacer(1, 6 * mm),
@@ -88,8 +90,48 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
     if any(p.status == PROVISIONAL for p in statement.periods):
         story.append(Spacer(1, 3 * mm))
         story.append(Paragraph("* provisional: the day has an open period.", styles["Italic"]))
+    story.append(Spacer(1, 6 * mm))
+    story.append(Paragraph("Per period", styles["Heading2"]))
+    story.append(_periods_table(statement, styles["BodyText"]))
     doc.build(story)
     return buffer.getvalue()
+
+
+PERIOD_HEADS = (
+    "Period", "Status", "Clicks", "Charges", "Adjustments", "Total", "Invalid clicks (not charged)",
+    "Not charged: over budget",
+)  # fmt: skip
+"""The per-period table's columns, as the statement page's and the CSV's rows (one per period, oldest first)."""
+
+
+def _periods_table(statement: Statement, body: ParagraphStyle) -> Table:
+    """Every period of the month: its status, clicks, charges, adjustments (how many), total, and what was not
+    charged; the status and the headers wrap in their columns."""
+    small = ParagraphStyle("cell", parent=body, fontName="Helvetica", fontSize=8, leading=9.5)
+    head_left = ParagraphStyle("head-left", parent=small, fontName="Helvetica-Bold")
+    head = ParagraphStyle("head", parent=head_left, alignment=TA_RIGHT)
+    cur = statement.currency
+    rows: list[list[object]] = [[Paragraph(h, head if n >= 2 else head_left) for n, h in enumerate(PERIOD_HEADS)]]
+    for p in statement.periods:
+        adjustments = _signed(p.adjustments_micros, cur) + (f" ({p.adjustments})" if p.adjustments else "")
+        rows.append(
+            [
+                period_label(p.period),
+                Paragraph(_escape(p.status), small),
+                f"{p.clicks:,}",
+                money(p.charges_micros, cur),
+                adjustments,
+                money(p.total_micros, cur),
+                f"{p.not_charged.invalid.clicks:,}",
+                f"{p.not_charged.over_budget.clicks:,}",
+            ]
+        )
+    if len(rows) == 1:
+        rows.append(["Nothing billed in this month.", "", "", "", "", "", "", ""])
+    widths = [30 * mm, 22 * mm, 14 * mm, 24 * mm, 24 * mm, 24 * mm, 18 * mm, 18 * mm]
+    table = _table(rows, widths, total_row=False)  # type: ignore[arg-type]
+    table.setStyle(TableStyle([("FONT", (0, 1), (-1, -1), "Helvetica", 8), ("VALIGN", (0, 0), (-1, -1), "TOP")]))
+    return table
 
 
 def _table(rows: list[list[str]], widths: list[float], total_row: bool) -> Table:

@@ -259,3 +259,28 @@ def test_finance_reads_the_health_page_with_a_frozen_job_and_a_run_under_way(
         assert overflowing(browser, ("status",)) == {}
     browser.set_window_size(WIDE, 1100)
     seeded.client.delete(keys.health_status(RECONCILE_RUN_PART))
+
+
+def test_finances_periods_name_the_currency_of_each_count_at_both_widths(
+    served: Served,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+    screens: Callable[[WebDriver, str], Path],  # noqa: F811
+) -> None:
+    shoot = to_tmp(screens)
+    log_in(browser, served.base_url, "fiona", "/finance")
+    latest = browser.find_element(By.CSS_SELECTOR, "#periods tbody")
+    rows = latest.find_elements(By.TAG_NAME, "tr")
+    assert sorted(r.find_element(By.CSS_SELECTOR, "td.currency").text for r in rows) == ["EUR", "JPY", "KWD"]
+    for width in (WIDE, NARROW):
+        browser.set_window_size(width, 1400 if width == NARROW else 1100)
+        wait(browser, lambda d, w=width: d.execute_script("return window.innerWidth") <= w)  # type: ignore[misc]
+        browser.execute_script("document.getElementById('periods').scrollIntoView()")
+        shoot(browser, f"finance-periods-{width}")
+        assert not browser.execute_script("return document.documentElement.scrollWidth > window.innerWidth + 1;")
+        assert overflowing(browser, ("periods",)) == {}, width
+        # The currency of each row is on screen, beside its counts.
+        assert off_screen(browser, "#periods td.currency, #periods td.clicks") == [], width
+        if width == NARROW:
+            cell = browser.find_element(By.CSS_SELECTOR, "#periods tbody td.clicks")
+            assert cell.get_attribute("data-label") == "Clicks (corrected)"
+    browser.set_window_size(WIDE, 1100)

@@ -283,9 +283,11 @@ def test_finance_totals_per_period_show_invalid_clicks(world: World) -> None:
     mine = next(a for a in doc["advertisers"] if a["advertiser_id"] == OWN)
     assert mine["not_charged"]["invalid"]["clicks"] == INVALID
     page = fiona.get("/finance").text
-    row = page[page.index(f'<tr data-period="{world.period}">') :].split("</tr>")[0]
-    cell = re.search(r'class="num invalid-clicks">([^<]*(?:<br>[^<]*)*)</td>', row)
-    assert cell and display.count(INVALID) in cell.group(1) and display.count(THEIRS) in cell.group(1)
+    rows = page[page.index(f'<tbody data-period="{world.period}">') :].split("</tbody>")[0]
+    # A row per currency, each naming it: the counts of two currencies are never stacked in one cell.
+    cells = dict(re.findall(r'<td class="currency">(\w+)</td>.*?class="num invalid-clicks">([^<]*)</td>', rows, re.S))
+    assert cells[world.seeded.catalog.currency_of(OWN)] == display.count(INVALID)
+    assert cells[world.seeded.catalog.currency_of(OTHER)] == display.count(THEIRS)
 
 
 def test_a_correction_for_an_invalid_click_moves_it_to_not_charged_with_its_reason(world: World) -> None:

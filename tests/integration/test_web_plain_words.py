@@ -8,8 +8,10 @@ import csv
 import io
 import json
 import re
+import subprocess
 from decimal import Decimal
 from html import unescape
+from pathlib import Path
 
 import pytest
 from flask.testing import FlaskClient
@@ -19,10 +21,12 @@ from billing.store.catalog_file import CatalogStore
 from billing.store.part_status import RECONCILE_RUN_PART
 from billing.store.redis_keys import RedisKeys
 from billing.store.stream_offsets import LagReading
+from ops import deps
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, form_token, login, plant_not_charged_click, seed
+from web import display
 from web.app import create_app
 from web.sample_data import health_record
 from web.security import CSRF_HEADER
@@ -269,3 +273,36 @@ def test_the_health_page_says_a_frozen_job_a_watermark_behind_and_a_run_under_wa
     assert "Running: a run under way since 2026-01-01 05:26:00 UTC (14 min); the last run finished 12 min ago." in said
     assert 'id="nav-health"' in client_of(seeded, "fiona").get("/finance").text
     assert client_of(seeded, "alice").get("/health").status_code == 404
+
+
+def test_finance_periods_name_each_currency_and_the_statement_pdf_has_its_periods(seeded: Seeded) -> None:
+    fiona = client_of(seeded, "fiona")
+    page = fiona.get("/finance").text
+    latest = "20260101T0500Z"
+    rows = page.split(f'<tbody data-period="{latest}">')[1].split("</tbody>")[0].split("</tr>")[:-1]
+    currencies = [re.search(r'<td class="currency">([^<]*)</td>', r).group(1) for r in rows]  # type: ignore[union-attr]
+    assert sorted(currencies) == ["EUR", "JPY", "KWD"], "a row per currency, each naming it"
+    for row in rows:
+        assert "<br>" not in row, "no two currencies stacked in one cell"
+
+    alice = client_of(seeded, "alice")
+    html = text_of(alice.get(f"/advertisers/{OWN}/statements/2026-01").text)
+    pdf = alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.pdf").data
+    path = Path("/tmp/statement-per-period.pdf")
+    path.write_bytes(pdf)
+    tool = deps.ensure_pdftoppm()
+    text = " ".join(
+        subprocess.run(
+            [str(Path(tool).with_name("pdftotext")), "-layout", str(path), "-"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    )
+    assert "Per period" in text and "Per period" in html
+    rows_csv = list(csv.DictReader(io.StringIO(alice.get(f"/advertisers/{OWN}/statements/2026-01/statement.csv").text)))
+    for row in rows_csv[:-1]:  # every period of the CSV, with its total, in the PDF too
+        label = row["period"][:4] + "-" + row["period"][4:6] + "-" + row["period"][6:8] + " " + row["period"][9:11]
+        assert f"{label}:00 UTC" in text, row["period"]
+        assert display.money(int(row["total_micros"]), "EUR") in text, row
+    subprocess.run([tool, "-png", "-r", "80", str(path), "/tmp/statement-per-period"], check=True)
