@@ -182,9 +182,9 @@ def test_each_budget_refusal_of_the_page_and_the_api_is_the_commands(
     # (what, campaign, form fields, API body, the command's arguments, a word of the message)
     cases: list[tuple[str, str, dict[str, str], dict[str, object], list[str], str]] = [
         # From an hour ago: a budget changes from now on.
-        ("past", campaign, {"daily_micros": "5", "effective_from": str(past)},
-         {"daily_budget_micros": 5, "effective_from": past},
-         ["set-budget", campaign, "--daily-micros", "5", "--at", str(past)], "in the past"),
+        ("past", campaign, {"daily_micros": "50000", "effective_from": str(past)},
+         {"daily_budget_micros": 50_000, "effective_from": past},
+         ["set-budget", campaign, "--daily-micros", "50000", "--at", str(past)], "in the past"),
         ("negative", campaign, {"daily_micros": "-5"}, {"daily_budget_micros": "-5"},
          ["set-budget", campaign, "--daily-micros=-5"], "must not be negative"),
         ("fraction", campaign, {"daily_micros": "2.5"}, {"daily_budget_micros": "2.5"},
@@ -262,7 +262,8 @@ def test_a_change_that_waits_for_the_lock_takes_effect_when_it_is_made(web: Web)
     token = web.token("ada", page)
     writer, released = held_lock(web, 1.0)
     assert (
-        web.clients["ada"].post(f"{page}/budgets", data={"csrf_token": token, "daily_micros": "7"}).status_code == 303
+        web.clients["ada"].post(f"{page}/budgets", data={"csrf_token": token, "daily_micros": "70000"}).status_code
+        == 303
     )
     writer.join(30)
     assert web.catalog.budget_history(campaign)[-1].effective_from >= released[0] - 5

@@ -12,6 +12,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from billing.catalog import AdChange
+from billing.money import format_amount
 from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import UnbilledCount
 from billing.store.stream_offsets import LagReading
@@ -171,7 +172,7 @@ def test_finance_sees_a_month_per_advertiser(seeded: Seeded) -> None:
     rows = list(csv.DictReader(io.StringIO(fiona.get("/finance/months/2026-01/advertisers.csv").text)))
     by = {r["advertiser_id"]: r for r in rows}
     assert int(by[OWN]["micros"]) == want[OWN] and by[OWN]["status"] == "provisional" and by[OWN]["currency"] == "EUR"
-    assert by[OWN]["amount"] == f"{want[OWN] // 10**6}.{want[OWN] % 10**6:06d}"
+    assert by[OWN]["amount"] == format_amount(want[OWN], "EUR")  # the minor unit, finer only where needed
     # The month's clicks: times in UTC beside the epoch ms (December, closed on files, has them).
     write_closed_month(seeded.settings.layout, seeded.catalog, OWN, OTHER)
     clicks = list(csv.DictReader(io.StringIO(fiona.get("/finance/months/2025-12/billing.csv").text)))
