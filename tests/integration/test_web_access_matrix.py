@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
@@ -129,6 +131,16 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
         CatalogStore(settings.catalog_file).change(
             BudgetSetting(ad.campaign_id, 0, PLANTED_BUDGETS[n], MadeBy("ada", "command")), backfill=True
         )
+        # One of its clicks not charged, as the stream writes them: the lists of clicks not charged show it.
+        folder = settings.layout.not_charged / f"period={latest}" / f"batch_id={90_200 + n}"
+        folder.mkdir(parents=True)
+        refused = {
+            "click_id": f"refused-{n}9c4", "impression_id": f"i-refused-{n}", "ad_id": ad.ad_id,
+            "campaign_id": ad.campaign_id, "advertiser_id": advertiser, "user_id": f"u-refused-{n}",
+            "click_time": start_ms + 1_000, "impression_time": start_ms, "amount_micros": ad.cpc_micros,
+            "currency": ad.currency, "reason": "known_bot",
+        }  # fmt: skip
+        pq.write_table(pa.Table.from_pylist([refused]), folder / "part-00000.parquet")
     lag = LagReading({"clicks": 0, "impressions": 0}, True, 0)  # Kafka's own figures: test_web_health_lag
     app = create_app(settings, kafka_lag=lambda: lag)
     clients = {"anonymous": app.test_client()}
@@ -169,6 +181,10 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
                 f"/advertisers/{adv}/corrections/{ids['correction']}"
             ),
             "/advertisers/<advertiser_id>/charges.csv": f"/advertisers/{adv}/charges.csv?from=2026-01-01&to=2026-01-31",
+            "/advertisers/<advertiser_id>/not-charged": f"/advertisers/{adv}/not-charged?from=2026-01-01&to=2026-01-31",
+            "/advertisers/<advertiser_id>/not-charged.csv": (
+                f"/advertisers/{adv}/not-charged.csv?from=2026-01-01&to=2026-01-31"
+            ),
             "/advertisers/<advertiser_id>/statements/<month>": f"/advertisers/{adv}/statements/2026-01",
             "/advertisers/<advertiser_id>/statements/<month>/statement.csv": (
                 f"/advertisers/{adv}/statements/2026-01/statement.csv"
@@ -191,6 +207,9 @@ def get_routes(world: World, adv: str) -> dict[str, str]:
             ),
             "/api/v1/advertisers/<advertiser_id>/ads/<ad_id>": f"/api/v1/advertisers/{adv}/ads/{ids['ad']}",
             "/api/v1/advertisers/<advertiser_id>/corrections": f"/api/v1/advertisers/{adv}/corrections",
+            "/api/v1/advertisers/<advertiser_id>/not-charged": (
+                f"/api/v1/advertisers/{adv}/not-charged?from=2026-01-01&to=2026-01-31"
+            ),
             "/api/v1/advertisers/<advertiser_id>/corrections/<correction_id>": (
                 f"/api/v1/advertisers/{adv}/corrections/{ids['correction']}"
             ),
