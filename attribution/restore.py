@@ -132,9 +132,10 @@ def _restore(
     )
     unbilled = _unbilled_clicks(layout.unbilled, through)
     refused = _not_charged_clicks(layout.not_charged, through)
-    # Each campaign's day counts the stream's bills of periods that were open when it made them (a closed period's
-    # figures are its export's; what the stream billed after the close is an adjustment, counted with the
-    # corrections).
+    # Each campaign's day counts the stream's bills, and its not-charged clicks of periods that were open when it
+    # made them; a closed period's charged share becomes its export's when the period is closed again below
+    # (`RedisTotals.close_period`), as it did live, and what the stream billed after the close is an adjustment,
+    # counted with the corrections.
     closed_at = _closed_at(layout.exports)
     if last_batch is not None:
         totals.apply_batch(
@@ -146,7 +147,7 @@ def _restore(
             clock_ahead=clock_ahead_counts(ahead, advertiser_of, clock_tolerance_ms) if ahead.num_rows else [],
             unbilled=unbilled_counts(unbilled),
             not_charged=not_charged_counts(refused),
-            budget_days=budget_day_counts(_while_open(ledger, closed_at), _while_open(refused, closed_at)),
+            budget_days=budget_day_counts(ledger, _while_open(refused, closed_at)),
         )
 
     totals.apply_released(

@@ -44,7 +44,8 @@ Key layout (PREFIX is the `ADBILL_REDIS_PREFIX` setting; LEVEL is `adv`, `cmp` o
 
 `not-charged` fields: `REASON` (clicks) and `REASON:micros` per invalid traffic rule and `over_budget`; the stream's
 and the corrections' (booked in the period), a closed period's from its export. `budget-day` holds the stream's
-charged clicks of open periods plus every correction of the day's periods, by the clicks' day.
+charged clicks of open periods, a closed period's share from its export (less the corrections booked in it), plus
+every correction of the day's periods, by the clicks' day.
 
 Who writes what: the stream (`apply_batch`) the totals, the period sets, `applied`, `counters`, `late*`,
 `clock-ahead*`, `unbilled*`, `not-charged*`, `budget-day*`, `quarantine*`; reconciliation the `corrections*` keys,

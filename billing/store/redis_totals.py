@@ -67,11 +67,27 @@ local function settle(level, id, clicks, micros)
   local totals = prefix .. ':totals:' .. period .. ':' .. level .. ':' .. id
   local fixes = prefix .. ':corrections:' .. period .. ':' .. level .. ':' .. id
   local fixed = redis.call('HMGET', fixes, 'clicks', 'micros')
+  local was = redis.call('HMGET', totals, 'clicks', 'micros')
   -- Integer text in, integer arithmetic in Redis (HINCRBY, 64 bits): a Lua number is a double, which keeps
   -- 14 significant digits in tostring() and 53 bits in arithmetic, and would round large totals.
   redis.call('HSET', totals, 'clicks', clicks, 'micros', micros)
   if fixed[1] and fixed[1] ~= '0' then redis.call('HINCRBY', totals, 'clicks', negated(fixed[1])) end
   if fixed[2] and fixed[2] ~= '0' then redis.call('HINCRBY', totals, 'micros', negated(fixed[2])) end
+  if level == 'cmp' then
+    -- The campaign's day holds the period's share as the stream counted it while open; from the close on, the
+    -- export's (less the corrections booked in it, which the day counts with the corrections): a bill the stream
+    -- counted that the export lacks (its batch not yet committed when the run read) comes back as an adjustment.
+    local day = prefix .. ':budget-day:' .. ARGV[5] .. ':' .. id
+    local now = redis.call('HMGET', totals, 'clicks', 'micros')
+    if was[1] and was[1] ~= '0' then redis.call('HINCRBY', day, 'charged_clicks', negated(was[1])) end
+    if was[2] and was[2] ~= '0' then redis.call('HINCRBY', day, 'charged_micros', negated(was[2])) end
+    if now[1] and now[1] ~= '0' then redis.call('HINCRBY', day, 'charged_clicks', now[1]) end
+    if now[2] and now[2] ~= '0' then redis.call('HINCRBY', day, 'charged_micros', now[2]) end
+    if (now[1] and now[1] ~= '0') or (now[2] and now[2] ~= '0') then
+      redis.call('SADD', prefix .. ':budget-day-campaigns:' .. ARGV[5], id)
+      redis.call('ZADD', prefix .. ':budget-days', ARGV[6], ARGV[5])
+    end
+  end
 end
 for _, item in ipairs(cjson.decode(ARGV[4])) do
   settle(item[1], item[2], item[3], item[4])
@@ -99,7 +115,9 @@ return 1
 """
 """Closes a period in one step: each advertiser's, campaign's and ad's provisional totals become what its export
 bills less the period's corrections (so provisional + corrections = the export), and the period joins the closed
-set, after which `open-hincrby` leaves its totals alone."""
+set, after which `open-hincrby` leaves its totals alone. Each campaign's UTC day moves with it: the period's share
+becomes the export's (less the corrections booked in the period, which the day counts with the corrections), so a
+bill the stream counted that the export lacks is not counted twice when it comes back as an adjustment."""
 
 _APPLY_BATCH = (
     _RUN_OPS
@@ -530,7 +548,14 @@ class RedisTotals:
         items = [[level, item, str(c), str(m), adv] for (level, item), (c, m, adv) in sorted(exported.items())]
         self._close(
             keys=[self.keys.closed_periods()],
-            args=[self.prefix, period, str(period_start_ms), json.dumps(items)],
+            args=[
+                self.prefix,
+                period,
+                str(period_start_ms),
+                json.dumps(items),
+                utc_day(period_start_ms),
+                str(day_start(period_start_ms)),
+            ],
         )
 
     def set_not_charged(self, period: str, period_start_ms: int, counts: Iterable[NotChargedCount]) -> None:

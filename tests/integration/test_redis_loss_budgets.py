@@ -257,3 +257,42 @@ def test_a_day_total_moved_by_reconciliation_between_a_batchs_read_and_its_apply
     assert not_charged(settings) == {"c-b2": "over_budget"}
     assert figures.budget_day(utc_day(T0), "cmp-b")["charged_micros"] == 4_000_000
     assert highest <= BUDGET, f"the live day total reached {highest} against {BUDGET}"
+
+
+def test_a_bill_the_stream_counted_that_the_export_lacks_counts_once_on_its_day_after_its_adjustment(
+    redis_settings: Settings,
+) -> None:
+    """A batch with a late bill of 00:00-01:00 reaches Redis (the period still open there, so its day counts it)
+    while a reconciliation run that read the ledger before that batch was committed closes the period: the export
+    lacks the bill, and the next run books it as a `billed_after_close` adjustment in the open period. The day counts
+    it once: the close gives the period's share of the day to the export, the adjustment adds the bill."""
+    from billing.corrections import Correction
+    from billing.store.redis_totals import BudgetDayCount, RedisTotals, TotalsRow
+
+    totals = RedisTotals.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
+    day = utc_day(T0)
+    p0, p1 = "20260101T0000Z", "20260101T0100Z"
+    # The stream: b1 (in the run's read) and b-late (applied, its batch not yet committed when the run read).
+    for batch_id in (0, 1):  # b1, then b-late
+        totals.apply_batch(
+            "billing",
+            batch_id,
+            [TotalsRow(p0, T0, "adv-1", "cmp-b", "ad-b", 1, 2_000_000)],
+            budget_days=[BudgetDayCount(p0, "cmp-b", day, T0, 1, 2_000_000)],
+        )
+    assert totals.budget_day(day, "cmp-b")["charged_micros"] == 4_000_000
+    # The run closes 00:00 with b1 alone in its export.
+    exported = {("adv", "adv-1"): (1, 2_000_000, "adv-1"), ("cmp", "cmp-b"): (1, 2_000_000, "adv-1")}
+    totals.close_period(p0, T0, {**exported, ("ad", "ad-b"): (1, 2_000_000, "adv-1")})
+    assert totals.budget_day(day, "cmp-b")["charged_micros"] == 2_000_000, "the period's share is its export's"
+    # The next run books b-late as an adjustment of 00:00 in the open 01:00.
+    late = Correction(
+        "fix-b-late", "addition", "c-b-late", "i-b-late", "ad-b", "cmp-b", "adv-1", 2_000_000, "EUR",
+        "billed_after_close", p0, p1, T0 + 2 * 3_600_000,
+    )  # fmt: skip
+    totals.apply_corrections([late], {p1: T0 + 3_600_000})
+    assert totals.budget_day(day, "cmp-b")["charged_micros"] == 4_000_000, "b1 and b-late, each once"
+    assert totals.budget_day(day, "cmp-b")["charged_clicks"] == 2
+    # Closing again (a run repeated) changes nothing.
+    totals.close_period(p0, T0, {**exported, ("ad", "ad-b"): (1, 2_000_000, "adv-1")})
+    assert totals.budget_day(day, "cmp-b")["charged_micros"] == 4_000_000
