@@ -1,4 +1,5 @@
-"""The catalog's change log: who changed the catalog, when, and through which door (DOMAIN.md, "Who sees what").
+"""The catalog's change log: who changed the catalog, when, and through which door (docs/billing-rules.md, "Who sees
+what"); with the billing profiles' changes beside it (`profile_changes`), one list of every change.
 
 Every change of the catalog (a new ad, a price, a pause, a resume, a campaign's daily budget, a range of the IP
 exclusion list, a new catalog) is numbered by the catalog's version (`billing.catalog.Catalog.version`): the
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from billing.catalog import Catalog, MadeBy
+from billing.profiles import BillingProfile
 
 KINDS = (
     "start",
@@ -34,10 +36,12 @@ KINDS = (
     "set-budget",
     "exclude-ip",
     "include-ip",
+    "billing-profile",
     "unknown",
 )
-"""What a change did: a new catalog (`start`), an ad's price history, a campaign's budget, the exclusion list;
-`unknown` for a version the catalog no longer shows (an ad removed from the file by hand)."""
+"""What a change did: a new catalog (`start`), an ad's price history, a campaign's budget, the exclusion list, an
+advertiser's billing profile (kept with the profiles, numbered by their own versions: `profile_changes`); `unknown`
+for a version the catalog no longer shows (an ad removed from the file by hand)."""
 
 DOORS = ("command", "page", "api", "replay", "simulator")
 """Through which door a change came: `adbill catalog` (or another command), the admin page, the API (with the token's
@@ -63,6 +67,10 @@ class ChangeEntry:
     cpc_micros: int | None = None
     daily_budget_micros: int | None = None
     excluded: bool | None = None
+    name: str | None = None
+    """A billing profile's name, address line first (`billing-profile`)."""
+    tax_rate: str | None = None
+    """A billing profile's tax rate, percent as exact decimal text (`billing-profile`)."""
     ads: int | None = None
     """A new catalog (`start`): how many ads it holds."""
     backfill: bool = False
@@ -85,6 +93,8 @@ class ChangeEntry:
     @property
     def subject(self) -> str:
         """What was changed, for a person: `ad ad-1`, `campaign cmp-1`, `range 203.0.113.0/24`, `catalog`."""
+        if self.kind == "billing-profile":
+            return f"billing profile of {self.advertiser_id}"
         if self.ad_id:
             return f"ad {self.ad_id}"
         if self.cidr:
@@ -265,5 +275,26 @@ class ChangeFilter:
 
 
 def filtered(entries: Iterable[ChangeEntry], wanted: ChangeFilter) -> list[ChangeEntry]:
-    """The entries `wanted` keeps, newest first."""
-    return sorted((e for e in entries if wanted.keeps(e)), key=lambda e: (e.version, e.made_at or 0), reverse=True)
+    """The entries `wanted` keeps, newest first: by when they were made (a change of the catalog and one of the
+    billing profiles are numbered apart), then by version; an entry whose time is not recorded is an old one."""
+    return sorted((e for e in entries if wanted.keeps(e)), key=lambda e: (e.made_at or 0, e.version), reverse=True)
+
+
+def profile_changes(entries: Iterable[BillingProfile]) -> list[ChangeEntry]:
+    """Each entry of the billing profiles' history as a change (`billing-profile`), with who made it, through which
+    door and when, so that one list holds every change people make to the records billing reads."""
+    return [
+        ChangeEntry(
+            version=e.version,
+            kind="billing-profile",
+            made_at=e.made_at,
+            who=e.made_by,
+            door=e.door,
+            advertiser_id=e.advertiser_id,
+            effective_from=e.effective_from,
+            name=e.name,
+            tax_rate=e.tax_rate,
+            recorded=e.made_at is not None,
+        )
+        for e in entries
+    ]

@@ -1,5 +1,6 @@
-"""The catalog's change log on a page and in the API: every change (ads, prices, pauses, budgets, IP exclusions) with
-who made it, when and through which door (`billing.change_log`, kept by `billing.store.catalog_file.CatalogStore`).
+"""The catalog's change log on a page and in the API: every change (ads, prices, pauses, budgets, IP exclusions, and the
+advertisers' billing profiles) with who made it, when and through which door (`billing.change_log`, kept by
+`billing.store.catalog_file.CatalogStore`; the profiles' by `billing.store.profile_file.ProfileFile`).
 
 - `GET /catalog/changes`: finance and admin, newest first, with filters: `who`, `door` (`command`, `page`, `api`,
   `replay`, `simulator`), `kind`, `advertiser_id`, `campaign_id`, `ad_id`, `from` and `to` (UTC days, both
@@ -16,11 +17,12 @@ from typing import Any
 
 from flask import Blueprint, Response, abort, jsonify, render_template, request
 
-from billing.change_log import DOORS, KINDS, ChangeEntry, ChangeFilter, filtered
+from billing.change_log import DOORS, KINDS, ChangeEntry, ChangeFilter, filtered, profile_changes
 from web.ad_catalog import catalog_or_404, store
 from web.api import micros_text
 from web.api import require_login as api_login
 from web.guards import paging_args
+from web.invoice_views import profile_file
 from web.pages import require_login
 from web.readers import is_id
 
@@ -69,7 +71,9 @@ def listed() -> tuple[list[ChangeEntry], int, int, int]:
     catalog_or_404()
     wanted = change_filter()
     offset, limit = paging_args(100)
-    found = filtered(store().changes(), wanted)
+    profiles = profile_file().current()
+    every = [*store().changes(), *profile_changes(e for a in profiles.advertiser_ids for e in profiles.history(a))]
+    found = filtered(every, wanted)
     return found[offset : offset + limit], len(found), offset, limit
 
 

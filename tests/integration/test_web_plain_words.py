@@ -306,3 +306,31 @@ def test_finance_periods_name_each_currency_and_the_statement_pdf_has_its_period
         assert f"{label}:00 UTC" in text, row["period"]
         assert display.money(int(row["total_micros"]), "EUR") in text, row
     subprocess.run([tool, "-png", "-r", "80", str(path), "/tmp/statement-per-period"], check=True)
+
+
+def test_a_billing_profile_change_is_in_the_change_log_with_who_made_it_and_through_which_door(seeded: Seeded) -> None:
+    """One place holds every change people make to what billing reads: a billing profile set on the admin page is on
+    `/catalog/changes` and in its API document, with who, the door and when, beside the catalog's changes, and the
+    change log's filters find it."""
+    ada = client_of(seeded, "ada")
+    form = ada.get(f"/billing-profiles/{OWN}").text
+    saved = ada.post(
+        f"/billing-profiles/{OWN}",
+        data={
+            "csrf_token": form_token(form),
+            "name": "Plain Words GmbH",
+            "address": "Hauptstrasse 1, Berlin",
+            "tax_id": "DE123456789",
+            "tax_rate": "19",
+        },
+    )
+    assert saved.status_code in (200, 302, 303), saved.text
+    log = ada.get("/api/v1/catalog/changes?kind=billing-profile").json
+    assert log["total"] == 1, log
+    entry = log["changes"][0]
+    assert (entry["who"], entry["door_kind"], entry["advertiser_id"]) == ("ada", "page", OWN)
+    assert entry["name"] == "Plain Words GmbH" and entry["tax_rate"] == "19" and entry["made_at"] == NOW_MS
+    everything = ada.get("/api/v1/catalog/changes").json["changes"]
+    assert everything[0]["kind"] == "billing-profile", "the newest change first, whichever record it changed"
+    page = text_of(ada.get(f"/catalog/changes?advertiser_id={OWN}&who=ada").text)
+    assert f"billing profile of {OWN}" in page and "Plain Words GmbH, tax 19 %" in page
