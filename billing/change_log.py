@@ -74,9 +74,14 @@ class ChangeEntry:
     ads: int | None = None
     """A new catalog (`start`): how many ads it holds."""
     backfill: bool = False
-    """Recorded history, with an effective time that may lie in the past (`adbill replay`, `--backfill`)."""
+    """Recorded history whose effective time lies before it was made (`adbill replay`, `--backfill`); a change made
+    through those doors that takes effect when made or later (the simulator's live changes) is none."""
     recorded: bool = True
     """False: read from the catalog for a version the log does not hold; who, door and when are unknown."""
+
+    def __post_init__(self) -> None:
+        if self.backfill and self.made_at is not None and (self.effective_from or 0) >= self.made_at:
+            object.__setattr__(self, "backfill", False)
 
     @property
     def door_kind(self) -> str | None:
@@ -137,8 +142,9 @@ def describe_change(
     """The change that made `version` of the catalog, read from the entry it added (a price, a budget, an exclusion);
     `start` for version 0 (the catalog a deployment started with)."""
     made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
-    if version == 0:
-        return ChangeEntry(kind="start", ads=len(catalog), **made)
+    if version == 0:  # the ads the catalog started with: those whose history begins at version 0
+        started = sum(1 for ad in catalog if ad.prices and min(p.version for p in ad.prices) == 0)
+        return ChangeEntry(kind="start", ads=started, **made)
     for ad in catalog:
         for entry in ad.prices:
             if entry.version != version:

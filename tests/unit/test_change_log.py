@@ -43,9 +43,13 @@ def test_every_kind_of_change_is_read_from_the_entry_it_made(tmp_path: Path) -> 
         (7, "include-ip", "ada", "page"),
     ]
     assert log[2].token_id == "3f2a9c0e1b7d" and log[2].cpc_micros == 1_250_000 and log[2].advertiser_id == "adv-1"
-    assert log[4].backfill and log[5].daily_budget_micros == 5_000_000 and log[5].advertiser_id == "adv-1"
+    # Replayed with --backfill but taking effect after it was made (as the simulator's live changes do): no back-fill.
+    assert not log[4].backfill and log[5].daily_budget_micros == 5_000_000 and log[5].advertiser_id == "adv-1"
     assert log[6].cidr == "203.0.113.0/24" and all(e.made_at == T0 for e in log[1:])
     assert len((tmp_path / "catalog-changes.jsonl").read_text().splitlines()) == 8
+    # Recorded history that takes effect before it was made is a back-fill.
+    store.change(AdChange("ad-1", T0 - 60_000, 1_300_000), lambda: T0, made_by=MadeBy("ops", "replay"), backfill=True)
+    assert store.changes()[-1].backfill and store.changes()[-1].effective_from == T0 - 60_000
     picked = filtered(log, ChangeFilter(who="ada", kind="set-price"))
     assert [e.version for e in picked] == [2]
     assert [e.version for e in filtered(log, ChangeFilter(advertiser_id="adv-2"))] == [4, 3]
@@ -118,3 +122,13 @@ def test_budgets_are_described_with_their_campaign_and_currency() -> None:
         "USD",
         None,
     )
+
+
+def test_the_start_counts_the_ads_the_catalog_started_with_not_those_added_since(tmp_path: Path) -> None:
+    """A catalog whose start the log does not hold (written before the log existed) reads version 0 from the
+    catalog: the ads it started with, not today's."""
+    path = tmp_path / "catalog.json"
+    grown = BASE.with_change(AdChange("ad-new", T0, 5, "cmp-1", "adv-1", "EUR"), T0)
+    save_catalog(grown, path)
+    start = CatalogStore(path).changes()[0]
+    assert (start.kind, start.ads, start.recorded) == ("start", len(BASE), False) and len(grown) == len(BASE) + 1
