@@ -34,7 +34,7 @@ from billing.catalog import Catalog, PriceChange, Unbillable
 from billing.change_log import ChangeEntry
 from billing.invalid import DEFAULT_RULES, ExclusionChange, IvtRules, flood_clicks, parse_cidr, parse_ip
 from billing.money import format_micros
-from billing.periods import Periods, format_utc
+from billing.periods import ANY_PERIOD, Periods, format_utc
 from billing.rule import ATTRIBUTION_WINDOW_MS
 
 CHARGED = "charged"
@@ -952,14 +952,15 @@ def describe(
         reasons = ", ".join(sorted({c.status for c in story.copies}))
         return [f"Every copy of click {story.click_id} received was bad input ({reasons}): none reached the rule."]
     lines = []
-    books = f"period {outcome.period} ({'closed: as exported, with later adjustments' if outcome.closed else 'open'})"
+    state = "closed: as exported, with later adjustments" if outcome.closed else "open"
+    books = f"the period from {at(ANY_PERIOD.parse_key(outcome.period))} ({state})"
     if outcome.status == CHARGED:
         lines.append(f"Charged {show(outcome.amount_micros, cur)} in the books of {books}.")
     elif outcome.status == NOT_BILLABLE:
         lines.append(f"Not charged: not billable, in the books of {books}.")
     else:
         words = REASON_WORDS.get(outcome.reason or "", outcome.reason or "")
-        lines.append(f"Not charged ({outcome.reason}): {words}; in the books of {books}.")
+        lines.append(f"Not charged: {words} ({outcome.reason}); in the books of {books}.")
     attributed = story.attributed
     if attributed is None:
         nearest = next((i for i in story.impressions if i.event_time <= (story.event_time or 0)), None)

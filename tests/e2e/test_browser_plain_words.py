@@ -222,6 +222,9 @@ def test_a_not_charged_clicks_story_says_so_at_both_widths(
     assert "the one billed" not in stands and "the one the rule judged; not charged (Over budget)" in stands
     why = browser.find_element(By.ID, "why").text
     assert "made by root through the simulator at 2026-01-01 00:01:00 UTC" in why and "Z;" not in why
+    # The period in the pages' words, not its key; the reason in words first.
+    assert "in the books of the period from 2026-01-01 05:00:00 UTC (open)" in why and "T0500Z" not in why
+    assert "Not charged: the campaign's daily budget was spent (over_budget)" in why
     for width in (WIDE, NARROW):
         browser.execute_script("document.getElementById('why').scrollIntoView()")
         shoot_at(browser, shoot, width, "story-not-charged")
