@@ -953,7 +953,8 @@ def describe(
         return [f"Every copy of click {story.click_id} received was bad input ({reasons}): none reached the rule."]
     lines = []
     state = "closed: as exported, with later adjustments" if outcome.closed else "open"
-    books = f"the period from {at(ANY_PERIOD.parse_key(outcome.period))} ({state})"
+    begins = f"from {at(ANY_PERIOD.parse_key(outcome.period))}" if outcome.period else "of the click"
+    books = f"the period {begins} ({state})"
     if outcome.status == CHARGED:
         lines.append(f"Charged {show(outcome.amount_micros, cur)} in the books of {books}.")
     elif outcome.status == NOT_BILLABLE:
