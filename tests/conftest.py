@@ -82,10 +82,10 @@ def postgres_server(pytestconfig: pytest.Config) -> Iterator[LocalPostgres]:
     home = Path(tempfile.mkdtemp(prefix="adbill-postgres-"))
     home.chmod(0o755)
     server = LocalPostgres(data_dir=home / "cluster", port=free_port(), run_dir=home / "run", log_dir=home / "logs")
-    with _timed(pytestconfig, "PostgreSQL"):
-        server.start()
+    server.start()
     yield server
-    server.stop()
+    with _timed(pytestconfig, "PostgreSQL"):
+        server.stop()
     shutil.rmtree(home, ignore_errors=True)
 
 
