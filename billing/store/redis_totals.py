@@ -50,8 +50,19 @@ local function run(ops, closed)
     end
   end
 end
+local function once(seen, items)
+  local applied = 0
+  for _, item in ipairs(items) do
+    if redis.call('SADD', seen, item[1]) == 1 then
+      applied = applied + 1
+      run(item[2], nil)
+    end
+  end
+  return applied
+end
 """
-"""Runs a list of [command, key, args...] operations; the scripts below apply them once per batch or per id.
+"""Runs a list of [command, key, args...] operations (`run`), or each [id, operations] item whose id is new to the set
+`seen` (`once`); the scripts below apply them once per batch or per id.
 `open-hincrby` takes a period first and adds only while that period is not in the sorted set `closed`: a closed
 period's totals are its export's, whatever the stream bills for it later."""
 
@@ -145,15 +156,7 @@ return 1
 _APPLY_ONCE = (
     _RUN_OPS
     + """
-local seen = KEYS[1]
-local applied = 0
-for _, item in ipairs(cjson.decode(ARGV[1])) do
-  if redis.call('SADD', seen, item[1]) == 1 then
-    applied = applied + 1
-    run(item[2], nil)
-  end
-end
-return applied
+return once(KEYS[1], cjson.decode(ARGV[1]))
 """
 )
 
@@ -169,14 +172,7 @@ end
 if not new then return 0 end
 -- The day total the run counted on, as text: moved since (the stream charged it), nothing is applied.
 if (redis.call('HGET', day, 'charged_micros') or '0') ~= expected then return -1 end
-local applied = 0
-for _, item in ipairs(items) do
-  if redis.call('SADD', seen, item[1]) == 1 then
-    applied = applied + 1
-    run(item[2], nil)
-  end
-end
-return applied
+return once(seen, items)
 """
 )
 """Applies the corrections of one campaign's day once per id, all or none, only while the day's charged total is
