@@ -2,9 +2,9 @@
 
 For a closed period that is its export's bills plus the adjustments booked for it in later periods, as the later
 closed periods' exports carry them (what finance was given; an adjustment booked in a period still open, from its
-correction file); for an open one, the stream's ledger plus its corrections (DOMAIN.md, "The books can be proven at
-any time"). Compared click by click and charge by charge (`billing.corrections.check_reconciled`), with clicks and
-micros summed beside, the micros per currency (no figure adds two).
+correction file); for an open one, the stream's ledger plus its corrections (docs/billing-rules.md, "The books can be
+proven at any time"). Compared click by click and charge by charge (`billing.corrections.check_reconciled`), with clicks
+and micros summed beside, the micros per currency (no figure adds two).
 
 A Spark batch job over the same archive as reconciliation (`attribution.final_bills`); it writes nothing but its
 record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and beside the reconciliation state.

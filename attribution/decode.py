@@ -15,8 +15,8 @@ records a second. Checks, first failing one wins (the order of `billing.intake`)
    optional `user_agent` and `ip` of version 2 may be either: a record of version 1 is valid);
 5. `time_out_of_range`: `event_time` before 2000-01-01 or more than one hour after the Kafka timestamp.
 
-An ad the catalog does not know is no reason to quarantine (DOMAIN.md): the event is valid, archived, and its
-click, if matched, is priced by the catalog's history in the sink (`attribution.pricing`), which may know the ad by
+An ad the catalog does not know is no reason to quarantine (docs/billing-rules.md): the event is valid, archived, and
+its click, if matched, is priced by the catalog's history in the sink (`attribution.pricing`), which may know the ad by
 then.
 
 How Spark 4.0's `from_avro` behaves, and what we do about it:

@@ -1,5 +1,5 @@
-"""A campaign's UTC day as people see it (DOMAIN.md, "Budgets"): the budget in force, what was charged and what was
-not charged for the budget, and whether the campaign is capped.
+"""A campaign's UTC day as people see it (docs/billing-rules.md, "Budgets"): the budget in force, what was charged and
+what was not charged for the budget, and whether the campaign is capped.
 
 Pure: the day's figures (`BudgetDay`) are what the stream and reconciliation keep in Redis
 (`billing.store.budget_days` reads them); the budgets are the catalog's history (`Catalog.budget_history`).

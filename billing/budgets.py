@@ -1,4 +1,4 @@
-"""Daily budgets: the rule of DOMAIN.md ("Budgets"), in plain Python.
+"""Daily budgets: the rule of docs/billing-rules.md ("Budgets"), in plain Python.
 
 A campaign may have a daily budget, a history like an ad's prices (`BudgetChange`: from `effective_from` on,
 `daily_budget_micros`, or unlimited), kept with the catalog (`billing.catalog.Catalog.budget_at`). Within one

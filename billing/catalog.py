@@ -11,8 +11,8 @@ A change (`AdChange`) creates an ad or sets, pauses or resumes its price from an
 past (`Catalog.with_change`); an ad's advertiser, campaign and currency never change. Only a back-fill of recorded
 history (`backfill=True`, which the operator asks for) may take effect in the past.
 
-An advertiser bills in one currency (DOMAIN.md, Events): every ad of an advertiser carries that currency, so each
-advertiser's and campaign's figures are in one currency. A catalog that breaks it is refused when it is built or
+An advertiser bills in one currency (docs/billing-rules.md, Events): every ad of an advertiser carries that currency, so
+each advertiser's and campaign's figures are in one currency. A catalog that breaks it is refused when it is built or
 read, naming the advertisers, and an ad in another currency than its advertiser's other ads is refused as a change.
 
 The file, shared by the job, reconciliation and the web UI, is `billing.store.catalog_file`.
@@ -158,9 +158,9 @@ class AdChange:
 
 @dataclass(frozen=True, slots=True)
 class MadeBy:
-    """Who asks for a change of the catalog and through which door (DOMAIN.md, "Who sees what"): an account of the
-    web UI or the operating system's user of a command; `command`, `page`, `api token TOKEN_ID` or `replay`. The entry
-    the change adds keeps both, and when it was made (read under the catalog's lock)."""
+    """Who asks for a change of the catalog and through which door (docs/billing-rules.md, "Who sees what"): an account
+    of the web UI or the operating system's user of a command; `command`, `page`, `api token TOKEN_ID` or `replay`. The
+    entry the change adds keeps both, and when it was made (read under the catalog's lock)."""
 
     who: str
     door: str

@@ -102,8 +102,8 @@ def catalog_change(
 
 
 def ad_line_change(line: dict[str, object]) -> AdChange:
-    """The change a recorded `ad` line makes (DOMAIN.md, "Recorded traffic"): it creates the ad or sets its price
-    (`cpc_micros` null pauses it) from its own `effective_from`."""
+    """The change a recorded `ad` line makes (docs/billing-rules.md, "Recorded traffic"): it creates the ad or sets its
+    price (`cpc_micros` null pauses it) from its own `effective_from`."""
     try:
         ad_id, at_ms = line["ad_id"], line["effective_from"]
     except KeyError as exc:

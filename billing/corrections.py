@@ -9,8 +9,8 @@ amount, currency): each ledger row and each addition counts +1, each retraction 
 final row's charge and zero everywhere else; every difference becomes a correction. Nothing here reads a clock,
 Spark, Redis or Kafka: the caller passes `now_ms` and the rows.
 
-Invariant (DOMAIN.md), checked by `check_reconciled`: ledger + corrections = final, per click and charge, hence the
-same click ids net and the same micros.
+Invariant (docs/billing-rules.md), checked by `check_reconciled`: ledger + corrections = final, per click and charge,
+hence the same click ids net and the same micros.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ class QuarantineReason(StrEnum):
     """event_time is before 2000-01-01 or more than one hour after the event was received."""
     UNKNOWN_AD = "unknown_ad"
     """Earlier versions quarantined events on ads the catalog did not know. Such events are valid now (the catalog may
-    learn the ad later, DOMAIN.md): kept, and counted as `billing.catalog.Unbillable` when a click has no price.
-    The reason stays so that quarantine rows written before read back."""
+    learn the ad later, docs/billing-rules.md): kept, and counted as `billing.catalog.Unbillable` when a click has no
+    price. The reason stays so that quarantine rows written before read back."""
     ID_CONFLICT = "id_conflict"
     """An event of this type and id, with other content, was accepted earlier; the first copy stands."""
 

@@ -1,4 +1,4 @@
-"""Invalid traffic: the four rules of DOMAIN.md ("Invalid traffic"), in plain Python.
+"""Invalid traffic: the four rules of docs/billing-rules.md ("Invalid traffic"), in plain Python.
 
 A click that the attribution rule bills and the catalog prices is charged unless it is invalid. The rules are judged
 on every click received (billable or not, after duplicates and id conflicts are set aside), in this order, the first

@@ -1,4 +1,5 @@
-"""Monthly invoices (DOMAIN.md, "Invoices"): when a UTC month may be invoiced, what an invoice holds, and issuing.
+"""Monthly invoices (docs/billing-rules.md, "Invoices"): when a UTC month may be invoiced, what an invoice holds, and
+issuing.
 
 **When.** A month is invoiced once every period of it is closed: its last period's lateness horizon has passed and
 every period of it that holds data is closed (`month_ready`). Months are invoiced in order: a month waits for the

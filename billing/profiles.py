@@ -1,9 +1,9 @@
 """Billing profiles: who an invoice is addressed to and what tax it carries, per advertiser, kept with history.
 
 A profile (name, address, tax id, tax rate) is in force from its `effective_from` on, until the next one of its
-advertiser; an invoice takes the one in force at its month's end (DOMAIN.md, "Invoices"). A change takes effect now
-or later, never in the past: an invoice already issued keeps the profile it was issued with (a copy), and an issued
-month is never re-read. Each entry keeps who made it, through which door and when.
+advertiser; an invoice takes the one in force at its month's end (docs/billing-rules.md, "Invoices"). A change takes
+effect now or later, never in the past: an invoice already issued keeps the profile it was issued with (a copy), and an
+issued month is never re-read. Each entry keeps who made it, through which door and when.
 
 The tax rate is a percentage written as an exact decimal (`19`, `7.7`, `0`), kept as that text and read as a
 `Fraction`, never a float.

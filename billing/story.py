@@ -1,4 +1,5 @@
-"""A click's story: why it was charged, or why not (DOMAIN.md, "Who sees what"), from what the product holds of it.
+"""A click's story: why it was charged, or why not (docs/billing-rules.md, "Who sees what"), from what the product holds
+of it.
 
 In (`Evidence`, plain rows that `billing.store.click_story` finds through the click index): every copy of the click
 received (the archive, the quarantine, the records released from it, the id conflicts reconciliation found), the

@@ -939,7 +939,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 
     def apply_catalog(line: CatalogEdit) -> None:
         # A capture's `ad`, `budget` and `ip_exclusion` lines are recorded history: they take effect at their own
-        # time, even in the past (DOMAIN.md).
+        # time, even in the past (docs/billing-rules.md).
         apply_to_store(catalog, line, int(time.time() * 1000), command_made_by("replay"))
 
     summary = replay_to_kafka(

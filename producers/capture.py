@@ -1,4 +1,5 @@
-"""Reading a recorded capture: JSON Lines, one event a line, in arrival order (DOMAIN.md "Recorded traffic").
+"""Reading a recorded capture: JSON Lines, one event a line, in arrival order (docs/billing-rules.md "Recorded
+traffic").
 
     {"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}
     {"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225605000}
@@ -63,8 +64,8 @@ class CaptureError:
 
 @dataclass(frozen=True, slots=True)
 class CatalogLine:
-    """A change to the ad catalog where it happened in the capture (`{"type": "ad", ...}`, DOMAIN.md "Recorded
-    traffic"): applied, with its own `effective_from`, before the lines after it are sent."""
+    """A change to the ad catalog where it happened in the capture (`{"type": "ad", ...}`, docs/billing-rules.md
+    "Recorded traffic"): applied, with its own `effective_from`, before the lines after it are sent."""
 
     change: AdChange
     line_number: int = 0

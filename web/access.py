@@ -1,10 +1,10 @@
 """Who may see what, and when a login is refused: the web UI's rules, pure (no Flask, no Redis).
 
-DOMAIN.md, "Who sees what": an advertiser sees its own totals, clicks and corrections and nothing of any other
-advertiser; finance sees every advertiser's totals and the exports, and the pipeline's health (reading it, not
-changing anything: its closing of the books waits on the stream and reconciliation); an admin sees everything.
-Whatever a principal may not see does not exist for it: the views answer 404, the same answer as for an id
-that exists nowhere, so that ids of other advertisers cannot even be probed.
+docs/billing-rules.md, "Who sees what": an advertiser sees its own totals, clicks and corrections and nothing of any
+other advertiser; finance sees every advertiser's totals and the exports, and the pipeline's health (reading it, not
+changing anything: its closing of the books waits on the stream and reconciliation); an admin sees everything. Whatever
+a principal may not see does not exist for it: the views answer 404, the same answer as for an id that exists nowhere,
+so that ids of other advertisers cannot even be probed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A click's story on a page and in the API: "Why was I charged for this click?" (DOMAIN.md, "Who sees what").
+"""A click's story on a page and in the API: "Why was I charged for this click?" (docs/billing-rules.md, "Who sees
+what").
 
 - `GET /clicks?click_id=ID`: the search (a form on the dashboard and on every page's header) goes to the click's
   page; without an id, the search form alone.

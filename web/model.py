@@ -73,8 +73,8 @@ class EventCounts:
 
 @dataclass(frozen=True, slots=True)
 class UnbilledCounts:
-    """Clicks the rule matched that had no price at their time (DOMAIN.md): the ad was paused (`ad_paused`), or the
-    catalog did not know it then (`unknown_ad`: not in the catalog, or before its first entry). Kept and counted,
+    """Clicks the rule matched that had no price at their time (docs/billing-rules.md): the ad was paused (`ad_paused`),
+    or the catalog did not know it then (`unknown_ad`: not in the catalog, or before its first entry). Kept and counted,
     never dropped; reconciliation bills them if the catalog shows a price at their time after all."""
 
     ad_paused: int = 0
@@ -95,8 +95,8 @@ NOT_CHARGED_REASONS: tuple[str, ...] = ("known_bot", "excluded_ip", "click_flood
 
 @dataclass(frozen=True, slots=True)
 class NotCharged:
-    """Priced clicks not charged (DOMAIN.md, "Invalid traffic" and "Budgets"), per reason, each with what it would
-    have cost: kept, counted and shown, never dropped. The stream's and the corrections booked in the period (a
+    """Priced clicks not charged (docs/billing-rules.md, "Invalid traffic" and "Budgets"), per reason, each with what it
+    would have cost: kept, counted and shown, never dropped. The stream's and the corrections booked in the period (a
     retraction for a rule adds a click here, an addition takes one away); a closed period's are its export's."""
 
     known_bot: Figures = Figures()

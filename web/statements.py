@@ -1,7 +1,7 @@
 """An advertiser's monthly statement: the month's closed periods as finance was given them (each period's export:
 its clicks and the adjustments booked in it for earlier periods), and the open remainder, provisional; beside the
-charges, what was not charged: invalid clicks (DOMAIN.md, "Invalid traffic") and clicks over budget ("Budgets"),
-counted and with what they would have cost, and the invalid activity credits among the adjustments.
+charges, what was not charged: invalid clicks (docs/billing-rules.md, "Invalid traffic") and clicks over budget
+("Budgets"), counted and with what they would have cost, and the invalid activity credits among the adjustments.
 
 Pure: the statement is built from per-period inputs that `web.charges` reads from the export folder and Redis.
 Money is integer micros; the CSV keeps them and adds a decimal column; `web.statement_pdf` writes the PDF.

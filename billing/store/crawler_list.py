@@ -1,5 +1,5 @@
 """The crawler list: the user-agent patterns of the `crawler-user-agents` project, shipped as the Python package of
-that name at the version `requirements.lock` pins (DOMAIN.md, "Invalid traffic", rule `known_bot`).
+that name at the version `requirements.lock` pins (docs/billing-rules.md, "Invalid traffic", rule `known_bot`).
 
 A user agent matches when one of the patterns is found anywhere in it, case-sensitively: the package's own
 `is_crawler` (its default). Every part of the product searches it here, with Python's `re` as the package does:
@@ -85,7 +85,8 @@ def crawler_list() -> CrawlerList:
 def keep_list(folder: Path, crawlers: CrawlerList) -> Path:
     """Keep `crawlers`' patterns as `folder/<version>.json`, once per version (each closing run keeps the installed
     one before it writes an export that names it): a closed period is judged with its own version when reconciled
-    again, whatever version is installed then (DOMAIN.md: a new version applies to periods not yet closed)."""
+    again, whatever version is installed then (docs/billing-rules.md: a new version applies to periods not yet
+    closed)."""
     target = folder / f"{_file_name(crawlers.version)}.json"
     if target.exists():
         return target

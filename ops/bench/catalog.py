@@ -160,8 +160,8 @@ def bills_of_a_changing_run(env: dict[str, str], settings: Settings, duration_s:
 
 
 def books(settings: Settings, ledger: list[dict[str, Any]], fixes: list[Correction]) -> dict[str, int]:
-    """What the books bill, click id -> micros (DOMAIN.md): a closed period's export plus the adjustments booked for
-    it elsewhere, an open period's ledger plus its corrections."""
+    """What the books bill, click id -> micros (docs/billing-rules.md): a closed period's export plus the adjustments
+    booked for it elsewhere, an open period's ledger plus its corrections."""
     exports = ExportFolders(settings.layout)
     closed = set(exports.exported())
     count: dict[str, int] = {}
