@@ -35,7 +35,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -227,8 +227,7 @@ class Charging:
                     ", ".join(sorted(left.to_pylist())[:5]),
                 )
         self.recent.evict_before(watermark_ms - self.rules.flood_window_ms)
-        charged = self._tables(batch_id, bills_priced, priced.unbilled, decisions, billed_at_ms, pinned is not None)
-        return replace(charged, day_totals_read=read)
+        return self._tables(batch_id, bills_priced, priced.unbilled, decisions, billed_at_ms, pinned is not None, read)
 
     def _decide(self, rows: list[dict], catalog: Catalog, day_totals: DayTotals) -> dict[str, str]:  # type: ignore[type-arg]
         decisions: dict[str, str] = {}
@@ -268,6 +267,7 @@ class Charging:
         decisions: Mapping[str, str],
         billed_at_ms: int,
         replayed: bool,
+        day_totals_read: Mapping[tuple[str, str], int],
     ) -> Charged:
         outcome = pa.array([decisions.get(c, CHARGED) for c in bills.column("click_id").to_pylist()], pa.string())
         charged_mask = pc.equal(outcome, CHARGED)
@@ -289,6 +289,7 @@ class Charging:
             budget_days=budget_day_counts(ledger, refused),
             decisions=dict(decisions),
             replayed=replayed,
+            day_totals_read=dict(day_totals_read),
         )
 
     # --- What the first attempt decided ---------------------------------------------------------------------
