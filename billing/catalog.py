@@ -423,7 +423,7 @@ class Catalog:
                 change.currency or "",
                 (entry,),
             )
-            return Catalog([*self._ads.values(), created], self.version + 1, self.budgets, self.exclusions)
+            return self.grown(self.version + 1, ads=(created,))
         for name in ("campaign_id", "advertiser_id", "currency"):
             given = getattr(change, name)
             if given is not None and given != getattr(ad, name):
@@ -431,13 +431,44 @@ class Catalog:
                     f"ad {ad.ad_id}: its {name.removesuffix('_id')} is {getattr(ad, name)}, not {given}; an ad's "
                     "advertiser, campaign and currency never change"
                 )
-        changed = replace(ad, prices=(*ad.prices, entry))
-        return Catalog(
-            [changed if a.ad_id == ad.ad_id else a for a in self._ads.values()],
-            self.version + 1,
-            self.budgets,
-            self.exclusions,
-        )
+        return self.grown(self.version + 1, ads=(replace(ad, prices=(*ad.prices, entry)),))
+
+    def grown(
+        self,
+        version: int,
+        ads: Iterable[Ad] = (),
+        budgets: Mapping[str, Iterable[BudgetChange]] | None = None,
+        exclusions: Iterable[ExclusionChange] = (),
+    ) -> Catalog:
+        """The catalog at `version` with what changed since this one: `ads` new or with their whole history now
+        (an ad's owners and currency never change), budget entries added to their campaigns' histories, exclusion
+        changes added to the list. What did not change is shared with this catalog, not copied or checked again:
+        the cost of a change is the change's, not the catalog's (a change made here was checked by `with_change`,
+        `with_budget` or `with_exclusion`; one read from the database was checked by its constraints when it
+        committed, `billing.store.catalog_db`)."""
+        grown = object.__new__(Catalog)
+        grown._ads, grown._owners, grown._currencies = self._ads, self._owners, self._currencies
+        ads = list(ads)
+        if ads:
+            grown._ads = {**self._ads, **{ad.ad_id: ad for ad in ads}}
+            new = [ad for ad in ads if ad.ad_id not in self._ads]
+            if new:
+                grown._owners = {**self._owners, **{ad.campaign_id: ad.advertiser_id for ad in new}}
+                grown._currencies = {**self._currencies, **{ad.advertiser_id: ad.currency for ad in new}}
+        grown.budgets, grown._budget_starts = self.budgets, self._budget_starts
+        if budgets:
+            grown.budgets, grown._budget_starts = dict(self.budgets), dict(self._budget_starts)
+            for campaign_id, entries in budgets.items():
+                history = tuple(
+                    sorted((*self.budgets.get(campaign_id, ()), *entries), key=lambda b: (b.effective_from, b.version))
+                )
+                grown.budgets[campaign_id] = history
+                grown._budget_starts[campaign_id] = [b.effective_from for b in history]
+        grown.exclusions = self.exclusions
+        for change in exclusions:
+            grown.exclusions = grown.exclusions.with_change(change)
+        grown.version = max(version, self.version)
+        return grown
 
     def apply(self, change: CatalogChange, now_ms: int, backfill: bool = False) -> Catalog:
         """The catalog with any change made at `now_ms` (`with_change`, `with_budget`, `with_exclusion`)."""
@@ -482,9 +513,7 @@ class Catalog:
             )
         except BudgetError as exc:
             raise CatalogError(f"campaign {campaign_id}: {exc}") from None
-        budgets = dict(self.budgets)
-        budgets[campaign_id] = (*budgets.get(campaign_id, ()), entry)
-        return Catalog(self._ads.values(), self.version + 1, budgets, self.exclusions)
+        return self.grown(self.version + 1, budgets={campaign_id: (entry,)})
 
     def with_exclusion(
         self,
@@ -520,7 +549,7 @@ class Catalog:
             made_by.door if made_by else None,
             now_ms if made_by else None,
         )
-        return Catalog(self._ads.values(), self.version + 1, self.budgets, self.exclusions.with_change(change))
+        return self.grown(self.version + 1, exclusions=(change,))
 
     def to_json(self) -> str:
         document = {

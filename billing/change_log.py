@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from billing.catalog import Catalog, MadeBy
+from billing.catalog import AdChange, BudgetSetting, Catalog, CatalogChange, MadeBy
 from billing.profiles import BillingProfile
 
 KINDS = (
@@ -184,6 +184,53 @@ def describe_change(
                 **made,
             )
     return ChangeEntry(kind="unknown", **made)
+
+
+def describe_made(
+    catalog: Catalog,
+    change: CatalogChange,
+    made_at: int | None = None,
+    made_by: MadeBy | None = None,
+    backfill: bool = False,
+) -> ChangeEntry:
+    """The entry of `change`, just made as `catalog`'s version: `describe_change` without searching the catalog for
+    the version (the change says which ad, campaign or range it touched), so that its cost is the change's, not the
+    catalog's."""
+    version = catalog.version
+    made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
+    if isinstance(change, AdChange):
+        ad = catalog[change.ad_id]
+        entry = next(p for p in ad.prices if p.version == version)
+        return ChangeEntry(
+            kind=_price_kind(catalog, ad.ad_id, version),
+            effective_from=entry.effective_from,
+            cpc_micros=entry.cpc_micros,
+            ad_id=ad.ad_id,
+            campaign_id=ad.campaign_id,
+            advertiser_id=ad.advertiser_id,
+            currency=ad.currency,
+            **made,
+        )
+    if isinstance(change, BudgetSetting):
+        budget = next(b for b in catalog.budget_history(change.campaign_id) if b.version == version)
+        advertiser = catalog.advertiser_of_campaign(change.campaign_id)
+        return ChangeEntry(
+            kind="set-budget",
+            campaign_id=change.campaign_id,
+            advertiser_id=advertiser,
+            currency=catalog.currency_of(advertiser or ""),
+            effective_from=budget.effective_from,
+            daily_budget_micros=budget.daily_budget_micros,
+            **made,
+        )
+    excluded = next(c for c in catalog.exclusions.changes if c.version == version)
+    return ChangeEntry(
+        kind="exclude-ip" if excluded.excluded else "include-ip",
+        cidr=excluded.cidr,
+        effective_from=excluded.effective_from,
+        excluded=excluded.excluded,
+        **made,
+    )
 
 
 def _price_kind(catalog: Catalog, ad_id: str, version: int) -> str:

@@ -1,0 +1,599 @@
+"""The ad catalog in PostgreSQL: the one store of the catalog's history when the product has a database
+(`ADBILL_DATABASE_URL`), shared by the streaming job, reconciliation, the web UI and the commands on any host.
+
+Tables, each row one entry of a history (docs/catalog-database.md has the columns):
+- `advertisers` (each with its one currency), `campaigns` (each of one advertiser) and `ads` (each of one campaign,
+  in its advertiser's currency): the constraints refuse a second currency or a campaign shared by two advertisers
+  where the change commits, whichever process made it;
+- `ad_prices`, `budgets` and `ip_exclusions`: the price, budget and exclusion histories, each entry with the catalog
+  version that made it (`billing.catalog`);
+- `catalog_changes`: the change log, one row per change, written in the change's own transaction (`who`, `door`,
+  `made_at`: `billing.change_log`);
+- `catalog_head`: one row, the catalog's version (-1 before the first catalog) and its generation (a new catalog
+  replacing one without history starts a new generation).
+
+A change (`CatalogDatabase.change`) locks the head row (`SELECT ... FOR UPDATE`), so changes are numbered one after
+the other with no gap and none lost; it reads "now" under that lock (a change that waited never takes effect in the
+past), checks the change against the catalog as of the head (`billing.catalog.Catalog.apply`: the same rules as
+every door), writes the one entry it adds, the log row and the new head, and commits. A reader
+(`CatalogDatabase.current`) reads the head (one row) and, when it moved, only the entries made since the version it
+holds: a batch of the stream pays for the changes since its last batch, not for the catalog's size. When the database
+cannot be reached, a reader goes on with the catalog it holds and says so (`CatalogDatabase.behind`).
+
+A data folder written before the database (`HOME/catalog.json` and its change log) is taken in once, the first time
+the store opens an empty database, and the files are set aside (renamed `.imported`), nothing lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from billing.budgets import BudgetChange
+from billing.catalog import (
+    Ad,
+    AdChange,
+    BudgetSetting,
+    Catalog,
+    CatalogChange,
+    CatalogError,
+    ExclusionSetting,
+    MadeBy,
+    PriceChange,
+)
+from billing.change_log import ChangeEntry, describe_change, describe_made, merge_log, read_lines
+from billing.invalid import ExclusionChange, IpExclusions
+from billing.store.catalog_file import CHANGE_COMMANDS, ChangeRequest, Clock, load_catalog, wall_clock_ms
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS catalog_head (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version bigint NOT NULL CHECK (version >= -1),
+    generation bigint NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS advertisers (
+    advertiser_id text PRIMARY KEY CHECK (advertiser_id <> ''),
+    currency char(3) NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+    UNIQUE (advertiser_id, currency)
+);
+CREATE TABLE IF NOT EXISTS campaigns (
+    campaign_id text PRIMARY KEY CHECK (campaign_id <> ''),
+    advertiser_id text NOT NULL REFERENCES advertisers,
+    UNIQUE (campaign_id, advertiser_id)
+);
+CREATE TABLE IF NOT EXISTS ads (
+    ad_id text PRIMARY KEY CHECK (ad_id <> ''),
+    campaign_id text NOT NULL,
+    advertiser_id text NOT NULL,
+    currency char(3) NOT NULL,
+    FOREIGN KEY (campaign_id, advertiser_id) REFERENCES campaigns (campaign_id, advertiser_id),
+    FOREIGN KEY (advertiser_id, currency) REFERENCES advertisers (advertiser_id, currency)
+);
+CREATE TABLE IF NOT EXISTS ad_prices (
+    ad_id text NOT NULL REFERENCES ads,
+    version bigint NOT NULL CHECK (version >= 0),
+    effective_from bigint NOT NULL CHECK (effective_from >= 0),
+    cpc_micros bigint CHECK (cpc_micros >= 0),
+    PRIMARY KEY (ad_id, version)
+);
+CREATE INDEX IF NOT EXISTS ad_prices_by_version ON ad_prices (version);
+CREATE TABLE IF NOT EXISTS budgets (
+    campaign_id text NOT NULL REFERENCES campaigns,
+    version bigint NOT NULL CHECK (version >= 0),
+    effective_from bigint NOT NULL CHECK (effective_from >= 0),
+    daily_budget_micros bigint CHECK (daily_budget_micros >= 0),
+    made_by text,
+    door text,
+    made_at bigint,
+    PRIMARY KEY (campaign_id, version)
+);
+CREATE INDEX IF NOT EXISTS budgets_by_version ON budgets (version);
+CREATE TABLE IF NOT EXISTS ip_exclusions (
+    cidr text NOT NULL,
+    version bigint NOT NULL CHECK (version >= 0),
+    effective_from bigint NOT NULL CHECK (effective_from >= 0),
+    excluded boolean NOT NULL,
+    made_by text,
+    door text,
+    made_at bigint,
+    PRIMARY KEY (cidr, version)
+);
+CREATE INDEX IF NOT EXISTS ip_exclusions_by_version ON ip_exclusions (version);
+CREATE TABLE IF NOT EXISTS catalog_changes (
+    seq bigserial PRIMARY KEY,
+    version bigint NOT NULL,
+    kind text NOT NULL,
+    entry jsonb NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS catalog_changes_one_per_version ON catalog_changes (version)
+    WHERE kind <> 'start';
+"""
+"""The catalog's tables (made when missing, under `SCHEMA_LOCK`)."""
+
+SCHEMA_LOCK = 0x61646269_6C6C0001
+"""The advisory lock under which a process makes the tables and takes in a data folder's files (one at a time)."""
+
+CONNECT_TIMEOUT_S = 5
+"""How long a door or a reader waits for the database before it says the database cannot be reached."""
+
+
+class DatabaseUnavailable(CatalogError):
+    """The database cannot be reached: the message names it and says what the caller does meanwhile."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """The catalog a process holds, with the generation it belongs to."""
+
+    catalog: Catalog
+    generation: int
+
+
+def connection_pool(url: str, max_size: int = 4) -> ConnectionPool:
+    """A pool of connections to `url` (psycopg 3), opened; each connection in autocommit unless in a transaction."""
+    from psycopg_pool import ConnectionPool
+
+    return ConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=True,
+        timeout=CONNECT_TIMEOUT_S,
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+        name="adbill-catalog",
+    )
+
+
+class CatalogDatabase:
+    """The catalog's tables at `url`, read by version (`current`), changed in transactions (`change`, `start`).
+
+    `imports`: the catalog file of a data folder written before the database, taken in when the database holds no
+    catalog yet (`HOME/catalog.json`; its change log beside it)."""
+
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        self.url = url
+        self.imports = Path(imports) if imports is not None else None
+        self._pool: ConnectionPool | None = None
+        self._pool_pid = 0
+        self._held: Held | None = None
+        self._mutex = threading.Lock()
+        self._ready = False
+        self.behind: str | None = None
+        """Why the catalog held may be behind the database (it cannot be reached), or None."""
+
+    def __repr__(self) -> str:
+        return f"CatalogDatabase({_without_password(self.url)!r})"
+
+    @property
+    def where(self) -> str:
+        """The database, as a person reads it in a message (no password)."""
+        return _without_password(self.url)
+
+    # --- Reading ---------------------------------------------------------------------------------------------
+
+    def current(self) -> Catalog:
+        """The catalog as the database holds it now, read by version: only the entries made since the version held
+        are read. When the database cannot be reached, the catalog held (and `behind` says why); ValueError when
+        none was ever read, or when the database holds no catalog."""
+        with self._mutex:
+            try:
+                with self._connection() as connection, connection.transaction():
+                    head = _head(connection)
+                    if head is None:
+                        raise ValueError(
+                            f"no ad catalog in {self.where}: make one with `adbill catalog generate` or load one with "
+                            "`adbill catalog import`"
+                        )
+                    self._held = _caught_up(connection, self._held, *head)
+                self.behind = None
+            except DatabaseUnavailable as exc:
+                if self._held is None:
+                    raise ValueError(str(exc)) from None
+                if self.behind is None:
+                    log.warning("%s; pricing with catalog version %d meanwhile", exc, self._held.catalog.version)
+                self.behind = str(exc)
+            return self._held.catalog
+
+    def exists(self) -> bool:
+        """Whether the database holds a catalog."""
+        with self._connection() as connection:
+            return _head(connection) is not None
+
+    def changes(self) -> list[ChangeEntry]:
+        """Every change of the catalog, oldest first, one per version (the log rows, written with each change)."""
+        with self._connection() as connection:
+            rows = connection.execute("SELECT entry FROM catalog_changes ORDER BY version, seq").fetchall()
+        return [ChangeEntry(**row[0]) for row in rows]
+
+    # --- Changing --------------------------------------------------------------------------------------------
+
+    def change(
+        self,
+        change: CatalogChange | ChangeRequest,
+        clock: Clock = wall_clock_ms,
+        backfill: bool = False,
+        made_by: MadeBy | None = None,
+    ) -> Catalog:
+        """Make `change` (an ad's price, a campaign's budget or the IP exclusion list: `Catalog.apply`, CatalogError
+        when refused) in one transaction with its change log row; the new catalog.
+
+        The head row is locked first: the catalog is brought up to its version, "now" is read from `clock`, a
+        `ChangeRequest` is read into a change against both, and the entry, the log row and the new head commit
+        together or not at all."""
+        with self._mutex, self._connection() as connection:
+            try:
+                with connection.transaction():
+                    head = _head(connection, lock=True)
+                    held = _caught_up(connection, self._held, *head) if head is not None else None
+                    current = held.catalog if held is not None else None
+                    now_ms = clock()
+                    asked = (
+                        change
+                        if isinstance(change, AdChange | BudgetSetting | ExclusionSetting)
+                        else change(current, now_ms)
+                    )
+                    changed = (current or Catalog([])).apply(asked, now_ms, backfill)
+                    _write_change(connection, current or Catalog([]), changed, asked)
+                    who = made_by or getattr(asked, "made_by", None)
+                    _log(connection, describe_made(changed, asked, now_ms, who, backfill))
+                    generation = held.generation if held is not None else 1
+                    _set_head(connection, changed.version, generation)
+            except _integrity_errors() as exc:
+                raise CatalogError(f"the catalog refused the change: {_constraint(exc)}") from None
+            self._held = Held(changed, generation)
+            return changed
+
+    def start(
+        self, catalog: Catalog, replace: bool = False, priced: bool = False, made_by: MadeBy | None = None
+    ) -> None:
+        """Write `catalog` (a generated one, in force from the beginning) as the catalog, in one transaction.
+
+        A catalog already there is replaced only when `replace` is given and it has no history: one that was
+        changed (version above 0), or that the streaming job has priced batches with (`priced`), is refused
+        (CatalogError), since replacing it would re-price the past and give its version numbers another meaning."""
+        with self._mutex, self._connection() as connection, connection.transaction():
+            head = _head(connection, lock=True)
+            generation = 1
+            if head is not None:
+                version, generation = head
+                if version > 0:
+                    raise CatalogError(
+                        f"the catalog in {self.where} holds a history of changes (catalog version {version}): a new "
+                        "catalog would replace it, re-price the past and number its versions from 0 again; change "
+                        f"it with {CHANGE_COMMANDS} instead, or start afresh with a new database"
+                    )
+                if priced:
+                    raise CatalogError(
+                        f"the streaming job has priced batches with the catalog in {self.where}: a new catalog would "
+                        f"re-price them; change it with {CHANGE_COMMANDS} instead, or start afresh with a new database"
+                    )
+                if not replace:
+                    raise CatalogError(f"the catalog in {self.where} exists; pass --force to replace it")
+                _clear(connection)
+                generation += 1
+            _write_whole(connection, catalog)
+            _log(connection, describe_change(catalog, catalog.version, wall_clock_ms(), made_by))
+            _set_head(connection, catalog.version, generation)
+            self._held = Held(catalog, generation)
+
+    def load(self, catalog: Catalog, changes: Iterable[ChangeEntry]) -> None:
+        """Load a whole catalog with its history and change log into a database that holds none (`adbill catalog
+        import`, a data folder's files taken in); CatalogError when it holds one."""
+        with self._mutex, self._connection() as connection, connection.transaction():
+            if _head(connection, lock=True) is not None:
+                raise CatalogError(
+                    f"the database {self.where} already holds a catalog: import into an empty database, or change "
+                    f"this one with {CHANGE_COMMANDS}"
+                )
+            _write_whole(connection, catalog)
+            for entry in merge_log(catalog, changes):
+                _log(connection, entry)
+            _set_head(connection, catalog.version, 1)
+            self._held = Held(catalog, 1)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the catalog's write lock (its head row) across processes and hosts, for as long as the block runs."""
+        with self._connection() as connection, connection.transaction():
+            _head(connection, lock=True)
+            yield
+
+    def close(self) -> None:
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.close()
+        self._pool = None
+
+    # --- The connection --------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from this process's pool, the tables made and the data folder's files taken in first; a
+        database that cannot be reached raises DatabaseUnavailable."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            if self._pool is None or self._pool_pid != os.getpid():  # a forked child makes its own
+                self._pool, self._pool_pid = connection_pool(self.url), os.getpid()
+            with self._pool.connection() as connection:
+                if not self._ready:
+                    self._prepare(connection)
+                yield connection
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+                raise
+            raise DatabaseUnavailable(
+                f"the catalog's database {self.where} cannot be reached ({_first_line(exc)})"
+            ) from None
+
+    def _prepare(self, connection: psycopg.Connection[Any]) -> None:
+        """Make the tables when missing and take in a data folder's catalog file, one process at a time."""
+        with connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            connection.execute(SCHEMA)
+            if self.imports is not None and self.imports.exists() and _head(connection) is None:
+                catalog = load_catalog(self.imports)
+                log_file = self.imports.with_name(f"{self.imports.stem}-changes.jsonl")
+                lines = log_file.read_text(encoding="utf-8").splitlines() if log_file.exists() else []
+                _write_whole(connection, catalog)
+                for entry in merge_log(catalog, read_lines(lines)):
+                    _log(connection, entry)
+                _set_head(connection, catalog.version, 1)
+                for taken in (self.imports, log_file):
+                    if taken.exists():
+                        taken.rename(taken.with_name(f"{taken.name}.imported"))
+                log.warning(
+                    "took the catalog file %s (version %d, %d ads) into %s; the file is set aside as %s.imported",
+                    self.imports,
+                    catalog.version,
+                    len(catalog),
+                    self.where,
+                    self.imports.name,
+                )
+        self._ready = True
+
+
+# --- Reading the tables ---------------------------------------------------------------------------------------
+
+
+def _head(connection: psycopg.Connection[Any], lock: bool = False) -> tuple[int, int] | None:
+    """The catalog's (version, generation); None when the database holds no catalog. `lock`: held until the
+    transaction ends (made first when missing, so that two first writers wait for one another too)."""
+    if lock:
+        connection.execute("INSERT INTO catalog_head (version, generation) VALUES (-1, 0) ON CONFLICT DO NOTHING")
+        connection.execute("SELECT version FROM catalog_head FOR UPDATE")
+    row = connection.execute("SELECT version, generation FROM catalog_head").fetchone()
+    return None if row is None or row[0] < 0 else (int(row[0]), int(row[1]))
+
+
+def _caught_up(connection: psycopg.Connection[Any], held: Held | None, version: int, generation: int) -> Held:
+    """The catalog at `version`: `held` with the entries made since its version, or read whole (nothing held, or
+    another generation)."""
+    if held is not None and held.generation == generation:
+        if held.catalog.version == version:
+            return held
+        if held.catalog.version < version:
+            return Held(_grown(connection, held.catalog, version), generation)
+    return Held(_read_whole(connection, version), generation)
+
+
+def _grown(connection: psycopg.Connection[Any], catalog: Catalog, version: int) -> Catalog:
+    """`catalog` with the entries of versions after its own, up to `version`."""
+    since = catalog.version
+    touched = [
+        row[0]
+        for row in connection.execute(
+            "SELECT DISTINCT ad_id FROM ad_prices WHERE version > %s AND version <= %s", (since, version)
+        )
+    ]
+    ads = list(_ads(connection, "WHERE a.ad_id = ANY(%s) AND p.version <= %s", (touched, version))) if touched else []
+    budgets: dict[str, list[BudgetChange]] = {}
+    for campaign_id, entry in _budgets(connection, "WHERE version > %s AND version <= %s", (since, version)):
+        budgets.setdefault(campaign_id, []).append(entry)
+    exclusions = list(_exclusions(connection, "WHERE version > %s AND version <= %s", (since, version)))
+    return catalog.grown(version, ads=ads, budgets=budgets, exclusions=exclusions)
+
+
+def _read_whole(connection: psycopg.Connection[Any], version: int) -> Catalog:
+    """The whole catalog at `version`."""
+    ads = _ads(connection, "WHERE p.version <= %s", (version,))
+    budgets: dict[str, list[BudgetChange]] = {}
+    for campaign_id, entry in _budgets(connection, "WHERE version <= %s", (version,)):
+        budgets.setdefault(campaign_id, []).append(entry)
+    exclusions = IpExclusions(_exclusions(connection, "WHERE version <= %s", (version,)))
+    return Catalog(ads, version, budgets, exclusions)
+
+
+def _ads(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]) -> Iterator[Ad]:
+    """The ads the condition selects, each with its whole history up to the condition's version."""
+    rows = connection.execute(
+        "SELECT a.ad_id, a.campaign_id, a.advertiser_id, a.currency, p.effective_from, p.cpc_micros, p.version "
+        f"FROM ads a JOIN ad_prices p USING (ad_id) {where} ORDER BY a.ad_id, p.version",
+        params,
+    )
+    current: list[Any] | None = None
+    prices: list[PriceChange] = []
+    for ad_id, campaign_id, advertiser_id, currency, effective_from, cpc_micros, entry_version in rows:
+        if current is None or current[0] != ad_id:
+            if current is not None:
+                yield _ad(current, prices)
+            current, prices = [ad_id, campaign_id, advertiser_id, currency], []
+        prices.append(PriceChange(effective_from, cpc_micros, entry_version))
+    if current is not None:
+        yield _ad(current, prices)
+
+
+def _ad(owners: list[Any], prices: list[PriceChange]) -> Ad:
+    ad_id, campaign_id, advertiser_id, currency = owners
+    return Ad(ad_id, campaign_id, advertiser_id, prices[0].cpc_micros, currency.strip(), tuple(prices))
+
+
+def _budgets(
+    connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]
+) -> Iterator[tuple[str, BudgetChange]]:
+    rows = connection.execute(
+        "SELECT campaign_id, effective_from, daily_budget_micros, version, made_by, door, made_at "
+        f"FROM budgets {where} ORDER BY version",
+        params,
+    )
+    for campaign_id, *fields in rows:
+        yield campaign_id, BudgetChange(*fields)
+
+
+def _exclusions(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]) -> Iterator[ExclusionChange]:
+    rows = connection.execute(
+        "SELECT cidr, effective_from, excluded, version, made_by, door, made_at "
+        f"FROM ip_exclusions {where} ORDER BY version",
+        params,
+    )
+    for fields in rows:
+        yield ExclusionChange(*fields)
+
+
+# --- Writing the tables ---------------------------------------------------------------------------------------
+
+
+def _write_change(connection: psycopg.Connection[Any], before: Catalog, after: Catalog, asked: CatalogChange) -> None:
+    """Write the one entry `asked` added (version `after.version`), with the owners of a new ad."""
+    version = after.version
+    if isinstance(asked, AdChange):
+        ad = after[asked.ad_id]
+        if asked.ad_id not in before:
+            _write_owners(connection, [ad])
+        entry = next(p for p in ad.prices if p.version == version)
+        connection.execute(
+            "INSERT INTO ad_prices (ad_id, version, effective_from, cpc_micros) VALUES (%s, %s, %s, %s)",
+            (ad.ad_id, version, entry.effective_from, entry.cpc_micros),
+        )
+    elif isinstance(asked, BudgetSetting):
+        budget = next(b for b in after.budget_history(asked.campaign_id) if b.version == version)
+        _insert_budgets(connection, [(asked.campaign_id, budget)])
+    else:
+        change = next(c for c in after.exclusions.changes if c.version == version)
+        _insert_exclusions(connection, [change])
+
+
+def _write_whole(connection: psycopg.Connection[Any], catalog: Catalog) -> None:
+    """Write every row of `catalog` (into empty tables), with COPY: a million ads in seconds, not minutes."""
+    _write_owners(connection, catalog)
+    with connection.cursor().copy("COPY ad_prices (ad_id, version, effective_from, cpc_micros) FROM STDIN") as copy:
+        for ad in catalog:
+            for entry in ad.prices:
+                copy.write_row((ad.ad_id, entry.version, entry.effective_from, entry.cpc_micros))
+    _insert_budgets(connection, [(c, b) for c, entries in catalog.budgets.items() for b in entries])
+    _insert_exclusions(connection, catalog.exclusions.changes)
+
+
+def _write_owners(connection: psycopg.Connection[Any], ads: Iterable[Ad]) -> None:
+    """The advertisers, campaigns and ads of `ads` that the tables lack (a new advertiser, campaign, ad)."""
+    ads = list(ads)
+    if len(ads) == 1:
+        ad = ads[0]
+        connection.execute(
+            "INSERT INTO advertisers (advertiser_id, currency) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (ad.advertiser_id, ad.currency),
+        )
+        connection.execute(
+            "INSERT INTO campaigns (campaign_id, advertiser_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (ad.campaign_id, ad.advertiser_id),
+        )
+        connection.execute(
+            "INSERT INTO ads (ad_id, campaign_id, advertiser_id, currency) VALUES (%s, %s, %s, %s)",
+            (ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.currency),
+        )
+        return
+    advertisers = {ad.advertiser_id: ad.currency for ad in ads}
+    campaigns = {ad.campaign_id: ad.advertiser_id for ad in ads}
+    cursor = connection.cursor()
+    with cursor.copy("COPY advertisers (advertiser_id, currency) FROM STDIN") as copy:
+        for row in advertisers.items():
+            copy.write_row(row)
+    with cursor.copy("COPY campaigns (campaign_id, advertiser_id) FROM STDIN") as copy:
+        for row in campaigns.items():
+            copy.write_row(row)
+    with cursor.copy("COPY ads (ad_id, campaign_id, advertiser_id, currency) FROM STDIN") as copy:
+        for ad in ads:
+            copy.write_row((ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.currency))
+
+
+def _insert_budgets(connection: psycopg.Connection[Any], entries: list[tuple[str, BudgetChange]]) -> None:
+    if entries:
+        connection.cursor().executemany(
+            "INSERT INTO budgets (campaign_id, version, effective_from, daily_budget_micros, made_by, door, made_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            [(c, b.version, b.effective_from, b.daily_budget_micros, b.made_by, b.door, b.made_at) for c, b in entries],
+        )
+
+
+def _insert_exclusions(connection: psycopg.Connection[Any], changes: Iterable[ExclusionChange]) -> None:
+    rows = [(c.cidr, c.version, c.effective_from, c.excluded, c.made_by, c.door, c.made_at) for c in changes]
+    if rows:
+        connection.cursor().executemany(
+            "INSERT INTO ip_exclusions (cidr, version, effective_from, excluded, made_by, door, made_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            rows,
+        )
+
+
+def _log(connection: psycopg.Connection[Any], entry: ChangeEntry) -> None:
+    connection.execute(
+        "INSERT INTO catalog_changes (version, kind, entry) VALUES (%s, %s, %s::jsonb)",
+        (entry.version, entry.kind, json.dumps({k: v for k, v in asdict(entry).items() if v is not None})),
+    )
+
+
+def _set_head(connection: psycopg.Connection[Any], version: int, generation: int) -> None:
+    connection.execute(
+        "INSERT INTO catalog_head (version, generation) VALUES (%s, %s) "
+        "ON CONFLICT (one) DO UPDATE SET version = excluded.version, generation = excluded.generation",
+        (version, generation),
+    )
+
+
+def _clear(connection: psycopg.Connection[Any]) -> None:
+    """Every row of a catalog without history (replaced by a new one); its log's rows stay (each start is a change)."""
+    connection.execute("TRUNCATE ad_prices, budgets, ip_exclusions, ads, campaigns, advertisers")
+
+
+# --- Small helpers --------------------------------------------------------------------------------------------
+
+
+def _integrity_errors() -> tuple[type[Exception], ...]:
+    import psycopg
+
+    return (psycopg.errors.IntegrityError,)
+
+
+def _constraint(exc: Exception) -> str:
+    diagnostic = getattr(exc, "diag", None)
+    detail = getattr(diagnostic, "message_detail", None) or ""
+    return f"{_first_line(exc)} {detail}".strip()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

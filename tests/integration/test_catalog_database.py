@@ -1,0 +1,171 @@
+"""The ad catalog in PostgreSQL (`billing.store.catalog_db`), on the real server: readers take only what changed since
+the version they hold, concurrent writers lose nothing and number their changes with no gap, the constraints refuse a
+second currency where a change commits, a data folder's catalog file is taken in once, and a reader goes on with
+the catalog it holds while the database is down."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from billing.catalog import (
+    Ad,
+    AdChange,
+    BudgetSetting,
+    Catalog,
+    CatalogError,
+    ExclusionSetting,
+    MadeBy,
+    generate_catalog,
+)
+from billing.store.catalog_db import CatalogDatabase
+from billing.store.catalog_file import CatalogStore, save_catalog
+from ops.postgres_service import LocalPostgres
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_800_000_000_000
+EUR = "EUR"
+
+
+def _catalog() -> Catalog:
+    return Catalog(
+        [
+            Ad("ad-1", "c-1", "adv-1", 500_000, EUR),
+            Ad("ad-2", "c-1", "adv-1", 700_000, EUR),
+            Ad("ad-3", "c-2", "adv-2", 300_000, "USD"),
+        ]
+    )
+
+
+def test_a_reader_takes_only_the_changes_made_since_the_version_it_holds(database: str) -> None:
+    writer, reader = CatalogDatabase(database), CatalogDatabase(database)
+    writer.start(_catalog(), made_by=MadeBy("ops", "command"))
+    before = reader.current()
+    assert before == _catalog() and before.version == 0
+
+    writer.change(AdChange("ad-1", NOW + 10, 900_000), clock=lambda: NOW, made_by=MadeBy("ana", "page"))
+    writer.change(BudgetSetting("c-2", NOW + 20, 5_000_000), clock=lambda: NOW + 1)
+    writer.change(ExclusionSetting("203.0.113.0/24", NOW + 30, True), clock=lambda: NOW + 2)
+    writer.change(AdChange("ad-4", NOW + 40, 100_000, "c-2", "adv-2", "USD"), clock=lambda: NOW + 3)
+    after = reader.current()
+
+    assert after.version == 4
+    assert after.price("ad-1", NOW + 10) == (after["ad-1"], 900_000)
+    assert after.budget_at("c-2", NOW + 20) == 5_000_000
+    assert after.exclusions.in_force("203.0.113.0/24", NOW + 30)
+    assert after["ad-4"].campaign_id == "c-2"
+    assert after["ad-2"] is before["ad-2"]  # an ad no change touched is not read again
+    assert after == writer.current()
+    kinds = [(e.version, e.kind, e.who, e.door) for e in reader.changes()]
+    assert kinds == [
+        (0, "start", "ops", "command"),
+        (1, "set-price", "ana", "page"),
+        (2, "set-budget", None, None),
+        (3, "exclude-ip", None, None),
+        (4, "create-ad", None, None),
+    ]
+
+
+def test_concurrent_writers_on_their_own_connections_lose_nothing_and_leave_no_gap(database: str) -> None:
+    CatalogDatabase(database).start(_catalog())
+    errors: list[BaseException] = []
+
+    def write(number: int) -> None:
+        store = CatalogDatabase(database)
+        try:
+            for i in range(15):
+                price = 1_000 * (number * 100 + i + 1)
+                store.change(AdChange(f"ad-{number % 3 + 1}", NOW + 1_000 + i, price), clock=lambda: NOW)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    catalog = CatalogDatabase(database).current()
+    assert catalog.version == 60
+    versions = sorted(p.version for ad in catalog for p in ad.prices if p.version > 0)
+    assert versions == list(range(1, 61))
+    log = CatalogDatabase(database).changes()
+    assert [e.version for e in log if e.kind != "start"] == list(range(1, 61))
+
+
+def test_the_database_refuses_a_second_currency_and_a_shared_campaign_where_the_change_commits(database: str) -> None:
+    store = CatalogDatabase(database)
+    store.start(_catalog())
+    with pytest.raises(CatalogError, match="bills in EUR"):
+        store.change(AdChange("ad-9", NOW, 1, "c-9", "adv-1", "USD"), clock=lambda: NOW)
+    with psycopg.connect(database) as connection:  # a writer that skipped the product's checks
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            connection.execute("INSERT INTO ads VALUES ('ad-9', 'c-1', 'adv-1', 'USD')")
+        connection.rollback()
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            connection.execute("INSERT INTO ads VALUES ('ad-9', 'c-1', 'adv-2', 'USD')")
+    assert store.current().version == 0 and "ad-9" not in CatalogDatabase(database).current()
+
+
+def test_a_change_in_the_past_is_refused_against_now_read_under_the_lock(database: str) -> None:
+    store = CatalogDatabase(database)
+    store.start(_catalog())
+    with pytest.raises(CatalogError, match="in the past"):
+        store.change(AdChange("ad-1", NOW - 1, 1), clock=lambda: NOW)
+    assert CatalogDatabase(database).changes()[-1].kind == "start"
+
+
+def test_a_new_catalog_replaces_one_without_history_only_and_readers_see_the_new_one(database: str) -> None:
+    writer, reader = CatalogDatabase(database), CatalogDatabase(database)
+    writer.start(_catalog())
+    assert len(reader.current()) == 3
+    with pytest.raises(CatalogError, match="--force"):
+        writer.start(generate_catalog(1, 1, 5, seed=1))
+    writer.start(generate_catalog(1, 1, 5, seed=1), replace=True)
+    assert reader.current() == generate_catalog(1, 1, 5, seed=1)  # same version 0, another generation
+    writer.change(AdChange("adv-0000-cmp-000-ad-001", NOW, 1), clock=lambda: NOW)
+    with pytest.raises(CatalogError, match="history of changes"):
+        writer.start(_catalog(), replace=True)
+    with pytest.raises(CatalogError, match="already holds a catalog"):
+        writer.load(_catalog(), [])
+
+
+def test_a_data_folders_catalog_file_is_taken_in_once_with_its_change_log(tmp_path: Path, database: str) -> None:
+    path = tmp_path / "catalog.json"
+    save_catalog(_catalog(), path)
+    files = CatalogStore(path)
+    files.change(AdChange("ad-2", NOW + 5, 800_000), clock=lambda: NOW, made_by=MadeBy("ana", "command"))
+    files.change(BudgetSetting("c-1", NOW + 6, 2_000_000), clock=lambda: NOW, made_by=MadeBy("bo", "api"))
+    expected, expected_log = files.current(), files.changes()
+
+    store = CatalogDatabase(database, imports=path)
+    assert store.current() == expected
+    assert store.changes() == expected_log
+    assert not path.exists() and (tmp_path / "catalog.json.imported").exists()
+    assert (tmp_path / "catalog-changes.jsonl.imported").exists()
+    assert CatalogDatabase(database, imports=path).current() == expected  # once: nothing left to take in
+
+
+def test_while_the_database_is_down_a_reader_keeps_its_catalog_and_a_door_fails_in_one_line(
+    postgres_server: LocalPostgres, database: str
+) -> None:
+    store = CatalogDatabase(database)
+    store.start(_catalog())
+    held = store.current()
+    postgres_server.stop()
+    try:
+        assert store.current() is held
+        assert store.behind is not None and "cannot be reached" in store.behind
+        with pytest.raises(CatalogError, match="cannot be reached") as refused:
+            store.change(AdChange("ad-1", NOW, 1), clock=lambda: NOW)
+        assert "\n" not in str(refused.value)
+    finally:
+        postgres_server.start()
+    store.change(AdChange("ad-1", NOW, 1), clock=lambda: NOW)
+    assert store.current().version == 1 and store.behind is None
