@@ -12,10 +12,12 @@ batch's id, together:
   when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
   goes to the quarantine table and topic.
 
-The catalog is read again for every micro-batch (`billing.store.catalog_file.CatalogStore`: a stat, and a read when
-the file changed), so a change is seen by the next batch, without a restart. The version a batch is first priced
-with is kept (`DataLayout.catalog_versions`) and a replay of that batch prices with the same version: the ledger
-files a replay writes are those the first attempt wrote, and Redis (which skips the replay) agrees with them.
+The catalog is read again for every micro-batch (`billing.store.catalog_db.CatalogDatabase`: its head row, and the
+entries made since the version held when it moved), so a change is seen by the next batch, without a restart; while
+the database cannot be reached, batches are priced with the catalog held, and the health page says so. The version
+a batch is first priced with is kept (`DataLayout.catalog_versions`) and a replay of that batch prices with the same
+version: the ledger files a replay writes are those the first attempt wrote, and Redis (which skips the replay)
+agrees with them.
 
 The sink (`BatchSink`) has the executors write the ledger, the archive and the quarantine table as Parquet under
 `.../batch_id=N/` (`attribution.batch_output`: a replayed batch replaces its own files and nothing else) and send
@@ -68,7 +70,7 @@ from billing.catalog import Catalog
 from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogDatabase
 from billing.store.durable import make_folder, replace_files
 from billing.store.redis_totals import DayTotalsMovedError, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -110,8 +112,11 @@ class StreamConfig:
     """Each task writes its share of a batch on its executor, and the driver receives figures only (on a cluster);
     False: the batch is collected to the driver and written there (in local mode, where the executors are the
     driver's own threads and a Python worker per task only adds a hop)."""
+    database_url: str | None = None
+    """The database of the ad catalog (`billing.store.catalog_db`), read by version before each batch."""
     catalog_file: Path | None = None
-    """The ad catalog's file (`billing.store.catalog_file`); the layout's `catalog.json` when None."""
+    """A catalog file written before the database, taken in when the database holds none; the layout's
+    `catalog.json` when None."""
     ivt_rules: IvtRules = DEFAULT_RULES
     """The thresholds of the flood and duplicate rules (`billing.invalid`)."""
     judge_invalid: bool = True
@@ -248,7 +253,7 @@ class BatchSink:
     replayed from the checkpoint when the job restarts.
     """
 
-    def __init__(self, config: StreamConfig, catalog: CatalogStore) -> None:
+    def __init__(self, config: StreamConfig, catalog: CatalogDatabase) -> None:
         self.config = config
         self.catalog = catalog
         self.switch: SchemaSwitch | None = None
@@ -495,11 +500,13 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
 
 
 def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = False) -> list[StreamingQuery]:
-    """Start the job's query, with its heartbeat; it runs until stopped, pricing each batch with the catalog's file
-    as it stands then (`config.catalog_path`). A new checkpoint over the output of an earlier one is refused
+    """Start the job's query, with its heartbeat; it runs until stopped, pricing each batch with the catalog as the
+    database holds it then (`config.database_url`). A new checkpoint over the output of an earlier one is refused
     (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
-    catalog = CatalogStore(config.catalog_path)
-    catalog.current()  # a catalog that does not read stops the start, with the file's name
+    if not config.database_url:
+        raise ValueError("the streaming job needs the catalog's database: set ADBILL_DATABASE_URL")
+    catalog = CatalogDatabase(config.database_url, imports=config.catalog_path)
+    catalog.current(fresh=True)  # no catalog, or no database, stops the start with one line saying which
     topics = [config.topic_impressions, config.topic_clicks]
     # Held while the query runs: `adbill restore-redis` knows from it that the job runs (`attribution.job_lock`).
     lock = JobLock(config.layout.job_lock(BILLING_QUERY))
@@ -519,7 +526,7 @@ def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = Fals
 def _start(
     spark: SparkSession,
     config: StreamConfig,
-    catalog: CatalogStore,
+    catalog: CatalogDatabase,
     new_checkpoint: bool,
     lock: JobLock,
     topics: list[str],

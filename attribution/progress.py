@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -34,7 +33,7 @@ from billing.budgets import OVER_BUDGET
 from billing.catalog import Unbillable
 from billing.invalid import INVALID_REASONS
 from billing.store.budget_days import capped_today
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogDatabase
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect
 
@@ -357,19 +356,19 @@ class BillingCollector:
     clicks without a price, invalid clicks per rule and clicks over budget (not charged), quarantined records and
     corrections. The stream adds to them in the same script that applies each batch, so they count every batch once;
     they start again from 0 when Redis is restored (`adbill restore-redis`), which Prometheus reads as a counter
-    reset. With the catalog's file, also the campaigns capped today (`billing.budget_days`), a gauge read from each
+    reset. With the catalog's store, also the campaigns capped today (`billing.budget_days`), a gauge read from each
     campaign's UTC day at the scrape's time."""
 
     def __init__(
         self,
         redis_url: str,
         prefix: str,
-        catalog_file: str | os.PathLike[str] | None = None,
+        catalog: CatalogDatabase | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
         self.prefix = prefix
         self.redis_url = redis_url
-        self.catalog = None if catalog_file is None else CatalogStore(catalog_file)
+        self.catalog = catalog
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
 
     def collect(self) -> Iterator[Metric]:

@@ -81,7 +81,7 @@ from billing.catalog import Catalog
 from billing.change_log import ChangeEntry
 from billing.corrections import Correction
 from billing.export import ExportStatus, RecordType
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import save_catalog
 from billing.store.stream_offsets import committed_offsets, end_offsets, records_behind
 from ops.process import pid_alive, stop_pid
 from ops.settings import PROJECT_ROOT, Settings
@@ -192,7 +192,7 @@ class Chaos:
         self.budget_reads = 0
         self.ran_on_empty_redis = 0
         """`redis-restarted` faults under which the job went on running on the empty Redis."""
-        self.catalog = CatalogStore(self.settings.catalog_file)
+        self.catalog = self.settings.catalog_store()
         self.budget_totals = self.totals()
         """One client for the budget reads of every second (it connects again by itself after a Redis fault)."""
         self.stopped = ""

@@ -14,6 +14,7 @@ from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
     from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting, MadeBy
+    from billing.store.catalog_db import CatalogDatabase
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
         "ad_id",
         nargs="?",
         metavar="ID",
-        help="the ad (create-ad, set-price, pause, resume, history) or the campaign (set-budget, budgets)",
+        help="the ad (create-ad, set-price, pause, resume, history), the campaign (set-budget, budgets) or the "
+        "file (export: - for standard output; import: into a database that holds no catalog)",
     )
     p.add_argument("--campaign", help="create-ad: the campaign the ad belongs to")
     p.add_argument("--advertiser", help="create-ad: the advertiser the ad belongs to")
@@ -253,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
         "and leave alone what someone else changed there (the run makes none of its own changes to it)",
     )
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_produce, needs=("kafka",))
+    p.set_defaults(run=cmd_produce, needs=("kafka", "postgres"))
 
     p = sub.add_parser("stream", help="run the streaming attribution job until stopped")
     p.add_argument(
@@ -262,7 +264,7 @@ def _parser() -> argparse.ArgumentParser:
         help="start a new checkpoint over the output of an earlier one: its batches continue the earlier ones and "
         "it reads from where they stopped (the earlier checkpoint folder must be gone)",
     )
-    p.set_defaults(run=cmd_stream, needs=("kafka", "redis"))
+    p.set_defaults(run=cmd_stream, needs=("kafka", "redis", "postgres"))
 
     p = sub.add_parser("web", help="serve the web UI (gunicorn) on ADBILL_WEB_HOST:ADBILL_WEB_PORT until stopped")
     p.set_defaults(run=cmd_web)
@@ -314,14 +316,14 @@ def _parser() -> argparse.ArgumentParser:
         help="close periods even when the streaming job has not read everything Kafka held for them "
         "(what it bills for them later becomes adjustments)",
     )
-    p.set_defaults(run=cmd_reconcile, needs=("redis",))
+    p.set_defaults(run=cmd_reconcile, needs=("redis", "postgres"))
 
     p = sub.add_parser(
         "audit",
         help="prove the books: the rule over every event received against the exports plus adjustments (closed "
         "periods) and the ledger plus corrections (open ones); exits 1 on any difference",
     )
-    p.set_defaults(run=cmd_audit, needs=("redis",))
+    p.set_defaults(run=cmd_audit, needs=("redis", "postgres"))
 
     p = sub.add_parser(
         "explain",
@@ -383,13 +385,13 @@ def _parser() -> argparse.ArgumentParser:
         help="put back every billing figure in Redis from the data folder after Redis lost its data "
         "(stop the job first)",
     )
-    p.set_defaults(run=cmd_restore_redis, needs=("redis",))
+    p.set_defaults(run=cmd_restore_redis, needs=("redis", "postgres"))
 
     p = sub.add_parser("replay", help="publish a recorded capture (JSON Lines) in file order")
     p.add_argument("file", type=Path)
     p.add_argument("--rate", type=float, default=None, help="events per second (default: as fast as possible)")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=cmd_replay, needs=("kafka",))
+    p.set_defaults(run=cmd_replay, needs=("kafka", "postgres"))
 
     p = sub.add_parser(
         "kafka",
@@ -411,7 +413,8 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 
     s = settings
     # Services elsewhere must answer; local ones the stack starts itself.
-    _require(settings, tuple(n for n, local in (("kafka", s.kafka_is_local), ("redis", s.redis_is_local)) if not local))
+    services = (("kafka", s.kafka_is_local), ("redis", s.redis_is_local), ("postgres", s.database_is_local))
+    _require(settings, tuple(n for n, local in services if not local))
     stack = Stack(settings)
     try:
         stack.start_services()
@@ -520,7 +523,19 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-CATALOG_ACTIONS = ("generate", "show", "create-ad", "set-price", "pause", "resume", "history", "set-budget", "budgets")
+CATALOG_ACTIONS = (
+    "generate",
+    "show",
+    "create-ad",
+    "set-price",
+    "pause",
+    "resume",
+    "history",
+    "set-budget",
+    "budgets",
+    "export",
+    "import",
+)
 
 
 def command_maker() -> MadeBy:
@@ -539,20 +554,21 @@ def command_maker() -> MadeBy:
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
     from billing.catalog_changes import describe_entry, price_status
-    from billing.store.catalog_file import CatalogStore, load_catalog
     from ops.reconciling import parse_time
 
-    path = settings.catalog_file
+    store = settings.catalog_store()
     now_ms = int(time.time() * 1000)
     if args.action == "generate":
         catalog = generate_catalog(args.advertisers, args.campaigns, args.ads, args.seed)
         versions = settings.layout.catalog_versions
         priced = versions.is_dir() and any(versions.iterdir())
-        CatalogStore(path).start(catalog, replace=args.force, priced=priced, made_by=command_made_by())
-        print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {path}")
+        store.start(catalog, replace=args.force, priced=priced, made_by=command_made_by())
+        print(f"wrote {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers to {store.where}")
         return 0
+    if args.action in ("export", "import"):
+        return _catalog_document(store, args)
     if args.action == "show":
-        catalog = load_catalog(path)
+        catalog = store.current()
         for ad in catalog:
             print(f"{ad.ad_id}\t{ad.campaign_id}\t{ad.advertiser_id}\t{price_status(ad, now_ms)}")
         return 0
@@ -561,7 +577,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     if not args.ad_id:
         raise ValueError(f"catalog {args.action} needs the ad's id")
     if args.action == "history":
-        found = load_catalog(path).get(args.ad_id)
+        found = store.current().get(args.ad_id)
         if found is None:
             raise ValueError(f"unknown ad {args.ad_id}")
         print(f"{found.ad_id}\tcampaign {found.campaign_id}\tadvertiser {found.advertiser_id}\t{found.currency}")
@@ -585,22 +601,46 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             currency=args.currency,
         )
 
-    catalog = CatalogStore(path).change(request, backfill=args.backfill, made_by=command_made_by())
+    catalog = store.change(request, backfill=args.backfill, made_by=command_made_by())
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
     return 0
 
 
+def _catalog_document(store: CatalogDatabase, args: argparse.Namespace) -> int:
+    """`adbill catalog export FILE`: the whole catalog with its history and change log, as one JSON document;
+    `adbill catalog import FILE`: such a document (or a catalog file) into a database that holds no catalog."""
+    from billing.store.catalog_db import catalog_document, read_catalog_document
+
+    if not args.ad_id:
+        raise ValueError(f"catalog {args.action} needs the file ({'-' if args.action == 'export' else 'FILE'})")
+    if args.action == "export":
+        catalog = store.current()
+        text = catalog_document(catalog, store.changes())
+        if args.ad_id == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            target = Path(args.ad_id)
+            staging = target.with_name(f".{target.name}.partial")
+            staging.write_text(text + "\n", encoding="utf-8")
+            staging.replace(target)
+            print(f"exported catalog version {catalog.version} ({len(catalog)} ads) to {target}")
+        return 0
+    catalog, changes = read_catalog_document(Path(args.ad_id).read_text(encoding="utf-8"))
+    store.load(catalog, changes)
+    print(f"imported catalog version {catalog.version} ({len(catalog)} ads) into {store.where}")
+    return 0
+
+
 def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) -> int:
     """`adbill catalog set-budget CAMPAIGN --daily-micros N | --unlimited`, `adbill catalog budgets [CAMPAIGN]`."""
     from billing.catalog_changes import budget_change, budget_text, describe_budget
-    from billing.store.catalog_file import CatalogStore, load_catalog
     from ops.reconciling import parse_time
 
-    path = settings.catalog_file
+    store = settings.catalog_store()
     if args.action == "budgets":
-        catalog = load_catalog(path)
+        catalog = store.current()
         if args.ad_id:
             owner = catalog.advertiser_of_campaign(args.ad_id)
             if owner is None:
@@ -635,7 +675,7 @@ def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) 
             made_by=maker,
         )
 
-    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    catalog = store.change(request, backfill=args.backfill)
     entry = next(b for b in catalog.budget_history(args.ad_id) if b.version == catalog.version)
     currency = catalog.currency_of(catalog.advertiser_of_campaign(args.ad_id) or "")
     print(f"set-budget: {args.ad_id} {describe_budget(entry, currency)} (catalog version {catalog.version})")
@@ -646,15 +686,14 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
     """`adbill ivt exclude|include CIDR [--at TIME] [--backfill]`, `adbill ivt list [--at TIME] [--history]`."""
     from billing.catalog import format_time
     from billing.catalog_changes import describe_exclusion, exclusion_change
-    from billing.store.catalog_file import CatalogStore, load_catalog
     from ops.reconciling import parse_time
 
-    path = settings.catalog_file
+    store = settings.catalog_store()
     at_ms = parse_time(args.at, "--at") if args.at else None
     if args.action == "list":
         if args.cidr:
             raise ValueError("ivt list takes no range; it lists every range (--history: every entry)")
-        exclusions = load_catalog(path).exclusions
+        exclusions = store.current().exclusions
         when = int(time.time() * 1000) if at_ms is None else at_ms
         in_force = exclusions.ranges_at(when)
         for cidr in in_force:
@@ -671,23 +710,21 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
     def request(current: Catalog | None, now: int) -> ExclusionSetting:
         return exclusion_change(args.action, args.cidr or "", now if at_ms is None else at_ms, maker)
 
-    catalog = CatalogStore(path).change(request, backfill=args.backfill)
+    catalog = store.change(request, backfill=args.backfill)
     entry = next(e for e in catalog.exclusions.changes if e.version == catalog.version)
     print(f"{args.action}: {describe_exclusion(entry)} (catalog version {catalog.version})")
     return 0
 
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.catalog_file import CatalogStore, load_catalog
     from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
 
     if args.live and args.rate and args.impression_rate:
         raise ValueError("--live sends at the simulated rate: give --rate or --impression-rate, not both")
-    shape: dict[str, Any] = (
-        _catalog_shape(load_catalog(settings.catalog_file)) if settings.catalog_file.exists() else {}
-    )
+    store = settings.catalog_store()
+    shape: dict[str, Any] = _catalog_shape(store.current()) if store.exists() else {}
     config = SimulationConfig(
         **shape,
         users=args.users,
@@ -727,7 +764,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
         rate=None if args.live else args.rate,
         progress=_progress(args),
         live=args.live,
-        catalog_store=CatalogStore(settings.catalog_file),
+        catalog_store=store,
         deploy_schema_at_s=args.deploy_schema_at,
         follow_catalog=args.follow_catalog,
     )
@@ -845,13 +882,12 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
     from billing.periods import Periods
-    from billing.store.catalog_file import CatalogStore
     from billing.store.click_story import ClickStories
     from billing.story import NOT_RECEIVED, story_text
 
     stories = ClickStories(
         settings.layout,
-        CatalogStore(settings.catalog_file),
+        settings.catalog_store(),
         Periods(settings.period_ms),
         settings.ivt_rules,
         settings.topic_clicks,
@@ -886,7 +922,6 @@ def cmd_profiles(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_names(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.catalog_file import load_catalog
     from billing.store.names_file import NamesFile
 
     store = NamesFile(settings.layout.names_file)
@@ -898,7 +933,7 @@ def cmd_names(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if not (args.kind and args.item_id and args.name is not None):
         raise ValueError("names set needs campaign or ad, its id and the name")
-    catalog = load_catalog(settings.catalog_file)
+    catalog = settings.catalog_store().current()
     known = catalog.get(args.item_id) if args.kind == "ad" else catalog.advertiser_of_campaign(args.item_id)
     if known is None:
         raise ValueError(f"unknown {args.kind} {args.item_id}")
@@ -930,12 +965,11 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.catalog_file import CatalogStore
     from billing.store.schema_registry import open_registry
     from producers.capture import CatalogEdit
     from producers.publisher import apply_to_store, replay_to_kafka
 
-    catalog = CatalogStore(settings.catalog_file)
+    catalog = settings.catalog_store()
 
     def apply_catalog(line: CatalogEdit) -> None:
         # A capture's `ad`, `budget` and `ip_exclusion` lines are recorded history: they take effect at their own
@@ -994,18 +1028,17 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
     """The simulator draws its traffic from the ads of its seed: the pipeline's catalog must hold those ads, with
     the same owners and currency (their prices are the catalog's history, whoever changed them)."""
     from billing.catalog import CatalogError
-    from billing.store.catalog_file import CatalogStore, load_catalog
 
-    path = settings.catalog_file
-    if not path.exists():
+    store = settings.catalog_store()
+    if not store.exists():
         try:
-            CatalogStore(path).start(simulated, made_by=command_made_by("simulator"))
+            store.start(simulated, made_by=command_made_by("simulator"))
         except CatalogError:
-            pass  # another writer made the file meanwhile: it is checked below like any other
+            pass  # another writer made one meanwhile: it is checked below like any other
         else:
-            print(f"wrote the simulator's catalog to {path}", file=sys.stderr)
+            print(f"wrote the simulator's catalog to {store.where}", file=sys.stderr)
             return
-    held = load_catalog(path)
+    held = store.current()
     for ad in simulated:
         other = held.get(ad.ad_id)
         if other is None or (other.campaign_id, other.advertiser_id, other.currency) != (
@@ -1014,8 +1047,8 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
             ad.currency,
         ):
             raise ValueError(
-                f"the catalog in {path} does not hold the ads the simulator derives from --seed {seed} and its "
-                f"shape (ad {ad.ad_id}); use the seed it was generated with, or remove the file to start afresh"
+                f"the catalog in {store.where} does not hold the ads the simulator derives from --seed {seed} and "
+                f"its shape (ad {ad.ad_id}); use the seed it was generated with, or start afresh with a new database"
             )
 
 

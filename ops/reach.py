@@ -28,7 +28,7 @@ class Unreachable(ServiceError):
 
 
 def require(settings: Settings, needs: Iterable[str]) -> None:
-    """Raise `Unreachable` unless every service in `needs` (`kafka`, `redis`) answers."""
+    """Raise `Unreachable` unless every service in `needs` (`kafka`, `redis`, `postgres`) answers."""
     for need in needs:
         if need == "kafka" and not kafka_answers(settings.kafka_bootstrap):
             raise Unreachable(
@@ -39,6 +39,11 @@ def require(settings: Settings, needs: Iterable[str]) -> None:
             raise Unreachable(
                 f"cannot reach Redis at {redis_address(settings.redis_url)} (no answer within "
                 f"{REDIS_TIMEOUT_S:.0f} s); start it (`adbill up`) or set ADBILL_REDIS_URL"
+            )
+        if need == "postgres" and not database_answers(settings.database_url):
+            raise Unreachable(
+                f"cannot reach PostgreSQL at {database_address(settings.database_url)} (no answer within "
+                f"{REDIS_TIMEOUT_S:.0f} s); start it (`adbill up`) or set ADBILL_DATABASE_URL"
             )
 
 
@@ -56,6 +61,26 @@ def kafka_answers(bootstrap: str, timeout_s: float = KAFKA_TIMEOUT_S) -> bool:
         return bool(admin.list_topics(timeout=timeout_s).brokers)
     except Exception:  # KafkaException on a timeout, ValueError on a malformed address: either way, no broker
         return False
+
+
+def database_answers(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> bool:
+    """True when PostgreSQL at `url` accepts a connection to its database."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout_s))) as connection:
+            connection.execute("SELECT 1")
+        return True
+    except (psycopg.Error, OSError, ValueError):
+        return False
+
+
+def database_address(url: str) -> str:
+    """host:port/database of a database URL, without its user or password."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 5432}{parts.path}"
 
 
 def redis_answers(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> bool:

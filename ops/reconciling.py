@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
     from attribution.audit import PeriodAudit
     from attribution.closing import ReconcileConfig
+    from billing.catalog import Catalog
     from billing.closing_run import RunReport
+    from billing.store.catalog_db import CatalogDatabase
 
 
 def parse_time(text: str, option: str = "--until") -> int:
@@ -65,7 +67,6 @@ def run_reconcile(
     `force`), 4 another run holds the lock (a single run takes it before it starts Spark)."""
     from attribution.closing import run_closing, run_lock
     from billing.closing_run import HeldError, ReconcileBusyError
-    from billing.store.catalog_file import load_catalog
     from billing.store.disk_space import probe_room, retry_while_disk_full
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -77,6 +78,7 @@ def run_reconcile(
     # Room first: the run lock, Spark's scratch and event log, and the run's files are in the data folder.
     retry_while_disk_full(lambda: probe_room(settings.root), "starting reconciliation", settings.root, status)
     ensure_catalog(settings)
+    catalogs = settings.catalog_store()
     config = reconcile_config(settings)
     with ExitStack() as held:
         try:
@@ -97,7 +99,7 @@ def run_reconcile(
                         lambda: run_closing(
                             spark,
                             config,
-                            load_catalog(settings.catalog_file),
+                            fresh_catalog(catalogs, status),
                             until_ms=until_ms,
                             progress=lambda message: print(f"reconcile: {message}", flush=True),
                             force=force,
@@ -132,6 +134,27 @@ def run_reconcile(
             return 0
         finally:
             spark.stop()
+
+
+def fresh_catalog(store: CatalogDatabase, status: Callable[[str | None], None]) -> Catalog:
+    """The catalog as the database holds it now. While the database cannot be reached, the run waits and says why
+    (on the health page too): it never reconciles with a catalog that may be behind the changes made."""
+    from billing.store.catalog_db import DatabaseUnavailable
+
+    while True:
+        try:
+            catalog = store.current(fresh=True)
+        except DatabaseUnavailable as exc:
+            status(f"waiting: {exc}")
+            print(f"reconcile: waiting: {exc}", file=sys.stderr, flush=True)
+            time.sleep(CATALOG_RETRY_S)
+            continue
+        status(None)
+        return catalog
+
+
+CATALOG_RETRY_S = 5
+"""How often reconciliation tries the catalog's database again while it cannot be reached."""
 
 
 def refresh_click_index(settings: Settings) -> None:
@@ -224,10 +247,9 @@ def audit_after_run(spark: object, settings: Settings, config: ReconcileConfig) 
     """The audit after a run that closed periods (`ADBILL_AUDIT_AFTER_CLOSE`), so that finance's page says the books
     are proven; a failure is said and the schedule goes on."""
     from attribution.audit import audit
-    from billing.store.catalog_file import load_catalog
 
     try:
-        audits = audit(spark, config, load_catalog(settings.catalog_file))  # type: ignore[arg-type]
+        audits = audit(spark, config, settings.catalog_store().current(fresh=True))  # type: ignore[arg-type]
         record_audit(config, audits)
     except Exception as exc:  # the audit is a check: reconciliation's schedule must not stop for it
         print(f"reconcile: the audit after the run failed: {exc}", file=sys.stderr, flush=True)
@@ -239,7 +261,6 @@ def run_audit(settings: Settings) -> int:
     """`adbill audit`: print the books against the rule per period; 1 when a closed period differs, else 0 (an open
     period that differs is awaiting close: its late data is corrected when it closes)."""
     from attribution.audit import audit
-    from billing.store.catalog_file import load_catalog
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
 
@@ -248,7 +269,7 @@ def run_audit(settings: Settings) -> int:
     spark = spark_session(settings, "adbill-audit", settings.layout.spark_scratch("audit"), stateful=False)
     config = reconcile_config(settings)
     try:
-        audits = audit(spark, config, load_catalog(settings.catalog_file))
+        audits = audit(spark, config, settings.catalog_store().current(fresh=True))
     finally:
         spark.stop()
     record_audit(config, audits)

@@ -11,10 +11,13 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from billing.invalid import IvtRules
 from billing.layout import DataLayout
+
+if TYPE_CHECKING:
+    from billing.store.catalog_db import CatalogDatabase
 
 PREFIX = "ADBILL_"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +194,17 @@ class Settings:
         "Invalid traffic: a click this many ms or less after the user's previous click on the ad is a duplicate.",
     )
 
-    catalog_path: Path | None = _setting(None, "The ad catalog JSON file (default HOME/catalog.json).", "CATALOG")
+    database_url: str = _setting(
+        "postgresql://adbill@127.0.0.1:5433/adbill",
+        "PostgreSQL for the records that several processes and hosts share (the ad catalog with its history and "
+        "change log). The local stack starts one here when it is on loopback.",
+    )
+    catalog_path: Path | None = _setting(
+        None,
+        "A catalog JSON file written before the database (default HOME/catalog.json): taken into the database the "
+        "first time it holds no catalog, then set aside as FILE.imported.",
+        "CATALOG",
+    )
 
     web_host: str = _setting("127.0.0.1", "Address the web UI listens on.")
     web_port: int = _setting(8000, "Port of the web UI.")
@@ -344,6 +357,11 @@ class Settings:
         return self.layout.redis
 
     @property
+    def postgres_dir(self) -> Path:
+        """The local PostgreSQL's cluster (`initdb`), under the data folder."""
+        return self.root / "postgres" / "cluster"
+
+    @property
     def run_dir(self) -> Path:
         return self.layout.run
 
@@ -358,6 +376,24 @@ class Settings:
     @property
     def catalog_file(self) -> Path:
         return self.catalog_path or self.layout.catalog_file
+
+    def catalog_store(self) -> CatalogDatabase:
+        """The ad catalog's store: the database (`database_url`), taking in `catalog_file` when it holds none."""
+        from billing.store.catalog_db import CatalogDatabase
+
+        return CatalogDatabase(self.database_url, imports=self.catalog_file)
+
+    @property
+    def postgres_port(self) -> int:
+        from urllib.parse import urlparse
+
+        return urlparse(self.database_url).port or 5432
+
+    @property
+    def database_is_local(self) -> bool:
+        from urllib.parse import urlparse
+
+        return urlparse(self.database_url).hostname in LOOPBACK
 
     @property
     def users_file(self) -> Path:

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from billing.catalog import Catalog, generate_catalog
-from billing.store.catalog_file import load_catalog, save_catalog
+from billing.catalog import Catalog, CatalogError, generate_catalog
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
+from ops.postgres_service import DATABASE, LocalPostgres, database_url
 from ops.process import ManagedProcess, consecutive_free_port, free_ports, pid_alive, stop_pids
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
@@ -22,7 +22,18 @@ from ops.spark_cluster import LocalSparkCluster
 
 # Children stop in this order: traffic first, services last, so nothing writes to a stopped broker. A name ending
 # in "-" stands for its numbered processes (kafka-1, kafka-2, ...).
-STOP_ORDER = ["traffic", "web", "reconcile", "stream", "spark-worker-", "spark-master", "redis", "kafka", "kafka-"]
+STOP_ORDER = [
+    "traffic",
+    "web",
+    "reconcile",
+    "stream",
+    "spark-worker-",
+    "spark-master",
+    "postgres",
+    "redis",
+    "kafka",
+    "kafka-",
+]
 
 
 def stop_rank(name: str) -> int:
@@ -69,6 +80,12 @@ def local_redis(settings: Settings) -> LocalRedis:
     return LocalRedis(data_dir=settings.redis_dir, port=settings.redis_port, run_dir=settings.run_dir)
 
 
+def local_postgres(settings: Settings) -> LocalPostgres:
+    return LocalPostgres(
+        data_dir=settings.postgres_dir, port=settings.postgres_port, run_dir=settings.run_dir, log_dir=settings.logs_dir
+    )
+
+
 def ensure_stack_topics(settings: Settings) -> list[str]:
     """The impressions, clicks and quarantine topics, created if missing, all with `TOPIC_CONFIGS` (idempotent);
     returns their names."""
@@ -83,13 +100,18 @@ def ensure_stack_topics(settings: Settings) -> list[str]:
 
 
 def ensure_catalog(settings: Settings) -> Catalog:
-    """The catalog file, generated (small and deterministic) when there is none yet."""
-    if settings.catalog_file.exists():
-        return load_catalog(settings.catalog_file)
+    """The catalog in the database, generated (small and deterministic) when there is none yet (a data folder's
+    catalog file written before the database is taken in first)."""
+    store = settings.catalog_store()
+    if store.exists():
+        return store.current()
     catalog = generate_catalog(
         advertisers=5, campaigns_per_advertiser=3, ads_per_campaign=4, seed=settings.traffic_seed
     )
-    save_catalog(catalog, settings.catalog_file)
+    try:
+        store.start(catalog)
+    except CatalogError:  # another process made one meanwhile
+        return store.current()
     return catalog
 
 
@@ -140,6 +162,13 @@ class Stack:
                 _say(f"redis    started   {s.redis_url}  (AOF in {s.redis_dir})")
             else:
                 _say(f"redis    running   {s.redis_url}  (already up, left as it is)")
+        if s.database_is_local:
+            postgres = local_postgres(s)
+            if postgres.start():
+                self.started.append(postgres.process)
+                _say(f"postgres started   {s.database_url}  (cluster in {s.postgres_dir})")
+            else:
+                _say(f"postgres running   {s.database_url}  (already up, left as it is)")
         if s.spark_is_local_cluster:
             spark = local_spark_cluster(s)
             started_spark = spark.start()
@@ -154,7 +183,10 @@ class Stack:
             f"({s.topic_partitions} partitions, replication {s.topic_replication})"
         )
         catalog = ensure_catalog(s)
-        _say(f"catalog  ready     {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers  ({s.catalog_file})")
+        _say(
+            f"catalog  ready     {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers, version "
+            f"{catalog.version}  ({s.database_url})"
+        )
         ids = ensure_schemas(s)
         _say(f"schemas  ready     {ids}  ({s.registry_location})")
 
@@ -256,7 +288,7 @@ def local_cluster_env(home: Path, **overrides: str) -> dict[str, str]:
     Redis, the web UI) in `home`, on free loopback ports: this process's environment without its `ADBILL_*`
     variables, this checkout on PYTHONPATH, and `overrides` (more `ADBILL_*` settings) on top."""
     brokers = free_ports(3)
-    master, ui, redis_port, web = free_ports(4)
+    master, ui, redis_port, web, postgres = free_ports(5)
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
         "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
@@ -268,6 +300,7 @@ def local_cluster_env(home: Path, **overrides: str) -> dict[str, str]:
         "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
         "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
         "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "ADBILL_DATABASE_URL": database_url(postgres, DATABASE),
         "ADBILL_WEB_PORT": str(web),
         "ADBILL_METRICS_PORT": "0",
         **overrides,
@@ -303,6 +336,7 @@ def print_where(settings: Settings) -> None:
             f"executors {s.executor_memory}, drivers {s.driver_memory}"
         )
     _say(f"  redis       {s.redis_url}")
+    _say(f"  postgres    {s.database_url}   (the catalog, its history and change log)")
     _say(f"  web         http://{s.web_host}:{s.web_port}/   accounts: adbill users add NAME --role admin")
     _say(f"  probes      http://{s.web_host}:{s.web_port}/healthz (alive), /readyz (Redis and the job's last batch)")
     _say(f"  data        {s.root}")

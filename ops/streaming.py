@@ -48,6 +48,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         registry_location=settings.registry_location,
         write_on_executors=settings.writes_on_executors,
         catalog_file=settings.catalog_file,
+        database_url=settings.database_url,
         ivt_rules=settings.ivt_rules,
         judge_invalid=bool(settings.stream_invalid_traffic),
         hold_budgets=bool(settings.stream_budgets),
@@ -83,7 +84,7 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     spark = spark_session(settings, "adbill-stream", settings.layout.spark_scratch("stream"), stateful=True)
     if settings.metrics_port:
         REGISTRY.register(ReconciliationCollector(settings.redis_url, settings.redis_prefix))
-        REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix, settings.catalog_file))
+        REGISTRY.register(BillingCollector(settings.redis_url, settings.redis_prefix, settings.catalog_store()))
         # On a cluster Prometheus scrapes the driver from another host: all interfaces on purpose (bandit B104).
         start_http_server(settings.metrics_port, addr="127.0.0.1" if settings.kafka_is_local else "0.0.0.0")  # nosec
     spark.streams.addListener(
@@ -181,7 +182,6 @@ def restore_redis(settings: Settings) -> int:
     from attribution.restore import JobRunningError, restore_redis
     from attribution.stream_position import BILLING_QUERY
     from billing.periods import Periods
-    from billing.store.catalog_file import load_catalog
     from billing.store.redis_totals import RedisTotals
     from ops.reconciling import net_by_currency
 
@@ -195,7 +195,7 @@ def restore_redis(settings: Settings) -> int:
         done = restore_redis(
             settings.root,
             totals,
-            load_catalog(settings.catalog_file),
+            settings.catalog_store().current(fresh=True),
             Periods(settings.period_ms),
             BILLING_QUERY,
             clock_tolerance_ms=settings.clock_tolerance_ms,

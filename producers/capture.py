@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from billing.budgets import BudgetError, check_budget
-from billing.catalog import AdChange, Catalog, CatalogError
+from billing.catalog import AdChange, BudgetSetting, Catalog, CatalogChange, CatalogError, ExclusionSetting
 from billing.catalog_changes import ad_line_change
 from billing.events import Click, Event, Impression
 from billing.invalid import ExclusionError, parse_cidr
@@ -110,16 +110,19 @@ class SchemaLine:
     line_number: int = 0
 
 
+def catalog_change_of(line: CatalogEdit) -> CatalogChange:
+    """The change of the catalog a capture's line asks for (an ad's price, a campaign's budget, the IP list)."""
+    if isinstance(line, CatalogLine):
+        return line.change
+    if isinstance(line, BudgetLine):
+        return BudgetSetting(line.campaign_id, line.effective_from, line.daily_budget_micros)
+    return ExclusionSetting(line.cidr, line.effective_from, line.excluded)
+
+
 def apply_line(catalog: Catalog, line: CatalogEdit, now_ms: int) -> Catalog:
     """The catalog with a capture's change made as a back-fill (its own `effective_from`, even in the past of
     `now_ms`); CatalogError when the catalog refuses it."""
-    if isinstance(line, CatalogLine):
-        return catalog.with_change(line.change, now_ms, backfill=True)
-    if isinstance(line, BudgetLine):
-        return catalog.with_budget(
-            line.campaign_id, line.effective_from, line.daily_budget_micros, now_ms, backfill=True
-        )
-    return catalog.with_exclusion(line.cidr, line.effective_from, line.excluded, now_ms, backfill=True)
+    return catalog.apply(catalog_change_of(line), now_ms, backfill=True)
 
 
 CaptureLine = Event | RawRecord | CatalogLine | BudgetLine | ExclusionLine | SchemaLine | CaptureError

@@ -22,10 +22,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm
 
-from billing.catalog import AdChange, Catalog, CatalogError, MadeBy
+from billing.catalog import Catalog, CatalogChange, CatalogError, MadeBy
 from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
-from billing.store.catalog_file import CatalogStore, operating_system_user, save_catalog
+from billing.store.catalog_db import CatalogDatabase
+from billing.store.catalog_file import operating_system_user, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.capture import (
     BudgetLine,
@@ -34,7 +35,7 @@ from producers.capture import (
     CatalogLine,
     ExclusionLine,
     SchemaLine,
-    apply_line,
+    catalog_change_of,
     read_capture_with_extras,
 )
 from producers.simulator import (
@@ -335,14 +336,12 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
     return open_registry(registry) if isinstance(registry, str) else registry
 
 
-def apply_to_store(store: CatalogStore, line: CatalogEdit, now_ms: int, made_by: MadeBy | None = None) -> Catalog:
+def apply_to_store(store: CatalogDatabase, line: CatalogEdit, now_ms: int, made_by: MadeBy | None = None) -> Catalog:
     """Make a capture's (or a run's) change of the catalog in the pipeline's catalog, as a back-fill with its own
     `effective_from`, under the store's lock (`CatalogStore.change` for prices; budgets and the IP exclusion list
     the same way), its entry in the change log made by `made_by`; CatalogError when the catalog refuses it. The new
     catalog."""
-    if isinstance(line, CatalogLine):
-        return store.change(line.change, lambda: now_ms, backfill=True, made_by=made_by)
-    return store.update(lambda catalog, now: apply_line(catalog, line, now), lambda: now_ms, made_by=made_by)
+    return store.change(catalog_change_of(line), lambda: now_ms, backfill=True, made_by=made_by)
 
 
 class LeftAlone(CatalogError):
@@ -350,7 +349,7 @@ class LeftAlone(CatalogError):
 
 
 def apply_run_line(
-    store: CatalogStore, line: CatalogEdit, now_ms: int, edits: RunEdits | None, made_by: MadeBy | None = None
+    store: CatalogDatabase, line: CatalogEdit, now_ms: int, edits: RunEdits | None, made_by: MadeBy | None = None
 ) -> Catalog:
     """A run's own change of the catalog (`apply_to_store`); with `edits` (a run that follows the catalog), checked
     under the catalog's lock against the catalog as it is, so a change someone else made meanwhile is never undone
@@ -363,22 +362,14 @@ def apply_run_line(
         if why is not None:
             raise LeftAlone(why)
 
-    if isinstance(line, CatalogLine):
-        change = line.change
+    change = catalog_change_of(line)
 
-        def request(current: Catalog | None, now: int) -> AdChange:
-            if current is not None:
-                check(current)
-            return change
+    def request(current: Catalog | None, now: int) -> CatalogChange:
+        if current is not None:
+            check(current)
+        return change
 
-        changed = store.change(request, lambda: now_ms, backfill=True, made_by=made_by)
-    else:
-
-        def make(catalog: Catalog, now: int) -> Catalog:
-            check(catalog)
-            return apply_line(catalog, line, now)
-
-        changed = store.update(make, lambda: now_ms, made_by=made_by)
+    changed = store.change(request, lambda: now_ms, backfill=True, made_by=made_by)
     edits.made(changed)
     return changed
 
@@ -412,7 +403,7 @@ def simulate_to_kafka(
     flush_timeout_s: float = 120.0,
     live: bool = False,
     sleep: Sleep = time.sleep,
-    catalog_store: CatalogStore | None = None,
+    catalog_store: CatalogDatabase | None = None,
     deploy_schema_at_s: float | None = None,
     follow_catalog: bool = False,
 ) -> PublishSummary:

@@ -5,9 +5,9 @@ What a page and its API twin share (`web.catalog_pages`, `web.catalog_api`): the
 `exclusions_or_404`), an ad's status at a time (`AdStatus`), a campaign's budget now (`BudgetStatus`), and
 `make_change`, `make_budget_change` and `make_exclusion_change`, which read a request as the command line does
 (`billing.catalog_changes`, so the web refuses what `adbill catalog` and `adbill ivt` refuse, with the same one-line
-message) and make it in the catalog file under its lock (`billing.store.catalog_file.CatalogStore`), the entry
-keeping who made it and through which door (`maker`). The web UI reads the file back like every other part of the
-product; a change is seen by the streaming job and reconciliation within seconds.
+message) and make it in the catalog's database in one transaction (`billing.store.catalog_db.CatalogDatabase`), the
+entry keeping who made it and through which door (`maker`). The web UI reads the catalog back by version like every
+other part of the product; a change is seen by the streaming job and reconciliation within seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from pathlib import Path
 
 from flask import Flask, abort, current_app, g, request
 
@@ -26,7 +25,7 @@ from billing.catalog_changes import ACTIONS, budget_change, catalog_change, excl
 from billing.change_log import ChangeEntry, by_version
 from billing.invalid import ExclusionChange
 from billing.money import minor_digits, parse_amount
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogDatabase
 from web import display
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
@@ -73,15 +72,15 @@ class AdStatus:
         return cls(ad, Status.LIVE, entry.cpc_micros, later)
 
 
-def register(app: Flask, catalog_file: Path) -> None:
+def register(app: Flask, catalogs: CatalogDatabase) -> None:
     """Keep the catalog's store for the app's views (`create_app` calls this once)."""
-    app.extensions[EXTENSION] = CatalogStore(catalog_file)
+    app.extensions[EXTENSION] = catalogs
     app.jinja_env.globals["price_changes"] = changes_by_version
     app.jinja_env.globals["made_of"] = made_of
 
 
-def store() -> CatalogStore:
-    found: CatalogStore = current_app.extensions[EXTENSION]
+def store() -> CatalogDatabase:
+    found: CatalogDatabase = current_app.extensions[EXTENSION]
     return found
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import redis
 from flask import Flask, Response, jsonify, redirect, render_template, request, url_for
@@ -42,12 +42,15 @@ from web.changes import bp as change_pages
 from web.click_pages import register as register_click_pages
 from web.metrics import instrument
 from web.ranges import PRESETS
-from web.readers import QUERY_NAMES, BillingReader, CatalogFile
+from web.readers import QUERY_NAMES, BillingReader, CatalogView
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms, services
 from web.sessions import LoginLimiter, SessionStore
 from web.tokens import TokensFile
+
+if TYPE_CHECKING:
+    from billing.store.catalog_db import CatalogDatabase
 
 RETRY_AFTER_S = 5
 """What a 503 (Redis unreachable) tells a client to wait before it tries again."""
@@ -68,8 +71,7 @@ class WebSettings(Protocol):
     def redis_prefix(self) -> str: ...
     @property
     def root(self) -> Path: ...
-    @property
-    def catalog_file(self) -> Path: ...
+    def catalog_store(self) -> CatalogDatabase: ...
     @property
     def users_file(self) -> Path: ...
     @property
@@ -126,12 +128,13 @@ def create_app(
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False, TEMPLATES_AUTO_RELOAD=False)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
     accounts = AccountsFile(settings.users_file)
+    catalogs = settings.catalog_store()  # one per process: each request reads only what changed since the last
     app.extensions["adbill"] = Services(
         reader=BillingReader(
             client,
             settings.redis_prefix,
             exports_dir(settings),
-            CatalogFile(settings.catalog_file),
+            CatalogView(catalogs),
             Periods(settings.period_ms),
         ),
         accounts=accounts,
@@ -177,8 +180,8 @@ def create_app(
     app.register_blueprint(probes.bp)
     app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
     app.register_blueprint(catalog_api.bp)
-    ad_catalog.register(app, settings.catalog_file)
-    register_click_pages(app, settings)  # a click's story: its page and API document
+    ad_catalog.register(app, catalogs)
+    register_click_pages(app, settings, catalogs)  # a click's story: its page and API document
     app.register_blueprint(change_pages)  # the catalog's change log
     app.register_blueprint(change_api)
     invoice_views.register(app, settings.root)  # the monthly invoices and the billing profiles

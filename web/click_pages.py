@@ -25,7 +25,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from billing.invalid import DEFAULT_RULES
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogDatabase
 from billing.store.click_story import ClickStories
 from billing.story import NOT_RECEIVED, ClickStory, describe, for_advertiser
 from web import display
@@ -43,11 +43,11 @@ api_bp = Blueprint("click_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 
 
-def register(app: Flask, settings: Any) -> None:
-    """The app's click stories, over its data folder (`create_app` calls this once)."""
+def register(app: Flask, settings: Any, catalogs: CatalogDatabase) -> None:
+    """The app's click stories, over its data folder and the catalog's store (`create_app` calls this once)."""
     app.extensions[EXTENSION] = ClickStories(
         DataLayout(settings.root),
-        CatalogStore(settings.catalog_file),
+        catalogs,
         Periods(settings.period_ms),
         getattr(settings, "ivt_rules", DEFAULT_RULES),
         getattr(settings, "topic_clicks", None),

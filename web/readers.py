@@ -31,7 +31,7 @@ from billing.intake import QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.budget_days import read_budget_days
-from billing.store.catalog_file import load_catalog
+from billing.store.catalog_db import CatalogDatabase
 from billing.store.export_files import (
     CSV_FILE,
     MANIFEST_FILE,
@@ -111,29 +111,22 @@ def is_id(text: str) -> bool:
     return bool(_ID.fullmatch(text))
 
 
-class CatalogFile:
-    """The ad catalog, for currencies and which ad or campaign belongs to whom; re-read when the file changes."""
+class CatalogView:
+    """The ad catalog, for currencies and which ad or campaign belongs to whom: its store's catalog as of the
+    latest version (`billing.store.catalog_db`), or an empty one while the database holds none."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._stamp: tuple[int, int, int] | None = None
-        self._catalog = Catalog([])
+    def __init__(self, store: CatalogDatabase | None) -> None:
+        self.store = store
+        self._empty = Catalog([])
 
     def get(self) -> Catalog:
-        if self.path is None:
-            return self._catalog
+        if self.store is None:
+            return self._empty
         try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return self._catalog
-        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # a change is a rename: a new inode, whatever the clock
-        if stamp != self._stamp:
-            self._stamp = stamp  # a refused version is not read again, nor logged again, until the file changes
-            try:
-                self._catalog = load_catalog(self.path)
-            except ValueError as exc:  # broken, or refused (a campaign shared by two advertisers, say)
-                _log.warning("keeping the last good ad catalog: %s", exc)
-        return self._catalog
+            return self.store.current()
+        except ValueError as exc:  # no catalog yet, or no database ever reached
+            _log.warning("no ad catalog to show: %s", exc)
+            return self._empty
 
 
 class BillingReader:
@@ -144,7 +137,7 @@ class BillingReader:
         client: redis.Redis,
         prefix: str,
         exports_dir: Path,
-        catalog: CatalogFile,
+        catalog: CatalogView,
         period_length: Periods | None = None,
     ) -> None:
         self.client = client

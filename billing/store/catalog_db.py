@@ -32,9 +32,9 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from billing.budgets import BudgetChange
 from billing.catalog import (
@@ -50,7 +50,14 @@ from billing.catalog import (
 )
 from billing.change_log import ChangeEntry, describe_change, describe_made, merge_log, read_lines
 from billing.invalid import ExclusionChange, IpExclusions
-from billing.store.catalog_file import CHANGE_COMMANDS, ChangeRequest, Clock, load_catalog, wall_clock_ms
+from billing.store.catalog_file import (
+    CHANGE_COMMANDS,
+    CatalogStore,
+    ChangeRequest,
+    Clock,
+    load_catalog,
+    wall_clock_ms,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -130,6 +137,14 @@ CONNECT_TIMEOUT_S = 5
 """How long a door or a reader waits for the database before it says the database cannot be reached."""
 
 
+class CatalogSource(Protocol):
+    """What a reader of the catalog needs: the catalog now and its change log (`CatalogDatabase`; a catalog file's
+    `CatalogStore` for the benchmarks that write a data folder without a database)."""
+
+    def current(self) -> Catalog: ...
+    def changes(self) -> list[ChangeEntry]: ...
+
+
 class DatabaseUnavailable(CatalogError):
     """The database cannot be reached: the message names it and says what the caller does meanwhile."""
 
@@ -140,6 +155,47 @@ class Held:
 
     catalog: Catalog
     generation: int
+
+
+def open_catalog(database_url: str | None, catalog_file: str | os.PathLike[str]) -> CatalogStore | CatalogDatabase:
+    """The catalog's store: the database at `database_url` (a data folder's `catalog_file` taken in when the database
+    holds no catalog yet), or the file `catalog_file` when the product has no database."""
+    if database_url:
+        return CatalogDatabase(database_url, imports=catalog_file)
+    return CatalogStore(catalog_file)
+
+
+EXPORT_FORMAT = "adbill-catalog-export/1"
+"""The document `adbill catalog export` writes and `adbill catalog import` reads (docs/catalog-database.md)."""
+
+
+def catalog_document(catalog: Catalog, changes: Iterable[ChangeEntry]) -> str:
+    """The whole catalog with its history (prices, budgets, the IP list) and its change log, as one JSON document:
+    the catalog file's format (`Catalog.to_json`) with `export` and `changes` beside it."""
+    document = json.loads(catalog.to_json())
+    document["export"] = EXPORT_FORMAT
+    document["changes"] = [{k: v for k, v in asdict(e).items() if v is not None} for e in changes]
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
+def read_catalog_document(text: str) -> tuple[Catalog, list[ChangeEntry]]:
+    """The catalog and change log of an export (or a catalog file, whose log is then read from the catalog);
+    CatalogError, saying what is wrong, when it is neither."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CatalogError(f"not a catalog export: {exc}") from None
+    if not isinstance(data, dict):
+        raise CatalogError("not a catalog export: a JSON object is expected")
+    if data.get("export") not in (None, EXPORT_FORMAT):
+        raise CatalogError(f"catalog export format {data.get('export')!r} is not one this version reads")
+    names = {f.name for f in fields(ChangeEntry)}
+    try:
+        changes = [ChangeEntry(**{k: v for k, v in e.items() if k in names}) for e in data.pop("changes", [])]
+        catalog = Catalog.from_json(json.dumps(data))
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        raise CatalogError(f"not a catalog export: {exc}") from None
+    return catalog, changes
 
 
 def connection_pool(url: str, max_size: int = 4) -> ConnectionPool:
@@ -184,10 +240,10 @@ class CatalogDatabase:
 
     # --- Reading ---------------------------------------------------------------------------------------------
 
-    def current(self) -> Catalog:
+    def current(self, fresh: bool = False) -> Catalog:
         """The catalog as the database holds it now, read by version: only the entries made since the version held
-        are read. When the database cannot be reached, the catalog held (and `behind` says why); ValueError when
-        none was ever read, or when the database holds no catalog."""
+        are read. When the database cannot be reached, the catalog held (and `behind` says why), or, `fresh`,
+        DatabaseUnavailable; ValueError when none was ever read, or when the database holds no catalog."""
         with self._mutex:
             try:
                 with self._connection() as connection, connection.transaction():
@@ -200,6 +256,8 @@ class CatalogDatabase:
                     self._held = _caught_up(connection, self._held, *head)
                 self.behind = None
             except DatabaseUnavailable as exc:
+                if fresh:
+                    raise
                 if self._held is None:
                     raise ValueError(str(exc)) from None
                 if self.behind is None:
@@ -449,8 +507,8 @@ def _budgets(
         f"FROM budgets {where} ORDER BY version",
         params,
     )
-    for campaign_id, *fields in rows:
-        yield campaign_id, BudgetChange(*fields)
+    for campaign_id, *columns in rows:
+        yield campaign_id, BudgetChange(*columns)
 
 
 def _exclusions(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]) -> Iterator[ExclusionChange]:
@@ -459,8 +517,8 @@ def _exclusions(connection: psycopg.Connection[Any], where: str, params: tuple[A
         f"FROM ip_exclusions {where} ORDER BY version",
         params,
     )
-    for fields in rows:
-        yield ExclusionChange(*fields)
+    for columns in rows:
+        yield ExclusionChange(*columns)
 
 
 # --- Writing the tables ---------------------------------------------------------------------------------------

@@ -77,6 +77,17 @@ class CatalogStore:
         self._seen: tuple[int, int, int] | None = None
         self._catalog: Catalog | None = None
         self._mutex = threading.Lock()
+        self.behind: str | None = None
+        """Always None: a file is read where it lies (`billing.store.catalog_db.CatalogDatabase.behind`)."""
+
+    @property
+    def where(self) -> str:
+        """The file, as a person reads it in a message."""
+        return str(self.path)
+
+    def exists(self) -> bool:
+        """Whether the file holds a catalog."""
+        return self.path.exists()
 
     def current(self) -> Catalog:
         """The catalog as the file holds it now; the last good one when the file is being replaced or is refused
@@ -122,20 +133,6 @@ class CatalogStore:
             changed = (current or Catalog([])).apply(asked, now_ms, backfill)
             save_catalog(changed, self.path)
             self._record(changed, now_ms, made_by or getattr(asked, "made_by", None), backfill)
-            return changed
-
-    def update(
-        self, make: Callable[[Catalog, int], Catalog], clock: Clock = wall_clock_ms, made_by: MadeBy | None = None
-    ) -> Catalog:
-        """Make the change `make` returns for the catalog as the file holds it and "now" (a budget, an exclusion:
-        `Catalog.with_budget`, `Catalog.with_exclusion`; CatalogError when refused), under the lock, and write the
-        file; the new catalog."""
-        with self.locked():
-            current = load_catalog(self.path) if self.path.exists() else Catalog([])
-            now_ms = clock()
-            changed = make(current, now_ms)
-            save_catalog(changed, self.path)
-            self._record(changed, now_ms, made_by, backfill=False)
             return changed
 
     def start(

@@ -25,7 +25,7 @@ from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.rule import ATTRIBUTION_WINDOW_MS
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogSource
 from billing.store.click_index import (
     ARCHIVE_CLICK,
     ARCHIVE_IMPRESSION,
@@ -69,7 +69,7 @@ class ClickStories:
     def __init__(
         self,
         layout: DataLayout,
-        catalog: CatalogStore,
+        catalog: CatalogSource,
         periods: Periods | None = None,
         rules: IvtRules = DEFAULT_RULES,
         clicks_topic: str | None = None,

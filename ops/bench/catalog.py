@@ -33,7 +33,6 @@ from billing.catalog import AdChange, Catalog
 from billing.corrections import Correction
 from billing.events import Click, Impression
 from billing.layout import DataLayout
-from billing.store.catalog_file import CatalogStore
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.process import consecutive_free_port, free_ports
@@ -75,7 +74,7 @@ def adbill(env: dict[str, str], *args: str, check: bool = True) -> subprocess.Co
 
 def change_to_first_bill(settings: Settings, changes: int) -> list[float]:
     """Seconds from each price change to the first bill at the new price."""
-    store = CatalogStore(settings.catalog_file)
+    store = settings.catalog_store()
     publisher = EventPublisher(
         settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
     )
@@ -150,7 +149,7 @@ def bills_of_a_changing_run(env: dict[str, str], settings: Settings, duration_s:
     return {
         "duration_s": duration_s,
         "rate": rate,
-        "catalog_version": CatalogStore(settings.catalog_file).current().version,
+        "catalog_version": settings.catalog_store().current().version,
         "stream": {"clicks": len(stream), "micros": sum(r["amount_micros"] for r in stream)},
         "final": {"clicks": len(final_bill), "micros": sum(final_bill.values())},
         "ground_truth": {"clicks": len(truth_bill), "micros": sum(truth_bill.values())},

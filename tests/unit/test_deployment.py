@@ -150,7 +150,7 @@ def _local_cluster_processes() -> set[str]:
     return (
         {node.name for node in local_kafka_cluster(settings).nodes}
         | {spark.master.name, *(w.name for w in spark.worker_processes)}
-        | {"redis", "traffic", *CHILDREN}
+        | {"redis", "postgres", "traffic", *CHILDREN}
     )
 
 
