@@ -89,12 +89,17 @@ def postgres_server(pytestconfig: pytest.Config) -> Iterator[LocalPostgres]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.fixture
-def database(postgres_server: LocalPostgres) -> str:
-    """The URL of a database of one test's own, new and empty, on the session's PostgreSQL."""
+def new_database(postgres_server: LocalPostgres) -> str:
+    """The URL of a new, empty database on the session's PostgreSQL."""
     name = f"t{uuid.uuid4().hex[:12]}"
     ensure_database(database_url(postgres_server.port, "postgres"), name)
     return database_url(postgres_server.port, name)
+
+
+@pytest.fixture
+def database(postgres_server: LocalPostgres) -> str:
+    """The URL of a database of one test's own, new and empty, on the session's PostgreSQL."""
+    return new_database(postgres_server)
 
 
 @pytest.fixture(scope="session")
@@ -178,11 +183,15 @@ def fresh_topics(kafka: LocalKafka) -> TopicNames:
     return names
 
 
-def own_settings(folder: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
-    """Settings on the session's services with their own topics, data folder (under `folder`) and key prefix."""
+def own_settings(
+    folder: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis, database_url: str
+) -> Settings:
+    """Settings on the session's services with their own topics, data folder (under `folder`), key prefix and
+    database."""
     return Settings.from_env(
         {},
         home=folder / "home",
+        database_url=database_url,
         deps_dir=DEPS_DIR,
         kafka_bootstrap=kafka.bootstrap,
         topic_impressions=topics.impressions,
@@ -201,17 +210,21 @@ def topics(kafka: LocalKafka) -> TopicNames:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis) -> Settings:
-    """Settings of one test: the session's services, the test's own topics, data folder and key prefix."""
-    return own_settings(tmp_path, kafka, topics, redis_server)
+def settings(
+    tmp_path: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis, database: str
+) -> Settings:
+    """Settings of one test: the session's services, the test's own topics, data folder, key prefix and database."""
+    return own_settings(tmp_path, kafka, topics, redis_server, database)
 
 
 @pytest.fixture
-def redis_settings(tmp_path: Path, redis_server: LocalRedis) -> Settings:
-    """Settings of one test that needs Redis but not Kafka: the session's Redis, its own data folder and key prefix."""
+def redis_settings(tmp_path: Path, redis_server: LocalRedis, database: str) -> Settings:
+    """Settings of one test that needs Redis but not Kafka: the session's Redis and PostgreSQL, its own data folder,
+    key prefix and database."""
     return Settings.from_env(
         {},
         home=tmp_path / "home",
+        database_url=database,
         deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",

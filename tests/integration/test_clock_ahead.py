@@ -35,6 +35,7 @@ from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import LocalKafka
+from ops.postgres_service import LocalPostgres
 from ops.reconciling import reconcile_config
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
@@ -51,7 +52,7 @@ from producers.simulator import (
     system_clock_ms,
 )
 from producers.wire import EventSerializer
-from tests.conftest import fresh_topics, own_settings
+from tests.conftest import fresh_topics, new_database, own_settings
 from tests.redis_figures import RedisFigures
 from web.model import EventCounts
 from web.readers import BillingReader, CatalogFile
@@ -176,11 +177,16 @@ def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> 
 
 @pytest.fixture(scope="module")
 def baseline(
-    spark: SparkSession, kafka: LocalKafka, redis_server: LocalRedis, tmp_path_factory: pytest.TempPathFactory
+    spark: SparkSession,
+    kafka: LocalKafka,
+    redis_server: LocalRedis,
+    postgres_server: LocalPostgres,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> LiveRun:
     """The steady traffic alone."""
     folder = tmp_path_factory.mktemp("steady")
-    run = live_run(spark, own_settings(folder, kafka, fresh_topics(kafka), redis_server), folder / "run", {})
+    settings = own_settings(folder, kafka, fresh_topics(kafka), redis_server, new_database(postgres_server))
+    run = live_run(spark, settings, folder / "run", {})
     assert run.steady_billed == set(run.truth), "without a skewed clock the stream bills every billable click"
     return run
 
