@@ -72,6 +72,7 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_db import CatalogDatabase
 from billing.store.durable import make_folder, replace_files
+from billing.store.part_status import PRICING_WITH_HELD, STREAM_CATALOG_PART, PartStatus
 from billing.store.redis_totals import DayTotalsMovedError, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
@@ -260,6 +261,8 @@ class BatchSink:
         """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
         self.released = False
         """Whether this query's first batch released the quarantined records it can now decode."""
+        self._said_behind: str | None = None
+        """What the status record says of the catalog's database (`say_catalog_behind`)."""
         self.charging = Charging(
             config.layout,
             Periods(config.period_ms),
@@ -288,6 +291,17 @@ class BatchSink:
                     old.unlink(missing_ok=True)
         return current
 
+    def say_catalog_behind(self) -> None:
+        """Record (for the health page and /readyz) when the catalog's database cannot be reached and the batches are
+        priced with the catalog held, and remove the record when it is reached again; written on a change only."""
+        behind = self.catalog.behind
+        if behind == self._said_behind:
+            return
+        held = self.catalog.current().version
+        message = None if behind is None else f"catalog version {held} since the database went away: {behind}"
+        PartStatus(self.config.redis_url, self.config.redis_prefix, STREAM_CATALOG_PART, PRICING_WITH_HELD)(message)
+        self._said_behind = behind
+
     @cached_property
     def totals(self) -> RedisTotals:
         """One Redis client for the sink's life, made on the first batch (foreachBatch runs on the driver)."""
@@ -302,6 +316,7 @@ class BatchSink:
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
         batch_id = self.config.epoch.batch_id_base + spark_batch_id
         catalog = self.catalog_of(batch_id)
+        self.say_catalog_behind()
         billed_at_ms = int(time.time() * 1000)
         writer = PartitionWriter(
             batch_id=batch_id,

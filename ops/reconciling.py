@@ -99,7 +99,7 @@ def run_reconcile(
                         lambda: run_closing(
                             spark,
                             config,
-                            fresh_catalog(catalogs, status),
+                            fresh_catalog(settings, catalogs),
                             until_ms=until_ms,
                             progress=lambda message: print(f"reconcile: {message}", flush=True),
                             force=force,
@@ -136,20 +136,25 @@ def run_reconcile(
             spark.stop()
 
 
-def fresh_catalog(store: CatalogDatabase, status: Callable[[str | None], None]) -> Catalog:
+def fresh_catalog(settings: Settings, store: CatalogDatabase) -> Catalog:
     """The catalog as the database holds it now. While the database cannot be reached, the run waits and says why
     (on the health page too): it never reconciles with a catalog that may be behind the changes made."""
     from billing.store.catalog_db import DatabaseUnavailable
+    from billing.store.part_status import RECONCILE_PART, WAITING_FOR_DATABASE, PartStatus
 
+    status = PartStatus(settings.redis_url, settings.redis_prefix, RECONCILE_PART, WAITING_FOR_DATABASE)
+    waited = False
     while True:
         try:
             catalog = store.current(fresh=True)
         except DatabaseUnavailable as exc:
-            status(f"waiting: {exc}")
+            status(str(exc))
             print(f"reconcile: waiting: {exc}", file=sys.stderr, flush=True)
+            waited = True
             time.sleep(CATALOG_RETRY_S)
             continue
-        status(None)
+        if waited:
+            status(None)
         return catalog
 
 

@@ -163,6 +163,13 @@ def redis_status() -> ComponentStatus:
     return ComponentStatus("Redis", OK, "Answering.")
 
 
+def database_status(version: int, behind: str | None) -> ComponentStatus:
+    """The catalog's database as this page found it: answering (at catalog `version`), or not (`behind`)."""
+    if behind is not None:
+        return ComponentStatus("Catalog database", RED, f"{behind}: the pages show catalog version {version}.")
+    return ComponentStatus("Catalog database", OK, f"Answering: catalog version {version}.")
+
+
 def reconciliation_status(
     finished_at_ms: int | None,
     held: dict[str, str],

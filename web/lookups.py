@@ -14,12 +14,13 @@ from flask import abort, g, request
 
 from billing.budget_days import CampaignDay
 from billing.corrections import Correction
-from billing.store.part_status import RECONCILE_PART, RECONCILE_RUN_PART, STREAM_PART
+from billing.store.part_status import RECONCILE_PART, RECONCILE_RUN_PART, STREAM_CATALOG_PART, STREAM_PART
 from billing.store.stream_offsets import LagReading
 from web.display import period_label
 from web.freshness import (
     ComponentStatus,
     Freshness,
+    database_status,
     job_status,
     kafka_status,
     reconciliation_status,
@@ -228,6 +229,7 @@ def health_status(
     r = h.reconciliation
     stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
     running = svc.reader.part_waiting(RECONCILE_RUN_PART).get("since_ms", "")
+    catalog_behind = svc.reader.part_waiting(STREAM_CATALOG_PART)
     waiting = sum(n or 0 for n in (lag.lag if lag is not None and lag.lag else (query.lag if query else {})).values())
     watermark = None
     if query is not None:
@@ -247,6 +249,9 @@ def health_status(
         if lag is None
         else kafka_status(lag.lag, query.lag_before if query else None, lag.error, fresh, lag.committed),
         redis_status(),
+        waiting_status("Catalog database", catalog_behind, now)
+        if catalog_behind
+        else database_status(svc.reader.catalog.get().version, svc.reader.catalog.behind),
         waiting_status("Reconciliation", reconcile_waits, svc.clock())
         if reconcile_waits
         else reconciliation_status(

@@ -119,6 +119,11 @@ class CatalogView:
         self.store = store
         self._empty = Catalog([])
 
+    @property
+    def behind(self) -> str | None:
+        """Why the catalog shown may be behind the database (it cannot be reached), None when it is the latest."""
+        return None if self.store is None else self.store.behind
+
     def get(self) -> Catalog:
         if self.store is None:
             return self._empty

@@ -20,6 +20,14 @@ from billing.store.redis_totals import connect
 log = logging.getLogger(__name__)
 
 WAITING_FOR_DISK = "waiting for disk space"
+WAITING_FOR_DATABASE = "waiting for the catalog's database"
+"""Reconciliation's state while the catalog's database cannot be reached: it never closes with a catalog that may
+be behind."""
+PRICING_WITH_HELD = "pricing with the catalog it holds"
+"""The streaming job's state while the catalog's database cannot be reached: it goes on pricing with the catalog
+version it holds, and takes the changes it missed when the database is back (`STREAM_CATALOG_PART`)."""
+STREAM_CATALOG_PART = "stream-catalog"
+"""The streaming job's record of its catalog (`PRICING_WITH_HELD`), apart from its disk waits (`STREAM_PART`)."""
 STREAM_PART, RECONCILE_PART = "stream", "reconcile"
 """The parts that keep a status record: the streaming job and reconciliation."""
 RUNNING = "running"
