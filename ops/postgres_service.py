@@ -119,6 +119,16 @@ def ensure_database(admin_url: str, name: str) -> bool:
         return True
 
 
+def database_beside(url: str, name: str) -> str:
+    """The URL of the database `name` on the server of `url` (same role), made if missing: a benchmark's system or
+    a scratch run with a catalog of its own."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    ensure_database(urlunsplit(parts._replace(path="/postgres")), name)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
 def _answers(url: str) -> bool:
     import psycopg
 

@@ -35,6 +35,7 @@ from billing.events import Click, Impression
 from billing.layout import DataLayout
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
+from ops.postgres_service import DATABASE, database_url
 from ops.process import consecutive_free_port, free_ports
 from ops.settings import PROJECT_ROOT, Settings
 from producers.publisher import EventPublisher
@@ -45,7 +46,7 @@ HORIZON_MS = 30_000
 
 
 def stack_env(home: Path) -> dict[str, str]:
-    kafka, redis_port, web = free_ports(3)
+    kafka, redis_port, web, postgres = free_ports(4)
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
         "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
@@ -54,6 +55,7 @@ def stack_env(home: Path) -> dict[str, str]:
         "ADBILL_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka}",
         "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(1)),
         "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "ADBILL_DATABASE_URL": database_url(postgres, DATABASE),
         "ADBILL_WEB_PORT": str(web),
         "ADBILL_METRICS_PORT": "0",
         "ADBILL_PERIOD_MS": str(PERIOD_MS),

@@ -41,11 +41,12 @@ import pyarrow.parquet as pq
 from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
 from attribution.charging import NOT_CHARGED_ROWS, UNBILLED_ROWS
 from billing.catalog import Ad, Catalog, generate_catalog
+from billing.change_log import ChangeEntry, merge_log
 from billing.corrections import Correction, CorrectionKind, CorrectionReason, correction_id
 from billing.export import build_export
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import load_catalog, save_catalog
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder
@@ -89,8 +90,7 @@ def write_month(
     rng = random.Random(seed)
     catalog = generate_catalog(advertisers=20, campaigns_per_advertiser=3, ads_per_campaign=4, seed=seed)
     paused = catalog.ad_ids[-1]
-    store_catalog(root, catalog, paused)
-    catalog = CatalogStore(layout.catalog_file).current()
+    catalog = store_catalog(root, catalog, paused)
     ads = catalog.ad_ids
     periods = Periods()
     month = Month(root, catalog, hours)
@@ -241,13 +241,27 @@ def write_month(
     return month
 
 
-def store_catalog(root: Path, catalog: Catalog, paused: str) -> None:
-    """The catalog, and the ad that is paused all month (a change of version 1)."""
+def store_catalog(root: Path, catalog: Catalog, paused: str) -> Catalog:
+    """The catalog with the ad that is paused all month (a change of version 1), written beside the month."""
     from billing.catalog import AdChange
 
-    layout = DataLayout(root)
-    save_catalog(catalog, layout.catalog_file)
-    CatalogStore(layout.catalog_file).change(AdChange(paused, T0, None), lambda: T0, backfill=True)
+    catalog = catalog.with_change(AdChange(paused, T0, None), T0, backfill=True)
+    save_catalog(catalog, DataLayout(root).catalog_file)
+    return catalog
+
+
+class MonthCatalog:
+    """The month's catalog as the stories read it (`billing.store.catalog_db.CatalogSource`): held, not stored, so
+    that the figures are the click index's alone."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def current(self) -> Catalog:
+        return self.catalog
+
+    def changes(self) -> list[ChangeEntry]:
+        return merge_log(self.catalog, [])
 
 
 def _archive_row(
@@ -315,7 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     indexed_s = time.monotonic() - began
     index_mb = layout.click_index.stat().st_size / 1e6
     print(f"index built in {indexed_s:.1f} s ({index_mb:.0f} MB)")
-    stories = ClickStories(layout, CatalogStore(layout.catalog_file))
+    stories = ClickStories(layout, MonthCatalog(load_catalog(layout.catalog_file)))
     rng = random.Random(args.seed)
     picked = rng.sample(sorted(month.truth), args.lookups)
     timings: list[float] = []

@@ -43,6 +43,7 @@ from ops.bench.ceiling import end_offsets, finish_sender, run_sender
 from ops.bench.measure import HealthRecorder, Sampler, find_in_tree, thread_cores, thread_cpu, wait_for
 from ops.bench.report import is_pipeline
 from ops.bench.traffic import Dataset, TrafficPlan, cycle_span_ms, cycle_truth
+from ops.postgres_service import DATABASE, database_beside, database_url
 from ops.process import free_ports, stop_pid
 from ops.settings import Settings
 
@@ -106,6 +107,8 @@ def make_system(name: str, services: Settings, folder: Path, registry: Path, cat
         redis_prefix=f"bench-{name}",
         schema_registry=str(registry),
         catalog_path=catalog,
+        # A database of its own, into which its catalog file is taken when it first reads it.
+        database_url=database_beside(services.database_url, f"bench_{name.replace('-', '_')}"),
         metrics_port=0,
         **overrides,
     )
@@ -122,7 +125,7 @@ def start_services(folder: Path, **overrides: Any) -> tuple[Settings, Stack, Sam
     are settings both systems then run with (state store, shuffle partitions...)."""
     from ops.stack import Stack
 
-    kafka_port, controller_port, redis_port = free_ports(3)
+    kafka_port, controller_port, redis_port, postgres_port = free_ports(4)
     services = Settings.from_env(
         {},
         **{
@@ -130,6 +133,7 @@ def start_services(folder: Path, **overrides: Any) -> tuple[Settings, Stack, Sam
             "kafka_bootstrap": f"127.0.0.1:{kafka_port}",
             "kafka_controller_port": controller_port,
             "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+            "database_url": database_url(postgres_port, DATABASE),
             "metrics_port": 0,
             **overrides,
         },

@@ -35,7 +35,8 @@ import redis
 
 from billing.catalog import generate_catalog
 from billing.layout import DataLayout
-from billing.store.catalog_file import save_catalog
+from billing.store.catalog_db import CatalogDatabase
+from ops.postgres_service import LocalPostgres
 from ops.process import free_ports
 from web.access import Role
 from web.accounts import AccountsFile
@@ -213,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = PROJECT_ROOT / "var" / "bench" / f"web-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     out_dir.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="adbill-bench-web-"))
-    redis_port, web_port = free_ports(2)
+    home.chmod(0o755)  # run as root, PostgreSQL runs as its own user, who must reach its folder
+    redis_port, web_port, postgres_port = free_ports(3)
+    postgres = LocalPostgres(home / "postgres" / "cluster", postgres_port, home / "run", log_dir=out_dir)
+    postgres.start()
     redis_log = out_dir / "redis.log"
     with redis_log.open("wb") as log:
         redis_proc = subprocess.Popen(
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait_port(redis_port, redis_proc, "redis-server", redis_log)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         catalog = generate_catalog(args.advertisers, 3, 4, seed=1)
-        save_catalog(catalog, DataLayout(home).catalog_file)
+        CatalogDatabase(postgres.url).start(catalog)
         client = redis.Redis.from_url(redis_url, decode_responses=True)
         first_period = (int(time.time() * 1000) // 3_600_000 - args.periods) * 3_600_000
         seeded = seed_sample(
@@ -242,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         env.update(
             ADBILL_HOME=str(home),
             ADBILL_REDIS_URL=redis_url,
+            ADBILL_DATABASE_URL=postgres.url,
             ADBILL_WEB_PORT=str(web_port),
             ADBILL_WEB_WORKERS=str(args.workers),
             ADBILL_WEB_THREADS=str(args.threads),
@@ -299,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if web_proc is not None:
             _stop(web_proc)
         _stop(redis_proc)
+        postgres.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 
