@@ -183,6 +183,11 @@ def stop_pids(pids: list[int], timeout_s: float = 20.0) -> None:
             return
 
 
+def process_alive(pid: int) -> bool:
+    """Whether the process `pid` runs (a zombie does not)."""
+    return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     # Reap our own child if it has ended; another process's pid is only probed.
     with contextlib.suppress(ChildProcessError):
