@@ -88,7 +88,7 @@ from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
 
 FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "redis-restarted", "outage"]
-FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk"]
+FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk", "database"]
 """One at a time, then overlapping (a second fault while the first one's recovery runs), then the full disk."""
 PERIOD_MS = 60_000
 HORIZON_MS = 60_000
@@ -98,7 +98,7 @@ NEW_ADS = 2
 DISK_SIZE = "1g"
 """The small filesystem of the data folder (a tmpfs), which the `disk` fault fills."""
 DISK_FULL_S = 30.0
-OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "run", "logs", "spark", "spark-events")
+OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "postgres", "run", "logs", "spark", "spark-events")
 """Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
 fault, not a broker or a log that dies of it)."""
 INVALID_TRAFFIC_BUDGET_SHARE = "0.10"
@@ -191,6 +191,8 @@ class Chaos:
         """Each campaign's day seen charged past every budget the campaign had (`check_budgets`)."""
         self.budget_reads = 0
         self.ran_on_empty_redis = 0
+        self.database_changes: dict[str, int] = {"confirmed": 0, "lost": 0, "twice": 0}
+        """The `database` faults' changes: confirmed by a door while the database died, and of those, lost or twice."""
         """`redis-restarted` faults under which the job went on running on the empty Redis."""
         self.catalog = self.settings.catalog_store()
         self.budget_totals = self.totals()
@@ -504,6 +506,35 @@ class Chaos:
             self.ran_on_empty_redis += 1
         self.restore_redis(fault)
         fault.note = f"{said}; {fault.note}"
+
+    def fault_database(self, fault: FaultRecord, before: int) -> None:
+        """The catalog's database killed (the server and its sessions) while four doors make ten changes a second;
+        `adbill up` starts it again. The stream prices with the catalog it holds meanwhile; afterwards every change
+        a door confirmed must be in the database, once."""
+        from ops.catalog_load import ChangeWriters, check_confirmed
+
+        writers = ChangeWriters(self.settings.database_url, rate=10.0)
+        writers.prepare()
+        writers.start()
+        time.sleep(5)
+        pid = self.pid("postgres")
+        fault.target = f"postgres pid {pid} and its sessions, under 10 changes a second"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        away = round(self.rng.uniform(15, 30), 1)
+        time.sleep(away)
+        self.up()
+        time.sleep(10)
+        run = writers.stop()
+        lost, twice = check_confirmed(self.settings.database_url, run.confirmed)
+        self.database_changes["confirmed"] += len(run.confirmed)
+        self.database_changes["lost"] += len(lost)
+        self.database_changes["twice"] += len(twice)
+        refused = sum(run.refused.values())
+        fault.note = (
+            f"restarted after {away} s; {len(run.confirmed)} changes confirmed, {refused} refused at the door "
+            f"meanwhile; of those confirmed {len(lost)} lost, {len(twice)} twice"
+        )
 
     def wait_budget_exhausted(self, deadline_s: float) -> bool:
         """Wait until the stream has found a click over budget (a budget ran out), at most `deadline_s`."""
@@ -879,6 +910,12 @@ class Chaos:
             "every fault recovered": all(f.recovered_s is not None for f in self.faults if f.target != "skipped"),
             "the schedule ran to its end": not self.stopped,
         }
+        if any(f.kind == "database" for f in self.faults):
+            checks["every catalog change a door confirmed while the database died is there, once"] = (
+                self.database_changes["confirmed"] > 0
+                and self.database_changes["lost"] == 0
+                and self.database_changes["twice"] == 0
+            )
         if any(f.kind == "redis-restarted" and f.target != "skipped" for f in self.faults):
             checks["the job stopped by itself on a Redis restarted empty"] = self.ran_on_empty_redis == 0
         publish_file = self.out / "traffic" / "publish.json"

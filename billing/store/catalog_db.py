@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -134,7 +135,15 @@ SCHEMA_LOCK = 0x61646269_6C6C0001
 """The advisory lock under which a process makes the tables and takes in a data folder's files (one at a time)."""
 
 CONNECT_TIMEOUT_S = 5
-"""How long a door or a reader waits for the database before it says the database cannot be reached."""
+"""How long a door waits for the database before it says the database cannot be reached."""
+
+READ_TIMEOUT_S = 1.0
+"""How long a reader (a batch of the stream, a page) waits for the database before it goes on with the catalog it
+holds."""
+
+RETRY_BEHIND_S = 5.0
+"""While the database cannot be reached, how often a reader tries it again; in between, it reads the catalog it
+holds at once."""
 
 
 class CatalogSource(Protocol):
@@ -198,19 +207,36 @@ def read_catalog_document(text: str) -> tuple[Catalog, list[ChangeEntry]]:
     return catalog, changes
 
 
-def connection_pool(url: str, max_size: int = 4) -> ConnectionPool:
-    """A pool of connections to `url` (psycopg 3), opened; each connection in autocommit unless in a transaction."""
+_POOLS: dict[tuple[str, int], ConnectionPool] = {}
+_POOLS_MUTEX = threading.Lock()
+
+
+def connection_pool(url: str) -> ConnectionPool:
+    """This process's pool of connections to `url` (psycopg 3), shared by every store of the catalog it opens: a
+    web worker's requests, a command, the stream's batches; each connection is checked when taken (a database
+    restarted meanwhile costs no failed change) and in autocommit outside a transaction."""
     from psycopg_pool import ConnectionPool
 
-    return ConnectionPool(
-        url,
-        min_size=1,
-        max_size=max_size,
-        open=True,
-        timeout=CONNECT_TIMEOUT_S,
-        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-        name="adbill-catalog",
-    )
+    key = (url, os.getpid())  # a forked child makes its own
+    with _POOLS_MUTEX:
+        pool = _POOLS.get(key)
+        if pool is None or pool.closed:
+            pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                open=True,
+                timeout=CONNECT_TIMEOUT_S,
+                check=ConnectionPool.check_connection,
+                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                name="adbill-catalog",
+            )
+            _POOLS[key] = pool
+        return pool
+
+
+POOL_SIZE = 8
+"""Connections a process may hold to the catalog's database at once (the web's threads, concurrent writers)."""
 
 
 class CatalogDatabase:
@@ -222,11 +248,10 @@ class CatalogDatabase:
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         self.url = url
         self.imports = Path(imports) if imports is not None else None
-        self._pool: ConnectionPool | None = None
-        self._pool_pid = 0
         self._held: Held | None = None
         self._mutex = threading.Lock()
         self._ready = False
+        self._next_try = 0.0
         self.behind: str | None = None
         """Why the catalog held may be behind the database (it cannot be reached), or None."""
 
@@ -245,8 +270,11 @@ class CatalogDatabase:
         are read. When the database cannot be reached, the catalog held (and `behind` says why), or, `fresh`,
         DatabaseUnavailable; ValueError when none was ever read, or when the database holds no catalog."""
         with self._mutex:
+            waiting = self._held is not None and self.behind is not None and time.monotonic() < self._next_try
+            if waiting and not fresh and self._held is not None:  # the database went away: readers do not wait
+                return self._held.catalog
             try:
-                with self._connection() as connection, connection.transaction():
+                with self._connection(READ_TIMEOUT_S) as connection, connection.transaction():
                     head = _head(connection)
                     if head is None:
                         raise ValueError(
@@ -263,6 +291,7 @@ class CatalogDatabase:
                 if self.behind is None:
                     log.warning("%s; pricing with catalog version %d meanwhile", exc, self._held.catalog.version)
                 self.behind = str(exc)
+                self._next_try = time.monotonic() + RETRY_BEHIND_S
             return self._held.catalog
 
     def exists(self) -> bool:
@@ -370,23 +399,19 @@ class CatalogDatabase:
             yield
 
     def close(self) -> None:
-        if self._pool is not None and self._pool_pid == os.getpid():
-            self._pool.close()
-        self._pool = None
+        """Nothing to release: the connections are the process's (`connection_pool`)."""
 
     # --- The connection --------------------------------------------------------------------------------------
 
     @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
         """A connection from this process's pool, the tables made and the data folder's files taken in first; a
         database that cannot be reached raises DatabaseUnavailable."""
         import psycopg
         from psycopg_pool import PoolTimeout
 
         try:
-            if self._pool is None or self._pool_pid != os.getpid():  # a forked child makes its own
-                self._pool, self._pool_pid = connection_pool(self.url), os.getpid()
-            with self._pool.connection() as connection:
+            with connection_pool(self.url).connection(timeout=timeout_s) as connection:
                 if not self._ready:
                     self._prepare(connection)
                 yield connection

@@ -5,7 +5,10 @@ the catalog it holds while the database is down."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -21,8 +24,9 @@ from billing.catalog import (
     MadeBy,
     generate_catalog,
 )
-from billing.store.catalog_db import CatalogDatabase
+from billing.store.catalog_db import CONNECT_TIMEOUT_S, CatalogDatabase
 from billing.store.catalog_file import CatalogStore, save_catalog
+from ops.catalog_load import ChangeWriters, check_confirmed
 from ops.postgres_service import LocalPostgres
 
 pytestmark = pytest.mark.integration
@@ -169,3 +173,28 @@ def test_while_the_database_is_down_a_reader_keeps_its_catalog_and_a_door_fails_
         postgres_server.start()
     store.change(AdChange("ad-1", NOW, 1), clock=lambda: NOW)
     assert store.current().version == 1 and store.behind is None
+
+
+def test_doors_writing_while_the_database_is_killed_lose_no_confirmed_change_and_make_none_twice(
+    postgres_server: LocalPostgres, database: str
+) -> None:
+    """Four doors making 20 changes a second; the server and its sessions killed outright, then started again."""
+    CatalogDatabase(database).start(_catalog())
+    writers = ChangeWriters(database, rate=20.0, writers=4, ads=10)
+    writers.prepare()
+    writers.start()
+    time.sleep(2)
+    pid = postgres_server.process.running_pid()
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    time.sleep(CONNECT_TIMEOUT_S + 2)  # longer than a door waits: some changes are refused
+    try:
+        postgres_server.start()
+    finally:
+        time.sleep(2)
+        run = writers.stop()
+    assert run.refused, "the doors said the database could not be reached while it was down"
+    lost, twice = check_confirmed(database, run.confirmed)
+    assert len(run.confirmed) > 20 and lost == [] and twice == []
+    versions = [c.version for c in run.confirmed]
+    assert len(set(versions)) == len(versions)

@@ -1,0 +1,170 @@
+"""Concurrent writers of the ad catalog at a steady rate of bid changes, for the network benchmark (`make
+bench-network`) and the `database` fault of `make chaos`: each writer is a door of its own (its own connection, as
+the web workers and commands are), and every change a door confirmed is checked in the database afterwards.
+
+The writers change the prices of ads of their own (advertiser `LOAD_ADVERTISER`, created first), from a day ahead,
+so that a run with traffic is billed as it would be without them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from billing.catalog import AdChange, Catalog, CatalogError, MadeBy
+from billing.store.catalog_db import CatalogDatabase
+
+LOAD_ADVERTISER = "load-writers"
+LOAD_CAMPAIGN = "load-writers-bids"
+AHEAD_MS = 86_400_000
+"""How far ahead of its making a writer's price takes effect: no click of a run is priced by it."""
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A change a door confirmed: the ad, the price, from when, and the version the door was told."""
+
+    ad_id: str
+    effective_from: int
+    cpc_micros: int
+    version: int
+    latency_ms: float
+
+
+@dataclass
+class WriterRun:
+    """What the writers did: changes confirmed (with their latencies), refused (with one reason each, counted)."""
+
+    confirmed: list[Confirmed] = field(default_factory=list)
+    refused: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return max(1e-9, self.ended - self.started)
+
+
+class ChangeWriters:
+    """`writers` threads making `rate` price changes a second between them on `ads` ads of their own."""
+
+    def __init__(self, database_url: str, rate: float = 10.0, writers: int = 4, ads: int = 100) -> None:
+        self.database_url = database_url
+        self.rate = rate
+        self.writers = writers
+        self.ad_ids = [f"{LOAD_ADVERTISER}-ad-{i:04d}" for i in range(ads)]
+        self.run = WriterRun()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._mutex = threading.Lock()
+
+    def prepare(self) -> None:
+        """Create the writers' ads (those missing), in the advertiser's one currency."""
+        store = CatalogDatabase(self.database_url)
+        try:
+            held = store.current()
+            for ad_id in self.ad_ids:
+                if ad_id not in held:
+                    held = store.change(_new_ad(ad_id), made_by=MadeBy("load-writer", "command"))
+        finally:
+            store.close()
+
+    def start(self) -> None:
+        self.run = WriterRun(started=time.monotonic())
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=self._write, args=(n,), name=f"catalog-writer-{n}", daemon=True)
+            for n in range(self.writers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> WriterRun:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self.run.ended = time.monotonic()
+        return self.run
+
+    def _write(self, number: int) -> None:
+        store = CatalogDatabase(self.database_url)
+        interval = self.writers / self.rate
+        due = time.monotonic() + interval * number / self.writers
+        i = 0
+        try:
+            while not self._stop.is_set():
+                pause = due - time.monotonic()
+                if pause > 0 and self._stop.wait(pause):
+                    break
+                due += interval
+                ad_id = self.ad_ids[(number + i * self.writers) % len(self.ad_ids)]
+                price = 100_000 + (number * 1_000_003 + i * 7_919) % 900_000
+                i += 1
+                began = time.monotonic()
+                try:
+                    made = store.change(_bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
+                except CatalogError as exc:
+                    with self._mutex:
+                        reason = str(exc).split(":")[0][:80]
+                        self.run.refused[reason] = self.run.refused.get(reason, 0) + 1
+                    continue
+                latency = (time.monotonic() - began) * 1000
+                entry = next(p for p in made[ad_id].prices if p.version == made.version)
+                with self._mutex:
+                    self.run.confirmed.append(
+                        Confirmed(ad_id, entry.effective_from, price, made.version, round(latency, 2))
+                    )
+        finally:
+            store.close()
+
+
+def _new_ad(ad_id: str) -> Callable[[Catalog | None, int], AdChange]:
+    """A writer's ad, created from "now" (read under the catalog's lock)."""
+    return lambda current, now: AdChange(ad_id, now, 100_000, LOAD_CAMPAIGN, LOAD_ADVERTISER, "EUR")
+
+
+def _bid(ad_id: str, price: int) -> Callable[[Catalog | None, int], AdChange]:
+    """A new price for `ad_id` from a day after "now" (read under the catalog's lock)."""
+    return lambda current, now: AdChange(ad_id, now + AHEAD_MS, price)
+
+
+def check_confirmed(database_url: str, confirmed: list[Confirmed]) -> tuple[list[Confirmed], list[Confirmed]]:
+    """(lost, twice): confirmed changes the database does not hold as confirmed (its ad, price and effective time
+    at its version, and the change log's row of that version), and those it holds more than once."""
+    import psycopg
+
+    lost: list[Confirmed] = []
+    twice: list[Confirmed] = []
+    with psycopg.connect(database_url) as connection:
+        rows = connection.execute(
+            "SELECT ad_id, version, effective_from, cpc_micros FROM ad_prices WHERE ad_id LIKE %s",
+            (f"{LOAD_ADVERTISER}-%",),
+        ).fetchall()
+        logged = {
+            int(v): n
+            for v, n in connection.execute(
+                "SELECT version, count(*) FROM catalog_changes WHERE kind <> 'start' GROUP BY version"
+            ).fetchall()
+        }
+    by_version = {int(version): (ad, int(effective), cpc) for ad, version, effective, cpc in rows}
+    copies: dict[tuple[str, int, int], int] = {}
+    for ad, _, effective, cpc in rows:
+        key = (ad, int(effective), cpc)
+        copies[key] = copies.get(key, 0) + 1
+    for change in confirmed:
+        held = by_version.get(change.version)
+        if held != (change.ad_id, change.effective_from, change.cpc_micros) or logged.get(change.version) != 1:
+            lost.append(change)
+        elif copies.get((change.ad_id, change.effective_from, change.cpc_micros), 0) > 1:
+            twice.append(change)
+    return lost, twice
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The value at `share` (0 to 1) of the sorted values, nearest rank; 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
