@@ -97,6 +97,11 @@ EVENTS ?= 10000000
 bench-reconcile: deps ## reconcile, close and export a synthetic day of EVENTS events (default 10 million) and print the time
 	$(BIN)/python -m ops.bench.reconcile --events $(EVENTS)
 
+NETWORK_SIZES ?= 10000,100000,1000000
+NETWORK_SECONDS ?= 60
+bench-network: deps ## the catalog in PostgreSQL at NETWORK_SIZES ads: load, a process's start, a change at the door, the command, ten changes a second from four doors for NETWORK_SECONDS while a batch takes them
+	$(BIN)/python -m ops.bench.network --sizes $(NETWORK_SIZES) --seconds $(NETWORK_SECONDS)
+
 CHANGES ?= 10
 CATALOG_DURATION ?= 300
 bench-catalog: deps ## a catalog change to its first bill (median of CHANGES), and a run whose prices change every minute: stream, final and ground truth
@@ -152,4 +157,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-cluster bench-soak bench-reconcile bench-catalog bench-web bench-stories audit chaos docs docs-generate lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-cluster bench-soak bench-reconcile bench-catalog bench-network bench-web bench-stories audit chaos docs docs-generate lint format clean
