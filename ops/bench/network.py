@@ -82,9 +82,8 @@ def measure_size(url: str, ads: int, args: argparse.Namespace, say: Any) -> dict
         [sys.executable, "-c", _START_PROBE, url], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT
     )
     figures["start"] = json.loads(probe.stdout)
-    say(
-        f"  a new process reads it whole in {figures['start']['seconds']:.2f} s, +{figures['start']['rss_added_mb']:.0f} MB"
-    )
+    start = figures["start"]
+    say(f"  a new process reads it whole in {start['seconds']:.2f} s, +{start['rss_added_mb']:.0f} MB")
 
     ad_ids = catalog.ad_ids
     latencies = []
