@@ -208,7 +208,7 @@ class Catalog:
         budgets: Mapping[str, Iterable[BudgetChange]] | None = None,
         exclusions: IpExclusions | None = None,
     ) -> None:
-        self._ads: dict[str, Ad] = {}
+        self._ads: dict[str, Ad] | _Layered = {}
         owners: dict[str, str] = {}
         currencies: dict[str, dict[str, list[str]]] = {}
         for ad in ads:
@@ -450,7 +450,7 @@ class Catalog:
         grown._ads, grown._owners, grown._currencies = self._ads, self._owners, self._currencies
         ads = list(ads)
         if ads:
-            grown._ads = {**self._ads, **{ad.ad_id: ad for ad in ads}}
+            grown._ads = _Layered.of(self._ads, {ad.ad_id: ad for ad in ads})
             new = [ad for ad in ads if ad.ad_id not in self._ads]
             if new:
                 grown._owners = {**self._owners, **{ad.campaign_id: ad.advertiser_id for ad in new}}
@@ -588,6 +588,53 @@ class Catalog:
         except (BudgetError, ExclusionError) as exc:
             raise CatalogError(str(exc)) from None
         return cls(ads, int(data.get("version", 0)), budgets, exclusions)
+
+
+class _Layered(Mapping[str, Ad]):
+    """The ads of a catalog grown from another: the other's ads (`base`, shared, never copied) with those added or
+    changed since (`delta`), so that a change costs its own ads, not the catalog's size. Read as the dict it stands
+    for: an ad keeps its place when changed, a new one comes last. Made whole again (`FLATTEN_AT`) before the
+    changes held apart slow the reads."""
+
+    __slots__ = ("_len", "base", "delta")
+
+    FLATTEN_AT = 4096
+
+    def __init__(self, base: dict[str, Ad], delta: dict[str, Ad]) -> None:
+        self.base, self.delta = base, delta
+        self._len = len(base) + sum(1 for ad_id in delta if ad_id not in base)
+
+    @classmethod
+    def of(cls, ads: Mapping[str, Ad], changed: dict[str, Ad]) -> dict[str, Ad] | _Layered:
+        base, delta = (ads.base, {**ads.delta, **changed}) if isinstance(ads, _Layered) else (ads, changed)
+        if len(delta) >= cls.FLATTEN_AT or len(delta) * 4 >= len(base):
+            return {**base, **delta}
+        assert isinstance(base, dict)
+        return cls(base, delta)
+
+    def __getitem__(self, ad_id: str) -> Ad:
+        found = self.delta.get(ad_id)
+        return self.base[ad_id] if found is None else found
+
+    def get(self, ad_id: str, default: Ad | None = None) -> Ad | None:  # type: ignore[override]
+        found = self.delta.get(ad_id)
+        return self.base.get(ad_id, default) if found is None else found
+
+    def __contains__(self, ad_id: object) -> bool:
+        return ad_id in self.delta or ad_id in self.base
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.base
+        yield from (ad_id for ad_id in self.delta if ad_id not in self.base)
+
+    def values(self) -> Iterator[Ad]:  # type: ignore[override]
+        delta = self.delta
+        for ad_id, ad in self.base.items():
+            yield delta.get(ad_id, ad)
+        yield from (ad for ad_id, ad in delta.items() if ad_id not in self.base)
 
 
 def _listed(ids: list[str], shown: int = 3) -> str:

@@ -1,0 +1,60 @@
+"""A catalog grown change by change (`Catalog.grown`: the changed ads layered over the shared ones, made whole
+again from time to time) reads exactly as the same catalog built whole: the same ads in the same order, the same
+prices, budgets and exclusions, the same JSON."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from billing.catalog import AdChange, Catalog, _Layered, generate_catalog
+
+NOW = 1_800_000_000_000
+
+
+@pytest.mark.parametrize("flatten_at", [3, 16, 4096])
+def test_a_catalog_grown_by_hundreds_of_changes_reads_as_the_same_catalog_built_whole(
+    flatten_at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Layered, "FLATTEN_AT", flatten_at)
+    rng = random.Random(flatten_at)
+    catalog = generate_catalog(10, 5, 4, seed=3)  # 200 ads
+    ads = catalog.ad_ids
+    layered = 0
+    for step in range(300):
+        at = NOW + step
+        roll = rng.random()
+        if roll < 0.1:
+            owner = catalog[rng.choice(ads)]
+            ad_id = f"new-{step}"
+            change = AdChange(
+                ad_id, at, rng.randrange(1, 10**6), owner.campaign_id, owner.advertiser_id, owner.currency
+            )
+            ads.append(ad_id)
+        elif roll < 0.2:
+            change = AdChange(rng.choice(ads), at, None)
+        else:
+            change = AdChange(rng.choice(ads), at + rng.randrange(0, 10**6), rng.randrange(0, 10**7))
+        catalog = catalog.with_change(change, at)
+        if step % 50 == 7:
+            catalog = catalog.with_budget(catalog[rng.choice(ads)].campaign_id, at, rng.randrange(10**6, 10**9), at)
+        layered += isinstance(catalog._ads, _Layered)
+        whole = Catalog.from_json(catalog.to_json())
+        assert catalog.ad_ids == whole.ad_ids
+        assert len(catalog) == len(whole) and list(catalog) == list(whole)
+        probe = rng.choice(ads)
+        assert probe in catalog and catalog.get(probe) == whole.get(probe)
+        assert catalog.price(probe, at + 10**7) == whole.price(probe, at + 10**7)
+        assert "no-such-ad" not in catalog and catalog.get("no-such-ad") is None
+    assert catalog.version == 300 + 6
+    assert catalog == Catalog.from_json(catalog.to_json())
+    if flatten_at > 3:
+        assert layered > 0, "changes were layered over the shared ads, not copied"
+
+
+def test_a_change_shares_the_unchanged_ads_instead_of_copying_them() -> None:
+    catalog = generate_catalog(50, 10, 4, seed=2)
+    changed = catalog.with_change(AdChange(catalog.ad_ids[5], NOW, 7), NOW)
+    assert isinstance(changed._ads, _Layered) and changed._ads.base is catalog._ads
+    assert changed[catalog.ad_ids[5]].price_at(NOW) == 7 and catalog[catalog.ad_ids[5]].price_at(NOW) != 7
