@@ -425,7 +425,7 @@ class ReconciliationRelease:
         table = released_table(self.config.layout, ds.field("released_by") == RECONCILIATION)
         if not table.num_rows:
             return 0
-        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in self.catalog}
+        advertiser_of = self.catalog.advertisers_by_ad
         periods = Periods(self.config.period_ms)
         columns = (table.column(c).to_pylist() for c in ("topic", "partition", "offset"))
         keys = [f"{t}/{p}/{o}" for t, p, o in zip(*columns, strict=True)]
@@ -736,7 +736,7 @@ class ConflictFiles:
     def keep(self, due: list[str], found: pa.Table) -> list[ConflictKey]:
         """The Parquet file of each due period (all of its conflicts, replaced whole); returns every conflict keyed
         for the totals (each record counted once)."""
-        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in self.catalog}
+        advertiser_of = self.catalog.advertisers_by_ad
         touched = make_folder(self.layout.conflicts)
         for period in due:
             rows = found.filter(pc.equal(found["period"], period))

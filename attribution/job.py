@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -334,7 +334,7 @@ class BatchSink:
         else:
             written = task.write(rows.toArrow(), partition=0)
         clock.lap("write")
-        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+        advertiser_of = catalog.advertisers_by_ad
         figures = batch_figures(written, advertiser_of)
         # Nothing is decided on the day totals of a Redis that lost its data or its latest writes: the batch stops
         # here (RedisBehindError), before a decision is pinned, and is replayed after `adbill restore-redis`.
@@ -428,7 +428,7 @@ class BatchSink:
         known = {"impression": frozenset(self.config.impression_schemas), "click": frozenset(self.config.click_schemas)}
         return WriterSchemaWatch(self.config.registry_location or "", known)
 
-    def release(self, batch_id: int, advertiser_of: dict[str, str]) -> Release:
+    def release(self, batch_id: int, advertiser_of: Mapping[str, str]) -> Release:
         """On the query's first batch, the quarantined records it can decode now (`attribution.release`)."""
         if self.released:
             return Release.none()

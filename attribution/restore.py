@@ -108,7 +108,7 @@ def _restore(
 ) -> Restored:
     layout = DataLayout(data_dir)
     totals.wipe_billing()
-    advertiser_of = {ad.ad_id: ad.advertiser_id for ad in catalog}
+    advertiser_of = catalog.advertisers_by_ad
     # Up to the last batch the checkpoint committed: a newer batch's files may be partial (the job stopped in the
     # middle of it), and the job replays it and applies it when it starts again. Without a checkpoint, every batch.
     checkpoint = layout.checkpoint(query)

@@ -86,11 +86,10 @@ def is_capped(budget_micros: int | None, figures: BudgetDay, cheapest_price: int
 def cheapest_price(catalog: Catalog, campaign_id: str, at_ms: int) -> int | None:
     """The lowest price of one click among the campaign's ads live at `at_ms`; None when none is."""
     prices = []
-    for ad in catalog:
-        if ad.campaign_id == campaign_id:
-            price = ad.price_at(at_ms)
-            if isinstance(price, int) and not isinstance(price, bool):
-                prices.append(price)
+    for ad in catalog.ads_of_campaign(campaign_id):
+        price = ad.price_at(at_ms)
+        if isinstance(price, int) and not isinstance(price, bool):
+            prices.append(price)
     return min(prices, default=None)
 
 

@@ -234,6 +234,7 @@ class Catalog:
             )
         self._owners = owners
         self._currencies = {advertiser: next(iter(ads)) for advertiser, ads in currencies.items()}
+        self._campaign_ads: dict[str, tuple[str, ...]] | None = None
         self.budgets: dict[str, tuple[BudgetChange, ...]] = {}
         for campaign_id, entries in (budgets or {}).items():
             if campaign_id not in owners:
@@ -308,6 +309,21 @@ class Catalog:
     def budget_history(self, campaign_id: str) -> tuple[BudgetChange, ...]:
         """The campaign's budget entries, oldest first (none: unlimited since the beginning)."""
         return self.budgets.get(campaign_id, ())
+
+    def ads_of_campaign(self, campaign_id: str) -> list[Ad]:
+        """The campaign's ads, in the catalog's order (an index made on the first call, and kept by the catalogs
+        grown from this one: a budget's check never walks a million ads)."""
+        if self._campaign_ads is None:
+            index: dict[str, list[str]] = {}
+            for ad in self._ads.values():
+                index.setdefault(ad.campaign_id, []).append(ad.ad_id)
+            self._campaign_ads = {campaign: tuple(ids) for campaign, ids in index.items()}
+        return [self._ads[ad_id] for ad_id in self._campaign_ads.get(campaign_id, ())]
+
+    @property
+    def advertisers_by_ad(self) -> Mapping[str, str]:
+        """Each ad's advertiser, as a mapping read through the catalog (nothing copied)."""
+        return _AdvertiserOf(self)
 
     def campaigns_of(self, advertiser_id: str) -> list[str]:
         """The advertiser's campaigns (those with ads in the catalog), sorted."""
@@ -448,6 +464,7 @@ class Catalog:
         committed, `billing.store.catalog_db`)."""
         grown = object.__new__(Catalog)
         grown._ads, grown._owners, grown._currencies = self._ads, self._owners, self._currencies
+        grown._campaign_ads = self._campaign_ads
         ads = list(ads)
         if ads:
             grown._ads = _Layered.of(self._ads, {ad.ad_id: ad for ad in ads})
@@ -455,6 +472,11 @@ class Catalog:
             if new:
                 grown._owners = {**self._owners, **{ad.campaign_id: ad.advertiser_id for ad in new}}
                 grown._currencies = {**self._currencies, **{ad.advertiser_id: ad.currency for ad in new}}
+                if self._campaign_ads is not None:
+                    index = dict(self._campaign_ads)
+                    for ad in new:
+                        index[ad.campaign_id] = (*index.get(ad.campaign_id, ()), ad.ad_id)
+                    grown._campaign_ads = index
         grown.budgets, grown._budget_starts = self.budgets, self._budget_starts
         if budgets:
             grown.budgets, grown._budget_starts = dict(self.budgets), dict(self._budget_starts)
@@ -588,6 +610,27 @@ class Catalog:
         except (BudgetError, ExclusionError) as exc:
             raise CatalogError(str(exc)) from None
         return cls(ads, int(data.get("version", 0)), budgets, exclusions)
+
+
+class _AdvertiserOf(Mapping[str, str]):
+    """Each ad's advertiser, read through a catalog (`Catalog.advertisers_by_ad`)."""
+
+    __slots__ = ("_catalog",)
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def __getitem__(self, ad_id: str) -> str:
+        ad = self._catalog.get(ad_id)
+        if ad is None:
+            raise KeyError(ad_id)
+        return ad.advertiser_id
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._catalog.ad_ids)
+
+    def __len__(self) -> int:
+        return len(self._catalog)
 
 
 class _Layered(Mapping[str, Ad]):

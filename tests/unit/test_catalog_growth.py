@@ -58,3 +58,19 @@ def test_a_change_shares_the_unchanged_ads_instead_of_copying_them() -> None:
     changed = catalog.with_change(AdChange(catalog.ad_ids[5], NOW, 7), NOW)
     assert isinstance(changed._ads, _Layered) and changed._ads.base is catalog._ads
     assert changed[catalog.ad_ids[5]].price_at(NOW) == 7 and catalog[catalog.ad_ids[5]].price_at(NOW) != 7
+
+
+def test_a_campaigns_ads_and_each_ads_advertiser_are_read_through_the_catalog_as_it_grows() -> None:
+    catalog = generate_catalog(2, 2, 3, seed=4)
+    campaign = catalog.campaign_ids[0]
+    before = [ad.ad_id for ad in catalog if ad.campaign_id == campaign]
+    assert [ad.ad_id for ad in catalog.ads_of_campaign(campaign)] == before  # the index is made here
+    owner = catalog[before[0]]
+    grown = catalog.with_change(AdChange("late-ad", NOW, 9, campaign, owner.advertiser_id, owner.currency), NOW)
+    grown = grown.with_change(AdChange(before[0], NOW, 11), NOW)
+    assert [ad.ad_id for ad in grown.ads_of_campaign(campaign)] == [*before, "late-ad"]
+    assert grown.ads_of_campaign(campaign)[0].price_at(NOW) == 11
+    assert [ad.ad_id for ad in catalog.ads_of_campaign(campaign)] == before, "the older catalog is unchanged"
+    assert grown.ads_of_campaign("no-such-campaign") == []
+    assert grown.advertisers_by_ad["late-ad"] == owner.advertiser_id
+    assert grown.advertisers_by_ad.get("no-such-ad", "") == "" and len(grown.advertisers_by_ad) == len(grown)
