@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import random
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -235,6 +235,7 @@ class Catalog:
         self._owners = owners
         self._currencies = {advertiser: next(iter(ads)) for advertiser, ads in currencies.items()}
         self._campaign_ads: dict[str, tuple[str, ...]] | None = None
+        self._listed: list[str] | None = None
         self.budgets: dict[str, tuple[BudgetChange, ...]] = {}
         for campaign_id, entries in (budgets or {}).items():
             if campaign_id not in owners:
@@ -319,6 +320,17 @@ class Catalog:
                 index.setdefault(ad.campaign_id, []).append(ad.ad_id)
             self._campaign_ads = {campaign: tuple(ids) for campaign, ids in index.items()}
         return [self._ads[ad_id] for ad_id in self._campaign_ads.get(campaign_id, ())]
+
+    def listed(self) -> list[str]:
+        """Every ad id by advertiser, campaign and ad id: the order pages list ads in (made on the first call, kept
+        by the catalogs grown from this one, a new ad put in its place)."""
+        if self._listed is None:
+            self._listed = sorted(self._ads, key=self._list_key)
+        return self._listed
+
+    def _list_key(self, ad_id: str) -> tuple[str, str, str]:
+        ad = self._ads[ad_id]
+        return (ad.advertiser_id, ad.campaign_id, ad_id)
 
     @property
     def advertisers_by_ad(self) -> Mapping[str, str]:
@@ -464,7 +476,7 @@ class Catalog:
         committed, `billing.store.catalog_db`)."""
         grown = object.__new__(Catalog)
         grown._ads, grown._owners, grown._currencies = self._ads, self._owners, self._currencies
-        grown._campaign_ads = self._campaign_ads
+        grown._campaign_ads, grown._listed = self._campaign_ads, self._listed
         ads = list(ads)
         if ads:
             grown._ads = _Layered.of(self._ads, {ad.ad_id: ad for ad in ads})
@@ -477,6 +489,11 @@ class Catalog:
                     for ad in new:
                         index[ad.campaign_id] = (*index.get(ad.campaign_id, ()), ad.ad_id)
                     grown._campaign_ads = index
+                if self._listed is not None:
+                    listed = list(self._listed)
+                    for ad in new:
+                        insort(listed, ad.ad_id, key=grown._list_key)
+                    grown._listed = listed
         grown.budgets, grown._budget_starts = self.budgets, self._budget_starts
         if budgets:
             grown.budgets, grown._budget_starts = dict(self.budgets), dict(self._budget_starts)

@@ -13,6 +13,7 @@ other part of the product; a change is seen by the streaming job and reconciliat
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -22,7 +23,7 @@ from flask import Flask, abort, current_app, g, request
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
-from billing.change_log import ChangeEntry, by_version
+from billing.change_log import ChangeEntry
 from billing.invalid import ExclusionChange
 from billing.money import minor_digits, parse_amount
 from billing.store.catalog_db import CatalogDatabase
@@ -94,8 +95,19 @@ def catalog_or_404(change: bool = False) -> Principal:
 
 def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
     """The catalog's ads (of one advertiser when given), by advertiser, campaign and ad id."""
-    ads = [ad for ad in catalog if advertiser_id is None or ad.advertiser_id == advertiser_id]
-    return sorted(ads, key=lambda ad: (ad.advertiser_id, ad.campaign_id, ad.ad_id))
+    if advertiser_id is None:
+        return [catalog[ad_id] for ad_id in catalog.listed()]
+    ads = [ad for campaign in catalog.campaigns_of(advertiser_id) for ad in catalog.ads_of_campaign(campaign)]
+    return sorted(ads, key=lambda ad: (ad.campaign_id, ad.ad_id))
+
+
+ADS_PAGE = 500
+"""Ads a page of the whole catalog lists (the admin's and finance's `/catalog`, `GET /api/v1/catalog/ads`)."""
+
+
+def ads_page(catalog: Catalog, offset: int, limit: int) -> list[Ad]:
+    """One page of every ad of the catalog, in `ads_of`'s order: a million ads are listed a page at a time."""
+    return [catalog[ad_id] for ad_id in catalog.listed()[offset : offset + limit]]
 
 
 class FieldError(CatalogError):
@@ -387,10 +399,29 @@ def made_of(entry: BudgetChange | ExclusionChange) -> MadeAs:
     return MadeAs(entry.made_by, entry.door, entry.made_at)
 
 
-def changes_by_version() -> dict[int, ChangeEntry]:
+class ChangesByVersion:
     """The catalog's change log by the version each change made (who made a history entry, when, through which
-    door), read once per request."""
+    door), as a page asks for them: each version read once per request, never the whole log."""
+
+    def __init__(self) -> None:
+        self._read: dict[int, ChangeEntry | None] = {}
+
+    def get(self, version: int) -> ChangeEntry | None:
+        if version not in self._read:
+            self._read.update(dict.fromkeys((version,)))
+            self._read.update(store().changes_of([version]))
+        return self._read[version]
+
+    def read(self, versions: Iterable[int]) -> None:
+        """Read these versions' entries at once (a page about to show many)."""
+        missing = [v for v in versions if v not in self._read]
+        self._read.update(dict.fromkeys(missing))
+        self._read.update(store().changes_of(missing))
+
+
+def changes_by_version() -> ChangesByVersion:
+    """This request's reader of the change log (`ChangesByVersion`)."""
     if "catalog_changes" not in g:
-        g.catalog_changes = by_version(store().changes())
-    found: dict[int, ChangeEntry] = g.catalog_changes
+        g.catalog_changes = ChangesByVersion()
+    found: ChangesByVersion = g.catalog_changes
     return found

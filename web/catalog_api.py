@@ -35,10 +35,12 @@ from billing.budgets import utc_day
 from billing.catalog import Ad, CatalogError, PriceChange
 from billing.invalid import ExclusionChange, IpExclusions
 from web.ad_catalog import (
+    ADS_PAGE,
     AdStatus,
     BudgetStatus,
     Made,
     ads_of,
+    ads_page,
     catalog_or_404,
     changes_by_version,
     check_ids,
@@ -56,7 +58,7 @@ from web.api import (
     micros_text,
     require_login,
 )
-from web.guards import advertiser_or_404
+from web.guards import advertiser_or_404, paging_args
 from web.readers import is_id
 from web.services import services
 
@@ -87,7 +89,18 @@ def catalog_ads() -> Response:
     svc = services()
     now = svc.clock()
     catalog = svc.reader.catalog.get()
-    return jsonify({"catalog_version": catalog.version, "ads": [ad_document(ad, now) for ad in ads_of(catalog)]})
+    offset, limit = paging_args(ADS_PAGE)
+    ads = ads_page(catalog, offset, limit)
+    changes_by_version().read(p.version for ad in ads for p in ad.prices)
+    return jsonify(
+        {
+            "catalog_version": catalog.version,
+            "total": len(catalog),
+            "offset": offset,
+            "limit": limit,
+            "ads": [ad_document(ad, now) for ad in ads],
+        }
+    )
 
 
 @bp.get("/catalog/ads/<ad_id>")

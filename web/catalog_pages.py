@@ -17,10 +17,12 @@ from werkzeug.wrappers import Response
 from billing.budgets import utc_day
 from billing.catalog import CatalogError
 from web.ad_catalog import (
+    ADS_PAGE,
     AdStatus,
     BudgetStatus,
     FieldError,
     ads_of,
+    ads_page,
     catalog_or_404,
     check_ids,
     check_not_past,
@@ -31,7 +33,7 @@ from web.ad_catalog import (
     make_change,
     make_exclusion_change,
 )
-from web.guards import advertiser_or_404
+from web.guards import advertiser_or_404, paging_args
 from web.pages import require_login
 from web.readers import is_id
 from web.services import services
@@ -141,8 +143,20 @@ def _catalog_page(
 ) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
-    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get())]
-    body = render_template("catalog.html", ads=listed, now_ms=now, form=form, error=error, error_field=error_field)
+    catalog = svc.reader.catalog.get()
+    offset, limit = paging_args(ADS_PAGE)
+    listed = [AdStatus.of(ad, now) for ad in ads_page(catalog, offset, limit)]
+    body = render_template(
+        "catalog.html",
+        ads=listed,
+        now_ms=now,
+        form=form,
+        error=error,
+        error_field=error_field,
+        total=len(catalog),
+        offset=offset,
+        limit=limit,
+    )
     return body if status == 200 else (body, status)
 
 

@@ -305,6 +305,18 @@ class CatalogDatabase:
             rows = connection.execute("SELECT entry FROM catalog_changes ORDER BY version, seq").fetchall()
         return [ChangeEntry(**row[0]) for row in rows]
 
+    def changes_of(self, versions: Iterable[int]) -> dict[int, ChangeEntry]:
+        """The change log's entries of `versions` (a start for version 0: the latest), by version: what a page
+        shows beside the history entries it lists, without reading the whole log."""
+        wanted = sorted(set(versions))
+        if not wanted:
+            return {}
+        with self._connection() as connection:
+            rows = connection.execute(
+                "SELECT entry FROM catalog_changes WHERE version = ANY(%s) ORDER BY version, seq", (wanted,)
+            ).fetchall()
+        return {entry.version: entry for entry in (ChangeEntry(**row[0]) for row in rows)}
+
     # --- Changing --------------------------------------------------------------------------------------------
 
     def change(
