@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,10 @@ class MonthCatalog:
 
     def changes(self) -> list[ChangeEntry]:
         return merge_log(self.catalog, [])
+
+    def changes_of(self, versions: Iterable[int]) -> dict[int, ChangeEntry]:
+        wanted = set(versions)
+        return {e.version: e for e in self.changes() if e.version in wanted}
 
 
 def _archive_row(
