@@ -1,5 +1,6 @@
 """Reading recorded captures: good lines become events, raw records, schema versions and changes of the catalog
-(prices, budgets, the IP exclusion list); bad lines are reported by number."""
+(prices, budgets, the IP exclusion list); bad lines are reported by number. Such a change made in the catalog's
+database is tests/integration/test_capture_in_database.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from billing.catalog import Ad, AdChange, Catalog, CatalogError
+from billing.catalog import AdChange
 from billing.events import Click, Impression
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from producers.capture import (
     BudgetLine,
     CaptureError,
@@ -25,7 +25,6 @@ from producers.capture import (
     read_capture,
     read_capture_with_extras,
 )
-from producers.publisher import apply_to_store
 from producers.simulator import SimulationConfig, Simulator, write_capture
 from producers.wire import RawRecord
 
@@ -303,22 +302,3 @@ def test_a_recorded_run_replays_into_its_catalog_history(tmp_path):
     for position, item in enumerate(read):
         if isinstance(item, BudgetLine | ExclusionLine | CatalogLine):
             assert all(e.event_time < item.effective_from for e in read[:position] if isinstance(e, Click | Impression))
-
-
-def test_a_change_is_made_in_the_catalogs_store_as_a_back_fill(tmp_path):
-    store = CatalogStore(tmp_path / "catalog.json")
-    save_catalog(Catalog([Ad("a1", "c1", "adv1", 100_000, "EUR")]), store.path)
-    later = T0 + 86_400_000  # "now": every line below is in its past
-    apply_to_store(store, BudgetLine("c1", T0, 5_000_000), later)
-    apply_to_store(store, ExclusionLine("198.51.100.0/24", T0, True), later)
-    catalog = apply_to_store(store, CatalogLine(AdChange("a1", T0 + 1, 200_000)), later)
-    assert load_catalog(store.path) == catalog
-    assert catalog.budget_at("c1", T0) == 5_000_000 and catalog.budget_at("c1", T0 - 1) is None
-    assert catalog.exclusions.excluding("198.51.100.9", T0) == "198.51.100.0/24"
-    assert catalog.price("a1", T0 + 1)[1] == 200_000
-    assert catalog.version == 3
-    with pytest.raises(CatalogError, match="already excluded"):
-        apply_to_store(store, ExclusionLine("198.51.100.0/24", T0 + 5, True), later)
-    with pytest.raises(CatalogError, match="unknown campaign"):
-        apply_to_store(store, BudgetLine("c9", T0, 1), later)
-    assert load_catalog(store.path) == catalog, "a refused change writes nothing"

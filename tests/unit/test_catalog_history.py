@@ -1,17 +1,17 @@
 """The catalog as a history of prices: pricing at a click's time, changes and their refusals, the file and its
-upgrade, and the catalog as a replay of a batch saw it."""
+upgrade, and the catalog as a replay of a batch saw it. Its store, the database, is tested in
+tests/integration/test_catalog_history_in_database.py."""
 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from billing.catalog import END_OF_TIME, Ad, AdChange, Catalog, CatalogError, PriceChange, Unbillable
 from billing.catalog_changes import ad_line_change, catalog_change, parse_price
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+from billing.store.catalog_file import load_catalog, save_catalog
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 M = 60_000
@@ -158,26 +158,6 @@ def test_the_file_round_trips_and_an_older_file_becomes_a_history_from_the_begin
     save_catalog(catalog, path)
     assert load_catalog(path) == catalog
     assert json.loads(path.read_text())["format"] == 3
-
-
-def test_the_store_sees_each_change_and_two_writers_lose_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "catalog.json"
-    save_catalog(BASE, path)
-    reader = CatalogStore(path)
-    assert reader.current().version == 0
-
-    def raise_prices(offset: int) -> None:
-        store = CatalogStore(path)
-        for n in range(10):
-            store.change(AdChange("ad-1", NOW + M + offset * 100 + n, n), lambda: NOW)
-
-    writers = [threading.Thread(target=raise_prices, args=(k,)) for k in range(2)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join()
-    assert reader.current().version == 20
-    assert len(reader.current()["ad-1"].prices) == 21
 
 
 def test_recorded_ad_lines_create_set_and_pause() -> None:

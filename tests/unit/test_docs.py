@@ -1,7 +1,8 @@
 """The docs, README.md and docs/ (`make docs`, part of `make test`): every relative link and anchor resolves, every
 command a page shows exists with its flags or is run here, the settings page is the one the settings object gives,
 the data-flow picture is drawn from its source as it stands, the README stays short, the billing rules name tests
-and code that exist, and no page cites a file outside the repository."""
+and code that exist, and no page cites a file outside the repository. The README's tour, which changes a price in the
+catalog's database, is run by tests/integration/test_readme_tour.py."""
 
 from __future__ import annotations
 
@@ -391,23 +392,6 @@ def test_every_make_target_is_in_the_docs() -> None:
 def test_every_web_ui_path_a_page_shows_is_a_route(page: Path) -> None:
     for method, path in web_paths(page):
         check_route(path, method)
-
-
-def test_the_readmes_tour_changes_a_price_as_it_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from ops.cli import main
-
-    for name in [k for k in __import__("os").environ if k.startswith("ADBILL_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("ADBILL_HOME", str(tmp_path))
-    assert main(["catalog", "generate"]) == 0
-    tour = [cmd[1:] for cmd in page_commands(README) if Path(cmd[0]).name == "adbill" and cmd[1] == "catalog"]
-    assert [cmd[1] for cmd in tour] == ["set-price", "history"]
-    capsys.readouterr()
-    for args in tour:
-        assert main(args) == 0, args
-    assert "1.360000 EUR" in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_the_export_checksums_check_as_the_finance_page_says(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """`adbill catalog set-budget|budgets` and `adbill ivt exclude|include|list`: a campaign's daily budget and the IP
-exclusion list change through the catalog's one store (`CatalogStore.change`: its lock, its versions, its
-refusals); each change says who made it and through which door; each refusal is one line on stderr and a non-zero
-exit, and changes nothing."""
+exclusion list change through the catalog's one store, its database (`CatalogDatabase.change`: the head row's lock,
+its versions, its refusals); each change says who made it and through which door; each refusal is one line on stderr
+and a non-zero exit, and changes nothing."""
 
 from __future__ import annotations
 
@@ -12,28 +12,41 @@ from pathlib import Path
 
 import pytest
 
-from billing.catalog import Ad, Catalog
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
+from billing.catalog import Ad, Catalog, ExclusionSetting
+from billing.store.catalog_db import CatalogDatabase
 from ops.cli import main
+from tests.catalog_rows import catalog_rows
+
+pytestmark = pytest.mark.integration
 
 BASE = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"), Ad("ad-2", "cmp-2", "adv-2", 1_000_000, "JPY")])
 HOUR_MS = 3_600_000
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str) -> Path:
+    """The commands' data folder, and their database (a test's own) holding BASE."""
     for name in [k for k in __import__("os").environ if k.startswith("ADBILL_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("ADBILL_HOME", str(tmp_path))
-    save_catalog(BASE, tmp_path / "catalog.json")
+    monkeypatch.setenv("ADBILL_DATABASE_URL", database)
+    CatalogDatabase(database).start(BASE)
     return tmp_path
+
+
+@pytest.fixture
+def store(home: Path, database: str) -> CatalogDatabase:
+    """The catalog's database, as another process (the web UI, the stream) reads and changes it."""
+    return CatalogDatabase(database)
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def test_set_budget_from_now_and_later_and_show_the_history(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_set_budget_from_now_and_later_and_show_the_history(
+    store: CatalogDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
     soon = now_ms() + HOUR_MS
     before = now_ms()
     assert main(["catalog", "set-budget", "cmp-1", "--daily-micros", "50000000"]) == 0
@@ -42,7 +55,7 @@ def test_set_budget_from_now_and_later_and_show_the_history(home: Path, capsys: 
     assert out[0].startswith("set-budget: cmp-1 from ") and "50.000000 EUR a day (version 1, by " in out[0]
     assert f"unlimited (version 2, by {getpass.getuser()} (command) at " in out[1]
     assert out[1].endswith("(catalog version 2)")
-    catalog = load_catalog(home / "catalog.json")
+    catalog = store.current()
     first, second = catalog.budget_history("cmp-1")
     assert before <= first.effective_from <= now_ms() and first.daily_budget_micros == 50_000_000
     assert (second.effective_from, second.daily_budget_micros, second.version) == (soon, None, 2)
@@ -66,10 +79,10 @@ def test_set_budget_from_now_and_later_and_show_the_history(home: Path, capsys: 
     assert capsys.readouterr().out.splitlines()[1] == "unlimited since the beginning (no budget was ever set)"
 
 
-def test_a_backfilled_budget_takes_effect_in_the_past_only_when_asked(home: Path) -> None:
+def test_a_backfilled_budget_takes_effect_in_the_past_only_when_asked(store: CatalogDatabase) -> None:
     assert main(["catalog", "set-budget", "cmp-2", "--daily-micros", "900000000", "--at", "2026-01-01T00:00Z",
                  "--backfill"]) == 0  # fmt: skip
-    catalog = load_catalog(home / "catalog.json")
+    catalog = store.current()
     assert catalog.budget_at("cmp-2", 1_767_225_600_000) == 900_000_000
     assert catalog.budget_at("cmp-2", 1_767_225_599_999) is None
 
@@ -91,16 +104,16 @@ def test_a_backfilled_budget_takes_effect_in_the_past_only_when_asked(home: Path
     ],
 )
 def test_budget_refusals_are_one_line_and_change_nothing(
-    home: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    home: Path, database: str, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    before = (home / "catalog.json").read_bytes()
+    before = catalog_rows(database)
     assert main(["catalog", *args]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("adbill catalog: error: "), err
-    assert (home / "catalog.json").read_bytes() == before
+    assert catalog_rows(database) == before
 
 
-def test_exclude_include_and_list_the_ip_ranges(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_exclude_include_and_list_the_ip_ranges(store: CatalogDatabase, capsys: pytest.CaptureFixture[str]) -> None:
     soon = now_ms() + HOUR_MS
     assert main(["ivt", "exclude", "203.0.113.0/24"]) == 0
     assert main(["ivt", "exclude", "2001:db8::/32", "--at", str(soon)]) == 0
@@ -108,7 +121,7 @@ def test_exclude_include_and_list_the_ip_ranges(home: Path, capsys: pytest.Captu
     made = capsys.readouterr().out.splitlines()
     assert made[0].startswith("exclude: 203.0.113.0/24 excluded from ") and made[0].endswith("(catalog version 1)")
     assert made[2].startswith("include: 203.0.113.0/24 no longer excluded from ")
-    exclusions = load_catalog(home / "catalog.json").exclusions
+    exclusions = store.current().exclusions
     assert exclusions.excluding("203.0.113.9", soon - 1) == "203.0.113.0/24"
     assert exclusions.excluding("203.0.113.9", soon) is None
     assert exclusions.excluding("2001:db8::1", soon - 1) is None
@@ -139,21 +152,20 @@ def test_exclude_include_and_list_the_ip_ranges(home: Path, capsys: pytest.Captu
     ],
 )
 def test_exclusion_refusals_are_one_line_and_change_nothing(
-    home: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    store: CatalogDatabase, database: str, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    save_catalog(BASE.with_exclusion("192.0.2.0/24", 0, True, 0, backfill=True), home / "catalog.json")
-    before = (home / "catalog.json").read_bytes()
+    store.change(ExclusionSetting("192.0.2.0/24", 0, True), lambda: 0, backfill=True)
+    before = catalog_rows(database)
     assert main(["ivt", *args]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("adbill ivt: error: "), err
-    assert (home / "catalog.json").read_bytes() == before
+    assert catalog_rows(database) == before
 
 
-def test_budget_and_exclusion_changes_share_the_catalogs_lock_and_versions(home: Path) -> None:
+def test_budget_and_exclusion_changes_share_the_catalogs_lock_and_versions(store: CatalogDatabase) -> None:
     """A change that waits for the lock (another writer: the admin page) takes effect when it is made, and every
     kind of change takes the next version of the one catalog."""
     assert main(["catalog", "set-price", "ad-1", "--cpc-micros", "300000"]) == 0
-    store = CatalogStore(home / "catalog.json")
     for command in (["catalog", "set-budget", "cmp-1", "--daily-micros", "7000000"], ["ivt", "exclude", "10.0.0.0/8"]):
         held, released_ms = threading.Event(), []
 
@@ -168,9 +180,9 @@ def test_budget_and_exclusion_changes_share_the_catalogs_lock_and_versions(home:
         assert held.wait(10)
         assert main(command) == 0
         writer.join(30)
-        catalog = load_catalog(home / "catalog.json")
+        catalog = store.current()
         entry = catalog.budget_history("cmp-1")[-1] if command[0] == "catalog" else catalog.exclusions.changes[-1]
         assert entry.effective_from >= released_ms[0] - 5, (entry, released_ms)
-    catalog = load_catalog(home / "catalog.json")
+    catalog = store.current()
     assert catalog.version == 3
     assert catalog.budget_history("cmp-1")[-1].version == 2 and catalog.exclusions.version == 3

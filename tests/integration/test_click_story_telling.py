@@ -1,36 +1,62 @@
 """A click's story over a data folder written by the product's own writers (`ops.bench.stories.write_month`, small):
 every click's outcome as its ground truth says, the rows it names, and the click index kept up to date as batches
-are written, rewritten in another order and set aside. No services: files only."""
+are written, rewritten in another order and set aside. The month's catalog is read from PostgreSQL, which takes in
+the catalog file the month's writers left in its data folder, as the product does with a data folder written before
+its database."""
 
 from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from billing.layout import DataLayout
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import CatalogDatabase, connection_pool
 from billing.store.click_index import ClickIndex
 from billing.store.click_story import ClickStories
 from billing.story import NOT_RECEIVED, BookRow, book_counts, by_price, story_text
 from ops.bench.stories import Month, one_more_batch, truth_of, write_month
+from ops.postgres_service import LocalPostgres
+from tests.conftest import new_database
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class StoredMonth:
+    """A month's data folder, and the database its catalog is read from."""
+
+    month: Month
+    database: str
 
 
 @pytest.fixture(scope="module")
-def month(tmp_path_factory: pytest.TempPathFactory) -> Month:
-    return write_month(tmp_path_factory.mktemp("month"), hours=3, clicks_per_hour=80, batches_per_hour=4, seed=5)
+def stored(tmp_path_factory: pytest.TempPathFactory, postgres_server: LocalPostgres) -> Iterator[StoredMonth]:
+    month = write_month(tmp_path_factory.mktemp("month"), hours=3, clicks_per_hour=80, batches_per_hour=4, seed=5)
+    database = new_database(postgres_server)
+    yield StoredMonth(month, database)
+    connection_pool(database).close()
 
 
-def stories_of(root: Path) -> ClickStories:
+@pytest.fixture
+def month(stored: StoredMonth) -> Month:
+    return stored.month
+
+
+def stories_of(root: Path, database: str) -> ClickStories:
     layout = DataLayout(root)
-    return ClickStories(layout, CatalogStore(layout.catalog_file))
+    return ClickStories(layout, CatalogDatabase(database, imports=layout.catalog_file))
 
 
-def test_every_clicks_story_tells_its_ground_truth_and_names_its_rows(month: Month) -> None:
-    stories = stories_of(month.root)
+def test_every_clicks_story_tells_its_ground_truth_and_names_its_rows(month: Month, stored: StoredMonth) -> None:
+    stories = stories_of(month.root, stored.database)
+    assert stories.catalog.current() == month.catalog  # taken into the database from the month's file
+    assert not DataLayout(month.root).catalog_file.exists(), "the file is set aside once taken in"
     told = Counter()
     for click_id, truth in month.truth.items():
         story = stories.tell(click_id)
@@ -46,8 +72,8 @@ def test_every_clicks_story_tells_its_ground_truth_and_names_its_rows(month: Mon
     assert set(told) == {"charged", "late_click", "known_bot", "ad_paused", "not_billable"}, told
 
 
-def test_the_why_of_each_kind_of_outcome(month: Month) -> None:
-    stories = stories_of(month.root)
+def test_the_why_of_each_kind_of_outcome(month: Month, stored: StoredMonth) -> None:
+    stories = stories_of(month.root, stored.database)
     first = {truth: click for click, truth in reversed(list(month.truth.items()))}
     bot = stories.tell(first["known_bot"])
     assert bot.invalid is not None and bot.invalid.bot_pattern and "Googlebot" in story_text(bot)
@@ -63,9 +89,9 @@ def test_the_why_of_each_kind_of_outcome(month: Month) -> None:
     assert nobody.outcome.status == NOT_RECEIVED and "was ever received" in story_text(nobody)
 
 
-def test_the_index_follows_new_rewritten_and_removed_batches(tmp_path: Path) -> None:
+def test_the_index_follows_new_rewritten_and_removed_batches(tmp_path: Path, database: str) -> None:
     month = write_month(tmp_path / "home", hours=2, clicks_per_hour=30, batches_per_hour=2, seed=9)
-    stories = stories_of(month.root)
+    stories = stories_of(month.root, database)
     some = next(c for c, t in month.truth.items() if t == "charged")
     assert stories.tell(some).outcome.status == "charged"
     # A new micro-batch: found by the next lookup.
@@ -88,12 +114,13 @@ def test_the_index_follows_new_rewritten_and_removed_batches(tmp_path: Path) -> 
     assert stories.tell(some).outcome.status == "charged"
 
 
-def test_a_lookup_while_another_process_refreshes_reads_the_index_as_it_is(month: Month) -> None:
+def test_a_lookup_while_another_process_refreshes_reads_the_index_as_it_is(month: Month, stored: StoredMonth) -> None:
     layout = DataLayout(month.root)
     busy = ClickIndex(layout)
     with busy._lock() as held:  # another refresh is under way
         assert held
-        stories = ClickStories(layout, CatalogStore(layout.catalog_file), index=ClickIndex(layout, lock_wait_s=0.05))
+        catalog = CatalogDatabase(stored.database, imports=layout.catalog_file)
+        stories = ClickStories(layout, catalog, index=ClickIndex(layout, lock_wait_s=0.05))
         told = stories.tell(next(iter(month.truth)))
     assert told.outcome.status != NOT_RECEIVED
     assert any("being brought up to date" in note for note in told.notes)
@@ -115,8 +142,8 @@ def test_the_books_count_a_closed_period_as_exported_and_an_open_one_as_billed_a
     assert by_price(rows, closed) == [(250, 1), (100, 1)]
 
 
-def test_clicks_by_price_add_up_to_the_charged_clicks(month: Month) -> None:
-    stories = stories_of(month.root)
+def test_clicks_by_price_add_up_to_the_charged_clicks(month: Month, stored: StoredMonth) -> None:
+    stories = stories_of(month.root, stored.database)
     ad = Counter(month.ad_of[c] for c, t in month.truth.items() if t in ("charged", "late_click")).most_common(1)[0]
     split = stories.by_price(ad[0], "20260101T0000Z", "20260101T0200Z")
     assert len(split) == 1 and split[0][1] == ad[1]
