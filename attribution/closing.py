@@ -70,6 +70,7 @@ from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, cha
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
 from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
+from billing.store.database_lock import DatabaseLock, DatabaseLockedError
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
     MANIFEST_FILE,
@@ -125,6 +126,8 @@ class ReconcileConfig:
     """How long a run waits for a live streaming job that is only a few seconds behind the records a period past
     its horizon waits for (`wait_for_stream`); 0: not at all."""
     invoice_terms: InvoiceTerms = InvoiceTerms()
+    database_url: str | None = None
+    """The catalog's database: one run at a time across hosts (`run_lock`); None: the data folder's lock only."""
     """Who issues the monthly invoices and when they are due (`billing.invoices`)."""
 
     @property
@@ -200,7 +203,32 @@ def data_versions(
 @contextmanager
 def run_lock(config: ReconcileConfig) -> Iterator[None]:
     """One reconciliation at a time over a data folder: an exclusive lock on `RECONCILE/lock`, released by the
-    operating system however the holder ends."""
+    operating system however the holder ends; with the catalog's database, the same lock there
+    (`billing.store.database_lock`, `reconcile:PREFIX`), which holds across hosts."""
+    with _database_run_lock(config), _file_run_lock(config):
+        yield
+
+
+@contextmanager
+def _database_run_lock(config: ReconcileConfig) -> Iterator[None]:
+    if not config.database_url:
+        yield
+        return
+    lock = DatabaseLock(config.database_url, f"reconcile:{config.redis_prefix}", "a reconciliation run")
+    try:
+        lock.acquire()
+    except DatabaseLockedError as exc:
+        raise ReconcileBusyError(
+            f"another reconciliation run holds the database lock {exc.name} ({exc.holder}); this one does nothing"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
+def _file_run_lock(config: ReconcileConfig) -> Iterator[None]:
     path = config.layout.run_lock
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as handle:

@@ -524,7 +524,7 @@ def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = Fals
     catalog.current(fresh=True)  # no catalog, or no database, stops the start with one line saying which
     topics = [config.topic_impressions, config.topic_clicks]
     # Held while the query runs: `adbill restore-redis` knows from it that the job runs (`attribution.job_lock`).
-    lock = JobLock(config.layout.job_lock(BILLING_QUERY))
+    lock = JobLock(config.layout.job_lock(BILLING_QUERY), config.database_url, config.redis_prefix)
     try:
         lock.acquire(wait_s=JOB_LOCK_WAIT_S)
     except JobLockedError as exc:

@@ -5,7 +5,8 @@ operating system when its process ends, however it ends. A restart of the query 
 
 `adbill restore-redis` takes the same lock for the time of the restore: it knows the job is stopped (not merely
 quiet for a while), and a job started meanwhile waits for the restore instead of counting into a half-restored
-Redis.
+Redis. With the catalog's database, both hold the same lock there too (`billing.store.database_lock`), which holds
+across hosts: a second job on another host is refused as one on this host is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from attribution.listener import ProgressListener
+from billing.store.database_lock import DatabaseLock, DatabaseLockedError
+
+
+def stream_lock_name(prefix: str) -> str:
+    """The database lock the streaming job and a restore of Redis hold, for the deployment of Redis key `prefix`."""
+    return f"stream:{prefix}"
 
 
 class JobLockedError(RuntimeError):
@@ -43,9 +50,12 @@ class FileLock:
     listener bus reports the stop, a moment later or, when the bus drops the event, never; the process's own next
     start (or restore) must not wait for that."""
 
-    def __init__(self, path: Path, holder: str) -> None:
+    def __init__(self, path: Path, holder: str, database: DatabaseLock | None = None) -> None:
         self.path = path
         self.holder = holder
+        self.database = database
+        """The same lock in the catalog's database (`billing.store.database_lock`), which holds across hosts: taken
+        after the file's, let go with it."""
         self._handle: IO[str] | None = None
         self._mutex = threading.Lock()
 
@@ -81,6 +91,17 @@ class FileLock:
                         handle.close()
                         raise JobLockedError(self.path, holder) from None
                     time.sleep(0.2)
+            if self.database is not None:
+                try:
+                    self.database.acquire(wait_s=max(0.0, deadline - time.monotonic()))
+                except DatabaseLockedError as exc:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                    handle.close()
+                    raise JobLockedError(self.path, f"{exc.holder} (the database lock {exc.name})") from None
+                except BaseException:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                    handle.close()
+                    raise
             handle.seek(0)
             handle.truncate()
             handle.write(f"{self.holder}, pid {os.getpid()} since {int(time.time() * 1000)}")
@@ -93,6 +114,8 @@ class FileLock:
         with self._mutex:
             if self._handle is None:
                 return
+            if self.database is not None:
+                self.database.release()
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None
@@ -111,8 +134,12 @@ class JobLock(FileLock, ProgressListener):
 
     reads_progress = False
 
-    def __init__(self, path: Path) -> None:
-        FileLock.__init__(self, path, "the streaming job (adbill stream)")
+    def __init__(self, path: Path, database_url: str | None = None, prefix: str = "") -> None:
+        holder = "the streaming job (adbill stream)"
+        database = None
+        if database_url:
+            database = DatabaseLock(database_url, stream_lock_name(prefix), holder, on_lost=self._lost)
+        FileLock.__init__(self, path, holder, database)
         self.run_id: str | None = None
         self.query: Any = None
         self._switching: Callable[[], bool] = lambda: False
@@ -130,6 +157,12 @@ class JobLock(FileLock, ProgressListener):
         """Held, and the run it follows still active (its stop may not have been reported yet) or stopped for a
         schema switch (the next run is being started)."""
         return self.held and (self.query is None or bool(self.query.isActive) or self._switching())
+
+    def _lost(self, holder: str) -> None:
+        """Another job took the database lock while this one's session was gone: this one stops its query."""
+        query = self.query
+        if query is not None and query.isActive:
+            query.stop()
 
     def onQueryTerminated(self, event: Any) -> None:
         if self.run_id is None or str(event.runId) != self.run_id or self._switching():

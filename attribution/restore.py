@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from attribution.batch_output import clock_ahead_counts, late_counts, quarantine_counts, unbilled_counts
 from attribution.charging import budget_day_counts, not_charged_counts
 from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
-from attribution.job_lock import FileLock, JobLockedError
+from attribution.job_lock import FileLock, JobLockedError, stream_lock_name
 from attribution.release import RECONCILIATION, release_counts, released_table, settled_quarantine
 from billing.catalog import Catalog
 from billing.corrections import Correction
@@ -40,6 +40,7 @@ from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
+from billing.store.database_lock import DatabaseLock
 from billing.store.durable import make_folder, replace_files
 from billing.store.export_files import (
     MANIFEST_FILE,
@@ -83,13 +84,16 @@ def restore_redis(
     query: str,
     wait_s: float = RESTORE_WAIT_S,
     clock_tolerance_ms: int = 60_000,
+    database_url: str | None = None,
 ) -> Restored:
     """Replace every billing figure under the prefix with what the data folder says (see the module's docstring),
     up to the last batch the job's checkpoint committed.
 
     Holds the job's lock (`attribution.job_lock`) while it works: refuses (JobRunningError) when the job still
     holds it after `wait_s`, and a job started meanwhile waits for the restore."""
-    lock = FileLock(DataLayout(data_dir).job_lock(query), "adbill restore-redis")
+    holder = "adbill restore-redis"
+    database = DatabaseLock(database_url, stream_lock_name(totals.keys.prefix), holder) if database_url else None
+    lock = FileLock(DataLayout(data_dir).job_lock(query), holder, database)
     try:
         lock.acquire(wait_s=wait_s)
     except JobLockedError as exc:

@@ -56,6 +56,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         ivt_rules=settings.ivt_rules,
         catch_up_wait_ms=settings.close_wait_s * 1000,
         invoice_terms=InvoiceTerms(settings.invoice_issuer, settings.invoice_terms_days),
+        database_url=settings.database_url,
     )
 
 

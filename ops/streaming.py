@@ -198,6 +198,7 @@ def restore_redis(settings: Settings) -> int:
             settings.catalog_store().current(fresh=True),
             Periods(settings.period_ms),
             BILLING_QUERY,
+            database_url=settings.database_url,
             clock_tolerance_ms=settings.clock_tolerance_ms,
         )
     except JobRunningError as exc:
