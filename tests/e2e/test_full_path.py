@@ -35,7 +35,6 @@ from attribution.progress import HealthListener
 from billing.catalog import Catalog
 from billing.events import TOPIC_OF
 from billing.periods import Periods
-from billing.store.catalog_file import load_catalog, save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.process import ManagedProcess, free_port, port_open
 from ops.reconciling import reconcile_config
@@ -179,7 +178,7 @@ def run_the_pipeline(spark: SparkSession, settings: Settings, tmp_path: Path) ->
     `adbill stream` starts them), then the late traffic through it, then one reconciliation run."""
     began = time.monotonic()
     catalog = TRAFFIC.catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     late, quarantined = simulator_facts(settings, catalog)
     listener = HealthListener(
@@ -247,7 +246,7 @@ def test_the_ui_shows_what_the_pipeline_billed_and_finance_downloads_what_the_or
     screens: Callable[[WebDriver, str], Path],  # noqa: F811
 ) -> None:
     truth = run_the_pipeline(spark, settings, tmp_path)
-    catalog = load_catalog(settings.catalog_file)
+    catalog = settings.catalog_store().current()
     # The advertiser with the most corrections logs in; finance and an admin too.
     own = max(catalog.advertiser_ids, key=lambda adv: (sum(truth.corrections_of(adv).values()), adv))
     expected_corrections = truth.corrections_of(own)

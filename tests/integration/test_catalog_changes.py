@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
@@ -24,7 +25,6 @@ from billing.catalog import Ad, AdChange, Catalog
 from billing.catalog_changes import catalog_change
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.export_files import export_folder
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
@@ -92,12 +92,21 @@ def figures(settings: Settings) -> dict[str, object]:
     return out
 
 
+def remove_ad_by_hand(settings: Settings, ad_id: str) -> None:
+    """Remove an ad as a person would (no command does it): its rows out of the tables, then a new generation, so
+    that every reader reads the catalog whole again."""
+    with psycopg.connect(settings.database_url) as connection, connection.transaction():
+        connection.execute("DELETE FROM ad_prices WHERE ad_id = %s", (ad_id,))
+        connection.execute("DELETE FROM ads WHERE ad_id = %s", (ad_id,))
+        connection.execute("UPDATE catalog_head SET generation = generation + 1")
+
+
 def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_history(
     spark: SparkSession, settings: Settings
 ) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    store = settings.catalog_store()
+    store.start(CATALOG)
     ensure_schemas(settings)
-    store = CatalogStore(settings.catalog_file)
     now_ms = int(time.time() * 1000)
 
     def backfill(action: str, ad_id: str, at_ms: int, **given: object) -> None:
@@ -191,8 +200,8 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         later = int(time.time() * 1000) + 1_000
         store.change(AdChange("ad-1", later, 9_999_999), lambda: later - 1_000)
         store.change(AdChange("ad-2", later, None), lambda: later - 1_000)
-        removed = Catalog([ad for ad in store.current() if ad.ad_id != "ad-9"], store.current().version + 1)
-        save_catalog(removed, settings.catalog_file)  # by hand: no command removes an ad
+        remove_ad_by_hand(settings, "ad-9")
+        assert "ad-9" not in store.current(), "a reader reads the catalog whole again after the removal"
         stream(pair("very-late", "ad-1", T0 + 200 * S))
         again = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
         assert P0 in again.periods and P0 not in again.closed
@@ -219,8 +228,8 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
 
 
 def test_a_replayed_batch_is_priced_with_the_catalog_version_of_its_first_attempt(settings: Settings) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
-    store = CatalogStore(settings.catalog_file)
+    store = settings.catalog_store()
+    store.start(CATALOG)
     sink = BatchSink(stream_config(settings), store)
     first = sink.catalog_of(41)
     assert first.version == 0

@@ -16,7 +16,6 @@ from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, Catalog, MadeBy
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.click_story import ClickStories
 from billing.story import ClickStory, story_text
 from ops.reconciling import reconcile_config
@@ -61,9 +60,9 @@ def outcome_of(story: ClickStory) -> str | None:
 
 
 def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession, settings: Settings) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    store = settings.catalog_store()
+    store.start(CATALOG)
     ensure_schemas(settings)
-    store = CatalogStore(settings.catalog_file)
     now_ms = int(time.time() * 1000)
     # ad-p is paused from T0 + 5 s, by an admin's page (a back-fill: the traffic's times are 2026-01-01's).
     store.change(AdChange("ad-p", T0 + 5 * S, None), lambda: now_ms, backfill=True, made_by=MadeBy("ada", "page"))

@@ -30,7 +30,6 @@ from attribution.progress import HealthListener
 from attribution.restore import restore_redis
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
@@ -55,7 +54,7 @@ from producers.wire import EventSerializer
 from tests.conftest import fresh_topics, new_database, own_settings
 from tests.redis_figures import RedisFigures
 from web.model import EventCounts
-from web.readers import BillingReader, CatalogFile
+from web.readers import BillingReader, CatalogView
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +129,7 @@ def live_run(spark: SparkSession, settings: Settings, run_dir: Path, inject: Map
     settings = dataclasses.replace(
         settings, impression_watermark_ms=WATERMARK_DELAY_MS, click_watermark_ms=WATERMARK_DELAY_MS
     )
-    save_catalog(STEADY.catalog(), settings.catalog_file)
+    settings.catalog_store().start(STEADY.catalog())
     ensure_schemas(settings)
     listener = HealthListener(
         settings.redis_url,
@@ -213,7 +212,7 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
         RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client,
         settings.redis_prefix,
         settings.root / "exports",
-        CatalogFile(settings.catalog_file),
+        CatalogView(settings.catalog_store()),
     )
     period = Periods(settings.period_ms).key_of(run.skewed[0].event_time)
     dashboard = reader.dashboard(ad.advertiser_id, period)

@@ -27,7 +27,6 @@ from billing.closing_run import HeldError, ReconcileBusyError
 from billing.events import Click, Impression
 from billing.export import export_totals
 from billing.periods import Periods
-from billing.store.catalog_file import save_catalog
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.schema_registry import open_registry
 from ops.reconciling import audit_table, reconcile_config
@@ -123,7 +122,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
     catalog = SimulationConfig(events=10, seed=5).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_TRIGGER_MS="500")
     log = (tmp_path / "job.log").open("ab")
@@ -249,7 +248,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=6).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     on_time = pairs("s0", T0 + 30 * 60_000, 40, catalog) + pairs("s1", T0 + H + 30 * 60_000, 40, catalog)
     publish(settings, on_time)
@@ -312,7 +311,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
     from billing.store.parquet_ledger import read_ledger
 
     catalog = SimulationConfig(events=10, seed=15).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publish(settings, pairs("b0", T0 + 30 * 60_000, 10, catalog))
     queries = start(spark, stream_config(settings))
@@ -354,7 +353,7 @@ def test_the_audit_checks_a_closed_periods_adjustments_against_the_exports_that_
     from billing.store.export_files import write_export
 
     catalog = SimulationConfig(events=10, seed=16).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publish(settings, pairs("a0", T0 + 30 * 60_000, 10, catalog))
     queries = start(spark, stream_config(settings))
@@ -399,7 +398,7 @@ def test_the_audit_reads_the_archive_and_the_ledger_as_of_one_committed_batch(
     import attribution.closing as audit_module
 
     catalog = SimulationConfig(events=10, seed=17).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publish(settings, pairs("d0", T0 + 30 * 60_000, 5, catalog))
     queries = start(spark, stream_config(settings))

@@ -61,12 +61,16 @@ IMPRESSION = json.dumps(
     ids=["topics", "replay", "produce", "reconcile"],
 )
 def test_kafka_unreachable_is_one_line_naming_it_within_seconds(
-    tmp_path: Path, args: list[str], redis_server: LocalRedis
+    tmp_path: Path, args: list[str], redis_server: LocalRedis, database: str
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
-    redis_url = redis_server.url  # reconcile needs both: Redis answers, so Kafka is the one named
+    # Reconcile needs Redis and the catalog's database as well: both answer, so Kafka is the one named.
+    redis_url = redis_server.url
     args = [str(capture(tmp_path / "c.jsonl", [IMPRESSION])) if a == "CAPTURE" else a for a in args]
-    done, took = adbill(tmp_path / "home", *args, ADBILL_KAFKA_BOOTSTRAP=address, ADBILL_REDIS_URL=redis_url)
+    done, took = adbill(
+        tmp_path / "home", *args, ADBILL_KAFKA_BOOTSTRAP=address, ADBILL_REDIS_URL=redis_url,
+        ADBILL_DATABASE_URL=database,
+    )  # fmt: skip
     assert done.returncode == EXIT_UNREACHABLE, done
     assert took < BOUND_S
     assert done.stderr.strip().splitlines() == [
@@ -110,6 +114,7 @@ def test_a_replay_with_a_bad_line_exits_1_and_says_how_many(tmp_path: Path, sett
         "ADBILL_TOPIC_IMPRESSIONS": settings.topic_impressions,
         "ADBILL_TOPIC_CLICKS": settings.topic_clicks,
         "ADBILL_TOPIC_QUARANTINE": settings.topic_quarantine,
+        "ADBILL_DATABASE_URL": settings.database_url,
     }
     good = capture(tmp_path / "good.jsonl", [IMPRESSION])
     done, _ = adbill(tmp_path / "home", "replay", str(good), **env)
@@ -129,6 +134,7 @@ def test_a_replayed_ad_line_in_another_currency_than_its_advertisers_is_refused_
         "ADBILL_TOPIC_IMPRESSIONS": settings.topic_impressions,
         "ADBILL_TOPIC_CLICKS": settings.topic_clicks,
         "ADBILL_TOPIC_QUARANTINE": settings.topic_quarantine,
+        "ADBILL_DATABASE_URL": settings.database_url,
     }
     ad = {"type": "ad", "campaign_id": "c1", "advertiser_id": "adv1", "effective_from": 1767225600000}
     lines = [
@@ -141,8 +147,7 @@ def test_a_replayed_ad_line_in_another_currency_than_its_advertisers_is_refused_
     refusal = [line for line in done.stderr.splitlines() if "catalog change refused" in line]
     assert len(refusal) == 1 and "advertiser adv1 bills in EUR" in refusal[0] and "a2" in refusal[0], done.stderr
     assert done.stderr.strip().splitlines()[-1] == "adbill replay: 1 bad line(s) not sent"
-    catalog = json.loads((tmp_path / "home" / "catalog.json").read_text())
-    assert [a["ad_id"] for a in catalog["ads"]] == ["a1"]
+    assert [a.ad_id for a in settings.catalog_store().current()] == ["a1"]
 
 
 def test_records_not_delivered_are_counted_and_make_the_exit_code_1(tmp_path: Path) -> None:
@@ -155,10 +160,12 @@ def test_records_not_delivered_are_counted_and_make_the_exit_code_1(tmp_path: Pa
     assert _delivery_outcome("replay", 0, 0) == 0
 
 
-def test_adbill_debug_is_a_known_variable_and_shows_the_traceback(tmp_path: Path) -> None:
+def test_adbill_debug_is_a_known_variable_and_shows_the_traceback(tmp_path: Path, database: str) -> None:
     assert Settings.from_env({"ADBILL_DEBUG": "1"}).home == Path("var")
     missing = tmp_path / "nowhere.json"
-    done, _ = adbill(tmp_path / "home", "catalog", "show", ADBILL_CATALOG=str(missing))
+    # A database that holds no catalog, and no catalog file to take in: an error.
+    env = {"ADBILL_CATALOG": str(missing), "ADBILL_DATABASE_URL": database}
+    done, _ = adbill(tmp_path / "home", "catalog", "show", **env)
     assert done.returncode == 1 and done.stderr.startswith("adbill catalog: error:"), done
-    done, _ = adbill(tmp_path / "home", "catalog", "show", ADBILL_CATALOG=str(missing), ADBILL_DEBUG="1")
+    done, _ = adbill(tmp_path / "home", "catalog", "show", **env, ADBILL_DEBUG="1")
     assert done.returncode == 1 and "Traceback" in done.stderr, done

@@ -24,11 +24,10 @@ from attribution.closing import run_closing
 from attribution.job import start
 from attribution.restore import restore_redis
 from billing.budgets import BudgetChange, utc_day
-from billing.catalog import Ad, Catalog
+from billing.catalog import Ad, Catalog, ExclusionSetting
 from billing.events import Click, Impression
 from billing.invalid import INVALID_REASONS, ExclusionChange, IpExclusions, IvtRules
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore, save_catalog
 from billing.store.click_story import ClickStories
 from billing.store.crawler_list import CrawlerList, crawler_list
 from billing.store.parquet_ledger import read_ledger
@@ -97,9 +96,9 @@ def stream_rows(settings: Settings) -> list[tuple[str, int, str, int]]:
 def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation_corrects_it_exactly(
     spark: SparkSession, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    store = settings.catalog_store()
+    store.start(CATALOG)
     ensure_schemas(settings)
-    store = CatalogStore(settings.catalog_file)
     queries = start(spark, stream_config(settings))
     read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     day = utc_day(T0)
@@ -147,8 +146,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         # A range excluded while the job runs applies from its effective time only (a back-fill: the traffic's
         # times are 2026-01-01's, in the past of the machine's clock).
         now_ms = int(time.time() * 1000)
-        store.update(lambda catalog, now: catalog.with_exclusion("198.51.100.0/24", T0 + 100 * S, True, now, True),
-                     lambda: now_ms)  # fmt: skip
+        store.change(ExclusionSetting("198.51.100.0/24", T0 + 100 * S, True), lambda: now_ms, backfill=True)
         stream(
             pair("before-range", "ad-3", T0 + 100 * S - 1, ip="198.51.100.7")
             + pair("in-range", "ad-3", T0 + 100 * S, ip="198.51.100.8")
@@ -286,7 +284,7 @@ def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late
         [Ad("ad-b", "cmp-b", "adv-1", 2_000_000, "EUR"), Ad("ad-c", "cmp-b", "adv-1", 1_000_000, "EUR")],
         budgets={"cmp-b": [BudgetChange(0, 5_000_000, 0)]},
     )
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     p1 = "20260101T0100Z"
     read = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
@@ -374,9 +372,9 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
         budget_campaigns=2,
         budget_share=0.4,
     )
-    save_catalog(config.catalog(), settings.catalog_file)
+    store = settings.catalog_store()
+    store.start(config.catalog())
     ensure_schemas(settings)
-    store = CatalogStore(settings.catalog_file)
     run_dir = tmp_path / "run"
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, run_dir, settings.topics, None, progress=False,

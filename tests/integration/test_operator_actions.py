@@ -20,7 +20,6 @@ from attribution.epoch import EPOCH_FILE, CheckpointRefusedError, newest_batch_i
 from attribution.job import start
 from billing.events import Click
 from billing.schemas import schema_text, subject_of
-from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.settings import Settings
@@ -47,7 +46,7 @@ def test_a_new_checkpoint_is_refused_unless_asked_and_then_continues_without_ove
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=7).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     first = pairs("e1", T0 + 30 * 60_000, 80, catalog)
     publish(settings, first)
@@ -172,7 +171,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     queries: list = []
     try:
         catalog = SimulationConfig(events=10, seed=8).catalog()
-        save_catalog(catalog, settings.catalog_file)
+        settings.catalog_store().start(catalog)
         ensure_schemas(settings)
         publish(settings, pairs("r0", T0 + 30 * 60_000, 40, catalog) + pairs("r1", T0 + H + 30 * 60_000, 40, catalog))
         queries = start(spark, stream_config(settings))
@@ -236,7 +235,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     from tests.integration.test_reconcile import corrections
 
     catalog = SimulationConfig(events=10, seed=9).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publish(settings, pairs("k0", T0 + 30 * 60_000, 30, catalog))
     queries = start(spark, stream_config(settings))
@@ -351,7 +350,7 @@ def test_restore_after_a_crash_in_the_middle_of_a_batch_restores_up_to_the_commi
     from billing.periods import Periods
 
     catalog = SimulationConfig(events=10, seed=12).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     first, second = pairs("m0", T0 + 30 * 60_000, 20, catalog), pairs("m1", T0 + 40 * 60_000, 20, catalog)
     publish(settings, first)
@@ -378,7 +377,7 @@ def test_a_new_checkpoint_after_a_crash_in_the_middle_of_a_batch_bills_and_count
     spark: SparkSession, settings: Settings
 ) -> None:
     catalog = SimulationConfig(events=10, seed=13).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     first, second = pairs("n0", T0 + 30 * 60_000, 20, catalog), pairs("n1", T0 + 40 * 60_000, 20, catalog)
     publish(settings, first)
@@ -433,7 +432,7 @@ def test_restore_right_after_the_job_was_stopped_is_not_refused(spark: SparkSess
     from billing.periods import Periods
 
     catalog = SimulationConfig(events=10, seed=14).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publish(settings, pairs("s0", T0 + 30 * 60_000, 20, catalog))
     queries = start(spark, stream_config(settings))

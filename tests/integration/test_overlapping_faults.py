@@ -22,7 +22,6 @@ from attribution.closing import run_closing
 from attribution.job import start
 from attribution.restore import restore_redis
 from billing.periods import Periods
-from billing.store.catalog_file import save_catalog
 from billing.store.export_files import read_manifest
 from ops.process import free_port, port_open
 from ops.reconciling import reconcile_config
@@ -60,7 +59,7 @@ def test_redis_lost_while_a_reconciliation_runs_books_each_correction_once_after
     own_redis.start()
     settings = dataclasses.replace(settings, redis_url=own_redis.url, redis_timeout_ms=1_000)
     catalog = SimulationConfig(events=10, seed=12).catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     queries: list = []
     try:

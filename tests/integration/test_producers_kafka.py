@@ -22,7 +22,6 @@ from billing.catalog import AdChange, Catalog
 from billing.events import Click, Impression
 from billing.intake import MIN_EVENT_TIME_MS
 from billing.schemas import schema_text
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from billing.store.schema_registry import open_registry
 from ops.cli import _traffic_args
 from ops.kafka_service import ensure_topics
@@ -204,9 +203,9 @@ def test_replay_backfills_budget_and_ip_exclusion_lines_and_sends_user_agents_an
     tag = uuid.uuid4().hex[:10]
     topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
     ensure_topics(settings.kafka_bootstrap, list(topics.values()), partitions=1)
-    store = CatalogStore(tmp_path / "catalog.json")
+    store = settings.catalog_store()
     base = SimulationConfig(events=10, seed=3).catalog()
-    save_catalog(base, store.path)
+    store.start(base)
     campaign = base.campaign_ids[0]
     seen: list[Catalog] = []
 
@@ -234,7 +233,7 @@ def test_replay_backfills_budget_and_ip_exclusion_lines_and_sends_user_agents_an
     assert (result.lines, result.events, result.catalog_changes, result.bad_lines) == (7, 2, 3, 2)
     assert [e.line_number for e in result.errors] == [5, 6]
     assert "already excluded" in result.errors[0].message and "unknown campaign" in result.errors[1].message
-    catalog = load_catalog(store.path)
+    catalog = settings.catalog_store().current()  # a reader of its own: what the database holds
     assert catalog == seen[-1] and catalog.version == base.version + 3
     assert catalog.budget_at(campaign, T0) == 5_000_000 and catalog.budget_at(campaign, T0 + 3_600_000) is None
     assert catalog.exclusions.excluding("203.0.113.9", T0) == "203.0.113.0/24"
@@ -265,8 +264,8 @@ def test_a_run_with_invalid_traffic_and_budgets_makes_them_in_the_pipelines_cata
         budget_campaigns=2,
     )
     expected = [a.item for a in simulate(config, tmp_path / "expected-run")]
-    store = CatalogStore(tmp_path / "catalog.json")
-    save_catalog(config.catalog(), store.path)
+    store = settings.catalog_store()
+    store.start(config.catalog())
     registry = open_registry(str(tmp_path / "registry.json"))
 
     summary = simulate_to_kafka(
@@ -280,7 +279,7 @@ def test_a_run_with_invalid_traffic_and_budgets_makes_them_in_the_pipelines_cata
     )
 
     assert summary.delivery_failures == 0 and summary.total == len(expected)
-    assert load_catalog(store.path) == Simulator(config).catalog, "budgets and exclusions made in the store"
+    assert settings.catalog_store().current() == Simulator(config).catalog, "budgets and exclusions made in the store"
     for name in ("billable.jsonl", "not_charged.jsonl", "summary.json"):
         assert (tmp_path / "run" / name).read_text() == (tmp_path / "expected-run" / name).read_text(), name
     counts = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -303,7 +302,7 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
     # The stack's catalog, and an ad an admin created in it before the traffic started: the traffic follows the
     # catalog as it is, so the admin's ad gets its share.
     ensure_catalog(settings)
-    store = CatalogStore(settings.catalog_file)
+    store = settings.catalog_store()
     first = next(iter(store.current()))
     store.change(
         AdChange("admin-ad", 0, 750_000, first.campaign_id, first.advertiser_id, first.currency), backfill=True
@@ -378,7 +377,7 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
     # The content is the seed's: the first records of the same run, simulated again over the same catalog (the run's
     # own changes start a minute in), byte for byte; the admin's ad among them.
     serializer = EventSerializer(registry)
-    ads = sorted(load_catalog(settings.catalog_file).ad_ids)
+    ads = sorted(settings.catalog_store().current().ad_ids)
     assert "admin-ad" in ads
     again = islice(Simulator(config).arrivals(lambda t: ads), len(received))
     expected = [a.item.value if isinstance(a.item, RawRecord) else serializer.serialize(a.item) for a in again]

@@ -25,7 +25,6 @@ from billing.closing_run import close_periods
 from billing.events import Click, Impression
 from billing.periods import Periods
 from billing.rule import charge
-from billing.store.catalog_file import save_catalog
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.invoice_files import InvoiceFiles
@@ -167,7 +166,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         bad_fraction=0.01,
     )
     catalog = config.catalog()
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, tmp_path / "run", settings.topics, progress=False
@@ -296,7 +295,7 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
     spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     start_ms = 1_767_225_600_000  # P0
     publisher = EventPublisher(
@@ -361,7 +360,7 @@ def test_an_id_conflict_across_a_period_boundary_is_billed_once_when_the_periods
     # boundary (P1) and the conflicting later copy just before it (P0), and P0 closes one run before P1.
     ad = Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")
     catalog = Catalog([ad])
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     boundary = 1_767_229_200_000  # 01:00Z, P0 | P1
     publisher = EventPublisher(

@@ -21,7 +21,6 @@ from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
 from billing.invalid import ExclusionChange, IpExclusions
 from billing.periods import Periods
-from billing.store.catalog_file import save_catalog
 from billing.store.parquet_ledger import read_ledger
 from ops.process import free_port
 from ops.redis_service import LocalRedis
@@ -108,7 +107,7 @@ def test_a_redis_lost_with_the_days_budget_spent_charges_nothing_past_it_before_
     empty Redis, the day would look unspent and both would be charged and pinned, and the replay after the restore
     would put 8 EUR on a 5 EUR day. The batch stops before it decides; after the restore it finds both over budget."""
     settings = dataclasses.replace(settings, redis_url=own_redis.url)
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     ensure_schemas(settings)
     watch = DayWatch(settings.redis_url, settings.redis_prefix)
     queries = start(spark, stream_config(settings))
@@ -168,7 +167,7 @@ def test_a_redis_back_from_a_power_loss_with_older_data_stops_the_job_until_rest
     lack the lost batches for ever, and their share of each day's budget); after `restore-redis` every figure is the
     ledger's and the budget holds."""
     settings = dataclasses.replace(settings, redis_url=own_redis.url)
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     ensure_schemas(settings)
     older = tmp_path / "redis-before"
     queries = start(spark, stream_config(settings))
@@ -227,7 +226,7 @@ def test_a_day_total_moved_by_reconciliation_between_a_batchs_read_and_its_apply
     moved, and the batch decides again on 4 EUR: b2 is over budget, and no moment of the day passes the budget."""
     from attribution.charging import Charging
 
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     ensure_schemas(settings)
     figures = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     key = figures.keys.budget_day(utc_day(T0), "cmp-b")

@@ -29,7 +29,6 @@ from billing.compatibility import IncompatibleSchemaError
 from billing.events import Click, Impression
 from billing.periods import Periods
 from billing.schemas import schema_text, subject_of
-from billing.store.catalog_file import save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from ops.reconciling import reconcile_config
 from ops.settings import Settings
@@ -140,7 +139,7 @@ def test_versions_registered_under_traffic_are_billed_by_the_stream_from_their_f
     settings: Settings,
     job,  # noqa: F811
 ) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     queries = job()
     # The job holds its lock all along, across its switch to the new versions: a restore of Redis is refused.
     probe = LockProbe(settings.layout.job_lock("billing"))
@@ -234,7 +233,7 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     settings: Settings,
     job,  # noqa: F811
 ) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     queries = job()
     producer = Producer(settings)
     registry = producer.registry
@@ -350,15 +349,13 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
 
 
 def _catalog(settings: Settings):  # noqa: ANN202 - billing.catalog.Catalog
-    from billing.store.catalog_file import load_catalog
-
-    return load_catalog(settings.catalog_file)
+    return settings.catalog_store().current()
 
 
 def test_the_job_killed_while_it_switches_to_a_new_version_loses_nothing_and_bills_nothing_twice(
     settings: Settings, tmp_path: Path
 ) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     env = child_env(settings, ADBILL_METRICS_PORT="0", ADBILL_MAX_OFFSETS_PER_TRIGGER="2000", ADBILL_TRIGGER_MS="500")
     log_path = tmp_path / "job.log"
     log = log_path.open("ab")

@@ -33,7 +33,6 @@ from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore, load_catalog, save_catalog
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics
@@ -154,7 +153,7 @@ class Feed:
 
 
 def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     clicks = settings.topic_clicks
     # Every case has its own user; all times lie within 30 s (the watermark delay), so nothing here is late.
     first_phase: list[Event | tuple[str, bytes]] = [
@@ -270,7 +269,7 @@ def test_the_rule_cases_through_kafka_and_the_job(settings: Settings, job) -> No
 
 
 def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(settings: Settings, job) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     assert settings.impression_watermark_ms == settings.click_watermark_ms
     # Both streams reach T0 + 100 s; the watermark becomes that less the delays (the defaults), W.
     front = T0 + 100 * S
@@ -312,7 +311,7 @@ def test_late_events_are_archived_flagged_and_counted_as_the_join_drops_them(set
 def test_a_checkpoint_of_30_s_delays_goes_on_with_the_10_s_defaults(spark: SparkSession, settings: Settings) -> None:
     """An existing deployment started with the earlier defaults (30 s watermark delays) restarts with today's: the
     checkpoint takes the new delays, nothing is lost and nothing billed twice."""
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     ensure_schemas(settings)
     earlier = dataclasses.replace(settings, impression_watermark_ms=30_000, click_watermark_ms=30_000)
     assert settings.click_watermark_ms == settings.impression_watermark_ms == 10_000
@@ -381,7 +380,7 @@ def simulated_run(
     id): when the first copy of such a click matched no impression and the later one does, the stream bills the later
     one, and reconciliation retracts it (`test_reconcile.py`). The stream is held to the truth on every other click."""
     config = SimulationConfig(events=events, seed=11, users=300, late_fraction=0.0, bad_fraction=0.005)
-    save_catalog(config.catalog(), settings.catalog_file)
+    settings.catalog_store().start(config.catalog())
     summary = simulate_to_kafka(
         config, settings.kafka_bootstrap, settings.registry_location, run_dir, settings.topics, rate, progress=False
     )
@@ -457,7 +456,7 @@ def test_simulated_traffic_bills_exactly_the_ground_truth(
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     totals.wipe_billing()
     assert redis_ad_totals(settings) == {}
-    catalog = load_catalog(settings.catalog_file)
+    catalog = settings.catalog_store().current()
     # The job was stopped here, a moment ago: the restore waits for it to let go of its lock.
     restored = restore_redis(settings.root, totals, catalog, Periods(), "billing")
     by_currency: dict[str, int] = {}
@@ -505,7 +504,7 @@ def test_sigkill_and_restart_lose_nothing_and_bill_nothing_twice(
     totals = RedisFigures.from_url(settings.redis_url, settings.redis_prefix)
     # Traffic first, so the job always has work in hand when it is killed.
     truth, conflicted = simulated_run(settings, tmp_path / "run", events=60_000)
-    store = CatalogStore(settings.catalog_file)
+    store = settings.catalog_store()
     received = read_ledger_times(tmp_path / "run")
     killed_after: list[int] = []
     checkpoint = settings.layout.checkpoint("billing")
@@ -591,7 +590,7 @@ def quarantine_table(settings: Settings) -> list[dict]:
 
 
 def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     clicks = settings.topic_clicks
     # The quarantine topic takes less than the input topics (4 KiB): a bad record that the quarantine table keeps
     # whole (10 kB) but Kafka refuses on the topic goes there as a stub too.
@@ -648,7 +647,7 @@ def test_a_record_at_the_brokers_size_limit_is_quarantined_and_billing_goes_on(s
 
 def test_a_burst_of_100k_bad_records_neither_fails_nor_stalls_a_batch(settings: Settings, job) -> None:
     records = 100_000
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     produce_raw(settings.kafka_bootstrap, settings.topic_clicks, [b"bad %d" % i for i in range(records)])
     send(settings, [Impression("i-after", "ad-2", "u-after", T0), Click("c-after", "ad-2", "u-after", T0 + S)])
     queries = job()
@@ -699,7 +698,7 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
     assert pid is not None
     # One-second deadlines: a call gives up after about 6 x 1 s + 7.5 s of pauses between tries.
     settings = dataclasses.replace(settings, redis_url=server.url, redis_timeout_ms=1_000)
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     ensure_schemas(settings)
     config = stream_config(settings)
     queries: list[StreamingQuery] = []
@@ -769,7 +768,7 @@ def avro_long(n: int) -> bytes:
 
 
 def test_a_tiny_record_that_claims_a_huge_string_is_quarantined_and_billing_goes_on(settings: Settings, job) -> None:
-    save_catalog(CATALOG, settings.catalog_file)
+    settings.catalog_store().start(CATALOG)
     click_schema = ensure_schemas(settings)[settings.topic_clicks]
     # Framed as a click of a known schema, its first field (the click id) says it is 2,000,000,000 bytes long: Avro
     # allocates what a string's length says before it reads it, and 2 GB is more than the job's heap.
@@ -789,7 +788,7 @@ def test_a_clock_ahead_pair_sent_again_minutes_later_is_not_billed_again_by_the_
     # Short watermark delays, so that "minutes later" (past the first bill's de-duplication state) is seconds here.
     settings = dataclasses.replace(settings, impression_watermark_ms=2_000, click_watermark_ms=2_000)
     catalog = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR")])
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().start(catalog)
     ensure_schemas(settings)
     publisher = EventPublisher(
         settings.kafka_bootstrap, EventSerializer(open_registry(settings.registry_location)), settings.topics
