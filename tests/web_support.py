@@ -1,4 +1,5 @@
-"""What the web tests share: a seeded data folder and Redis prefix, the accounts, and logging in with the form."""
+"""What the web tests share: a seeded data folder, Redis prefix and catalog database, the accounts, and logging in
+with the form."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from werkzeug.test import TestResponse
 
 from billing.catalog import Catalog, generate_catalog
 from billing.layout import DataLayout
-from billing.store.catalog_file import save_catalog
 from ops.settings import Settings
 from web.access import Role
 from web.accounts import AccountsFile
@@ -47,9 +47,13 @@ class Seeded:
 
 
 def seed(settings: Settings, accounts: dict[str, tuple[Role, str | None]] | None = None) -> Seeded:
-    """Three advertisers (2 campaigns x 2 ads each), six hourly periods, four closed and two exported, the accounts."""
+    """Three advertisers (2 campaigns x 2 ads each) in the settings' catalog database (`database_url`), six hourly
+    periods, four closed and two exported, the accounts.
+
+    The catalog is loaded as `adbill catalog import` loads one without a change log: its start has no recorded time,
+    so it is older than anything the tests' clocks (January 2026) make."""
     catalog = generate_catalog(advertisers=3, campaigns_per_advertiser=2, ads_per_campaign=2, seed=7)
-    save_catalog(catalog, settings.catalog_file)
+    settings.catalog_store().load(catalog, [])
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     seed_sample(
         SampleWriter(client, settings.redis_prefix, exports_dir(settings)),

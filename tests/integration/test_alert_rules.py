@@ -71,7 +71,7 @@ def test_the_heartbeat_and_the_audit_are_scraped_from_redis(redis_server: LocalR
 
 
 def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
-    redis_server: LocalRedis, tmp_path: Path
+    redis_server: LocalRedis, database: str
 ) -> None:
     """`adbill_invalid_clicks_total{reason}` and `adbill_over_budget_clicks_total` count what the stream did not
     charge; `adbill_campaigns_capped_today` the campaigns whose day reached their budget now (the alert's input)."""
@@ -79,7 +79,7 @@ def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
 
     from attribution.progress import BillingCollector
     from billing.catalog import Ad, Catalog
-    from billing.store.catalog_file import save_catalog
+    from billing.store.catalog_db import CatalogDatabase
     from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals
 
     now = 1_767_261_600_000  # 2026-01-01T10:00Z
@@ -94,7 +94,8 @@ def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
         .with_budget("cmp-1", 0, 1_000_000, 0, backfill=True)  # reached: 0.90 charged leaves less than a click
         .with_budget("cmp-2", 0, 5_000_000, 0, backfill=True)  # room for more clicks
     )  # cmp-3 has no budget: never capped
-    save_catalog(catalog, tmp_path / "catalog.json")
+    store = CatalogDatabase(database)
+    store.load(catalog, [])  # a catalog with a history: each version its entry in the change log
     prefix = f"t{uuid.uuid4().hex[:10]}"
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     period, start = "20260101T0900Z", 1_767_258_000_000
@@ -110,7 +111,7 @@ def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
     ]
     assert RedisTotals(client, prefix).apply_batch("billing", 0, [], not_charged=not_charged, budget_days=days)
     registry = CollectorRegistry()
-    registry.register(BillingCollector(redis_server.url, prefix, tmp_path / "catalog.json", clock=lambda: now))
+    registry.register(BillingCollector(redis_server.url, prefix, store, clock=lambda: now))
     assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "known_bot"}) == 4
     assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "duplicate_click"}) == 2
     assert registry.get_sample_value("adbill_invalid_clicks_total", {"reason": "excluded_ip"}) == 0
@@ -118,9 +119,7 @@ def test_invalid_over_budget_and_capped_campaigns_are_scraped_from_redis(
     assert registry.get_sample_value("adbill_campaigns_capped_today") == 1
     # The next day nothing is charged yet: nobody is capped.
     registry = CollectorRegistry()
-    registry.register(
-        BillingCollector(redis_server.url, prefix, tmp_path / "catalog.json", clock=lambda: now + 86_400_000)
-    )
+    registry.register(BillingCollector(redis_server.url, prefix, store, clock=lambda: now + 86_400_000))
     assert registry.get_sample_value("adbill_campaigns_capped_today") == 0
     client.close()
 

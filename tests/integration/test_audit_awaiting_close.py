@@ -10,7 +10,6 @@ from flask.testing import FlaskClient
 import attribution.audit
 from attribution.audit import PeriodAudit
 from billing.catalog import generate_catalog
-from billing.store.catalog_file import save_catalog
 from billing.store.stream_offsets import LagReading
 from ops.reconciling import audit_after_run, reconcile_config
 from ops.settings import Settings
@@ -29,7 +28,7 @@ def _admin(settings: Settings) -> FlaskClient:
     from web.access import Role
     from web.accounts import AccountsFile
 
-    save_catalog(generate_catalog(1, 1, 1, seed=1), settings.catalog_file)
+    settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
     AccountsFile(settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
     AccountsFile(settings.users_file).add("fiona", Role.FINANCE, "correct horse battery staple")
     client = create_app(settings, clock=lambda: NOW_MS, cache_s=0, kafka_lag=lambda: CAUGHT_UP).test_client()

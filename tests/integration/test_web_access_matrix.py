@@ -9,20 +9,21 @@ nowhere; pages send the anonymous visitor to the login form, the API answers 401
 finance and admin, health for finance and admin. No response to an advertiser ever holds another advertiser's id. Each
 account's API token opens every API route exactly as its session does (the same status, the same bytes) and no page;
 a revoked, unknown or malformed token, or a disabled account's, gets 401.
-A campaign id names one advertiser's campaign: a catalog where two share one is refused, and an id that moved
-from one advertiser to another between catalogs shows each only the figures of its own hours.
+A campaign id names one advertiser's campaign: a catalog where two share one is refused (by the catalog, its change
+door and its database's constraints), and an id that moved from one advertiser to another between catalogs shows
+each only the figures of its own hours.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -30,18 +31,20 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from billing.budgets import day_start, utc_day
-from billing.catalog import FORMAT, Ad, BudgetSetting, Catalog, MadeBy
+from billing.catalog import FORMAT, Ad, AdChange, BudgetSetting, Catalog, CatalogError, MadeBy
 from billing.corrections import Correction, CorrectionKind
 from billing.invoices import issue_month
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore
+from billing.store.catalog_db import connection_pool
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
 from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow
 from billing.store.stream_offsets import LagReading
+from ops.postgres_service import LocalPostgres
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
-from tests.conftest import DEPS_DIR
+from tests.catalog_rows import catalog_rows
+from tests.conftest import DEPS_DIR, new_database
 from tests.invoice_month import MONTH as INVOICED
 from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
@@ -83,10 +86,17 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) -> Iterator[World]:
+def world(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis, postgres_server: LocalPostgres
+) -> Iterator[World]:
     home = tmp_path_factory.mktemp("web-access")
     settings = Settings.from_env(
-        {}, home=home, deps_dir=DEPS_DIR, redis_url=redis_server.url, redis_prefix=f"t{uuid.uuid4().hex[:10]}"
+        {},
+        home=home,
+        database_url=new_database(postgres_server),
+        deps_dir=DEPS_DIR,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
     seeded = seed(settings)
     ids: dict[str, dict[str, str]] = {}
@@ -128,7 +138,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
                 BudgetDayCount(latest, ad.campaign_id, utc_day(start_ms), day_start(start_ms), 0, 0, over, 10**6)
             ],
         )
-        CatalogStore(settings.catalog_file).change(
+        settings.catalog_store().change(
             BudgetSetting(ad.campaign_id, 0, PLANTED_BUDGETS[n], MadeBy("ada", "command")), backfill=True
         )
         # One of its clicks not charged, as the stream writes them: the lists of clicks not charged show it.
@@ -164,6 +174,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) ->
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)
     seeded.client.close()
+    connection_pool(settings.database_url).close()
 
 
 # The URL of each GET route for advertiser `adv`'s things; `None` for routes that are not an advertiser's.
@@ -599,8 +610,8 @@ def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: Wor
     client = world.clients[actor]
     token = form_token(client.get("/", follow_redirects=True).text) if actor != "anonymous" else ""
     admin = actor == "ada"
-    catalog_file = world.seeded.settings.catalog_file
-    before = catalog_file.read_bytes()
+    settings = world.seeded.settings
+    before = catalog_rows(settings.database_url)
     for rule, (url, fields) in CATALOG_POST_ROUTES.items():
         if url.startswith("/api/"):
             response = client.post(url, json=fields, headers={"X-CSRF-Token": token})
@@ -614,7 +625,7 @@ def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: Wor
     created = scripted.post("/api/v1/catalog/ads", json=API_CREATE, headers=headers)
     assert created.status_code == (401 if actor == "anonymous" else 201 if admin else 404)
     if admin:
-        made = json.loads(catalog_file.read_text())
+        made = json.loads(settings.catalog_store().current().to_json())
         assert {"matrix-page-ad", "matrix-api-ad"} <= {ad["ad_id"] for ad in made["ads"]}
         assert [b["daily_budget_micros"] for b in made["budgets"]["matrix-cmp"]] == [9_000_000, 9_500_000]
         assert {(e["cidr"], e["door"]) for e in made["ip_exclusions"]} == {
@@ -622,7 +633,7 @@ def test_catalog_changes_by_each_actor_with_its_session_and_its_token(world: Wor
             ("2001:db8::/32", "api"),  # the browser's session on the API
         }
     else:
-        assert catalog_file.read_bytes() == before, f"{actor} changed the catalog"
+        assert catalog_rows(settings.database_url) == before, f"{actor} changed the catalog"
 
 
 def test_a_non_admins_change_answers_exactly_like_one_to_a_route_that_does_not_exist(world: World) -> None:
@@ -768,12 +779,17 @@ def test_a_catalog_where_two_advertisers_share_a_campaign_id_is_refused() -> Non
 
 
 def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_its_own_micros(
-    tmp_path: Path, redis_server: LocalRedis, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, redis_server: LocalRedis, database: str
 ) -> None:
     """The catalog refuses a shared campaign id, but ids can move between advertisers from one catalog to the
     next: the totals of the hour when the id was adv-0000's stay adv-0000's, those of the next hour adv-0001's."""
     settings = Settings.from_env(
-        {}, home=tmp_path, deps_dir=DEPS_DIR, redis_url=redis_server.url, redis_prefix=f"t{uuid.uuid4().hex[:10]}"
+        {},
+        home=tmp_path,
+        database_url=database,
+        deps_dir=DEPS_DIR,
+        redis_url=redis_server.url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
     seeded = seed(settings)
     hours = Periods()
@@ -801,17 +817,38 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
             assert clients[actor].get(f"/api/v1/advertisers/{other}/campaigns/{SHARED}").status_code == 404
 
     seen()
-    # A catalog in which both advertisers have the campaign at once is refused by the running UI too: it keeps the
-    # catalog it had, and says so in its log.
+    # A catalog in which both advertisers have the campaign at once never reaches the running UI: written into the
+    # catalog's database behind the product's back, its constraints refuse it whole; the UI keeps the catalog it had.
     own, other = seeded.catalog.currency_of(OWN) or "", seeded.catalog.currency_of(OTHER) or ""
-    shared = [*seeded.catalog, Ad("own-ad", SHARED, OWN, 250_000, own), Ad("other-ad", SHARED, OTHER, 10**6, other)]
-    settings.catalog_file.write_text(json.dumps({"format": FORMAT, "ads": [ad.to_dict() for ad in shared]}))
-    with caplog.at_level(logging.WARNING, logger="web.readers"):
-        seen()
-        assert clients["alice"].get("/api/v1/advertisers").json["advertisers"] == [
-            {"advertiser_id": OWN, "currency": "EUR"}
-        ]
-    assert f"campaign {SHARED} belongs to advertiser {OWN} and to {OTHER}" in caplog.text
+    shared = [Ad("own-ad", SHARED, OWN, 250_000, own), Ad("other-ad", SHARED, OTHER, 10**6, other)]
+    before = catalog_rows(database)
+    with (
+        psycopg.connect(database, autocommit=True) as connection,
+        pytest.raises(psycopg.errors.IntegrityError, match="campaigns_pkey"),
+        connection.transaction(),
+    ):
+        for ad in shared:
+            connection.execute(
+                "INSERT INTO campaigns (campaign_id, advertiser_id) VALUES (%s, %s)",
+                (ad.campaign_id, ad.advertiser_id),
+            )
+            connection.execute(
+                "INSERT INTO ads (ad_id, campaign_id, advertiser_id, currency) VALUES (%s, %s, %s, %s)",
+                (ad.ad_id, ad.campaign_id, ad.advertiser_id, ad.currency),
+            )
+    assert catalog_rows(database) == before
+    seen()
+    assert clients["alice"].get("/api/v1/advertisers").json["advertisers"] == [
+        {"advertiser_id": OWN, "currency": "EUR"}
+    ]
+    # Through the doors, the change that would give the campaign a second advertiser is refused, naming both, and
+    # writes nothing.
+    store = settings.catalog_store()
+    store.change(AdChange("own-ad", 0, 250_000, SHARED, OWN, own), backfill=True)
+    before = catalog_rows(database)
+    with pytest.raises(CatalogError, match=f"campaign {SHARED} belongs to advertiser {OWN}, not {OTHER}"):
+        store.change(AdChange("other-ad", 0, 10**6, SHARED, OTHER, other), backfill=True)
+    assert catalog_rows(database) == before
     seeded.client.close()
 
 

@@ -92,8 +92,17 @@ def test_the_health_page_sums_up_the_job_kafka_redis_and_reconciliation(seeded: 
     seeded.writer.health({**health_record("billing", 70, NOW_MS - 2_000), "watermark_ms": NOW_MS - 12_000})
     status = ada.get("/api/v1/health").json["status"]
     levels = {c["name"]: c["level"] for c in status["components"]}
-    # The sample's last reconciliation finished long before NOW_MS: amber; the rest is fine.
-    assert levels == {"Streaming job": "ok", "Kafka": "ok", "Redis": "ok", "Reconciliation": "amber"}
+    # The sample's last reconciliation finished long before NOW_MS: amber; the rest is fine, the catalog's database
+    # answering at the catalog's version.
+    assert levels == {
+        "Streaming job": "ok",
+        "Kafka": "ok",
+        "Redis": "ok",
+        "Catalog database": "ok",
+        "Reconciliation": "amber",
+    }
+    database = next(c for c in status["components"] if c["name"] == "Catalog database")
+    assert database["text"] == "Answering: catalog version 0."
     assert status["overall"] == "amber"
     beat(seeded, NOW_MS - 600_000)  # the job stalled 10 min ago
     page = ada.get("/health").text

@@ -1,10 +1,11 @@
 """The doors of budgets and the IP exclusion list in the web UI: an admin sets a campaign's daily budget and
-excludes or includes an IP range on the page and through the API with a token; every change lands in the catalog
-file every part reads (`CatalogStore`), under its lock, with who made it and through which door; the page and the
-API refuse what `adbill catalog set-budget` and `adbill ivt` refuse, with the command's one-line message.
+excludes or includes an IP range on the page and through the API with a token; every change lands in the catalog's
+database that every part reads (`CatalogDatabase`), under its lock, with who made it and through which door; the page
+and the API refuse what `adbill catalog set-budget` and `adbill ivt` refuse, with the command's one-line message, and
+a refused change leaves every row of the database as it was.
 
-Real Redis (the session's server, a prefix per test), a real data folder and catalog file, the Flask test client; the
-command line runs in-process (`ops.cli.main`) against the same data folder.
+Real Redis (the session's server, a prefix per test), a real data folder and a PostgreSQL database of the test's own,
+the Flask test client; the command line runs in-process (`ops.cli.main`) against the same data folder and database.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from billing.catalog import Catalog
-from billing.store.catalog_file import CatalogStore
 from ops.settings import Settings
+from tests.catalog_rows import catalog_rows
 from tests.web_support import ACCOUNTS, OWN, Seeded, form_token, login, seed
 from web import display
 from web.accounts import AccountsFile
@@ -45,7 +46,7 @@ class Web:
     @property
     def catalog(self) -> Catalog:
         """The catalog as every other part of the product reads it."""
-        return CatalogStore(self.seeded.settings.catalog_file).current()
+        return self.seeded.settings.catalog_store().current()
 
     def token(self, actor: str, page: str) -> str:
         return form_token(self.clients[actor].get(page).text)
@@ -144,9 +145,9 @@ def cli_refusal(
 
     for name, value in settings.to_env().items():
         monkeypatch.setenv(name, value)
-    before = settings.catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     assert main(list(args)) == 1
-    assert settings.catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
     err = capsys.readouterr().err.strip()
     prefix = f"adbill {args[0]}: error: "
     assert err.startswith(prefix) and "\n" not in err, err
@@ -195,7 +196,7 @@ def test_each_budget_refusal_of_the_page_and_the_api_is_the_commands(
         ("unknown", "no-such-cmp", {"daily_micros": "5"}, {"daily_budget_micros": 5},
          ["set-budget", "no-such-cmp", "--daily-micros", "5"], "unknown campaign"),
     ]  # fmt: skip
-    before = settings.catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     token = web.token("ada", f"/catalog/campaigns/{campaign}")
     for what, target, fields, body, args, word in cases:
         expected = cli_refusal(settings, monkeypatch, capsys, "catalog", *args)
@@ -207,7 +208,7 @@ def test_each_budget_refusal_of_the_page_and_the_api_is_the_commands(
             continue  # a JSON body says unlimited as null: it cannot say both
         status, answer = web.api("ada", "POST", f"/catalog/campaigns/{target}/budgets", body)
         assert status == 400 and same_message(str(answer["error"]), expected), (what, answer, expected)
-        assert settings.catalog_file.read_bytes() == before, f"{what}: the catalog changed"
+        assert catalog_rows(settings.database_url) == before, f"{what}: the catalog changed"
     for body, word in [
         ({"daily_budget_micros": 5, "cpc_micros": 5}, "unknown field 'cpc_micros'"),
         ({"daily_budget_micros": True}, "whole number"),
@@ -216,12 +217,12 @@ def test_each_budget_refusal_of_the_page_and_the_api_is_the_commands(
     ]:
         status, answer = web.api("ada", "POST", f"/catalog/campaigns/{campaign}/budgets", body)
         assert status == 400 and word in str(answer["error"]), (body, answer)
-    assert settings.catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
 
 
 def test_only_an_admin_changes_a_budget_and_a_change_needs_its_csrf_token(web: Web) -> None:
     campaign = own_campaign(web)
-    before = web.seeded.settings.catalog_file.read_bytes()
+    before = catalog_rows(web.seeded.settings.database_url)
     for actor in ("alice", "bob", "fiona"):
         token = form_token(web.clients[actor].get("/", follow_redirects=True).text)
         response = web.clients[actor].post(
@@ -232,7 +233,7 @@ def test_only_an_admin_changes_a_budget_and_a_change_needs_its_csrf_token(web: W
     ada = web.clients["ada"]
     assert ada.post(f"/catalog/campaigns/{campaign}/budgets", data={"daily_micros": "5"}).status_code == 400
     assert ada.post(f"/api/v1/catalog/campaigns/{campaign}/budgets", json={"daily_budget_micros": 5}).status_code == 400
-    assert web.seeded.settings.catalog_file.read_bytes() == before
+    assert catalog_rows(web.seeded.settings.database_url) == before
     page = web.clients["fiona"].get(f"/catalog/campaigns/{campaign}")
     assert page.status_code == 200 and 'id="set-budget"' not in page.text  # finance reads, with no form
     assert web.clients["alice"].get(f"/catalog/campaigns/{campaign}").status_code == 404
@@ -242,7 +243,7 @@ def test_only_an_admin_changes_a_budget_and_a_change_needs_its_csrf_token(web: W
 def held_lock(web: Web, hold_s: float) -> tuple[threading.Thread, list[int]]:
     """Another writer (`adbill catalog`, say) holds the catalog's lock for `hold_s` from now, in a thread; the list
     receives when it released it (epoch ms)."""
-    store, held, released_ms = CatalogStore(web.seeded.settings.catalog_file), threading.Event(), []
+    store, held, released_ms = web.seeded.settings.catalog_store(), threading.Event(), []
 
     def other_writer() -> None:
         with store.locked():
@@ -335,7 +336,7 @@ def test_each_exclusion_refusal_of_the_page_and_the_api_is_the_commands(
         ("no range", {"cidr": "", "action": "exclude"}, {"cidr": "", "excluded": True}, ["exclude"],
          "needs an IP range"),
     ]  # fmt: skip
-    before = settings.catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     token = web.token("ada", "/catalog/ip-exclusions")
     for what, fields, body, args, word in cases:
         expected = cli_refusal(settings, monkeypatch, capsys, "ivt", *args)
@@ -351,7 +352,7 @@ def test_each_exclusion_refusal_of_the_page_and_the_api_is_the_commands(
     ]:
         status, answer = web.api("ada", "POST", "/catalog/ip-exclusions", body)
         assert status == 400 and word in str(answer["error"]), (body, answer)
-    assert settings.catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
     # The list is an admin's: everyone else gets 404, as for a route that does not exist.
     for actor in ("alice", "bob", "fiona"):
         assert web.clients[actor].get("/catalog/ip-exclusions").status_code == 404

@@ -1,9 +1,10 @@
 """The catalog in the web UI: an admin creates ads and sets, pauses and resumes prices through the page and the API;
-the web refuses what `adbill catalog` refuses, with its one-line message; the changes land in the catalog file that
-every part of the product reads (`CatalogStore`); advertisers see their own ads only; the unbilled counts show.
+the web refuses what `adbill catalog` refuses, with its one-line message, and a refused change leaves every row as it
+was; the changes land in the catalog's database that every part of the product reads (`CatalogDatabase`);
+advertisers see their own ads only; the unbilled counts show.
 
-Real Redis (the session's server, a prefix per test), a real data folder and catalog file, the Flask test client; the
-command line runs in-process (`ops.cli.main`) against the same data folder.
+Real Redis (the session's server, a prefix per test), a real data folder and a PostgreSQL database of the test's own,
+the Flask test client; the command line runs in-process (`ops.cli.main`) against the same data folder and database.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from billing.catalog import Catalog
-from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import RedisTotals, UnbilledCount
 from ops.settings import Settings
+from tests.catalog_rows import catalog_rows
 from tests.web_support import ACCOUNTS, OTHER, OWN, Seeded, form_token, login, seed
 from web import display
 from web.accounts import AccountsFile
@@ -45,7 +46,7 @@ class Web:
     @property
     def catalog(self) -> Catalog:
         """The catalog as every other part of the product reads it."""
-        return CatalogStore(self.seeded.settings.catalog_file).current()
+        return self.seeded.settings.catalog_store().current()
 
     def form(self, actor: str, page: str = "/catalog") -> str:
         """A CSRF token of the actor's session, from a page it may see."""
@@ -85,7 +86,7 @@ def own_ad(web: Web, advertiser: str = OWN) -> str:
 
 
 # Changes through the page -----------------------------------------------------------------------------------------
-def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalog_file_holds_it(web: Web) -> None:
+def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalog_database_holds_it(web: Web) -> None:
     ada = web.clients["ada"]
     token = web.form("ada")
     version = web.catalog.version
@@ -149,7 +150,7 @@ def test_an_admin_creates_an_ad_and_changes_its_price_on_the_page_and_the_catalo
     assert "spring-ad-1" not in web.clients["bob"].get(f"/advertisers/{OTHER}/ads").text
 
 
-def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: Web) -> None:
+def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_database(web: Web) -> None:
     status, body = web.api(
         "ada",
         "/catalog/ads",
@@ -189,7 +190,7 @@ def test_a_change_through_the_api_with_a_token_lands_in_the_catalog_file(web: We
 def held_lock(web: Web, hold_s: float) -> tuple[threading.Thread, list[int]]:
     """Another writer (`adbill catalog`, say) holds the catalog's lock for `hold_s` from now, in a thread; the list
     receives when it released it (epoch ms)."""
-    store, held, released_ms = CatalogStore(web.seeded.settings.catalog_file), threading.Event(), []
+    store, held, released_ms = web.seeded.settings.catalog_store(), threading.Event(), []
 
     def other_writer() -> None:
         with store.locked():
@@ -234,9 +235,9 @@ def cli_refusal(
 
     for name, value in settings.to_env().items():
         monkeypatch.setenv(name, value)
-    before = settings.catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     assert main(["catalog", *args]) == 1
-    assert settings.catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
     err = capsys.readouterr().err.strip()
     assert err.startswith("adbill catalog: error: ") and "\n" not in err, err
     return err.removeprefix("adbill catalog: error: ")
@@ -328,7 +329,7 @@ def test_each_refusal_of_the_form_and_the_api_is_the_commands_with_its_message(
          ["create-ad", "mine-2", "--advertiser", OWN, "--currency", "EUR", "--cpc-micros", "5"], "give its campaign"),
         # Pausing an ad that is paused already is refused too (after the first pause below).
     ]  # fmt: skip
-    before = settings.catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     token = web.form("ada")
     for what, url, fields, path, body, args, word in cases:
         expected = cli_refusal(settings, monkeypatch, capsys, *args)
@@ -342,7 +343,7 @@ def test_each_refusal_of_the_form_and_the_api_is_the_commands_with_its_message(
         want = 404 if what == "unknown" else 400  # a change of an ad that does not exist: the ad is not found
         assert status == want and answer["status"] == want, (what, answer)
         assert same_message(str(answer["error"]), expected), (what, answer, expected)
-        assert settings.catalog_file.read_bytes() == before, f"{what}: the catalog changed"
+        assert catalog_rows(settings.database_url) == before, f"{what}: the catalog changed"
 
     # Pausing twice: the second is refused, by the form and by the API, as by the command.
     assert (
@@ -376,7 +377,7 @@ def test_the_api_refuses_a_body_it_cannot_read_with_a_json_error(web: Web) -> No
 
 
 def test_a_change_without_the_csrf_token_is_refused_and_changes_nothing(web: Web) -> None:
-    before = web.seeded.settings.catalog_file.read_bytes()
+    before = catalog_rows(web.seeded.settings.database_url)
     ad = own_ad(web)
     ada = web.clients["ada"]
     fields = {"action": "set-price", "cpc_micros": "5"}
@@ -386,7 +387,7 @@ def test_a_change_without_the_csrf_token_is_refused_and_changes_nothing(web: Web
     assert ada.post("/catalog/ads", data=new).status_code == 400
     # The API with the browser's session cookie needs the token too; a token alone needs none (below).
     assert ada.post(f"/api/v1/catalog/ads/{ad}/prices", json={"cpc_micros": 5}).status_code == 400
-    assert web.seeded.settings.catalog_file.read_bytes() == before
+    assert catalog_rows(web.seeded.settings.database_url) == before
     token = web.form("ada")
     ok = ada.post(f"/api/v1/catalog/ads/{ad}/prices", json={"cpc_micros": 5}, headers={"X-CSRF-Token": token})
     assert ok.status_code == 201

@@ -88,6 +88,7 @@ def test_kafka_out_of_reach_is_said_at_once_not_shown_as_no_backlog(redis_settin
     settings = Settings.from_env(
         {},
         home=redis_settings.home,
+        database_url=redis_settings.database_url,
         deps_dir=redis_settings.deps_dir,
         redis_url=redis_settings.redis_url,
         redis_prefix=redis_settings.redis_prefix,

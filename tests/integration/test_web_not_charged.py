@@ -25,7 +25,6 @@ from billing.catalog import Ad
 from billing.corrections import Correction, CorrectionKind
 from billing.invalid import format_rate
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals
 from ops import deps
 from ops.settings import Settings
@@ -310,7 +309,7 @@ def test_a_correction_for_an_invalid_click_moves_it_to_not_charged_with_its_reas
 
 
 def test_the_budget_history_lives_in_the_catalog_every_part_reads(world: World) -> None:
-    catalog = CatalogStore(world.seeded.settings.catalog_file).current()
+    catalog = world.seeded.settings.catalog_store().current()
     (entry,) = catalog.budget_history(world.ad.campaign_id)
     assert (entry.effective_from, entry.daily_budget_micros, entry.made_by, entry.door, entry.made_at) == (
         NOW_MS,

@@ -13,10 +13,10 @@ from flask.testing import FlaskClient
 
 from billing.catalog import AdChange
 from billing.money import format_amount
-from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import UnbilledCount
 from billing.store.stream_offsets import LagReading
 from ops.settings import Settings
+from tests.catalog_rows import catalog_rows
 from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
 from tests.web_support import OTHER, OWN, Seeded, form_token, login, seed
@@ -58,7 +58,7 @@ def test_the_unbilled_clicks_of_a_period_are_the_sum_of_its_ads(seeded: Seeded) 
             UnbilledCount(latest, start, "", "nobody-s-ad", "unknown_ad", 7),  # still unknown: the health page's
         ],
     )
-    store = CatalogStore(seeded.settings.catalog_file)
+    store = seeded.settings.catalog_store()
     for ad_id in ("admin-ad-1", "admin-ad-2"):
         store.change(AdChange(ad_id, 0, 250_000, campaign, OWN, "EUR"), backfill=True)
     alice = client_of(seeded, "alice")
@@ -130,17 +130,17 @@ def test_a_price_typed_in_the_currency_is_stored_exactly_in_micros(seeded: Seede
         assert made.status_code == 303, made.text
         page = ada.get(made.headers["Location"]).text
         assert f'id="stored-micros">{display.count(micros)} micros<' in page, typed
-        kept = CatalogStore(seeded.settings.catalog_file).current()[ad.ad_id].prices[-1]
+        kept = seeded.settings.catalog_store().current()[ad.ad_id].prices[-1]
         assert kept.cpc_micros == micros
         far = far.replace("2099", str(int(far[:4]) + 1))
-    before = seeded.settings.catalog_file.read_bytes()
+    before = catalog_rows(seeded.settings.database_url)
     for typed, word in (("0.1234567", "at most 6 decimals"), ("1,50", "at most 6 decimals"), ("-1", "negative")):
         refused = ada.post(
             f"/catalog/ads/{ad.ad_id}/changes",
             data={"csrf_token": token, "action": "set-price", "price": typed, "effective_from": "2150-01-01T00:00"},
         )
         assert refused.status_code == 400 and word in refused.text, typed
-    assert seeded.settings.catalog_file.read_bytes() == before
+    assert catalog_rows(seeded.settings.database_url) == before
     # A daily budget in the currency too.
     made = ada.post(
         f"/catalog/campaigns/{ad.campaign_id}/budgets",

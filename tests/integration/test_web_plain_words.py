@@ -17,7 +17,6 @@ import pytest
 from flask.testing import FlaskClient
 
 from billing.catalog import MadeBy
-from billing.store.catalog_file import CatalogStore
 from billing.store.part_status import RECONCILE_RUN_PART
 from billing.store.redis_keys import RedisKeys
 from billing.store.stream_offsets import LagReading
@@ -25,6 +24,7 @@ from ops import deps
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
+from tests.catalog_rows import catalog_rows
 from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, form_token, login, plant_not_charged_click, seed
 from web import display
 from web.app import create_app
@@ -81,7 +81,7 @@ def test_budget_and_ip_exclusion_pages_say_who_made_a_change_as_the_change_log_d
     """A change the simulator made (its author in the change log only) reads the same on the campaign's budget page,
     the IP exclusion page, their API documents and `/catalog/changes`: who, and through which door."""
     campaign = next(a.campaign_id for a in seeded.catalog if a.advertiser_id == OWN)
-    store = CatalogStore(seeded.settings.catalog_file)
+    store = seeded.settings.catalog_store()
     simulator = MadeBy("root", "simulator")
     for line in (
         {"type": "budget", "campaign_id": campaign, "effective_from": NOW_MS + 1, "daily_budget_micros": 5_000_000},
@@ -111,7 +111,7 @@ def test_a_refusal_is_said_beside_its_field_in_the_terms_typed(seeded: Seeded) -
     ada = client_of(seeded, "ada")
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     token = form_token(ada.get(f"/catalog/ads/{ad.ad_id}").text)
-    before = seeded.settings.catalog_file.read_bytes()
+    before = catalog_rows(seeded.settings.database_url)
 
     def refusal(url: str, fields: dict[str, str]) -> str:
         page = ada.post(url, data={"csrf_token": token, **fields})
@@ -137,7 +137,7 @@ def test_a_refusal_is_said_beside_its_field_in_the_terms_typed(seeded: Seeded) -
     page = refusal("/catalog/ip-exclusions", {"cidr": "203.0.113.0/24", "action": "exclude", "effective_from": "x"})
     beside = page.split('id="exclusion-effective-from"')[1].split("</label>")[0]
     assert "a UTC time such as 2026-01-01 10:00, or empty for now: you typed x" in beside
-    assert seeded.settings.catalog_file.read_bytes() == before
+    assert catalog_rows(seeded.settings.database_url) == before
 
     alice = client_of(seeded, "alice")
     ranged = text_of(alice.get(f"/advertisers/{OWN}?from=2026-01-31&to=2026-01-01").text)
@@ -170,7 +170,7 @@ def test_amounts_are_typed_and_written_in_the_currencys_minor_unit(seeded: Seede
     ada = client_of(seeded, "ada")
     jpy_campaign = next(a.campaign_id for a in seeded.catalog if a.currency == "JPY")
     token = form_token(ada.get(f"/catalog/campaigns/{jpy_campaign}").text)
-    before = seeded.settings.catalog_file.read_bytes()
+    before = catalog_rows(seeded.settings.database_url)
     page = ada.post(f"/catalog/campaigns/{jpy_campaign}/budgets", data={"csrf_token": token, "daily_amount": "1000.5"})
     assert page.status_code == 400
     assert (
@@ -184,7 +184,7 @@ def test_amounts_are_typed_and_written_in_the_currencys_minor_unit(seeded: Seede
     )
     assert answer.status_code == 400
     assert "in whole JPY" in answer.json["error"] and "multiple of 1,000,000" in answer.json["error"]
-    assert seeded.settings.catalog_file.read_bytes() == before
+    assert catalog_rows(seeded.settings.database_url) == before
     made = ada.post(f"/catalog/campaigns/{jpy_campaign}/budgets", data={"csrf_token": token, "daily_amount": "1000"})
     assert made.status_code == 303
     # A KWD budget to the fils, and a EUR price finer than the cent: both kept exactly.
@@ -209,7 +209,7 @@ def test_amounts_are_typed_and_written_in_the_currencys_minor_unit(seeded: Seede
 
 def test_a_not_charged_clicks_story_never_calls_it_billed_and_says_times_as_the_pages_do(seeded: Seeded) -> None:
     campaign = next(a.campaign_id for a in seeded.catalog if a.advertiser_id == OWN)
-    store = CatalogStore(seeded.settings.catalog_file)
+    store = seeded.settings.catalog_store()
     budget = {
         "type": "budget",
         "campaign_id": campaign,

@@ -39,16 +39,21 @@ def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
     server.stop()
 
 
-def settings_for(home: Path, redis_url: str) -> Settings:
+def settings_for(home: Path, redis_url: str, database_url: str) -> Settings:
     return Settings.from_env(
-        {}, home=home, deps_dir=DEPS_DIR, redis_url=redis_url, redis_prefix=f"t{uuid.uuid4().hex[:10]}"
+        {},
+        home=home,
+        database_url=database_url,
+        deps_dir=DEPS_DIR,
+        redis_url=redis_url,
+        redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
 
 
 def test_healthz_is_open_and_readyz_follows_redis_and_the_jobs_last_batch(
-    tmp_path: Path, own_redis: LocalRedis
+    tmp_path: Path, own_redis: LocalRedis, database: str
 ) -> None:
-    settings = settings_for(tmp_path / "home", own_redis.url)
+    settings = settings_for(tmp_path / "home", own_redis.url, database)
     seeded = seed(settings)
     app = create_app(settings, clock=lambda: NOW_MS)
     client = app.test_client()
@@ -57,7 +62,7 @@ def test_healthz_is_open_and_readyz_follows_redis_and_the_jobs_last_batch(
     # No batch yet: Redis answers, the job has never reported.
     ready = client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json["checks"] == {"redis": "ok", "job": "no batch yet"}
+    assert ready.json["checks"] == {"redis": "ok", "job": "no batch yet", "catalog": "ok: catalog version 0"}
 
     beat = RedisKeys(settings.redis_prefix).heartbeat("billing")
     seeded.client.set(beat, str(NOW_MS - 5_000))  # a batch 5 s ago
@@ -72,9 +77,9 @@ def test_healthz_is_open_and_readyz_follows_redis_and_the_jobs_last_batch(
 
 
 def test_with_redis_stopped_pages_and_api_answer_503_and_healthz_still_200(
-    tmp_path: Path, own_redis: LocalRedis
+    tmp_path: Path, own_redis: LocalRedis, database: str
 ) -> None:
-    settings = settings_for(tmp_path / "home", own_redis.url)
+    settings = settings_for(tmp_path / "home", own_redis.url, database)
     seeded = seed(settings)
     seeded.client.set(RedisKeys(settings.redis_prefix).heartbeat("billing"), str(int(time.time() * 1000)))
     app = create_app(settings, cache_s=0)
@@ -110,12 +115,17 @@ def test_with_redis_stopped_pages_and_api_answer_503_and_healthz_still_200(
 
 
 def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_dies(
-    tmp_path: Path, redis_server: LocalRedis, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    redis_server: LocalRedis,
+    database: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`adbill up` starts the web UI and waits for its `/healthz`; one that cannot start fails the wait at once."""
     settings = Settings.from_env(
         {},
         home=tmp_path / "home",
+        database_url=database,
         deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
@@ -158,8 +168,10 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
             stack.stop()
 
 
-def test_the_web_uis_metrics_count_and_time_requests_by_route_name(tmp_path: Path, redis_server: LocalRedis) -> None:
-    settings = settings_for(tmp_path / "home", redis_server.url)
+def test_the_web_uis_metrics_count_and_time_requests_by_route_name(
+    tmp_path: Path, redis_server: LocalRedis, database: str
+) -> None:
+    settings = settings_for(tmp_path / "home", redis_server.url, database)
     seed(settings).client.close()
     client = create_app(settings).test_client()
 

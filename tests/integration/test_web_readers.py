@@ -10,7 +10,6 @@ from flask import Flask
 
 from billing.catalog import generate_catalog
 from billing.corrections import Correction, CorrectionKind
-from billing.store.catalog_file import save_catalog
 from billing.store.redis_totals import TotalsRow
 from billing.store.stream_offsets import LagReading
 from ops.settings import Settings
@@ -42,7 +41,7 @@ def _client(settings: Settings) -> object:
 
 
 def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings) -> None:
-    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
+    redis_settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
     from web.access import Role
     from web.accounts import AccountsFile
 
@@ -107,7 +106,7 @@ def test_dashboard_figures_are_the_streams_totals_plus_the_corrections(seeded: S
 
 def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_settings: Settings) -> None:
     catalog = generate_catalog(1, 1, 2, seed=1)
-    save_catalog(catalog, redis_settings.catalog_file)
+    redis_settings.catalog_store().start(catalog)
     billed_ad, missed_ad = list(catalog)
     client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
     writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
@@ -221,7 +220,7 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
     from web.access import Role
     from web.accounts import AccountsFile
 
-    save_catalog(generate_catalog(1, 1, 1, seed=1), redis_settings.catalog_file)
+    redis_settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
     AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
     totals = RedisFigures.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
     held = {
@@ -259,7 +258,7 @@ def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_th
 
     big = 1_234_567_890_123_456_789  # far past 2^53, below 2^63 - 1
     catalog = Catalog([Ad("ad-big", "cmp-big", OWN, 987_654_321_987_654, "IDR")])
-    save_catalog(catalog, redis_settings.catalog_file)
+    redis_settings.catalog_store().start(catalog)
     client_redis = redis.Redis.from_url(redis_settings.redis_url, decode_responses=True)
     writer = SampleWriter(client_redis, redis_settings.redis_prefix, exports_dir(redis_settings))
     writer.bill(1, [TotalsRow(P0, P0_MS, OWN, "cmp-big", "ad-big", 1_250, big)])
