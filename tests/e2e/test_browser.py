@@ -30,12 +30,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from billing.store.catalog_db import connection_pool
 from billing.store.redis_totals import TotalsRow
 from ops import deps
+from ops.postgres_service import LocalPostgres
 from ops.process import ManagedProcess, free_port, port_open
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
-from tests.conftest import DEPS_DIR
+from tests.conftest import DEPS_DIR, new_database
 from tests.redis_figures import RedisFigures
 from tests.web_support import OTHER, OWN, PASSWORD, Seeded, seed, web_screens_dir
 from web import display
@@ -50,12 +52,15 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) -> Iterator[Served]:
-    """Seeded data and `adbill web` on a free port, for the module."""
+def served(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis, postgres_server: LocalPostgres
+) -> Iterator[Served]:
+    """Seeded data (the catalog in a database of the module's own) and `adbill web` on a free port, for the module."""
     home = tmp_path_factory.mktemp("web-e2e")
     settings = Settings.from_env(
         {},
         home=home / "data",
+        database_url=new_database(postgres_server),
         deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
@@ -80,6 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis) -
     finally:
         server.stop()
         seeded.client.close()
+        connection_pool(settings.database_url).close()
 
 
 @pytest.fixture

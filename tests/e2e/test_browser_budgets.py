@@ -20,8 +20,8 @@ from selenium.webdriver.support.ui import Select
 from billing.budgets import day_start, utc_day
 from billing.money import format_micros
 from billing.periods import Periods
-from billing.store.catalog_file import CatalogStore
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals, TotalsRow
+from tests.catalog_rows import catalog_rows
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.e2e.test_browser_catalog import NARROW, WIDE, fill, shoot_at
 from tests.web_support import OTHER, OWN
@@ -45,7 +45,7 @@ def test_admin_keeps_the_ip_exclusion_list_and_a_budget_and_the_advertiser_sees_
     screens: Callable[[WebDriver, str], Path],  # noqa: F811
 ) -> None:
     seeded = served.seeded
-    catalog_file = seeded.settings.catalog_file
+    settings = seeded.settings
     ad = next(a for a in seeded.catalog if a.advertiser_id == OWN)
     price = ad.cpc_micros or 0
     # Today's open hour, as the stream writes it: invalid clicks and clicks over budget on one ad of adv-0000, and
@@ -85,7 +85,7 @@ def test_admin_keeps_the_ip_exclusion_list_and_a_budget_and_the_advertiser_sees_
     now_rows = browser.find_elements(By.CSS_SELECTOR, "#excluded-now tbody tr")
     assert [r.find_element(By.TAG_NAME, "td").text for r in now_rows] == ["2001:db8::/32", "203.0.113.0/24"]
     assert len(browser.find_elements(By.CSS_SELECTOR, "#exclusion-history tbody tr")) == 3
-    exclusions = CatalogStore(catalog_file).current().exclusions
+    exclusions = settings.catalog_store().current().exclusions
     assert exclusions.excluding("203.0.113.5", now_ms()) == "203.0.113.0/24"
     assert exclusions.excluding("203.0.113.5", later) is None
     assert {(c.made_by, c.door) for c in exclusions.changes} == {("ada", "page")}
@@ -94,7 +94,7 @@ def test_admin_keeps_the_ip_exclusion_list_and_a_budget_and_the_advertiser_sees_
     browser.set_window_size(WIDE, 1100)
 
     # A range with host bits is refused with the command's message; nothing changes.
-    before = catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     fill(browser, "exclusion-cidr", "203.0.113.7/24")
     Select(browser.find_element(By.ID, "exclusion-action")).select_by_value("exclude")
     browser.find_element(By.ID, "exclusion-submit").click()
@@ -102,7 +102,7 @@ def test_admin_keeps_the_ip_exclusion_list_and_a_budget_and_the_advertiser_sees_
     assert browser.find_element(By.ID, "catalog-error").text == (
         "203.0.113.7/24 has host bits set: the range is 203.0.113.0/24"
     )
-    assert catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
     shoot_at(browser, screens, NARROW, "exclusions-refused")
     browser.set_window_size(WIDE, 1100)
 

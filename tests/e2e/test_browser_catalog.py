@@ -1,7 +1,7 @@
 """The catalog's pages in a real headless Chromium against `adbill web` (the fixtures of `test_browser`): an admin
-creates an ad and plans a new price with the forms, sees a refusal, and the catalog file holds the changes as every
-part of the product reads it; the advertiser sees its new ad with its status and history. Screenshots at 1360 px and
-390 px under the test's folder and `var/test-output/screens/`.
+creates an ad and plans a new price with the forms, sees a refusal that leaves every row as it was, and the
+catalog's database holds the changes as every part of the product reads it; the advertiser sees its new ad with its
+status and history. Screenshots at 1360 px and 390 px under the test's folder and `var/test-output/screens/`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from billing.store.catalog_file import CatalogStore
+from tests.catalog_rows import catalog_rows
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.web_support import OTHER, OWN
 from web import display
@@ -64,7 +64,7 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
     browser: WebDriver,  # noqa: F811
     screens: Callable[[WebDriver, str], Path],  # noqa: F811
 ) -> None:
-    catalog_file = served.seeded.settings.catalog_file
+    settings = served.seeded.settings
     campaign = next(ad.campaign_id for ad in served.seeded.catalog if ad.advertiser_id == OWN)
     log_in(browser, served.base_url, "ada", "/catalog")
     assert browser.current_url.endswith("/catalog")
@@ -87,7 +87,7 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
     assert "Change made" in browser.find_element(By.ID, "catalog-done").text
     assert browser.find_element(By.ID, "stored-micros").text == "250,000 micros"
     assert browser.find_element(By.ID, "price-now").text == PRICE
-    ad = CatalogStore(catalog_file).current()["spring-sale-1"]
+    ad = settings.catalog_store().current()["spring-sale-1"]
     assert (ad.advertiser_id, ad.campaign_id, ad.price_at(time.time_ns() // 1_000_000)) == (OWN, campaign, 250_000)
 
     # A price an hour from now, typed as the form's UTC time.
@@ -99,14 +99,14 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
     rows = browser.find_elements(By.CSS_SELECTOR, "#price-history tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == [RAISED, PRICE]
     assert "planned" in rows[0].text and "in force" in rows[1].text
-    ad = CatalogStore(catalog_file).current()["spring-sale-1"]
+    ad = settings.catalog_store().current()["spring-sale-1"]
     assert [(p.effective_from, p.cpc_micros) for p in ad.prices][1:] == [(planned, 1_250_000)]
     shoot_at(browser, screens, WIDE, "ad-changed")
     shoot_at(browser, screens, NARROW, "ad-changed")
     browser.set_window_size(WIDE, 1100)
 
     # A negative price is refused with the command line's message; the catalog does not change.
-    before = catalog_file.read_bytes()
+    before = catalog_rows(settings.database_url)
     fill(browser, "set-price-amount", "-0.50")
     browser.find_element(By.ID, "set-submit").click()
     wait(browser, lambda d: d.find_elements(By.ID, "catalog-error"))
@@ -116,7 +116,7 @@ def test_admin_creates_an_ad_and_plans_a_new_price_and_the_advertiser_sees_it(
     assert browser.find_element(By.ID, "set-price-micros").text == "not an amount with at most 6 decimals"
     browser.find_element(By.ID, "set-submit").click()
     wait(browser, lambda d: "0.1234567" in d.find_element(By.ID, "catalog-error").text)
-    assert catalog_file.read_bytes() == before
+    assert catalog_rows(settings.database_url) == before
     shoot_at(browser, screens, WIDE, "refused")
 
     # The advertiser sees its new ad, live at the first price with the new one planned, and nobody else's ads.

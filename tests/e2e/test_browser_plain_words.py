@@ -15,7 +15,6 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from billing.catalog import MadeBy
-from billing.store.catalog_file import CatalogStore
 from billing.store.part_status import RECONCILE_RUN_PART
 from billing.store.redis_keys import RedisKeys
 from producers.capture import parse_capture_line
@@ -111,7 +110,7 @@ def test_the_budget_and_ip_exclusion_pages_say_who_made_a_change_and_through_whi
 ) -> None:
     shoot = to_tmp(screens)
     campaign = next(a.campaign_id for a in served.seeded.catalog if a.advertiser_id == OWN)
-    store = CatalogStore(served.seeded.settings.catalog_file)
+    store = served.seeded.settings.catalog_store()
     now = int(time.time() * 1000)
     for line in (
         {"type": "budget", "campaign_id": campaign, "effective_from": now + 600_000, "daily_budget_micros": 7_000_000},
@@ -211,7 +210,7 @@ def test_a_not_charged_clicks_story_says_so_at_both_widths(
         "daily_budget_micros": 10_000,
     }
     apply_to_store(
-        CatalogStore(seeded.settings.catalog_file),
+        seeded.settings.catalog_store(),
         parse_capture_line(json.dumps(budget)),  # type: ignore[arg-type]
         FIRST_PERIOD_MS + 60_000,
         MadeBy("root", "simulator"),

@@ -14,7 +14,6 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from billing.catalog import AdChange, MadeBy
-from billing.store.catalog_file import CatalogStore
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
 from tests.e2e.test_browser_catalog import NARROW, WIDE, shoot_at
 from tests.web_support import OTHER, OWN, plant_exported_click
@@ -56,7 +55,7 @@ def test_an_advertiser_searches_a_click_and_reads_its_story(
     assert OTHER not in browser.page_source
 
     # Finance reads who changed the catalog, and each price entry says it.
-    store = CatalogStore(served.seeded.settings.catalog_file)
+    store = served.seeded.settings.catalog_store()
     ad_id = next(ad.ad_id for ad in served.seeded.catalog if ad.advertiser_id == OWN)
     store.change(AdChange(ad_id, 4_102_444_800_000, 777_000), made_by=MadeBy("ada", "page"))
     browser.delete_all_cookies()
