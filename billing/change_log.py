@@ -6,8 +6,8 @@ exclusion list, a new catalog) is numbered by the catalog's version (`billing.ca
 version it made is on the history entry it added. The log keeps, per version, what the entry cannot say: who made
 the change (`MadeBy.who`: an account of the web UI, or the operating system's user of a command), through which door
 (`command`, `page`, `api token TOKEN_ID`, `replay`, `simulator`) and when (`made_at`, read under the catalog's
-lock), and whether it was a back-fill of recorded history. The store appends one line per change under the
-catalog's lock (`billing.store.catalog_file.CatalogStore`), after the catalog is written.
+lock), and whether it was a back-fill of recorded history. The store writes one row per change under the
+catalog's lock, in the change's own transaction (`billing.store.catalog_db.CatalogDatabase`).
 
 `describe_change(catalog, version)` reads what a version changed from the catalog itself; `merge_log(catalog,
 recorded)` gives one entry per change: the recorded line of each version, and an entry read from the catalog for a

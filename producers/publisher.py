@@ -338,7 +338,7 @@ def _registry(registry: SchemaRegistry | str) -> SchemaRegistry:
 
 def apply_to_store(store: CatalogDatabase, line: CatalogEdit, now_ms: int, made_by: MadeBy | None = None) -> Catalog:
     """Make a capture's (or a run's) change of the catalog in the pipeline's catalog, as a back-fill with its own
-    `effective_from`, under the store's lock (`CatalogStore.change` for prices; budgets and the IP exclusion list
+    `effective_from`, under the store's lock (`CatalogDatabase.change` for prices; budgets and the IP exclusion list
     the same way), its entry in the change log made by `made_by`; CatalogError when the catalog refuses it. The new
     catalog."""
     return store.change(catalog_change_of(line), lambda: now_ms, backfill=True, made_by=made_by)

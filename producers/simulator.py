@@ -567,7 +567,7 @@ AdsAt = Callable[[int], Sequence[str]]
 class CatalogFollower:
     """The ads of a catalog as it is, for traffic that follows it (`adbill up`'s): every ad the catalog holds, the
     ones an admin created included, read again at most once a second of event time (a `stat` of the file when
-    `current` is `CatalogStore.current`)."""
+    `current` is `CatalogDatabase.current`)."""
 
     def __init__(self, current: Callable[[], Catalog], every_ms: int = 1_000) -> None:
         self.current, self.every_ms = current, every_ms

@@ -34,7 +34,7 @@ from web.readers import is_id
 from web.services import services
 
 EXTENSION = "adbill_catalog"
-"""Where `register` keeps the app's `CatalogStore` (`app.extensions`)."""
+"""Where `register` keeps the app's `CatalogDatabase` (`app.extensions`)."""
 
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,3}))?)?Z?", re.ASCII)
 _DIGITS = re.compile(r"[0-9]{1,16}", re.ASCII)
@@ -250,8 +250,8 @@ def make_change(
     advertiser_id: str | None = None,
     currency: str | None = None,
 ) -> Made:
-    """Read the request (`catalog_change`) against the catalog as the file holds it, make it
-    (`Catalog.with_change`) and write the file, all under the catalog's lock (`CatalogStore.change`), so a request
+    """Read the request (`catalog_change`) against the catalog as the database holds it, make it
+    (`Catalog.with_change`) and write it, all under the catalog's lock (`CatalogDatabase.change`), so a request
     is judged against the catalog it changes, and "now" (the effective time when `at_ms` is None) is read under the
     lock too, so a change that waited for the lock never takes effect in the past; CatalogError, with the command
     line's one-line message, when it is refused."""

@@ -1,6 +1,6 @@
 """The catalog's change log on a page and in the API: every change (ads, prices, pauses, budgets, IP exclusions, and the
 advertisers' billing profiles) with who made it, when and through which door (`billing.change_log`, kept by
-`billing.store.catalog_file.CatalogStore`; the profiles' by `billing.store.profile_file.ProfileFile`).
+`billing.store.catalog_db.CatalogDatabase`; the profiles' by `billing.store.profile_file.ProfileFile`).
 
 - `GET /catalog/changes`: finance and admin, newest first, with filters: `who`, `door` (`command`, `page`, `api`,
   `replay`, `simulator`), `kind`, `advertiser_id`, `campaign_id`, `ad_id`, `from` and `to` (UTC days, both

@@ -53,7 +53,6 @@ from billing.change_log import ChangeEntry, describe_change, describe_made, merg
 from billing.invalid import ExclusionChange, IpExclusions
 from billing.store.catalog_file import (
     CHANGE_COMMANDS,
-    CatalogStore,
     ChangeRequest,
     Clock,
     load_catalog,
@@ -147,8 +146,8 @@ holds at once."""
 
 
 class CatalogSource(Protocol):
-    """What a reader of the catalog needs: the catalog now and its change log (`CatalogDatabase`; a catalog file's
-    `CatalogStore` for the benchmarks that write a data folder without a database)."""
+    """What a reader of the catalog needs: the catalog now and its change log (`CatalogDatabase`; a catalog held in
+    memory for the benchmark that writes a data folder without a database, `ops.bench.stories`)."""
 
     def current(self) -> Catalog: ...
     def changes(self) -> list[ChangeEntry]: ...
@@ -165,14 +164,6 @@ class Held:
 
     catalog: Catalog
     generation: int
-
-
-def open_catalog(database_url: str | None, catalog_file: str | os.PathLike[str]) -> CatalogStore | CatalogDatabase:
-    """The catalog's store: the database at `database_url` (a data folder's `catalog_file` taken in when the database
-    holds no catalog yet), or the file `catalog_file` when the product has no database."""
-    if database_url:
-        return CatalogDatabase(database_url, imports=catalog_file)
-    return CatalogStore(catalog_file)
 
 
 EXPORT_FORMAT = "adbill-catalog-export/1"

@@ -24,8 +24,9 @@ from billing.catalog import (
     MadeBy,
     generate_catalog,
 )
+from billing.change_log import describe_change
 from billing.store.catalog_db import CONNECT_TIMEOUT_S, CatalogDatabase
-from billing.store.catalog_file import CatalogStore, save_catalog
+from billing.store.catalog_file import save_catalog
 from ops.catalog_load import ChangeWriters, check_confirmed
 from ops.postgres_service import LocalPostgres
 
@@ -141,19 +142,26 @@ def test_a_new_catalog_replaces_one_without_history_only_and_readers_see_the_new
 
 
 def test_a_data_folders_catalog_file_is_taken_in_once_with_its_change_log(tmp_path: Path, database: str) -> None:
+    """A data folder as an earlier release left it: the catalog file with its history, and its change log's lines."""
     path = tmp_path / "catalog.json"
-    save_catalog(_catalog(), path)
-    files = CatalogStore(path)
-    files.change(AdChange("ad-2", NOW + 5, 800_000), clock=lambda: NOW, made_by=MadeBy("ana", "command"))
-    files.change(BudgetSetting("c-1", NOW + 6, 2_000_000), clock=lambda: NOW, made_by=MadeBy("bo", "api"))
-    expected, expected_log = files.current(), files.changes()
+    ana, bo = MadeBy("ana", "command"), MadeBy("bo", "api")
+    v1 = _catalog().with_change(AdChange("ad-2", NOW + 5, 800_000), NOW)
+    v2 = v1.with_budget("c-1", NOW + 6, 2_000_000, NOW, made_by=bo)
+    save_catalog(v2, path)
+    lines = [describe_change(v1, 1, NOW, ana).to_json(), describe_change(v2, 2, NOW, bo).to_json()]
+    (tmp_path / "catalog-changes.jsonl").write_text("\n".join(lines) + "\n")
 
     store = CatalogDatabase(database, imports=path)
-    assert store.current() == expected
-    assert store.changes() == expected_log
+    assert store.current() == v2
+    log = store.changes()
+    assert [(e.version, e.kind, e.who, e.recorded) for e in log] == [
+        (0, "start", None, False),  # before the log's first line: read from the catalog, its author unknown
+        (1, "set-price", "ana", True),
+        (2, "set-budget", "bo", True),
+    ]
     assert not path.exists() and (tmp_path / "catalog.json.imported").exists()
     assert (tmp_path / "catalog-changes.jsonl.imported").exists()
-    assert CatalogDatabase(database, imports=path).current() == expected  # once: nothing left to take in
+    assert CatalogDatabase(database, imports=path).current() == v2  # once: nothing left to take in
 
 
 def test_while_the_database_is_down_a_reader_keeps_its_catalog_and_a_door_fails_in_one_line(
