@@ -14,7 +14,7 @@ from billing.catalog import Ad, AdChange, Catalog, Unbillable
 from billing.layout import DataLayout
 from billing.store.catalog_db import CatalogDatabase
 from ops.cli import main
-from tests.catalog_rows import catalog_rows
+from tests.catalog_rows import catalog_rows, command_home
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +24,7 @@ BASE = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"), Ad("ad-2", "cmp-2"
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str) -> Path:
     """The commands' data folder, and their database (a test's own) holding BASE."""
-    for name in [k for k in __import__("os").environ if k.startswith("ADBILL_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("ADBILL_HOME", str(tmp_path))
-    monkeypatch.setenv("ADBILL_DATABASE_URL", database)
-    CatalogDatabase(database).start(BASE)
-    return tmp_path
+    return command_home(tmp_path, monkeypatch, database, BASE)
 
 
 @pytest.fixture
