@@ -148,28 +148,13 @@ class Stack:
                     f"{node.name:<8} {state:<9} {node.bootstrap}  controller :{node.controller_port}  ({node.data_dir})"
                 )
         elif s.kafka_is_local:
-            kafka = local_kafka(s)
-            if kafka.start():
-                self.started.append(kafka.process)
-                _say(f"kafka    started   {s.kafka_bootstrap}  (data {s.kafka_dir})")
-            else:
-                _say(f"kafka    running   {s.kafka_bootstrap}  (already up, left as it is)")
+            self.start_service("kafka", local_kafka(s), s.kafka_bootstrap, f"data {s.kafka_dir}")
         elif not broker_ready(s.kafka_bootstrap, timeout_s=10):
             raise SystemExit(f"Kafka at {s.kafka_bootstrap} does not answer")
         if s.redis_is_local:
-            redis = local_redis(s)
-            if redis.start():
-                self.started.append(redis.process)
-                _say(f"redis    started   {s.redis_url}  (AOF in {s.redis_dir})")
-            else:
-                _say(f"redis    running   {s.redis_url}  (already up, left as it is)")
+            self.start_service("redis", local_redis(s), s.redis_url, f"AOF in {s.redis_dir}")
         if s.database_is_local:
-            postgres = local_postgres(s)
-            if postgres.start():
-                self.started.append(postgres.process)
-                _say(f"postgres started   {s.database_url}  (cluster in {s.postgres_dir})")
-            else:
-                _say(f"postgres running   {s.database_url}  (already up, left as it is)")
+            self.start_service("postgres", local_postgres(s), s.database_url, f"cluster in {s.postgres_dir}")
         if s.spark_is_local_cluster:
             spark = local_spark_cluster(s)
             started_spark = spark.start()
@@ -190,6 +175,14 @@ class Stack:
         )
         ids = ensure_schemas(s)
         _say(f"schemas  ready     {ids}  ({s.registry_location})")
+
+    def start_service(self, name: str, service: LocalKafka | LocalRedis | LocalPostgres, url: str, where: str) -> None:
+        """Start a local service unless it already runs (then it is used, and left running at the end)."""
+        if service.start():
+            self.started.append(service.process)
+            _say(f"{name:<8} started   {url}  ({where})")
+        else:
+            _say(f"{name:<8} running   {url}  (already up, left as it is)")
 
     def start_child(self, name: str, args: list[str]) -> None:
         """Run `adbill ARGS` as a child named NAME, unless one is already running."""
