@@ -5,12 +5,15 @@ starts what is missing); the ledger still equals the ground truth, click for cli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,19 +78,32 @@ def wait_for(check: Callable[[], bool], what: str, deadline_s: float) -> float:
 
 @pytest.fixture(params=["default", pytest.param("4", marks=pytest.mark.slow)], ids=lambda f: f"join-state-{f}")
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
-    """The local cluster, its job's join state in Spark's default format, and (a slow run) in format 4."""
-    env = cluster_env(tmp_path / "home", ADBILL_JOIN_STATE_FORMAT=request.param)
+    """The local cluster, its job's join state in Spark's default format, and (a slow run) in format 4. Its data
+    folder is under /tmp, not pytest's (mode 700): as root, `adbill up` runs PostgreSQL as the `postgres` user,
+    which must reach its cluster folder (HOME/postgres/cluster). The logs are copied beside the test's files after."""
+    folder = Path(tempfile.mkdtemp(prefix="adbill-cluster-"))
+    folder.chmod(0o755)
+    env = cluster_env(folder / "home", ADBILL_JOIN_STATE_FORMAT=request.param)
     settings = Settings.from_env(env)
     settings.root.mkdir(parents=True)
-    save_catalog(BACKLOG.catalog(), settings.catalog_file)  # the job bills from the simulator's catalog
+    # The job bills from the simulator's catalog: written as a data folder's file before the database runs (`adbill
+    # up` starts it), taken into the database the first time it is opened.
+    save_catalog(BACKLOG.catalog(), settings.catalog_file)
     try:
         adbill(env, *UP)
+        store = settings.catalog_store()
+        assert store.current(fresh=True) == BACKLOG.catalog(), "`adbill up` took the file into its database"
+        assert not settings.catalog_file.exists(), "the file is set aside once taken in"
+        store.close()
         yield settings, env
     finally:
         down = subprocess.run(
             [sys.executable, "-m", "ops.cli", "down", "--cluster"], env=env, capture_output=True, text=True, timeout=180
         )
         print(down.stdout, down.stderr)
+        with contextlib.suppress(OSError, shutil.Error):
+            shutil.copytree(settings.logs_dir, tmp_path / "logs", dirs_exist_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
