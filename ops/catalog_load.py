@@ -48,7 +48,8 @@ class WriterRun:
 
 
 class ChangeWriters:
-    """`writers` threads making `rate` price changes a second between them on `ads` ads of their own."""
+    """`writers` threads making `rate` price changes a second between them on `ads` ads of their own, through one
+    store (as the threads of a web worker share theirs)."""
 
     def __init__(self, database_url: str, rate: float = 10.0, writers: int = 4, ads: int = 100) -> None:
         self.database_url = database_url
@@ -59,17 +60,15 @@ class ChangeWriters:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._mutex = threading.Lock()
+        self.store = CatalogDatabase(database_url)
 
     def prepare(self) -> None:
-        """Create the writers' ads (those missing), in the advertiser's one currency."""
-        store = CatalogDatabase(self.database_url)
-        try:
-            held = store.current()
-            for ad_id in self.ad_ids:
-                if ad_id not in held:
-                    held = store.change(_new_ad(ad_id), made_by=MadeBy("load-writer", "command"))
-        finally:
-            store.close()
+        """Read the catalog (the doors' store, shared by their threads as a web worker's threads share it) and
+        create the writers' ads (those missing), in the advertiser's one currency."""
+        held = self.store.current()
+        for ad_id in self.ad_ids:
+            if ad_id not in held:
+                held = self.store.change(_new_ad(ad_id), made_by=MadeBy("load-writer", "command"))
 
     def start(self) -> None:
         self.run = WriterRun(started=time.monotonic())
@@ -89,35 +88,32 @@ class ChangeWriters:
         return self.run
 
     def _write(self, number: int) -> None:
-        store = CatalogDatabase(self.database_url)
+        store = self.store
         interval = self.writers / self.rate
         due = time.monotonic() + interval * number / self.writers
         i = 0
-        try:
-            while not self._stop.is_set():
-                pause = due - time.monotonic()
-                if pause > 0 and self._stop.wait(pause):
-                    break
-                due += interval
-                ad_id = self.ad_ids[(number + i * self.writers) % len(self.ad_ids)]
-                price = 100_000 + (number * 1_000_003 + i * 7_919) % 900_000
-                i += 1
-                began = time.monotonic()
-                try:
-                    made = store.change(_bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
-                except CatalogError as exc:
-                    with self._mutex:
-                        reason = str(exc).split(":")[0][:80]
-                        self.run.refused[reason] = self.run.refused.get(reason, 0) + 1
-                    continue
-                latency = (time.monotonic() - began) * 1000
-                entry = next(p for p in made[ad_id].prices if p.version == made.version)
+        while not self._stop.is_set():
+            pause = due - time.monotonic()
+            if pause > 0 and self._stop.wait(pause):
+                break
+            due += interval
+            ad_id = self.ad_ids[(number + i * self.writers) % len(self.ad_ids)]
+            price = 100_000 + (number * 1_000_003 + i * 7_919) % 900_000
+            i += 1
+            began = time.monotonic()
+            try:
+                made = store.change(_bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
+            except CatalogError as exc:
                 with self._mutex:
-                    self.run.confirmed.append(
-                        Confirmed(ad_id, entry.effective_from, price, made.version, round(latency, 2))
-                    )
-        finally:
-            store.close()
+                    reason = str(exc).split(":")[0][:80]
+                    self.run.refused[reason] = self.run.refused.get(reason, 0) + 1
+                continue
+            latency = (time.monotonic() - began) * 1000
+            entry = next(p for p in made[ad_id].prices if p.version == made.version)
+            with self._mutex:
+                self.run.confirmed.append(
+                    Confirmed(ad_id, entry.effective_from, price, made.version, round(latency, 2))
+                )
 
 
 def _new_ad(ad_id: str) -> Callable[[Catalog | None, int], AdChange]:
@@ -168,3 +164,36 @@ def percentile(values: list[float], share: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ops.catalog_load URL --rate R --writers W --seconds S --out FILE`: the writers in a process of
+    their own (as doors are), their run written to FILE as JSON."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    parser = argparse.ArgumentParser(prog="python -m ops.catalog_load")
+    parser.add_argument("url")
+    parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    writers = ChangeWriters(args.url, rate=args.rate, writers=args.writers)
+    writers.prepare()
+    writers.start()
+    time.sleep(args.seconds)
+    run = writers.stop()
+    document = {
+        "confirmed": [asdict(c) for c in run.confirmed],
+        "refused": run.refused,
+        "seconds": run.seconds,
+    }
+    with open(args.out, "w", encoding="utf-8") as out:
+        json.dump(document, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

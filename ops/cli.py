@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="generate: replace an existing catalog that was never changed nor priced with (never one with a history)",
     )
-    p.set_defaults(run=cmd_catalog)
+    p.set_defaults(run=cmd_catalog, needs=("postgres",))
 
     p = sub.add_parser(
         "ivt",
@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
     p.add_argument("--history", action="store_true", help="list: every entry of the list's history too")
-    p.set_defaults(run=cmd_ivt)
+    p.set_defaults(run=cmd_ivt, needs=("postgres",))
 
     p = sub.add_parser("produce", help="simulate traffic into Kafka, writing the ground truth beside the run")
     size = p.add_mutually_exclusive_group(required=True)
@@ -332,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("click_id")
     p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
-    p.set_defaults(run=cmd_explain)
+    p.set_defaults(run=cmd_explain, needs=("postgres",))
 
     p = sub.add_parser(
         "invoices",
@@ -585,6 +585,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             print(describe_entry(entry, found.currency))
         return 0
     from billing.catalog_changes import catalog_change
+    from billing.store.catalog_db import Scope
 
     at_ms = parse_time(args.at, "--at") if args.at else None
 
@@ -601,7 +602,13 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             currency=args.currency,
         )
 
-    catalog = store.change(request, backfill=args.backfill, made_by=command_made_by())
+    # One change and the process ends: only what it is about is read, not the whole catalog.
+    about = Scope(
+        ad_ids=(args.ad_id,),
+        campaign_ids=(args.campaign,) if args.campaign else (),
+        advertiser_ids=(args.advertiser,) if args.advertiser else (),
+    )
+    catalog = store.change(request, backfill=args.backfill, made_by=command_made_by(), scope=about)
     ad = catalog[args.ad_id]
     entry = next(p for p in ad.prices if p.version == catalog.version)
     print(f"{args.action}: {ad.ad_id} {describe_entry(entry, ad.currency)} (catalog version {catalog.version})")
@@ -636,6 +643,7 @@ def _catalog_document(store: CatalogDatabase, args: argparse.Namespace) -> int:
 def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) -> int:
     """`adbill catalog set-budget CAMPAIGN --daily-micros N | --unlimited`, `adbill catalog budgets [CAMPAIGN]`."""
     from billing.catalog_changes import budget_change, budget_text, describe_budget
+    from billing.store.catalog_db import Scope
     from ops.reconciling import parse_time
 
     store = settings.catalog_store()
@@ -675,7 +683,7 @@ def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) 
             made_by=maker,
         )
 
-    catalog = store.change(request, backfill=args.backfill)
+    catalog = store.change(request, backfill=args.backfill, scope=Scope(campaign_ids=(args.ad_id or "",)))
     entry = next(b for b in catalog.budget_history(args.ad_id) if b.version == catalog.version)
     currency = catalog.currency_of(catalog.advertiser_of_campaign(args.ad_id) or "")
     print(f"set-budget: {args.ad_id} {describe_budget(entry, currency)} (catalog version {catalog.version})")
@@ -686,6 +694,7 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
     """`adbill ivt exclude|include CIDR [--at TIME] [--backfill]`, `adbill ivt list [--at TIME] [--history]`."""
     from billing.catalog import format_time
     from billing.catalog_changes import describe_exclusion, exclusion_change
+    from billing.store.catalog_db import Scope
     from ops.reconciling import parse_time
 
     store = settings.catalog_store()
@@ -710,7 +719,7 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
     def request(current: Catalog | None, now: int) -> ExclusionSetting:
         return exclusion_change(args.action, args.cidr or "", now if at_ms is None else at_ms, maker)
 
-    catalog = store.change(request, backfill=args.backfill)
+    catalog = store.change(request, backfill=args.backfill, scope=Scope())
     entry = next(e for e in catalog.exclusions.changes if e.version == catalog.version)
     print(f"{args.action}: {describe_exclusion(entry)} (catalog version {catalog.version})")
     return 0

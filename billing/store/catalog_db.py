@@ -26,6 +26,7 @@ the store opens an empty database, and the files are set aside (renamed `.import
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -156,6 +157,15 @@ class CatalogSource(Protocol):
 
 class DatabaseUnavailable(CatalogError):
     """The database cannot be reached: the message names it and says what the caller does meanwhile."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one change is about, for a door that reads only that (`CatalogDatabase.change`)."""
+
+    ad_ids: tuple[str, ...] = ()
+    campaign_ids: tuple[str, ...] = ()
+    advertiser_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -317,18 +327,31 @@ class CatalogDatabase:
         clock: Clock = wall_clock_ms,
         backfill: bool = False,
         made_by: MadeBy | None = None,
+        scope: Scope | None = None,
     ) -> Catalog:
         """Make `change` (an ad's price, a campaign's budget or the IP exclusion list: `Catalog.apply`, CatalogError
         when refused) in one transaction with its change log row; the new catalog.
 
         The head row is locked first: the catalog is brought up to its version, "now" is read from `clock`, a
         `ChangeRequest` is read into a change against both, and the entry, the log row and the new head commit
-        together or not at all."""
+        together or not at all. The catalog is read before the lock is taken, so that only the entries made
+        meanwhile are read under it: a door that starts cold never holds the other doors up for a whole read.
+
+        `scope` (a door that makes one change and ends, `adbill catalog ...`): only what the change is about is
+        read (its ad, its campaign's ads, an ad of its advertiser, the campaign's budgets, the IP list), and the
+        catalog returned holds only that; a store that holds the whole catalog reads it as always."""
+        if scope is None or self._held is not None:
+            scope = None
+            with contextlib.suppress(ValueError):
+                self.current()  # no catalog yet: the change makes the first
         with self._mutex, self._connection() as connection:
             try:
                 with connection.transaction():
                     head = _head(connection, lock=True)
-                    held = _caught_up(connection, self._held, *head) if head is not None else None
+                    if head is not None and scope is not None:
+                        held: Held | None = Held(_read_scope(connection, head[0], scope), head[1])
+                    else:
+                        held = _caught_up(connection, self._held, *head) if head is not None else None
                     current = held.catalog if held is not None else None
                     now_ms = clock()
                     asked = (
@@ -336,15 +359,16 @@ class CatalogDatabase:
                         if isinstance(change, AdChange | BudgetSetting | ExclusionSetting)
                         else change(current, now_ms)
                     )
-                    changed = (current or Catalog([])).apply(asked, now_ms, backfill)
-                    _write_change(connection, current or Catalog([]), changed, asked)
+                    changed = (current if current is not None else Catalog([])).apply(asked, now_ms, backfill)
+                    _write_change(connection, current if current is not None else Catalog([]), changed, asked)
                     who = made_by or getattr(asked, "made_by", None)
                     _log(connection, describe_made(changed, asked, now_ms, who, backfill))
                     generation = held.generation if held is not None else 1
                     _set_head(connection, changed.version, generation)
             except _integrity_errors() as exc:
                 raise CatalogError(f"the catalog refused the change: {_constraint(exc)}") from None
-            self._held = Held(changed, generation)
+            if scope is None:
+                self._held = Held(changed, generation)
             return changed
 
     def start(
@@ -492,6 +516,29 @@ def _grown(connection: psycopg.Connection[Any], catalog: Catalog, version: int) 
         budgets.setdefault(campaign_id, []).append(entry)
     exclusions = list(_exclusions(connection, "WHERE version > %s AND version <= %s", (since, version)))
     return catalog.grown(version, ads=ads, budgets=budgets, exclusions=exclusions)
+
+
+def _read_scope(connection: psycopg.Connection[Any], version: int, scope: Scope) -> Catalog:
+    """The part of the catalog at `version` that `scope` names: its ads, every ad of its campaigns (and of the
+    campaigns of its ads), one ad of each of its advertisers (its currency), those campaigns' budgets, the IP list.
+    Enough for `Catalog.apply` to judge a change about them as it judges it on the whole catalog."""
+    found = connection.execute(
+        "SELECT ad_id FROM ads WHERE ad_id = ANY(%s) "
+        "UNION SELECT ad_id FROM ads WHERE campaign_id = ANY(%s) "
+        "   OR campaign_id IN (SELECT campaign_id FROM ads WHERE ad_id = ANY(%s)) "
+        "UNION SELECT min(ad_id) FROM ads WHERE advertiser_id = ANY(%s) GROUP BY advertiser_id",
+        (list(scope.ad_ids), list(scope.campaign_ids), list(scope.ad_ids), list(scope.advertiser_ids)),
+    ).fetchall()
+    ad_ids = [row[0] for row in found]
+    ads = list(_ads(connection, "WHERE a.ad_id = ANY(%s) AND p.version <= %s", (ad_ids, version))) if ad_ids else []
+    campaigns = sorted({ad.campaign_id for ad in ads})
+    budgets: dict[str, list[BudgetChange]] = {}
+    for campaign_id, entry in _budgets(
+        connection, "WHERE campaign_id = ANY(%s) AND version <= %s", (campaigns, version)
+    ):
+        budgets.setdefault(campaign_id, []).append(entry)
+    exclusions = IpExclusions(_exclusions(connection, "WHERE version <= %s", (version,)))
+    return Catalog(ads, version, budgets, exclusions)
 
 
 def _read_whole(connection: psycopg.Connection[Any], version: int) -> Catalog:

@@ -36,7 +36,7 @@ from typing import Any
 
 from billing.catalog import AdChange, generate_catalog
 from billing.store.catalog_db import CatalogDatabase, catalog_document, read_catalog_document
-from ops.catalog_load import ChangeWriters, check_confirmed, percentile
+from ops.catalog_load import Confirmed, WriterRun, check_confirmed, percentile
 from ops.postgres_service import LocalPostgres, database_beside
 from ops.process import free_ports
 from ops.settings import PROJECT_ROOT
@@ -121,8 +121,6 @@ def measure_size(url: str, ads: int, args: argparse.Namespace, say: Any) -> dict
         f"{figures['command_s']['process_start_median']} s"
     )
 
-    writers = ChangeWriters(url, rate=args.rate, writers=args.writers)
-    writers.prepare()
     reader = CatalogDatabase(url)
     reader.current()
     catch_up: list[float] = []
@@ -138,13 +136,21 @@ def measure_size(url: str, ads: int, args: argparse.Namespace, say: Any) -> dict
             versions_taken.append(now - held)
             held = now
 
+    # The doors in a process of their own, as web workers and commands are; this one reads as the stream does.
+    ran = Path(tempfile.mkdtemp(prefix="adbill-writers-")) / "run.json"
+    writing = subprocess.Popen(
+        [sys.executable, "-m", "ops.catalog_load", url, "--rate", str(args.rate), "--writers", str(args.writers)]
+        + ["--seconds", str(args.seconds), "--out", str(ran)],
+        cwd=PROJECT_ROOT,
+    )
     batches = threading.Thread(target=read_batches, name="batches", daemon=True)
-    writers.start()
     batches.start()
-    time.sleep(args.seconds)
-    run = writers.stop()
+    writing.wait()
     stop.set()
     batches.join()
+    document = json.loads(ran.read_text())
+    run = WriterRun(confirmed=[Confirmed(**c) for c in document["confirmed"]], refused=document["refused"], started=0.0)
+    run.ended = document["seconds"]
     lost, twice = check_confirmed(url, run.confirmed)
     figures["writers"] = {
         "writers": args.writers,

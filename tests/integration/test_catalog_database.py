@@ -25,7 +25,7 @@ from billing.catalog import (
     generate_catalog,
 )
 from billing.change_log import describe_change
-from billing.store.catalog_db import CONNECT_TIMEOUT_S, CatalogDatabase
+from billing.store.catalog_db import CONNECT_TIMEOUT_S, CatalogDatabase, Scope
 from billing.store.catalog_file import save_catalog
 from ops.catalog_load import ChangeWriters, check_confirmed
 from ops.postgres_service import LocalPostgres
@@ -206,3 +206,25 @@ def test_doors_writing_while_the_database_is_killed_lose_no_confirmed_change_and
     assert len(run.confirmed) > 20 and lost == [] and twice == []
     versions = [c.version for c in run.confirmed]
     assert len(set(versions)) == len(versions)
+
+
+def test_a_door_that_makes_one_change_reads_only_what_it_is_about_and_is_refused_alike(database: str) -> None:
+    """`adbill catalog ...`: its ad, its campaign's ads, an ad of its advertiser and the IP list, not the whole
+    catalog; the same rules refuse the same changes."""
+    CatalogDatabase(database).start(_catalog())
+    made = CatalogDatabase(database).change(AdChange("ad-1", NOW, 600_000), clock=lambda: NOW, scope=Scope(("ad-1",)))
+    assert sorted(made.ad_ids) == ["ad-1", "ad-2"], "the ad and its campaign's other ad, not adv-2's"
+    assert made.version == 1 and made.price("ad-1", NOW) == (made["ad-1"], 600_000)
+    new_ad = Scope(("ad-9",), ("c-2",), ("adv-1",))
+    with pytest.raises(CatalogError, match="campaign c-2 belongs to advertiser adv-2, not adv-1"):
+        CatalogDatabase(database).change(AdChange("ad-9", NOW, 1, "c-2", "adv-1", "EUR"), lambda: NOW, scope=new_ad)
+    with pytest.raises(CatalogError, match="bills in EUR"):
+        CatalogDatabase(database).change(
+            AdChange("ad-9", NOW, 1, "c-9", "adv-1", "USD"), lambda: NOW, scope=Scope(("ad-9",), ("c-9",), ("adv-1",))
+        )
+    ranges = CatalogDatabase(database)
+    ranges.change(ExclusionSetting("10.0.0.0/8", NOW, True), clock=lambda: NOW, scope=Scope())
+    with pytest.raises(CatalogError, match="already excluded"):
+        CatalogDatabase(database).change(ExclusionSetting("10.0.0.0/8", NOW, True), lambda: NOW, scope=Scope())
+    whole = CatalogDatabase(database).current()
+    assert whole.version == 2 and len(whole) == 3 and whole["ad-1"].price_at(NOW) == 600_000
