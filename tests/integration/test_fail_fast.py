@@ -92,6 +92,24 @@ def test_redis_unreachable_is_one_line_naming_it_without_its_password(tmp_path: 
     ]
 
 
+@pytest.mark.parametrize(
+    "args", [["catalog", "show"], ["ivt", "list"], ["explain", "c-1"]], ids=["catalog", "ivt", "explain"]
+)
+def test_the_catalogs_database_unreachable_is_one_line_naming_it_without_its_password(
+    tmp_path: Path, args: list[str]
+) -> None:
+    port = free_port()
+    done, took = adbill(
+        tmp_path / "home", *args, ADBILL_DATABASE_URL=f"postgresql://adbill:hunter2@127.0.0.1:{port}/ads"
+    )
+    assert done.returncode == EXIT_UNREACHABLE, done
+    assert took < BOUND_S
+    assert done.stderr.strip().splitlines() == [
+        f"adbill {args[0]}: cannot reach PostgreSQL at 127.0.0.1:{port}/ads (no answer within 3 s); start it "
+        "(`adbill up`) or set ADBILL_DATABASE_URL"
+    ]
+
+
 def test_the_stream_names_redis_when_kafka_answers_and_redis_does_not(tmp_path: Path, settings: Settings) -> None:
     port = free_port()
     done, took = adbill(
