@@ -115,7 +115,7 @@ def run_reconcile(
                     if metrics:
                         metrics.done(report, time.monotonic() - started)
                     if every_s and settings.audit_after_close and report.closed:
-                        audit_after_run(spark, settings, config)
+                        audit_after_run(spark, config, catalogs.current())
                 except HeldError as exc:
                     print(f"reconcile: {exc}", file=sys.stderr, flush=True)
                     if metrics:
@@ -249,13 +249,13 @@ class ReconcileMetrics:
         self.duration.observe(seconds)
 
 
-def audit_after_run(spark: object, settings: Settings, config: ReconcileConfig) -> None:
-    """The audit after a run that closed periods (`ADBILL_AUDIT_AFTER_CLOSE`), so that finance's page says the books
-    are proven; a failure is said and the schedule goes on."""
+def audit_after_run(spark: object, config: ReconcileConfig, catalog: Catalog) -> None:
+    """The audit after a run that closed periods (`ADBILL_AUDIT_AFTER_CLOSE`), with the catalog the run closed them
+    with, so that finance's page says the books are proven; a failure is said and the schedule goes on."""
     from attribution.audit import audit
 
     try:
-        audits = audit(spark, config, settings.catalog_store().current(fresh=True))  # type: ignore[arg-type]
+        audits = audit(spark, config, catalog)  # type: ignore[arg-type]
         record_audit(config, audits)
     except Exception as exc:  # the audit is a check: reconciliation's schedule must not stop for it
         print(f"reconcile: the audit after the run failed: {exc}", file=sys.stderr, flush=True)

@@ -39,7 +39,7 @@ def _admin(settings: Settings) -> FlaskClient:
 def _audited(settings: Settings, monkeypatch: pytest.MonkeyPatch, audits: list[PeriodAudit]) -> None:
     """The audit after a closing run (`adbill reconcile --every`), as it records its outcome, finding `audits`."""
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: audits)
-    audit_after_run(object(), settings, reconcile_config(settings))
+    audit_after_run(object(), reconcile_config(settings), settings.catalog_store().current())
 
 
 def _scraped_differing(settings: Settings) -> float | None:

@@ -11,6 +11,7 @@ import pytest
 import attribution.audit
 import ops.reconciling
 from attribution.audit import PeriodAudit
+from billing.catalog import Catalog
 from ops.reconciling import audit_after_run, audit_outcome, reconcile_config
 from ops.settings import Settings
 
@@ -19,12 +20,12 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = Settings.from_env({}, home=tmp_path)
-    (tmp_path / "catalog.json").write_text('{"format": 2, "ads": []}')
+    catalog = Catalog([])
     recorded: list[list[PeriodAudit]] = []
     balanced = PeriodAudit("20260101T0000Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: [balanced])
     monkeypatch.setattr(ops.reconciling, "record_audit", lambda config, audits: recorded.append(audits))
-    audit_after_run(object(), settings, reconcile_config(settings))
+    audit_after_run(object(), reconcile_config(settings), catalog)
     assert recorded == [[balanced]]
     assert "all 1 period(s) balance" in capsys.readouterr().out
 
@@ -32,7 +33,7 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
         raise RuntimeError("Spark went away")
 
     monkeypatch.setattr(attribution.audit, "audit", broken)
-    audit_after_run(object(), settings, reconcile_config(settings))  # said, not raised
+    audit_after_run(object(), reconcile_config(settings), catalog)  # said, not raised
     assert "the audit after the run failed: Spark went away" in capsys.readouterr().err
 
 
