@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from attribution.session import build_spark
-from billing.store.catalog_db import connection_pool
+from billing.store.database import connection_pool
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, ensure_topics
 from ops.postgres_service import LocalPostgres, database_url, ensure_database
@@ -101,7 +101,7 @@ def new_database(postgres_server: LocalPostgres) -> str:
 def database(postgres_server: LocalPostgres) -> Iterator[str]:
     """The URL of a database of one test's own, new and empty, on the session's PostgreSQL. After the test, this
     process's connections to it are closed: the product keeps one pool per database for the life of the process
-    (`billing.store.catalog_db.connection_pool`), and the pools of every test's database would otherwise hold the
+    (`billing.store.database.connection_pool`), and the pools of every test's database would otherwise hold the
     server's connections until it refuses more."""
     url = new_database(postgres_server)
     yield url

@@ -52,6 +52,7 @@ from billing.catalog import (
 )
 from billing.change_log import ChangeEntry, describe_change, describe_made, merge_log, read_lines
 from billing.invalid import ExclusionChange, IpExclusions
+from billing.store import database
 from billing.store.catalog_file import (
     CHANGE_COMMANDS,
     ChangeRequest,
@@ -59,10 +60,15 @@ from billing.store.catalog_file import (
     load_catalog,
     wall_clock_ms,
 )
+from billing.store.database import (
+    CONNECT_TIMEOUT_S,
+    constraint_message,
+    integrity_errors,
+    without_password,
+)
 
 if TYPE_CHECKING:
     import psycopg
-    from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +135,7 @@ CREATE TABLE IF NOT EXISTS catalog_changes (
 CREATE UNIQUE INDEX IF NOT EXISTS catalog_changes_one_per_version ON catalog_changes (version)
     WHERE kind <> 'start';
 """
-"""The catalog's tables (made when missing, under `SCHEMA_LOCK`)."""
-
-SCHEMA_LOCK = 0x61646269_6C6C0001
-"""The advisory lock under which a process makes the tables and takes in a data folder's files (one at a time)."""
-
-CONNECT_TIMEOUT_S = 5
-"""How long a door waits for the database before it says the database cannot be reached."""
+"""The catalog's tables (made when missing, `billing.store.database.make_tables`)."""
 
 READ_TIMEOUT_S = 1.0
 """How long a reader (a batch of the stream, a page) waits for the database before it goes on with the catalog it
@@ -155,7 +155,7 @@ class CatalogSource(Protocol):
     def changes_of(self, versions: Iterable[int]) -> dict[int, ChangeEntry]: ...
 
 
-class DatabaseUnavailable(CatalogError):
+class DatabaseUnavailable(database.DatabaseUnavailable, CatalogError):
     """The database cannot be reached: the message names it and says what the caller does meanwhile."""
 
 
@@ -209,38 +209,6 @@ def read_catalog_document(text: str) -> tuple[Catalog, list[ChangeEntry]]:
     return catalog, changes
 
 
-_POOLS: dict[tuple[str, int], ConnectionPool] = {}
-_POOLS_MUTEX = threading.Lock()
-
-
-def connection_pool(url: str) -> ConnectionPool:
-    """This process's pool of connections to `url` (psycopg 3), shared by every store of the catalog it opens: a
-    web worker's requests, a command, the stream's batches; each connection is checked when taken (a database
-    restarted meanwhile costs no failed change) and in autocommit outside a transaction."""
-    from psycopg_pool import ConnectionPool
-
-    key = (url, os.getpid())  # a forked child makes its own
-    with _POOLS_MUTEX:
-        pool = _POOLS.get(key)
-        if pool is None or pool.closed:
-            pool = ConnectionPool(
-                url,
-                min_size=1,
-                max_size=POOL_SIZE,
-                open=True,
-                timeout=CONNECT_TIMEOUT_S,
-                check=ConnectionPool.check_connection,
-                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-                name="adbill-catalog",
-            )
-            _POOLS[key] = pool
-        return pool
-
-
-POOL_SIZE = 8
-"""Connections a process may hold to the catalog's database at once (the web's threads, concurrent writers)."""
-
-
 class CatalogDatabase:
     """The catalog's tables at `url`, read by version (`current`), changed in transactions (`change`, `start`).
 
@@ -252,18 +220,17 @@ class CatalogDatabase:
         self.imports = Path(imports) if imports is not None else None
         self._held: Held | None = None
         self._mutex = threading.Lock()
-        self._ready = False
         self._next_try = 0.0
         self.behind: str | None = None
         """Why the catalog held may be behind the database (it cannot be reached), or None."""
 
     def __repr__(self) -> str:
-        return f"CatalogDatabase({_without_password(self.url)!r})"
+        return f"CatalogDatabase({without_password(self.url)!r})"
 
     @property
     def where(self) -> str:
         """The database, as a person reads it in a message (no password)."""
-        return _without_password(self.url)
+        return without_password(self.url)
 
     # --- Reading ---------------------------------------------------------------------------------------------
 
@@ -365,8 +332,8 @@ class CatalogDatabase:
                     _log(connection, describe_made(changed, asked, now_ms, who, backfill))
                     generation = held.generation if held is not None else 1
                     _set_head(connection, changed.version, generation)
-            except _integrity_errors() as exc:
-                raise CatalogError(f"the catalog refused the change: {_constraint(exc)}") from None
+            except integrity_errors() as exc:
+                raise CatalogError(f"the catalog refused the change: {constraint_message(exc)}") from None
             if scope is None:
                 self._held = Held(changed, generation)
             return changed
@@ -427,7 +394,7 @@ class CatalogDatabase:
             yield
 
     def close(self) -> None:
-        """Nothing to release: the connections are the process's (`connection_pool`)."""
+        """Nothing to release: the connections are the process's (`billing.store.database.connection_pool`)."""
 
     # --- The connection --------------------------------------------------------------------------------------
 
@@ -435,46 +402,36 @@ class CatalogDatabase:
     def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
         """A connection from this process's pool, the tables made and the data folder's files taken in first; a
         database that cannot be reached raises DatabaseUnavailable."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
+        tables = database.Tables(f"catalog:{self.imports}", SCHEMA, self._take_in)
         try:
-            with connection_pool(self.url).connection(timeout=timeout_s) as connection:
-                if not self._ready:
-                    self._prepare(connection)
+            with database.connection(self.url, tables, "catalog's database", timeout_s) as connection:
                 yield connection
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
-                raise
-            raise DatabaseUnavailable(
-                f"the catalog's database {self.where} cannot be reached ({_first_line(exc)})"
-            ) from None
+        except database.DatabaseUnavailable as exc:
+            raise DatabaseUnavailable(str(exc)) from None
 
-    def _prepare(self, connection: psycopg.Connection[Any]) -> None:
-        """Make the tables when missing and take in a data folder's catalog file, one process at a time."""
-        with connection.transaction():
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            connection.execute(SCHEMA)
-            if self.imports is not None and self.imports.exists() and _head(connection) is None:
-                catalog = load_catalog(self.imports)
-                log_file = self.imports.with_name(f"{self.imports.stem}-changes.jsonl")
-                lines = log_file.read_text(encoding="utf-8").splitlines() if log_file.exists() else []
-                _write_whole(connection, catalog)
-                for entry in merge_log(catalog, read_lines(lines)):
-                    _log(connection, entry)
-                _set_head(connection, catalog.version, 1)
-                for taken in (self.imports, log_file):
-                    if taken.exists():
-                        taken.rename(taken.with_name(f"{taken.name}.imported"))
-                log.warning(
-                    "took the catalog file %s (version %d, %d ads) into %s; the file is set aside as %s.imported",
-                    self.imports,
-                    catalog.version,
-                    len(catalog),
-                    self.where,
-                    self.imports.name,
-                )
-        self._ready = True
+    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+        """Take in a data folder's catalog file when the database holds no catalog yet (once, under the lock of
+        `database.make_tables`)."""
+        if self.imports is None or not self.imports.exists() or _head(connection) is not None:
+            return
+        catalog = load_catalog(self.imports)
+        log_file = self.imports.with_name(f"{self.imports.stem}-changes.jsonl")
+        lines = log_file.read_text(encoding="utf-8").splitlines() if log_file.exists() else []
+        _write_whole(connection, catalog)
+        for entry in merge_log(catalog, read_lines(lines)):
+            _log(connection, entry)
+        _set_head(connection, catalog.version, 1)
+        for taken in (self.imports, log_file):
+            if taken.exists():
+                taken.rename(taken.with_name(f"{taken.name}.imported"))
+        log.warning(
+            "took the catalog file %s (version %d, %d ads) into %s; the file is set aside as %s.imported",
+            self.imports,
+            catalog.version,
+            len(catalog),
+            self.where,
+            self.imports.name,
+        )
 
 
 # --- Reading the tables ---------------------------------------------------------------------------------------
@@ -700,34 +657,3 @@ def _set_head(connection: psycopg.Connection[Any], version: int, generation: int
 def _clear(connection: psycopg.Connection[Any]) -> None:
     """Every row of a catalog without history (replaced by a new one); its log's rows stay (each start is a change)."""
     connection.execute("TRUNCATE ad_prices, budgets, ip_exclusions, ads, campaigns, advertisers")
-
-
-# --- Small helpers --------------------------------------------------------------------------------------------
-
-
-def _integrity_errors() -> tuple[type[Exception], ...]:
-    import psycopg
-
-    return (psycopg.errors.IntegrityError,)
-
-
-def _constraint(exc: Exception) -> str:
-    diagnostic = getattr(exc, "diag", None)
-    detail = getattr(diagnostic, "message_detail", None) or ""
-    return f"{_first_line(exc)} {detail}".strip()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _without_password(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from billing.store.database import Tables, make_tables
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -32,13 +34,16 @@ log = logging.getLogger(__name__)
 LEASE_CHECK_S = 5.0
 """How often a holder checks that its session, and with it the lock, is still there."""
 
-_TABLE = """
+_TABLES = Tables(
+    "process_locks",
+    """
 CREATE TABLE IF NOT EXISTS process_locks (
     name text PRIMARY KEY,
     holder text NOT NULL,
     since_ms bigint NOT NULL
 )
-"""
+""",
+)
 
 
 class DatabaseLockedError(RuntimeError):
@@ -112,7 +117,7 @@ class DatabaseLock:
 
         session = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
         try:
-            session.execute(_TABLE)
+            make_tables(self.url, session, _TABLES)
             taken = session.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(self.name),)).fetchone()
             if not (taken and taken[0]):
                 row = session.execute("SELECT holder, since_ms FROM process_locks WHERE name = %s", (self.name,))

@@ -30,7 +30,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from billing.store.catalog_db import connection_pool
+from billing.store.database import connection_pool
 from billing.store.redis_totals import TotalsRow
 from ops import deps
 from ops.postgres_service import LocalPostgres

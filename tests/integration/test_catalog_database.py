@@ -25,8 +25,9 @@ from billing.catalog import (
     generate_catalog,
 )
 from billing.change_log import describe_change
-from billing.store.catalog_db import CONNECT_TIMEOUT_S, CatalogDatabase, Scope
+from billing.store.catalog_db import CatalogDatabase, Scope
 from billing.store.catalog_file import save_catalog
+from billing.store.database import CONNECT_TIMEOUT_S
 from ops.catalog_load import ChangeWriters, check_confirmed
 from ops.postgres_service import LocalPostgres
 

@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from billing.layout import DataLayout
-from billing.store.catalog_db import CatalogDatabase, connection_pool
+from billing.store.catalog_db import CatalogDatabase
 from billing.store.click_index import ClickIndex
 from billing.store.click_story import ClickStories
+from billing.store.database import connection_pool
 from billing.story import NOT_RECEIVED, BookRow, book_counts, by_price, story_text
 from ops.bench.stories import Month, one_more_batch, truth_of, write_month
 from ops.postgres_service import LocalPostgres

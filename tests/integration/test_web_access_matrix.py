@@ -35,7 +35,7 @@ from billing.catalog import FORMAT, Ad, AdChange, BudgetSetting, Catalog, Catalo
 from billing.corrections import Correction, CorrectionKind
 from billing.invoices import issue_month
 from billing.periods import Periods
-from billing.store.catalog_db import connection_pool
+from billing.store.database import connection_pool
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
 from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow

@@ -1,0 +1,143 @@
+"""The product's database (PostgreSQL, `ADBILL_DATABASE_URL`): the one place of the records that several processes
+and hosts share (the catalog, names, billing profiles, invoice numbers, web accounts and tokens, schema versions).
+
+Every store of it goes through here:
+- `connection_pool(url)`: one pool of connections per process and URL (psycopg 3), each connection checked when it
+  is taken (a database restarted meanwhile costs no failed change) and in autocommit outside a transaction;
+- `connection(url, tables, what)`: a connection from that pool, the store's tables made first when missing (once per
+  process, URL and set of tables, under one advisory lock so that two first processes never race), and a database
+  that cannot be reached raised as `DatabaseUnavailable` with one line that names it (without its password);
+- `Tables`: a store's `CREATE ... IF NOT EXISTS` statements, with what to do once after they are made (take in a data
+  folder's old file).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+SCHEMA_LOCK = 0x61646269_6C6C0001
+"""The advisory lock under which a process makes tables and takes in a data folder's files (one at a time)."""
+
+CONNECT_TIMEOUT_S = 5
+"""How long a door waits for the database before it says the database cannot be reached."""
+
+POOL_SIZE = 8
+"""Connections a process may hold to the database at once (the web's threads, concurrent writers)."""
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database cannot be reached: the message names it (without its password) and why."""
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A store's tables: `schema` (idempotent DDL), and `then`, run once in the same transaction after the tables are
+    made (to take in a data folder's old file), given the connection."""
+
+    name: str
+    schema: str
+    then: Callable[[psycopg.Connection[Any]], None] | None = field(default=None, compare=False)
+
+
+_POOLS: dict[tuple[str, int], ConnectionPool] = {}
+_POOLS_MUTEX = threading.Lock()
+_MADE: set[tuple[str, int, str]] = set()
+
+
+def connection_pool(url: str) -> ConnectionPool:
+    """This process's pool of connections to `url`, shared by every store it opens."""
+    from psycopg_pool import ConnectionPool
+
+    key = (url, os.getpid())  # a forked child makes its own
+    with _POOLS_MUTEX:
+        pool = _POOLS.get(key)
+        if pool is None or pool.closed:
+            pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                open=True,
+                timeout=CONNECT_TIMEOUT_S,
+                check=ConnectionPool.check_connection,
+                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                name="adbill",
+            )
+            _POOLS[key] = pool
+            _MADE.difference_update({m for m in _MADE if m[:2] == key})
+        return pool
+
+
+@contextmanager
+def connection(
+    url: str, tables: Tables | None = None, what: str = "database", timeout_s: float = CONNECT_TIMEOUT_S
+) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to `url` from this process's pool, `tables` made first when this process has not made them yet;
+    DatabaseUnavailable ("the WHAT's database URL cannot be reached (why)") when the database does not answer."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    try:
+        with connection_pool(url).connection(timeout=timeout_s) as taken:
+            if tables is not None:
+                make_tables(url, taken, tables)
+            yield taken
+    except (PoolTimeout, psycopg.OperationalError) as exc:
+        if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+            raise
+        raise unavailable(url, what, exc) from None
+
+
+def make_tables(url: str, taken: psycopg.Connection[Any], tables: Tables) -> None:
+    """Make `tables` (and run their `then`) on `taken`, once per process and URL."""
+    key = (url, os.getpid(), tables.name)
+    if key in _MADE:
+        return
+    with taken.transaction():
+        taken.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        taken.execute(tables.schema)
+        if tables.then is not None:
+            tables.then(taken)
+    _MADE.add(key)
+
+
+def unavailable(url: str, what: str, exc: BaseException) -> DatabaseUnavailable:
+    return DatabaseUnavailable(f"the {what} {without_password(url)} cannot be reached ({first_line(exc)})")
+
+
+def integrity_errors() -> tuple[type[Exception], ...]:
+    import psycopg
+
+    return (psycopg.errors.IntegrityError,)
+
+
+def constraint_message(exc: Exception) -> str:
+    """A refused write's message with the database's detail (which row, which constraint)."""
+    diagnostic = getattr(exc, "diag", None)
+    detail = getattr(diagnostic, "message_detail", None) or ""
+    return f"{first_line(exc)} {detail}".strip()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def without_password(url: str) -> str:
+    """The URL as a person reads it in a message: its password replaced by `***`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
