@@ -140,49 +140,20 @@ def describe_change(
     backfill: bool = False,
 ) -> ChangeEntry:
     """The change that made `version` of the catalog, read from the entry it added (a price, a budget, an exclusion);
-    `start` for version 0 (the catalog a deployment started with)."""
+    `start` for version 0 (the catalog a deployment started with). It searches the catalog for the version: where
+    the change is known, `describe_made` costs the change's size, not the catalog's."""
     made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
     if version == 0:  # the ads the catalog started with: those whose history begins at version 0
         started = sum(1 for ad in catalog if ad.prices and min(p.version for p in ad.prices) == 0)
         return ChangeEntry(kind="start", ads=started, **made)
     for ad in catalog:
-        for entry in ad.prices:
-            if entry.version != version:
-                continue
-            owners: dict[str, Any] = {
-                "ad_id": ad.ad_id,
-                "campaign_id": ad.campaign_id,
-                "advertiser_id": ad.advertiser_id,
-                "currency": ad.currency,
-            }
-            return ChangeEntry(
-                kind=_price_kind(catalog, ad.ad_id, version),
-                effective_from=entry.effective_from,
-                cpc_micros=entry.cpc_micros,
-                **owners,
-                **made,
-            )
+        if any(entry.version == version for entry in ad.prices):
+            return _price_entry(catalog, ad.ad_id, made)
     for campaign_id, budgets in catalog.budgets.items():
-        for budget in budgets:
-            if budget.version == version:
-                return ChangeEntry(
-                    kind="set-budget",
-                    campaign_id=campaign_id,
-                    advertiser_id=catalog.advertiser_of_campaign(campaign_id),
-                    currency=catalog.currency_of(catalog.advertiser_of_campaign(campaign_id) or ""),
-                    effective_from=budget.effective_from,
-                    daily_budget_micros=budget.daily_budget_micros,
-                    **made,
-                )
-    for change in catalog.exclusions.changes:
-        if change.version == version:
-            return ChangeEntry(
-                kind="exclude-ip" if change.excluded else "include-ip",
-                cidr=change.cidr,
-                effective_from=change.effective_from,
-                excluded=change.excluded,
-                **made,
-            )
+        if any(budget.version == version for budget in budgets):
+            return _budget_entry(catalog, campaign_id, made)
+    if any(change.version == version for change in catalog.exclusions.changes):
+        return _exclusion_entry(catalog, made)
     return ChangeEntry(kind="unknown", **made)
 
 
@@ -196,34 +167,54 @@ def describe_made(
     """The entry of `change`, just made as `catalog`'s version: `describe_change` without searching the catalog for
     the version (the change says which ad, campaign or range it touched), so that its cost is the change's, not the
     catalog's."""
-    version = catalog.version
-    made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
+    made: dict[str, Any] = {
+        "version": catalog.version,
+        "made_at": made_at,
+        **made_by_fields(made_by),
+        "backfill": backfill,
+    }
     if isinstance(change, AdChange):
-        ad = catalog[change.ad_id]
-        entry = next(p for p in ad.prices if p.version == version)
-        return ChangeEntry(
-            kind=_price_kind(catalog, ad.ad_id, version),
-            effective_from=entry.effective_from,
-            cpc_micros=entry.cpc_micros,
-            ad_id=ad.ad_id,
-            campaign_id=ad.campaign_id,
-            advertiser_id=ad.advertiser_id,
-            currency=ad.currency,
-            **made,
-        )
+        return _price_entry(catalog, change.ad_id, made)
     if isinstance(change, BudgetSetting):
-        budget = next(b for b in catalog.budget_history(change.campaign_id) if b.version == version)
-        advertiser = catalog.advertiser_of_campaign(change.campaign_id)
-        return ChangeEntry(
-            kind="set-budget",
-            campaign_id=change.campaign_id,
-            advertiser_id=advertiser,
-            currency=catalog.currency_of(advertiser or ""),
-            effective_from=budget.effective_from,
-            daily_budget_micros=budget.daily_budget_micros,
-            **made,
-        )
-    excluded = next(c for c in catalog.exclusions.changes if c.version == version)
+        return _budget_entry(catalog, change.campaign_id, made)
+    return _exclusion_entry(catalog, made)
+
+
+def _price_entry(catalog: Catalog, ad_id: str, made: dict[str, Any]) -> ChangeEntry:
+    """The log entry of the price entry that made version `made["version"]` of ad `ad_id`."""
+    version = made["version"]
+    ad = catalog[ad_id]
+    entry = next(p for p in ad.prices if p.version == version)
+    return ChangeEntry(
+        kind=_price_kind(catalog, ad_id, version),
+        effective_from=entry.effective_from,
+        cpc_micros=entry.cpc_micros,
+        ad_id=ad.ad_id,
+        campaign_id=ad.campaign_id,
+        advertiser_id=ad.advertiser_id,
+        currency=ad.currency,
+        **made,
+    )
+
+
+def _budget_entry(catalog: Catalog, campaign_id: str, made: dict[str, Any]) -> ChangeEntry:
+    """The log entry of the budget entry that made version `made["version"]` of campaign `campaign_id`."""
+    budget = next(b for b in catalog.budget_history(campaign_id) if b.version == made["version"])
+    advertiser = catalog.advertiser_of_campaign(campaign_id)
+    return ChangeEntry(
+        kind="set-budget",
+        campaign_id=campaign_id,
+        advertiser_id=advertiser,
+        currency=catalog.currency_of(advertiser or ""),
+        effective_from=budget.effective_from,
+        daily_budget_micros=budget.daily_budget_micros,
+        **made,
+    )
+
+
+def _exclusion_entry(catalog: Catalog, made: dict[str, Any]) -> ChangeEntry:
+    """The log entry of the exclusion list's entry that made version `made["version"]`."""
+    excluded = next(c for c in catalog.exclusions.changes if c.version == made["version"])
     return ChangeEntry(
         kind="exclude-ip" if excluded.excluded else "include-ip",
         cidr=excluded.cidr,
