@@ -235,6 +235,7 @@ class Catalog:
         self._owners = owners
         self._currencies = {advertiser: next(iter(ads)) for advertiser, ads in currencies.items()}
         self._campaign_ads: dict[str, tuple[str, ...]] | None = None
+        self._advertiser_campaigns: dict[str, tuple[str, ...]] | None = None
         self._listed: list[str] | None = None
         self.budgets: dict[str, tuple[BudgetChange, ...]] = {}
         for campaign_id, entries in (budgets or {}).items():
@@ -257,6 +258,10 @@ class Catalog:
 
     def __len__(self) -> int:
         return len(self._ads)
+
+    def __bool__(self) -> bool:
+        """A catalog is a catalog, even with no ads: never taken for none (`current or Catalog([])`)."""
+        return True
 
     def __iter__(self) -> Iterator[Ad]:
         return iter(self._ads.values())
@@ -338,8 +343,14 @@ class Catalog:
         return _AdvertiserOf(self)
 
     def campaigns_of(self, advertiser_id: str) -> list[str]:
-        """The advertiser's campaigns (those with ads in the catalog), sorted."""
-        return sorted(c for c, owner in self._owners.items() if owner == advertiser_id)
+        """The advertiser's campaigns (those with ads in the catalog), sorted (an index made on the first call, and
+        kept by the catalogs grown from this one: an advertiser's page never walks every campaign)."""
+        if self._advertiser_campaigns is None:
+            index: dict[str, list[str]] = {}
+            for campaign, owner in self._owners.items():
+                index.setdefault(owner, []).append(campaign)
+            self._advertiser_campaigns = {owner: tuple(sorted(ids)) for owner, ids in index.items()}
+        return list(self._advertiser_campaigns.get(advertiser_id, ()))
 
     @property
     def has_budgets(self) -> bool:
@@ -477,6 +488,7 @@ class Catalog:
         grown = object.__new__(Catalog)
         grown._ads, grown._owners, grown._currencies = self._ads, self._owners, self._currencies
         grown._campaign_ads, grown._listed = self._campaign_ads, self._listed
+        grown._advertiser_campaigns = self._advertiser_campaigns
         ads = list(ads)
         if ads:
             grown._ads = _Layered.of(self._ads, {ad.ad_id: ad for ad in ads})
@@ -489,6 +501,12 @@ class Catalog:
                     for ad in new:
                         index[ad.campaign_id] = (*index.get(ad.campaign_id, ()), ad.ad_id)
                     grown._campaign_ads = index
+                if self._advertiser_campaigns is not None:
+                    owned = dict(self._advertiser_campaigns)
+                    for campaign in {ad.campaign_id for ad in new} - self._owners.keys():
+                        advertiser = grown._owners[campaign]
+                        owned[advertiser] = tuple(sorted((*owned.get(advertiser, ()), campaign)))
+                    grown._advertiser_campaigns = owned
                 if self._listed is not None:
                     listed = list(self._listed)
                     for ad in new:

@@ -102,7 +102,7 @@ class ChangeWriters:
             i += 1
             began = time.monotonic()
             try:
-                made = store.change(_bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
+                made = store.change(bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
             except CatalogError as exc:
                 with self._mutex:
                     reason = str(exc).split(":")[0][:80]
@@ -121,9 +121,9 @@ def _new_ad(ad_id: str) -> Callable[[Catalog | None, int], AdChange]:
     return lambda current, now: AdChange(ad_id, now, 100_000, LOAD_CAMPAIGN, LOAD_ADVERTISER, "EUR")
 
 
-def _bid(ad_id: str, price: int) -> Callable[[Catalog | None, int], AdChange]:
-    """A new price for `ad_id` from a day after "now" (read under the catalog's lock)."""
-    return lambda current, now: AdChange(ad_id, now + AHEAD_MS, price)
+def bid(ad_id: str, price: int, ahead_ms: int = AHEAD_MS) -> Callable[[Catalog | None, int], AdChange]:
+    """A new price for `ad_id` from `ahead_ms` after "now" (read under the catalog's lock)."""
+    return lambda current, now: AdChange(ad_id, now + ahead_ms, price)
 
 
 def check_confirmed(database_url: str, confirmed: list[Confirmed]) -> tuple[list[Confirmed], list[Confirmed]]:

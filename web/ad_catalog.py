@@ -13,7 +13,6 @@ other part of the product; a change is seen by the streaming job and reconciliat
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -23,10 +22,9 @@ from flask import Flask, abort, current_app, g, request
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
-from billing.change_log import ChangeEntry
 from billing.invalid import ExclusionChange
 from billing.money import minor_digits, parse_amount
-from billing.store.catalog_db import CatalogDatabase
+from billing.store.catalog_db import CatalogDatabase, LogEntries
 from web import display
 from web.access import Principal, may_change_catalog, may_see_finance
 from web.guards import logged_in
@@ -399,29 +397,9 @@ def made_of(entry: BudgetChange | ExclusionChange) -> MadeAs:
     return MadeAs(entry.made_by, entry.door, entry.made_at)
 
 
-class ChangesByVersion:
-    """The catalog's change log by the version each change made (who made a history entry, when, through which
-    door), as a page asks for them: each version read once per request, never the whole log."""
-
-    def __init__(self) -> None:
-        self._read: dict[int, ChangeEntry | None] = {}
-
-    def get(self, version: int) -> ChangeEntry | None:
-        if version not in self._read:
-            self._read.update(dict.fromkeys((version,)))
-            self._read.update(store().changes_of([version]))
-        return self._read[version]
-
-    def read(self, versions: Iterable[int]) -> None:
-        """Read these versions' entries at once (a page about to show many)."""
-        missing = [v for v in versions if v not in self._read]
-        self._read.update(dict.fromkeys(missing))
-        self._read.update(store().changes_of(missing))
-
-
-def changes_by_version() -> ChangesByVersion:
-    """This request's reader of the change log (`ChangesByVersion`)."""
+def changes_by_version() -> LogEntries:
+    """This request's reader of the change log (`billing.store.catalog_db.LogEntries`)."""
     if "catalog_changes" not in g:
-        g.catalog_changes = ChangesByVersion()
-    found: ChangesByVersion = g.catalog_changes
+        g.catalog_changes = LogEntries(store())
+    found: LogEntries = g.catalog_changes
     return found

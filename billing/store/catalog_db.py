@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -153,6 +153,40 @@ class CatalogSource(Protocol):
     def current(self) -> Catalog: ...
     def changes(self) -> list[ChangeEntry]: ...
     def changes_of(self, versions: Iterable[int]) -> dict[int, ChangeEntry]: ...
+
+
+class LogEntries(Mapping[int, ChangeEntry]):
+    """The catalog's change log as a story or a page reads it: the entries of the versions it asks for, each read
+    once, never the whole log (which grows by every change of a network's catalog)."""
+
+    def __init__(self, source: CatalogSource) -> None:
+        self.source = source
+        self._read: dict[int, ChangeEntry | None] = {}
+
+    def get(self, version: int, default: ChangeEntry | None = None) -> ChangeEntry | None:  # type: ignore[override]
+        if version not in self._read:
+            self._read[version] = self.source.changes_of([version]).get(version)
+        found = self._read[version]
+        return default if found is None else found
+
+    def read(self, versions: Iterable[int]) -> None:
+        """Read these versions' entries at once (a page about to show many)."""
+        missing = [v for v in set(versions) if v not in self._read]
+        if missing:
+            self._read.update(dict.fromkeys(missing))
+            self._read.update(self.source.changes_of(missing))
+
+    def __getitem__(self, version: int) -> ChangeEntry:
+        found = self.get(version)
+        if found is None:
+            raise KeyError(version)
+        return found
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([v for v, entry in self._read.items() if entry is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for entry in self._read.values() if entry is not None)
 
 
 class DatabaseUnavailable(database.DatabaseUnavailable, CatalogError):

@@ -11,7 +11,7 @@ ad's clicks by price.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.budgets import day_start
-from billing.change_log import ChangeEntry
 from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.rule import ATTRIBUTION_WINDOW_MS
-from billing.store.catalog_db import CatalogSource
+from billing.store.catalog_db import CatalogSource, LogEntries
 from billing.store.click_index import (
     ARCHIVE_CLICK,
     ARCHIVE_IMPRESSION,
@@ -61,33 +60,6 @@ _ARCHIVE_COLUMNS = (
     "ip",
     "late",
 )
-
-
-class LogEntries(Mapping[int, ChangeEntry]):
-    """The catalog's change log as a story reads it: the entries of the versions it asks for, each read once, never
-    the whole log (which grows by every change of a network's catalog)."""
-
-    def __init__(self, source: CatalogSource) -> None:
-        self.source = source
-        self._read: dict[int, ChangeEntry | None] = {}
-
-    def get(self, version: int, default: ChangeEntry | None = None) -> ChangeEntry | None:  # type: ignore[override]
-        if version not in self._read:
-            self._read[version] = self.source.changes_of([version]).get(version)
-        found = self._read[version]
-        return default if found is None else found
-
-    def __getitem__(self, version: int) -> ChangeEntry:
-        found = self.get(version)
-        if found is None:
-            raise KeyError(version)
-        return found
-
-    def __iter__(self) -> Iterator[int]:
-        return iter([v for v, entry in self._read.items() if entry is not None])
-
-    def __len__(self) -> int:
-        return sum(1 for entry in self._read.values() if entry is not None)
 
 
 class ClickStories:

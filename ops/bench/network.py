@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from billing.catalog import AdChange, generate_catalog
+from billing.catalog import generate_catalog
 from billing.store.catalog_db import CatalogDatabase, catalog_document, read_catalog_document
-from ops.catalog_load import Confirmed, WriterRun, check_confirmed, percentile
+from ops.catalog_load import Confirmed, WriterRun, bid, check_confirmed, percentile
 from ops.postgres_service import LocalPostgres, database_beside
 from ops.process import free_ports
 from ops.settings import PROJECT_ROOT
@@ -90,7 +90,7 @@ def measure_size(url: str, ads: int, args: argparse.Namespace, say: Any) -> dict
     for i in range(args.changes):
         ad_id = ad_ids[(i * 7_919) % len(ad_ids)]
         began = time.monotonic()
-        store.change(_bid(ad_id, 200_000 + i))
+        store.change(bid(ad_id, 200_000 + i, ahead_ms=0))
         latencies.append((time.monotonic() - began) * 1000)
     figures["door_ms"] = _spread(latencies)
     say(f"  one door, {args.changes} changes: {_said(figures['door_ms'])}")
@@ -172,10 +172,6 @@ def measure_size(url: str, ads: int, args: argparse.Namespace, say: Any) -> dict
         f"door {_said(w['door_ms'])}; a batch's catch-up {_said(w['reader_catch_up_ms'])}"
     )
     return figures
-
-
-def _bid(ad_id: str, price: int) -> Any:
-    return lambda current, now: AdChange(ad_id, now, price)
 
 
 def _spread(values: list[float]) -> dict[str, float]:

@@ -74,3 +74,24 @@ def test_a_campaigns_ads_and_each_ads_advertiser_are_read_through_the_catalog_as
     assert grown.ads_of_campaign("no-such-campaign") == []
     assert grown.advertisers_by_ad["late-ad"] == owner.advertiser_id
     assert grown.advertisers_by_ad.get("no-such-ad", "") == "" and len(grown.advertisers_by_ad) == len(grown)
+
+
+def test_an_advertisers_campaigns_are_read_through_an_index_kept_as_the_catalog_grows() -> None:
+    catalog = generate_catalog(3, 2, 2, seed=5)
+    advertiser = catalog[catalog.ad_ids[0]].advertiser_id
+    owned = sorted({ad.campaign_id for ad in catalog if ad.advertiser_id == advertiser})
+    assert catalog.campaigns_of(advertiser) == owned  # the index is made here
+    currency = catalog.currency_of(advertiser) or ""
+    grown = catalog.with_change(AdChange("new-ad", NOW, 9, "a-new-campaign", advertiser, currency), NOW)
+    grown = grown.with_change(AdChange("newer-ad", NOW, 9, "zz-campaign", "a-new-advertiser", "JPY"), NOW)
+    assert grown.campaigns_of(advertiser) == sorted([*owned, "a-new-campaign"])
+    assert grown.campaigns_of("a-new-advertiser") == ["zz-campaign"]
+    assert catalog.campaigns_of(advertiser) == owned, "the older catalog is unchanged"
+    assert grown.campaigns_of("no-such-advertiser") == []
+    whole = Catalog.from_json(grown.to_json())
+    assert all(grown.campaigns_of(a) == whole.campaigns_of(a) for a in {ad.advertiser_id for ad in whole})
+
+
+def test_a_catalog_of_no_ads_is_still_a_catalog() -> None:
+    empty = Catalog([])
+    assert len(empty) == 0 and bool(empty)
