@@ -2,8 +2,8 @@
 
 It works on the raw events as received (one row per Kafka record that decoded to an event: `type`, `id`, `ad_id`,
 `user_id`, `event_time`, `received_ms`, `partition`, `offset`) and the ad catalog, and says what must be billed.
-It is written from DOMAIN.md alone and imports nothing of the production rule (`billing.rule`, `billing.intake`,
-`attribution.join`), so a shared mistake would have to be made twice.
+It is written from the rules (docs/billing-rules.md) alone and imports nothing of the production rule
+(`billing.rule`, `billing.intake`, `attribution.join`), so a shared mistake would have to be made twice.
 
 The contract, step by step, as the SQL below reads it:
 1. An event is quarantined when its event_time is before 2000-01-01 or more than one hour after the moment the
@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from billing.catalog import Catalog
 
-MIN_EVENT_TIME_MS = 946_684_800_000  # 2000-01-01T00:00:00Z, from DOMAIN.md (not imported: the oracle stands alone)
+MIN_EVENT_TIME_MS = 946_684_800_000  # 2000-01-01T00:00:00Z, the rules' floor (not imported: the oracle stands alone)
 MAX_AHEAD_OF_RECEIPT_MS = 3_600_000  # one hour
 WINDOW_MS = 10_000
 

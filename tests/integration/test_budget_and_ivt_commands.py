@@ -54,7 +54,7 @@ def test_set_budget_from_now_and_later_and_show_the_history(
     first, second = catalog.budget_history("cmp-1")
     assert before <= first.effective_from <= now_ms() and first.daily_budget_micros == 50_000_000
     assert (second.effective_from, second.daily_budget_micros, second.version) == (soon, None, 2)
-    # Who made it, through which door, and when (under the lock): DOMAIN.md, "Who sees what".
+    # Who made it, through which door, and when (under the lock): docs/billing-rules.md, "Who sees what".
     assert (first.made_by, first.door) == (getpass.getuser(), "command")
     assert first.made_at == first.effective_from  # no --at: from the moment it was made
     assert catalog.budget_at("cmp-1", soon - 1) == 50_000_000 and catalog.budget_at("cmp-1", soon) is None

@@ -197,8 +197,8 @@ def test_replay_sends_the_capture_in_order_and_reports_the_bad_line(settings: Se
 def test_replay_backfills_budget_and_ip_exclusion_lines_and_sends_user_agents_and_ips(
     settings: Settings, tmp_path: Path
 ):
-    """`budget` and `ip_exclusion` lines (DOMAIN.md "Recorded traffic") are made in the catalog's store where they
-    stand, with their own effective times, before the lines after them are sent; a refused one is a bad line;
+    """`budget` and `ip_exclusion` lines ("Recorded traffic", docs/billing-rules.md) are made in the catalog's store
+    where they stand, with their own effective times, before the lines after them are sent; a refused one is a bad line;
     events go out with their user agent and IP."""
     tag = uuid.uuid4().hex[:10]
     topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
@@ -387,8 +387,9 @@ def test_the_stacks_live_traffic_keeps_event_time_on_the_wall_clock(settings: Se
 
 
 def test_replay_registers_a_schema_line_and_writes_its_subjects_events_with_it(settings: Settings, tmp_path: Path):
-    """A `schema` line (DOMAIN.md "Recorded traffic"): the version is registered, and the events of its subject after
-    it are written with it, fields it adds taken from the event line or defaulted; an incompatible one is a bad line."""
+    """A `schema` line ("Recorded traffic", docs/billing-rules.md): the version is registered, and the events of its
+    subject after it are written with it, fields it adds taken from the event line or defaulted; an incompatible one
+    is a bad line."""
     tag = uuid.uuid4().hex[:10]
     topics = {"impression": f"impressions-one-{tag}", "click": f"clicks-one-{tag}"}
     ensure_topics(settings.kafka_bootstrap, list(topics.values()), partitions=1)

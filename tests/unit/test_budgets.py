@@ -1,4 +1,4 @@
-"""Daily budgets (DOMAIN.md, "Budgets"), case by case at explicit timestamps: the plain rule (`billing.rule.bill`)
+"""Daily budgets (docs/billing-rules.md), case by case at explicit timestamps: the plain rule (`billing.rule.bill`)
 and the DuckDB oracle (`tests.oracle.outcomes`) must both give each click its outcome."""
 
 from __future__ import annotations

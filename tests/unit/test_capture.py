@@ -32,7 +32,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 CAPTURE = "\n".join(
     [
-        # 1: a good impression, exactly as DOMAIN.md writes it
+        # 1: a good impression, exactly as docs/billing-rules.md writes it
         '{"type": "impression", "impression_id": "i1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225600000}',
         # 2: a good click
         '{"type": "click", "click_id": "c1", "ad_id": "a1", "user_id": "u1", "event_time": 1767225605000}',
@@ -245,7 +245,7 @@ def test_catalog_lines_round_trip(tmp_path):
     read = list(read_capture(path))
     numbered = [replace(item, line_number=n) for n, item in enumerate(items[:-1], start=1)]
     assert read == [*numbered, items[-1]]
-    # As DOMAIN.md writes them.
+    # As docs/billing-rules.md writes them.
     assert json.loads(capture_line(items[2])) == {
         "type": "budget",
         "campaign_id": "c1",

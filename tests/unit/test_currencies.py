@@ -1,4 +1,4 @@
-"""An advertiser bills in one currency (DOMAIN.md, Events): the catalog refuses an ad in another currency than its
+"""An advertiser bills in one currency (docs/billing-rules.md): the catalog refuses an ad in another currency than its
 advertiser's other ads wherever a change is made, and a catalog file that breaks the rule does not load; no figure
 adds micros of two currencies: what sums over several advertisers totals per currency. The generated catalog and the
 simulator give advertisers EUR, USD, JPY (no minor unit) and KWD (three decimals), so every page and test meets them.

@@ -80,7 +80,7 @@ def test_time_bounds(event_time: int, received_at: int, expected: QuarantineReas
 )
 def test_an_ad_the_catalog_does_not_know_is_no_bad_input(event: Impression | Click) -> None:
     # The catalog may learn the ad later (a change the stream had not seen yet): the event is kept, and its click
-    # is priced by the history (DOMAIN.md).
+    # is priced by the history (docs/billing-rules.md).
     intake = Intake()
     assert intake.admit(event, T0).accepted
     assert len(intake.impressions) + len(intake.clicks) == 1

@@ -1,4 +1,4 @@
-"""The invalid traffic rules (DOMAIN.md, "Invalid traffic"), case by case at explicit timestamps: the plain rule
+"""The invalid traffic rules (docs/billing-rules.md), case by case at explicit timestamps: the plain rule
 (`billing.rule.bill`) and the DuckDB oracle (`tests.oracle.outcomes`) must both give each click its outcome."""
 
 from __future__ import annotations

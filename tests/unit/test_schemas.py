@@ -30,7 +30,7 @@ def test_schema_fields_are_the_contract(event_type: str, id_field: str) -> None:
         "ad_id": "string",
         "user_id": "string",
         "event_time": {"type": "long", "logicalType": "timestamp-millis"},
-        # Version 2: optional, with null defaults, so records of version 1 stay valid (DOMAIN.md, Events).
+        # Version 2: optional, with null defaults, so records of version 1 stay valid (docs/billing-rules.md, Events).
         "user_agent": ["null", "string"],
         "ip": ["null", "string"],
     }

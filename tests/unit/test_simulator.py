@@ -385,7 +385,7 @@ def test_the_rule_edges_occur(tmp_path):
 
 
 def brute_force_billable(arrivals, catalog) -> dict[str, tuple[str, int]]:
-    """The DOMAIN.md rule, written plainly: click_id -> (impression_id, micros)."""
+    """The docs/billing-rules.md rule, written plainly: click_id -> (impression_id, micros)."""
     accepted: dict[tuple[str, str], object] = {}
     for a in arrivals:  # in arrival order
         e = a.event
