@@ -12,7 +12,6 @@ record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,17 +29,16 @@ from attribution.closing import (
     final_charges,
     ledger_up_to,
 )
-from attribution.restore import save_record
 from attribution.stream_position import BILLING_QUERY
 from billing.catalog import Catalog
 from billing.closing_run import closed_by_exports
 from billing.corrections import Correction, CorrectionKind, check_reconciled
 from billing.export import ExportStatus, RecordType
 from billing.layout import DataLayout
+from billing.money import Amounts
 from billing.periods import Periods
 from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger
-from billing.store.redis_totals import RedisTotals
 
 
 @dataclass(frozen=True)
@@ -50,16 +48,20 @@ class PeriodAudit:
     period: str
     closed: bool
     rule_clicks: int
-    rule_micros: dict[str, int]
+    rule_micros: Amounts
     books_clicks: int
-    books_micros: dict[str, int]
+    books_micros: Amounts
     problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rule_micros", Amounts(self.rule_micros))
+        object.__setattr__(self, "books_micros", Amounts(self.books_micros))
 
     @property
     def balanced(self) -> bool:
-        return not self.problems and (self.rule_clicks, _nonzero(self.rule_micros)) == (
+        return not self.problems and (self.rule_clicks, self.rule_micros.nonzero()) == (
             self.books_clicks,
-            _nonzero(self.books_micros),
+            self.books_micros.nonzero(),
         )
 
     @property
@@ -106,7 +108,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
                 rule_clicks=final.num_rows,
                 rule_micros=_micros(final),
                 books_clicks=len(books) + sum(c.clicks for c in entries),
-                books_micros=by_currency(
+                books_micros=Amounts.of(
                     [(r["currency"], r["amount_micros"]) for r in books]
                     + [(c.currency, c.amount_micros) for c in entries]
                 ),
@@ -156,32 +158,5 @@ def exported_adjustments(exports: ExportFolders, closed: list[str]) -> dict[str,
     return out
 
 
-def record(config: ReconcileConfig, audits: list[PeriodAudit], ran_at_ms: int | None = None) -> None:
-    """Keep the audit's outcome in Redis, for the finance page."""
-    outcome: dict[str, object] = {
-        "ran_at_ms": ran_at_ms if ran_at_ms is not None else int(time.time() * 1000),
-        "periods": len(audits),
-        "differences": [a.period for a in audits if not a.balanced],
-        "rule_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.rule_micros.items()]),
-        "books_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.books_micros.items()]),
-    }
-    save_record(config.layout.last_audit_file, outcome)
-    RedisTotals.from_url(config.redis_url, config.redis_prefix).record_audit(outcome)
-
-
-def by_currency(amounts: Iterable[tuple[str, int]]) -> dict[str, int]:
-    """Micros added up per currency, never across two."""
-    out: dict[str, int] = {}
-    for currency, micros in amounts:
-        out[currency] = out.get(currency, 0) + micros
-    return dict(sorted(out.items()))
-
-
-def _nonzero(micros: dict[str, int]) -> dict[str, int]:
-    return {c: m for c, m in micros.items() if m}
-
-
-def _micros(table: pa.Table) -> dict[str, int]:
-    if not table.num_rows:
-        return {}
-    return by_currency(zip(table["currency"].to_pylist(), table["amount_micros"].to_pylist(), strict=True))
+def _micros(table: pa.Table) -> Amounts:
+    return Amounts.of_columns(table["currency"].to_pylist(), table["amount_micros"].to_pylist())

@@ -38,6 +38,7 @@ from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
 from billing.layout import DataLayout
+from billing.money import Amounts
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
@@ -63,7 +64,7 @@ class Restored:
 
     last_batch: int
     billed_clicks: int
-    billed_micros_by_currency: dict[str, int]
+    billed_micros_by_currency: Amounts
     corrections: int
     closed_periods: int
     late_events: int
@@ -195,12 +196,12 @@ def _restore(
     )
 
 
-def _micros_by_currency(ledger: pa.Table) -> dict[str, int]:
+def _micros_by_currency(ledger: pa.Table) -> Amounts:
     """The ledger's micros added up per currency, never across two."""
     if not ledger.num_rows:
-        return {}
-    grouped = ledger.group_by("currency").aggregate([("amount_micros", "sum")]).to_pylist()
-    return {row["currency"]: int(row["amount_micros_sum"]) for row in sorted(grouped, key=lambda r: r["currency"])}
+        return Amounts()
+    grouped = ledger.group_by("currency").aggregate([("amount_micros", "sum")])
+    return Amounts.of_columns(grouped["currency"].to_pylist(), grouped["amount_micros_sum"].to_pylist())
 
 
 def save_record(path: Path, record: dict[str, object]) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from billing.money import Amounts
 from billing.rule import BillableClick
 
 
@@ -602,18 +603,15 @@ def check_reconciled(
             if have != want:
                 problems.append(f"click {click_id}: stands {have} time(s) at {charge.describe()}, final wants {want}")
 
-    net_micros: Counter[str] = Counter()
-    for of_click in entries.values():
-        for sign, charge, _ in of_click:
-            net_micros[charge.currency] += sign * charge.amount_micros
-    final_micros: Counter[str] = Counter()
-    for bill in wanted.values():
-        final_micros[bill.charge.currency] += bill.charge.amount_micros
+    net_micros = Amounts.of(
+        (charge.currency, sign * charge.amount_micros) for of_click in entries.values() for sign, charge, _ in of_click
+    )
+    final_micros = Amounts.of((bill.charge.currency, bill.charge.amount_micros) for bill in wanted.values())
     for currency in sorted(net_micros.keys() | final_micros.keys()):
-        if net_micros[currency] != final_micros[currency]:
+        if net_micros.get(currency, 0) != final_micros.get(currency, 0):
             problems.append(
-                f"total {currency}: ledger + corrections = {net_micros[currency]} micros, final = "
-                f"{final_micros[currency]}"
+                f"total {currency}: ledger + corrections = {net_micros.get(currency, 0)} micros, final = "
+                f"{final_micros.get(currency, 0)}"
             )
     return problems
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from fractions import Fraction
 
 MICROS_PER_UNIT = 1_000_000
@@ -91,3 +92,72 @@ def rounding_rule(currency: str) -> str:
         f"from zero, to the currency's minor unit ({currency}: {unit}, ISO 4217); the tax is the rounded net times "
         "the rate, rounded the same way."
     )
+
+
+class Amounts(Mapping[str, int]):
+    """Money in one or several currencies: integer micros added up within each currency, never across two. Every
+    total the product shows or writes goes through it (a period's, an export's, the audit's, a page's). Immutable,
+    in currency order; a currency whose amounts net to zero is kept (`nonzero` drops it)."""
+
+    __slots__ = ("_micros",)
+
+    def __init__(self, micros: Mapping[str, int] | None = None) -> None:
+        for currency, amount in (micros or {}).items():
+            _check_amount(currency, amount)
+        self._micros: dict[str, int] = dict(sorted((micros or {}).items()))
+
+    @classmethod
+    def of(cls, amounts: Iterable[tuple[str, int]]) -> Amounts:
+        """(currency, micros) pairs added up per currency."""
+        out: dict[str, int] = {}
+        for currency, amount in amounts:
+            _check_amount(currency, amount)
+            out[currency] = out.get(currency, 0) + amount
+        return cls(out)
+
+    @classmethod
+    def of_columns(cls, currencies: Iterable[str], micros: Iterable[int]) -> Amounts:
+        """Two columns of a table (a currency and an amount per row) added up per currency."""
+        return cls.of(zip(currencies, micros, strict=True))
+
+    def __getitem__(self, currency: str) -> int:
+        return self._micros[currency]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._micros)
+
+    def __len__(self) -> int:
+        return len(self._micros)
+
+    def __repr__(self) -> str:
+        return f"Amounts({self._micros!r})"
+
+    def __add__(self, other: Mapping[str, int]) -> Amounts:
+        return Amounts.of([*self.items(), *other.items()])
+
+    def __neg__(self) -> Amounts:
+        return Amounts({currency: -amount for currency, amount in self.items()})
+
+    def __sub__(self, other: Mapping[str, int]) -> Amounts:
+        return self + -Amounts(other)
+
+    def nonzero(self) -> Amounts:
+        """Without the currencies that net to zero."""
+        return Amounts({currency: amount for currency, amount in self.items() if amount})
+
+    def single(self) -> int | None:
+        """The one total of amounts in at most one currency (0 for none); None for several: never added together."""
+        if len(self._micros) > 1:
+            return None
+        return sum(self._micros.values())
+
+    def as_dict(self) -> dict[str, int]:
+        """A plain dict (currency order), for JSON."""
+        return dict(self._micros)
+
+
+def _check_amount(currency: str, amount: int) -> None:
+    if not isinstance(currency, str):
+        raise TypeError(f"a currency is a code, got {type(currency).__name__} {currency!r}")
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TypeError(f"an amount is an integer number of micros, got {type(amount).__name__} {amount!r}")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from billing.money import Amounts
 from ops.settings import Settings
 
 if TYPE_CHECKING:
@@ -287,15 +288,13 @@ def audit_outcome(audits: list[PeriodAudit], ran_at_ms: int) -> dict[str, object
     """What the audit keeps of its run: the closed periods that differ (`differences`: what finance was given is
     wrong, a failure: the health page's red, `adbill_audit_periods_differing` and its alert) apart from the open
     ones that differ (`awaiting_close`: the stream's ledger before the close corrects it, no failure)."""
-    from attribution.audit import by_currency
-
     return {
         "ran_at_ms": ran_at_ms,
         "periods": len(audits),
         "differences": [a.period for a in audits if a.closed and not a.balanced],
         "awaiting_close": [a.period for a in audits if not a.closed and not a.balanced],
-        "rule_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.rule_micros.items()]),
-        "books_micros_by_currency": by_currency([(c, m) for a in audits for c, m in a.books_micros.items()]),
+        "rule_micros_by_currency": sum((a.rule_micros for a in audits), Amounts()).as_dict(),
+        "books_micros_by_currency": sum((a.books_micros for a in audits), Amounts()).as_dict(),
     }
 
 

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from billing.export import ExportStatus, RecordType
 from billing.layout import DataLayout
+from billing.money import Amounts
 from billing.periods import ANY_PERIOD, Periods
 from billing.store.durable import fsync_file, fsync_folder, make_folder
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount
@@ -193,13 +194,6 @@ class Manifest:
         )
 
 
-def single_total(by_currency: Mapping[str, int]) -> int | None:
-    """The one total of amounts in at most one currency (0 for none); None for several: never added together."""
-    if len(by_currency) > 1:
-        return None
-    return sum(by_currency.values())
-
-
 def export_folder(root: str | os.PathLike[str], period: str) -> Path:
     """`ROOT/exports/PERIOD`: where the export of `period` lives (`billing.layout`)."""
     return DataLayout(Path(root)).export(period)
@@ -286,19 +280,15 @@ def write_export(
             pq.write_table(not_charged, staging / NOT_CHARGED_FILE, compression="snappy")
             files.append(NOT_CHARGED_FILE)
             summary = not_charged_summary(not_charged)
-        by_currency: Counter[str] = Counter()
-        for currency, net in zip(
-            table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True
-        ):
-            by_currency[currency] += net
+        by_currency = Amounts.of_columns(table.column("currency").to_pylist(), table.column("net_micros").to_pylist())
         manifest = Manifest(
             period=period,
             period_start_ms=period_start_ms,
             period_end_ms=period_end_ms,
             closed_at_ms=closed_at_ms,
             rows=table.num_rows,
-            total_micros=single_total(by_currency),
-            total_micros_by_currency=dict(sorted(by_currency.items())),
+            total_micros=by_currency.single(),
+            total_micros_by_currency=by_currency.as_dict(),
             files={name: _digest(staging / name) for name in files},
             not_charged=summary,
             judged_with=dict(judged_with or {}),
@@ -381,18 +371,16 @@ def verify_export(folder: str | os.PathLike[str]) -> list[str]:
     if problems:
         return problems
     table = read_export(path)
-    by_currency: Counter[str] = Counter()
-    for currency, net in zip(table.column("currency").to_pylist(), table.column("net_micros").to_pylist(), strict=True):
-        by_currency[currency] += net
+    by_currency = Amounts.of_columns(table.column("currency").to_pylist(), table.column("net_micros").to_pylist())
     # A version 1 manifest added the currencies together in `total_micros`, and may have no split.
-    total = sum(by_currency.values()) if manifest.version < 2 else single_total(by_currency)
+    total = sum(by_currency.values()) if manifest.version < 2 else by_currency.single()
     if table.num_rows != manifest.rows:
         problems.append(f"{PARQUET_FILE} holds {table.num_rows} rows, the manifest says {manifest.rows}")
     if total != manifest.total_micros:
         problems.append(f"{PARQUET_FILE} totals {total} micros, the manifest says {manifest.total_micros}")
-    if (manifest.version >= 2 or manifest.total_micros_by_currency) and dict(
-        sorted(by_currency.items())
-    ) != manifest.total_micros_by_currency:
+    if (manifest.version >= 2 or manifest.total_micros_by_currency) and by_currency != Amounts(
+        manifest.total_micros_by_currency
+    ):
         problems.append(
             f"{PARQUET_FILE} totals {dict(sorted(by_currency.items()))} micros by currency, the manifest says "
             f"{manifest.total_micros_by_currency}"
@@ -472,14 +460,17 @@ def not_charged_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 
 def not_charged_summary(table: pa.Table) -> dict[str, dict[str, Any]]:
     """Per reason: `clicks`, and `micros_by_currency` of those with a price."""
-    summary: dict[str, dict[str, Any]] = {}
+    clicks: Counter[str] = Counter()
+    priced: dict[str, list[tuple[str, int]]] = {}
     for row in table.select(["reason", "amount_micros", "currency"]).to_pylist():
-        entry = summary.setdefault(row["reason"], {"clicks": 0, "micros_by_currency": {}})
-        entry["clicks"] += 1
+        clicks[row["reason"]] += 1
+        priced.setdefault(row["reason"], [])
         if row["amount_micros"] is not None and row["currency"]:
-            by = entry["micros_by_currency"]
-            by[row["currency"]] = by.get(row["currency"], 0) + row["amount_micros"]
-    return summary
+            priced[row["reason"]].append((row["currency"], row["amount_micros"]))
+    return {
+        reason: {"clicks": clicks[reason], "micros_by_currency": Amounts.of(amounts).as_dict()}
+        for reason, amounts in priced.items()
+    }
 
 
 def read_not_charged(folder: str | os.PathLike[str]) -> pa.Table:
