@@ -42,7 +42,7 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
-from billing.store.durable import make_folder, replace_files
+from billing.store.durable import write_whole
 from billing.store.export_files import (
     MANIFEST_FILE,
     exported_not_charged,
@@ -207,10 +207,7 @@ def _micros_by_currency(ledger: pa.Table) -> Amounts:
 def save_record(path: Path, record: dict[str, object]) -> None:
     """Keep a reconciliation or audit record (`DataLayout.last_run_file`, `last_audit_file`): written, flushed,
     renamed into place."""
-    touched = make_folder(path.parent)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(record, indent=1, default=str))
-    replace_files([(temporary, path)], touched)
+    write_whole(path, json.dumps(record, indent=1, default=str))
 
 
 def _table(folder: Path, columns: list[str], where: pc.Expression | None = None) -> pa.Table:

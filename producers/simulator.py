@@ -68,6 +68,7 @@ from billing.rule import (
 from billing.schemas import schema_text
 from billing.store.catalog_file import save_catalog
 from billing.store.crawler_list import CrawlerList, crawler_list
+from billing.store.durable import write_whole
 from producers.capture import (
     BudgetLine,
     CatalogEdit,
@@ -1331,14 +1332,9 @@ class _Spill:
 
 def _merge_runs(runs: list[Path], target: Path) -> None:
     """Merge sorted JSON Lines runs by click_id into `target`, atomically."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         sources = [stack.enter_context(open(run, encoding="utf-8")) for run in runs]
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for line in heapq.merge(*sources, key=lambda text: json.loads(text)["click_id"]):
-                out.write(line)
-        os.replace(tmp, target)
+        write_whole(target, lambda out: out.writelines(heapq.merge(*sources, key=lambda t: json.loads(t)["click_id"])))
 
 
 def write_run(
@@ -1405,27 +1401,18 @@ def write_capture(
 ) -> int:
     """Write arrivals (or bare events and raw records, schema versions and changes of the catalog, such as
     `Simulator.recording()` gives) as a JSON Lines capture, atomically; returns lines."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")
     lines = 0
-    try:
-        with open(fd, "w", encoding="utf-8") as out:
-            for arrival in arrivals:
-                item = arrival.item if isinstance(arrival, Arrival) else arrival
-                out.write(capture_line(item) + "\n")
-                lines += 1
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    def write(out: IO[str]) -> None:
+        nonlocal lines
+        for arrival in arrivals:
+            item = arrival.item if isinstance(arrival, Arrival) else arrival
+            out.write(capture_line(item) + "\n")
+            lines += 1
+
+    write_whole(Path(path), write)
     return lines
 
 
 def _write_json(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=1, sort_keys=False)
-        out.write("\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data, indent=1, sort_keys=False) + "\n")

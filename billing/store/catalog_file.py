@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import getpass
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from billing.catalog import Catalog, CatalogChange
-from billing.store.durable import fsync_folder
+from billing.store.durable import write_whole
 
 Clock = Callable[[], int]
 """Returns "now" as epoch milliseconds, UTC."""
@@ -39,19 +38,7 @@ def wall_clock_ms() -> int:
 
 def save_catalog(catalog: Catalog, path: str | os.PathLike[str]) -> None:
     """Write atomically and durably: readers see the old file or the new one, never half of one."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".catalog-")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(catalog.to_json())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # nothing half-written left behind
-        raise
-    fsync_folder(target.parent)
+    write_whole(Path(path), catalog.to_json())
 
 
 def load_catalog(path: str | os.PathLike[str]) -> Catalog:

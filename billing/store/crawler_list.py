@@ -12,7 +12,6 @@ carriage return), and one list must give one verdict.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from functools import cache, cached_property, lru_cache
@@ -22,7 +21,7 @@ from typing import Any
 
 import crawleruseragents
 
-from billing.store.durable import make_folder, replace_files, staged
+from billing.store.durable import write_whole
 
 PACKAGE = "crawler-user-agents"
 """The distribution that ships the list."""
@@ -90,14 +89,9 @@ def keep_list(folder: Path, crawlers: CrawlerList) -> Path:
     target = folder / f"{_file_name(crawlers.version)}.json"
     if target.exists():
         return target
-    touched = make_folder(folder)
-    staging = folder / f".{target.name}.{os.getpid()}"
-    with staged(staging):
-        staging.write_text(
-            json.dumps({"package": PACKAGE, "version": crawlers.version, "patterns": list(crawlers.patterns)}),
-            encoding="utf-8",
-        )
-        replace_files([(staging, target)], touched)
+    write_whole(
+        target, json.dumps({"package": PACKAGE, "version": crawlers.version, "patterns": list(crawlers.patterns)})
+    )
     return target
 
 

@@ -1,5 +1,9 @@
 """Files that are on disk once written: flushed, renamed into place, and their folder flushed too.
 
+`write_whole` is the one way the product writes a file whole (a record, a kept list, a catalog file, an invoice, a
+simulated run's files): readers see the old file or the new one, never half of one, a power loss keeps whichever was
+renamed last, and a writer that fails leaves no staging file behind.
+
 A rename makes a file appear whole or not at all to readers, but only `fsync` makes it survive a power loss: the
 file's bytes, and the folder entry that names it, sit in the page cache until flushed. The ledger, archive,
 quarantine and finance files are written through here before the batch or the period that they belong to is
@@ -9,10 +13,12 @@ committed anywhere else (the Spark checkpoint, Redis, the reconciliation state f
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 
 def fsync_file(path: Path) -> None:
@@ -69,3 +75,41 @@ def staged(staging: Path) -> Iterator[Path]:
     except BaseException:
         staging.unlink(missing_ok=True)
         raise
+
+
+STEPS = ("staged", "flushed", "renamed")
+"""The points between `write_whole`'s steps: the staging file written, flushed to disk, renamed into place (the
+folder's flush follows)."""
+
+step_hook: Callable[[str, Path], None] | None = None
+"""Called with each of `STEPS` and the target, when set: how a test stops a writer between its steps."""
+
+
+def write_whole(target: Path, write: str | Callable[[IO[str]], None], mode: int | None = None) -> None:
+    """Write `target` whole: `write` (a text, or a function given the open text file) into a hidden staging file in
+    the same folder, flushed, renamed over `target`, the folder flushed (with the folders made for it). `mode`: the
+    file's permissions (the staging file is 0600 until then). The staging file is removed when any step fails."""
+    touched = make_folder(target.parent)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    staging = Path(name)
+    with staged(staging):
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            if isinstance(write, str):
+                out.write(write)
+            else:
+                write(out)
+            _step("staged", target)
+            out.flush()
+            os.fsync(out.fileno())
+        _step("flushed", target)
+        if mode is not None:
+            os.chmod(staging, mode)
+        os.replace(staging, target)
+    _step("renamed", target)
+    for folder in {target.parent, *touched}:
+        fsync_folder(folder)
+
+
+def _step(name: str, target: Path) -> None:
+    if step_hook is not None:
+        step_hook(name, target)

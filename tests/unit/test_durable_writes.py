@@ -1,0 +1,103 @@
+"""Every file the product writes whole goes through one writer (`billing.store.durable.write_whole`): a writer killed
+between any two of its steps leaves the old file or the new one, whole, never half of one, and never a staging
+file a reader takes for the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from attribution.restore import save_record
+from billing.catalog import generate_catalog
+from billing.events import Click
+from billing.store import durable
+from billing.store.catalog_file import load_catalog, save_catalog
+from billing.store.crawler_list import CrawlerList, keep_list
+from producers.simulator import write_capture
+
+Write = Callable[[Path, int], Path]
+"""Writes generation `n` of a file under a folder; returns the file's path."""
+Read = Callable[[Path], int]
+"""The generation of the whole file at a path (raises when it is not whole)."""
+
+
+def _catalog(folder: Path, n: int) -> Path:
+    save_catalog(generate_catalog(3, 2, 2 + n, seed=n), folder / "catalog.json")
+    return folder / "catalog.json"
+
+
+def _record(folder: Path, n: int) -> Path:
+    save_record(folder / "last-run.json", {"generation": n, "padding": "x" * 200_000})
+    return folder / "last-run.json"
+
+
+def _capture(folder: Path, n: int) -> Path:
+    write_capture(
+        [Click(f"c{n}-{i}", "ad-1", "u", 1_800_000_000_000 + i) for i in range(n * 500)], folder / "run.jsonl"
+    )
+    return folder / "run.jsonl"
+
+
+def _kept_list(folder: Path, n: int) -> Path:
+    return keep_list(folder / "lists", CrawlerList(f"1.{n}", tuple(f"bot{i}" for i in range(1000))))
+
+
+def _plain(folder: Path, n: int) -> Path:
+    durable.write_whole(folder / "plain.txt", f"{n}\n" * 100_000)
+    return folder / "plain.txt"
+
+
+WRITERS: dict[str, tuple[Write, Read]] = {
+    "catalog file": (_catalog, lambda p: len(load_catalog(p)) // 6 - 2),  # 3 advertisers x 2 campaigns x (2 + n) ads
+    "reconciliation record": (_record, lambda p: int(json.loads(p.read_text())["generation"])),
+    "capture": (_capture, lambda p: len(p.read_text().splitlines()) // 500),
+    "kept crawler list": (_kept_list, lambda p: int(json.loads(p.read_text())["version"].split(".")[1])),
+    "any text": (_plain, lambda p: int(set(p.read_text().splitlines()).pop())),
+}
+
+
+@pytest.mark.parametrize("step", durable.STEPS)
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_writer_killed_between_its_steps_leaves_the_old_file_or_the_new_one_whole(
+    writer: str, step: str, tmp_path: Path
+) -> None:
+    write, read = WRITERS[writer]
+    first = write(tmp_path, 1) if writer != "kept crawler list" else None  # a kept list is written once per version
+    if first is not None:
+        assert read(first) == 1
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child is killed at `step`
+
+        def kill(at: str, target: Path) -> None:
+            if at == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        durable.step_hook = kill
+        try:
+            write(tmp_path, 2)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, "the writer was killed at its step"
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    expected = {"staged": 1, "flushed": 1, "renamed": 2}[step]
+    if first is None and expected == 1:
+        assert files == [], "a kept list killed before its rename is not there at all"
+    else:
+        assert len(files) == 1 and read(files[0]) == expected
+    staging = [p for p in tmp_path.rglob(".*") if p.is_file()]
+    assert len(staging) == (0 if step == "renamed" else 1), "a staging file is hidden (a dot-file) beside its target"
+
+
+def test_a_writer_that_fails_leaves_no_staging_file(tmp_path: Path) -> None:
+    def fail(out: object) -> None:
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        durable.write_whole(tmp_path / "a" / "b.json", fail)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == []
