@@ -83,7 +83,8 @@ from billing.store.export_files import (
     read_not_charged,
     write_export,
 )
-from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles, InvoiceStoreError
+from billing.store.invoice_db import InvoiceDatabase
+from billing.store.invoice_files import ExportInvoiceSource, InvoiceStoreError
 from billing.store.names_file import NamesFile
 from billing.store.parquet_ledger import read_batches, read_ledger
 from billing.store.period_states import load_states, save_states
@@ -371,11 +372,16 @@ def issue_invoices(
 ) -> list[str]:
     """Issue the monthly invoices of every month whose periods are all closed (`billing.invoices.issue_ready`) from
     the exports, the corrections and the billing profiles of the data folder; what was done, in words. A failure
-    is said, not raised: the closing run's work stands, and the next run (or `adbill invoices issue`) tries again."""
+    is said, not raised: the closing run's work stands, and the next run (or `adbill invoices issue`) tries again.
+    The invoices and their numbers are the database's (`billing.store.invoice_db`); a file an issuer did not write
+    (it stopped after its commit) is written from the database here."""
     layout = config.layout
     try:
+        if not config.database_url:
+            raise InvoiceStoreError("no database keeps the invoices (ReconcileConfig.database_url)")
+        book = InvoiceDatabase(config.database_url, layout)
         done = issue_ready(
-            InvoiceFiles(layout),
+            book,
             ExportInvoiceSource(layout),
             ProfileFile(layout.billing_profiles_file).current(),
             Periods(config.period_ms),
@@ -387,11 +393,12 @@ def issue_invoices(
             only,
             NamesFile(layout.names_file).current().campaigns,
         )
+        written = book.write_files()  # those an issuer committed and stopped before it wrote
     except (InvoiceError, InvoiceStoreError, OSError, ValueError) as exc:
         if only is not None:
             raise
         return [f"invoices not issued: {exc}"]
-    return done.describe()
+    return done.describe() + ([f"invoice files written again from the database: {len(written)}"] if written else [])
 
 
 RELEASE_WAIT_S = 10.0
@@ -437,7 +444,7 @@ class ReconciliationRelease:
         if not held.num_rows:
             return None
         try:
-            registry = open_registry(self.config.registry_location)
+            registry = open_registry(self.config.registry_location, layout.schemas_file)
             schemas = {event_type: registered_versions(registry, event_type) for event_type in EVENT_TYPES}
         except SchemaRegistryError as exc:
             progress(f"release left to the next run: the schema registry cannot be read: {exc}")

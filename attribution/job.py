@@ -426,7 +426,7 @@ class BatchSink:
     @cached_property
     def schema_watch(self) -> WriterSchemaWatch:
         known = {"impression": frozenset(self.config.impression_schemas), "click": frozenset(self.config.click_schemas)}
-        return WriterSchemaWatch(self.config.registry_location or "", known)
+        return WriterSchemaWatch(self.config.registry_location or "", known, self.config.layout.schemas_file)
 
     def release(self, batch_id: int, advertiser_of: Mapping[str, str]) -> Release:
         """On the query's first batch, the quarantined records it can decode now (`attribution.release`)."""
@@ -609,7 +609,7 @@ def _start(
 
 def with_registered_schemas(config: StreamConfig) -> StreamConfig:
     """`config` with the writer schemas of every version its registry holds now."""
-    registry = open_registry(config.registry_location or "")
+    registry = open_registry(config.registry_location or "", config.layout.schemas_file)
     return replace(
         config,
         impression_schemas=registered_versions(registry, "impression"),

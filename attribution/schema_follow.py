@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -61,12 +62,14 @@ class WriterSchemaWatch:
     registry_location: str
     known: Mapping[str, frozenset[int]]
     """Event type -> the schema ids the query was built with."""
+    imports: Path | None = None
+    """A data folder's registry file of an earlier release, taken into a registry in the database (`open_registry`)."""
     _registry: SchemaRegistry | None = field(default=None, repr=False)
 
     @property
     def registry(self) -> SchemaRegistry:
         if self._registry is None:
-            self._registry = open_registry(self.registry_location)
+            self._registry = open_registry(self.registry_location, self.imports)
         return self._registry
 
     def new_versions(self) -> dict[str, list[int]]:

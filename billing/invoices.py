@@ -22,10 +22,11 @@ rounded once, half away from zero, to the currency's minor unit (`billing.money.
 amount times the rate of the advertiser's billing profile in force at the month's end, rounded the same way; the
 total is their sum. An invoice never changes once issued.
 
-**Numbers.** A gap-free sequence over all invoices, under a lock (`InvoiceBook`, the files in
-`billing.store.invoice_files`): a month's plan (the exports it covers and the advertisers) is written before its
-first invoice, each invoice takes the next number when it is written, and a run that stopped half-way is completed
-by the next from the plan, with the next numbers.
+**Numbers.** A gap-free sequence over all invoices, under a lock that holds across hosts (`InvoiceBook`, kept in
+the database by `billing.store.invoice_db`): a month's plan (the exports it covers and the advertisers) is written
+before its first invoice, each invoice takes the next number, and all of it is kept together or not at all when the
+lock is let go; a month an earlier release's issuer stopped half-way is completed from its plan, with the next
+numbers.
 
 Pure: the exports' figures come through `InvoiceSource`, the files through `InvoiceBook`.
 """
@@ -504,10 +505,11 @@ class InvoiceSource(Protocol):
 
 
 class InvoiceBook(Protocol):
-    """Where invoices are kept (`billing.store.invoice_files.InvoiceFiles`)."""
+    """Where invoices are kept (`billing.store.invoice_db.InvoiceDatabase`)."""
 
     def lock(self) -> AbstractContextManager[None]:
-        """Held while a month is issued: one issuer at a time."""
+        """Held while a month is issued: one issuer at a time; what is written under it is kept when it is let go,
+        or none of it."""
 
     def issued_months(self) -> list[str]:
         """Months whose every invoice is written."""
@@ -525,7 +527,7 @@ class InvoiceBook(Protocol):
         """The highest number issued (0 before the first)."""
 
     def write(self, invoice: Invoice) -> None:
-        """Keep an invoice, whole or not at all; its number is issued once this returns."""
+        """Keep an invoice, whole or not at all; its number is issued once the lock is let go."""
 
     def mark_issued(self, month: str) -> None: ...
 

@@ -343,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["issue", "list", "show"])
     p.add_argument("advertiser", nargs="?", help="show: the advertiser; list: only its invoices")
     p.add_argument("--month", help="YYYY-MM: issue that month (and those before it), list or show it")
-    p.set_defaults(run=cmd_invoices)
+    p.set_defaults(run=cmd_invoices, needs=("postgres",))  # the invoices; the profiles and names they are made with
 
     p = sub.add_parser(
         "profiles",
@@ -726,7 +726,6 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.schema_registry import open_registry
     from producers.publisher import simulate_to_kafka
     from producers.simulator import SimulationConfig
 
@@ -767,7 +766,7 @@ def cmd_produce(settings: Settings, args: argparse.Namespace) -> int:
     summary = simulate_to_kafka(
         config,
         bootstrap_servers=settings.kafka_bootstrap,
-        registry=open_registry(settings.registry_location),
+        registry=settings.schema_registry_store(),
         run_dir=run_dir,
         topics=settings.topics,
         rate=None if args.live else args.rate,
@@ -974,7 +973,6 @@ def cmd_restore_redis(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.schema_registry import open_registry
     from producers.capture import CatalogEdit
     from producers.publisher import apply_to_store, replay_to_kafka
 
@@ -988,7 +986,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     summary = replay_to_kafka(
         args.file,
         bootstrap_servers=settings.kafka_bootstrap,
-        registry=open_registry(settings.registry_location),
+        registry=settings.schema_registry_store(),
         topics=settings.topics,
         rate=args.rate,
         progress=_progress(args),

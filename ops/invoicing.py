@@ -15,13 +15,17 @@ if TYPE_CHECKING:
 
 def issue_invoices(settings: Settings, month: str | None) -> int:
     """Issue every month whose periods are all closed and that has no invoices yet, oldest first (or `month`, and
-    the months before it); idempotent. 0 when done, 1 when `month` cannot be invoiced yet (the line says why)."""
+    the months before it); idempotent. 0 when done, 1 when `month` cannot be invoiced yet (the line says why), 69
+    when the database that keeps the invoices cannot be reached."""
     from attribution.closing import ExportFolders, data_versions
     from attribution.closing import issue_invoices as issue
     from billing.closing_run import closed_by_exports
     from billing.invoices import InvoiceError
     from billing.periods import Periods
+    from billing.store.invoice_db import InvoiceDatabaseUnavailable
+    from billing.store.invoice_files import InvoiceStoreError
     from billing.store.period_states import load_states
+    from ops.cli import EXIT_UNREACHABLE
     from ops.reconciling import reconcile_config
 
     config = reconcile_config(settings)
@@ -30,9 +34,9 @@ def issue_invoices(settings: Settings, month: str | None) -> int:
     states = closed_by_exports(ExportFolders(layout), load_states(layout.periods_file))
     try:
         lines = issue(config, versions, states, lambda: int(time.time() * 1000), month)
-    except InvoiceError as exc:
+    except (InvoiceError, InvoiceStoreError) as exc:
         print(f"invoices: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE if isinstance(exc, InvoiceDatabaseUnavailable) else 1
     for line in lines or ["invoices: nothing to issue (every month whose periods are all closed is invoiced)"]:
         print(line if line.startswith("invoices") else f"invoices: {line}")
     return 0
@@ -41,9 +45,8 @@ def issue_invoices(settings: Settings, month: str | None) -> int:
 def list_invoices(settings: Settings, month: str | None, advertiser: str | None) -> int:
     """One line per invoice: number, month, advertiser, total, due date."""
     from billing.money import format_micros
-    from billing.store.invoice_files import InvoiceFiles
 
-    book = InvoiceFiles(settings.layout)
+    book = settings.invoice_store()
     months = [month] if month else book.months()
     found = [i for m in months for i in book.invoices_in(m) if advertiser in (None, i.advertiser_id)]
     for i in found:
@@ -58,9 +61,7 @@ def list_invoices(settings: Settings, month: str | None, advertiser: str | None)
 
 def show_invoice(settings: Settings, advertiser: str, month: str) -> int:
     """The invoice as text: who, lines, totals, the rounding rule and the terms."""
-    from billing.store.invoice_files import InvoiceFiles
-
-    invoice = InvoiceFiles(settings.layout).invoice(month, advertiser)
+    invoice = settings.invoice_store().invoice(month, advertiser)
     if invoice is None:
         print(f"invoices: {advertiser} has no invoice for {month}", file=sys.stderr)
         return 1

@@ -18,6 +18,8 @@ from billing.layout import DataLayout
 
 if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
+    from billing.store.invoice_db import InvoiceDatabase
+    from billing.store.schema_registry import SchemaRegistry
 
 PREFIX = "ADBILL_"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +54,10 @@ class Settings:
     )
     schema_registry: str = _setting(
         "",
-        "Schema registry: an http(s) URL of a Confluent-compatible registry, or a file (default HOME/schemas.json).",
+        "Schema registry: a postgresql:// URL, an http(s) URL of a Confluent-compatible registry, or a JSON file "
+        "(a path or file://; one machine without a database). Default: the database (ADBILL_DATABASE_URL), which "
+        "takes in HOME/schemas.json of an earlier release once, its ids kept, and sets it aside as "
+        "schemas.json.imported.",
     )
 
     redis_url: str = _setting(
@@ -383,6 +388,13 @@ class Settings:
 
         return CatalogDatabase(self.database_url, imports=self.catalog_file)
 
+    def invoice_store(self) -> InvoiceDatabase:
+        """The monthly invoices and their numbers: the database (`database_url`), each invoice's file written into
+        HOME/invoices from it, and an earlier release's invoice files there taken in when it holds none."""
+        from billing.store.invoice_db import InvoiceDatabase
+
+        return InvoiceDatabase(self.database_url, self.layout)
+
     @property
     def postgres_port(self) -> int:
         from urllib.parse import urlparse
@@ -409,7 +421,15 @@ class Settings:
 
     @property
     def registry_location(self) -> str:
-        return self.schema_registry or str(self.layout.schemas_file)
+        """The schema registry: `schema_registry`, or the database."""
+        return self.schema_registry or self.database_url
+
+    def schema_registry_store(self) -> SchemaRegistry:
+        """The schema registry at `registry_location`; in a database, HOME/schemas.json of an earlier release taken
+        in first (once)."""
+        from billing.store.schema_registry import open_registry
+
+        return open_registry(self.registry_location, imports=self.layout.schemas_file)
 
     @property
     def topics(self) -> dict[str, str]:

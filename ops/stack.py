@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from billing.catalog import Catalog, CatalogError, generate_catalog
+from billing.store.database import without_password
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
 from ops.postgres_service import DATABASE, LocalPostgres, database_url
@@ -119,9 +120,8 @@ def ensure_catalog(settings: Settings) -> Catalog:
 def ensure_schemas(settings: Settings) -> dict[str, int]:
     """Register the event schemas (idempotent); returns topic to schema id."""
     from billing.schemas import schema_text, subject_of
-    from billing.store.schema_registry import open_registry
 
-    registry = open_registry(settings.registry_location)
+    registry = settings.schema_registry_store()
     return {
         topic: registry.register(subject_of(event_type), schema_text(event_type))
         for event_type, topic in settings.topics.items()
@@ -174,7 +174,7 @@ class Stack:
             f"{catalog.version}  ({s.database_url})"
         )
         ids = ensure_schemas(s)
-        _say(f"schemas  ready     {ids}  ({s.registry_location})")
+        _say(f"schemas  ready     {ids}  ({without_password(s.registry_location)})")
 
     def start_service(self, name: str, service: LocalKafka | LocalRedis | LocalPostgres, url: str, where: str) -> None:
         """Start a local service unless it already runs (then it is used, and left running at the end)."""

@@ -21,9 +21,8 @@ def stream_config(settings: Settings) -> StreamConfig:
     """The job's sources and sinks, with every registered version of each event schema."""
     from attribution.job import StreamConfig
     from billing.schemas import subject_of
-    from billing.store.schema_registry import open_registry
 
-    registry = open_registry(settings.registry_location)
+    registry = settings.schema_registry_store()
 
     def versions(event_type: str) -> dict[int, str]:
         return {schema_id: registry.schema_by_id(schema_id) for schema_id in registry.ids(subject_of(event_type))}

@@ -51,6 +51,7 @@ from web.tokens import TokensFile
 
 if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
+    from billing.store.invoice_db import InvoiceDatabase
 
 RETRY_AFTER_S = 5
 """What a 503 (Redis unreachable) tells a client to wait before it tries again."""
@@ -72,6 +73,7 @@ class WebSettings(Protocol):
     @property
     def root(self) -> Path: ...
     def catalog_store(self) -> CatalogDatabase: ...
+    def invoice_store(self) -> InvoiceDatabase: ...
     @property
     def users_file(self) -> Path: ...
     @property
@@ -184,7 +186,7 @@ def create_app(
     register_click_pages(app, settings, catalogs)  # a click's story: its page and API document
     app.register_blueprint(change_pages)  # the catalog's change log
     app.register_blueprint(change_api)
-    invoice_views.register(app, settings.root)  # the monthly invoices and the billing profiles
+    invoice_views.register(app, settings.root, settings.invoice_store())  # the monthly invoices, the billing profiles
     naming.register(app, settings.root)  # the names of campaigns and ads
 
     @app.after_request

@@ -27,7 +27,7 @@ from billing.catalog import CatalogError
 from billing.invoices import Invoice, InvoiceError, month_of_ms, parse_month
 from billing.layout import DataLayout
 from billing.profiles import BillingProfiles, ProfileError, profile_change
-from billing.store.invoice_files import InvoiceFiles
+from billing.store.invoice_db import InvoiceDatabase
 from billing.store.profile_file import ProfileFile
 from web.access import may_change_catalog
 from web.ad_catalog import effective_from_text, maker
@@ -51,16 +51,17 @@ api_bp = Blueprint("invoices_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 
 
-def register(app: Flask, root: Path) -> None:
-    """Keep the invoice files and the profiles file of the data folder `root` for the views, and add the routes."""
+def register(app: Flask, root: Path, invoices: InvoiceDatabase) -> None:
+    """Keep the invoices' store (the database: the pages read the invoices as issued there) and the profiles file
+    of the data folder `root` for the views, and add the routes."""
     layout = DataLayout(root)
-    app.extensions[EXTENSION] = (InvoiceFiles(layout), ProfileFile(layout.billing_profiles_file))
+    app.extensions[EXTENSION] = (invoices, ProfileFile(layout.billing_profiles_file))
     app.register_blueprint(bp)
     app.register_blueprint(api_bp)
 
 
-def book() -> InvoiceFiles:
-    found: InvoiceFiles = current_app.extensions[EXTENSION][0]
+def book() -> InvoiceDatabase:
+    found: InvoiceDatabase = current_app.extensions[EXTENSION][0]
     return found
 
 

@@ -1,32 +1,30 @@
-"""The monthly invoices' files, and the exports as invoices read them.
+"""The monthly invoices as files: the documents finance reads, written from the database; the exports as invoices
+read them; and a data folder's invoices written before the database, read once to be taken in.
 
 ```
 ROOT/invoices/
-  lock                     flock: one issuer at a time (reconciliation's run, `adbill invoices issue`)
-  register.json            every number issued: {"last": N, "numbers": {"1": {"month", "advertiser_id"}, ...}}
-  2026-01/plan.json        the exports the month's invoices cover and the advertisers (written first, never again)
   2026-01/ADVERTISER.json  one invoice (`billing.invoices.Invoice.to_json`), read-only, never rewritten
-  2026-01/issued           the month's invoices are all written
 ```
 
-A number is issued when its invoice file is renamed into place (written to a hidden file, flushed, renamed, the
-folder flushed): the file is the proof. The next number is one more than the highest of the files and the register,
-read under the lock, so a crash before the rename leaves no number used (the next issuer takes it) and one after it
-leaves the number used once (the register is brought up to date from the files at the next issue). Two issuers
-wait for each other on the lock.
+The invoices, their numbers and each month's plan are kept in the database (`billing.store.invoice_db`); an
+invoice's file is written from its row once the row is committed (staged, flushed, renamed into place, the folder
+flushed), and written again from the row when it is missing.
+
+A data folder of an earlier release kept the numbers in files under a lock file: `register.json` (every number
+issued), `2026-01/plan.json` (the exports a month covers, its advertisers) and `2026-01/issued` (the month's
+invoices all written) beside the invoice files. `read_earlier` reads them for the one take-in; `set_aside` renames
+them `NAME.imported` afterwards (the invoice files stay: they are the documents).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,172 +38,139 @@ PLAN_FILE = "plan.json"
 ISSUED_FILE = "issued"
 REGISTER_FILE = "register.json"
 LOCK_FILE = "lock"
+IMPORTED = ".imported"
+"""The suffix of an earlier release's file once taken in."""
 _MONTH_DIR = re.compile(r"\d{4}-\d{2}", re.ASCII)
 _FIGURE_KEYS = ("advertiser_id", "campaign_id", "currency", "record_type", "status", "reason", "corrects_period")
 
 
 class InvoiceStoreError(RuntimeError):
-    """The invoice files disagree with the register (an invoice file removed by hand): nothing is issued."""
+    """The invoices cannot be kept or read as they are (an earlier release's files that disagree with their
+    register, an invoice issued twice): nothing is issued."""
 
 
-class InvoiceFiles:
-    """`billing.invoices.InvoiceBook` over `ROOT/invoices/`; `crash` is called with a step's name before it (tests
-    make a step fail there, as a crash would)."""
+# --- The documents --------------------------------------------------------------------------------------------
 
-    def __init__(self, layout: DataLayout, crash: Any = None) -> None:
-        self.folder = layout.invoices
-        self._crash = crash or (lambda step: None)
 
-    # Reading ---------------------------------------------------------------------------------------------------
-    def months(self) -> list[str]:
-        """Months with a plan or an invoice, oldest first."""
-        if not self.folder.is_dir():
-            return []
-        return sorted(p.name for p in self.folder.iterdir() if p.is_dir() and _MONTH_DIR.fullmatch(p.name))
+def invoice_path(folder: Path, month: str, advertiser_id: str) -> Path:
+    """`FOLDER/MONTH/ADVERTISER.json`; ValueError for an advertiser id that cannot name a file."""
+    if "/" in advertiser_id or advertiser_id.startswith(".") or not advertiser_id:
+        raise ValueError(f"{advertiser_id!r} cannot name an invoice file")
+    return folder / parse_month(month) / f"{advertiser_id}.json"
 
-    def issued_months(self) -> list[str]:
-        return [m for m in self.months() if (self.folder / m / ISSUED_FILE).exists()]
 
-    def plan(self, month: str) -> MonthPlan | None:
-        path = self.folder / parse_month(month) / PLAN_FILE
-        return MonthPlan.from_json(path.read_text(encoding="utf-8")) if path.exists() else None
+def invoice_files_of(folder: Path, month: str) -> set[str]:
+    """The advertisers of `month` with an invoice file."""
+    found = folder / month
+    if not found.is_dir():
+        return set()
+    return {p.stem for p in found.glob("*.json") if p.name != PLAN_FILE and not p.name.startswith(".")}
 
-    def planned_periods(self) -> set[str]:
-        found: set[str] = set()
-        for month in self.months():
-            plan = self.plan(month)
-            if plan is not None:
-                found.update(plan.periods)
-        return found
 
-    def has(self, month: str, advertiser_id: str) -> bool:
-        return self._path(month, advertiser_id).exists()
+def write_invoice_file(
+    folder: Path, month: str, advertiser_id: str, document: str, crash: Callable[[str], None] = lambda step: None
+) -> None:
+    """Write an invoice's document as its read-only file, whole or not at all: staged in a hidden file, flushed,
+    renamed into place and the folder flushed (`crash` is called before the rename: tests stop there). A file
+    already there is left alone (an issued invoice never changes)."""
+    target = invoice_path(folder, month, advertiser_id)
+    if target.exists():
+        return
+    touched = make_folder(target.parent)
+    fd, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(document)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(staging, 0o444)
+        crash("file")
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    for parent in [*touched, target.parent]:
+        fsync_folder(parent)
 
-    def invoice(self, month: str, advertiser_id: str) -> Invoice | None:
-        """The advertiser's invoice of the month, or None."""
-        path = self._path(month, advertiser_id)
-        try:
-            return Invoice.from_json(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
 
-    def invoices_of(self, advertiser_id: str) -> list[Invoice]:
-        """Every invoice of the advertiser, newest month first."""
-        found = [self.invoice(m, advertiser_id) for m in reversed(self.months())]
-        return [i for i in found if i is not None]
+# --- An earlier release's files -------------------------------------------------------------------------------
 
-    def invoices_in(self, month: str) -> list[Invoice]:
-        """Every invoice of the month, by number."""
-        folder = self.folder / parse_month(month)
-        if not folder.is_dir():
-            return []
-        found = [
-            Invoice.from_json(p.read_text(encoding="utf-8"))
-            for p in folder.glob("*.json")
-            if p.name != PLAN_FILE and not p.name.startswith(".")
-        ]
-        return sorted(found, key=lambda i: i.number)
 
-    def numbers(self) -> dict[int, tuple[str, str]]:
-        """Number -> (month, advertiser) of every invoice file."""
-        out: dict[int, tuple[str, str]] = {}
-        for month in self.months():
-            for path in (self.folder / month).glob("*.json"):
-                if path.name == PLAN_FILE or path.name.startswith("."):
-                    continue
-                number = int(json.loads(path.read_text(encoding="utf-8"))["number"])
-                if number in out:
-                    raise InvoiceStoreError(f"invoice number {number} appears twice: {out[number]} and {path}")
-                out[number] = (month, path.stem)
-        return out
+@dataclass
+class EarlierInvoices:
+    """What an earlier release kept in `ROOT/invoices/`: each month's plan, the months all issued, and every invoice
+    with its document as written (by number)."""
 
-    # Issuing ---------------------------------------------------------------------------------------------------
-    @contextmanager
-    def lock(self) -> Iterator[None]:
-        make_folder(self.folder)
-        with (self.folder / LOCK_FILE).open("a+") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    plans: dict[str, MonthPlan] = field(default_factory=dict)
+    issued: set[str] = field(default_factory=set)
+    documents: dict[int, tuple[Invoice, str]] = field(default_factory=dict)
 
-    def last_number(self) -> int:
-        """The highest number issued: the register, brought up to date from the files (a run that stopped after an
-        invoice's rename and before the register's); InvoiceStoreError when the register names an invoice whose file
-        is gone (its number must not be issued again)."""
-        files = self.numbers()
-        register = self._register()
-        listed = {int(n): (v["month"], v["advertiser_id"]) for n, v in register.get("numbers", {}).items()}
-        gone = sorted(n for n in listed if n not in files)
-        if gone:
-            raise InvoiceStoreError(
-                f"invoice number(s) {gone} are in {self.folder / REGISTER_FILE} but their files are gone; put them "
-                "back (an issued invoice never changes) before issuing more"
-            )
-        last = max([int(register.get("last", 0)), *files], default=0)
-        if files != listed or last != register.get("last", 0):
-            self._write_register(last, files)
-        return last
 
-    def write_plan(self, plan: MonthPlan) -> None:
-        folder = self.folder / plan.month
-        touched = make_folder(folder)
-        self._place(folder / PLAN_FILE, plan.to_json(), "plan")
-        for parent in touched:
-            fsync_folder(parent)
+def _kept(path: Path) -> Path | None:
+    """`path`, or the name it was set aside under (a take-in that renamed it and did not commit)."""
+    for candidate in (path, path.with_name(path.name + IMPORTED)):
+        if candidate.exists():
+            return candidate
+    return None
 
-    def write(self, invoice: Invoice) -> None:
-        path = self._path(invoice.month, invoice.advertiser_id)
+
+def read_earlier(folder: Path) -> EarlierInvoices | None:
+    """The invoices an earlier release kept in `folder` (`ROOT/invoices`), or None when it kept none there;
+    InvoiceStoreError when its files disagree with its register (a number issued twice, an invoice file removed by
+    hand: its number must never be issued again, so nothing is taken in until it is put back)."""
+    register_path = _kept(folder / REGISTER_FILE)
+    months = (
+        sorted(p.name for p in folder.iterdir() if p.is_dir() and _MONTH_DIR.fullmatch(p.name))
+        if (folder.is_dir())
+        else []
+    )
+    if register_path is None and not months:
+        return None
+    found = EarlierInvoices()
+    for month in months:
+        plan = _kept(folder / month / PLAN_FILE)
+        if plan is not None:
+            found.plans[month] = MonthPlan.from_json(plan.read_text(encoding="utf-8"))
+        if _kept(folder / month / ISSUED_FILE) is not None:
+            found.issued.add(month)
+        for advertiser_id in sorted(invoice_files_of(folder, month)):
+            path = folder / month / f"{advertiser_id}.json"
+            document = path.read_text(encoding="utf-8")
+            invoice = Invoice.from_json(document)
+            if invoice.number in found.documents:
+                raise InvoiceStoreError(
+                    f"invoice number {invoice.number} appears twice: {found.documents[invoice.number][0].month}/"
+                    f"{found.documents[invoice.number][0].advertiser_id} and {path}"
+                )
+            if month not in found.plans:
+                raise InvoiceStoreError(f"{path} has no plan beside it ({folder / month / PLAN_FILE})")
+            found.documents[invoice.number] = (invoice, document)
+    register = json.loads(register_path.read_text(encoding="utf-8")) if register_path is not None else {}
+    gone = sorted(int(n) for n in register.get("numbers", {}) if int(n) not in found.documents)
+    if gone:
+        raise InvoiceStoreError(
+            f"invoice number(s) {gone} are in {register_path} but their files are gone; put them back (an issued "
+            "invoice never changes) before the invoices are taken into the database"
+        )
+    return found
+
+
+def set_aside(folder: Path) -> list[Path]:
+    """Rename an earlier release's register, plans and issued marks `NAME.imported`, and remove its lock file, once
+    they are taken in; the files set aside."""
+    moved = []
+    paths = [folder / REGISTER_FILE]
+    for month in (p for p in folder.iterdir() if p.is_dir() and _MONTH_DIR.fullmatch(p.name)):
+        paths += [month / PLAN_FILE, month / ISSUED_FILE]
+    for path in paths:
         if path.exists():
-            raise FileExistsError(f"{path} exists: an invoice is issued once")
-        make_folder(path.parent)
-        self._place(path, invoice.to_json(), "invoice")
-        self._crash("register")
-        register = self._register()
-        listed = {int(n): (v["month"], v["advertiser_id"]) for n, v in register.get("numbers", {}).items()}
-        listed[invoice.number] = (invoice.month, invoice.advertiser_id)
-        self._write_register(max(int(register.get("last", 0)), invoice.number), listed)
+            path.rename(path.with_name(path.name + IMPORTED))
+            moved.append(path)
+    (folder / LOCK_FILE).unlink(missing_ok=True)
+    return moved
 
-    def mark_issued(self, month: str) -> None:
-        self._place(self.folder / parse_month(month) / ISSUED_FILE, "", "issued")
 
-    # Pieces ----------------------------------------------------------------------------------------------------
-    def _path(self, month: str, advertiser_id: str) -> Path:
-        if "/" in advertiser_id or advertiser_id.startswith(".") or not advertiser_id:
-            raise ValueError(f"{advertiser_id!r} cannot name an invoice file")
-        return self.folder / parse_month(month) / f"{advertiser_id}.json"
-
-    def _register(self) -> dict[str, Any]:
-        path = self.folder / REGISTER_FILE
-        if not path.exists():
-            return {}
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return data
-
-    def _write_register(self, last: int, numbers: dict[int, tuple[str, str]]) -> None:
-        data = {
-            "last": last,
-            "numbers": {str(n): {"month": m, "advertiser_id": a} for n, (m, a) in sorted(numbers.items())},
-        }
-        self._place(self.folder / REGISTER_FILE, json.dumps(data, indent=1) + "\n", "register-file", read_only=False)
-
-    def _place(self, target: Path, text: str, step: str, read_only: bool = True) -> None:
-        """Write `text` to a hidden file beside `target`, flush it, rename it into place and flush the folder."""
-        fd, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            if read_only:
-                os.chmod(staging, 0o444)
-            self._crash(step)
-            os.replace(staging, target)
-        except BaseException:
-            Path(staging).unlink(missing_ok=True)
-            raise
-        fsync_folder(target.parent)
+# --- What invoices are made of --------------------------------------------------------------------------------
 
 
 class ExportInvoiceSource:

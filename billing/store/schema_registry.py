@@ -1,16 +1,39 @@
 """Schema ids for the Confluent wire format: a registry of Avro schemas by subject, with global integer ids.
 
-Two implementations of one port: `FileSchemaRegistry` (a JSON file, for a single machine and for tests) and
-`HttpSchemaRegistry` (a Confluent-compatible Schema Registry over HTTP). Both refuse a new version that is not
-BACKWARD-transitive compatible with every earlier version of its subject, checked here with
-`billing.compatibility`, so the rule holds whatever compatibility level a server is configured with.
+Three implementations of one port, chosen by the location (`open_registry`):
+- `DatabaseSchemaRegistry` (`postgresql://...`): the product's registry, in its database (the default,
+  `ADBILL_DATABASE_URL`), shared by the producers, the streaming job's driver and reconciliation on any host;
+- `HttpSchemaRegistry` (`http(s)://...`): a Confluent-compatible Schema Registry server;
+- `FileSchemaRegistry` (a path or `file://...`): a JSON file under an flock, for one machine without a database
+  (the benchmarks and the tests that run without one); never the product's default.
+All refuse a new version that is not BACKWARD-transitive compatible with every earlier version of its subject,
+checked here with `billing.compatibility`, so the rule holds whatever compatibility level a server is configured
+with.
+
+**In the database.** Tables `schemas` (a global id, from 1, and the schema's text, one row per canonical schema:
+the same schema under two subjects keeps one id, as with Confluent) and `schema_versions` (a subject's versions,
+numbered from 1, each naming a schema id). A registration is one transaction under the registry's advisory lock
+(`pg_advisory_xact_lock`): it reads the subject's versions, checks the new one against all of them, and writes the
+schema with the next id (one more than the highest) and the version, or finds them written; two producers on two
+hosts registering the same schema wait for one another and get one id, and two that register versions of one
+subject at once have each checked against the other's. An id is never taken by a registration that did not commit,
+so ids follow one another as in the file. A schema's text never changes: readers keep what they read by id.
+
+**The file of a data folder written before the database** (`HOME/schemas.json`) is taken in the first time the
+database registry opens with it (`imports`): its ids are kept (events in Kafka carry them), each schema and each
+subject's versions as they were, and the file is renamed `schemas.json.imported`. A database that already holds some
+of them must hold them under the same ids and versions (another host's file of the same registry): what it lacks is
+added; one that disagrees is refused, naming the id, and nothing is taken in. A database that holds no schema takes
+in `schemas.json.imported` too (a take-in that renamed the file and did not commit).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
+import logging
 import os
 import tempfile
 import urllib.error
@@ -18,7 +41,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from billing.compatibility import (
     IncompatibleSchemaError,
@@ -26,6 +49,16 @@ from billing.compatibility import (
     check_backward_transitive,
     parse_schema,
 )
+from billing.store import database
+from billing.store.database_lock import lock_key
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+DATABASE_SCHEMES = ("postgresql://", "postgres://")
+"""The locations `open_registry` opens as a registry in a database."""
 
 
 class SchemaRegistryError(RuntimeError):
@@ -69,8 +102,12 @@ def canonical_schema(schema_text: str) -> str:
     return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
 
 
-def open_registry(location: str) -> SchemaRegistry:
-    """`http://…`/`https://…` opens a Schema Registry server; anything else (or `file://…`) a JSON file."""
+def open_registry(location: str, imports: str | os.PathLike[str] | None = None) -> SchemaRegistry:
+    """`postgresql://…` opens the registry in that database (taking in the registry file `imports` of a data folder
+    written before it), `http://…`/`https://…` a Schema Registry server, anything else (or `file://…`) a JSON
+    file."""
+    if location.startswith(DATABASE_SCHEMES):
+        return DatabaseSchemaRegistry(location, imports)
     if location.startswith(("http://", "https://")):
         return HttpSchemaRegistry(location)
     if location.startswith("file://"):
@@ -164,17 +201,7 @@ class FileSchemaRegistry:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _read(self) -> dict[str, Any]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {"schemas": {}, "subjects": {}}
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SchemaRegistryError(f"the schema registry file {self.path} is not JSON: {exc}") from exc
-        if not isinstance(data, dict) or not {"schemas", "subjects"} <= data.keys():
-            raise SchemaRegistryError(f"the schema registry file {self.path} lacks 'schemas' and 'subjects'")
-        return data
+        return read_registry_file(self.path)
 
     def _write(self, data: dict[str, Any]) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}-")
@@ -188,6 +215,230 @@ class FileSchemaRegistry:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def read_registry_file(path: Path) -> dict[str, Any]:
+    """A registry file's `{"schemas": {"<id>": text}, "subjects": {subject: [id, ...]}}` (empty when there is no
+    file); SchemaRegistryError, naming the file, when it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {"schemas": {}, "subjects": {}}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaRegistryError(f"the schema registry file {path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or not {"schemas", "subjects"} <= data.keys():
+        raise SchemaRegistryError(f"the schema registry file {path} lacks 'schemas' and 'subjects'")
+    return data
+
+
+DATABASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS registered_schemas (
+    id integer PRIMARY KEY CHECK (id > 0),
+    fingerprint char(64) NOT NULL UNIQUE,
+    schema text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schema_versions (
+    subject text NOT NULL CHECK (subject <> ''),
+    version integer NOT NULL CHECK (version > 0),
+    schema_id integer NOT NULL REFERENCES registered_schemas,
+    PRIMARY KEY (subject, version),
+    UNIQUE (subject, schema_id)
+);
+"""
+"""The registry's tables (made when missing, `billing.store.database.make_tables`)."""
+
+REGISTRY_LOCK = lock_key("schema registry")
+"""The advisory lock a registration holds, on any host, for the time of its transaction."""
+
+READ_TIMEOUT_S = 1.0
+"""How long a read (the streaming job asks for its subjects' ids every batch) waits for the database."""
+
+IMPORTED = ".imported"
+
+
+def fingerprint(schema_text: str) -> str:
+    """The SHA-256 of the schema's canonical JSON, in hex: equal for texts that differ in layout only."""
+    return hashlib.sha256(canonical_schema(schema_text).encode("utf-8")).hexdigest()
+
+
+class RegistryDatabaseUnavailable(database.DatabaseUnavailable, SchemaRegistryError):
+    """The registry's database cannot be reached: the message names it (without its password)."""
+
+
+class DatabaseSchemaRegistry:
+    """The registry in the database at `url` (module doc); `imports`: the registry file of a data folder written
+    before the database, taken in once."""
+
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        self.url = url
+        self.imports = Path(imports) if imports is not None else None
+        self._cache: dict[int, str] = {}
+
+    def __repr__(self) -> str:
+        return f"DatabaseSchemaRegistry({database.without_password(self.url)!r})"
+
+    def register(self, subject: str, schema_text: str) -> int:
+        """The id of `schema_text` in `subject`, added as a new version if needed and compatible, in one
+        transaction under the registry's lock."""
+        parse_schema(schema_text)
+        mine = fingerprint(schema_text)
+        with self._connection() as connection:
+            try:
+                with connection.transaction():
+                    connection.execute("SELECT pg_advisory_xact_lock(%s)", (REGISTRY_LOCK,))
+                    held = self._versions(connection, subject)
+                    found = next((schema_id for _, schema_id, _, fp in held if fp == mine), None)
+                    if found is not None:
+                        return found
+                    try:
+                        check_backward_transitive(schema_text, [v[2] for v in held], [v[0] for v in held])
+                    except IncompatibleSchemaError as exc:
+                        raise IncompatibleSchemaError(exc.problems, subject) from None
+                    known = connection.execute(
+                        "SELECT id FROM registered_schemas WHERE fingerprint = %s", (mine,)
+                    ).fetchone()
+                    if known is not None:
+                        schema_id = int(known[0])
+                    else:
+                        added = connection.execute(
+                            "INSERT INTO registered_schemas (id, fingerprint, schema) "
+                            "SELECT coalesce(max(id), 0) + 1, %s, %s FROM registered_schemas RETURNING id",
+                            (mine, schema_text),
+                        ).fetchone()
+                        assert added is not None
+                        schema_id = int(added[0])
+                    connection.execute(
+                        "INSERT INTO schema_versions (subject, version, schema_id) VALUES (%s, %s, %s)",
+                        (subject, max((v[0] for v in held), default=0) + 1, schema_id),
+                    )
+            except database.integrity_errors() as exc:
+                refused = database.constraint_message(exc)
+                raise SchemaRegistryError(
+                    f"the schema registry in {self.where} refused {subject}'s schema: {refused}"
+                ) from None
+        return schema_id
+
+    def schema_by_id(self, schema_id: int) -> str:
+        """The schema text with this id; UnknownSchemaError if there is none."""
+        if schema_id not in self._cache:
+            with self._connection(READ_TIMEOUT_S) as connection:
+                row = connection.execute("SELECT schema FROM registered_schemas WHERE id = %s", (schema_id,)).fetchone()
+            if row is None:
+                raise UnknownSchemaError(f"no schema with id {schema_id} in {self.where}")
+            self._cache[schema_id] = row[0]
+        return self._cache[schema_id]
+
+    def versions(self, subject: str) -> list[tuple[int, str]]:
+        """(version number, schema text) of every version of `subject`, oldest first."""
+        with self._connection(READ_TIMEOUT_S) as connection:
+            return [(version, text) for version, _, text, _ in self._versions(connection, subject)]
+
+    def latest(self, subject: str) -> tuple[int, str] | None:
+        """(schema id, schema text) of the newest version of `subject`, or None."""
+        with self._connection(READ_TIMEOUT_S) as connection:
+            held = self._versions(connection, subject)
+        return (held[-1][1], held[-1][2]) if held else None
+
+    def ids(self, subject: str) -> list[int]:
+        """The schema ids of the versions of `subject`, oldest first (one small read: the job asks every batch)."""
+        with self._connection(READ_TIMEOUT_S) as connection:
+            rows = connection.execute(
+                "SELECT schema_id FROM schema_versions WHERE subject = %s ORDER BY version", (subject,)
+            ).fetchall()
+        return [int(row[0]) for row in rows]
+
+    def subjects(self) -> list[str]:
+        """Every subject with at least one version, sorted."""
+        with self._connection(READ_TIMEOUT_S) as connection:
+            rows = connection.execute("SELECT DISTINCT subject FROM schema_versions ORDER BY subject").fetchall()
+        return [row[0] for row in rows]
+
+    @property
+    def where(self) -> str:
+        return database.without_password(self.url)
+
+    @staticmethod
+    def _versions(connection: psycopg.Connection[Any], subject: str) -> list[tuple[int, int, str, str]]:
+        """(version, schema id, text, fingerprint) of each version of `subject`, oldest first."""
+        rows = connection.execute(
+            "SELECT v.version, s.id, s.schema, s.fingerprint FROM schema_versions v "
+            "JOIN registered_schemas s ON s.id = v.schema_id WHERE v.subject = %s ORDER BY v.version",
+            (subject,),
+        ).fetchall()
+        return [(int(version), int(schema_id), text, fp) for version, schema_id, text, fp in rows]
+
+    @contextlib.contextmanager
+    def _connection(self, timeout_s: float = database.CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the process's pool, the tables made and a data folder's registry file taken in first;
+        RegistryDatabaseUnavailable when the database cannot be reached."""
+        tables = database.Tables(f"schema registry:{self.imports}", DATABASE_SCHEMA, self._take_in)
+        try:
+            with database.connection(self.url, tables, "schema registry's database", timeout_s) as connection:
+                yield connection
+        except database.DatabaseUnavailable as exc:
+            raise RegistryDatabaseUnavailable(str(exc)) from None
+
+    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+        """Take in the registry file of a data folder written before the database (once, under the lock of
+        `database.make_tables`), its ids kept; refused, nothing taken in, when the database holds other schemas
+        under its ids."""
+        if self.imports is None:
+            return
+        source = self.imports
+        if not source.exists():
+            aside = source.with_name(source.name + IMPORTED)
+            empty = connection.execute("SELECT 1 FROM registered_schemas LIMIT 1").fetchone() is None
+            if not (empty and aside.exists()):
+                return
+            source = aside
+        data = read_registry_file(source)
+        added = 0
+        for key, text in sorted(data["schemas"].items(), key=lambda item: int(item[0])):
+            schema_id, mine = int(key), fingerprint(text)
+            held = connection.execute(
+                "SELECT id, fingerprint FROM registered_schemas WHERE id = %s OR fingerprint = %s", (schema_id, mine)
+            ).fetchall()
+            if not held:
+                connection.execute(
+                    "INSERT INTO registered_schemas (id, fingerprint, schema) VALUES (%s, %s, %s)",
+                    (schema_id, mine, text),
+                )
+                added += 1
+            elif [(int(i), fp) for i, fp in held] != [(schema_id, mine)]:
+                raise SchemaRegistryError(
+                    f"the schema registry file {source} gives id {schema_id} to a schema that {self.where} holds "
+                    "under another id, or another schema that id: events in Kafka carry the file's ids, so nothing "
+                    "is taken in; give the product a database whose registry agrees with the file"
+                )
+        for subject, ids in sorted(data["subjects"].items()):
+            ids = [int(i) for i in ids]
+            held_ids = [v[1] for v in self._versions(connection, subject)]
+            if held_ids[: len(ids)] == ids:
+                continue
+            if ids[: len(held_ids)] != held_ids:
+                raise SchemaRegistryError(
+                    f"the schema registry file {source} lists the versions of {subject} as ids {ids}, {self.where} "
+                    f"as {held_ids}: nothing is taken in"
+                )
+            for version, schema_id in enumerate(ids[len(held_ids) :], start=len(held_ids) + 1):
+                connection.execute(
+                    "INSERT INTO schema_versions (subject, version, schema_id) VALUES (%s, %s, %s)",
+                    (subject, version, schema_id),
+                )
+        if source == self.imports:
+            source.rename(source.with_name(source.name + IMPORTED))
+        log.warning(
+            "took the schema registry file %s (%d schemas, ids kept; %d new here) into %s; the file is set aside as "
+            "%s%s",
+            source,
+            len(data["schemas"]),
+            added,
+            self.where,
+            self.imports.name,
+            IMPORTED,
+        )
 
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"

@@ -15,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from billing.invoices import issue_month, month_of_ms
-from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
+from billing.store.invoice_files import ExportInvoiceSource
 from billing.store.profile_file import ProfileFile
 from tests.e2e.test_browser import (  # noqa: F401
     WIDTHS,
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.e2e
 def invoiced(served: Served) -> Served:  # noqa: F811
     """December closed on files and invoiced, beside the sample's January."""
     layout = served.seeded.settings.layout
-    book = InvoiceFiles(layout)
+    book = served.seeded.settings.invoice_store()
     if book.invoice(MONTH, OWN) is None:
         write_closed_month(layout, served.seeded.catalog, OWN, OTHER)
         profiles = ProfileFile(layout.billing_profiles_file).current()

@@ -27,7 +27,6 @@ from billing.periods import Periods
 from billing.rule import charge
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
-from billing.store.invoice_files import InvoiceFiles
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import BudgetDayCount, RedisTotals, TotalsRow
 from billing.store.schema_registry import open_registry
@@ -210,7 +209,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         assert report.closed == [P0, P1]
         # Every period of January that holds data is closed (the clock is past its end and horizon): the run that
         # closed the last one issued January's invoices, each adding up to its advertiser's exports to the micro.
-        book = InvoiceFiles(settings.layout)
+        book = settings.invoice_store()
         assert report.invoices and report.invoices[0].startswith("invoices of 2026-01: "), report.invoices
         invoiced = {i.advertiser_id: i.totals.net_micros for i in book.invoices_in("2026-01")}
         exported_net: dict[str, int] = defaultdict(int)

@@ -36,7 +36,7 @@ from billing.corrections import Correction, CorrectionKind
 from billing.invoices import issue_month
 from billing.periods import Periods
 from billing.store.database import connection_pool
-from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
+from billing.store.invoice_files import ExportInvoiceSource
 from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow
 from billing.store.stream_offsets import LagReading
@@ -164,7 +164,7 @@ def world(
     # December closed on files and invoiced: adv-0000's and adv-0001's invoices (adv-0002 has none).
     write_closed_month(settings.layout, seeded.catalog, OWN, OTHER)
     issue_month(
-        InvoiceFiles(settings.layout),
+        settings.invoice_store(),
         ExportInvoiceSource(settings.layout),
         ProfileFile(settings.layout.billing_profiles_file).current(),
         INVOICED,

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
-from billing.store.invoice_files import InvoiceFiles
 from ops import deps
 from ops.settings import Settings
 from tests.invoice_month import MONTH, PERIODS, write_closed_month
@@ -63,7 +62,7 @@ def client_of(seeded: Seeded, who: str) -> FlaskClient:
 
 
 def test_a_closed_month_is_invoiced_with_its_lines_rounding_tax_and_terms(invoiced: Seeded) -> None:
-    book = InvoiceFiles(invoiced.settings.layout)
+    book = invoiced.settings.invoice_store()
     own, other = book.invoice(MONTH, OWN), book.invoice(MONTH, OTHER)
     assert own is not None and other is not None
     assert (own.number, other.number) == (1, 2)

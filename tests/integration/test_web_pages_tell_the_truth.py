@@ -240,7 +240,7 @@ def test_campaigns_and_ads_have_names_an_admin_gives_them(seeded: Seeded) -> Non
     assert {a["ad_id"]: a["name"] for a in doc["ads"]}[ad.ad_id] == "Winter banner"
     # An invoice keeps the campaign's name it was issued with.
     from billing.invoices import issue_month
-    from billing.store.invoice_files import ExportInvoiceSource, InvoiceFiles
+    from billing.store.invoice_files import ExportInvoiceSource
     from billing.store.names_file import NamesFile
     from billing.store.profile_file import ProfileFile
 
@@ -249,7 +249,12 @@ def test_campaigns_and_ads_have_names_an_admin_gives_them(seeded: Seeded) -> Non
     names = NamesFile(layout.names_file).current().campaigns
     profiles = ProfileFile(layout.billing_profiles_file).current()
     [own, _] = issue_month(
-        InvoiceFiles(layout), ExportInvoiceSource(layout), profiles, "2025-12", lambda: NOW_MS, campaign_names=names
+        seeded.settings.invoice_store(),
+        ExportInvoiceSource(layout),
+        profiles,
+        "2025-12",
+        lambda: NOW_MS,
+        campaign_names=names,
     )
     assert own.lines[0].campaign_name == "Winter sale"
     assert "Winter sale" in alice.get(f"/advertisers/{OWN}/invoices/2025-12").text

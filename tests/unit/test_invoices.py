@@ -1,13 +1,10 @@
-"""Monthly invoices: the rounding (half away from zero, once, to the currency's minor unit), the tax, the lines, when
-a month may be invoiced, and the numbers (gap-free across crashes and with two issuers at once) of invoices that
-never change."""
+"""Monthly invoices: the rounding (half away from zero, once, to the currency's minor unit), the tax, the lines, and
+when a month may be invoiced. The numbers (gap-free across crashes and with two issuers at once) of invoices that
+never change, kept in the database: tests/integration/test_invoice_numbers.py."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,16 +23,12 @@ from billing.invoices import (
     build_invoice,
     invoice_lines,
     invoice_totals,
-    issue_month,
-    issue_ready,
     month_ready,
     months_to_issue,
 )
-from billing.layout import DataLayout
 from billing.money import minor_digits, round_half_away, rounding_rule
 from billing.periods import Periods
 from billing.profiles import BillingProfile, BillingProfiles, ProfileError, parse_tax_rate, profile_change, tax_fraction
-from billing.store.invoice_files import InvoiceFiles, InvoiceStoreError
 from billing.store.profile_file import ProfileFile
 
 JAN = 1_767_225_600_000  # 2026-01-01T00:00Z
@@ -263,159 +256,3 @@ def test_a_month_is_ready_once_every_period_of_it_is_closed() -> None:
     assert ready == [] and list(waiting) == ["2025-12"]
     ready, _ = months_to_issue(["2025-12"], periods, FEB + HORIZON, HORIZON, versions, states)
     assert ready == ["2026-01"]
-
-
-# --- Numbers and immutability ----------------------------------------------------------------------------------
-
-
-class FakeSource:
-    """Exports of a few periods: every advertiser of `advertisers` has a click row in each."""
-
-    def __init__(self, periods: Sequence[str], advertisers: Sequence[str]) -> None:
-        self.periods, self.advertisers = list(periods), list(advertisers)
-
-    def exported(self) -> list[str]:
-        return sorted(self.periods)
-
-    def figures(self, periods: Sequence[str]) -> list[ExportFigures]:
-        return [
-            fig("cmp-" + a, "click", "billed", 1, 1_000_000, period=p, advertiser=a)
-            for p in periods
-            for a in self.advertisers
-        ]
-
-    def corrections(self, periods: Sequence[str]) -> list[CorrectionFigures]:
-        return []
-
-
-class Crash(Exception):
-    pass
-
-
-def numbers_of(book: InvoiceFiles) -> dict[int, tuple[str, str]]:
-    return book.numbers()
-
-
-ADVERTISERS = [f"adv-{n}" for n in range(5)]
-
-
-@pytest.mark.parametrize(
-    ("step", "at"),
-    [
-        ("plan", 1),  # before the month's plan is in place
-        ("invoice", 1),  # before the first invoice's rename
-        ("invoice", 3),  # before the third's: two numbers issued
-        ("register", 1),  # after the first invoice's rename, before the register knows it
-        ("register", 3),
-        ("register-file", 2),  # while the register is written
-        ("issued", 1),  # every invoice written, the month not marked issued
-    ],
-)
-def test_a_crash_at_any_step_leaves_no_gap_and_no_duplicate(tmp_path: Path, step: str, at: int) -> None:
-    """The issuer dies at the `at`-th time it reaches `step` (before that step's rename or write); the next issuer
-    completes the month from its plan, and the numbers run 1..N, each invoice once."""
-    layout = DataLayout(tmp_path)
-    source = FakeSource(["20260105T1000Z", "20260120T0000Z"], ADVERTISERS)
-    reached = {"n": 0}
-
-    def crash(name: str) -> None:
-        if name == step:
-            reached["n"] += 1
-            if reached["n"] == at:
-                raise Crash(name)
-
-    with pytest.raises(Crash):
-        issue_month(InvoiceFiles(layout, crash), source, BillingProfiles(), "2026-01", lambda: FEB + HOUR)
-    assert not [p for p in (tmp_path / "invoices").rglob(".*") if p.is_file()], "no staging file is left"
-    issue_month(InvoiceFiles(layout), source, BillingProfiles(), "2026-01", lambda: FEB + 2 * HOUR)
-    book = InvoiceFiles(layout)
-    numbers = numbers_of(book)
-    assert sorted(numbers) == list(range(1, len(ADVERTISERS) + 1))
-    assert sorted(numbers.values()) == [("2026-01", a) for a in ADVERTISERS]
-    assert book.issued_months() == ["2026-01"] and book.last_number() == len(ADVERTISERS)
-    register = json.loads((tmp_path / "invoices" / "register.json").read_text())
-    assert register["last"] == len(ADVERTISERS) and len(register["numbers"]) == len(ADVERTISERS)
-    # February continues the sequence.
-    source.periods.append("20260203T0000Z")
-    issue_month(book, source, BillingProfiles(), "2026-02", lambda: FEB + 40 * 24 * HOUR)
-    assert sorted(book.numbers()) == list(range(1, 2 * len(ADVERTISERS) + 1))
-
-
-def _issue_in_process(root: str, start: int) -> int:
-    layout = DataLayout(Path(root))
-    source = FakeSource(["20260105T1000Z"], [f"adv-{n:03d}" for n in range(40)])
-    return len(issue_month(InvoiceFiles(layout), source, BillingProfiles(), "2026-01", lambda: FEB + start))
-
-
-def test_two_issuers_at_once_issue_each_invoice_once_with_consecutive_numbers(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(2) as pool:
-        made = pool.starmap(_issue_in_process, [(str(tmp_path), 1), (str(tmp_path), 2)])
-    assert sorted(made) == [0, 40], "one issued them all, the other found them issued"
-    numbers = InvoiceFiles(DataLayout(tmp_path)).numbers()
-    assert sorted(numbers) == list(range(1, 41))
-    assert sorted(a for _, a in numbers.values()) == [f"adv-{n:03d}" for n in range(40)]
-
-
-def test_an_issued_invoice_never_changes(tmp_path: Path) -> None:
-    layout = DataLayout(tmp_path)
-    book = InvoiceFiles(layout)
-    source = FakeSource(["20260105T1000Z"], ["adv-1"])
-    profiles = BillingProfiles([BillingProfile("adv-1", "Acme", "Paris", "FR1", "20", 0, 1)], 1)
-    first = issue_month(book, source, profiles, "2026-01", lambda: FEB + HOUR)
-    path = tmp_path / "invoices" / "2026-01" / "adv-1.json"
-    kept = path.read_bytes()
-    assert not os.access(path, os.W_OK) or os.geteuid() == 0, "the file is read-only"
-    # New data for January's period, a new profile, an issue again: nothing is re-issued or rewritten.
-    source.advertisers.append("adv-2")
-    changed = BillingProfiles([BillingProfile("adv-1", "Other", "Rome", "IT1", "22", 0, 1)], 1)
-    assert issue_month(book, source, changed, "2026-01", lambda: FEB + 5 * HOUR) == []
-    assert path.read_bytes() == kept and book.invoice("2026-01", "adv-1") == first[0]
-    assert book.invoice("2026-01", "adv-2") is None, "the month's plan is kept: a late advertiser is not added"
-    with pytest.raises(FileExistsError):
-        book.write(first[0])
-    # An invoice file removed by hand: its number is never issued again, and nothing more is issued.
-    os.chmod(path, 0o644)
-    path.unlink()
-    with pytest.raises(InvoiceStoreError, match="files are gone"):
-        book.last_number()
-
-
-def test_a_period_closed_after_its_month_was_invoiced_goes_on_the_next_invoice(tmp_path: Path) -> None:
-    layout = DataLayout(tmp_path)
-    book = InvoiceFiles(layout)
-    source = FakeSource(["20260105T1000Z"], ["adv-1"])
-    issue_month(book, source, BillingProfiles(), "2026-01", lambda: FEB + HOUR)
-    source.periods += ["20260110T0300Z", "20260201T0000Z"]  # a January hour that had no data closes late
-    [february] = issue_month(book, source, BillingProfiles(), "2026-02", lambda: FEB + 40 * 24 * HOUR)
-    assert february.periods == ("20260110T0300Z", "20260201T0000Z")
-    late = [ln for ln in february.lines if ln.corrects == ("20260110T0300Z",)]
-    assert late and late[0].kind == CHARGES and "closed after its month" in late[0].description
-    # And it is on no other invoice: January's is unchanged.
-    assert book.invoice("2026-01", "adv-1") is not None
-    assert book.invoice("2026-01", "adv-1").periods == ("20260105T1000Z",)  # type: ignore[union-attr]
-
-
-def test_issue_ready_issues_in_order_and_says_why_a_month_waits(tmp_path: Path) -> None:
-    layout = DataLayout(tmp_path)
-    book = InvoiceFiles(layout)
-    source = FakeSource(["20260105T1000Z"], ["adv-1"])
-    states = {"20260105T1000Z": closed(), "20260203T0000Z": PeriodState(version=2)}
-    versions = {"20260105T1000Z": 1, "20260203T0000Z": 2}
-    with pytest.raises(InvoiceError, match="2026-02 cannot be invoiced yet"):
-        issue_ready(
-            book,
-            source,
-            BillingProfiles(),
-            Periods(),
-            HORIZON,
-            versions,
-            states,
-            lambda: FEB + 40 * 24 * HOUR,
-            only="2026-02",
-        )
-    done = issue_ready(book, source, BillingProfiles(), Periods(), HORIZON, versions, states, lambda: FEB + HOUR)
-    assert done.months == ["2026-01"] and [i.number for i in done.invoices] == [1]
-    assert any("2026-02" in line and "wait" in line for line in done.describe())
-    again = issue_ready(book, source, BillingProfiles(), Periods(), HORIZON, versions, states, lambda: FEB + HOUR)
-    assert again.invoices == [] and again.months == []

@@ -1,4 +1,5 @@
-"""Schema registries: the JSON-file one for real, the HTTP one only for URLs and errors (no server here)."""
+"""Schema registries: the JSON-file one for real, the HTTP one only for URLs and errors (no server here); the one in
+the database, the product's default: tests/integration/test_schema_registry_database.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from billing.compatibility import IncompatibleSchemaError, InvalidSchemaError
 from billing.schemas import SUBJECTS, schema_text
 from billing.store.schema_registry import (
+    DatabaseSchemaRegistry,
     FileSchemaRegistry,
     HttpSchemaRegistry,
     SchemaRegistry,
@@ -147,6 +149,9 @@ def test_open_registry_picks_the_implementation(tmp_path: Path) -> None:
     assert isinstance(file, FileSchemaRegistry) and file.path == tmp_path / "r.json"
     from_uri = open_registry(f"file://{tmp_path}/r.json")
     assert isinstance(from_uri, FileSchemaRegistry) and from_uri.path == tmp_path / "r.json"
+    in_database = open_registry("postgresql://adbill:secret@db.example:5432/adbill", tmp_path / "schemas.json")
+    assert isinstance(in_database, DatabaseSchemaRegistry) and in_database.imports == tmp_path / "schemas.json"
+    assert "secret" not in repr(in_database), "nothing is connected to, and the password is not shown"
 
 
 def test_http_endpoint_percent_encodes_each_part() -> None:
