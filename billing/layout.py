@@ -20,14 +20,15 @@ ROOT/
   corrections/period=P/run-ID.parquet     corrections, one file per corrected period and run
   conflicts/period=P.parquet              id conflicts found by reconciliation
   exports/P/                              a closed period's finance export, never rewritten
-  invoices/MONTH/                         a month's plan and its invoices, one file each (never rewritten);
-                                          invoices/register.json, invoices/lock (one issuer at a time)
+  invoices/MONTH/ADVERTISER.json          an invoice, written from the database once issued (never rewritten)
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time)
   index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
                                           rebuilt from the folders above when removed)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
-  catalog.json users.json api-tokens.json web-secret.key schemas.json   defaults of their settings
+  catalog.json users.json api-tokens.json web-secret.key   defaults of their settings
+  schemas.json                            the schema registry written before the database: taken in once
+                                          (`billing.store.schema_registry`), then set aside as .imported
   catalog-changes.jsonl                   the catalog's change log, beside the catalog file (its store's)
   billing-profiles.json                   the advertisers' billing profiles, with history
   names.json                              the names people give campaigns and ads
@@ -145,8 +146,8 @@ class DataLayout:
 
     @property
     def invoices(self) -> Path:
-        """The monthly invoices (`billing.store.invoice_files`): one folder per month, the register of numbers and
-        the issuers' lock."""
+        """The monthly invoices' files, one folder per month, written from the database (`billing.store.invoice_db`);
+        an earlier release's register, plans and lock there are taken in once."""
         return self.root / "invoices"
 
     @property
@@ -245,4 +246,5 @@ class DataLayout:
 
     @property
     def schemas_file(self) -> Path:
+        """The schema registry file of a data folder written before the database, taken in once."""
         return self.root / "schemas.json"
