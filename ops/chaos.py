@@ -401,7 +401,7 @@ class Chaos:
 
     def refused_in_truth(self) -> dict[str, str]:
         """click_id -> reason of every billable click the ground truth does not charge."""
-        from producers.simulator import NOT_CHARGED_FILE
+        from producers.ground_truth import NOT_CHARGED_FILE
 
         path = self.out / "traffic" / NOT_CHARGED_FILE
         if not path.exists():

@@ -28,6 +28,7 @@ from billing.schemas import schema_text
 from billing.store.catalog_db import CatalogDatabase
 from billing.store.catalog_file import operating_system_user, save_catalog
 from billing.store.schema_registry import SchemaRegistry, open_registry
+from producers.arrivals import Arrival
 from producers.capture import (
     BudgetLine,
     CaptureError,
@@ -38,12 +39,11 @@ from producers.capture import (
     catalog_change_of,
     read_capture_with_extras,
 )
+from producers.ground_truth import GroundTruth
 from producers.simulator import (
     CATALOG_LEAD_MS,
-    Arrival,
     CatalogFollower,
     Clock,
-    GroundTruth,
     LiveSchedule,
     RunEdits,
     SimulationConfig,

@@ -297,7 +297,7 @@ def conflicting_ids(events: Iterable[Mapping[str, Any]], catalog: Catalog) -> di
 
 
 def received_rows(arrivals: Iterable[Any], partitions: int = 4) -> list[dict[str, Any]]:
-    """Raw event rows of simulated arrivals (`producers.simulator.Arrival`), as the archive would hold them.
+    """Raw event rows of simulated arrivals (`producers.arrivals.Arrival`), as the archive would hold them.
 
     `received_ms` is the simulated arrival time; the partition is chosen by ad (both topics are keyed by ad_id)
     and offsets count up per topic and partition in send order. Raw records (bytes that never decode) are left

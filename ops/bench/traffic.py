@@ -190,7 +190,8 @@ def simulation_config(name: str, rate: int, events: int, start_ms: int, seed: in
 def generate(folder: Path, name: str, rate: int, events: int, start_ms: int, seed: int, registry: Any) -> Dataset:
     """Simulate one run into `folder`: frames, ground truth and a `dataset.json` that describes it."""
     from billing.events import TOPIC_OF
-    from producers.simulator import GroundTruth, Simulator, write_run
+    from producers.ground_truth import GroundTruth
+    from producers.simulator import Simulator, write_run
     from producers.wire import EventSerializer, RawRecord
 
     config = simulation_config(name, rate, events, start_ms, seed)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from billing.events import Click, Impression
 from billing.store.schema_registry import open_registry
-from producers.simulator import GroundTruth, SimulationConfig, Simulator
+from producers.ground_truth import GroundTruth
+from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer
 
 T0 = 1_767_225_600_000

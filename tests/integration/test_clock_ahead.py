@@ -40,16 +40,10 @@ from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
+from producers.arrivals import Arrival, ArrivalKind
+from producers.ground_truth import GroundTruth
 from producers.publisher import EventPublisher
-from producers.simulator import (
-    Arrival,
-    ArrivalKind,
-    GroundTruth,
-    LiveSchedule,
-    SimulationConfig,
-    Simulator,
-    system_clock_ms,
-)
+from producers.simulator import LiveSchedule, SimulationConfig, Simulator, system_clock_ms
 from producers.wire import EventSerializer
 from tests.conftest import fresh_topics, new_database, own_settings
 from tests.redis_figures import RedisFigures

@@ -29,8 +29,9 @@ from ops.kafka_service import partition_leaders
 from ops.process import pid_alive
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env, local_spark_cluster
+from producers.ground_truth import GroundTruth
 from producers.publisher import simulate_to_kafka
-from producers.simulator import GroundTruth, SimulationConfig, Simulator
+from producers.simulator import SimulationConfig, Simulator
 from tests.redis_figures import RedisFigures
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,8 @@ from billing.intake import billable_from_arrivals
 from billing.periods import Periods
 from billing.rule import BillableClick
 from billing.store.corrections_arrow import CORRECTION_SCHEMA, corrections_from_arrow, corrections_to_arrow
-from producers.simulator import ArrivalKind, SimulationConfig, Simulator, Timing
+from producers.arrivals import ArrivalKind, Timing
+from producers.simulator import SimulationConfig, Simulator
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, the start of PERIOD
 S = 1_000

@@ -19,7 +19,9 @@ from billing.events import Click, Impression
 from billing.intake import Intake, billable_from_arrivals
 from billing.rule import bill
 from billing.store.crawler_list import crawler_list
-from producers.simulator import ArrivalKind, GroundTruth, SimulationConfig, Simulator, Timing, simulate, write_run
+from producers.arrivals import ArrivalKind, Timing
+from producers.ground_truth import GroundTruth
+from producers.simulator import SimulationConfig, Simulator, simulate, write_run
 from tests import oracle
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

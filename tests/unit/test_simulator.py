@@ -15,18 +15,16 @@ from billing.events import Click, Impression
 from billing.intake import Intake, QuarantineReason
 from billing.store.crawler_list import crawler_list
 from billing.store.schema_registry import open_registry
+from producers.arrivals import ArrivalKind, Made, Timing
 from producers.capture import read_capture
+from producers.ground_truth import GroundTruth
 from producers.simulator import (
     BROWSER_USER_AGENTS,
     EXCLUDED_RANGES,
     UNKNOWN_SCHEMA_ID_BASE,
-    ArrivalKind,
-    GroundTruth,
     LiveSchedule,
-    Made,
     SimulationConfig,
     Simulator,
-    Timing,
     crawler_agents,
     resolve_start_ms,
     simulate,
