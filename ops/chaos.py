@@ -69,57 +69,38 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attribution.stream_position import BILLING_QUERY
-from billing.budgets import DAY_MS, OVER_BUDGET, day_start, utc_day
-from billing.catalog import Catalog
-from billing.change_log import ChangeEntry
-from billing.corrections import Correction
-from billing.export import ExportStatus, RecordType
+from billing.budgets import DAY_MS, OVER_BUDGET, utc_day
 from billing.store.catalog_file import save_catalog
 from billing.store.stream_offsets import committed_offsets, end_offsets, records_behind
+from ops.chaos_books import past_budget
+from ops.chaos_plan import (
+    BUDGET_EXHAUSTED_WAIT_S,
+    CATALOG_EVERY_S,
+    CHANGES_AT_S,
+    DISK_FULL_S,
+    DISK_SIZE,
+    FAULTS,
+    HORIZON_MS,
+    INVALID_TRAFFIC_BUDGET_SHARE,
+    JOB_STOPS_BY_ITSELF_S,
+    NEW_ADS,
+    OUTAGE_S,
+    OUTSIDE_THE_DATA_DISK,
+    PERIOD_MS,
+    POISON_FRACTION,
+    RECOVERY_DEADLINE_S,
+    SCHEMA_DEPLOY_AT_S,
+)
+from ops.chaos_verdict import verdict
 from ops.process import pid_alive, stop_pid
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
-
-FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "redis-restarted", "outage"]
-FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk", "database"]
-"""One at a time, then overlapping (a second fault while the first one's recovery runs), then the full disk."""
-PERIOD_MS = 60_000
-HORIZON_MS = 60_000
-POISON_FRACTION = 0.01
-CATALOG_EVERY_S = 60
-NEW_ADS = 2
-DISK_SIZE = "1g"
-"""The small filesystem of the data folder (a tmpfs), which the `disk` fault fills."""
-DISK_FULL_S = 30.0
-OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "postgres", "run", "logs", "spark", "spark-events")
-"""Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
-fault, not a broker or a log that dies of it)."""
-INVALID_TRAFFIC_BUDGET_SHARE = "0.10"
-"""With invalid traffic on: each budgeted campaign's daily budget as a share of what the traffic (two hours) would
-spend on it, so that budgets run out about 12 minutes in, in the middle of the faults."""
-RECOVERY_DEADLINE_S = 600.0
-BUDGET_EXHAUSTED_WAIT_S = 900.0
-"""How long the `redis-restarted` fault waits for a budget to run out before it strikes all the same."""
-JOB_STOPS_BY_ITSELF_S = 120.0
-"""How long the job may take to stop by itself on a Redis restarted empty: its next batch (a trigger and a batch, or
-Redis calls' deadlines while Redis was away)."""
-OUTAGE_S = 1200.0
-"""How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
-CHANGES_AT_S = 900.0
-"""With invalid traffic on: when the budgets change (one raised by half, one halved, one made unlimited) and a range
-joins the IP exclusion list (`adbill produce --changes-at`), seconds after the traffic started: after the budgets ran
-out, so that a raised and an unlimited budget let the stream charge again, under the faults (a run with a 5-minute
-outage sends traffic for some 20 minutes)."""
-SCHEMA_DEPLOY_AT_S = 1200.0
-"""When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
-the traffic started: about halfway through a full run."""
 
 
 @dataclass
@@ -301,7 +282,7 @@ class Chaos:
             self.stop.set()
             for thread in threads:
                 thread.join(timeout=30)
-            return self.verdict(truth)
+            return verdict(self, truth)
         finally:
             self.stop.set()
             if self.traffic is not None and self.traffic.poll() is None:
@@ -798,205 +779,6 @@ class Chaos:
             self.stop.wait(interval)
         producer.flush(120)
 
-    # Verdict -----------------------------------------------------------------------------------------------------
-    def verdict(self, truth: dict[str, int]) -> dict[str, Any]:
-        import pyarrow.compute as pc
-        import pyarrow.dataset as ds
-
-        from attribution.audit import closed_periods, pending_adjustments
-        from attribution.closing import CorrectionFiles, not_charged_by_stream
-        from billing.store.export_files import read_export
-        from billing.store.parquet_ledger import read_ledger
-
-        layout = self.settings.layout
-        # The job catches up with everything sent: a committed batch read every record the event topics hold.
-        caught = None
-        start = time.monotonic()
-        while time.monotonic() - start < 600:
-            if self.records_behind() == 0:
-                caught = time.monotonic() - start
-                break
-            time.sleep(2)
-        time.sleep(5)
-        rows = read_ledger(self.settings.layout.ledger).to_pylist()
-        self.say(f"ledger: {len(rows)} rows, truth {len(truth)} clicks; caught up in {caught and round(caught)} s")
-        last_event_ms = max((r["click_time"] for r in rows), default=int(time.time() * 1000))
-        until = (last_event_ms // PERIOD_MS + 1) * PERIOD_MS
-        time.sleep(5)
-        for _ in range(30):  # exit 4: the scheduled run holds the lock; try again once it is done
-            reconcile = self.adbill("reconcile", "--until", str(until), check=False)
-            if reconcile.returncode != 4:
-                break
-            time.sleep(10)
-        self.say(f"reconcile --until {until}: exit {reconcile.returncode}: {reconcile.stdout.strip()[-600:]}")
-        audit = self.adbill("audit", check=False)
-        self.say(f"audit: exit {audit.returncode}: {audit.stdout.strip().splitlines()[-1] if audit.stdout else ''}")
-
-        corrections = CorrectionFiles(layout).read()
-        final = final_ledger(rows, corrections)
-        periods = [folder.name.removeprefix("period=") for folder in layout.not_charged.glob("period=*")]
-        final_missing = sorted(set(truth) - set(final))
-        final_extra = sorted(set(final) - set(truth))
-        final_wrong = sorted(c for c in set(truth) & set(final) if truth[c] != final[c])
-        refused = self.refused_in_truth()
-        bots = {c for c, reason in refused.items() if reason in ("known_bot", "excluded_ip")}
-        bots_charged = sorted(bots & {r["click_id"] for r in rows})
-        self.check_budgets()
-
-        billed = Counter(r["click_id"] for r in rows)
-        twice = sorted(c for c, n in billed.items() if n > 1)
-        ledger = {r["click_id"]: r["amount_micros"] for r in rows}
-        missing = sorted(set(truth) - set(ledger))
-        extra = sorted(set(ledger) - set(truth))
-        wrong = sorted(c for c in set(truth) & set(ledger) if truth[c] != ledger[c])
-
-        per_period: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for r in rows:
-            per_period[(r["period"], r["ad_id"])][0] += 1
-            per_period[(r["period"], r["ad_id"])][1] += r["amount_micros"]
-        redis_totals = {k: [t.clicks, t.micros] for k, t in self.totals().all_ad_totals().items()}
-        redis_diff = sorted(
-            str(k)
-            for k in set(per_period) | set(redis_totals)
-            if per_period.get(k, [0, 0]) != redis_totals.get(k, [0, 0])
-        )
-
-        # What finance was given: each closed period's export (the periods closing marked closed, as the audit
-        # reads them), and the adjustments booked for it later: in later periods' exports (a late twin found after
-        # its period closed retracts the click billed there and adds the twin), or in the period still open (the
-        # last reconciliation found one), which finance gets when that period closes.
-        closed = closed_periods(layout)
-        tables = [read_export(layout.export(period)) for period in sorted(closed)]
-        periods_closed = len(tables)
-        pending = pending_adjustments(corrections, closed)
-        exported = exported_books((row for table in tables for row in table.to_pylist()), pending)
-        adjustments = sum(
-            pc.sum(pc.equal(table["record_type"], RecordType.ADJUSTMENT.value)).as_py() or 0 for table in tables
-        )
-        exports_equal = exported == truth
-
-        quarantine_dir = self.settings.layout.quarantine
-        quarantined = set()
-        if quarantine_dir.is_dir():
-            table = ds.dataset(quarantine_dir, format="parquet", partitioning="hive").to_table(
-                columns=["topic", "partition", "offset"]
-            )
-            quarantined = {(r["topic"], r["partition"], r["offset"]) for r in table.to_pylist()}
-        poison_missing = [p for p in self.poison if (p[0], p[1], p[2]) not in quarantined]
-
-        reads_failed_outside_redis = self.web.failed - sum(
-            n for kind, n in self.web.failed_during.items() if kind.startswith("redis")
-        )
-        if self.invalid_traffic:
-            # The stream judges invalid traffic and budgets with what it has read so far (a flood's first clicks,
-            # the order it reads a day's clicks in): reconciliation's corrections make the books exact.
-            books = {
-                "the ledger and its corrections equal the ground truth": not (
-                    final_missing or final_extra or final_wrong
-                ),
-                "no click of a crawler or an excluded range charged by the stream": not bots_charged,
-                "no campaign's day charged past its budget (Redis, read every second)": not self.budget_breaches,
-            }
-        else:
-            books = {"ledger equals the ground truth": not (missing or extra or wrong)}
-        checks = {
-            **books,
-            "no click billed in two batches": not twice,
-            "Redis equals the ledger to the micro": not redis_diff,
-            "exports and their later adjustments equal the ground truth": exports_equal and reconcile.returncode == 0,
-            "audit balances": audit.returncode == 0,
-            "every poison record is in quarantine": not poison_missing and self.poison_failed == 0,
-            "web API reads all answered (outside the Redis fault)": reads_failed_outside_redis == 0,
-            "every fault recovered": all(f.recovered_s is not None for f in self.faults if f.target != "skipped"),
-            "the schedule ran to its end": not self.stopped,
-        }
-        if any(f.kind == "database" for f in self.faults):
-            checks["every catalog change a door confirmed while the database died is there, once"] = (
-                self.database_changes["confirmed"] > 0
-                and self.database_changes["lost"] == 0
-                and self.database_changes["twice"] == 0
-            )
-        if any(f.kind == "redis-restarted" and f.target != "skipped" for f in self.faults):
-            checks["the job stopped by itself on a Redis restarted empty"] = self.ran_on_empty_redis == 0
-        publish_file = self.out / "traffic" / "publish.json"
-        deployed = json.loads(publish_file.read_text()).get("schema_deployed") if publish_file.exists() else None
-        if self.traffic_s > self.schema_deploy_at_s:
-            # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
-            checks["the producers deployed a schema version mid-run"] = bool(deployed)
-        # The catalog's change log: the budget and range changes made after the traffic's first minute (those of
-        # its start come at once), and the clicks the stream charged after each raise.
-        log = self.catalog.changes()
-        changed = budget_and_range_changes(log, after_ms=self.t0_ms + 60_000) if self.invalid_traffic else Counter()
-        raised = charged_after_raises(log, self.catalog.current(), rows)
-        if self.invalid_traffic and self.traffic_s > self.changes_at_s + 60:
-            # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
-            checks["budgets and the IP exclusion list changed mid-run"] = (
-                changed["set-budget"] >= 3 and changed["exclude-ip"] >= 1
-            )
-            checks["the stream charged again where a budget was raised or lifted"] = bool(raised) and all(
-                raised.values()
-            )
-        report = {
-            "seed": self.seed,
-            "rate": self.rate,
-            "home": str(self.home),
-            "plan": self.plan,
-            "outage_s": self.outage_s,
-            "traffic_s": round(self.traffic_s, 1),
-            "schema_deployed": {"at_s": self.schema_deploy_at_s, "ids": deployed},
-            "changed_mid_run": {
-                "at_s": self.changes_at_s if self.invalid_traffic else None,
-                "kinds": dict(changed),
-                "charged_after_raises": raised,
-            },
-            "data_disk": self.disk,
-            "stopped": self.stopped,
-            "passed": all(checks.values()),
-            "checks": checks,
-            "figures": {
-                "billable_clicks": len(truth),
-                "ledger_rows": len(rows),
-                "missing": len(missing),
-                "extra": len(extra),
-                "wrong_amount": len(wrong),
-                "billed_twice": len(twice),
-                "final_missing": len(final_missing),
-                "final_extra": len(final_extra),
-                "final_wrong_amount": len(final_wrong),
-                "not_charged_in_truth": dict(Counter(refused.values())),
-                "not_charged_by_the_stream": dict(Counter(not_charged_by_stream(layout, periods).values())),
-                "bots_charged_by_the_stream": len(bots_charged),
-                "budget_reads": self.budget_reads,
-                "days_past_budget": sorted(self.budget_breaches),
-                "redis_differences": len(redis_diff),
-                "periods_exported": periods_closed,
-                "exported_clicks": len(exported),
-                "export_adjustment_rows": adjustments,
-                "adjustments_booked_in_open_periods": len(pending),
-                "poison_sent": len(self.poison),
-                "poison_by_kind": dict(Counter(p[3] for p in self.poison)),
-                "poison_missing_from_quarantine": len(poison_missing),
-                "web_reads_ok": self.web.ok,
-                "web_reads_failed": self.web.failed,
-                "web_reads_failed_by_fault": dict(self.web.failed_during),
-                "caught_up_s": caught and round(caught, 1),
-            },
-            "faults": [asdict(f) for f in self.faults],
-            "web_failures": self.web.failures,
-            "examples": {
-                "missing": missing[:5],
-                "extra": extra[:5],
-                "twice": twice[:5],
-                "redis": redis_diff[:5],
-                "final_missing": final_missing[:5],
-                "final_extra": final_extra[:5],
-                "final_wrong": final_wrong[:5],
-                "bots_charged": bots_charged[:5],
-            },
-        }
-        write_report(self.out, report)
-        return report
-
 
 class Background:
     """A step run in a thread (a recovery under way while the next fault strikes)."""
@@ -1041,93 +823,6 @@ class Reconciliation:
             return None
 
 
-def budget_and_range_changes(entries: Iterable[ChangeEntry], after_ms: int) -> Counter[str]:
-    """Changes of budgets and of the IP exclusion list made after `after_ms` (epoch ms), by kind (`set-budget`,
-    `exclude-ip`, `include-ip`); entries without the time they were made are not counted."""
-    kinds = ("set-budget", "exclude-ip", "include-ip")
-    return Counter(
-        entry.kind
-        for entry in entries
-        if entry.kind in kinds and entry.made_at is not None and entry.made_at > after_ms
-    )
-
-
-def charged_after_raises(
-    changes: Iterable[ChangeEntry], catalog: Catalog, rows: Iterable[Mapping[str, Any]]
-) -> dict[str, int]:
-    """For each budget change of `changes` that raised a campaign's budget or made it unlimited: the clicks of the
-    campaign that the stream charged (`rows`, the ledger) from the change's effective time to the end of its UTC
-    day. A stream that did not see the change would charge none there once the old budget was spent."""
-    raised: dict[tuple[str, int], int] = {}
-    for entry in changes:
-        if entry.kind != "set-budget" or entry.campaign_id is None or entry.effective_from is None:
-            continue
-        before = catalog.budget_at(entry.campaign_id, entry.effective_from - 1)
-        after = entry.daily_budget_micros
-        if before is not None and (after is None or after > before):
-            raised[(entry.campaign_id, entry.effective_from)] = 0
-    day_ends = {key: day_start(key[1]) + DAY_MS for key in raised}
-    for row in rows:
-        for campaign, effective_from in raised:
-            if (
-                row["campaign_id"] == campaign
-                and effective_from <= row["click_time"] < day_ends[(campaign, effective_from)]
-            ):
-                raised[(campaign, effective_from)] += 1
-    return {f"{campaign} from {effective_from}": count for (campaign, effective_from), count in raised.items()}
-
-
-def final_ledger(rows: list[dict[str, Any]], corrections: Iterable[Correction]) -> dict[str, int]:
-    """The provisional ledger's rows plus every correction, netted per click (`net_bills`)."""
-    entries = [(row["click_id"], 1, row["amount_micros"]) for row in rows]
-    entries += [(c.click_id, c.clicks, c.amount_micros) for c in corrections]
-    return net_bills(entries)
-
-
-def exported_books(rows: Iterable[dict[str, Any]], pending: Iterable[Correction] = ()) -> dict[str, int]:
-    """The exports' rows netted per click (`net_bills`): a click row billed or added is one bill (a retracted one
-    none), an adjustment added one more and an adjustment retracted one less; with `pending`, the adjustments for
-    the exported periods booked in a period not closed yet (finance gets them when it closes), as the audit counts
-    them (`attribution.audit`)."""
-    retracted = ExportStatus.RETRACTED.value
-    entries = [
-        (
-            row["click_id"],
-            (0 if row["status"] == retracted else 1)
-            if row["record_type"] == RecordType.CLICK.value
-            else (-1 if row["status"] == retracted else 1),
-            row["net_micros"],
-        )
-        for row in rows
-    ]
-    entries += [(c.click_id, c.clicks, c.amount_micros) for c in pending]
-    return net_bills(entries)
-
-
-def net_bills(entries: Iterable[tuple[str, int, int]]) -> dict[str, int]:
-    """(click id, bills, micros) entries summed per click: click id -> net micros of the clicks that net to one bill.
-    A click that nets to anything but none or one bill is kept with minus its count, so that it differs from any
-    ground truth."""
-    clicks: Counter[str] = Counter()
-    micros: Counter[str] = Counter()
-    for click, bills, amount in entries:
-        clicks[click] += bills
-        micros[click] += amount
-    return {click: micros[click] if n == 1 else -n for click, n in clicks.items() if n != 0}
-
-
-def past_budget(charged: Mapping[tuple[str, str], int], catalog: Catalog) -> list[str]:
-    """Each (campaign, UTC day) of `charged` whose total passed every daily budget the campaign had (a campaign
-    that was ever unlimited passes none)."""
-    out = []
-    for (campaign, day), total in sorted(charged.items()):
-        limits = [b.daily_budget_micros for b in catalog.budgets.get(campaign, ())]
-        bounded = [limit for limit in limits if limit is not None]
-        if bounded and len(bounded) == len(limits) and total > max(bounded):
-            out.append(f"{campaign} {day}: {total} > {max(bounded)}")
-    return out
-
-
 def fill_disk(ballast: Path) -> int:
     """Append zeros to `ballast` until its disk is full (ENOSPC, in 1 MiB then 4 KiB steps); the bytes it holds."""
     size = 0
@@ -1162,69 +857,6 @@ def cluster_env(home: Path) -> dict[str, str]:
         ADBILL_RECONCILE_INTERVAL_S="30",
         ADBILL_WEB_WORKERS="1",
     )
-
-
-def _deployed(deploy: dict[str, Any] | None) -> str:
-    if not deploy:
-        return "no schema version deployed"
-    ids = deploy.get("ids")
-    when = f"{deploy['at_s']:.0f} s in"
-    return f"a schema version deployed {when} (ids {ids})" if ids else f"no schema version deployed (due {when})"
-
-
-def _changed(changed: dict[str, Any] | None) -> str:
-    if not changed or changed.get("at_s") is None:
-        return "no budget nor IP exclusion change mid-run"
-    kinds = changed.get("kinds") or {}
-    made = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) or "none made"
-    raised = changed.get("charged_after_raises") or {}
-    again = "; charged by the stream after a raise: " + ", ".join(f"{n} ({key})" for key, n in raised.items())
-    return f"budgets and the IP exclusion list changed {changed['at_s']:.0f} s in ({made}{again if raised else ''})"
-
-
-def write_report(out: Path, report: dict[str, Any]) -> None:
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    f = report["figures"]
-    lines = [
-        f"# Chaos run, seed {report['seed']}: {'PASSED' if report['passed'] else 'FAILED'}",
-        "",
-        f"`python -m ops.chaos --seed {report['seed']} --rate {report['rate']}"
-        f"{' --faults ' + ','.join(report['plan']) if report.get('plan') and report['plan'] != FAULTS else ''}`, "
-        f"{report['rate']} events/s live for {report.get('traffic_s', 0):.0f} s, "
-        f"1 % poison, the catalog changed every {CATALOG_EVERY_S} s ({NEW_ADS} new ads), "
-        f"{_deployed(report.get('schema_deployed'))}, {_changed(report.get('changed_mid_run'))}, "
-        f"an outage of {report.get('outage_s', 0):.0f} s; "
-        f"home `{report['home']}`, {report.get('data_disk', '')}.",
-        "",
-        *([f"**The schedule stopped early**: {report['stopped']}.", ""] if report.get("stopped") else []),
-        "| check | result |",
-        "| --- | --- |",
-        *(f"| {name} | {'ok' if ok else 'FAILED'} |" for name, ok in report["checks"].items()),
-        "",
-        f"Billable clicks {f['billable_clicks']:,}; ledger rows {f['ledger_rows']:,} (missing {f['missing']}, "
-        f"extra {f['extra']}, wrong amount {f['wrong_amount']}, billed twice {f['billed_twice']}); Redis "
-        f"differences {f['redis_differences']}; {f['periods_exported']} periods exported with "
-        f"{f['exported_clicks']:,} clicks and {f['export_adjustment_rows']} adjustment rows "
-        f"({f.get('adjustments_booked_in_open_periods', 0)} more booked in the open period); poison "
-        f"{f['poison_sent']} sent {f['poison_by_kind']}, {f['poison_missing_from_quarantine']} missing from "
-        f"quarantine; web reads {f['web_reads_ok']:,} ok, {f['web_reads_failed']} failed "
-        f"{f['web_reads_failed_by_fault']}; the job caught up {f['caught_up_s']} s after the traffic stopped.",
-        "",
-        "| # | fault | at (s) | target | recovered in (s) | events delayed | failed step | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        *(
-            f"| {i} | {x['kind']} | {x['at_s']} | {x['target']} | {x['recovered_s']} | {x['delayed_events']:,} | "
-            f"{x.get('failed_step') or ''} | {' '.join(str(x['note']).split())} |"
-            for i, x in enumerate(report["faults"], 1)
-        ),
-        "",
-        *(
-            ["Failed web reads:", "", *(f"- {failure}" for failure in report["web_failures"]), ""]
-            if report["web_failures"]
-            else []
-        ),
-    ]
-    (out / "report.md").write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:

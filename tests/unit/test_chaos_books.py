@@ -1,6 +1,6 @@
 """The chaos suite's verdict on books with invalid traffic and budgets: the provisional ledger plus reconciliation's
 corrections, the exports with their later adjustments, and each campaign's day held to its budgets
-(`ops.chaos.final_ledger`, `ops.chaos.exported_books`, `ops.chaos.past_budget`)."""
+(`ops.chaos_books.final_ledger`, `exported_books`, `past_budget`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from billing.budgets import DAY_MS, BudgetChange
 from billing.catalog import Ad, Catalog
 from billing.change_log import ChangeEntry
 from billing.corrections import Correction, CorrectionKind, CorrectionReason
-from ops.chaos import (
+from ops.chaos_books import (
     budget_and_range_changes,
     charged_after_raises,
     exported_books,

@@ -1,0 +1,39 @@
+"""What a chaos run (`make chaos`, `ops.chaos`) does and when: its faults in order, the periods and horizon it closes
+with, the traffic's shape (poison, catalog changes, invalid traffic, budgets, a schema deployed mid-run), and how long
+each recovery may take. Shared by the run and its verdict (`ops.chaos_verdict`)."""
+
+from __future__ import annotations
+
+FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "redis-restarted", "outage"]
+FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk", "database"]
+"""One at a time, then overlapping (a second fault while the first one's recovery runs), then the full disk."""
+PERIOD_MS = 60_000
+HORIZON_MS = 60_000
+POISON_FRACTION = 0.01
+CATALOG_EVERY_S = 60
+NEW_ADS = 2
+DISK_SIZE = "1g"
+"""The small filesystem of the data folder (a tmpfs), which the `disk` fault fills."""
+DISK_FULL_S = 30.0
+OUTSIDE_THE_DATA_DISK = ("kafka", "redis", "postgres", "run", "logs", "spark", "spark-events")
+"""Folders of HOME that stay on the machine's own disk: the services' data and logs (a full data folder is the
+fault, not a broker or a log that dies of it)."""
+INVALID_TRAFFIC_BUDGET_SHARE = "0.10"
+"""With invalid traffic on: each budgeted campaign's daily budget as a share of what the traffic (two hours) would
+spend on it, so that budgets run out about 12 minutes in, in the middle of the faults."""
+RECOVERY_DEADLINE_S = 600.0
+BUDGET_EXHAUSTED_WAIT_S = 900.0
+"""How long the `redis-restarted` fault waits for a budget to run out before it strikes all the same."""
+JOB_STOPS_BY_ITSELF_S = 120.0
+"""How long the job may take to stop by itself on a Redis restarted empty: its next batch (a trigger and a batch, or
+Redis calls' deadlines while Redis was away)."""
+OUTAGE_S = 1200.0
+"""How long the `outage` fault keeps the job down: 20 minutes of live traffic, prices changing, periods held."""
+CHANGES_AT_S = 900.0
+"""With invalid traffic on: when the budgets change (one raised by half, one halved, one made unlimited) and a range
+joins the IP exclusion list (`adbill produce --changes-at`), seconds after the traffic started: after the budgets ran
+out, so that a raised and an unlimited budget let the stream charge again, under the faults (a run with a 5-minute
+outage sends traffic for some 20 minutes)."""
+SCHEMA_DEPLOY_AT_S = 1200.0
+"""When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
+the traffic started: about halfway through a full run."""
