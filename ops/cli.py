@@ -283,7 +283,7 @@ def _parser() -> argparse.ArgumentParser:
     u = users.add_parser("reset-password", help="set a new password; the account's sessions end")
     u.add_argument("username")
     u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
-    p.set_defaults(run=cmd_users)
+    p.set_defaults(run=cmd_users, needs=("postgres",))
 
     p = sub.add_parser("tokens", help="manage API tokens for /api/v1: create, list, revoke")
     tokens = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -294,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     t = tokens.add_parser("revoke", help="revoke USER's token TOKEN_ID, or all of USER's tokens")
     t.add_argument("username")
     t.add_argument("token_id", nargs="?")
-    p.set_defaults(run=cmd_tokens)
+    p.set_defaults(run=cmd_tokens, needs=("postgres",))
 
     p = sub.add_parser("reconcile", help="reconcile the periods past their lateness horizon, close them, export them")
     p.add_argument(
@@ -802,23 +802,22 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_users(settings: Settings, args: argparse.Namespace) -> int:
     from web.access import Role
-    from web.accounts import AccountsFile
 
-    accounts = AccountsFile(settings.users_file)
+    accounts = settings.accounts_store()
     if args.action == "list":
         rows = sorted(accounts.all().values(), key=lambda a: a.username)
         for a in rows:
             state = "disabled" if a.disabled else "enabled"
             print(f"{a.username}\t{a.role.value}\t{a.advertiser_id or '-'}\t{state}")
         if not rows:
-            print(f"no accounts yet in {settings.users_file}; add one with `adbill users add`", file=sys.stderr)
+            print(f"no accounts yet in {accounts.where}; add one with `adbill users add`", file=sys.stderr)
         return 0
     if args.action == "add":
         role = Role(args.role)
         if (role is Role.ADVERTISER) != bool(args.advertiser):
             raise ValueError("--advertiser is required for an advertiser account, and only for one")
         account = accounts.add(args.username, role, _new_password(args.password_stdin), args.advertiser)
-        print(f"added {account.username} ({account.role.value}) to {settings.users_file}")
+        print(f"added {account.username} ({account.role.value}) to {accounts.where}")
     elif args.action == "reset-password":
         account = accounts.reset_password(args.username, _new_password(args.password_stdin))
         print(f"new password for {account.username}; its sessions have ended")
@@ -829,16 +828,13 @@ def cmd_users(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_tokens(settings: Settings, args: argparse.Namespace) -> int:
-    from web.accounts import AccountsFile
-    from web.tokens import TokensFile
-
-    tokens = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
+    tokens = settings.tokens_store()
     if args.action == "create":
         token, record = tokens.create(args.username)
         print(token)
         print(
             f"API token {record.token_id} for {record.username}: shown this once, only its hash is kept "
-            f"({settings.api_tokens_file}); send it as `Authorization: Bearer TOKEN`",
+            f"({tokens.accounts.where}); send it as `Authorization: Bearer TOKEN`",
             file=sys.stderr,
         )
     elif args.action == "list":

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
     from billing.store.invoice_db import InvoiceDatabase
     from billing.store.schema_registry import SchemaRegistry
+    from web.accounts import AccountsDatabase
+    from web.tokens import TokensDatabase
 
 PREFIX = "ADBILL_"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -217,12 +219,14 @@ class Settings:
     web_threads: int = _setting(4, "Threads per web worker process.")
     users_path: Path | None = _setting(
         None,
-        "The web UI's accounts, hashed passwords, managed by `adbill users` (default HOME/users.json).",
+        "An accounts file of the web UI written before the database (default HOME/users.json): taken into the "
+        "database once (the accounts it lacks), then set aside as FILE.imported. `adbill users` manages the accounts.",
         "USERS_FILE",
     )
     api_tokens_path: Path | None = _setting(
         None,
-        "The API tokens (SHA-256 of each), managed by `adbill tokens` (default HOME/api-tokens.json).",
+        "An API tokens file written before the database (default HOME/api-tokens.json): taken into the database "
+        "once, then set aside as FILE.imported. `adbill tokens` manages the tokens.",
         "API_TOKENS_FILE",
     )
     web_secret_path: Path | None = _setting(
@@ -394,6 +398,18 @@ class Settings:
         from billing.store.invoice_db import InvoiceDatabase
 
         return InvoiceDatabase(self.database_url, self.layout)
+
+    def accounts_store(self) -> AccountsDatabase:
+        """The web UI's accounts: the database (`database_url`), taking in `users_file` once."""
+        from web.accounts import AccountsDatabase
+
+        return AccountsDatabase(self.database_url, imports=self.users_file)
+
+    def tokens_store(self, accounts: AccountsDatabase | None = None) -> TokensDatabase:
+        """The API tokens, beside `accounts` (default: `accounts_store()`), taking in `api_tokens_file` once."""
+        from web.tokens import TokensDatabase
+
+        return TokensDatabase(accounts or self.accounts_store(), imports=self.api_tokens_file)
 
     @property
     def postgres_port(self) -> int:

@@ -15,7 +15,6 @@ from billing.catalog import Catalog, generate_catalog
 from billing.layout import DataLayout
 from ops.settings import Settings
 from web.access import Role
-from web.accounts import AccountsFile
 from web.app import exports_dir
 from web.sample_data import SampleWriter, seed_sample
 
@@ -63,7 +62,7 @@ def seed(settings: Settings, accounts: dict[str, tuple[Role, str | None]] | None
         closed=CLOSED,
         exports=2,
     )
-    store = AccountsFile(settings.users_file)
+    store = settings.accounts_store()
     for name, (role, advertiser) in (ACCOUNTS if accounts is None else accounts).items():
         store.add(name, role, PASSWORD, advertiser)
     return Seeded(settings, catalog, client)

@@ -1,34 +1,53 @@
-"""The web UI's accounts: a JSON file under the data folder (never in the repository), passwords hashed with scrypt.
+"""The web UI's accounts, in the product's database (PostgreSQL, `ADBILL_DATABASE_URL`), passwords hashed with
+scrypt.
 
-`adbill users` writes the file; the web server reads it, re-reading only when it changed on disk. Writes are atomic
-(a temporary file renamed over the old one) and serialised by a lock file, so a reader sees the old file or the new
-one and two `adbill users` commands never lose each other's change.
+`adbill users` changes them; the web server's workers, on any host, read them. Tables (docs/catalog-database.md,
+"The web's accounts and API tokens"):
+- `web_accounts`: one row per account (`Account`); the username is its key, so two `adbill users add` of one name,
+  on any host, cannot both succeed; the role and the advertiser it sees are checked by constraints too;
+- `web_access_version`: one row, raised by every change of an account or an API token (`web.tokens`), in the
+  change's own transaction.
 
-Each account carries a `generation`, raised when its password is reset or it is disabled: a session remembers the
-generation it was opened with, and stops working when they differ.
+A change is one transaction. Each account carries a `generation`, raised when its password is reset or it is
+disabled (or enabled): a session remembers the generation it was opened with, and stops working when they differ.
+
+A reader (each web request) asks the database one small question, the version (`AccountsDatabase.held`), and reads
+the accounts again only when it moved. When the database cannot be reached, a reader goes on with the accounts it
+holds (no change can be made meanwhile) and asks again every few seconds; one that holds none says so
+(`AccountsUnavailable`: the web answers 503).
+
+A data folder written before the database (`HOME/users.json`) is taken in once, the first time a process opens the
+tables, and the file set aside (renamed `users.json.imported`; it keeps its mode 0600): an account the database
+already holds is kept as the database has it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import gzip
 import json
+import logging
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from billing.store import database
+from billing.store.database import CONNECT_TIMEOUT_S, constraint_message, integrity_errors, without_password
 from web.access import Principal, Role
 
+if TYPE_CHECKING:
+    import psycopg
+
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_LENGTH = 1024
@@ -36,6 +55,33 @@ COMMON_PASSWORDS_FILE = Path(__file__).resolve().parent / "common-passwords.txt.
 """Passwords refused whatever their length (ASVS 2.1.7); where the list comes from: `common-passwords.NOTICE`."""
 _USERNAME = re.compile(r"[a-z0-9][a-z0-9._@-]{0,63}", re.ASCII)
 _ADVERTISER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS web_accounts (
+    username text PRIMARY KEY CHECK (username ~ '^[a-z0-9][a-z0-9._@-]{0,63}$'),
+    role text NOT NULL CHECK (role IN ('advertiser', 'finance', 'admin')),
+    password_hash text NOT NULL CHECK (password_hash <> ''),
+    advertiser_id text CHECK (advertiser_id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+    disabled boolean NOT NULL DEFAULT false,
+    generation bigint NOT NULL DEFAULT 1 CHECK (generation >= 1),
+    created_at_ms bigint NOT NULL,
+    CHECK ((role = 'advertiser') = (advertiser_id IS NOT NULL))
+);
+CREATE TABLE IF NOT EXISTS web_access_version (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version bigint NOT NULL
+);
+INSERT INTO web_access_version (version) VALUES (0) ON CONFLICT DO NOTHING;
+"""
+"""The accounts' tables (made when missing, `billing.store.database.make_tables`)."""
+
+READ_TIMEOUT_S = 1.0
+"""How long a reader (a web request) waits for the database before it goes on with the accounts it holds."""
+
+RETRY_BEHIND_S = 5.0
+"""While the database cannot be reached, how often a reader tries it again; in between, it reads what it holds."""
+
+_COLUMNS = "username, role, password_hash, advertiser_id, disabled, generation, created_at_ms"
 
 
 def hash_password(password: str) -> str:
@@ -107,53 +153,99 @@ class Account:
     def principal(self) -> Principal:
         return Principal(self.username, self.role, self.advertiser_id)
 
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "role": self.role.value}
-
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Account:
+        """An account as the accounts file of an earlier release kept it (taken in once)."""
         return cls(**{**data, "role": Role(str(data["role"]))})  # type: ignore[arg-type]
-
-
-class ParsedFile(Generic[T]):
-    """A file's parsed content, read and parsed again only when the file changed on disk (mtime and size): the web
-    server looks accounts and tokens up on every request."""
-
-    def __init__(self, path: Path, parse: Callable[[str], T]) -> None:
-        self.path = path
-        self.parse = parse
-        self._cache: tuple[tuple[int, int], T] | None = None
-
-    def get(self) -> T | None:
-        """The parsed content; None when the file does not exist yet."""
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return None
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        if self._cache is None or self._cache[0] != stamp:
-            self._cache = (stamp, self.parse(self.path.read_text()))
-        return self._cache[1]
 
 
 class AccountError(ValueError):
     """A `adbill users` request that cannot be done, in one sentence."""
 
 
-class AccountsFile:
-    """The accounts in one JSON file: `{"accounts": [...]}`."""
+class AccountsUnavailable(database.DatabaseUnavailable, AccountError):
+    """The database cannot be reached, and nothing is held to go on with: the message names it (no password)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._parsed = ParsedFile(path, self._parse)
 
-    # Reading: the web server calls `get` on every request, so the parsed file is kept until it changes on disk.
+class Held(Generic[T]):
+    """What a process holds of a table, with the version (`web_access_version`) it was read at: read again only when
+    the version moved."""
+
+    def __init__(self, read: Callable[[psycopg.Connection[Any]], T]) -> None:
+        self._read = read
+        self._held: tuple[int, T] | None = None
+
+    @property
+    def value(self) -> T | None:
+        """What is held, None before the first read."""
+        return None if self._held is None else self._held[1]
+
+    def at(self, connection: psycopg.Connection[Any], version: int) -> T:
+        """The table as of `version` (read after it: a change made in between only costs one more read)."""
+        held = self._held
+        if held is None or held[0] != version:
+            held = (version, self._read(connection))
+            self._held = held
+        return held[1]
+
+
+class AccountsDatabase:
+    """The web UI's accounts at `url`: read by version (`all`, `get`, `authenticate`), changed in transactions
+    (`add`, `reset_password`, `set_disabled`).
+
+    `imports`: the accounts file of a data folder written before the database (`HOME/users.json`), taken in once."""
+
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        self.url = url
+        self.imports = Path(imports) if imports is not None else None
+        self._tables = database.Tables(f"web_accounts:{self.imports}", SCHEMA, self._take_in)
+        self._accounts: Held[dict[str, Account]] = Held(_read_accounts)
+        self._next_try = 0.0
+        self.behind: str | None = None
+        """Why what is held may be behind the database (it cannot be reached), or None."""
+
+    def __repr__(self) -> str:
+        return f"AccountsDatabase({self.where!r})"
+
+    @property
+    def where(self) -> str:
+        """The database, as a person reads it in a message (no password)."""
+        return without_password(self.url)
+
+    # Reading: the web server asks on every request, so the accounts are kept until the version moves.
     def all(self) -> dict[str, Account]:
-        """Every account by username; empty when the file does not exist yet."""
-        return self._parsed.get() or {}
+        """Every account by username."""
+        return self.held(self._accounts)[0]
 
     def get(self, username: str) -> Account | None:
         return self.all().get(normalize_username(username))
+
+    def with_accounts(self, other: Held[T], tables: database.Tables) -> tuple[T, dict[str, Account]]:
+        """`other` (a table of `tables`, such as the API tokens) and the accounts, for the one question of the
+        version: what an API request reads."""
+        value, accounts = self.held(other, self._accounts, tables=tables)
+        return value, accounts
+
+    def held(self, *wanted: Held[Any], tables: database.Tables | None = None) -> list[Any]:
+        """The value of each of `wanted` as of the version now: one small query when nothing changed. When the
+        database cannot be reached, what is held (and `behind` says why); AccountsUnavailable when nothing is."""
+        kept = [w.value for w in wanted]
+        if self.behind is not None and time.monotonic() < self._next_try and None not in kept:
+            return kept
+        try:
+            with self.connection(READ_TIMEOUT_S, tables) as connection:
+                version = _version(connection)
+                values = [w.at(connection, version) for w in wanted]
+        except AccountsUnavailable as exc:
+            if None in kept:
+                raise
+            if self.behind is None:
+                log.warning("%s; the web goes on with the accounts and API tokens it holds", exc)
+            self.behind = str(exc)
+            self._next_try = time.monotonic() + RETRY_BEHIND_S
+            return kept
+        self.behind = None
+        return values
 
     def authenticate(self, username: str, password: str) -> Account | None:
         """The enabled account whose password this is, else None (in about the same time either way)."""
@@ -165,64 +257,136 @@ class AccountsFile:
             return None
         return None if account.disabled else account
 
-    # Writing: `adbill users`.
+    # Writing: `adbill users`, one transaction each.
     def add(self, username: str, role: Role, password: str, advertiser_id: str | None = None) -> Account:
         """A new account; AccountError if the name is taken or the password too weak."""
         _check_password(password)
         name = normalize_username(username)
-        with self._locked() as accounts:
-            if name in accounts:
-                raise AccountError(f"account {name} exists; use reset-password, enable or disable")
-            account = Account(
-                username=name,
-                role=role,
-                password_hash=hash_password(password),
-                advertiser_id=advertiser_id,
-                created_at_ms=int(time.time() * 1000),
-            )
-            accounts[name] = account
+        account = Account(
+            username=name,
+            role=role,
+            password_hash=hash_password(password),
+            advertiser_id=advertiser_id,
+            created_at_ms=int(time.time() * 1000),
+        )
+        try:
+            with self.connection() as connection, connection.transaction():
+                _insert(connection, account)
+                bump_version(connection)
+        except integrity_errors() as exc:
+            if getattr(exc, "sqlstate", None) == UNIQUE_VIOLATION:
+                raise AccountError(f"account {name} exists; use reset-password, enable or disable") from None
+            raise AccountError(f"the database refused account {name}: {constraint_message(exc)}") from None
         return account
 
     def reset_password(self, username: str, password: str) -> Account:
         """A new password; the account's open sessions end."""
         _check_password(password)
-        return self._update(username, lambda a: replace(a, password_hash=hash_password(password)))
+        return self._update(username, "password_hash = %s", hash_password(password))
 
     def set_disabled(self, username: str, disabled: bool) -> Account:
         """Disable (open sessions end, logins refused) or enable an account."""
-        return self._update(username, lambda a: replace(a, disabled=disabled))
+        return self._update(username, "disabled = %s", disabled)
 
-    def _update(self, username: str, change: Callable[[Account], Account]) -> Account:
+    def _update(self, username: str, assignment: str, value: object) -> Account:
+        """Change one column of the account and raise its generation, in one statement of one transaction."""
         name = normalize_username(username)
-        with self._locked() as accounts:
-            if name not in accounts:
+        with self.connection() as connection, connection.transaction():
+            row = connection.execute(
+                f"UPDATE web_accounts SET {assignment}, generation = generation + 1 WHERE username = %s "
+                f"RETURNING {_COLUMNS}",
+                (value, name),
+            ).fetchone()
+            if row is None:
                 raise AccountError(f"no account {name}")
-            old = accounts[name]
-            new = change(old)
-            accounts[name] = replace(new, generation=old.generation + 1)
-            return accounts[name]
+            bump_version(connection)
+        return _account(row)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, Account]]:
-        """The accounts, for changing under an exclusive lock; written back atomically on success."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        with lock_path.open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            accounts = dict(self._parse(self.path.read_text())) if self.path.exists() else {}
-            yield accounts
-            text = json.dumps({"accounts": [a.to_json() for a in accounts.values()]}, indent=1, sort_keys=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".users-")
-            with os.fdopen(fd, "w") as out:  # mkstemp creates it 0600: hashes are nobody else's business
-                out.write(text + "\n")
-            os.replace(tmp, self.path)
-
-    def _parse(self, text: str) -> dict[str, Account]:
+    # The connection, the tables and the take-in.
+    @contextmanager
+    def connection(
+        self, timeout_s: float = CONNECT_TIMEOUT_S, tables: database.Tables | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from this process's pool, the accounts' tables made and the data folder's file taken in
+        first (then `tables`, such as the API tokens'); AccountsUnavailable when the database cannot be reached."""
         try:
-            data = json.loads(text)
-            return {a.username: a for a in (Account.from_json(item) for item in data["accounts"])}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise AccountError(f"cannot read the accounts file {self.path}: {exc}") from exc
+            with database.connection(self.url, self._tables, "web accounts' database", timeout_s) as connection:
+                if tables is not None:
+                    database.make_tables(self.url, connection, tables)
+                yield connection
+        except database.DatabaseUnavailable as exc:
+            if isinstance(exc, AccountsUnavailable):
+                raise
+            raise AccountsUnavailable(str(exc)) from None
+
+    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+        """Take in a data folder's accounts file (once, under the lock of `database.make_tables`): the accounts the
+        database lacks; the file is renamed FILE.imported."""
+        if self.imports is None or not self.imports.exists():
+            return
+        accounts = read_accounts_file(self.imports)
+        kept = [a.username for a in accounts if not _insert(connection, a, if_new=True)]
+        bump_version(connection)
+        self.imports.rename(self.imports.with_name(f"{self.imports.name}.imported"))
+        log.warning(
+            "took the accounts file %s (%d accounts%s) into %s; the file is set aside as %s.imported",
+            self.imports,
+            len(accounts) - len(kept),
+            f"; {', '.join(kept)} kept as the database had them" if kept else "",
+            self.where,
+            self.imports.name,
+        )
+
+
+UNIQUE_VIOLATION = "23505"
+"""PostgreSQL's SQLSTATE for a duplicate key."""
+
+
+def bump_version(connection: psycopg.Connection[Any]) -> None:
+    """Raise the version of the web's access records (in the change's transaction): readers read them again."""
+    connection.execute("UPDATE web_access_version SET version = version + 1")
+
+
+def _version(connection: psycopg.Connection[Any]) -> int:
+    row = connection.execute("SELECT version FROM web_access_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _read_accounts(connection: psycopg.Connection[Any]) -> dict[str, Account]:
+    rows = connection.execute(f"SELECT {_COLUMNS} FROM web_accounts").fetchall()
+    return {account.username: account for account in map(_account, rows)}
+
+
+def _account(row: tuple[Any, ...]) -> Account:
+    username, role, password_hash, advertiser_id, disabled, generation, created_at_ms = row
+    return Account(username, Role(role), password_hash, advertiser_id, disabled, int(generation), int(created_at_ms))
+
+
+def _insert(connection: psycopg.Connection[Any], account: Account, if_new: bool = False) -> bool:
+    """Insert `account`; `if_new`: unless the username is taken (then False)."""
+    cursor = connection.execute(
+        f"INSERT INTO web_accounts ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        + (" ON CONFLICT (username) DO NOTHING" if if_new else ""),
+        (
+            account.username,
+            account.role.value,
+            account.password_hash,
+            account.advertiser_id,
+            account.disabled,
+            account.generation,
+            account.created_at_ms,
+        ),
+    )
+    return cursor.rowcount == 1
+
+
+def read_accounts_file(path: Path) -> list[Account]:
+    """The accounts of an accounts file of an earlier release (`{"accounts": [...]}`), to take in."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [Account.from_json(item) for item in data["accounts"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AccountError(f"cannot read the accounts file {path}: {exc}") from exc
 
 
 def _check_password(password: str) -> None:

@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the Flask app of the admin UI, wired to Redis, the accounts file and the export folder.
+"""`create_app(settings)`: the Flask app of the admin UI, wired to Redis, the database (the catalog, the accounts and
+the API tokens) and the export folder.
 
 `settings` is the project's settings object (`ops.settings.Settings`); this package only needs the attributes of
 `WebSettings`, so that it does not import `ops` (the arrows of ARCHITECTURE.md point down).
@@ -18,6 +19,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.database import DatabaseUnavailable
 from billing.store.stream_offsets import KafkaLag, LagReading
 from web import (
     ad_catalog,
@@ -35,7 +37,6 @@ from web import (
     probes,
 )
 from web.access import LoginLimit, Role, may_change_catalog, may_see_finance, may_see_health
-from web.accounts import AccountsFile
 from web.cache import RecentResults
 from web.changes import api_bp as change_api
 from web.changes import bp as change_pages
@@ -47,11 +48,12 @@ from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms, services
 from web.sessions import LoginLimiter, SessionStore
-from web.tokens import TokensFile
 
 if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
     from billing.store.invoice_db import InvoiceDatabase
+    from web.accounts import AccountsDatabase
+    from web.tokens import TokensDatabase
 
 RETRY_AFTER_S = 5
 """What a 503 (Redis unreachable) tells a client to wait before it tries again."""
@@ -74,10 +76,8 @@ class WebSettings(Protocol):
     def root(self) -> Path: ...
     def catalog_store(self) -> CatalogDatabase: ...
     def invoice_store(self) -> InvoiceDatabase: ...
-    @property
-    def users_file(self) -> Path: ...
-    @property
-    def api_tokens_file(self) -> Path: ...
+    def accounts_store(self) -> AccountsDatabase: ...
+    def tokens_store(self, accounts: AccountsDatabase | None = None) -> TokensDatabase: ...
     @property
     def web_secret_file(self) -> Path: ...
     @property
@@ -129,7 +129,7 @@ def create_app(
     app.secret_key = secret
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False, TEMPLATES_AUTO_RELOAD=False)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
-    accounts = AccountsFile(settings.users_file)
+    accounts = settings.accounts_store()  # one per process: each request asks the database one small question
     catalogs = settings.catalog_store()  # one per process: each request reads only what changed since the last
     app.extensions["adbill"] = Services(
         reader=BillingReader(
@@ -140,7 +140,7 @@ def create_app(
             Periods(settings.period_ms),
         ),
         accounts=accounts,
-        tokens=TokensFile(settings.api_tokens_file, accounts),
+        tokens=settings.tokens_store(accounts),
         sessions=SessionStore(
             client, settings.redis_prefix, secret, settings.web_session_hours * 3600, settings.web_idle_minutes * 60
         ),
@@ -213,6 +213,23 @@ def create_app(
         message = "The billing data store (Redis) is unreachable; figures cannot be shown. Try again shortly."
         if request.path.startswith("/api/"):
             response = jsonify({"error": "Redis is unreachable", "status": 503})
+        else:
+            response = Response(
+                render_template("error.html", status=503, name="Service Unavailable", error=_Described(message)),
+                mimetype="text/html",
+            )
+        response.status_code = 503
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+
+    @app.errorhandler(DatabaseUnavailable)
+    def database_unreachable(error: DatabaseUnavailable) -> ResponseReturnValue:
+        """The database down (and nothing held to go on with, such as the accounts of a worker that has read none
+        yet): 503 with a clear page or JSON body, the database named in the log only."""
+        app.logger.warning("%s", error)
+        message = "The product's database (PostgreSQL) is unreachable; this cannot be shown. Try again shortly."
+        if request.path.startswith("/api/"):
+            response = jsonify({"error": "the database is unreachable", "status": 503})
         else:
             response = Response(
                 render_template("error.html", status=503, name="Service Unavailable", error=_Described(message)),

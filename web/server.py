@@ -63,7 +63,8 @@ def serve(settings: ServingSettings) -> int:
     """Run until SIGTERM or Ctrl-C."""
     load_or_create_secret(settings.web_secret_file)
     print(
-        f"adbill web on http://{settings.web_host}:{settings.web_port}/ (accounts: {settings.users_file})", flush=True
+        f"adbill web on http://{settings.web_host}:{settings.web_port}/ (accounts: {settings.accounts_store().where})",
+        flush=True,
     )
     _Gunicorn(settings, gunicorn_options(settings)).run()
     return 0

@@ -10,11 +10,11 @@ from flask import current_app, g
 
 from billing.store.stream_offsets import LagReading
 from web.access import Principal
-from web.accounts import AccountsFile
+from web.accounts import AccountsDatabase
 from web.cache import RecentResults
 from web.readers import BillingReader
 from web.sessions import LoginLimiter, SessionRecord, SessionStore
-from web.tokens import TokensFile
+from web.tokens import TokensDatabase
 
 
 def now_ms() -> int:
@@ -26,8 +26,8 @@ class Services:
     """Everything a request may need, built once per process."""
 
     reader: BillingReader
-    accounts: AccountsFile
-    tokens: TokensFile
+    accounts: AccountsDatabase
+    tokens: TokensDatabase
     sessions: SessionStore
     limiter: LoginLimiter
     secret: bytes

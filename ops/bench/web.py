@@ -39,7 +39,7 @@ from billing.store.catalog_db import CatalogDatabase
 from ops.postgres_service import LocalPostgres
 from ops.process import free_ports
 from web.access import Role
-from web.accounts import AccountsFile
+from web.accounts import AccountsDatabase
 from web.sample_data import SampleWriter, seed_sample
 
 PASSWORD = "benchmark passphrase 1"  # accounts of a throwaway data folder, for the benchmark only  # nosec B105
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         seeded = seed_sample(
             SampleWriter(client, "adbill", DataLayout(home).exports), catalog, first_period, args.periods
         )
-        accounts = AccountsFile(DataLayout(home).users_file)
+        accounts = AccountsDatabase(postgres.url)
         users = []
         for i, advertiser in enumerate(catalog.advertiser_ids):
             accounts.add(f"user{i}", Role.ADVERTISER, PASSWORD, advertiser)

@@ -57,7 +57,6 @@ from tests.integration.test_reconcile import read_back
 from tests.web_support import PASSWORD
 from web import display
 from web.access import Role
-from web.accounts import AccountsFile
 
 pytestmark = pytest.mark.e2e
 
@@ -251,7 +250,7 @@ def test_the_ui_shows_what_the_pipeline_billed_and_finance_downloads_what_the_or
     own = max(catalog.advertiser_ids, key=lambda adv: (sum(truth.corrections_of(adv).values()), adv))
     expected_corrections = truth.corrections_of(own)
     assert expected_corrections
-    accounts = AccountsFile(settings.users_file)
+    accounts = settings.accounts_store()
     accounts.add("alice", Role.ADVERTISER, PASSWORD, own)
     accounts.add("fiona", Role.FINANCE, PASSWORD)
     accounts.add("ada", Role.ADMIN, PASSWORD)

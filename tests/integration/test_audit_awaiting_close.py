@@ -26,11 +26,10 @@ CAUGHT_UP = LagReading({"clicks": 0, "impressions": 0}, True, NOW_MS)
 
 def _admin(settings: Settings) -> FlaskClient:
     from web.access import Role
-    from web.accounts import AccountsFile
 
     settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
-    AccountsFile(settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
-    AccountsFile(settings.users_file).add("fiona", Role.FINANCE, "correct horse battery staple")
+    settings.accounts_store().add("ada", Role.ADMIN, "correct horse battery staple")
+    settings.accounts_store().add("fiona", Role.FINANCE, "correct horse battery staple")
     client = create_app(settings, clock=lambda: NOW_MS, cache_s=0, kafka_lag=lambda: CAUGHT_UP).test_client()
     assert login(client, "ada").status_code == 302
     return client

@@ -101,10 +101,9 @@ def api_figures(settings: Settings, catalog, periods: list[str]) -> dict:  # typ
     """Every figure the API shows an admin: each advertiser's dashboard and corrections in each period, finance,
     the exports and the health page's counts (not the job's own progress records, which it writes anew)."""
     from web.access import Role
-    from web.accounts import AccountsFile
     from web.app import create_app
 
-    accounts = AccountsFile(settings.users_file)
+    accounts = settings.accounts_store()
     if accounts.get("root") is None:
         accounts.add("root", Role.ADMIN, PASSWORD)
     client = create_app(settings, cache_s=0).test_client()

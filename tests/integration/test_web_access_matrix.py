@@ -1,7 +1,8 @@
 """The access matrix: every route of the web UI, for each role, another advertiser and an anonymous visitor.
 
-Real Redis (the session's server, a key prefix of this module), real export files, the real accounts file; requests
-go through the Flask test client. The data is only read here, so one seeded app serves the whole module.
+Real Redis (the session's server, a key prefix of this module), real export files, the accounts and API tokens in
+the module's own database; requests go through the Flask test client. The data is only read here, so one seeded
+app serves the whole module.
 
 Targets are adv-0000's campaign, ad, correction and export; `alice` is adv-0000's advertiser, `bob` another
 advertiser's. Expected: alice, finance and admin see adv-0000 (200), bob gets 404, as for an id that exists
@@ -16,6 +17,7 @@ each only the figures of its own hours.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -61,9 +63,8 @@ from tests.web_support import (
 )
 from web import display
 from web.access import Role
-from web.accounts import AccountsFile
+from web.accounts import AccountsDatabase
 from web.app import create_app
-from web.tokens import TokensFile
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +171,7 @@ def world(
         INVOICED,
         lambda: 1_767_250_000_000,
     )
-    store = TokensFile(settings.api_tokens_file, AccountsFile(settings.users_file))
+    store = settings.tokens_store()
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)
     seeded.client.close()
@@ -712,8 +713,8 @@ def test_every_file_url_the_exports_api_lists_opens_with_a_token(world: World, a
 
 def test_a_revoked_unknown_or_malformed_token_and_a_disabled_accounts_token_get_401(world: World) -> None:
     settings = world.seeded.settings
-    accounts = AccountsFile(settings.users_file)
-    store = TokensFile(settings.api_tokens_file, accounts)
+    accounts = settings.accounts_store()
+    store = settings.tokens_store(accounts)
     token, record = store.create("fiona")
     client = world.app.test_client()
     assert client.get("/api/v1/me", headers=bearer(token)).json["username"] == "fiona"
@@ -742,21 +743,23 @@ def test_a_revoked_unknown_or_malformed_token_and_a_disabled_accounts_token_get_
     assert login(world.clients["bob"], "bob").status_code == 302  # bob's session ended with the disable
 
 
-def test_tokens_are_hashed_at_rest_in_a_private_file_and_shown_once_by_the_cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_tokens_are_hashed_at_rest_and_shown_once_by_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], database: str
 ) -> None:
     from ops.cli import main
 
     monkeypatch.setenv("ADBILL_HOME", str(tmp_path))
-    AccountsFile(tmp_path / "users.json").add("ada", Role.ADMIN, "correct horse battery staple")
+    monkeypatch.setenv("ADBILL_DATABASE_URL", database)
+    AccountsDatabase(database).add("ada", Role.ADMIN, "correct horse battery staple")
     assert main(["tokens", "create", "ada"]) == 0
     out = capsys.readouterr()
     token = out.out.strip()
     assert token.startswith("adbill_") and "shown this once" in out.err
-    kept = (tmp_path / "api-tokens.json").read_text()
+    kept = json.dumps(catalog_rows(database))
     secret = token.split("_", 2)[2]  # what follows adbill_<id>_, underscores of its own included
     assert token not in kept and secret not in kept
-    assert (tmp_path / "api-tokens.json").stat().st_mode & 0o777 == 0o600
+    assert hashlib.sha256(token.encode()).hexdigest() in kept, "only its SHA-256 is kept"
+    assert not list(tmp_path.glob("api-tokens*")), "no tokens file is written"
     assert main(["tokens", "list", "ada"]) == 0
     listed = capsys.readouterr().out
     assert listed.startswith(token.split("_")[1] + "\tada\t") and token not in listed

@@ -26,9 +26,7 @@ from ops.settings import Settings
 from tests.catalog_rows import catalog_rows
 from tests.web_support import ACCOUNTS, OTHER, OWN, Seeded, form_token, login, seed
 from web import display
-from web.accounts import AccountsFile
 from web.app import create_app
-from web.tokens import TokensFile
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +65,7 @@ def web(redis_settings: Settings) -> Iterator[Web]:
     for name in ACCOUNTS:
         clients[name] = app.test_client()
         assert login(clients[name], name).status_code == 302
-    store = TokensFile(redis_settings.api_tokens_file, AccountsFile(redis_settings.users_file))
+    store = redis_settings.tokens_store()
     yield Web(app, seeded, clients, {name: store.create(name)[0] for name in ACCOUNTS})
     seeded.client.close()
 

@@ -11,9 +11,7 @@ from billing.catalog import AdChange, generate_catalog
 from ops.settings import Settings
 from tests.web_support import PASSWORD, login
 from web.access import Role
-from web.accounts import AccountsFile
 from web.app import create_app
-from web.tokens import TokensFile
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +21,9 @@ def test_the_catalog_page_and_its_api_list_every_ad_a_page_at_a_time(redis_setti
     store = redis_settings.catalog_store()
     store.start(catalog)
     store.change(lambda current, now: AdChange("aaa-new-ad", now, 1_000, "aaa-c", "aaa-adv", "EUR"))
-    accounts = AccountsFile(redis_settings.users_file)
+    accounts = redis_settings.accounts_store()
     accounts.add("root", Role.ADMIN, PASSWORD, None)
-    token = TokensFile(redis_settings.api_tokens_file, accounts).create("root")[0]
+    token = redis_settings.tokens_store(accounts).create("root")[0]
     app = create_app(redis_settings)
     client = app.test_client()
     login(client, "root")

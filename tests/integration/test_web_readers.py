@@ -43,9 +43,8 @@ def _client(settings: Settings) -> object:
 def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings) -> None:
     redis_settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
     from web.access import Role
-    from web.accounts import AccountsFile
 
-    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    redis_settings.accounts_store().add("ada", Role.ADMIN, "correct horse battery staple")
     client = _client(redis_settings)
     for url in ("/advertisers/adv-0000", "/finance", "/health", "/advertisers/adv-0000/corrections"):
         response = client.get(url)  # type: ignore[attr-defined]
@@ -122,9 +121,8 @@ def test_an_ad_billed_only_by_reconciliation_shows_with_its_corrections(redis_se
     )  # fmt: skip
     writer.close(P0, P0_MS)
     from web.access import Role
-    from web.accounts import AccountsFile
 
-    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    redis_settings.accounts_store().add("ada", Role.ADMIN, "correct horse battery staple")
     client = _client(redis_settings)
     doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard").json  # type: ignore[attr-defined]
     assert doc["period"] == {"period": P0, "start_ms": P0_MS, "closed": True, "future": False}
@@ -218,10 +216,9 @@ def test_held_periods_and_the_last_audit_show_on_the_health_and_finance_pages_an
 
     from attribution.progress import ReconciliationCollector
     from web.access import Role
-    from web.accounts import AccountsFile
 
     redis_settings.catalog_store().start(generate_catalog(1, 1, 1, seed=1))
-    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    redis_settings.accounts_store().add("ada", Role.ADMIN, "correct horse battery staple")
     totals = RedisFigures.from_url(redis_settings.redis_url, redis_settings.redis_prefix)
     held = {
         P0: "held: the streaming job has been down for 22 min",
@@ -253,7 +250,6 @@ def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_th
     # pages and the API show them exactly.
     from billing.catalog import Ad, Catalog
     from web.access import Role
-    from web.accounts import AccountsFile
     from web.display import money
 
     big = 1_234_567_890_123_456_789  # far past 2^53, below 2^63 - 1
@@ -272,7 +268,7 @@ def test_a_period_whose_totals_pass_ten_to_the_fifteen_micros_closes_exact_to_th
     writer.close(P0, P0_MS)
     figures = RedisFigures(client_redis, redis_settings.redis_prefix)
     assert figures.advertiser(P0, OWN).micros == big  # provisional + corrections = the export
-    AccountsFile(redis_settings.users_file).add("ada", Role.ADMIN, "correct horse battery staple")
+    redis_settings.accounts_store().add("ada", Role.ADMIN, "correct horse battery staple")
     client = _client(redis_settings)
     doc = client.get(f"/api/v1/advertisers/{OWN}/dashboard?period={P0}").json  # type: ignore[attr-defined]
     assert doc["period"]["closed"] is True

@@ -16,7 +16,6 @@ from billing.store.redis_keys import RedisKeys
 from ops.settings import Settings
 from tests.web_support import PASSWORD, Seeded, form_token, login, seed, session_cookie
 from web.access import LoginLimit, Role
-from web.accounts import AccountsFile
 from web.api import OPENAPI_FILE
 from web.app import create_app
 from web.sessions import LoginLimiter
@@ -152,7 +151,7 @@ def test_redis_holds_no_usable_session_id(app: Flask, seeded: Seeded) -> None:
 
 
 def test_disabling_an_account_or_resetting_its_password_ends_its_sessions(app: Flask, seeded: Seeded) -> None:
-    accounts = AccountsFile(seeded.settings.users_file)
+    accounts = seeded.settings.accounts_store()
     alice, fiona = app.test_client(), app.test_client()
     login(alice, "alice")
     login(fiona, "fiona")
@@ -618,7 +617,7 @@ def test_the_idle_time_is_a_setting(seeded: Seeded, clock: Clock) -> None:
 
 
 def test_a_new_account_added_while_serving_can_log_in(app: Flask, seeded: Seeded) -> None:
-    AccountsFile(seeded.settings.users_file).add("carol", Role.ADVERTISER, PASSWORD, "adv-0002")
+    seeded.settings.accounts_store().add("carol", Role.ADVERTISER, PASSWORD, "adv-0002")
     client = app.test_client()
     assert login(client, "carol").headers["Location"] == "/advertisers/adv-0002"
 
