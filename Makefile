@@ -99,8 +99,10 @@ bench-reconcile: deps ## reconcile, close and export a synthetic day of EVENTS e
 
 NETWORK_SIZES ?= 10000,100000,1000000
 NETWORK_SECONDS ?= 60
-bench-network: deps ## the catalog in PostgreSQL at NETWORK_SIZES ads: load, a process's start, a change at the door, the command, ten changes a second from four doors for NETWORK_SECONDS while a batch takes them
-	$(BIN)/python -m ops.bench.network --sizes $(NETWORK_SIZES) --seconds $(NETWORK_SECONDS)
+NETWORK_STREAM_SECONDS ?= 120
+NETWORK_ARGS ?=
+bench-network: deps ## the catalog at NETWORK_SIZES ads: load, a process's start, a bid change at each door (store, API, page, command), ten changes a second from four doors for NETWORK_SECONDS, the catalog's pages and a dashboard, the stream at 10,000 events/s for NETWORK_STREAM_SECONDS while the doors write, against a run with 60 ads and no changes (NETWORK_ARGS="--phases web,stream")
+	$(BIN)/python -m ops.bench.network --sizes $(NETWORK_SIZES) --seconds $(NETWORK_SECONDS) --stream-seconds $(NETWORK_STREAM_SECONDS) $(NETWORK_ARGS)
 
 CHANGES ?= 10
 CATALOG_DURATION ?= 300

@@ -3,14 +3,16 @@ bench-network`) and the `database` fault of `make chaos`: each writer is a door 
 the web workers and commands are), and every change a door confirmed is checked in the database afterwards.
 
 The writers change the prices of ads of their own (advertiser `LOAD_ADVERTISER`, created first), from a day ahead,
-so that a run with traffic is billed as it would be without them.
+so that a run with traffic is billed as it would be without them. Given `repriced` ads (a benchmark's traffic's, whose
+event times are all in the past), they change those too, in turn with their own, from now: after every click of that
+traffic, so a click priced with a price made after its event time shows in its bill.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from billing.catalog import AdChange, Catalog, CatalogError, MadeBy
@@ -48,14 +50,19 @@ class WriterRun:
 
 
 class ChangeWriters:
-    """`writers` threads making `rate` price changes a second between them on `ads` ads of their own, through one
-    store (as the threads of a web worker share theirs)."""
+    """`writers` threads making `rate` price changes a second between them on `ads` ads of their own (from a day
+    ahead) and the `repriced` ads of the catalog (from now), in turn, through one store (as the threads of a web
+    worker share theirs)."""
 
-    def __init__(self, database_url: str, rate: float = 10.0, writers: int = 4, ads: int = 100) -> None:
+    def __init__(
+        self, database_url: str, rate: float = 10.0, writers: int = 4, ads: int = 100, repriced: Sequence[str] = ()
+    ) -> None:
         self.database_url = database_url
         self.rate = rate
         self.writers = writers
         self.ad_ids = [f"{LOAD_ADVERTISER}-ad-{i:04d}" for i in range(ads)]
+        self.targets = [(ad_id, AHEAD_MS) for ad_id in self.ad_ids] + [(ad_id, 0) for ad_id in repriced]
+        """(ad, how far ahead of now its price takes effect), changed in this order over and over."""
         self.run = WriterRun()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -97,12 +104,12 @@ class ChangeWriters:
             if pause > 0 and self._stop.wait(pause):
                 break
             due += interval
-            ad_id = self.ad_ids[(number + i * self.writers) % len(self.ad_ids)]
+            ad_id, ahead_ms = self.targets[(number + i * self.writers) % len(self.targets)]
             price = 100_000 + (number * 1_000_003 + i * 7_919) % 900_000
             i += 1
             began = time.monotonic()
             try:
-                made = store.change(bid(ad_id, price), made_by=MadeBy(f"load-writer-{number}", "command"))
+                made = store.change(bid(ad_id, price, ahead_ms), made_by=MadeBy(f"load-writer-{number}", "command"))
             except CatalogError as exc:
                 with self._mutex:
                     reason = str(exc).split(":")[0][:80]
@@ -133,10 +140,12 @@ def check_confirmed(database_url: str, confirmed: list[Confirmed]) -> tuple[list
 
     lost: list[Confirmed] = []
     twice: list[Confirmed] = []
+    if not confirmed:
+        return lost, twice
     with psycopg.connect(database_url) as connection:
         rows = connection.execute(
-            "SELECT ad_id, version, effective_from, cpc_micros FROM ad_prices WHERE ad_id LIKE %s",
-            (f"{LOAD_ADVERTISER}-%",),
+            "SELECT ad_id, version, effective_from, cpc_micros FROM ad_prices WHERE ad_id = ANY(%s)",
+            (sorted({c.ad_id for c in confirmed}),),
         ).fetchall()
         logged = {
             int(v): n
@@ -167,23 +176,30 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ops.catalog_load URL --rate R --writers W --seconds S --out FILE`: the writers in a process of
-    their own (as doors are), their run written to FILE as JSON."""
+    """`python -m ops.catalog_load URL --rate R --writers W --seconds S --out FILE [--repriced AD,AD...]`: the
+    writers in a process of their own (as doors are) for S seconds or until SIGTERM, their run written to FILE as
+    JSON; `writing` is printed once they write."""
     import argparse
     import json
+    import signal
     from dataclasses import asdict
 
     parser = argparse.ArgumentParser(prog="python -m ops.catalog_load")
     parser.add_argument("url")
     parser.add_argument("--rate", type=float, default=10.0)
     parser.add_argument("--writers", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="at most; SIGTERM stops them sooner")
+    parser.add_argument("--repriced", default="", help="ads of the catalog changed from now too, comma-separated")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    writers = ChangeWriters(args.url, rate=args.rate, writers=args.writers)
+    repriced = [ad_id for ad_id in args.repriced.split(",") if ad_id]
+    writers = ChangeWriters(args.url, rate=args.rate, writers=args.writers, repriced=repriced)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     writers.prepare()
     writers.start()
-    time.sleep(args.seconds)
+    print("writing", flush=True)
+    stop.wait(args.seconds)
     run = writers.stop()
     document = {
         "confirmed": [asdict(c) for c in run.confirmed],

@@ -19,7 +19,7 @@ and the CPU per event of the driver and of the executors.
 | `stream` | `make bench-stream`: one offered rate through the job (one step of `make bench`) |
 | `reconcile` | `make bench-reconcile`: reconcile, close and export a synthetic day |
 | `realtime` | `make bench-realtime`: whether Spark's real-time mode runs the attribution join, and what it gives |
-| `network` | `make bench-network`: the catalog in PostgreSQL at up to a million ads: load, reads, changes at the doors |
+| `network` | `make bench-network`: the catalog at up to a million ads: its load, doors, pages and cost to the stream |
 | `catalog` | `make bench-catalog`: a catalog change to its first bill, and a run whose prices change every minute |
 | `web` | `make bench-web`: the dashboard and its API under concurrent clients, on gunicorn |
 | `stories` | `make bench-stories`: a month written as the product writes it, then click stories timed |
