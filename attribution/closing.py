@@ -70,6 +70,7 @@ from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, cha
 from billing.store.corrections_arrow import corrections_from_arrow, corrections_to_arrow
 from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
 from billing.store.crawler_list import CrawlerList, crawler_list, keep_list, kept_list
+from billing.store.database import DatabaseUnavailable
 from billing.store.database_lock import DatabaseLock, DatabaseLockedError
 from billing.store.durable import make_folder, replace_files, staged
 from billing.store.export_files import (
@@ -85,10 +86,10 @@ from billing.store.export_files import (
 )
 from billing.store.invoice_db import InvoiceDatabase
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceStoreError
-from billing.store.names_file import NamesFile
+from billing.store.names_db import NamesDatabase
 from billing.store.parquet_ledger import read_batches, read_ledger
 from billing.store.period_states import load_states, save_states
-from billing.store.profile_file import ProfileFile
+from billing.store.profiles_db import ProfileDatabase
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
 
@@ -127,9 +128,10 @@ class ReconcileConfig:
     """How long a run waits for a live streaming job that is only a few seconds behind the records a period past
     its horizon waits for (`wait_for_stream`); 0: not at all."""
     invoice_terms: InvoiceTerms = InvoiceTerms()
-    database_url: str | None = None
-    """The catalog's database: one run at a time across hosts (`run_lock`); None: the data folder's lock only."""
     """Who issues the monthly invoices and when they are due (`billing.invoices`)."""
+    database_url: str | None = None
+    """The product's database: one run at a time across hosts (`run_lock`), and the billing profiles and campaign
+    names the invoices are issued with; None: the data folder's lock only, and no invoice issued."""
 
     @property
     def layout(self) -> DataLayout:
@@ -371,19 +373,23 @@ def issue_invoices(
     only: str | None = None,
 ) -> list[str]:
     """Issue the monthly invoices of every month whose periods are all closed (`billing.invoices.issue_ready`) from
-    the exports, the corrections and the billing profiles of the data folder; what was done, in words. A failure
-    is said, not raised: the closing run's work stands, and the next run (or `adbill invoices issue`) tries again.
-    The invoices and their numbers are the database's (`billing.store.invoice_db`); a file an issuer did not write
+    the exports and the corrections of the data folder, and the billing profiles and campaign names of the database
+    (`config.database_url`); what was done, in words. A failure is said, not raised: the closing run's work stands,
+    and the next run (or `adbill invoices issue`) tries again. While the database cannot be reached no invoice is
+    issued: an invoice keeps the profile and the names it was issued with, never none for want of them. The
+    invoices and their numbers are the database's (`billing.store.invoice_db`); a file an issuer did not write
     (it stopped after its commit) is written from the database here."""
     layout = config.layout
+    if not config.database_url:
+        if only is not None:
+            raise InvoiceError("invoices are issued with the billing profiles of the database, and none is set")
+        return ["invoices not issued: no database holds the billing profiles (ReconcileConfig.database_url)"]
+    book = InvoiceDatabase(config.database_url, layout)
     try:
-        if not config.database_url:
-            raise InvoiceStoreError("no database keeps the invoices (ReconcileConfig.database_url)")
-        book = InvoiceDatabase(config.database_url, layout)
         done = issue_ready(
             book,
             ExportInvoiceSource(layout),
-            ProfileFile(layout.billing_profiles_file).current(),
+            ProfileDatabase(config.database_url, imports=layout.billing_profiles_file).current(),
             Periods(config.period_ms),
             config.horizon_ms,
             versions,
@@ -391,10 +397,10 @@ def issue_invoices(
             clock,
             config.invoice_terms,
             only,
-            NamesFile(layout.names_file).current().campaigns,
+            NamesDatabase(config.database_url, imports=layout.names_file).named("campaign"),
         )
         written = book.write_files()  # those an issuer committed and stopped before it wrote
-    except (InvoiceError, InvoiceStoreError, OSError, ValueError) as exc:
+    except (InvoiceError, InvoiceStoreError, OSError, ValueError, DatabaseUnavailable) as exc:
         if only is not None:
             raise
         return [f"invoices not issued: {exc}"]

@@ -162,7 +162,7 @@ class InvoiceLine:
     reason: str | None = None
     corrects: tuple[str, ...] = ()
     campaign_name: str = ""
-    """The campaign's name when the invoice was issued (`billing.store.names_file`), empty for none."""
+    """The campaign's name when the invoice was issued (`billing.store.names_db`), empty for none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

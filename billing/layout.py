@@ -30,8 +30,10 @@ ROOT/
   schemas.json                            the schema registry written before the database: taken in once
                                           (`billing.store.schema_registry`), then set aside as .imported
   catalog-changes.jsonl                   the catalog's change log, beside the catalog file (its store's)
-  billing-profiles.json                   the advertisers' billing profiles, with history
-  names.json                              the names people give campaigns and ads
+  billing-profiles.json                   the billing profiles written before the database: taken in once
+                                          (`billing.store.profiles_db`), then set aside as .imported
+  names.json                              the names of campaigns and ads written before the database: taken
+                                          in once (`billing.store.names_db`), then set aside as .imported
 ```
 """
 
@@ -152,12 +154,14 @@ class DataLayout:
 
     @property
     def billing_profiles_file(self) -> Path:
-        """The advertisers' billing profiles and their history (`billing.store.profile_file`)."""
+        """The billing profiles' file of a data folder written before the database, taken into it once
+        (`billing.store.profiles_db`)."""
         return self.root / "billing-profiles.json"
 
     @property
     def names_file(self) -> Path:
-        """The names of campaigns and ads (`billing.store.names_file`)."""
+        """The names' file of a data folder written before the database, taken into it once
+        (`billing.store.names_db`)."""
         return self.root / "names.json"
 
     @property

@@ -8,7 +8,7 @@ issued month is never re-read. Each entry keeps who made it, through which door 
 The tax rate is a percentage written as an exact decimal (`19`, `7.7`, `0`), kept as that text and read as a
 `Fraction`, never a float.
 
-Pure: the file is `billing.store.profile_file`.
+Pure: the store is `billing.store.profiles_db`.
 """
 
 from __future__ import annotations

@@ -358,14 +358,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tax-id", help="set: the advertiser's tax id (VAT number)")
     p.add_argument("--tax-rate", help="set: the tax rate in percent, an exact decimal such as 19 or 7.7 (0: none)")
     p.add_argument("--at", help="set: when it takes effect: epoch ms or ISO-8601 (default: now)")
-    p.set_defaults(run=cmd_profiles)
+    p.set_defaults(run=cmd_profiles, needs=("postgres",))
 
     p = sub.add_parser("names", help="the names of campaigns and ads, for people (pages, invoices): set, list")
     p.add_argument("action", choices=["set", "list"])
-    p.add_argument("kind", nargs="?", choices=["campaign", "ad"])
-    p.add_argument("item_id", nargs="?", metavar="ID")
+    p.add_argument("kind", nargs="?", choices=["campaign", "ad"], help="list: only the names of campaigns or ads")
+    p.add_argument("item_id", nargs="?", metavar="ID", help="list: only this campaign's or ad's name")
     p.add_argument("name", nargs="?", help="set: the name (empty: none)")
-    p.set_defaults(run=cmd_names)
+    p.set_defaults(run=cmd_names, needs=("postgres",))
 
     p = sub.add_parser(
         "health", help="exit 0 when a long-running part is healthy, 1 if not, with one line saying why (health checks)"
@@ -926,13 +926,17 @@ def cmd_profiles(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_names(settings: Settings, args: argparse.Namespace) -> int:
-    from billing.store.names_file import NamesFile
-
-    store = NamesFile(settings.layout.names_file)
+    store = settings.names_store()
     if args.action == "list":
-        names = store.current()
-        for kind, named in (("campaign", names.campaigns), ("ad", names.ads)):
-            for item_id, name in named.items():
+        if args.item_id:
+            listed = [(args.kind, store.names_of(args.kind, [args.item_id]))]
+        elif args.kind:
+            listed = [(args.kind, store.named(args.kind))]
+        else:
+            names = store.current()
+            listed = [("campaign", names.campaigns), ("ad", names.ads)]
+        for kind, named in listed:
+            for item_id, name in sorted(named.items()):
                 print(f"{kind}\t{item_id}\t{name}")
         return 0
     if not (args.kind and args.item_id and args.name is not None):

@@ -109,13 +109,12 @@ def set_profile(
 ) -> int:
     """`adbill profiles set`: a new entry of the advertiser's billing profile, from now or a later --at."""
     from billing.profiles import describe_profile, profile_change
-    from billing.store.profile_file import ProfileFile
     from ops.cli import command_maker
     from ops.reconciling import parse_time
 
     at_ms = parse_time(at, "--at") if at else None
     maker = command_maker()
-    kept = ProfileFile(settings.layout.billing_profiles_file).change(
+    kept = settings.profile_store().change(
         lambda now: profile_change(
             advertiser,
             name,
@@ -133,9 +132,8 @@ def set_profile(
 def show_profiles(settings: Settings, advertiser: str | None) -> int:
     """Every advertiser's profile in force now, or one advertiser's whole history."""
     from billing.profiles import describe_profile
-    from billing.store.profile_file import ProfileFile
 
-    profiles = ProfileFile(settings.layout.billing_profiles_file).current()
+    profiles = settings.profile_store().current()
     now = int(time.time() * 1000)
     if advertiser:
         history = profiles.history(advertiser)

@@ -19,6 +19,8 @@ from billing.layout import DataLayout
 if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
     from billing.store.invoice_db import InvoiceDatabase
+    from billing.store.names_db import NamesDatabase
+    from billing.store.profiles_db import ProfileDatabase
     from billing.store.schema_registry import SchemaRegistry
     from web.accounts import AccountsDatabase
     from web.tokens import TokensDatabase
@@ -398,6 +400,20 @@ class Settings:
         from billing.store.invoice_db import InvoiceDatabase
 
         return InvoiceDatabase(self.database_url, self.layout)
+
+    def profile_store(self) -> ProfileDatabase:
+        """The billing profiles' store: the database (`database_url`), taking in HOME/billing-profiles.json when it
+        holds none."""
+        from billing.store.profiles_db import ProfileDatabase
+
+        return ProfileDatabase(self.database_url, imports=self.layout.billing_profiles_file)
+
+    def names_store(self) -> NamesDatabase:
+        """The names of campaigns and ads: the database (`database_url`), taking in HOME/names.json when it holds
+        none."""
+        from billing.store.names_db import NamesDatabase
+
+        return NamesDatabase(self.database_url, imports=self.layout.names_file)
 
     def accounts_store(self) -> AccountsDatabase:
         """The web UI's accounts: the database (`database_url`), taking in `users_file` once."""

@@ -14,7 +14,7 @@ from billing.periods import Periods
 from billing.profiles import profile_change
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.export_files import export_table, write_export
-from billing.store.profile_file import ProfileFile
+from billing.store.profiles_db import ProfileDatabase
 
 MONTH = "2025-12"
 PERIODS = ("20251231T2200Z", "20251231T2300Z")
@@ -29,8 +29,9 @@ class ClosedMonth:
     other_net: int
 
 
-def write_closed_month(layout: DataLayout, catalog: Catalog, own: str, other: str) -> ClosedMonth:
-    """December's two last hours closed for `own` (EUR) and `other` (JPY), with their corrections and profiles."""
+def write_closed_month(layout: DataLayout, catalog: Catalog, own: str, other: str, database_url: str) -> ClosedMonth:
+    """December's two last hours closed for `own` (EUR) and `other` (JPY), with their corrections, and their
+    profiles in the database at `database_url`."""
     periods = Periods()
     own_ad = next(a for a in catalog if a.advertiser_id == own)
     other_ad = next(a for a in catalog if a.advertiser_id == other)
@@ -129,7 +130,7 @@ def write_closed_month(layout: DataLayout, catalog: Catalog, own: str, other: st
             import pyarrow.parquet as pq
 
             pq.write_table(corrections_to_arrow(fixes[period]), folder / "run-test.parquet")
-    profiles = ProfileFile(layout.billing_profiles_file)
+    profiles = ProfileDatabase(database_url)
     profiles.change(
         lambda now: profile_change(own, "Acme SA", "1 Rue de Rivoli\n75001 Paris", "FR12345678901", "20", now),
         lambda: PROFILE_FROM,

@@ -319,15 +319,14 @@ class AccountsDatabase:
                 raise
             raise AccountsUnavailable(str(exc)) from None
 
-    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's accounts file (once, under the lock of `database.make_tables`): the accounts the
-        database lacks; the file is renamed FILE.imported."""
+        database lacks; the file is set aside (FILE.imported) once this commits."""
         if self.imports is None or not self.imports.exists():
-            return
+            return []
         accounts = read_accounts_file(self.imports)
         kept = [a.username for a in accounts if not _insert(connection, a, if_new=True)]
         bump_version(connection)
-        self.imports.rename(self.imports.with_name(f"{self.imports.name}.imported"))
         log.warning(
             "took the accounts file %s (%d accounts%s) into %s; the file is set aside as %s.imported",
             self.imports,
@@ -336,6 +335,7 @@ class AccountsDatabase:
             self.where,
             self.imports.name,
         )
+        return [self.imports]
 
 
 UNIQUE_VIOLATION = "23505"

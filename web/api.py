@@ -41,7 +41,7 @@ from web.model import (
     not_charged_by_currency,
     totals_by_currency,
 )
-from web.naming import name_of
+from web.naming import name_of, want
 from web.pages import send_export
 from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
@@ -116,6 +116,8 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
     if d is None:
         return None
     ranged = _range_document(lookups.range_figures("adv", advertiser_id, advertiser_id, span)) if span else {}
+    want("campaign", (c.campaign_id for c in d.campaigns))  # the names the document gives, two queries
+    want("ad", (a.ad_id for a in d.ads))
     document = {
         "advertiser_id": d.advertiser_id,
         "currency": d.currency,

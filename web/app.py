@@ -52,6 +52,8 @@ from web.sessions import LoginLimiter, SessionStore
 if TYPE_CHECKING:
     from billing.store.catalog_db import CatalogDatabase
     from billing.store.invoice_db import InvoiceDatabase
+    from billing.store.names_db import NamesDatabase
+    from billing.store.profiles_db import ProfileDatabase
     from web.accounts import AccountsDatabase
     from web.tokens import TokensDatabase
 
@@ -76,6 +78,8 @@ class WebSettings(Protocol):
     def root(self) -> Path: ...
     def catalog_store(self) -> CatalogDatabase: ...
     def invoice_store(self) -> InvoiceDatabase: ...
+    def profile_store(self) -> ProfileDatabase: ...
+    def names_store(self) -> NamesDatabase: ...
     def accounts_store(self) -> AccountsDatabase: ...
     def tokens_store(self, accounts: AccountsDatabase | None = None) -> TokensDatabase: ...
     @property
@@ -186,8 +190,9 @@ def create_app(
     register_click_pages(app, settings, catalogs)  # a click's story: its page and API document
     app.register_blueprint(change_pages)  # the catalog's change log
     app.register_blueprint(change_api)
-    invoice_views.register(app, settings.root, settings.invoice_store())  # the monthly invoices, the billing profiles
-    naming.register(app, settings.root)  # the names of campaigns and ads
+    # the monthly invoices and the billing profiles; the names of campaigns and ads: one store of each per process
+    invoice_views.register(app, settings.invoice_store(), settings.profile_store())
+    naming.register(app, settings.names_store())
 
     @app.after_request
     def headers(response: Response) -> Response:

@@ -34,6 +34,7 @@ from web.ad_catalog import (
     make_exclusion_change,
 )
 from web.guards import advertiser_or_404, paging_args
+from web.naming import want
 from web.pages import require_login
 from web.readers import is_id
 from web.services import services
@@ -51,6 +52,7 @@ def advertiser_ads(advertiser_id: str) -> str:
     svc = services()
     now = svc.clock()
     listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)]
+    want("ad", (s.ad.ad_id for s in listed))  # the names the page shows, in one query
     return render_template(
         "catalog_advertiser.html",
         advertiser_id=advertiser_id,

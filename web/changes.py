@@ -1,6 +1,6 @@
 """The catalog's change log on a page and in the API: every change (ads, prices, pauses, budgets, IP exclusions, and the
 advertisers' billing profiles) with who made it, when and through which door (`billing.change_log`, kept by
-`billing.store.catalog_db.CatalogDatabase`; the profiles' by `billing.store.profile_file.ProfileFile`).
+`billing.store.catalog_db.CatalogDatabase`; the profiles' by `billing.store.profiles_db.ProfileDatabase`).
 
 - `GET /catalog/changes`: finance and admin, newest first, with filters: `who`, `door` (`command`, `page`, `api`,
   `replay`, `simulator`), `kind`, `advertiser_id`, `campaign_id`, `ad_id`, `from` and `to` (UTC days, both
@@ -22,7 +22,7 @@ from web.ad_catalog import catalog_or_404, store
 from web.api import micros_text
 from web.api import require_login as api_login
 from web.guards import paging_args
-from web.invoice_views import profile_file
+from web.invoice_views import profile_store
 from web.pages import require_login
 from web.readers import is_id
 
@@ -71,7 +71,7 @@ def listed() -> tuple[list[ChangeEntry], int, int, int]:
     catalog_or_404()
     wanted = change_filter()
     offset, limit = paging_args(100)
-    profiles = profile_file().current()
+    profiles = profile_store().current()
     every = [*store().changes(), *profile_changes(e for a in profiles.advertiser_ids for e in profiles.history(a))]
     found = filtered(every, wanted)
     return found[offset : offset + limit], len(found), offset, limit

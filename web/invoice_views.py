@@ -17,7 +17,6 @@ as for an invoice that does not exist.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Flask, Response, abort, current_app, jsonify, redirect, render_template, request, url_for
@@ -25,10 +24,9 @@ from werkzeug.wrappers import Response as Redirect
 
 from billing.catalog import CatalogError
 from billing.invoices import Invoice, InvoiceError, month_of_ms, parse_month
-from billing.layout import DataLayout
 from billing.profiles import BillingProfiles, ProfileError, profile_change
 from billing.store.invoice_db import InvoiceDatabase
-from billing.store.profile_file import ProfileFile
+from billing.store.profiles_db import ProfileDatabase
 from web.access import may_change_catalog
 from web.ad_catalog import effective_from_text, maker
 from web.api import micros_by_currency
@@ -51,11 +49,11 @@ api_bp = Blueprint("invoices_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 
 
-def register(app: Flask, root: Path, invoices: InvoiceDatabase) -> None:
-    """Keep the invoices' store (the database: the pages read the invoices as issued there) and the profiles file
-    of the data folder `root` for the views, and add the routes."""
-    layout = DataLayout(root)
-    app.extensions[EXTENSION] = (invoices, ProfileFile(layout.billing_profiles_file))
+def register(app: Flask, invoices: InvoiceDatabase, profiles: ProfileDatabase) -> None:
+    """Keep the invoices' store (the database: the pages read the invoices as issued there) and the billing
+    profiles' store (one per process: a page reads the head row, and the entries made since the version it holds)
+    for the views, and add the routes."""
+    app.extensions[EXTENSION] = (invoices, profiles)
     app.register_blueprint(bp)
     app.register_blueprint(api_bp)
 
@@ -65,8 +63,8 @@ def book() -> InvoiceDatabase:
     return found
 
 
-def profile_file() -> ProfileFile:
-    found: ProfileFile = current_app.extensions[EXTENSION][1]
+def profile_store() -> ProfileDatabase:
+    found: ProfileDatabase = current_app.extensions[EXTENSION][1]
     return found
 
 
@@ -172,7 +170,7 @@ def finance_invoices() -> str:
 def profiles_page() -> str:
     finance_or_404()
     svc = services()
-    profiles = profile_file().current()
+    profiles = profile_store().current()
     advertisers = sorted(set(svc.reader.known_advertisers()) | set(profiles.advertiser_ids))
     now = svc.clock()
     rows = [(a, profiles.in_force(a, now), profiles.next_change(a, now)) for a in advertisers]
@@ -196,7 +194,7 @@ def set_profile(advertiser_id: str) -> Redirect | str | tuple[str, int]:
     who = maker()
     try:
         at = effective_from_text(form["effective_from"])
-        kept = profile_file().change(
+        kept = profile_store().change(
             lambda now: profile_change(
                 advertiser_id,
                 form["name"],
@@ -220,7 +218,7 @@ def _known_or_404(advertiser_id: str) -> None:
 
 def _profile_page(advertiser_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
     _known_or_404(advertiser_id)
-    profiles: BillingProfiles = profile_file().current()
+    profiles: BillingProfiles = profile_store().current()
     now = services().clock()
     made = request.args.get("made", "")
     body = render_template(

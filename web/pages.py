@@ -63,6 +63,10 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
     else:
         corrections = svc.reader.period_corrections(advertiser_id, period, 10)
     budget_days = lookups.budget_days(advertiser_id, svc.reader.catalog.get().campaigns_of(advertiser_id), span)
+    from web.naming import want  # web.naming imports this module
+
+    want("campaign", (c.campaign_id for c in dashboard.campaigns))  # the names the page shows, two queries
+    want("ad", (a.ad_id for a in dashboard.ads))
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
         render_template(
             "_advertiser_main.html",

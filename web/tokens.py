@@ -153,11 +153,11 @@ class TokensDatabase:
             bump_version(connection)
         return sorted(gone)
 
-    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's tokens file (once, under the lock of `database.make_tables`): each token of an
-        account the database holds; the file is renamed FILE.imported."""
+        account the database holds; the file is set aside (FILE.imported) once this commits."""
         if self.imports is None or not self.imports.exists():
-            return
+            return []
         try:
             records = [TokenRecord(**t) for t in json.loads(self.imports.read_text(encoding="utf-8"))["tokens"]]
         except (ValueError, KeyError, TypeError) as exc:
@@ -165,7 +165,6 @@ class TokensDatabase:
         known = {row[0] for row in connection.execute("SELECT username FROM web_accounts")}
         taken = [r for r in records if r.username in known and _insert(connection, r, if_new=True)]
         bump_version(connection)
-        self.imports.rename(self.imports.with_name(f"{self.imports.name}.imported"))
         log.warning(
             "took the API tokens file %s (%d tokens; %d of accounts that are gone or already there left out) into "
             "%s; the file is set aside as %s.imported",
@@ -175,6 +174,7 @@ class TokensDatabase:
             self.accounts.where,
             self.imports.name,
         )
+        return [self.imports]
 
 
 def _read_tokens(connection: psycopg.Connection[Any]) -> dict[str, TokenRecord]:

@@ -443,11 +443,11 @@ class CatalogDatabase:
         except database.DatabaseUnavailable as exc:
             raise DatabaseUnavailable(str(exc)) from None
 
-    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
-        """Take in a data folder's catalog file when the database holds no catalog yet (once, under the lock of
-        `database.make_tables`)."""
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
+        """Take in a data folder's catalog file and its change log when the database holds no catalog yet (once,
+        under the lock of `database.make_tables`, which sets them aside once this commits)."""
         if self.imports is None or not self.imports.exists() or _head(connection) is not None:
-            return
+            return []
         catalog = load_catalog(self.imports)
         log_file = self.imports.with_name(f"{self.imports.stem}-changes.jsonl")
         lines = log_file.read_text(encoding="utf-8").splitlines() if log_file.exists() else []
@@ -455,9 +455,6 @@ class CatalogDatabase:
         for entry in merge_log(catalog, read_lines(lines)):
             _log(connection, entry)
         _set_head(connection, catalog.version, 1)
-        for taken in (self.imports, log_file):
-            if taken.exists():
-                taken.rename(taken.with_name(f"{taken.name}.imported"))
         log.warning(
             "took the catalog file %s (version %d, %d ads) into %s; the file is set aside as %s.imported",
             self.imports,
@@ -466,6 +463,7 @@ class CatalogDatabase:
             self.where,
             self.imports.name,
         )
+        return [self.imports, log_file]
 
 
 # --- Reading the tables ---------------------------------------------------------------------------------------

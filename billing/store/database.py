@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from billing.store.durable import fsync_folder
 
 if TYPE_CHECKING:
     import psycopg
@@ -41,11 +44,13 @@ class DatabaseUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Tables:
     """A store's tables: `schema` (idempotent DDL), and `then`, run once in the same transaction after the tables are
-    made (to take in a data folder's old file), given the connection."""
+    made (to take in a data folder's old file), given the connection; it returns the files it took in, which are set
+    aside (renamed `NAME.imported`) once the transaction has committed: a crash before the commit leaves the files
+    where they were, taken in again by the next process, and one after it leaves them taken in."""
 
     name: str
     schema: str
-    then: Callable[[psycopg.Connection[Any]], None] | None = field(default=None, compare=False)
+    then: Callable[[psycopg.Connection[Any]], Iterable[Path] | None] | None = field(default=None, compare=False)
 
 
 _POOLS: dict[tuple[str, int], ConnectionPool] = {}
@@ -101,12 +106,26 @@ def make_tables(url: str, taken: psycopg.Connection[Any], tables: Tables) -> Non
     key = (url, os.getpid(), tables.name)
     if key in _MADE:
         return
+    taken_in: Iterable[Path] | None = None
     with taken.transaction():
         taken.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         taken.execute(tables.schema)
         if tables.then is not None:
-            tables.then(taken)
+            taken_in = tables.then(taken)
+    for path in taken_in or ():
+        set_aside(path)
     _MADE.add(key)
+
+
+IMPORTED = ".imported"
+"""The suffix a data folder's file gets once the database took it in."""
+
+
+def set_aside(path: Path) -> None:
+    """Rename a file the database took in to `NAME.imported`, beside it (kept, never read again), durably."""
+    if path.exists():
+        path.rename(path.with_name(path.name + IMPORTED))
+        fsync_folder(path.parent)
 
 
 def unavailable(url: str, what: str, exc: BaseException) -> DatabaseUnavailable:

@@ -16,7 +16,6 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from billing.invoices import issue_month, month_of_ms
 from billing.store.invoice_files import ExportInvoiceSource
-from billing.store.profile_file import ProfileFile
 from tests.e2e.test_browser import (  # noqa: F401
     WIDTHS,
     Served,
@@ -44,8 +43,9 @@ def invoiced(served: Served) -> Served:  # noqa: F811
     layout = served.seeded.settings.layout
     book = served.seeded.settings.invoice_store()
     if book.invoice(MONTH, OWN) is None:
-        write_closed_month(layout, served.seeded.catalog, OWN, OTHER)
-        profiles = ProfileFile(layout.billing_profiles_file).current()
+        settings = served.seeded.settings
+        write_closed_month(layout, served.seeded.catalog, OWN, OTHER, settings.database_url)
+        profiles = settings.profile_store().current()
         issue_month(book, ExportInvoiceSource(layout), profiles, MONTH, lambda: 1_767_250_000_000)
     return served
 

@@ -41,8 +41,9 @@ from ops.reconciling import reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
+from producers.arrivals import ArrivalKind
 from producers.publisher import simulate_to_kafka
-from producers.simulator import ArrivalKind, SimulationConfig, Simulator
+from producers.simulator import SimulationConfig, Simulator
 from tests import oracle
 from tests.e2e.test_browser import (  # noqa: F401  (fixtures, used by name)
     _downloaded,

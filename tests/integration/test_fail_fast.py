@@ -93,8 +93,11 @@ def test_redis_unreachable_is_one_line_naming_it_without_its_password(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "args", [["catalog", "show"], ["ivt", "list"], ["explain", "c-1"]], ids=["catalog", "ivt", "explain"]
-)
+    "args",
+    [["catalog", "show"], ["ivt", "list"], ["explain", "c-1"], ["profiles", "list"], ["names", "list"],
+     ["invoices", "issue"]],
+    ids=["catalog", "ivt", "explain", "profiles", "names", "invoices"],
+)  # fmt: skip
 def test_the_catalogs_database_unreachable_is_one_line_naming_it_without_its_password(
     tmp_path: Path, args: list[str]
 ) -> None:

@@ -154,13 +154,13 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     import subprocess
     import time
 
-    from attribution.audit import audit, record
+    from attribution.audit import audit
     from attribution.closing import run_closing
     from attribution.restore import JobRunningError, restore_redis
     from billing.events import Impression
     from billing.periods import Periods
     from ops.process import free_port, port_open
-    from ops.reconciling import reconcile_config
+    from ops.reconciling import reconcile_config, record_audit
     from ops.redis_service import LocalRedis
 
     port = free_port()
@@ -180,7 +180,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         rc = reconcile_config(settings)
         report = run_closing(spark, rc, catalog)  # both periods are long past their horizon: closed, with corrections
         assert report.closed == ["20260101T0000Z", "20260101T0100Z"] and report.additions > 0
-        record(rc, audit(spark, rc, catalog))
+        record_audit(rc, audit(spark, rc, catalog))
         periods = ["20260101T0000Z", "20260101T0100Z"]
         before = api_figures(settings, catalog, periods)
         assert before["finance"]["20260101T0000Z"]["period"]["closed"] is True

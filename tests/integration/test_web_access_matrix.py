@@ -39,7 +39,6 @@ from billing.invoices import issue_month
 from billing.periods import Periods
 from billing.store.database import connection_pool
 from billing.store.invoice_files import ExportInvoiceSource
-from billing.store.profile_file import ProfileFile
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRow
 from billing.store.stream_offsets import LagReading
 from ops.postgres_service import LocalPostgres
@@ -163,11 +162,11 @@ def world(
     for advertiser in (OWN, OTHER, THIRD):  # a click of each, whose story the click routes tell
         ids[advertiser]["click"] = plant_exported_click(settings.root, exports[-1], advertiser)
     # December closed on files and invoiced: adv-0000's and adv-0001's invoices (adv-0002 has none).
-    write_closed_month(settings.layout, seeded.catalog, OWN, OTHER)
+    write_closed_month(settings.layout, seeded.catalog, OWN, OTHER, settings.database_url)
     issue_month(
         settings.invoice_store(),
         ExportInvoiceSource(settings.layout),
-        ProfileFile(settings.layout.billing_profiles_file).current(),
+        settings.profile_store().current(),
         INVOICED,
         lambda: 1_767_250_000_000,
     )
@@ -916,6 +915,6 @@ def test_only_an_admin_sets_a_billing_profile(world: World, actor: str) -> None:
     response = client.post(f"/billing-profiles/{THIRD}", data={**fields, "effective_from": "", "csrf_token": token})
     want = 400 if actor == "anonymous" else 303 if actor == "ada" else 404
     assert response.status_code == want, (actor, response.status_code)
-    profiles = ProfileFile(world.seeded.settings.layout.billing_profiles_file).current()
+    profiles = world.seeded.settings.profile_store().current()
     names = {p.name for p in profiles.history(THIRD)}
     assert (f"Matrix {actor}" in names) == (actor == "ada")

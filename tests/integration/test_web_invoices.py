@@ -33,7 +33,7 @@ def invoiced(redis_settings: Settings) -> Seeded:
     """The sample (January, open) and December closed on files, invoiced by the command as an operator runs it
     (December only: the sample's January has exports on file but is open in Redis)."""
     seeded = seed(redis_settings)
-    write_closed_month(seeded.settings.layout, seeded.catalog, OWN, OTHER)
+    write_closed_month(seeded.settings.layout, seeded.catalog, OWN, OTHER, seeded.settings.database_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")} | seeded.settings.to_env()
     done = subprocess.run(
         [sys.executable, "-m", "ops.cli", "invoices", "issue", "--month", MONTH],

@@ -174,7 +174,7 @@ def test_finance_sees_a_month_per_advertiser(seeded: Seeded) -> None:
     assert int(by[OWN]["micros"]) == want[OWN] and by[OWN]["status"] == "provisional" and by[OWN]["currency"] == "EUR"
     assert by[OWN]["amount"] == format_amount(want[OWN], "EUR")  # the minor unit, finer only where needed
     # The month's clicks: times in UTC beside the epoch ms (December, closed on files, has them).
-    write_closed_month(seeded.settings.layout, seeded.catalog, OWN, OTHER)
+    write_closed_month(seeded.settings.layout, seeded.catalog, OWN, OTHER, seeded.settings.database_url)
     clicks = list(csv.DictReader(io.StringIO(fiona.get("/finance/months/2025-12/billing.csv").text)))
     first = next(r for r in clicks if r["record_type"] == "click")
     assert first["click_time_utc"] == "2025-12-31T22:00:00.000Z" and first["click_time"] == "1767218400000"
@@ -241,13 +241,11 @@ def test_campaigns_and_ads_have_names_an_admin_gives_them(seeded: Seeded) -> Non
     # An invoice keeps the campaign's name it was issued with.
     from billing.invoices import issue_month
     from billing.store.invoice_files import ExportInvoiceSource
-    from billing.store.names_file import NamesFile
-    from billing.store.profile_file import ProfileFile
 
     layout = seeded.settings.layout
-    write_closed_month(layout, seeded.catalog, OWN, OTHER)
-    names = NamesFile(layout.names_file).current().campaigns
-    profiles = ProfileFile(layout.billing_profiles_file).current()
+    write_closed_month(layout, seeded.catalog, OWN, OTHER, seeded.settings.database_url)
+    names = seeded.settings.names_store().named("campaign")
+    profiles = seeded.settings.profile_store().current()
     [own, _] = issue_month(
         seeded.settings.invoice_store(),
         ExportInvoiceSource(layout),

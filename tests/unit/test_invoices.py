@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -29,7 +28,6 @@ from billing.invoices import (
 from billing.money import minor_digits, round_half_away, rounding_rule
 from billing.periods import Periods
 from billing.profiles import BillingProfile, BillingProfiles, ProfileError, parse_tax_rate, profile_change, tax_fraction
-from billing.store.profile_file import ProfileFile
 
 JAN = 1_767_225_600_000  # 2026-01-01T00:00Z
 FEB = 1_769_904_000_000  # 2026-02-01T00:00Z
@@ -128,21 +126,22 @@ def test_a_tax_rate_that_is_not_one_is_refused(typed: str) -> None:
 # --- Profiles -----------------------------------------------------------------------------------------------
 
 
-def test_a_profile_is_kept_with_history_and_changes_from_now_on(tmp_path: Path) -> None:
-    store = ProfileFile(tmp_path / "billing-profiles.json")
-    first = store.change(lambda now: profile_change("adv-1", "Acme", "1 Main St\nParis", "FR1", "20", now), lambda: JAN)
+def test_a_profile_is_kept_with_history_and_changes_from_now_on() -> None:
+    # The rule alone; its store in the database: tests/integration/test_profiles_and_names_database.py.
+    first = BillingProfiles().with_profile(profile_change("adv-1", "Acme", "1 Main St\nParis", "FR1", "20", JAN), JAN)
     later = profile_change("adv-1", "Acme SA", "2 Rue\nLyon", "FR1", "5.5", FEB)
-    second = store.change(lambda now: later, lambda: JAN + HOUR)
-    profiles = store.current()
-    assert (first.version, second.version, second.made_at) == (1, 2, JAN + HOUR)
-    assert profiles.in_force("adv-1", FEB - 1) == first  # the month's end: January's profile
-    assert profiles.in_force("adv-1", FEB) == second
+    profiles = first.with_profile(later, JAN + HOUR)
+    [january, february] = profiles.history("adv-1")
+    assert (january.version, february.version, february.made_at, profiles.version) == (1, 2, JAN + HOUR, 2)
+    assert profiles.in_force("adv-1", FEB - 1) == january  # the month's end: January's profile
+    assert profiles.in_force("adv-1", FEB) == february
     assert profiles.in_force("adv-1", JAN - 1) is None
     with pytest.raises(ProfileError, match="before now"):
-        store.change(lambda now: profile_change("adv-1", "X", "Y", "", "1", JAN), lambda: JAN + HOUR)
+        profiles.with_profile(profile_change("adv-1", "X", "Y", "", "1", JAN), JAN + HOUR)
+    with pytest.raises(ProfileError, match="already has a profile from"):
+        profiles.with_profile(profile_change("adv-1", "X", "Y", "", "1", FEB), JAN + HOUR)
     with pytest.raises(ProfileError, match="needs a name"):
         profile_change("adv-1", " ", "Y", "", "1", JAN)
-    assert store.current().to_json() == profiles.to_json()  # refused changes leave the file alone
 
 
 # --- Lines --------------------------------------------------------------------------------------------------
