@@ -205,8 +205,9 @@ class Settings:
 
     database_url: str = _setting(
         "postgresql://adbill@127.0.0.1:5433/adbill",
-        "PostgreSQL for the records that several processes and hosts share (the ad catalog with its history and "
-        "change log). The local stack starts one here when it is on loopback.",
+        "PostgreSQL for the records that several processes and hosts share: the ad catalog with its history and "
+        "change log, names, billing profiles, invoice numbers, web accounts and API tokens, schema versions, and the "
+        "job's and reconciliation's locks. The local stack starts one here when it is on loopback.",
     )
     catalog_path: Path | None = _setting(
         None,

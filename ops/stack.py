@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from billing.catalog import Catalog, CatalogError, generate_catalog
+from billing.catalog import CatalogError, generate_catalog
 from billing.store.database import without_password
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
@@ -101,20 +101,18 @@ def ensure_stack_topics(settings: Settings) -> list[str]:
     return names
 
 
-def ensure_catalog(settings: Settings) -> Catalog:
-    """The catalog in the database, generated (small and deterministic) when there is none yet (a data folder's
-    catalog file written before the database is taken in first)."""
+def ensure_catalog(settings: Settings) -> None:
+    """A catalog in the database: generated (small and deterministic) when there is none yet (a data folder's
+    catalog file written before the database is taken in first). Reads nothing of a catalog that exists: the job
+    reads it once, when it starts (a million ads take seconds to read)."""
     store = settings.catalog_store()
     if store.exists():
-        return store.current()
+        return
     catalog = generate_catalog(
         advertisers=5, campaigns_per_advertiser=3, ads_per_campaign=4, seed=settings.traffic_seed
     )
-    try:
+    with contextlib.suppress(CatalogError):  # another process made one meanwhile
         store.start(catalog)
-    except CatalogError:  # another process made one meanwhile
-        return store.current()
-    return catalog
 
 
 def ensure_schemas(settings: Settings) -> dict[str, int]:
@@ -168,7 +166,8 @@ class Stack:
             f"topics   ready     {s.topic_impressions}, {s.topic_clicks}, {s.topic_quarantine} "
             f"({s.topic_partitions} partitions, replication {s.topic_replication})"
         )
-        catalog = ensure_catalog(s)
+        ensure_catalog(s)
+        catalog = s.catalog_store().current()
         _say(
             f"catalog  ready     {len(catalog)} ads of {len(catalog.advertiser_ids)} advertisers, version "
             f"{catalog.version}  ({s.database_url})"
