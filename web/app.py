@@ -210,14 +210,10 @@ def create_app(
             return redirect(url_for("auth.login_form"))
         return render_template("error.html", status=status, name=error.name, error=error), status
 
-    @app.errorhandler(redis.ConnectionError)
-    @app.errorhandler(redis.TimeoutError)
-    def redis_unreachable(error: redis.RedisError) -> ResponseReturnValue:
-        """Redis down is not a bug of the page: 503 with a clear page or JSON body, and a hint to retry."""
-        app.logger.warning("Redis at %s is unreachable: %s", redis_address(settings.redis_url), error)
-        message = "The billing data store (Redis) is unreachable; figures cannot be shown. Try again shortly."
+    def unavailable(message: str, api_error: str) -> ResponseReturnValue:
+        """503 with a clear page, or a JSON body under /api/, and a hint to retry."""
         if request.path.startswith("/api/"):
-            response = jsonify({"error": "Redis is unreachable", "status": 503})
+            response = jsonify({"error": api_error, "status": 503})
         else:
             response = Response(
                 render_template("error.html", status=503, name="Service Unavailable", error=_Described(message)),
@@ -227,22 +223,25 @@ def create_app(
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
         return response
 
+    @app.errorhandler(redis.ConnectionError)
+    @app.errorhandler(redis.TimeoutError)
+    def redis_unreachable(error: redis.RedisError) -> ResponseReturnValue:
+        """Redis down is not a bug of the page."""
+        app.logger.warning("Redis at %s is unreachable: %s", redis_address(settings.redis_url), error)
+        return unavailable(
+            "The billing data store (Redis) is unreachable; figures cannot be shown. Try again shortly.",
+            "Redis is unreachable",
+        )
+
     @app.errorhandler(DatabaseUnavailable)
     def database_unreachable(error: DatabaseUnavailable) -> ResponseReturnValue:
         """The database down (and nothing held to go on with, such as the accounts of a worker that has read none
-        yet): 503 with a clear page or JSON body, the database named in the log only."""
+        yet); the database is named in the log only."""
         app.logger.warning("%s", error)
-        message = "The product's database (PostgreSQL) is unreachable; this cannot be shown. Try again shortly."
-        if request.path.startswith("/api/"):
-            response = jsonify({"error": "the database is unreachable", "status": 503})
-        else:
-            response = Response(
-                render_template("error.html", status=503, name="Service Unavailable", error=_Described(message)),
-                mimetype="text/html",
-            )
-        response.status_code = 503
-        response.headers["Retry-After"] = str(RETRY_AFTER_S)
-        return response
+        return unavailable(
+            "The product's database (PostgreSQL) is unreachable; this cannot be shown. Try again shortly.",
+            "the database is unreachable",
+        )
 
     app.jinja_env.globals.update(
         csrf_token=auth.csrf_token,
