@@ -3,7 +3,7 @@
 Spark's one job in closing periods (`billing.closing_run`) and in the audit (`attribution.audit`): the archived
 impressions of the due periods and of the period before each (a click may be attributed to an impression up to
 10 s earlier) and the clicks of the due periods and of the periods beside them, with every other copy of their ids
-from any period, de-duplicated by first arrival, through the same `attribute()` as the stream (`attribution.join`),
+from any period, de-duplicated by first arrival, through the same `match_clicks()` as the stream (`attribution.join`),
 each matched click with what the flood and duplicate rules find (`attribution.invalid`) and its user agent and
 address; id conflicts and late events beside. The matches come back unpriced: the caller prices them with the
 catalog's history (`attribution.pricing`), judges the crawler list and the exclusion list on the driver, and charges
@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from attribution.invalid import judged_clicks
-from attribution.join import MATCH_COLUMNS, attribute, conflicts, dedupe
+from attribution.join import MATCH_COLUMNS, conflicts, dedupe, match_clicks
 from attribution.periods import period_columns
 from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.periods import DAY_MS, Periods
@@ -100,7 +100,7 @@ def final_bills(
     )
     standing = dedupe(clicks, "click_id")
     judged = _judged(standing.select("click_id", "user_id", "ad_id", "event_time"), period_ms, due, rules, period_rules)
-    final = attribute(dedupe(impressions, "impression_id"), standing, carry=("user_agent", "ip"))
+    final = match_clicks(dedupe(impressions, "impression_id"), standing, carry=("user_agent", "ip"))
     final = final.select("*", period_columns(F.col("click_time"), period_ms)[1]).filter(F.col("period").isin(*due))
     final = final.join(judged, "click_id", "left")
     late = wanted.filter(F.col("late") & of_due).select("event_type", "event_id")

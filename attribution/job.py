@@ -6,7 +6,7 @@ of two branches over the same two Kafka sources, so that everything a batch read
 batch's id, together:
 
 - `bill`: decode -> valid -> watermark per stream (on the earlier of event time and Kafka's receipt time,
-  `watermarked()`) -> `attribute()` (the stream-stream join by `ad_id`, `user_id`, first match per click),
+  `watermarked()`) -> `match_clicks()` (the stream-stream join by `ad_id`, `user_id`, first match per click),
   priced in the sink by the catalog's history at each click's time (`attribution.pricing`);
 - `intake`: every record received: valid events go to the archive that reconciliation reads, flagged `late`
   when the watermark kept them out of the join and counted when their clock was ahead of Kafka's; bad input
@@ -60,7 +60,7 @@ from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
 from attribution.job_lock import JobLock, JobLockedError
-from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, attribute, watermarked
+from attribution.join import AHEAD_OF_RECEIPT, WATERMARK_TS, match_clicks, watermarked
 from attribution.progress import Heartbeat
 from attribution.release import Release, release_quarantined
 from attribution.schema_follow import FollowingQuery, SchemaSwitch, WriterSchemaWatch, _Generation, registered_versions
@@ -171,7 +171,7 @@ def attribution_stream(spark: SparkSession, config: StreamConfig) -> DataFrame:
     clicks = decode_events(kafka_stream(spark, config, [config.topic_clicks]), "click", config.click_schemas)
     valid_impressions, _ = split(impressions)
     valid_clicks, _ = split(clicks)
-    bills = attribute(
+    bills = match_clicks(
         _observed(watermarked(valid_impressions, config.impression_watermark_ms), "impressions", config),
         _billed_live(_observed(watermarked(valid_clicks, config.click_watermark_ms), "clicks", config), config),
         carry=("user_agent", "ip"),

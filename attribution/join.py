@@ -94,7 +94,7 @@ def conflicts(events: DataFrame, id_col: str) -> DataFrame:
     return to_quarantine(later, F.lit(QuarantineReason.ID_CONFLICT.value), id_col)
 
 
-def attribute(
+def match_clicks(
     impressions: DataFrame,
     clicks: DataFrame,
     window_ms: int = ATTRIBUTION_WINDOW_MS,
@@ -139,7 +139,7 @@ def attribute(
     """
     streaming = clicks.isStreaming
     if impressions.isStreaming != streaming:
-        raise ValueError("attribute() joins two streams or two batches, not one of each")
+        raise ValueError("match_clicks() joins two streams or two batches, not one of each")
     imps = impressions.select(
         F.col("ad_id").alias("imp_ad_id"),
         F.col("user_id").alias("imp_user_id"),

@@ -3,7 +3,7 @@
 What a Structured Streaming tutorial writes for "bill a click that comes within 10 s after an impression":
 Kafka source per topic -> `from_avro` on the body after the 5-byte Confluent header, with the shipped writer
 schema (PERMISSIVE, so a bad record becomes nulls instead of failing the query) -> a watermark per stream with
-the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range as `attribution.join.attribute`
+the job's delays -> the inner join on `ad_id`, `user_id` and the same 10 s range as `attribution.join.match_clicks`
 -> a no-op sink (`format("noop")`). No intake checks, no de-duplication, no catalog, no Parquet, no Redis.
 
 It runs in its own Spark session built like the job's (`ops.spark.spark_session`: same master, shuffle

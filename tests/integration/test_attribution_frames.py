@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 from pyspark.testing import assertDataFrameEqual
 
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, split
-from attribution.join import MATCH_COLUMNS, attribute, conflicts, dedupe, watermarked
+from attribution.join import MATCH_COLUMNS, conflicts, dedupe, match_clicks, watermarked
 from attribution.pricing import price_matches
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Event, Impression
@@ -468,7 +468,7 @@ def pipeline(spark: SparkSession, impressions: DataFrame, clicks: DataFrame) -> 
         quarantined = quarantined.unionByName(conflicts(valid_imps, "impression_id")).unionByName(
             conflicts(valid_clicks, "click_id")
         )
-    matched = attribute(dedupe(valid_imps, "impression_id"), dedupe(valid_clicks, "click_id"))
+    matched = match_clicks(dedupe(valid_imps, "impression_id"), dedupe(valid_clicks, "click_id"))
     return matched, quarantined
 
 
