@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from billing.store.catalog_file import command_made_by
 from ops.process import interrupt_on_sigterm
+from ops.reach import EXIT_UNREACHABLE
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
-    from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting, MadeBy
+    from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting
     from billing.store.catalog_db import CatalogDatabase
 
 
@@ -47,10 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         kind = "error" if isinstance(exc, DependencyError | ServiceError | ValueError | OSError) else "unexpected error"
         print(f"adbill {args.command}: {kind}: {exc}", file=sys.stderr)
         return 1
-
-
-EXIT_UNREACHABLE = 69
-"""A service the command needs did not answer (`EX_UNAVAILABLE` of sysexits.h)."""
 
 
 def _require(settings: Settings, needs: tuple[str, ...]) -> None:
@@ -538,19 +536,6 @@ CATALOG_ACTIONS = (
 )
 
 
-def command_maker() -> MadeBy:
-    """Who makes a change from the command line: the operating system's user, through the door `command`."""
-    import getpass
-
-    from billing.catalog import MadeBy
-
-    try:
-        who = getpass.getuser()
-    except (OSError, KeyError):
-        who = "unknown"
-    return MadeBy(who, "command")
-
-
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
     from billing.catalog_changes import describe_entry, price_status
@@ -671,7 +656,7 @@ def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) 
             "set-budget takes --daily-micros (the campaign's daily budget) or --unlimited, not --cpc-micros"
         )
     at_ms = parse_time(args.at, "--at") if args.at else None
-    maker = command_maker()
+    maker = command_made_by()
 
     def request(current: Catalog | None, now: int) -> BudgetSetting:
         return budget_change(
@@ -714,7 +699,7 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
             for entry in sorted(exclusions.changes, key=lambda e: (e.version, e.cidr)):
                 print(f"history\t{describe_exclusion(entry)}")
         return 0
-    maker = command_maker()
+    maker = command_made_by()
 
     def request(current: Catalog | None, now: int) -> ExclusionSetting:
         return exclusion_change(args.action, args.cidr or "", now if at_ms is None else at_ms, maker)
@@ -1061,14 +1046,6 @@ def _check_catalog(settings: Settings, simulated: Catalog, seed: int) -> None:
 
 def _progress(args: argparse.Namespace) -> bool:
     return not (args.no_progress or os.environ.get("ADBILL_NO_PROGRESS"))
-
-
-def command_made_by(door: str = "command") -> MadeBy:
-    """The author of a command's catalog change: the operating system's user, through `door`."""
-    from billing.catalog import MadeBy
-    from billing.store.catalog_file import operating_system_user
-
-    return MadeBy(operating_system_user(), door)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def issue_invoices(settings: Settings, month: str | None) -> int:
     from billing.store.invoice_db import InvoiceDatabaseUnavailable
     from billing.store.invoice_files import InvoiceStoreError
     from billing.store.period_states import load_states
-    from ops.cli import EXIT_UNREACHABLE
+    from ops.reach import EXIT_UNREACHABLE
     from ops.reconciling import reconcile_config
 
     config = reconcile_config(settings)
@@ -109,11 +109,11 @@ def set_profile(
 ) -> int:
     """`adbill profiles set`: a new entry of the advertiser's billing profile, from now or a later --at."""
     from billing.profiles import describe_profile, profile_change
-    from ops.cli import command_maker
+    from billing.store.catalog_file import command_made_by
     from ops.reconciling import parse_time
 
     at_ms = parse_time(at, "--at") if at else None
-    maker = command_maker()
+    maker = command_made_by()
     kept = settings.profile_store().change(
         lambda now: profile_change(
             advertiser,

@@ -23,6 +23,10 @@ KAFKA_CLIENT_LOGGER = "librdkafka"
 `producers.publisher` names the same one."""
 
 
+EXIT_UNREACHABLE = 69
+"""A command's exit status when a service it needs did not answer (`EX_UNAVAILABLE` of sysexits.h)."""
+
+
 class Unreachable(ServiceError):
     """A service a command needs did not answer; the message names it and its address."""
 

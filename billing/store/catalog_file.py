@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from billing.catalog import Catalog, CatalogChange
+from billing.catalog import Catalog, CatalogChange, MadeBy
 from billing.store.durable import write_whole
 
 Clock = Callable[[], int]
@@ -55,3 +55,9 @@ def operating_system_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return f"uid {os.getuid()}"
+
+
+def command_made_by(door: str = "command") -> MadeBy:
+    """The author of a change made by a command: the operating system's user, through `door` (`command`, or
+    `replay` and `simulator` for the changes a replay or a simulation makes)."""
+    return MadeBy(operating_system_user(), door)

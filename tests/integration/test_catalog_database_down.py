@@ -16,8 +16,9 @@ from billing.catalog import AdChange, generate_catalog
 from billing.store.catalog_db import RETRY_BEHIND_S
 from billing.store.part_status import STREAM_CATALOG_PART, read_status
 from billing.store.redis_totals import connect
-from ops.cli import EXIT_UNREACHABLE, main
+from ops.cli import main
 from ops.postgres_service import LocalPostgres
+from ops.reach import EXIT_UNREACHABLE
 from ops.settings import Settings
 from ops.streaming import stream_config
 from tests.web_support import PASSWORD, login

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from billing.store.schema_registry import open_registry
-from ops.cli import EXIT_UNREACHABLE, _delivery_outcome
+from ops.cli import _delivery_outcome
 from ops.kafka_service import broker_ready
 from ops.process import free_port
+from ops.reach import EXIT_UNREACHABLE
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
 from producers.publisher import replay_to_kafka
