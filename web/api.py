@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Response, g, jsonify, request, url_for
+from flask import Blueprint, Response, jsonify, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from billing.budget_days import CampaignDay
@@ -27,7 +27,7 @@ from web import lookups
 from web.access import visible_advertisers
 from web.ad_catalog import BudgetStatus, made_of
 from web.freshness import worst
-from web.guards import finance_or_404, logged_in
+from web.guards import api_login, finance_or_404, logged_in
 from web.model import (
     NOT_CHARGED_REASONS,
     AdLine,
@@ -37,35 +37,22 @@ from web.model import (
     NotCharged,
     Period,
     PeriodBill,
+    SpanTotal,
     UnbilledCounts,
     not_charged_by_currency,
     totals_by_currency,
 )
 from web.naming import name_of, want
-from web.pages import send_export
 from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
-from web.ranges import DEFAULT_PRESET, DateRange, SpanTotal
-from web.services import current_principal, services
+from web.ranges import DEFAULT_PRESET, DateRange
+from web.responses import micros_by_currency, micros_text, send_export
+from web.services import services
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
+bp.before_request(api_login)
 
 OPENAPI_FILE = Path(__file__).resolve().parent / "openapi.json"
-
-
-@bp.before_request
-def require_login() -> Response | None:
-    """401 for anonymous requests and unknown or revoked tokens; only the OpenAPI document is public."""
-    if current_principal() is None and request.endpoint != "api.openapi":
-        if g.get("bad_token"):
-            response = jsonify({"error": "invalid or revoked token", "status": 401})
-            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill", error="invalid_token"'
-        else:
-            response = jsonify({"error": "login required", "status": 401})
-            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill"'
-        response.status_code = 401
-        return response
-    return None
 
 
 @bp.get("/openapi.json")
@@ -392,16 +379,6 @@ def health() -> Response:
             },
         }
     )
-
-
-def micros_text(micros: int | None) -> str | None:
-    """An amount in micros as a JSON document carries it: the integer's decimal digits as a string (None: null)."""
-    return None if micros is None else str(micros)
-
-
-def micros_by_currency(amounts: dict[str, int]) -> dict[str, str]:
-    """Amounts per currency, each as `micros_text`."""
-    return {currency: str(micros) for currency, micros in sorted(amounts.items())}
 
 
 @cache

@@ -22,7 +22,7 @@ through which door (`page`, `api`, `api token TOKEN_ID`, `command`) and when. A 
 `{"error": MESSAGE, "status": 400}` with the command line's one-line message; a change made answers 201 with the ad,
 the campaign's budget or the list. Access as the pages
 (`web.ad_catalog.catalog_or_404`, `web.guards`); the login and token checks are the API blueprint's
-(`web.api.require_login`), and a request with a token needs no CSRF token.
+(`web.guards.api_login`), and a request with a token needs no CSRF token.
 """
 
 from __future__ import annotations
@@ -55,15 +55,14 @@ from web.api import (
     budget_entry_document,
     campaign_day_document,
     made_document,
-    micros_text,
-    require_login,
 )
-from web.guards import advertiser_or_404, paging_args
+from web.guards import advertiser_or_404, api_login, paging_args
 from web.readers import is_id
+from web.responses import micros_text
 from web.services import services
 
 bp = Blueprint("catalog_api", __name__, url_prefix="/api/v1")
-bp.before_request(require_login)
+bp.before_request(api_login)
 
 _CREATE_FIELDS = frozenset({"ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros", "effective_from"})
 _CHANGE_FIELDS = frozenset({"action", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency"})

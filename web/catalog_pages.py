@@ -33,14 +33,13 @@ from web.ad_catalog import (
     make_change,
     make_exclusion_change,
 )
-from web.guards import advertiser_or_404, paging_args
+from web.guards import advertiser_or_404, page_login, paging_args
 from web.naming import want
-from web.pages import require_login
 from web.readers import is_id
 from web.services import services
 
 bp = Blueprint("catalog_pages", __name__)
-bp.before_request(require_login)
+bp.before_request(page_login)
 
 _CHANGE_ACTIONS = ("set-price", "pause", "resume")
 

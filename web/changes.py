@@ -19,15 +19,13 @@ from flask import Blueprint, Response, abort, jsonify, render_template, request
 
 from billing.change_log import DOORS, KINDS, ChangeEntry, ChangeFilter, filtered, profile_changes
 from web.ad_catalog import catalog_or_404, store
-from web.api import micros_text
-from web.api import require_login as api_login
-from web.guards import paging_args
+from web.guards import api_login, page_login, paging_args
 from web.invoice_views import profile_store
-from web.pages import require_login
 from web.readers import is_id
+from web.responses import micros_text
 
 bp = Blueprint("change_pages", __name__)
-bp.before_request(require_login)
+bp.before_request(page_login)
 api_bp = Blueprint("change_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 

@@ -30,15 +30,13 @@ from billing.store.click_story import ClickStories
 from billing.story import NOT_RECEIVED, ClickStory, describe, for_advertiser
 from web import display
 from web.access import Role
-from web.api import require_login as api_login
-from web.guards import logged_in
-from web.pages import require_login
+from web.guards import api_login, logged_in, page_login
 from web.price_split import EXTENSION, clicks_by_price
 from web.readers import is_id
 from web.services import services
 
 bp = Blueprint("click_pages", __name__)
-bp.before_request(require_login)
+bp.before_request(page_login)
 api_bp = Blueprint("click_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 
@@ -110,7 +108,7 @@ def click_document(click_id: str) -> Response:
 
 
 def story_document(story: ClickStory) -> dict[str, Any]:
-    """The story as the API gives it: every amount in micros a string of digits (`web.api.micros_text`)."""
+    """The story as the API gives it: every amount in micros a string of digits (`web.responses.micros_text`)."""
     document: dict[str, Any] = _micros_as_text(story.to_dict())
     return document
 

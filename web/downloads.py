@@ -5,25 +5,21 @@ its own, finance and admin all; anything else 404, anonymous visitors to the log
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, abort, redirect, render_template, request, url_for
+from flask import Blueprint, Response, abort, render_template, request
 
 from web import lookups
 from web.charges import charges_csv, month_advertisers_csv, month_export_csv, not_charged_csv, statement_periods
-from web.guards import advertiser_or_404, finance_or_404
+from web.guards import advertiser_or_404, finance_or_404, page_login
+from web.invoice_views import book
 from web.ranges import DEFAULT_PRESET, DateRange, RangeError, parse_month
 from web.readers import is_id
-from web.services import current_principal, services
+from web.responses import attachment
+from web.services import services
 from web.statement_pdf import statement_pdf
 from web.statements import Statement, build_statement, statement_csv
 
 bp = Blueprint("downloads", __name__)
-
-
-@bp.before_request
-def require_login() -> Response | None:
-    if current_principal() is None:
-        return redirect(url_for("auth.login_form", next=request.full_path.rstrip("?")))  # type: ignore[return-value]
-    return None
+bp.before_request(page_login)
 
 
 @bp.get("/advertisers/<advertiser_id>/charges.csv")
@@ -39,7 +35,7 @@ def charges(advertiser_id: str) -> Response:
             abort(404)
     text = charges_csv(services().reader, advertiser_id, span, campaign_id=campaign, ad_id=ad)
     which = f"-{ad or campaign}" if ad or campaign else ""
-    return _attachment(text, "text/csv", f"adbill-charges-{advertiser_id}{which}-{span.first}-{span.last}.csv")
+    return attachment(text, "text/csv", f"adbill-charges-{advertiser_id}{which}-{span.first}-{span.last}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/not-charged.csv")
@@ -47,7 +43,7 @@ def not_charged_clicks(advertiser_id: str) -> Response:
     """Every billable click of the advertiser not charged in the period or date range asked for, one row each."""
     page = lookups.not_charged_clicks(advertiser_id, paged=False)
     which = page.period or (f"{page.range.first}-{page.range.last}" if page.range else "")
-    return _attachment(not_charged_csv(page), "text/csv", f"adbill-not-charged-{advertiser_id}-{which}.csv")
+    return attachment(not_charged_csv(page), "text/csv", f"adbill-not-charged-{advertiser_id}-{which}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/statements/<month>")
@@ -59,14 +55,14 @@ def statement_page(advertiser_id: str, month: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.csv")
 def statement_csv_file(advertiser_id: str, month: str) -> Response:
     s = _statement(advertiser_id, month)
-    return _attachment(statement_csv(s), "text/csv", f"adbill-statement-{advertiser_id}-{month}.csv")
+    return attachment(statement_csv(s), "text/csv", f"adbill-statement-{advertiser_id}-{month}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.pdf")
 def statement_pdf_file(advertiser_id: str, month: str) -> Response:
     s = _statement(advertiser_id, month)
     pdf = statement_pdf(s, services().clock())
-    return _attachment(pdf, "application/pdf", f"adbill-statement-{advertiser_id}-{month}.pdf")
+    return attachment(pdf, "application/pdf", f"adbill-statement-{advertiser_id}-{month}.pdf")
 
 
 @bp.get("/finance/months/<month>/billing.csv")
@@ -77,7 +73,7 @@ def finance_month(month: str) -> Response:
     text = month_export_csv(services().reader, span)
     if text is None:
         abort(404)
-    return _attachment(text, "text/csv", f"adbill-{month}-billing.csv")
+    return attachment(text, "text/csv", f"adbill-{month}-billing.csv")
 
 
 @bp.get("/finance/months/<month>/advertisers.csv")
@@ -87,11 +83,10 @@ def finance_month_advertisers(month: str) -> Response:
     finance_or_404()
     span = _month(month)
     reader = services().reader
-    from web.invoice_views import book  # the invoices' views import the API, which imports the pages
 
     figures = reader.finance_range(span.start_ms, span.end_ms)
     text = month_advertisers_csv(month, figures, book().invoices_in(month), span.end_ms <= services().clock())
-    return _attachment(text, "text/csv", f"adbill-{month}-advertisers.csv")
+    return attachment(text, "text/csv", f"adbill-{month}-advertisers.csv")
 
 
 def _statement(advertiser_id: str, month: str) -> Statement:
@@ -111,13 +106,6 @@ def _month(text: str) -> DateRange:
         return parse_month(text)
     except RangeError as exc:
         abort(400, description=str(exc))
-
-
-def _attachment(body: str | bytes, mimetype: str, filename: str) -> Response:
-    response = Response(body, mimetype=mimetype)
-    response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
-    response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
-    return response
 
 
 def months_of(period_starts: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The checks a view makes before it reads anything: the person may see the thing asked for, else 404.
+"""The checks a view makes before it reads anything: someone is logged in (`page_login`, `api_login`, each
+blueprint's first check), and the person may see the thing asked for, else 404.
 
 The same checks serve the pages and the JSON API, so both follow the same access rules (`web.access`). A thing the
 person may not see and a thing that does not exist give the same 404, so other advertisers' ids cannot be probed.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from flask import abort, request
+from flask import Response, abort, g, jsonify, redirect, request, url_for
 
 from web.access import Principal, may_see_advertiser, may_see_finance, may_see_health
 from web.readers import is_id, is_period_key
@@ -18,6 +19,31 @@ MAX_PAGE = 500
 MAX_OFFSET = 2**53 - 1
 """The largest offset: the API echoes it back, and JSON readers hold whole numbers exactly up to 2^53 - 1."""
 _DIGITS = re.compile(r"[0-9]{1,16}", re.ASCII)
+
+
+def page_login() -> Response | None:
+    """A page's blueprint's first check: a person not logged in is sent to the login form, and back after it."""
+    if current_principal() is None:
+        return redirect(url_for("auth.login_form", next=request.full_path.rstrip("?")))  # type: ignore[return-value]
+    return None
+
+
+PUBLIC_API_ENDPOINTS = frozenset({"api.openapi"})
+"""The API's one public document: its OpenAPI description (it holds no data)."""
+
+
+def api_login() -> Response | None:
+    """An API blueprint's first check: 401 for anonymous requests and unknown or revoked tokens."""
+    if current_principal() is None and request.endpoint not in PUBLIC_API_ENDPOINTS:
+        if g.get("bad_token"):
+            response = jsonify({"error": "invalid or revoked token", "status": 401})
+            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill", error="invalid_token"'
+        else:
+            response = jsonify({"error": "login required", "status": 401})
+            response.headers["WWW-Authenticate"] = 'Bearer realm="adbill"'
+        response.status_code = 401
+        return response
+    return None
 
 
 def logged_in() -> Principal:

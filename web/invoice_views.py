@@ -29,22 +29,19 @@ from billing.store.invoice_db import InvoiceDatabase
 from billing.store.profiles_db import ProfileDatabase
 from web.access import may_change_catalog
 from web.ad_catalog import effective_from_text, maker
-from web.api import micros_by_currency
-from web.api import require_login as api_login
 from web.charges import statement_periods
-from web.downloads import _attachment
-from web.guards import advertiser_or_404, finance_or_404, logged_in
+from web.guards import advertiser_or_404, api_login, finance_or_404, logged_in, page_login
 from web.invoice_documents import SECTIONS, invoice_csv, invoice_pdf
-from web.pages import require_login
 from web.ranges import parse_month as month_span
 from web.readers import is_id
+from web.responses import attachment, micros_by_currency
 from web.services import services
 from web.statements import Statement, build_statement
 
 EXTENSION = "adbill_invoices"
 
 bp = Blueprint("invoices", __name__)
-bp.before_request(require_login)
+bp.before_request(page_login)
 api_bp = Blueprint("invoices_api", __name__, url_prefix="/api/v1")
 api_bp.before_request(api_login)
 
@@ -149,13 +146,13 @@ def invoice_page(advertiser_id: str, month: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/invoices/<month>/invoice.csv")
 def invoice_csv_file(advertiser_id: str, month: str) -> Response:
     invoice = invoice_or_404(advertiser_id, month)
-    return _attachment(invoice_csv(invoice), "text/csv", f"adbill-{invoice.label}-{advertiser_id}-{month}.csv")
+    return attachment(invoice_csv(invoice), "text/csv", f"adbill-{invoice.label}-{advertiser_id}-{month}.csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/invoices/<month>/invoice.pdf")
 def invoice_pdf_file(advertiser_id: str, month: str) -> Response:
     invoice = invoice_or_404(advertiser_id, month)
-    return _attachment(invoice_pdf(invoice), "application/pdf", f"adbill-{invoice.label}-{advertiser_id}-{month}.pdf")
+    return attachment(invoice_pdf(invoice), "application/pdf", f"adbill-{invoice.label}-{advertiser_id}-{month}.pdf")
 
 
 @bp.get("/finance/invoices")

@@ -29,18 +29,26 @@ from web.freshness import (
 )
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
-from web.model import AdDetail, Audit, CampaignDetail, CorrectionPage, Finance, Health, NotChargedClicks
+from web.model import (
+    AdDetail,
+    Audit,
+    CampaignDetail,
+    CorrectionPage,
+    Finance,
+    Health,
+    NotChargedClicks,
+    group,
+    total,
+    total_not_charged,
+)
 from web.ranges import (
     DEFAULT_PRESET,
     DateRange,
     RangeError,
     RangeProblem,
     day_of,
-    group,
     parse_range,
     today_of,
-    total,
-    total_not_charged,
 )
 from web.services import services
 

@@ -1,7 +1,7 @@
 """What the web UI shows, as plain values: billed figures, periods, corrections, exports and the pipeline's health.
 
 Pure: no Flask, no Redis. `web.readers` fills these from Redis and the export folder; the views and the JSON API
-turn them into pages and documents. A correction is reconciliation's own `billing.corrections.Correction`, an
+turn them into pages and documents; a range's periods summed per day or month (`group`, `SpanTotal`). A correction is reconciliation's own `billing.corrections.Correction`, an
 export its manifest (`billing.export.Manifest`). Money is integer micros throughout; `web.display` formats it for
 people.
 """
@@ -13,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from web.ranges import DateRange, day_of
+
 if TYPE_CHECKING:
     from billing.corrections import Correction
     from billing.store.export_files import Manifest
     from billing.store.not_charged_clicks import NotChargedClick
-    from web.ranges import DateRange
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,4 +435,50 @@ def _offsets(value: Any) -> dict[str, dict[str, int]]:
     for topic, partitions in value.items():
         if isinstance(partitions, Mapping):
             out[str(topic)] = {str(p): int(o) for p, o in partitions.items() if isinstance(o, int | str)}
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SpanTotal:
+    """One day's or month's figures: `key` is `2026-01-31` or `2026-01`; `open_periods` counts the periods not yet
+    closed in it (their figures may still change)."""
+
+    key: str
+    billed: Billed
+    periods: int
+    open_periods: int
+    not_charged: NotCharged = NotCharged()
+
+    @property
+    def closed(self) -> bool:
+        return self.open_periods == 0
+
+
+def group(bills: Iterable[PeriodBill], key_length: int) -> list[SpanTotal]:
+    """Periods summed per day (`key_length` 10) or per month (7), oldest first."""
+    sums: dict[str, tuple[Billed, int, int, NotCharged]] = {}
+    for bill in bills:
+        key = day_of(bill.period.start_ms)[:key_length]
+        billed, n, open_n, not_charged = sums.get(key, (Billed(), 0, 0, NotCharged()))
+        sums[key] = (
+            Billed(billed.provisional + bill.billed.provisional, billed.corrections + bill.billed.corrections),
+            n + 1,
+            open_n + (0 if bill.period.closed else 1),
+            not_charged + bill.not_charged,
+        )
+    return [SpanTotal(key, billed, n, open_n, nc) for key, (billed, n, open_n, nc) in sorted(sums.items())]
+
+
+def total(bills: Iterable[PeriodBill]) -> Billed:
+    out = Billed()
+    for bill in bills:
+        out = Billed(out.provisional + bill.billed.provisional, out.corrections + bill.billed.corrections)
+    return out
+
+
+def total_not_charged(bills: Iterable[PeriodBill]) -> NotCharged:
+    """The clicks not charged over the periods, per reason."""
+    out = NotCharged()
+    for bill in bills:
+        out += bill.not_charged
     return out

@@ -17,15 +17,14 @@ from werkzeug.wrappers import Response
 from billing.names import NamingError
 from billing.store.names_db import NamesDatabase
 from web.access import may_change_catalog
-from web.guards import logged_in
-from web.pages import require_login
+from web.guards import logged_in, page_login
 from web.readers import is_id
 from web.services import services
 
 EXTENSION = "adbill_names"
 
 bp = Blueprint("naming", __name__)
-bp.before_request(require_login)
+bp.before_request(page_login)
 
 
 def register(app: Flask, store: NamesDatabase) -> None:

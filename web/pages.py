@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from flask import Blueprint, abort, redirect, render_template, request, send_file, url_for
+from flask import Blueprint, abort, redirect, render_template, request, url_for
 from markupsafe import Markup
 from werkzeug.wrappers import Response
 
@@ -16,20 +16,17 @@ from web import lookups
 from web.ad_catalog import BudgetStatus
 from web.auth import home_for
 from web.freshness import worst
-from web.guards import finance_or_404
+from web.guards import finance_or_404, page_login
+from web.invoice_views import book
 from web.model import NotCharged, not_charged_by_currency, totals_by_currency
+from web.naming import want
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange
+from web.responses import send_export
 from web.services import current_principal, services
 
 bp = Blueprint("pages", __name__)
-
-
-@bp.before_request
-def require_login() -> Response | None:
-    if current_principal() is None:
-        return redirect(url_for("auth.login_form", next=request.full_path.rstrip("?")))
-    return None
+bp.before_request(page_login)
 
 
 @bp.get("/")
@@ -63,8 +60,6 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
     else:
         corrections = svc.reader.period_corrections(advertiser_id, period, 10)
     budget_days = lookups.budget_days(advertiser_id, svc.reader.catalog.get().campaigns_of(advertiser_id), span)
-    from web.naming import want  # web.naming imports this module
-
     want("campaign", (c.campaign_id for c in dashboard.campaigns))  # the names the page shows, two queries
     want("ad", (a.ad_id for a in dashboard.ads))
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
@@ -155,8 +150,6 @@ def finance() -> str | tuple[str, int]:
     assert span is not None  # a default is given
     ranged = services().reader.finance_range(span.start_ms, span.end_ms)
     month = whole_month(span)
-    from web.invoice_views import book  # the invoices' views import the API, which imports this module
-
     return _with_range_status(
         render_template(
             "finance.html",
@@ -188,22 +181,6 @@ def export_file(period: str, name: str) -> Response:
     """A closed period's reconciled export: Parquet, CSV or its manifest, as an attachment."""
     finance_or_404()
     return send_export(period, name)
-
-
-def send_export(period: str, name: str) -> Response:
-    """The file of a finished export as an attachment, or 404."""
-    path = services().reader.export_file(period, name)
-    if path is None:
-        abort(404)
-    mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}
-    response = send_file(
-        path,
-        mimetype=mimetypes.get(name.rsplit(".", 1)[-1], "text/plain"),
-        as_attachment=True,
-        download_name=f"adbill-{period}-{name}",
-    )
-    response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
-    return response
 
 
 @bp.get("/health")

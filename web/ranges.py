@@ -2,18 +2,15 @@
 
 Pure. A range is whole UTC days, first and last included; presets are relative to "today" (UTC) of an injected
 clock. `from`/`to` query arguments are ISO dates (`2026-01-31`); anything else, a range that ends before it starts or
-one longer than `MAX_DAYS`, is refused (the views answer 400). Figures per period (`PeriodBill`) are summed per day
-and per month here, with integer micros only.
+one longer than `MAX_DAYS`, is refused (the views answer 400). The figures of a range's periods are summed per day
+and per month by `web.model.group`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-
-from web.model import Billed, NotCharged, PeriodBill
 
 DAY_MS = 86_400_000
 MAX_DAYS = 400
@@ -145,54 +142,8 @@ def parse_month(text: str) -> DateRange:
     return DateRange(first, following - timedelta(days=1))
 
 
-@dataclass(frozen=True, slots=True)
-class SpanTotal:
-    """One day's or month's figures: `key` is `2026-01-31` or `2026-01`; `open_periods` counts the periods not yet
-    closed in it (their figures may still change)."""
-
-    key: str
-    billed: Billed
-    periods: int
-    open_periods: int
-    not_charged: NotCharged = NotCharged()
-
-    @property
-    def closed(self) -> bool:
-        return self.open_periods == 0
-
-
 def day_of(start_ms: int) -> str:
     return datetime.fromtimestamp(start_ms / 1000, tz=UTC).date().isoformat()
-
-
-def group(bills: Iterable[PeriodBill], key_length: int) -> list[SpanTotal]:
-    """Periods summed per day (`key_length` 10) or per month (7), oldest first."""
-    sums: dict[str, tuple[Billed, int, int, NotCharged]] = {}
-    for bill in bills:
-        key = day_of(bill.period.start_ms)[:key_length]
-        billed, n, open_n, not_charged = sums.get(key, (Billed(), 0, 0, NotCharged()))
-        sums[key] = (
-            Billed(billed.provisional + bill.billed.provisional, billed.corrections + bill.billed.corrections),
-            n + 1,
-            open_n + (0 if bill.period.closed else 1),
-            not_charged + bill.not_charged,
-        )
-    return [SpanTotal(key, billed, n, open_n, nc) for key, (billed, n, open_n, nc) in sorted(sums.items())]
-
-
-def total(bills: Iterable[PeriodBill]) -> Billed:
-    out = Billed()
-    for bill in bills:
-        out = Billed(out.provisional + bill.billed.provisional, out.corrections + bill.billed.corrections)
-    return out
-
-
-def total_not_charged(bills: Iterable[PeriodBill]) -> NotCharged:
-    """The clicks not charged over the periods, per reason."""
-    out = NotCharged()
-    for bill in bills:
-        out += bill.not_charged
-    return out
 
 
 def _ms(day: date) -> int:

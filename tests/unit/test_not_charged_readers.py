@@ -20,9 +20,11 @@ from web.model import (
     NotCharged,
     Period,
     PeriodBill,
+    group,
     not_charged_by_currency,
+    total_not_charged,
 )
-from web.ranges import DateRange, group, total_not_charged
+from web.ranges import DateRange
 from web.readers import NOT_CHARGED_FIELDS, _not_charged
 from web.statements import CSV_COLUMNS, PROVISIONAL, PeriodCharges, build_statement, statement_csv
 
