@@ -32,7 +32,7 @@ bp.before_request(page_login)
 @bp.get("/")
 def index() -> Response:
     principal = current_principal()
-    if principal is None:  # require_login answered already; this keeps it so under `python -O` too
+    if principal is None:  # page_login answered already; this keeps it so under `python -O` too
         abort(401)
     return redirect(home_for(principal))
 
