@@ -368,6 +368,7 @@ class CatalogDatabase:
                     _set_head(connection, changed.version, generation)
             except integrity_errors() as exc:
                 raise CatalogError(f"the catalog refused the change: {constraint_message(exc)}") from None
+            self.behind = None  # the database answered: the catalog held is its own again
             if scope is None:
                 self._held = Held(changed, generation)
             return changed
