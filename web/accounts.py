@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from billing.store import database
-from billing.store.database import CONNECT_TIMEOUT_S, constraint_message, integrity_errors, without_password
+from billing.store.database import (
+    CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    RETRY_BEHIND_S,
+    constraint_message,
+    integrity_errors,
+    without_password,
+)
 from web.access import Principal, Role
 
 if TYPE_CHECKING:
@@ -74,12 +81,6 @@ CREATE TABLE IF NOT EXISTS web_access_version (
 INSERT INTO web_access_version (version) VALUES (0) ON CONFLICT DO NOTHING;
 """
 """The accounts' tables (made when missing, `billing.store.database.make_tables`)."""
-
-READ_TIMEOUT_S = 1.0
-"""How long a reader (a web request) waits for the database before it goes on with the accounts it holds."""
-
-RETRY_BEHIND_S = 5.0
-"""While the database cannot be reached, how often a reader tries it again; in between, it reads what it holds."""
 
 _COLUMNS = "username, role, password_hash, advertiser_id, disabled, generation, created_at_ms"
 

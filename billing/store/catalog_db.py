@@ -62,6 +62,8 @@ from billing.store.catalog_file import (
 )
 from billing.store.database import (
     CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    RETRY_BEHIND_S,
     constraint_message,
     integrity_errors,
     without_password,
@@ -136,14 +138,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS catalog_changes_one_per_version ON catalog_cha
     WHERE kind <> 'start';
 """
 """The catalog's tables (made when missing, `billing.store.database.make_tables`)."""
-
-READ_TIMEOUT_S = 1.0
-"""How long a reader (a batch of the stream, a page) waits for the database before it goes on with the catalog it
-holds."""
-
-RETRY_BEHIND_S = 5.0
-"""While the database cannot be reached, how often a reader tries it again; in between, it reads the catalog it
-holds at once."""
 
 
 class CatalogSource(Protocol):

@@ -33,6 +33,13 @@ SCHEMA_LOCK = 0x61646269_6C6C0001
 CONNECT_TIMEOUT_S = 5
 """How long a door waits for the database before it says the database cannot be reached."""
 
+READ_TIMEOUT_S = 1.0
+"""How long a reader (a batch of the stream, a page) waits for the database before it goes on with what it holds."""
+
+RETRY_BEHIND_S = 5.0
+"""While the database cannot be reached, how often a reader that holds something tries it again; in between, it
+answers at once with what it holds."""
+
 POOL_SIZE = 8
 """Connections a process may hold to the database at once (the web's threads, concurrent writers)."""
 

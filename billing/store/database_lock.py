@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from billing.store.database import Tables, make_tables
+from billing.store.database import CONNECT_TIMEOUT_S, Tables, make_tables
 
 if TYPE_CHECKING:
     import psycopg
@@ -115,7 +115,7 @@ class DatabaseLock:
         """Take the lock on a new session: None when taken, else who holds it."""
         import psycopg
 
-        session = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+        session = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         try:
             make_tables(self.url, session, _TABLES)
             taken = session.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(self.name),)).fetchone()

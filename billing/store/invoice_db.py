@@ -37,6 +37,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from billing.invoices import Invoice, MonthPlan, parse_month
@@ -49,7 +50,7 @@ from billing.store.invoice_files import (
     invoice_files_of,
     invoice_path,
     read_earlier,
-    set_aside,
+    taken_in,
     write_invoice_file,
 )
 
@@ -241,14 +242,15 @@ class InvoiceDatabase:
         except database.DatabaseUnavailable as exc:
             raise InvoiceDatabaseUnavailable(str(exc)) from None
 
-    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in the invoices an earlier release kept in the data folder, when the database holds none (once,
-        under the lock of `database.make_tables`)."""
+        under the lock of `database.make_tables`, which sets the register, plans and marks aside once this
+        commits)."""
         if connection.execute("SELECT 1 FROM invoice_months LIMIT 1").fetchone() is not None:
-            return
+            return []
         earlier = read_earlier(self.folder)
         if earlier is None:
-            return
+            return []
         for month, plan in sorted(earlier.plans.items()):
             connection.execute(
                 "INSERT INTO invoice_months (month, plan, issued) VALUES (%s, %s::jsonb, %s)",
@@ -265,7 +267,7 @@ class InvoiceDatabase:
                 f"the invoices in {self.folder} cannot be taken into {without_password(self.url)}: "
                 f"{constraint_message(exc)}"
             ) from None
-        set_aside(self.folder)
+        aside = taken_in(self.folder)
         log.warning(
             "took the invoices of %s (%d months, %d invoices, numbers 1 to %d) into %s; the register, plans and "
             "marks are set aside as NAME.imported",
@@ -275,3 +277,4 @@ class InvoiceDatabase:
             max(earlier.documents, default=0),
             without_password(self.url),
         )
+        return aside

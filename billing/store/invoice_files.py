@@ -12,8 +12,9 @@ flushed), and written again from the row when it is missing.
 
 A data folder of an earlier release kept the numbers in files under a lock file: `register.json` (every number
 issued), `2026-01/plan.json` (the exports a month covers, its advertisers) and `2026-01/issued` (the month's
-invoices all written) beside the invoice files. `read_earlier` reads them for the one take-in; `set_aside` renames
-them `NAME.imported` afterwards (the invoice files stay: they are the documents).
+invoices all written) beside the invoice files. `read_earlier` reads them for the one take-in; `taken_in` names
+those renamed `NAME.imported` once the take-in committed (`billing.store.database.Tables`); the invoice files stay:
+they are the documents.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ PLAN_FILE = "plan.json"
 ISSUED_FILE = "issued"
 REGISTER_FILE = "register.json"
 LOCK_FILE = "lock"
-IMPORTED = ".imported"
-"""The suffix of an earlier release's file once taken in."""
 _MONTH_DIR = re.compile(r"\d{4}-\d{2}", re.ASCII)
 _FIGURE_KEYS = ("advertiser_id", "campaign_id", "currency", "record_type", "status", "reason", "corrects_period")
 
@@ -106,19 +105,11 @@ class EarlierInvoices:
     documents: dict[int, tuple[Invoice, str]] = field(default_factory=dict)
 
 
-def _kept(path: Path) -> Path | None:
-    """`path`, or the name it was set aside under (a take-in that renamed it and did not commit)."""
-    for candidate in (path, path.with_name(path.name + IMPORTED)):
-        if candidate.exists():
-            return candidate
-    return None
-
-
 def read_earlier(folder: Path) -> EarlierInvoices | None:
     """The invoices an earlier release kept in `folder` (`ROOT/invoices`), or None when it kept none there;
     InvoiceStoreError when its files disagree with its register (a number issued twice, an invoice file removed by
     hand: its number must never be issued again, so nothing is taken in until it is put back)."""
-    register_path = _kept(folder / REGISTER_FILE)
+    register_path = folder / REGISTER_FILE if (folder / REGISTER_FILE).exists() else None
     months = (
         sorted(p.name for p in folder.iterdir() if p.is_dir() and _MONTH_DIR.fullmatch(p.name))
         if (folder.is_dir())
@@ -128,10 +119,10 @@ def read_earlier(folder: Path) -> EarlierInvoices | None:
         return None
     found = EarlierInvoices()
     for month in months:
-        plan = _kept(folder / month / PLAN_FILE)
-        if plan is not None:
+        plan = folder / month / PLAN_FILE
+        if plan.exists():
             found.plans[month] = MonthPlan.from_json(plan.read_text(encoding="utf-8"))
-        if _kept(folder / month / ISSUED_FILE) is not None:
+        if (folder / month / ISSUED_FILE).exists():
             found.issued.add(month)
         for advertiser_id in sorted(invoice_files_of(folder, month)):
             path = folder / month / f"{advertiser_id}.json"
@@ -155,19 +146,14 @@ def read_earlier(folder: Path) -> EarlierInvoices | None:
     return found
 
 
-def set_aside(folder: Path) -> list[Path]:
-    """Rename an earlier release's register, plans and issued marks `NAME.imported`, and remove its lock file, once
-    they are taken in; the files set aside."""
-    moved = []
+def taken_in(folder: Path) -> list[Path]:
+    """An earlier release's register, plans and issued marks, set aside once they are taken in (its lock file is
+    removed now: nothing takes it any more)."""
     paths = [folder / REGISTER_FILE]
     for month in (p for p in folder.iterdir() if p.is_dir() and _MONTH_DIR.fullmatch(p.name)):
         paths += [month / PLAN_FILE, month / ISSUED_FILE]
-    for path in paths:
-        if path.exists():
-            path.rename(path.with_name(path.name + IMPORTED))
-            moved.append(path)
     (folder / LOCK_FILE).unlink(missing_ok=True)
-    return moved
+    return [path for path in paths if path.exists()]
 
 
 # --- What invoices are made of --------------------------------------------------------------------------------

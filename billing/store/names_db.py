@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from billing.names import KINDS, Names, NamingError, checked_name
 from billing.store import database
-from billing.store.database import CONNECT_TIMEOUT_S, DatabaseUnavailable, without_password
+from billing.store.database import (
+    CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    RETRY_BEHIND_S,
+    DatabaseUnavailable,
+    without_password,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -58,12 +64,6 @@ CREATE TABLE IF NOT EXISTS names (
 CREATE INDEX IF NOT EXISTS names_by_version ON names (version);
 """
 """The names' tables (made when missing, `billing.store.database.make_tables`)."""
-
-READ_TIMEOUT_S = 1.0
-"""How long a page's lookup waits for the database before it shows the names it knows."""
-
-RETRY_BEHIND_S = 5.0
-"""While the database cannot be reached, how often a page's lookup tries it again; in between, it answers at once."""
 
 MAX_KNOWN = 200_000
 """The most names a store keeps for `name_of` (a web worker's pages); past it, it forgets them and asks again."""

@@ -21,10 +21,10 @@ so ids follow one another as in the file. A schema's text never changes: readers
 
 **The file of a data folder written before the database** (`HOME/schemas.json`) is taken in the first time the
 database registry opens with it (`imports`): its ids are kept (events in Kafka carry them), each schema and each
-subject's versions as they were, and the file is renamed `schemas.json.imported`. A database that already holds some
-of them must hold them under the same ids and versions (another host's file of the same registry): what it lacks is
-added; one that disagrees is refused, naming the id, and nothing is taken in. A database that holds no schema takes
-in `schemas.json.imported` too (a take-in that renamed the file and did not commit).
+subject's versions as they were, and the file is renamed `schemas.json.imported` once they committed
+(`billing.store.database.Tables`). A database that already holds some of them must hold them under the same ids and
+versions (another host's file of the same registry): what it lacks is added; one that disagrees is refused, naming
+the id, and nothing is taken in.
 """
 
 from __future__ import annotations
@@ -252,11 +252,6 @@ CREATE TABLE IF NOT EXISTS schema_versions (
 REGISTRY_LOCK = lock_key("schema registry")
 """The advisory lock a registration holds, on any host, for the time of its transaction."""
 
-READ_TIMEOUT_S = 1.0
-"""How long a read (the streaming job asks for its subjects' ids every batch) waits for the database."""
-
-IMPORTED = ".imported"
-
 
 def fingerprint(schema_text: str) -> str:
     """The SHA-256 of the schema's canonical JSON, in hex: equal for texts that differ in layout only."""
@@ -323,7 +318,7 @@ class DatabaseSchemaRegistry:
     def schema_by_id(self, schema_id: int) -> str:
         """The schema text with this id; UnknownSchemaError if there is none."""
         if schema_id not in self._cache:
-            with self._connection(READ_TIMEOUT_S) as connection:
+            with self._connection(database.READ_TIMEOUT_S) as connection:
                 row = connection.execute("SELECT schema FROM registered_schemas WHERE id = %s", (schema_id,)).fetchone()
             if row is None:
                 raise UnknownSchemaError(f"no schema with id {schema_id} in {self.where}")
@@ -332,18 +327,18 @@ class DatabaseSchemaRegistry:
 
     def versions(self, subject: str) -> list[tuple[int, str]]:
         """(version number, schema text) of every version of `subject`, oldest first."""
-        with self._connection(READ_TIMEOUT_S) as connection:
+        with self._connection(database.READ_TIMEOUT_S) as connection:
             return [(version, text) for version, _, text, _ in self._versions(connection, subject)]
 
     def latest(self, subject: str) -> tuple[int, str] | None:
         """(schema id, schema text) of the newest version of `subject`, or None."""
-        with self._connection(READ_TIMEOUT_S) as connection:
+        with self._connection(database.READ_TIMEOUT_S) as connection:
             held = self._versions(connection, subject)
         return (held[-1][1], held[-1][2]) if held else None
 
     def ids(self, subject: str) -> list[int]:
         """The schema ids of the versions of `subject`, oldest first (one small read: the job asks every batch)."""
-        with self._connection(READ_TIMEOUT_S) as connection:
+        with self._connection(database.READ_TIMEOUT_S) as connection:
             rows = connection.execute(
                 "SELECT schema_id FROM schema_versions WHERE subject = %s ORDER BY version", (subject,)
             ).fetchall()
@@ -351,7 +346,7 @@ class DatabaseSchemaRegistry:
 
     def subjects(self) -> list[str]:
         """Every subject with at least one version, sorted."""
-        with self._connection(READ_TIMEOUT_S) as connection:
+        with self._connection(database.READ_TIMEOUT_S) as connection:
             rows = connection.execute("SELECT DISTINCT subject FROM schema_versions ORDER BY subject").fetchall()
         return [row[0] for row in rows]
 
@@ -380,19 +375,13 @@ class DatabaseSchemaRegistry:
         except database.DatabaseUnavailable as exc:
             raise RegistryDatabaseUnavailable(str(exc)) from None
 
-    def _take_in(self, connection: psycopg.Connection[Any]) -> None:
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in the registry file of a data folder written before the database (once, under the lock of
-        `database.make_tables`), its ids kept; refused, nothing taken in, when the database holds other schemas
-        under its ids."""
-        if self.imports is None:
-            return
+        `database.make_tables`, which sets the file aside once this commits), its ids kept; refused, nothing taken
+        in, when the database holds other schemas under its ids."""
+        if self.imports is None or not self.imports.exists():
+            return []
         source = self.imports
-        if not source.exists():
-            aside = source.with_name(source.name + IMPORTED)
-            empty = connection.execute("SELECT 1 FROM registered_schemas LIMIT 1").fetchone() is None
-            if not (empty and aside.exists()):
-                return
-            source = aside
         data = read_registry_file(source)
         added = 0
         for key, text in sorted(data["schemas"].items(), key=lambda item: int(item[0])):
@@ -427,8 +416,6 @@ class DatabaseSchemaRegistry:
                     "INSERT INTO schema_versions (subject, version, schema_id) VALUES (%s, %s, %s)",
                     (subject, version, schema_id),
                 )
-        if source == self.imports:
-            source.rename(source.with_name(source.name + IMPORTED))
         log.warning(
             "took the schema registry file %s (%d schemas, ids kept; %d new here) into %s; the file is set aside as "
             "%s%s",
@@ -437,8 +424,9 @@ class DatabaseSchemaRegistry:
             added,
             self.where,
             self.imports.name,
-            IMPORTED,
+            database.IMPORTED,
         )
+        return [source]
 
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
