@@ -66,6 +66,7 @@ from billing.catalog import generate_catalog
 from billing.corrections import Correction, CorrectionKind, CorrectionReason, correction_id
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.rule import BILLABLE_FIELDS
 from billing.store.click_index import (
     ARCHIVE_CLICK,
     CORRECTION,
@@ -433,20 +434,7 @@ def make_hour(
     export = pa.table(
         {
             "record_type": pa.array(["click"] * rows, pa.string()),
-            **{
-                name: exported[name]
-                for name in (
-                    "click_id",
-                    "impression_id",
-                    "ad_id",
-                    "campaign_id",
-                    "advertiser_id",
-                    "user_id",
-                    "click_time",
-                    "impression_time",
-                    "amount_micros",
-                )
-            },
+            **{name: exported[name] for name in BILLABLE_FIELDS if name != "currency"},
             "net_micros": exported["amount_micros"],
             "currency": exported["currency"],
             "status": pc.if_else(is_late, "added", "billed"),
