@@ -33,6 +33,8 @@ class Confirmed:
     cpc_micros: int
     version: int
     latency_ms: float
+    at_s: float = 0.0
+    """When the door was told, in seconds from the writers' start: where a slow change falls in the run."""
 
 
 @dataclass
@@ -119,7 +121,14 @@ class ChangeWriters:
             entry = next(p for p in made[ad_id].prices if p.version == made.version)
             with self._mutex:
                 self.run.confirmed.append(
-                    Confirmed(ad_id, entry.effective_from, price, made.version, round(latency, 2))
+                    Confirmed(
+                        ad_id,
+                        entry.effective_from,
+                        price,
+                        made.version,
+                        round(latency, 2),
+                        round(time.monotonic() - self.run.started, 3),
+                    )
                 )
 
 

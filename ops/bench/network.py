@@ -30,13 +30,18 @@ generated catalog is loaded whichever of them runs.
 5. `stream`, after the others, on services of its own (`ops.bench.systems.start_services`: Kafka, Redis and
    PostgreSQL): the traffic of `make bench-stream` (`ops.bench.traffic.plan_traffic`, pre-generated with its ground
    truth) at `--stream-rate` for `--stream-seconds`, sent to the real streaming job (`ops.bench.systems.run_system`)
-   once with the traffic's own catalog of 60 ads and no changes (the baseline), then once per size with a catalog of
+   first for `--stream-warmup-seconds` through a job not compared (the new broker's JVM compiles and the caches fill
+   under the first traffic: a baseline run first measured twice its later self), then once with the traffic's own
+   catalog of 60 ads and no changes (the baseline), then once per size with a catalog of
    N ads in its database: the generated catalog whose 60 ads the traffic clicks on are the traffic's, at its prices
    (`traffic_catalog`). Meanwhile `--writers` doors make `--rate` changes a second (`ops.catalog_load`, a process of
    its own, writing before the job starts and until its run ends), on ads of their own from a day ahead and on the
    traffic's ads from now. For each run: the mean batch of the step (and over the batches after its first third),
-   each with its ratio to the baseline's; the job's start to the end of its first batch; the driver's (Python's)
-   resident memory when it starts, at its first batch and at its peak (the catalog's share: its peak less the
+   each with its ratio to the baseline's; a batch's cost by least squares over the run's batches (its fixed part,
+   with its ratio, and its part per event: `ops.bench.analysis.batch_cost`); the job's CPU time per event read, with
+   its ratio (its cost, whatever the size its batches grew to: a job that fell behind at its start reads larger
+   batches, each slower); the job's start to the end of its first batch; the driver's (Python's) resident memory
+   when it starts, at its first batch and at its peak (the catalog's share: its peak less the
    baseline's) and the JVM's; the sustained rate, the latency, and whether the ledger equals the ground truth; the
    writers' changes checked as in `writers`.
    The traffic's event times are all before the run (the plan is generated once and cached), so every change of a
@@ -274,6 +279,10 @@ def writers_figures(url: str, ran: Path, args: argparse.Namespace) -> dict[str, 
         "lost": len(lost),
         "twice": len(twice),
         "door_ms": _spread([c.latency_ms for c in run.confirmed]),
+        "slowest": [
+            {"at_s": c.at_s, "ms": c.latency_ms, "version": c.version}
+            for c in sorted(run.confirmed, key=lambda c: -c.latency_ms)[:30]
+        ],
     }
 
 
@@ -524,13 +533,29 @@ def measure_stream(sizes: list[int], args: argparse.Namespace, folders: Folders,
             f"stream: {args.stream_rate:,} events/s for {args.stream_seconds} s; first the traffic's catalog alone "
             f"({len(plan_catalog)} ads), no changes"
         )
+        if args.stream_warmup_seconds:
+            # The services are new: the broker's JVM compiles as the first job's traffic goes through it, and the
+            # machine's caches fill, which a first measured run would pay alone (a baseline 2 x its later self).
+            warmup = plan_traffic(
+                (PROJECT_ROOT / "var" / "bench" / "traffic-cache").resolve(),
+                [args.stream_rate],
+                args.stream_warmup_seconds,
+                0,
+                seed=STREAM_SEED,
+            )
+            # The systems share one catalog (the first plan's, `prepare_system`): the warm-up's must be the same.
+            if load_catalog(warmup.catalog_file) != plan_catalog:
+                raise RuntimeError(f"the warm-up's traffic {warmup.folder} has another catalog than {plan.folder}")
+            system = prepare_system(f"{PIPELINE}-warmup", services, folder, warmup)
+            figures["warmup"] = stream_figures(run_system(system, warmup, sampler, options))
+            say(f"  warm-up ({args.stream_warmup_seconds} s, not compared): {_stream_said(figures['warmup'])}")
         system = prepare_system(f"{PIPELINE}-{len(plan_catalog)}ads", services, folder, plan)
         baseline = {"ads": len(plan_catalog), **stream_figures(run_system(system, plan, sampler, options))}
         figures["baseline"] = baseline
         say(f"  {len(plan_catalog)} ads: {_stream_said(baseline)}")
         figures["sizes"] = {}
         for ads in sizes:
-            system = prepare_system(f"{PIPELINE}-{ads}ads", services, folder, plan)
+            system = prepare_system(f"{PIPELINE}-{ads}ads", services, folder, plan, own_catalog=True)
             try:
                 size = _stream_size(system, ads, plan, sampler, options, args)
             except Exception as exc:  # the report still shows what was measured, and why the run ended there
@@ -541,12 +566,18 @@ def measure_stream(sizes: list[int], args: argparse.Namespace, folders: Folders,
             size["steady_batch_vs_baseline"] = analysis.ratio(
                 size["batch_ms_mean_steady"], baseline["batch_ms_mean_steady"]
             )
+            size["fixed_cost_vs_baseline"] = analysis.ratio(
+                size["batch_cost"]["fixed_ms"], baseline["batch_cost"]["fixed_ms"]
+            )
+            size["cpu_per_event_vs_baseline"] = analysis.ratio(size["cpu_us_per_event"], baseline["cpu_us_per_event"])
             peak, baseline_peak = size["driver_python_mb"]["peak"], baseline["driver_python_mb"]["peak"]
             size["catalog_share_of_driver_mb"] = None if None in (peak, baseline_peak) else peak - baseline_peak
             figures["sizes"][ads] = size
             say(
                 f"  {ads:,} ads: {_stream_said(size)}; mean batch x{size['batch_vs_baseline']} the baseline's "
-                f"(x{size['steady_batch_vs_baseline']} after the first third), the catalog's share of the driver "
+                f"(x{size['steady_batch_vs_baseline']} after the first third), a batch's fixed cost "
+                f"x{size['fixed_cost_vs_baseline']}, the job's CPU per event "
+                f"x{size['cpu_per_event_vs_baseline']}, the catalog's share of the driver "
                 f"{size['catalog_share_of_driver_mb']} MB"
             )
             say(f"    {_writers_said(size['writers'])}")
@@ -613,14 +644,25 @@ def stream_figures(result: dict[str, Any]) -> dict[str, Any]:
         "job_peak_rss_mb": step.get("job_peak_rss_mb"),
         "job_cpu_cores": step.get("job_cpu_cores"),
         "machine_cpu_cores": step.get("machine_cpu_cores"),
+        "cpu_us_per_event": _cpu_per_event(step),
+        "batch_cost": analysis.batch_cost(
+            [{**b, "batch_duration_ms": b["duration_ms"]} for b in result.get("batches") or [] if b["input_rows"]]
+        ),
         "run": {k: result.get(k) for k in ("batches", "memory_by_process")},
     }
+
+
+def _cpu_per_event(step: dict[str, Any]) -> float | None:
+    """The job's CPU time per event read (µs): its cost, whatever the size its batches grew to (a job that falls
+    behind reads larger batches, each slower, at the same cost per event)."""
+    cores, rate = step.get("job_cpu_cores"), step.get("sustained_rate")
+    return round(cores * 1e6 / rate, 1) if cores and rate else None
 
 
 def _stream_said(s: dict[str, Any]) -> str:
     if s["batch_ms_mean"] is None:
         return f"no step measured: {s['error']}"
-    memory = s["driver_python_mb"]
+    memory, cost = s["driver_python_mb"], s["batch_cost"]
     check = s["ledger_check"]
     ledger = "equals the ground truth" if s["ledger_equal"] else f"DIFFERS from the ground truth ({check})"
     return (
@@ -629,7 +671,8 @@ def _stream_said(s: dict[str, Any]) -> str:
         f"{s['sustained_rate']:,}/s, latency p99 {s['latency_ms']['p99']} ms; driver (Python) "
         f"{memory['at_first_batch']} MB at its first batch, "
         f"{memory['peak']} MB at its peak, JVM {s['jvm_mb_peak']} MB; the job used {s['job_cpu_cores']} cores of the "
-        f"{s['machine_cpu_cores']} the machine was busy with; ledger {ledger}"
+        f"{s['machine_cpu_cores']} the machine was busy with ({s['cpu_us_per_event']} µs of CPU per event); a "
+        f"batch's cost (least squares) {cost['fixed_ms']} ms + {cost['per_event_us']} µs per event; ledger {ledger}"
     )
 
 
@@ -696,6 +739,8 @@ def summary(report: dict[str, Any]) -> list[str]:
                 "driver (Python) at first batch / peak; the catalog's share",
                 "JVM peak",
                 "CPU cores: the job / the machine",
+                "a batch's cost: fixed (x baseline) + per event",
+                "the job's CPU per event (x baseline)",
                 "sustained",
                 "latency p99",
                 "ledger = ground truth",
@@ -719,6 +764,11 @@ def _stream_row(label: str, s: dict[str, Any]) -> list[str]:
         + (f"; {share} MB" if share is not None else ""),
         _cell(s["jvm_mb_peak"], "{} MB"),
         f"{_cell(s['job_cpu_cores'], '{}')} / {_cell(s['machine_cpu_cores'], '{}')}",
+        _cell((s.get("batch_cost") or {}).get("fixed_ms"), "{} ms")
+        + (f" (x{s['fixed_cost_vs_baseline']})" if s.get("fixed_cost_vs_baseline") else "")
+        + _cell((s.get("batch_cost") or {}).get("per_event_us"), " + {} µs"),
+        _cell(s.get("cpu_us_per_event"), "{} µs")
+        + (f" (x{s['cpu_per_event_vs_baseline']})" if s.get("cpu_per_event_vs_baseline") else ""),
         _cell(s["sustained_rate"], "{:,}/s"),
         _cell((s["latency_ms"] or {}).get("p99"), "{:,} ms"),
         {True: "yes", False: "NO", None: "-"}[s["ledger_equal"]],
@@ -796,6 +846,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--web-threads", type=int, default=Settings().web_threads, help="threads per worker")
     parser.add_argument("--stream-rate", type=int, default=10_000, help="events a second sent to the streaming job")
     parser.add_argument("--stream-seconds", type=int, default=120, help="how long the traffic is (600: ten minutes)")
+    parser.add_argument(
+        "--stream-warmup-seconds",
+        type=int,
+        default=30,
+        help="traffic sent through a job not compared, before the baseline, to warm the new services (0: none)",
+    )
     args = parser.parse_args(argv)
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     if not phases or phases - set(PHASES):

@@ -148,8 +148,15 @@ def start_services(folder: Path, **overrides: Any) -> tuple[Settings, Stack, Sam
     return services, stack, sampler
 
 
-def prepare_system(name: str, services: Settings, folder: Path, plan: TrafficPlan, **overrides: Any) -> System:
-    """A system on the services, its topics created, reading the plan's catalog and schemas (copied to `folder`)."""
+def prepare_system(
+    name: str, services: Settings, folder: Path, plan: TrafficPlan, own_catalog: bool = False, **overrides: Any
+) -> System:
+    """A system on the services, its topics created, reading the plan's catalog and schemas (copied to `folder`).
+    The plan's catalog is loaded into the system's own database here (unless `own_catalog`: the caller loads one of
+    its own): the folder's catalog file is taken in (and set aside) by the first system that reads it, and a later
+    one would otherwise start on a generated catalog."""
+    from billing.store.catalog_db import CatalogDatabase
+    from billing.store.catalog_file import load_catalog
     from ops.stack import ensure_stack_topics
 
     registry, catalog = folder / "schemas.json", folder / "catalog.json"
@@ -157,6 +164,10 @@ def prepare_system(name: str, services: Settings, folder: Path, plan: TrafficPla
         shutil.copyfile(plan.registry_file, registry)
         shutil.copyfile(plan.catalog_file, catalog)
     system = make_system(name, services, folder, registry, catalog, **overrides)
+    if system.settings.database_url and is_pipeline(name) and not own_catalog:
+        store = CatalogDatabase(system.settings.database_url)
+        if not store.exists():
+            store.load(load_catalog(plan.catalog_file), [])
     ensure_stack_topics(system.settings)
     return system
 
