@@ -14,6 +14,9 @@ history (`backfill=True`, which the operator asks for) may take effect in the pa
 An advertiser bills in one currency (docs/billing-rules.md, Events): every ad of an advertiser carries that currency, so
 each advertiser's and campaign's figures are in one currency. A catalog that breaks it is refused when it is built or
 read, naming the advertisers, and an ad in another currency than its advertiser's other ads is refused as a change.
+An ad's currency is a code of ISO 4217's list that has a minor unit (EUR, JPY, KWD: `billing.money.currency_problem`):
+an unknown or withdrawn code, or one without a minor unit (gold XAU, the SDR XDR), is refused, so every amount the
+product prices has the minor unit its invoices round to and its pages write.
 
 The file, shared by the job, reconciliation and the web UI, is `billing.store.catalog_file`.
 """
@@ -31,6 +34,7 @@ from typing import Any
 
 from billing.budgets import BudgetChange, BudgetError
 from billing.invalid import ExclusionChange, ExclusionError, IpExclusions, parse_cidr
+from billing.money import currency_problem
 
 FORMAT = 3
 """The catalog file's format: 3 adds campaigns' daily budgets and the IP exclusion list to the price histories of 2;
@@ -103,6 +107,9 @@ class Ad:
             not self.currency.isupper()
         ):
             raise CatalogError(f"ad {self.ad_id}: currency must be an ISO 4217 code such as EUR")
+        problem = currency_problem(self.currency)
+        if problem is not None:
+            raise CatalogError(f"ad {self.ad_id}: {problem}")
         prices = self.prices or (PriceChange(0, self.cpc_micros, 0),)
         ordered = tuple(sorted(prices, key=lambda p: (p.effective_from, p.version)))
         object.__setattr__(self, "prices", ordered)

@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from fractions import Fraction
 
+from billing.iso4217 import published_table
+
 MICROS_PER_UNIT = 1_000_000
 
 _AMOUNT_PATTERN = re.compile(r"([+-]?)(\d+)(?:\.(\d+))?", re.ASCII)
@@ -39,22 +41,47 @@ def parse_amount(text: str) -> int:
     return int(f"{sign}{units}{decimals:0<6}")
 
 
-MINOR_UNIT_DIGITS: dict[str, int] = {
-    **dict.fromkeys(
-        ("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND", "VUV", "XAF"),
-        0,
-    ),
-    **dict.fromkeys(("XOF", "XPF"), 0),
-    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
-    **dict.fromkeys(("CLF", "UYW"), 4),
+ISO_4217 = published_table()
+"""ISO 4217's list one as the `billing` package ships it (`billing/iso4217.csv`, from SIX's `list-one.xml`; refreshed
+with `python -m billing.iso4217`)."""
+
+MINOR_UNIT_DIGITS: Mapping[str, int] = {
+    c.code: c.minor_units for c in ISO_4217.currencies.values() if c.minor_units is not None
 }
-"""ISO 4217's minor unit of the currencies whose minor unit is not two decimals (none for JPY, three for KWD);
-every other currency has two (EUR, USD)."""
+"""The decimals of the minor unit of every code of ISO 4217's list that has one: none for JPY, two for EUR, three for
+KWD, four for CLF. The codes the list gives no minor unit (N.A.: gold XAU, the SDR XDR, the test code XTS) are not
+here: no price, total or invoice is in them."""
+
+
+class UnknownCurrency(ValueError):
+    """A code that is no currency money can be in: not in ISO 4217's list, or without a minor unit there."""
+
+
+def currency_problem(currency: str) -> str | None:
+    """Why `currency` is no currency to price, bill or show money in, in words (None when it is one): it must be a code
+    of ISO 4217's list with a minor unit (EUR, JPY, KWD), not an unknown or withdrawn code, nor XAU or XDR."""
+    if currency in MINOR_UNIT_DIGITS:
+        return None
+    listed = ISO_4217.currencies.get(currency)
+    if listed is not None:
+        return (
+            f"{currency} ({listed.name}) has no minor unit in ISO 4217 (N.A.): money is priced and billed in a "
+            "currency such as EUR"
+        )
+    return (
+        f"{currency!r} is not a currency of ISO 4217's list (published {ISO_4217.published}): give a code such as EUR"
+    )
 
 
 def minor_digits(currency: str) -> int:
-    """The decimals of the currency's minor unit (ISO 4217): 2 for EUR and USD, 0 for JPY, 3 for KWD."""
-    return MINOR_UNIT_DIGITS.get(currency.upper(), 2)
+    """The decimals of the currency's minor unit (ISO 4217's list, `MINOR_UNIT_DIGITS`): 2 for EUR and USD, 0 for JPY,
+    3 for KWD. UnknownCurrency for any other code (an unknown or withdrawn one, XAU, the empty code): rounding or
+    writing money in a currency that has no minor unit would be a guess, never a default of two decimals. The
+    catalog refuses an ad in such a code (`billing.catalog.Ad`), so every priced amount has one."""
+    digits = MINOR_UNIT_DIGITS.get(currency.upper())
+    if digits is None:
+        raise UnknownCurrency(currency_problem(currency))
+    return digits
 
 
 def format_amount(micros: int, currency: str) -> str:

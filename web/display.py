@@ -30,7 +30,8 @@ def decimal_amount(micros: int) -> Decimal:
 def currency_digits(currency: str) -> int:
     """The decimals a currency is written with where the amount is whole (2 for EUR, 0 for JPY, 3 for KWD): its
     ISO 4217 minor unit, from `billing.money.minor_digits`, the one source the invoices round with too (Babel's
-    CLDR data writes some currencies with fewer: IQD with none, where ISO 4217 has three)."""
+    CLDR data writes some currencies with fewer: IQD with none, where ISO 4217 has three). Two for an amount without
+    a currency; `billing.money.UnknownCurrency` for a code that has no minor unit (the catalog prices in none)."""
     return minor_digits(currency) if currency else 2
 
 
