@@ -514,13 +514,17 @@ def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> i
     return int(metadata.get("batchWatermarkMs", 0))
 
 
-def start(spark: SparkSession, config: StreamConfig, new_checkpoint: bool = False) -> list[StreamingQuery]:
+def start(
+    spark: SparkSession, config: StreamConfig, new_checkpoint: bool = False, catalog: CatalogDatabase | None = None
+) -> list[StreamingQuery]:
     """Start the job's query, with its heartbeat; it runs until stopped, pricing each batch with the catalog as the
-    database holds it then (`config.database_url`). A new checkpoint over the output of an earlier one is refused
-    (CheckpointRefusedError) unless `new_checkpoint` asks for a new epoch."""
+    database holds it then (`config.database_url`; `catalog`, a store of it the caller shares, else one of its own).
+    A new checkpoint over the output of an earlier one is refused (CheckpointRefusedError) unless `new_checkpoint`
+    asks for a new epoch."""
     if not config.database_url:
         raise ValueError("the streaming job needs the catalog's database: set ADBILL_DATABASE_URL")
-    catalog = CatalogDatabase(config.database_url, imports=config.catalog_path)
+    if catalog is None:
+        catalog = CatalogDatabase(config.database_url, imports=config.catalog_path)
     catalog.current(fresh=True)  # no catalog, or no database, stops the start with one line saying which
     topics = [config.topic_impressions, config.topic_clicks]
     # Held while the query runs: `adbill restore-redis` knows from it that the job runs (`attribution.job_lock`).
