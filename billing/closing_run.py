@@ -74,6 +74,7 @@ from billing.corrections import (
     standing_bills,
 )
 from billing.export import build_export
+from billing.money import Amounts
 from billing.periods import ANY_PERIOD, DAY_MS, Periods
 
 Bills = Any
@@ -503,10 +504,8 @@ def close_periods(
     for new in [*room.values(), *new_of.values()]:
         report.additions += sum(1 for c in new if c.kind == CorrectionKind.ADDITION)
         report.retractions += sum(1 for c in new if c.kind == CorrectionKind.RETRACTION)
-        for c in new:
-            report.net_micros_by_currency[c.currency] = (
-                report.net_micros_by_currency.get(c.currency, 0) + c.amount_micros
-            )
+        net = Amounts(report.net_micros_by_currency) + Amounts.of((c.currency, c.amount_micros) for c in new)
+        report.net_micros_by_currency = net.as_dict()
     for period in due:
         state = states.get(period, PeriodState(version=-1))
         if period not in closed:

@@ -24,6 +24,7 @@ from werkzeug.wrappers import Response as Redirect
 
 from billing.catalog import CatalogError
 from billing.invoices import Invoice, InvoiceError, month_of_ms, parse_month
+from billing.money import Amounts
 from billing.profiles import BillingProfiles, ProfileError, profile_change
 from billing.store.invoice_db import InvoiceDatabase
 from billing.store.profiles_db import ProfileDatabase
@@ -119,10 +120,8 @@ def month_invoices(month: str | None) -> tuple[list[str], str | None, list[Invoi
 
 
 def totals_by_currency(invoices: list[Invoice]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i in invoices:
-        out[i.currency] = out.get(i.currency, 0) + i.totals.total_micros
-    return dict(sorted(out.items()))
+    """The invoices' totals added up per currency, never two together."""
+    return Amounts.of((i.currency, i.totals.total_micros) for i in invoices).as_dict()
 
 
 # Pages -------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from flask import abort, g, request
 
 from billing.budget_days import CampaignDay
 from billing.corrections import Correction
+from billing.money import Amounts
 from billing.store.part_status import RECONCILE_PART, RECONCILE_RUN_PART, STREAM_CATALOG_PART, STREAM_PART
 from billing.store.stream_offsets import LagReading
 from web.display import period_label
@@ -178,12 +179,10 @@ def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClic
         assert span is not None  # a default is given
         start, end, label = span.start_ms, span.end_ms, span.label
     clicks = svc.reader.not_charged_clicks(advertiser_id, start, end)
-    would_cost: dict[str, int] = {}
+    would_cost = Amounts.of((c.currency, c.amount_micros) for c in clicks if c.amount_micros is not None)
     by_reason: dict[str, int] = {}
     for c in clicks:
         by_reason[c.reason] = by_reason.get(c.reason, 0) + 1
-        if c.amount_micros is not None:
-            would_cost[c.currency] = would_cost.get(c.currency, 0) + c.amount_micros
     if not paged:
         offset, limit = 0, max(len(clicks), 1)
     return NotChargedClicks(
@@ -196,7 +195,7 @@ def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClic
         offset,
         limit,
         clicks[offset : offset + limit],
-        dict(sorted(would_cost.items())),
+        would_cost.as_dict(),
         dict(sorted(by_reason.items())),
         any(not c.final for c in clicks),
     )
