@@ -46,6 +46,9 @@ class Billed:
     provisional: Figures = Figures()
     corrections: Figures = Figures()
 
+    def __add__(self, other: Billed) -> Billed:
+        return Billed(self.provisional + other.provisional, self.corrections + other.corrections)
+
     @property
     def corrected(self) -> Figures:
         return self.provisional + self.corrections
@@ -291,10 +294,7 @@ def totals_by_currency(lines: Iterable[AdvertiserLine]) -> dict[str, Billed]:
     for line in lines:
         if not line.currency:
             continue
-        was = out.get(line.currency, Billed())
-        out[line.currency] = Billed(
-            was.provisional + line.billed.provisional, was.corrections + line.billed.corrections
-        )
+        out[line.currency] = out.get(line.currency, Billed()) + line.billed
     return dict(sorted(out.items()))
 
 
@@ -461,7 +461,7 @@ def group(bills: Iterable[PeriodBill], key_length: int) -> list[SpanTotal]:
         key = day_of(bill.period.start_ms)[:key_length]
         billed, n, open_n, not_charged = sums.get(key, (Billed(), 0, 0, NotCharged()))
         sums[key] = (
-            Billed(billed.provisional + bill.billed.provisional, billed.corrections + bill.billed.corrections),
+            billed + bill.billed,
             n + 1,
             open_n + (0 if bill.period.closed else 1),
             not_charged + bill.not_charged,
@@ -472,7 +472,7 @@ def group(bills: Iterable[PeriodBill], key_length: int) -> list[SpanTotal]:
 def total(bills: Iterable[PeriodBill]) -> Billed:
     out = Billed()
     for bill in bills:
-        out = Billed(out.provisional + bill.billed.provisional, out.corrections + bill.billed.corrections)
+        out += bill.billed
     return out
 
 

@@ -525,10 +525,7 @@ class BillingReader:
             billed = Billed(_figures(next(results)), _figures(next(results)))
             not_charged = _not_charged(next(results))
             was = sums.get(advertiser_id, (Billed(), NotCharged()))
-            sums[advertiser_id] = (
-                Billed(was[0].provisional + billed.provisional, was[0].corrections + billed.corrections),
-                was[1] + not_charged,
-            )
+            sums[advertiser_id] = (was[0] + billed, was[1] + not_charged)
         lines = [
             AdvertiserLine(a, self.currency(a), billed, nc)
             for a, (billed, nc) in sorted(sums.items())
