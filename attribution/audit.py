@@ -12,33 +12,42 @@ record, in Redis (`RedisTotals.record_audit`), which the finance page shows, and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from attribution.closing import (
-    CommittedBatch,
-    CorrectionFiles,
-    ExportFolders,
-    ReconcileConfig,
-    StateFile,
-    data_versions,
-    final_charges,
-    ledger_up_to,
-)
+from attribution.epoch import CommittedBatch
+from attribution.final_bills import final_charges
 from attribution.stream_position import BILLING_QUERY
 from billing.catalog import Catalog
-from billing.closing_run import closed_by_exports
-from billing.corrections import Correction, CorrectionKind, check_reconciled
+from billing.corrections import Correction, CorrectionKind, check_reconciled, pending_adjustments
 from billing.export import ExportStatus, RecordType
+from billing.invalid import IvtRules
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
-from billing.store.export_files import read_export
-from billing.store.parquet_ledger import read_ledger
+from billing.store.corrections_arrow import CorrectionFiles
+from billing.store.data_versions import data_versions
+from billing.store.export_files import ExportFolders, read_export
+from billing.store.parquet_ledger import ledger_up_to, read_ledger
+from billing.store.period_states import closed_periods
+
+
+class AuditConfig(Protocol):
+    """What the audit reads and judges with: a data folder, the length of its periods and the invalid traffic
+    rules (reconciliation's config, `ops.reconcile.ReconcileConfig`, is one)."""
+
+    @property
+    def layout(self) -> DataLayout: ...
+
+    @property
+    def period_ms(self) -> int: ...
+
+    @property
+    def ivt_rules(self) -> IvtRules: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class PeriodAudit:
         return sorted(self.rule_micros.keys() | self.books_micros.keys())
 
 
-def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> list[PeriodAudit]:
+def audit(spark: SparkSession, config: AuditConfig, catalog: Catalog) -> list[PeriodAudit]:
     """Every period with events, bills, corrections or an export, oldest first."""
     periods = Periods(config.period_ms)
     layout = config.layout
@@ -85,7 +94,7 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
     if not every:
         return []
     ordered = sorted(every, key=periods.parse_key)
-    # The whole contract: price, invalid traffic and budgets, as a closing run applies it.
+    # The whole contract: price, invalid traffic and budgets, as a reconciliation run applies it.
     final_all = final_charges(spark, layout, config.period_ms, ordered, catalog, through, config.ivt_rules)[0]
     ledger = ledger_up_to(read_ledger(layout.ledger), through)
     given_adjustments = exported_adjustments(exports, sorted(closed))
@@ -116,17 +125,6 @@ def audit(spark: SparkSession, config: ReconcileConfig, catalog: Catalog) -> lis
             )
         )
     return out
-
-
-def closed_periods(layout: DataLayout) -> set[str]:
-    """The periods closing marked closed, each with its export (`billing.closing_run.closed_by_exports`)."""
-    return {p for p, s in closed_by_exports(ExportFolders(layout), StateFile(layout).load()).items() if s.closed}
-
-
-def pending_adjustments(corrections: Iterable[Correction], closed: set[str]) -> list[Correction]:
-    """The adjustments for the `closed` periods booked in a period not closed yet: in its correction files only, so
-    far; finance gets them in that period's export when it closes."""
-    return [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
 
 
 def exported_adjustments(exports: ExportFolders, closed: list[str]) -> dict[str, list[Correction]]:

@@ -50,7 +50,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
 from billing.compatibility import reader_for_writer
-from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
+from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QUARANTINE_VALUE_LIMIT, QuarantineReason
 from billing.schemas import schema_text
 
 HEADER_SIZE = 5
@@ -74,13 +74,6 @@ QUARANTINE_COLUMNS = (
 )
 """The columns of a quarantine row, in order; `event_id`, `ad_id` and `event_time` are null when they could not be
 read, `value` when the record had none or was larger than `QUARANTINE_VALUE_LIMIT` (`quarantined_value`)."""
-
-QUARANTINE_VALUE_LIMIT = 16_384
-"""The largest record, in bytes, whose raw bytes the quarantine table and topic keep. A larger one is kept as its size
-(`value_size`) and SHA-256 (`value_sha256`, hex) with a null `value`; the record itself stays in Kafka at its topic,
-partition and offset for the topic's retention. An event of the shipped schemas is a few hundred bytes: anything
-near this size is junk, and a batch of junk records of up to a megabyte each (the broker's limit) would otherwise
-be carried whole to the driver and sent on."""
 
 _RECORD = "_record"
 

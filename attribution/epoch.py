@@ -89,6 +89,25 @@ def last_committed_batch(checkpoint: Path) -> int | None:
     return base - 1 if base > 0 else None
 
 
+class CommittedBatch:
+    """The last batch the stream's checkpoint committed (`last_committed_batch`), read once, at the first question;
+    None (no limit) without a checkpoint (a data folder closed by a back-fill). Reconciliation and the audit read
+    the archive and the ledger up to it."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+        self._asked = False
+        self._batch: int | None = None
+
+    def batch(self) -> int | None:
+        if not self._asked:
+            if checkpoint_started(self.checkpoint) or (self.checkpoint / EPOCH_FILE).exists():
+                committed = last_committed_batch(self.checkpoint)
+                self._batch = -1 if committed is None else committed
+            self._asked = True
+        return self._batch
+
+
 def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
     """Every `batch_id=N` folder of the ledger, archive, quarantine, unbilled clicks and released records, with its
     N."""

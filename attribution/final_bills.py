@@ -1,22 +1,25 @@
 """The final bills: the attribution rule applied by Spark to every event the stream archived.
 
-Spark's one job in closing periods (`billing.closing_run`) and in the audit (`attribution.audit`): the archived
-impressions of the due periods and of the period before each (a click may be attributed to an impression up to
-10 s earlier) and the clicks of the due periods and of the periods beside them, with every other copy of their ids
-from any period, de-duplicated by first arrival, through the same `match_clicks()` as the stream (`attribution.join`),
-each matched click with what the flood and duplicate rules find (`attribution.invalid`) and its user agent and
-address; id conflicts and late events beside. The matches come back unpriced: the caller prices them with the
-catalog's history (`attribution.pricing`), judges the crawler list and the exclusion list on the driver, and charges
-them (`attribution.closing.final_charges`).
+Spark's one job in closing periods (`billing.closing_run`, through `SparkFinalBills`) and in the audit
+(`attribution.audit`, through `final_charges`): the archived impressions of the due periods and of the period before
+each (a click may be attributed to an impression up to 10 s earlier) and the clicks of the due periods and of the
+periods beside them, with every other copy of their ids from any period, de-duplicated by first arrival, through the
+same `match_clicks()` as the stream (`attribution.join`), each matched click with what the flood and duplicate rules
+find (`attribution.invalid`) and its user agent and address; id conflicts and late events beside (`final_bills`).
+The matches come back unpriced; `final_charges` collects them as Arrow, prices them with the catalog's history
+(`attribution.pricing`), judges the crawler list and the exclusion list on the driver, and charges them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -24,10 +27,22 @@ from pyspark.sql import types as T
 from attribution.invalid import judged_clicks
 from attribution.join import MATCH_COLUMNS, conflicts, dedupe, match_clicks
 from attribution.periods import period_columns
-from billing.invalid import DEFAULT_RULES, IvtRules
+from attribution.pricing import price_matches
+from billing.catalog import Catalog
+from billing.corrections import ArrivalFacts
+from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
+from billing.layout import DataLayout
 from billing.periods import DAY_MS, Periods
+from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
+from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
+from billing.store.crawler_list import CrawlerList, crawler_list, kept_list
+from billing.store.export_files import MANIFEST_FILE, read_manifest
+from billing.store.not_charged_clicks import not_charged_by_stream, unbilled_by_stream
+from billing.store.redis_totals import NOT_CHARGED_REASONS
 
 V = TypeVar("V")
+
+_INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
 
 FINAL_MATCH_COLUMNS = (*MATCH_COLUMNS[:6], "period", "user_agent", "ip", "click_flood", "duplicate_click")
 """The final matches' columns: the click, its attributed impression and their times, the click's period, and what
@@ -61,7 +76,7 @@ def final_bills(
     """(final matched clicks of the `due` periods with their `period` and invalid traffic flags
     (`FINAL_MATCH_COLUMNS`, to be priced and charged), id-conflict quarantine rows with their `event_type` and event
     `period`, late events' `event_type` and `event_id`) from the event archive; only its batches up to
-    `through_batch` when given (the batch a closing run reads the ledger up to as well).
+    `through_batch` when given (the batch a reconciliation run reads the ledger up to as well).
 
     The clicks of the periods next to the due ones are read too: the flood and duplicate rules look up to a minute
     around a click (`attribution.invalid.judged_clicks`). A click is judged with the thresholds of its period:
@@ -134,6 +149,174 @@ def _periods_by(due: list[str], default: V, per_period: Mapping[str, V] | None) 
     for period in due:
         grouped.setdefault((per_period or {}).get(period, default), []).append(period)
     return grouped
+
+
+@dataclass(frozen=True)
+class SparkFinalBills:
+    """The final bills of a run's due periods, collected from Spark as Arrow: the charged clicks, and the billable
+    clicks not charged with the reason (no price, an invalid traffic rule, the budget)."""
+
+    bills: pa.Table
+    conflicts: pa.Table
+    facts: ArrivalFacts
+    not_charged: pa.Table = field(default_factory=lambda: pa.table({"click_id": pa.array([], pa.string())}))
+    rules: IvtRules = DEFAULT_RULES
+
+    @classmethod
+    def compute(
+        cls,
+        spark: SparkSession,
+        layout: DataLayout,
+        period_ms: int,
+        due: list[str],
+        catalog: Catalog,
+        through_batch: int | None = None,
+        rules: IvtRules = DEFAULT_RULES,
+    ) -> SparkFinalBills:
+        charged, not_charged, quarantined, late = final_charges(
+            spark, layout, period_ms, due, catalog, through_batch, rules
+        )
+        refused = not_charged.filter(pc.is_in(not_charged["reason"], pa.array(sorted(NOT_CHARGED_REASONS))))
+        facts = ArrivalFacts(
+            late_click_ids=_ids_of(late, "click"),
+            late_impression_ids=_ids_of(late, "impression"),
+            conflicting_click_ids=_ids_of(quarantined, "click"),
+            conflicting_impression_ids=_ids_of(quarantined, "impression"),
+            unpriced_click_ids=set(
+                not_charged.filter(pc.is_in(not_charged["reason"], pa.array(["ad_paused", "unknown_ad"])))[
+                    "click_id"
+                ].to_pylist()
+            )
+            | unbilled_by_stream(layout, due),
+            not_charged_reasons=dict(zip(refused["click_id"].to_pylist(), refused["reason"].to_pylist(), strict=True)),
+            stream_not_charged=not_charged_by_stream(layout, due),
+        )
+        return cls(charged, quarantined, facts, not_charged, rules)
+
+    @property
+    def clicks(self) -> int:
+        return self.bills.num_rows
+
+    @property
+    def judged_with(self) -> dict[str, Any]:
+        return {
+            "crawler_list_version": crawler_list().version,
+            "crawler_list_package": CRAWLER_PACKAGE,
+            **self.rules.as_dict(),
+        }
+
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.bills.filter(pc.equal(self.bills["period"], period)).drop(["period"]).to_pylist()
+
+    def not_charged_of(self, period: str) -> list[dict[str, Any]]:
+        return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
+
+
+def final_charges(
+    spark: SparkSession,
+    layout: DataLayout,
+    period_ms: int,
+    due: list[str],
+    catalog: Catalog,
+    through_batch: int | None = None,
+    rules: IvtRules = DEFAULT_RULES,
+) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
+    charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
+    history, judged (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the
+    exclusion list on the driver, each period with the list it was judged with) and charged in event-time order
+    within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the due periods' whole UTC
+    days are computed (`scope_of`), since a click's charge depends on the clicks before it
+    that day; the clicks not charged are given for all of them, so that a run sees which bills of a still open
+    period of the day are over the budget now.
+
+    The crawler list is searched in Python, as the stream and the click's story search it and as the package's own
+    `is_crawler` does, once per distinct user agent: Java's expressions differ from Python's on a few texts (`\\d`
+    and a non-ASCII digit, `$` before a trailing carriage return), and one list must give one verdict."""
+    periods = Periods(period_ms)
+    scope = scope_of(due, periods, catalog.has_budgets)
+    thresholds, lists = judged_as_closed(layout, scope, rules)
+    final_df, quarantined_df, late_df = final_bills(
+        spark, layout.archive, period_ms, scope, through_batch, rules, thresholds
+    )
+    matches = final_df.toArrow()
+    priced = price_matches(matches, catalog)
+    rows = priced.bills.to_pylist()
+    installed = crawler_list()
+    invalid: dict[str, str] = {}
+    for row in rows:
+        reason = first_reason(
+            bot=lists.get(row["period"], installed).matches(row["user_agent"]),
+            excluded=catalog.exclusions.excluding(row["ip"], row["click_time"]) is not None,
+            flood=bool(row["click_flood"]),
+            duplicate=bool(row["duplicate_click"]),
+        )
+        if reason is not None:
+            invalid[row["click_id"]] = reason.value
+    period_of = {row["click_id"]: row["period"] for row in rows}
+    charged, refused = charge(
+        [BillableClick(**{name: row[name] for name in BILLABLE_FIELDS}) for row in rows], invalid, catalog
+    )
+    wanted = set(due)
+    bills = pa.Table.from_pylist(
+        [{**r.to_dict(), "period": period_of[r.click_id]} for r in charged if period_of[r.click_id] in wanted],
+        schema=FINAL_BILL_SCHEMA,
+    )
+    unpriced = [
+        {**{n: row.get(n) for n in NOT_CHARGED_FIELDS}, "period": row["period"]}
+        for row in priced.unbilled.to_pylist()
+        if row["period"] in wanted
+    ]
+    not_charged = pa.Table.from_pylist(
+        [*unpriced, *({**r.to_dict(), "period": period_of[r.click_id]} for r in refused)],
+        schema=FINAL_NOT_CHARGED_SCHEMA,
+    )
+    quarantined = quarantined_df.toArrow()
+    quarantined = quarantined.filter(pc.is_in(quarantined["period"], pa.array(due, pa.string())))
+    late = late_df.toArrow()
+    return bills, not_charged, quarantined, late
+
+
+def judged_as_closed(
+    layout: DataLayout, scope: Iterable[str], rules: IvtRules
+) -> tuple[dict[str, IvtRules], dict[str, CrawlerList]]:
+    """What each closed period of `scope` was judged with, from its export's manifest, where it differs from
+    today's: the flood and duplicate thresholds, and the crawler list's version (its patterns as `keep_list` kept
+    them). A change of either applies to periods not yet closed, so a closed period reconciled again (a late event,
+    a catalog change) is judged as it was. An export that names neither, or a version whose patterns were not kept,
+    is judged with today's."""
+    thresholds: dict[str, IvtRules] = {}
+    crawlers: dict[str, CrawlerList] = {}
+    installed = crawler_list().version
+    for period in scope:
+        folder = layout.export(period)
+        if not (folder / MANIFEST_FILE).exists():
+            continue
+        judged = read_manifest(folder).judged_with
+        if (kept := rules.or_judged_with(judged)) != rules:
+            thresholds[period] = kept
+        version = judged.get("crawler_list_version")
+        if version and version != installed and (listed := kept_list(layout.crawler_lists, str(version))):
+            crawlers[period] = listed
+    return thresholds, crawlers
+
+
+FINAL_BILL_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in BILLABLE_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+FINAL_NOT_CHARGED_SCHEMA = pa.schema(
+    [
+        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in NOT_CHARGED_FIELDS),
+        ("period", pa.string()),
+    ]
+)
+
+
+def _ids_of(table: pa.Table, event_type: str) -> set[str]:
+    return set(pc.filter(table["event_id"], pc.equal(table["event_type"], event_type)).to_pylist())
 
 
 ARCHIVE_READ_SCHEMA = T.StructType(

@@ -56,7 +56,6 @@ from attribution.batch_output import (
     write_batch_files,
 )
 from attribution.charging import Charging
-from attribution.dead_letters import DeadLetters
 from attribution.decode import QUARANTINE_COLUMNS, decode_events, quarantined_value, split
 from attribution.epoch import CheckpointRefusedError, Epoch, prepare_epoch
 from attribution.job_lock import JobLock, JobLockedError
@@ -71,6 +70,7 @@ from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_db import CatalogDatabase
+from billing.store.dead_letters import DeadLetters
 from billing.store.durable import make_folder, replace_files
 from billing.store.part_status import PRICING_WITH_HELD, STREAM_CATALOG_PART, PartStatus
 from billing.store.redis_totals import DayTotalsMovedError, RedisTotals
@@ -249,7 +249,7 @@ class BatchSink:
 
     Every file is flushed to disk before Redis and the checkpoint hear of the batch. Bad records' bytes are cut
     to a size and a digest when larger than `QUARANTINE_VALUE_LIMIT`, so a junk record of a megabyte neither
-    bloats the quarantine table nor fails the quarantine topic (`attribution.dead_letters`). A Redis that does
+    bloats the quarantine table nor fails the quarantine topic (`billing.store.dead_letters`). A Redis that does
     not answer fails its call after a deadline and a few tries (`redis_timeout_ms`): the batch then fails, and is
     replayed from the checkpoint when the job restarts.
     """

@@ -18,17 +18,17 @@ Two parts release, one at a time (`release_lock`), and a record is settled once,
   versions: `attribution.schema_follow`) releases into batch N, with batch N's files and Redis script: archive rows
   in `ARCHIVE/event_type=T/period=P/batch_id=N/released.parquet`, the settled records in
   `RELEASED/batch_id=N/released.parquet`. A replay of batch N settles the same records into the same files;
-- reconciliation (`adbill reconcile`, `attribution.closing.ReconciliationRelease`, with `settle` and
-  `write_release` here), so that a job that is down, or has not
-  started its query again since the registry learnt the id, does not keep known records unbilled: into the last
-  batch C the stream committed (`.../batch_id=C/reconciliation-RUN.parquet`), which the run reads up to; its
-  Redis figures are applied once per record (`RedisTotals.apply_released`), and `adbill restore-redis` counts them
-  the same way (`settled_quarantine` gives the quarantine as the stream's releases left it).
+- reconciliation (`adbill reconcile`, `ReconciliationRelease`, with `settle` and `write_release`), so that a job
+  that is down, or has not started its query again since the registry learnt the id, does not keep known records
+  unbilled: into the last batch C the stream committed (`.../batch_id=C/reconciliation-RUN.parquet`), which the run
+  reads up to; its Redis figures are applied once per record (`RedisTotals.apply_released`), and `adbill
+  restore-redis` counts them the same way (`settled_quarantine` gives the quarantine as the stream's releases left
+  it). Which records were settled, and by whom, is listed in `RELEASED/` (`billing.store.released`).
 
 A released record keeps the time Kafka received it, so it may now be the first copy of its id to arrive: a later
 copy in another period, billed there by the stream, becomes an id conflict. Each settled record names the periods
 that hold another copy of its id (`copy_periods`), and those periods are reconciled again with its own
-(`attribution.closing.data_versions`, `billing.closing.mark_changed`).
+(`billing.store.data_versions`, `billing.closing.mark_changed`).
 
 Pure pyarrow and fastavro, on the driver: the records are few (what arrived before a producer's schema was known),
 and a release runs once per start of the query or reconciliation run, not per batch.
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +51,16 @@ import pyarrow.dataset as ds
 
 from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
 from attribution.decode import HEADER_SIZE, event_fields, reader_schema, required_fields
-from attribution.job_lock import FileLock
+from attribution.epoch import CommittedBatch
+from attribution.job_lock import FileLock, JobLockedError
+from attribution.schema_follow import EVENT_TYPES, registered_versions
+from billing.catalog import Catalog
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store.redis_totals import LateCount, QuarantineCount
+from billing.store.redis_totals import LateCount, QuarantineCount, RedisTotals
+from billing.store.released import RECONCILIATION, RELEASED_SCHEMA, STREAM, released_table
+from billing.store.schema_registry import SchemaRegistryError, open_registry
 
 RELEASE_FILE = "released.parquet"
 """The name of a stream's release files: beside the tasks' `part-NNNNN.parquet` of the same batch, never one of
@@ -63,10 +68,6 @@ them."""
 
 RELEASE_LOCK_WAIT_S = 60.0
 """How long a release waits for the other part's release to finish (a few seconds of pyarrow and fastavro)."""
-
-STREAM = "stream"
-RECONCILIATION = "reconciliation"
-"""Who released a record (`released_by`)."""
 
 _HELD = QuarantineReason.UNKNOWN_SCHEMA.value
 _HELD_COLUMNS = ("topic", "partition", "offset", "received_ms", "value", "batch_id")
@@ -238,6 +239,108 @@ def write_release(
     return Release(release.batch_id, release.events, release.settled, release.periods, files, late, quarantined)
 
 
+RELEASE_WAIT_S = 10.0
+"""How long a reconciliation run waits for the streaming job's release to end before it leaves releasing to its next
+run."""
+
+
+@dataclass
+class ReconciliationRelease:
+    """A reconciliation run's release (`billing.closing_run.ClosingPorts.release`): the records held in quarantine
+    by batches up to the last one the stream committed, whose schema id the registry knows now, released into that
+    batch (which the run reads up to), one releaser at a time (`release_lock`). Their counts reach Redis once per
+    record; every run applies those an earlier run wrote and did not apply (it stopped in between)."""
+
+    layout: DataLayout
+    catalog: Catalog
+    through: CommittedBatch
+    periods: Periods
+    topics: tuple[str, ...]
+    """The topics the billing query reads, in the order of `EVENT_TYPES`."""
+    registry_location: str | None
+    """The schema registry (`billing.store.schema_registry.open_registry`); None: nothing is released."""
+    totals: Callable[[], RedisTotals]
+    """Redis, where the counts of the records released go."""
+
+    @contextmanager
+    def __call__(self, run_id: str, progress: Callable[[str], None]) -> Iterator[_PendingRelease | None]:
+        lock = FileLock(self.layout.release_lock, f"reconciliation run {run_id}")
+        try:
+            lock.acquire(wait_s=RELEASE_WAIT_S)
+        except JobLockedError as exc:  # the stream is releasing: the next run releases what is left
+            progress(f"release left to the next run: {exc}")
+            yield None
+            return
+        try:
+            self.apply_counts()
+            yield self.pending(run_id, progress)
+        finally:
+            lock.release()
+
+    def pending(self, run_id: str, progress: Callable[[str], None]) -> _PendingRelease | None:
+        if self.registry_location is None:
+            return None
+        layout = self.layout
+        batch = self.through.batch()
+        if batch is None or batch < 0:
+            # No batch committed, or no checkpoint (a back-filled data folder, or one being replaced by a new
+            # epoch, which may set aside the newest batches yet): nothing of the stream to release into.
+            return None
+        held = held_records(layout, batch + 1)
+        if not held.num_rows:
+            return None
+        try:
+            registry = open_registry(self.registry_location, layout.schemas_file)
+            schemas = {event_type: registered_versions(registry, event_type) for event_type in EVENT_TYPES}
+        except SchemaRegistryError as exc:
+            progress(f"release left to the next run: the schema registry cannot be read: {exc}")
+            return None
+        topics = dict(zip(self.topics, EVENT_TYPES, strict=True))
+        release = settle(layout, held, batch, schemas, topics, self.periods, RECONCILIATION)
+        if not release.settled.num_rows:
+            return None
+        return _PendingRelease(self, release, reconciliation_file(run_id))
+
+    def apply_counts(self) -> int:
+        """Apply to Redis the counts of every record a run released (each once); how many were new."""
+        table = released_table(self.layout, ds.field("released_by") == RECONCILIATION)
+        if not table.num_rows:
+            return 0
+        advertiser_of = self.catalog.advertisers_by_ad
+        columns = (table.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+        keys = [f"{t}/{p}/{o}" for t, p, o in zip(*columns, strict=True)]
+        return self.totals().apply_released(
+            (key, *release_counts(table.slice(i, 1), advertiser_of, self.periods)) for i, key in enumerate(keys)
+        )
+
+
+@dataclass(frozen=True)
+class _PendingRelease:
+    """What a run is about to release (`billing.closing_run.PendingRelease`)."""
+
+    owner: ReconciliationRelease
+    release: Release
+    file_name: str
+
+    @property
+    def batch_id(self) -> int:
+        return self.release.batch_id
+
+    @property
+    def periods(self) -> frozenset[str]:
+        return self.release.periods
+
+    @property
+    def count(self) -> int:
+        return self.release.count
+
+    def write(self) -> None:
+        owner = self.owner
+        advertiser_of = {ad.ad_id: ad.advertiser_id for ad in owner.catalog}
+        write_release(owner.layout, self.release, self.file_name, advertiser_of, owner.periods)
+        self.owner.apply_counts()
+
+
 def release_counts(
     settled: pa.Table, advertiser_of: Mapping[str, str], periods: Periods
 ) -> tuple[list[LateCount], list[QuarantineCount]]:
@@ -293,21 +396,6 @@ def settled_keys(layout: DataLayout, replaying: int | None = None) -> set[str]:
         )
         table = table.filter(pc.invert(own))
     return set(_keys(table))
-
-
-def released_table(layout: DataLayout, where: pc.Expression | None = None) -> pa.Table:
-    """Every settled record (`RELEASED_SCHEMA`), read with that schema: a file of an older version lacks the newer
-    columns (a record it lists was archived by the stream)."""
-    folder = layout.released
-    if not folder.is_dir() or not any(folder.glob("batch_id=*/*.parquet")):
-        return RELEASED_SCHEMA.empty_table()
-    dataset = ds.dataset(folder, schema=RELEASED_SCHEMA, format="parquet", partitioning="hive")
-    table = dataset.to_table(filter=where)
-    return table.set_column(
-        table.schema.get_field_index("released_by"),
-        "released_by",
-        pc.fill_null(table.column("released_by"), STREAM),
-    )
 
 
 def settled_quarantine(layout: DataLayout, quarantine: pa.Table, through_batch: int | None = None) -> pa.Table:
@@ -437,23 +525,3 @@ ARCHIVE_SCHEMA = pa.schema(
     ]
 )
 assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
-
-RELEASED_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("event_type", pa.string()),
-        ("event_id", pa.string()),
-        ("period", pa.string()),
-        ("quarantine_batch_id", pa.int64()),
-        ("reason", pa.string()),
-        ("ad_id", pa.string()),
-        ("copy_periods", pa.list_(pa.string())),
-        ("released_by", pa.string()),
-        ("batch_id", pa.int64()),
-    ]
-)
-"""One settled record: its coordinates, its id and period when archived (`reason` null) or the reason it stays in
-quarantine with, the periods holding another copy of its id, who settled it (`STREAM`, `RECONCILIATION`), and the
-batch it was settled into."""

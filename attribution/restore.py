@@ -33,7 +33,7 @@ from attribution.batch_output import clock_ahead_counts, late_counts, quarantine
 from attribution.charging import budget_day_counts, not_charged_counts
 from attribution.epoch import checkpoint_started, last_committed_batch, newest_batch_id
 from attribution.job_lock import FileLock, JobLockedError, stream_lock_name
-from attribution.release import RECONCILIATION, release_counts, released_table, settled_quarantine
+from attribution.release import release_counts, settled_quarantine
 from billing.catalog import Catalog
 from billing.corrections import Correction
 from billing.export import export_totals
@@ -42,7 +42,6 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
-from billing.store.durable import write_whole
 from billing.store.export_files import (
     MANIFEST_FILE,
     exported_not_charged,
@@ -52,6 +51,7 @@ from billing.store.export_files import (
 )
 from billing.store.parquet_ledger import ledger_totals, read_ledger
 from billing.store.redis_totals import RedisTotals, TotalsRow
+from billing.store.released import RECONCILIATION, released_table
 
 
 class JobRunningError(RuntimeError):
@@ -202,12 +202,6 @@ def _micros_by_currency(ledger: pa.Table) -> Amounts:
         return Amounts()
     grouped = ledger.group_by("currency").aggregate([("amount_micros", "sum")])
     return Amounts.of_columns(grouped["currency"].to_pylist(), grouped["amount_micros_sum"].to_pylist())
-
-
-def save_record(path: Path, record: dict[str, object]) -> None:
-    """Keep a reconciliation or audit record (`DataLayout.last_run_file`, `last_audit_file`): written, flushed,
-    renamed into place."""
-    write_whole(path, json.dumps(record, indent=1, default=str))
 
 
 def _table(folder: Path, columns: list[str], where: pc.Expression | None = None) -> pa.Table:

@@ -561,6 +561,12 @@ def booking_period(corrects_period: str, open_period: str, closed_periods: Colle
     return open_period if corrects_period in closed_periods else corrects_period
 
 
+def pending_adjustments(corrections: Iterable[Correction], closed: set[str]) -> list[Correction]:
+    """The adjustments for the `closed` periods booked in a period not closed yet: in its correction files only, so
+    far; finance gets them in that period's export when it closes."""
+    return [c for c in corrections if c.corrects_period in closed and c.booked_period not in closed]
+
+
 # --- The invariant -----------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,13 @@ MIN_EVENT_TIME_MS = 946_684_800_000
 MAX_FUTURE_MS = 3_600_000
 """An event_time more than this far after the moment the event was received is refused."""
 
+QUARANTINE_VALUE_LIMIT = 16_384
+"""The largest record, in bytes, whose raw bytes the quarantine table and topic keep. A larger one is kept as its size
+(`value_size`) and SHA-256 (`value_sha256`, hex) with a null `value`; the record itself stays in Kafka at its topic,
+partition and offset for the topic's retention. An event of the shipped schemas is a few hundred bytes: anything
+near this size is junk, and a batch of junk records of up to a megabyte each (the broker's limit) would otherwise
+be carried whole to the driver and sent on."""
+
 
 class QuarantineReason(StrEnum):
     """Why an event went to quarantine instead of the rule."""

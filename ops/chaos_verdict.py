@@ -30,10 +30,12 @@ def verdict(chaos: Chaos, truth: dict[str, int]) -> dict[str, Any]:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from attribution.audit import closed_periods, pending_adjustments
-    from attribution.closing import CorrectionFiles, not_charged_by_stream
+    from billing.corrections import pending_adjustments
+    from billing.store.corrections_arrow import CorrectionFiles
     from billing.store.export_files import read_export
+    from billing.store.not_charged_clicks import not_charged_by_stream
     from billing.store.parquet_ledger import read_ledger
+    from billing.store.period_states import closed_periods
 
     layout = chaos.settings.layout
     # The job catches up with everything sent: a committed batch read every record the event topics hold.

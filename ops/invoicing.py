@@ -17,16 +17,17 @@ def issue_invoices(settings: Settings, month: str | None) -> int:
     """Issue every month whose periods are all closed and that has no invoices yet, oldest first (or `month`, and
     the months before it); idempotent. 0 when done, 1 when `month` cannot be invoiced yet (the line says why), 69
     when the database that keeps the invoices cannot be reached."""
-    from attribution.closing import ExportFolders, data_versions
-    from attribution.closing import issue_invoices as issue
     from billing.closing_run import closed_by_exports
     from billing.invoices import InvoiceError
     from billing.periods import Periods
+    from billing.store.data_versions import data_versions
+    from billing.store.export_files import ExportFolders
     from billing.store.invoice_db import InvoiceDatabaseUnavailable
     from billing.store.invoice_files import InvoiceStoreError
     from billing.store.period_states import load_states
     from ops.reach import EXIT_UNREACHABLE
-    from ops.reconciling import reconcile_config
+    from ops.reconcile import issue_invoices as issue
+    from ops.reconcile import reconcile_config
 
     config = reconcile_config(settings)
     layout = config.layout
@@ -110,7 +111,7 @@ def set_profile(
     """`adbill profiles set`: a new entry of the advertiser's billing profile, from now or a later --at."""
     from billing.profiles import describe_profile, profile_change
     from billing.store.catalog_file import command_made_by
-    from ops.reconciling import parse_time
+    from ops.reconcile import parse_time
 
     at_ms = parse_time(at, "--at") if at else None
     maker = command_made_by()

@@ -1,13 +1,18 @@
-"""Corrections as Arrow tables and Parquet files: the schema and the conversions (`billing.corrections` holds the
-rules, over plain rows)."""
+"""Corrections as Arrow tables and Parquet files: the schema, the conversions, and the corrections folder a
+reconciliation run reads and writes (`CorrectionFiles`). `billing.corrections` holds the rules, over plain rows."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from billing.corrections import CORRECTION_FIELDS, Correction
+from billing.layout import DataLayout
+from billing.store.durable import make_folder, replace_files, staged
 
 CORRECTION_SCHEMA = pa.schema(
     [
@@ -41,3 +46,23 @@ def corrections_from_arrow(table: pa.Table) -> list[Correction]:
     if missing:
         raise ValueError(f"not a corrections table: missing columns {missing}")
     return [Correction.from_dict(row) for row in table.select(list(CORRECTION_FIELDS)).to_pylist()]
+
+
+@dataclass(frozen=True)
+class CorrectionFiles:
+    """The corrections: one Parquet file per corrected period and run."""
+
+    layout: DataLayout
+
+    def read(self) -> list[Correction]:
+        folder = self.layout.corrections
+        if not folder.exists() or not any(folder.glob("period=*/*.parquet")):
+            return []
+        return corrections_from_arrow(ds.dataset(folder, format="parquet", partitioning="hive").to_table())
+
+    def write(self, period: str, run_id: str, corrections: list[Correction]) -> None:
+        folder = self.layout.corrections_of(period)
+        touched = make_folder(folder)
+        with staged(folder / f".run-{run_id}.parquet.tmp") as temporary:
+            pq.write_table(corrections_to_arrow(corrections), temporary)
+            replace_files([(temporary, folder / f"run-{run_id}.parquet")], touched)

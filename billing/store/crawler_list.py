@@ -4,7 +4,7 @@ that name at the version `requirements.lock` pins (docs/billing-rules.md, "Inval
 A user agent matches when one of the patterns is found anywhere in it, case-sensitively: the package's own
 `is_crawler` (its default). Every part of the product searches it here, with Python's `re` as the package does:
 the stream's driver once per distinct user agent (`attribution.charging`), reconciliation's driver on the final
-matches (`attribution.closing.final_charges`), the click's story, the simulator's ground truth. Not in the JVM:
+matches (`attribution.final_bills.final_charges`), the click's story, the simulator's ground truth. Not in the JVM:
 Java's expressions differ from Python's on a few texts (`\\d` and a non-ASCII digit, `$` before a trailing
 carriage return), and one list must give one verdict.
 """

@@ -1,6 +1,7 @@
 """The finance export's files: `ROOT/exports/PERIOD/billing.parquet`, `billing.csv` (the same rows),
 `manifest.json` (row count, total micros, bytes and SHA-256 of each file) and `SHA256SUMS`; written once,
-atomically, and never changed again. The rows themselves are `billing.export.build_export`'s.
+atomically, and never changed again. The rows themselves are `billing.export.build_export`'s; a reconciliation run
+reads and writes the exports through `ExportFolders`.
 
 Types are plain strings and int64 (times in epoch ms, UTC), so pyarrow, pandas, DuckDB and Spark read them alike.
 """
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from billing.export import ExportStatus, RecordType
+from billing.export import ExportStatus, RecordType, export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import ANY_PERIOD, Periods
@@ -506,3 +507,52 @@ def exported_not_charged(clicks: pa.Table, export: pa.Table, period_start_ms: in
         NotChargedCount(period, period_start_ms, adv, cmp, ad, reason, clicks_, micros)
         for (adv, cmp, ad, reason), (clicks_, micros) in sorted(sums.items())
     ]
+
+
+@dataclass(frozen=True)
+class ExportFolders:
+    """The closed periods' finance exports (`billing.export`)."""
+
+    layout: DataLayout
+
+    def exported(self) -> list[str]:
+        root = self.layout.exports
+        return [
+            folder.name
+            for folder in (sorted(root.iterdir()) if root.is_dir() else [])
+            if not folder.name.startswith(".") and (folder / MANIFEST_FILE).exists()
+        ]
+
+    def closed_at_ms(self, period: str) -> int:
+        return read_manifest(self.layout.export(period)).closed_at_ms
+
+    def given(self, period: str) -> list[dict[str, Any]]:
+        return exported_bills(read_export(self.layout.export(period))).to_pylist()
+
+    def totals(self, period: str) -> dict[tuple[str, str], tuple[int, int, str]]:
+        return export_totals(read_export(self.layout.export(period)).to_pylist())
+
+    def write(
+        self,
+        period: str,
+        export: list[dict[str, Any]],
+        start_ms: int,
+        end_ms: int,
+        closed_at_ms: int,
+        not_charged: list[dict[str, Any]] | None = None,
+        judged_with: Mapping[str, Any] | None = None,
+    ) -> None:
+        write_export(
+            self.layout.root,
+            period,
+            export_table(export),
+            start_ms,
+            end_ms,
+            closed_at_ms,
+            not_charged_table(not_charged or []),
+            judged_with,
+        )
+
+    def not_charged(self, period: str) -> list[NotChargedCount]:
+        folder = self.layout.export(period)
+        return exported_not_charged(read_not_charged(folder), read_export(folder), ANY_PERIOD.parse_key(period))

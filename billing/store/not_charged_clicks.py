@@ -4,6 +4,9 @@ A closed period's come from its export's `not_charged.parquet` (final: what fina
 the stream's `not_charged/period=P/batch_id=N/` files (provisional: reconciliation may still find more, or fewer, and
 writes what differs as corrections, listed with the corrections). A period is closed here when its export is written
 (`billing.store.export_files.write_export`, at the close).
+
+A reconciliation run reads the stream's verdicts of the periods it reconciles (`not_charged_by_stream`, and the clicks
+the stream could not price, `unbilled_by_stream`), to tell what it changes from what the stream decided.
 """
 
 from __future__ import annotations
@@ -107,3 +110,24 @@ def _within(periods: Periods, key: str, start_ms: int, end_ms: int) -> bool:
         return start_ms <= periods.parse_key(key) < end_ms
     except ValueError:
         return False
+
+
+def not_charged_by_stream(layout: DataLayout, due: list[str]) -> dict[str, str]:
+    """The clicks of the due periods the stream priced and did not charge, with its reason (`not_charged/`)."""
+    folder = layout.not_charged
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return {}
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    found = dataset.to_table(columns=["click_id", "reason"], filter=pc.field("period").isin(due))
+    return dict(zip(found["click_id"].to_pylist(), found["reason"].to_pylist(), strict=True))
+
+
+def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:
+    """The clicks of the due periods that the stream matched but could not price at their time (its `unbilled`
+    table): a bill reconciliation adds for one of them comes from a catalog change the stream had not seen."""
+    folder = layout.unbilled
+    if not folder.is_dir() or not any(folder.glob("period=*")):
+        return set()
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    found = dataset.to_table(columns=["click_id"], filter=pc.field("period").isin(due))
+    return set(found["click_id"].to_pylist())

@@ -3,15 +3,19 @@
 Layout: `LEDGER/period=YYYYMMDDTHHMMZ/batch_id=N/part-*.parquet`, one row per billed click with the columns of
 `LEDGER_COLUMNS`. Readable by pyarrow, pandas, DuckDB and Spark alike (hive partitioning). A file that does
 not read stops the reader with its name (`LedgerCorruptError`): reconciliation, the audit and the totals' rebuild
-never go on without a batch's bills.
+never go on without a batch's bills. A reconciliation run reads it once, up to the last batch the stream committed
+(`LedgerTable`, `ledger_up_to`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -135,3 +139,40 @@ def ledger_totals(table: pa.Table) -> list[dict[str, object]]:
         {**{k: row[k] for k in keys}, "clicks": row["click_id_count"], "micros": row["amount_micros_sum"]}
         for row in grouped.to_pylist()
     ]
+
+
+def ledger_up_to(ledger: pa.Table, through_batch: int | None) -> pa.Table:
+    if through_batch is None or not ledger.num_rows:
+        return ledger
+    return ledger.filter(pc.less_equal(ledger["batch_id"], through_batch))
+
+
+@dataclass(frozen=True)
+class LedgerTable:
+    """The stream's ledger, read once per run (up to batch `through`, None: every batch there was), and the bills of
+    the batches the stream applied since, read from their own folders in `folder`."""
+
+    table: pa.Table
+    folder: Path | None = None
+    through: int | None = None
+
+    def of_period(self, period: str) -> list[dict[str, Any]]:
+        return self.table.filter(pc.equal(self.table["period"], period)).to_pylist()
+
+    def billed_after_close(self, period: str, given: list[dict[str, Any]]) -> set[str]:
+        billed = set(self.table.filter(pc.equal(self.table["period"], period))["click_id"].to_pylist())
+        return billed - {r["click_id"] for r in given}
+
+    @property
+    def read_through(self) -> int | None:
+        if self.folder is None:
+            return None
+        if self.through is not None:
+            return self.through
+        newest = pc.max(self.table["batch_id"]).as_py() if self.table.num_rows else None
+        return -1 if newest is None else int(newest)
+
+    def newer(self, after_batch: int, through_batch: int, periods: Collection[str]) -> list[dict[str, Any]]:
+        if self.folder is None:
+            return []
+        return read_batches(self.folder, periods, after_batch, through_batch).to_pylist()

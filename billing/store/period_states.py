@@ -1,14 +1,18 @@
-"""The per-period state file of reconciliation (`billing.closing.PeriodState` per period, as JSON)."""
+"""Adapter: reconciliation's records in the data folder's reconcile folder: the per-period state file
+(`billing.closing.PeriodState` per period, as JSON), the last run's and the last audit's records."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from billing.closing import PeriodState
-from billing.store.durable import make_folder, replace_files
+from billing.closing_run import closed_by_exports
+from billing.layout import DataLayout
+from billing.store.durable import make_folder, replace_files, write_whole
+from billing.store.export_files import ExportFolders
 
 
 def load_states(path: Path) -> dict[str, PeriodState]:
@@ -30,3 +34,30 @@ def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
     replace_files([(temporary, path)], touched)
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The periods' states and the last run's record, in the layout's reconcile folder."""
+
+    layout: DataLayout
+
+    def load(self) -> dict[str, PeriodState]:
+        return load_states(self.layout.periods_file)
+
+    def save(self, states: Mapping[str, PeriodState]) -> None:
+        save_states(self.layout.periods_file, states)
+
+    def record_run(self, record: dict[str, object]) -> None:
+        save_record(self.layout.last_run_file, record)
+
+
+def save_record(path: Path, record: dict[str, object]) -> None:
+    """Keep a reconciliation or audit record (`DataLayout.last_run_file`, `last_audit_file`): written, flushed,
+    renamed into place."""
+    write_whole(path, json.dumps(record, indent=1, default=str))
+
+
+def closed_periods(layout: DataLayout) -> set[str]:
+    """The periods closing marked closed, each with its export (`billing.closing_run.closed_by_exports`)."""
+    return {p for p, s in closed_by_exports(ExportFolders(layout), StateFile(layout).load()).items() if s.closed}

@@ -28,11 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attribution.closing import CorrectionFiles, ExportFolders
 from billing.catalog import AdChange, Catalog
 from billing.corrections import Correction
 from billing.events import Click, Impression
 from billing.layout import DataLayout
+from billing.store.corrections_arrow import CorrectionFiles
+from billing.store.export_files import ExportFolders
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.postgres_service import DATABASE, database_url

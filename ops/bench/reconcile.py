@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="folder for the run")
     args = parser.parse_args(argv)
 
-    from attribution.closing import ReconcileConfig, run_closing
     from billing.store.corrections_arrow import corrections_from_arrow
     from ops.process import free_port
+    from ops.reconcile import ReconcileConfig, reconcile
     from ops.redis_service import LocalRedis
     from ops.settings import Settings
     from ops.spark import spark_session
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ReconcileConfig(data_dir=home, redis_url=redis.url, redis_prefix="bench", period_ms=HOUR_MS)
         started = time.monotonic()
-        report = run_closing(
+        report = reconcile(
             spark,
             config,
             load_catalog(DataLayout(home).catalog_file),

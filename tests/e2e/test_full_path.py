@@ -29,7 +29,6 @@ from pyspark.sql import SparkSession
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from attribution.closing import run_closing
 from attribution.job import start
 from attribution.progress import HealthListener
 from billing.catalog import Catalog
@@ -37,7 +36,7 @@ from billing.events import TOPIC_OF
 from billing.periods import Periods
 from billing.store.parquet_ledger import read_ledger
 from ops.process import ManagedProcess, free_port, port_open
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -225,7 +224,7 @@ def run_the_pipeline(spark: SparkSession, settings: Settings, tmp_path: Path) ->
     assert {r["click_id"] for r in billed} != {r["click_id"] for r in billable}, "nothing for reconciliation to do"
 
     # The job stopped a moment ago, having read everything: both periods (long past their horizon) close.
-    report = run_closing(spark, reconcile_config(settings), catalog)
+    report = reconcile(spark, reconcile_config(settings), catalog)
     assert report.closed == [P0, P1], report.held
     assert report.additions > 0, "the late events must have made corrections"
     print(f"full path: reconciled at {time.monotonic() - began:.0f} s: {report.additions} addition(s)")

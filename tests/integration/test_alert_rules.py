@@ -131,7 +131,7 @@ def test_an_open_period_that_differs_never_fires_books_differ(redis_settings: Se
     from prometheus_client import CollectorRegistry
 
     from attribution.audit import PeriodAudit
-    from ops.reconciling import reconcile_config, record_audit
+    from ops.reconcile import reconcile_config, record_audit
 
     tool = promtool()
     config = reconcile_config(redis_settings)

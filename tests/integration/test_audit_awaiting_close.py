@@ -11,7 +11,7 @@ import attribution.audit
 from attribution.audit import PeriodAudit
 from billing.catalog import generate_catalog
 from billing.store.stream_offsets import LagReading
-from ops.reconciling import audit_after_run, reconcile_config
+from ops.reconcile import audit_after_run, reconcile_config
 from ops.settings import Settings
 from tests.redis_figures import RedisFigures
 from tests.web_support import login

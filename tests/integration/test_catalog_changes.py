@@ -18,7 +18,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from attribution.audit import audit
-from attribution.closing import run_closing
 from attribution.job import BatchSink, start
 from attribution.restore import restore_redis
 from billing.catalog import Ad, AdChange, Catalog
@@ -28,7 +27,7 @@ from billing.periods import Periods
 from billing.store.export_files import export_folder
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
-from ops.reconciling import audit_table, reconcile_config
+from ops.reconcile import audit_table, reconcile, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -163,7 +162,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         assert "c-paused" not in expected and "c-new-ad-early" not in expected
 
         rc = reconcile_config(settings)
-        report = run_closing(spark, rc, history, until_ms=UNTIL, force=True)
+        report = reconcile(spark, rc, history, until_ms=UNTIL, force=True)
         assert P0 in report.closed
         # Ledger + corrections = the rule priced by the history, click for click and micro for micro.
         assert final_ledger(settings) == expected
@@ -184,7 +183,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
             env=child_env(settings), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert backfilled.returncode == 0, backfilled.stderr
-        repriced = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
+        repriced = reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True)
         assert (repriced.periods, repriced.closed) == ([P0], [])
         assert adjustments_of(settings, P0) == [
             ("c-resumed", "catalog_change", -1_500_000, open_period),
@@ -193,7 +192,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         assert folder_digest(export_folder(settings.root, P0)) == before
         audits = audit(spark, rc, store.current())
         assert audits and all(a.balanced for a in audits), audit_table(audits)
-        assert run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True).periods == []
+        assert reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True).periods == []
 
         # The closed period's export never changes with the catalog: re-priced, paused and removed ads, then a
         # late event that re-opens the period's reconciliation.
@@ -203,7 +202,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
         remove_ad_by_hand(settings, "ad-9")
         assert "ad-9" not in store.current(), "a reader reads the catalog whole again after the removal"
         stream(pair("very-late", "ad-1", T0 + 200 * S))
-        again = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
+        again = reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True)
         assert P0 in again.periods and P0 not in again.closed
         assert folder_digest(export_folder(settings.root, P0)) == before
         # The click the stream billed after the close, at the price in force at its time; the removed ad's bill

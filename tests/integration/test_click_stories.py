@@ -10,7 +10,6 @@ import time
 import pytest
 from pyspark.sql import SparkSession
 
-from attribution.closing import run_closing
 from attribution.job import start
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, Catalog, MadeBy
@@ -18,7 +17,7 @@ from billing.events import Click, Event, Impression
 from billing.periods import Periods
 from billing.store.click_story import ClickStories
 from billing.story import ClickStory, story_text
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -89,10 +88,10 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
         stream(pair("later-still", "ad-1", T0 + 500 * S))
         stream([late[1], late[3]])  # ... the clicks late: the stream does not bill them
         rc = reconcile_config(settings)
-        assert P0 in run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True).closed
+        assert P0 in reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True).closed
         # After the close, a click the stream bills in the closed period: an adjustment in the open period.
         stream(pair("after-close", "ad-1", T0 + 900 * S))
-        run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
+        reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True)
         open_period = Periods().key_of(max(UNTIL, int(time.time() * 1000)))
     finally:
         for query in queries:

@@ -24,7 +24,6 @@ import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql import SparkSession
 
-from attribution.closing import run_closing
 from attribution.job import start
 from attribution.progress import HealthListener
 from attribution.restore import restore_redis
@@ -35,7 +34,7 @@ from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import LocalKafka
 from ops.postgres_service import LocalPostgres
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -318,7 +317,7 @@ def reconciled_exactly(spark: SparkSession, run: LiveRun) -> None:
     last = max(max(e.event_time for e in run.skewed), max(row["click_time"] for row in run.ledger))
     until = periods.end_of(last)
     # The job read everything and was stopped: a forced run closes the periods without asking where it stands.
-    run_closing(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until, force=True)
+    reconcile(spark, reconcile_config(run.settings), STEADY.catalog(), until_ms=until, force=True)
     nets: Counter[str] = Counter()
     micros: Counter[str] = Counter()
     for row in run.ledger:

@@ -19,7 +19,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from attribution.audit import audit
-from attribution.closing import ReconcileConfig, run_closing, run_lock
 from attribution.job import start
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Catalog
@@ -29,7 +28,7 @@ from billing.export import export_totals
 from billing.periods import Periods
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.schema_registry import open_registry
-from ops.reconciling import audit_table, reconcile_config
+from ops.reconcile import ReconcileConfig, audit_table, reconcile, reconcile_config, run_lock
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -146,16 +145,16 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
     # The clock passes both horizons: the job is down and behind, so both periods are held, with the reason.
     rc = dataclasses.replace(reconcile_config(settings), alive_within_ms=3_000)
     time.sleep(3.5)
-    held = run_closing(spark, rc, catalog, clock=lambda: PAST_HORIZONS)
+    held = reconcile(spark, rc, catalog, clock=lambda: PAST_HORIZONS)
     assert held.closed == [] and set(held.held) == {P0, P1}, held.held
     assert all(reason.startswith("held: the streaming job has been down for") for reason in held.held.values())
     assert not export_folder(settings.root, P0).exists()
     # A back-fill ahead of the stream is refused unless forced.
     with pytest.raises(HeldError, match="--force"):
-        run_closing(spark, rc, catalog, until_ms=UNTIL)
+        reconcile(spark, rc, catalog, until_ms=UNTIL)
     assert not export_folder(settings.root, P0).exists()
 
-    forced = run_closing(spark, rc, catalog, until_ms=UNTIL, force=True)
+    forced = reconcile(spark, rc, catalog, until_ms=UNTIL, force=True)
     assert forced.closed == [P0, P1]
     exports_at_close = {p: read_export(export_folder(settings.root, p)) for p in (P0, P1)}
     assert {r["click_id"][:2] for p in (P0, P1) for r in exports_at_close[p].to_pylist()} == {"a0", "a1"}
@@ -172,7 +171,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
 
         # The next run books what finance was not given, in the open period, pointing at the closed ones.
         rc = reconcile_config(settings)
-        later = run_closing(spark, rc, catalog)
+        later = reconcile(spark, rc, catalog)
         open_period = Periods().key_of(int(time.time() * 1000))
         adjustments = [c for c in corrections(settings) if c.booked_period == open_period]
         assert {c.corrects_period for c in adjustments} == {P0, P1}
@@ -185,7 +184,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
         # The open period holds nothing but adjustments; it closes once its end is passed, without --force: the
         # job is alive and has read everything.
         end_of_open = Periods().parse_key(open_period) + H
-        closing = run_closing(spark, rc, catalog, until_ms=end_of_open)
+        closing = reconcile(spark, rc, catalog, until_ms=end_of_open)
         assert closing.closed == [open_period], closing.held
     finally:
         job.send_signal(signal.SIGTERM)
@@ -263,7 +262,7 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
 
         # A second run while one holds the lock does nothing, and says so.
         with run_lock(rc), pytest.raises(ReconcileBusyError, match="another reconciliation run holds"):
-            run_closing(spark, rc, catalog, until_ms=UNTIL)
+            reconcile(spark, rc, catalog, until_ms=UNTIL)
 
         steps = [
             f"period {P0}: 8 new correction(s) written",  # the corrections file, before Redis
@@ -273,9 +272,9 @@ def test_a_reconciliation_stopped_at_any_step_is_completed_by_the_next_with_noth
         ]
         for step in steps:
             with pytest.raises(Stop):
-                run_closing(spark, rc, catalog, until_ms=UNTIL, progress=stop_at(step))
-        run_closing(spark, rc, catalog, until_ms=UNTIL)
-        again = run_closing(spark, rc, catalog, until_ms=UNTIL)
+                reconcile(spark, rc, catalog, until_ms=UNTIL, progress=stop_at(step))
+        reconcile(spark, rc, catalog, until_ms=UNTIL)
+        again = reconcile(spark, rc, catalog, until_ms=UNTIL)
         assert again.periods == [] and (again.additions, again.retractions) == (0, 0)
     finally:
         for query in queries:
@@ -306,9 +305,9 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
 ) -> None:
     # The run reads the archive (the final bills), then the ledger; a batch the stream commits in between, with a
     # bill for the period being closed, must not make the export show that click retracted.
-    from attribution.closing import closing_ports
     from billing.closing_run import close_periods
     from billing.store.parquet_ledger import read_ledger
+    from ops.reconcile import reconcile_ports
 
     catalog = SimulationConfig(events=10, seed=15).catalog()
     settings.catalog_store().start(catalog)
@@ -318,7 +317,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
     try:
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)
-        ports = closing_ports(spark, rc, catalog, lambda: T0 + H + rc.horizon_ms + 1)
+        ports = reconcile_ports(spark, rc, catalog, lambda: T0 + H + rc.horizon_ms + 1)
         between = pairs("b1", T0 + 35 * 60_000, 1, catalog)
 
         def final_bills_then_a_batch(due: list[str]):  # type: ignore[no-untyped-def]
@@ -335,7 +334,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
         rows = [r for r in read_export(export_folder(settings.root, P0)).to_pylist() if r["click_id"] == "b1-c0"]
         assert rows == [], "the export neither bills nor retracts a click its run did not read"
         # The next run books it as an adjustment of the closed period, once.
-        second = run_closing(spark, rc, catalog, clock=lambda: T0 + H + rc.horizon_ms + 2)
+        second = reconcile(spark, rc, catalog, clock=lambda: T0 + H + rc.horizon_ms + 2)
         assert (second.additions, second.retractions) == (1, 0)
         assert [(c.click_id, c.corrects_period) for c in corrections(settings) if c.click_id == "b1-c0"] == [
             ("b1-c0", P0)
@@ -361,14 +360,14 @@ def test_the_audit_checks_a_closed_periods_adjustments_against_the_exports_that_
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)
         horizon = rc.horizon_ms
-        assert run_closing(spark, rc, catalog, clock=lambda: T0 + H + horizon + 1).closed == [P0]
+        assert reconcile(spark, rc, catalog, clock=lambda: T0 + H + horizon + 1).closed == [P0]
         # A bill of P0 after its close: an adjustment booked in the open period P2, closed in its turn.
         publish(settings, pairs("a1", T0 + 35 * 60_000, 1, catalog))
         queries[0].processAllAvailable()
-        booked = run_closing(spark, rc, catalog, clock=lambda: T0 + 2 * H + horizon + 1)
+        booked = reconcile(spark, rc, catalog, clock=lambda: T0 + 2 * H + horizon + 1)
         assert booked.additions == 1
         p2 = Periods().key(T0 + 2 * H)
-        assert p2 in run_closing(spark, rc, catalog, clock=lambda: T0 + 3 * H + horizon + 1).closed
+        assert p2 in reconcile(spark, rc, catalog, clock=lambda: T0 + 3 * H + horizon + 1).closed
     finally:
         queries[0].stop()
     assert all(a.balanced for a in audit(spark, rc, catalog))
@@ -394,8 +393,8 @@ def test_the_audit_reads_the_archive_and_the_ledger_as_of_one_committed_batch(
     # The audit plans its read of the archive, then reads the ledger; a batch the stream commits in between has its
     # events outside the archive's read and its bill inside the ledger's: the audit must not report that as a
     # difference ("DIFFERS by +1 click" under live traffic, with nothing wrong in the books).
-    # The audit's final charges (`attribution.closing.final_charges`) plan the read in `final_bills`.
-    import attribution.closing as audit_module
+    # The audit's final charges (`attribution.final_bills.final_charges`) plan the read in `final_bills`.
+    import attribution.final_bills as audit_module
 
     catalog = SimulationConfig(events=10, seed=17).catalog()
     settings.catalog_store().start(catalog)

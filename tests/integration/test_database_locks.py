@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from attribution.closing import ReconcileConfig, run_lock
 from attribution.job_lock import FileLock, JobLock, JobLockedError, stream_lock_name
 from billing.closing_run import ReconcileBusyError
 from billing.store.database_lock import LEASE_CHECK_S, DatabaseLock, DatabaseLockedError
 from ops.postgres_service import LocalPostgres
+from ops.reconcile import ReconcileConfig, run_lock
 
 pytestmark = pytest.mark.integration
 

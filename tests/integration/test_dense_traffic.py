@@ -2,10 +2,10 @@
 
 The events are written straight into the event archive, as the stream's batches would have written them (copies of
 one id in different batches, arrival order unrelated to event time, clocks behind and ahead), and Spark computes the
-final charges of every period from there (`attribution.closing.final_charges`, what a closing run books): each
-click's outcome, each charged click's impression and amount, and the id conflicts must be the oracle's. Kafka and
-the stream are not needed for that; `test_reconcile.py` and `test_invalid_traffic.py` hold the whole path to the
-oracle on their traffic.
+final charges of every period from there (`attribution.final_bills.final_charges`, what a reconciliation run
+books): each click's outcome, each charged click's impression and amount, and the id conflicts must be the oracle's.
+Kafka and the stream are not needed for that; `test_reconcile.py` and `test_invalid_traffic.py` hold the whole path
+to the oracle on their traffic.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from attribution.batch_output import write_batch_files
-from attribution.closing import final_charges
+from attribution.final_bills import final_charges
 from attribution.release import ARCHIVE_SCHEMA
 from billing.layout import DataLayout
 from billing.periods import Periods

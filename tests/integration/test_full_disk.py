@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from attribution.closing import CorrectionFiles
 from attribution.stream_position import stream_position
 from billing.closing import hold_reason
+from billing.store.corrections_arrow import CorrectionFiles
 from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger
 from billing.store.part_status import read_status

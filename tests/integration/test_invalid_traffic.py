@@ -16,11 +16,11 @@ import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
 
-import attribution.closing
+import attribution.final_bills
 import billing.store.click_story
 import billing.store.crawler_list
+import ops.reconcile
 from attribution.audit import audit
-from attribution.closing import run_closing
 from attribution.job import start
 from attribution.restore import restore_redis
 from billing.budgets import BudgetChange, utc_day
@@ -32,7 +32,7 @@ from billing.store.click_story import ClickStories
 from billing.store.crawler_list import CrawlerList, crawler_list
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import RedisTotals
-from ops.reconciling import audit_table, reconcile_config
+from ops.reconcile import audit_table, reconcile, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -188,8 +188,8 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
             f"period {P0}: exported",
         ):
             with pytest.raises(Stop):
-                run_closing(spark, rc, history, until_ms=UNTIL, force=True, progress=stop_at(step))
-        run_closing(spark, rc, history, until_ms=UNTIL, force=True)
+                reconcile(spark, rc, history, until_ms=UNTIL, force=True, progress=stop_at(step))
+        reconcile(spark, rc, history, until_ms=UNTIL, force=True)
         assert P0 in read.closed_periods()
         expected = {r["click_id"]: r["amount_micros"] for r in oracle.billable(received, history)}
         assert final_ledger(settings) == expected
@@ -217,13 +217,13 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         assert (settings.layout.crawler_lists / f"{installed.version}.json").exists(), "kept by the closing runs"
         upgraded = CrawlerList("99.0.0", tuple(p for p in installed.patterns if not re.search(p, BOT)))
         assert not upgraded.matches(BOT)
-        for module in (attribution.closing, billing.store.crawler_list, billing.store.click_story):
+        for module in (attribution.final_bills, ops.reconcile, billing.store.crawler_list, billing.store.click_story):
             monkeypatch.setattr(module, "crawler_list", lambda: upgraded)
         stream(pair("closed-twin", "ad-7", T0 + 300 * S, "u-closed"))  # billed after the close ...
         stream(pair("closed-twin-0", "ad-7", T0 + 295 * S, "u-closed"))
         with pytest.raises(Stop):  # killed with the adjustment written, before Redis
-            run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True, progress=stop_at(WRITTEN))
-        again = run_closing(spark, rc, store.current(), until_ms=UNTIL, force=True)
+            reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True, progress=stop_at(WRITTEN))
+        again = reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True)
         assert P0 in again.periods and P0 not in again.closed
         open_period = Periods().key_of(max(UNTIL, int(time.time() * 1000)))
         adjustments = {
@@ -302,13 +302,13 @@ def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late
     try:
         # 2.00 + 2.00 in the first hour, closed by a run (the machine's clock is long past the day's horizons).
         stream(pair("b1", "ad-b", T0 + 600 * S) + pair("b2", "ad-b", T0 + 1_200 * S))
-        assert run_closing(spark, rc, catalog).closed == [P0]
+        assert reconcile(spark, rc, catalog).closed == [P0]
         # Then the second hour's clicks: 1.00 reaches the day's 5.00, the 2.00 after it is not charged; its own run
         # closes it, reading the first hour's closed clicks for the day's order.
         stream(pair("c1", "ad-c", T0 + H + 600 * S) + pair("b3", "ad-b", T0 + H + 1_200 * S))
         assert charged(settings) == {"c-b1", "c-b2", "c-c1"}
         assert not_charged(settings) == {"c-b3": "over_budget"}
-        assert run_closing(spark, rc, catalog, force=True).closed == [p1]
+        assert reconcile(spark, rc, catalog, force=True).closed == [p1]
         assert day_total() == 5_000_000
 
         # After both closed: a 1.00 click at 00:05, ahead of every click of the day, arriving long after its time.
@@ -324,7 +324,7 @@ def test_a_days_budget_holds_over_its_periods_closed_in_separate_runs_and_a_late
             "over_budget",
         ]
 
-        third = run_closing(spark, rc, catalog, force=True)
+        third = reconcile(spark, rc, catalog, force=True)
         assert set(third.periods) == {P0, p1} and third.closed == []
     finally:
         for query in queries:
@@ -437,7 +437,7 @@ def test_simulated_invalid_traffic_and_budgets_are_filtered_live_and_the_final_b
 
     rc = reconcile_config(settings)
     live_charged = {c: micros for c, micros, _, _ in stream_rows(settings)}
-    run_closing(spark, rc, history, until_ms=T0 + 3 * H, force=True)
+    reconcile(spark, rc, history, until_ms=T0 + 3 * H, force=True)
     assert final_ledger(settings) == {c: row["amount_micros"] for c, row in truth.items()}
     audits = audit(spark, rc, history)
     assert audits and all(a.balanced for a in audits), audit_table(audits)

@@ -155,12 +155,11 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
     import time
 
     from attribution.audit import audit
-    from attribution.closing import run_closing
     from attribution.restore import JobRunningError, restore_redis
     from billing.events import Impression
     from billing.periods import Periods
     from ops.process import free_port, port_open
-    from ops.reconciling import reconcile_config, record_audit
+    from ops.reconcile import reconcile, reconcile_config, record_audit
     from ops.redis_service import LocalRedis
 
     port = free_port()
@@ -178,7 +177,7 @@ def test_redis_lost_is_restored_by_one_command_to_every_figure_it_showed_and_ref
         publish(settings, pairs("late", T0 + 20 * 60_000, 10, catalog))  # behind the watermark: corrections
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)
-        report = run_closing(spark, rc, catalog)  # both periods are long past their horizon: closed, with corrections
+        report = reconcile(spark, rc, catalog)  # both periods are long past their horizon: closed, with corrections
         assert report.closed == ["20260101T0000Z", "20260101T0100Z"] and report.additions > 0
         record_audit(rc, audit(spark, rc, catalog))
         periods = ["20260101T0000Z", "20260101T0100Z"]
@@ -229,8 +228,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     import subprocess
     import sys
 
-    from attribution.closing import run_closing
-    from ops.reconciling import reconcile_config
+    from ops.reconcile import reconcile, reconcile_config
     from tests.integration.test_reconcile import corrections
 
     catalog = SimulationConfig(events=10, seed=9).catalog()
@@ -241,7 +239,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     try:
         queries[0].processAllAvailable()
         rc = reconcile_config(settings)
-        assert run_closing(spark, rc, catalog).closed == ["20260101T0000Z"]
+        assert reconcile(spark, rc, catalog).closed == ["20260101T0000Z"]
         # More of the closed period arrives, and the stream bills it: the next run books it as an adjustment.
         publish(settings, pairs("k-late", T0 + 35 * 60_000, 1, catalog))
         queries[0].processAllAvailable()
@@ -267,7 +265,7 @@ def test_two_reconciliations_at_once_book_each_correction_once_and_the_second_sa
     assert [(c.click_id, c.reason) for c in every if c.booked_period != "20260101T0000Z"] == [
         ("k-late-c0", "billed_after_close")
     ]
-    again = run_closing(spark, reconcile_config(settings), catalog)  # the next run succeeds, and writes nothing
+    again = reconcile(spark, reconcile_config(settings), catalog)  # the next run succeeds, and writes nothing
     assert (again.additions, again.retractions) == (0, 0)
 
 

@@ -18,13 +18,12 @@ import redis
 from pyspark.sql import SparkSession
 
 from attribution.audit import audit
-from attribution.closing import run_closing
 from attribution.job import start
 from attribution.restore import restore_redis
 from billing.periods import Periods
 from billing.store.export_files import read_manifest
 from ops.process import free_port, port_open
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import ensure_schemas
@@ -84,7 +83,7 @@ def test_redis_lost_while_a_reconciliation_runs_books_each_correction_once_after
                 lose(own_redis, tmp_path / "redis")
 
         with pytest.raises(redis.RedisError):
-            run_closing(spark, rc, catalog, progress=progress)
+            reconcile(spark, rc, catalog, progress=progress)
         assert lost, "Redis was lost during the run"
         written = corrections(settings)
         assert written, "the run wrote corrections before Redis went"
@@ -97,7 +96,7 @@ def test_redis_lost_while_a_reconciliation_runs_books_each_correction_once_after
         queries = start(spark, stream_config(settings))
         queries[0].processAllAvailable()  # the job's heartbeat again: reconciliation may close
         queries[0].stop()
-        again = run_closing(spark, rc, catalog)
+        again = reconcile(spark, rc, catalog)
         assert again.closed == [P0, P1], again
     finally:
         for query in queries:

@@ -16,8 +16,6 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
-from attribution import closing as closing_module
-from attribution.closing import run_closing
 from attribution.job import start
 from billing.budgets import day_start, utc_day
 from billing.catalog import Ad, Catalog
@@ -25,12 +23,13 @@ from billing.closing_run import close_periods
 from billing.events import Click, Impression
 from billing.periods import Periods
 from billing.rule import charge
+from billing.store import conflict_files
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.parquet_ledger import read_ledger
 from billing.store.redis_totals import BudgetDayCount, RedisTotals, TotalsRow
 from billing.store.schema_registry import open_registry
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -205,7 +204,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         assert "conflict-c" in ledger, "the stream should have billed the conflicting copy"
 
         rc = reconcile_config(settings)
-        report = run_closing(spark, rc, catalog, until_ms=UNTIL)
+        report = reconcile(spark, rc, catalog, until_ms=UNTIL)
         assert report.closed == [P0, P1]
         # Every period of January that holds data is closed (the clock is past its end and horizon): the run that
         # closed the last one issued January's invoices, each adding up to its advertiser's exports to the micro.
@@ -258,7 +257,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
 
         # A second run writes nothing new.
         files = sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet"))
-        again = run_closing(spark, rc, catalog, until_ms=UNTIL)
+        again = reconcile(spark, rc, catalog, until_ms=UNTIL)
         assert again.periods == [] and again.additions == again.retractions == 0
         assert sorted(p.name for p in (settings.root / "corrections").rglob("*.parquet")) == files
 
@@ -273,7 +272,7 @@ def test_provisional_plus_corrections_equals_the_oracle_and_closed_exports_never
         publisher.publish_event(Click("very-late-c", ad.ad_id, "very-late-user", T0 + 6_000))
         assert publisher.flush(30) == 0
         queries[0].processAllAvailable()
-        late = run_closing(spark, rc, catalog, until_ms=UNTIL)
+        late = reconcile(spark, rc, catalog, until_ms=UNTIL)
         # P1 is checked again too (an impression of P0 may qualify a click of P1), and gets nothing.
         assert late.periods == [P0, P1] and late.closed == [] and (late.additions, late.retractions) == (1, 0)
         assert folder_digest(export_folder(settings.root, P0)) == before
@@ -319,15 +318,15 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
         rc = reconcile_config(settings)
 
         # Kafka out of reach: the run closes its periods all the same, and says what it could not send.
-        monkeypatch.setattr(closing_module, "CONFLICTS_SEND_TIMEOUT_S", 2.0)
-        down = run_closing(spark, dataclasses.replace(rc, kafka_bootstrap="127.0.0.1:1"), catalog, UNTIL, force=True)
+        monkeypatch.setattr(conflict_files, "CONFLICTS_SEND_TIMEOUT_S", 2.0)
+        down = reconcile(spark, dataclasses.replace(rc, kafka_bootstrap="127.0.0.1:1"), catalog, UNTIL, force=True)
         assert (down.closed, down.conflicts, down.conflicts_sent, down.conflicts_unsent) == ([P0], 2, 0, 2)
         assert on_topic() == []
 
         # The next run, with nothing to reconcile, sends them; the one after sends nothing.
-        first = run_closing(spark, rc, catalog, UNTIL, force=True)
+        first = reconcile(spark, rc, catalog, UNTIL, force=True)
         assert (first.periods, first.conflicts_sent, first.conflicts_unsent) == ([], 2, 0)
-        again = run_closing(spark, rc, catalog, UNTIL, force=True)
+        again = reconcile(spark, rc, catalog, UNTIL, force=True)
         assert (again.conflicts_sent, again.conflicts_unsent) == (0, 0)
         letters = on_topic()
         assert len(letters) == 2
@@ -335,7 +334,7 @@ def test_id_conflicts_reach_the_quarantine_topic_once_whatever_the_runs(
         # A third copy of the click reopens P0 for reconciliation: only the new conflict goes.
         publish([Click("c-1", "ad-1", "u-y", start_ms + 2_000)])
         queries[0].processAllAvailable()
-        late = run_closing(spark, rc, catalog, UNTIL, force=True)
+        late = reconcile(spark, rc, catalog, UNTIL, force=True)
         assert (late.periods[:1], late.conflicts, late.conflicts_sent) == ([P0], 1, 1)
         letters = on_topic()
         assert len(letters) == 3
@@ -385,9 +384,9 @@ def test_an_id_conflict_across_a_period_boundary_is_billed_once_when_the_periods
         assert expected == {"x-c": ad.cpc_micros}
         rc = reconcile_config(settings)
         # Each period closes when its horizon has passed, one run each (the clock of each run says when).
-        first = run_closing(spark, rc, catalog, clock=lambda: boundary + rc.horizon_ms + 1)
+        first = reconcile(spark, rc, catalog, clock=lambda: boundary + rc.horizon_ms + 1)
         assert first.closed == [P0]
-        second = run_closing(spark, rc, catalog, clock=lambda: boundary + 3_600_000 + rc.horizon_ms + 1)
+        second = reconcile(spark, rc, catalog, clock=lambda: boundary + 3_600_000 + rc.horizon_ms + 1)
         assert second.closed == [P1]
     finally:
         for query in queries:

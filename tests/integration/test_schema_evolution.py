@@ -23,14 +23,13 @@ import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
 
-from attribution.closing import run_closing
 from attribution.restore import restore_redis
 from billing.compatibility import IncompatibleSchemaError
 from billing.events import Click, Impression
 from billing.periods import Periods
 from billing.schemas import schema_text, subject_of
 from billing.store.schema_registry import SchemaRegistry, open_registry
-from ops.reconciling import reconcile_config
+from ops.reconcile import reconcile, reconcile_config
 from ops.settings import Settings
 from producers.publisher import EventPublisher
 from producers.wire import EventSerializer, encode_body, frame, parse_avro_schema
@@ -294,21 +293,21 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     for query in queries:
         query.stop()
     until = T0 + 2 * H
-    report = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    report = reconcile(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
     assert report.closed == [P0, P1] and report.released == 0
     assert Counter(c.click_id for c in corrections(settings)) == Counter(c.click_id for _, c in early)
 
     # R's version is registered while the job is down: reconciliation releases R, and takes up again P0 (R's
     # period) and P1 (B's): R is billed in P0 and B retracted in P1, both adjustments of closed periods.
     assert registry.register(subject_of("click"), renamed_version("click", extra_field="campaign_hint")) == next_id + 1
-    report = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    report = reconcile(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
     assert (report.released, report.periods, report.additions, report.retractions) == (1, [P0, P1], 1, 1)
     adjustments = [(c.click_id, c.corrects_period, c.amount_micros, c.reason) for c in corrections(settings)]
     assert sorted(a for a in adjustments if a[0] == "c-both") == [
         ("c-both", P0, PRICE[ADS[0]], "late_click"),
         ("c-both", P1, -PRICE[ADS[0]], "id_conflict"),
     ]
-    again = run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
+    again = reconcile(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True)
     assert (again.released, again.additions, again.retractions) == (0, 0, 0)
     # Per period, ledger + corrections = the DuckDB oracle over every record Kafka holds, to the click and micro.
     final: Counter[tuple[str, str]] = Counter()
@@ -344,7 +343,7 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
     restore_redis(settings.root, figures, _catalog(settings), Periods(), "billing")
     assert figures.quarantined() == held
     assert figures.late(P0, "ad", ADS[0]) == late_before
-    assert run_closing(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True).released == 0
+    assert reconcile(spark, reconcile_config(settings), _catalog(settings), until_ms=until, force=True).released == 0
     assert figures.quarantined() == held, "counted once after a restore"
 
 

@@ -24,7 +24,6 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from attribution.dead_letters import DeadLetters
 from attribution.job import checkpoint_conf, checkpoint_join_state_format, start
 from attribution.progress import BillingCollector, HealthListener
 from attribution.restore import restore_redis
@@ -33,6 +32,7 @@ from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Ad, AdChange, Catalog
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
+from billing.store.dead_letters import DeadLetters
 from billing.store.parquet_ledger import read_ledger
 from billing.store.schema_registry import open_registry
 from ops.kafka_service import ensure_topics

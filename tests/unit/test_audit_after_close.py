@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import attribution.audit
-import ops.reconciling
+import ops.reconcile
 from attribution.audit import PeriodAudit
 from billing.catalog import Catalog
-from ops.reconciling import audit_after_run, audit_outcome, reconcile_config
+from ops.reconcile import audit_after_run, audit_outcome, reconcile_config
 from ops.settings import Settings
 
 
@@ -24,7 +24,7 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
     recorded: list[list[PeriodAudit]] = []
     balanced = PeriodAudit("20260101T0000Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: [balanced])
-    monkeypatch.setattr(ops.reconciling, "record_audit", lambda config, audits: recorded.append(audits))
+    monkeypatch.setattr(ops.reconcile, "record_audit", lambda config, audits: recorded.append(audits))
     audit_after_run(object(), reconcile_config(settings), catalog)
     assert recorded == [[balanced]]
     assert "all 1 period(s) balance" in capsys.readouterr().out

@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from attribution.batch_output import write_batch_files
-from attribution.closing import data_versions
 from attribution.release import ARCHIVE_SCHEMA, release_quarantined
 from billing.catalog import Ad, AdChange, Catalog
 from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.schemas import schema_text
-from ops.reconciling import export_periods, parse_time
+from billing.store.data_versions import data_versions
+from ops.reconcile import export_periods, parse_time
 from ops.settings import Settings
 
 H = 3_600_000

@@ -29,7 +29,7 @@ from billing.store.export_files import (
     verify_export,
     write_export,
 )
-from ops.reconciling import audit_table, describe_run
+from ops.reconcile import audit_table, describe_run
 from producers.simulator import SimulationConfig, simulate
 from web import display
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attribution.restore import save_record
 from billing.catalog import generate_catalog
 from billing.events import Click
 from billing.store import durable
 from billing.store.catalog_file import load_catalog, save_catalog
 from billing.store.crawler_list import CrawlerList, keep_list
+from billing.store.period_states import save_record
 from producers.simulator import write_capture
 
 Write = Callable[[Path, int], Path]

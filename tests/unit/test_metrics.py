@@ -88,7 +88,7 @@ def test_reconciliation_counts_runs_by_outcome_closed_periods_and_corrections_by
     from prometheus_client import CollectorRegistry
 
     from billing.closing_run import RunReport
-    from ops.reconciling import ReconcileMetrics
+    from ops.reconcile import ReconcileMetrics
 
     registry = CollectorRegistry()
     metrics = ReconcileMetrics(registry)

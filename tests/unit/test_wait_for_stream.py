@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attribution.closing import ReconcileConfig, wait_for_stream
 from billing.closing import StreamPosition
 from billing.store.period_states import load_states
+from ops.reconcile import ReconcileConfig, wait_for_stream
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 P0 = "20260101T0000Z"

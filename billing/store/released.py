@@ -1,0 +1,50 @@
+"""Adapter: the records a release settled out of quarantine (`RELEASED/batch_id=N/*.parquet`, written by
+`attribution.release`): their schema, who released each, and the reader. Reconciliation reads them to know which
+periods a release changes (`billing.store.data_versions`), `adbill restore-redis` to count them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from billing.layout import DataLayout
+
+STREAM = "stream"
+RECONCILIATION = "reconciliation"
+"""Who released a record (`released_by`)."""
+
+RELEASED_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("event_type", pa.string()),
+        ("event_id", pa.string()),
+        ("period", pa.string()),
+        ("quarantine_batch_id", pa.int64()),
+        ("reason", pa.string()),
+        ("ad_id", pa.string()),
+        ("copy_periods", pa.list_(pa.string())),
+        ("released_by", pa.string()),
+        ("batch_id", pa.int64()),
+    ]
+)
+"""One settled record: its coordinates, its id and period when archived (`reason` null) or the reason it stays in
+quarantine with, the periods holding another copy of its id, who settled it (`STREAM`, `RECONCILIATION`), and the
+batch it was settled into."""
+
+
+def released_table(layout: DataLayout, where: pc.Expression | None = None) -> pa.Table:
+    """Every settled record (`RELEASED_SCHEMA`), read with that schema: a file of an older version lacks the newer
+    columns (a record it lists was archived by the stream)."""
+    folder = layout.released
+    if not folder.is_dir() or not any(folder.glob("batch_id=*/*.parquet")):
+        return RELEASED_SCHEMA.empty_table()
+    dataset = ds.dataset(folder, schema=RELEASED_SCHEMA, format="parquet", partitioning="hive")
+    table = dataset.to_table(filter=where)
+    return table.set_column(
+        table.schema.get_field_index("released_by"),
+        "released_by",
+        pc.fill_null(table.column("released_by"), STREAM),
+    )
