@@ -72,7 +72,7 @@ def me() -> Response:
 @bp.get("/periods")
 def periods() -> Response:
     principal = logged_in()
-    reader = services().reader
+    reader = services().periods
     # An advertiser sees the periods of its own activity and the closed ones, nothing of the others' activity.
     listed = reader.periods() if principal.advertiser_id is None else reader.periods_of(principal.advertiser_id)
     return jsonify({"periods": [_period(p) for p in listed]})
@@ -81,12 +81,12 @@ def periods() -> Response:
 @bp.get("/advertisers")
 def advertisers() -> Response:
     principal = logged_in()
-    reader = services().reader
-    known = reader.known_advertisers() if principal.advertiser_id is None else []
+    svc = services()
+    known = svc.periods.known_advertisers() if principal.advertiser_id is None else []
     return jsonify(
         {
             "advertisers": [
-                {"advertiser_id": a, "currency": reader.currency(a)} for a in visible_advertisers(principal, known)
+                {"advertiser_id": a, "currency": svc.catalog.currency(a)} for a in visible_advertisers(principal, known)
             ]
         }
     )
@@ -99,7 +99,7 @@ def dashboard(advertiser_id: str) -> Response:
 
 
 def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -> bytes | None:
-    d = services().reader.dashboard(advertiser_id, period)
+    d = services().figures.dashboard(advertiser_id, period)
     if d is None:
         return None
     ranged = _range_document(lookups.range_figures("adv", advertiser_id, advertiser_id, span)) if span else {}
@@ -129,9 +129,7 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
         "freshness": lookups.freshness().as_json(),
         "budget_days": [
             campaign_day_document(day)
-            for day in lookups.budget_days(
-                advertiser_id, services().reader.catalog.get().campaigns_of(advertiser_id), span
-            )
+            for day in lookups.budget_days(advertiser_id, services().catalog.get().campaigns_of(advertiser_id), span)
         ],
         **ranged,
     }
@@ -144,7 +142,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> Response:
     span = lookups.date_range(DEFAULT_PRESET)
     ranged = _range_document(lookups.range_figures("cmp", campaign_id, advertiser_id, span)) if span else {}
     svc = services()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     owned = catalog.advertiser_of_campaign(campaign_id) == advertiser_id
     budget = BudgetStatus.of(catalog, campaign_id, svc.clock()) if owned else None
     return jsonify(
@@ -177,7 +175,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
             "ad_id": a.ad_id,
             "currency": a.currency,
             "price_per_click_micros": micros_text(
-                price_per_click(services().reader.catalog.get(), a.ad_id, services().clock())
+                price_per_click(services().catalog.get(), a.ad_id, services().clock())
             ),
             "series": [_period_bill(b) for b in a.series],
             **ranged,
@@ -238,7 +236,7 @@ def not_charged_clicks(advertiser_id: str) -> Response:
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> Response:
     found = lookups.correction(advertiser_id, correction_id)
-    return jsonify({**_correction(found), "currency": services().reader.currency(advertiser_id)})
+    return jsonify({**_correction(found), "currency": services().catalog.currency(advertiser_id)})
 
 
 @bp.get("/finance")
@@ -247,7 +245,7 @@ def finance() -> Response:
     span = lookups.date_range()
     ranged: dict[str, Any] = {}
     if span is not None:  # `range`, or `from` and `to`: every advertiser over those days (a month, say)
-        fr = services().reader.finance_range(span.start_ms, span.end_ms)
+        fr = services().finance.between(span.start_ms, span.end_ms)
         ranged = {
             "range": span.as_json(),
             "range_closed": fr.closed and span.end_ms <= services().clock(),
@@ -287,7 +285,7 @@ def finance() -> Response:
                     "totals": _currency_totals(fp.by_currency, fp.not_charged_by_currency),
                     "held": fp.held,
                 }
-                for fp in services().reader.finance_periods()
+                for fp in services().finance.recent()
             ],
             "exports": [_export(e) for e in f.exports],
             "last_audit": None
@@ -305,7 +303,7 @@ def finance() -> Response:
 @bp.get("/exports")
 def exports() -> Response:
     finance_or_404()
-    return jsonify({"exports": [_export(e) for e in services().reader.exports()]})
+    return jsonify({"exports": [_export(e) for e in services().exports.finished()]})
 
 
 @bp.get("/exports/<period>/<name>")
@@ -319,7 +317,7 @@ def export_file(period: str, name: str) -> WerkzeugResponse:
 def health() -> Response:
     h = lookups.health()
     fresh = lookups.freshness()
-    audit = services().reader.last_audit()
+    audit = services().finance.last_audit()
     lag = lookups.kafka_lag()
     statuses = lookups.health_status(h, fresh, audit, lag)
     return jsonify(

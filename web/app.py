@@ -37,13 +37,19 @@ from web import (
     probes,
 )
 from web.access import LoginLimit, Role, may_change_catalog, may_see_finance, may_see_health
+from web.advertiser_figures import AdvertiserFigures
+from web.budget_days import BudgetDays
 from web.cache import RecentResults
 from web.changes import api_bp as change_api
 from web.changes import bp as change_pages
 from web.click_pages import register as register_click_pages
+from web.correction_lists import CorrectionLists
+from web.exports import ExportFolder
+from web.finance_figures import FinanceFigures
+from web.job_health import QUERY_NAMES, JobHealth
 from web.metrics import instrument
 from web.ranges import PRESETS
-from web.readers import QUERY_NAMES, BillingReader, CatalogView
+from web.readers import CatalogView, PeriodReader
 from web.reasons import REASONS, reason_explanation, reason_label
 from web.security import add_security_headers, load_or_create_secret, wants_secure_cookies
 from web.services import Services, current_principal, now_ms, services
@@ -135,14 +141,18 @@ def create_app(
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
     accounts = settings.accounts_store()  # one per process: each request asks the database one small question
     catalogs = settings.catalog_store()  # one per process: each request reads only what changed since the last
+    catalog, period_length = CatalogView(catalogs), Periods(settings.period_ms)
+    periods = PeriodReader(client, settings.redis_prefix, catalog, period_length)
+    exports = ExportFolder(exports_dir(settings), period_length)
     app.extensions["adbill"] = Services(
-        reader=BillingReader(
-            client,
-            settings.redis_prefix,
-            exports_dir(settings),
-            CatalogView(catalogs),
-            Periods(settings.period_ms),
-        ),
+        catalog=catalog,
+        periods=periods,
+        figures=AdvertiserFigures(periods, catalog),
+        corrections=CorrectionLists(client, periods.keys, catalog),
+        budgets=BudgetDays(client, periods.keys, catalog),
+        finance=FinanceFigures(periods, catalog, exports),
+        exports=exports,
+        job=JobHealth(periods, catalog),
         accounts=accounts,
         tokens=settings.tokens_store(accounts),
         sessions=SessionStore(
@@ -287,7 +297,7 @@ def final_at_ms(period_start_ms: int) -> int:
     moment reconciliation corrects and closes it (`billing.closing.plan_run`; later if the stream has not read past
     it by then)."""
     svc = services()
-    return period_start_ms + svc.reader.period_length.length_ms + svc.horizon_ms
+    return period_start_ms + svc.periods.length.length_ms + svc.horizon_ms
 
 
 class _Described:

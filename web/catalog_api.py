@@ -77,7 +77,7 @@ def advertiser_ads(advertiser_id: str) -> Response:
     return jsonify(
         {
             "advertiser_id": advertiser_id,
-            "ads": [ad_document(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)],
+            "ads": [ad_document(ad, now) for ad in ads_of(svc.catalog.get(), advertiser_id)],
         }
     )
 
@@ -87,7 +87,7 @@ def catalog_ads() -> Response:
     catalog_or_404()
     svc = services()
     now = svc.clock()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     offset, limit = paging_args(ADS_PAGE)
     ads = ads_page(catalog, offset, limit)
     changes_by_version().read(p.version for ad in ads for p in ad.prices)
@@ -106,7 +106,7 @@ def catalog_ads() -> Response:
 def catalog_ad(ad_id: str) -> Response:
     catalog_or_404()
     svc = services()
-    found = svc.reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    found = svc.catalog.get().get(ad_id) if is_id(ad_id) else None
     if found is None:
         abort(404)
     return jsonify(ad_document(found, svc.clock()))
@@ -116,7 +116,7 @@ def catalog_ad(ad_id: str) -> Response:
 def catalog_ad_prices(ad_id: str) -> Response:
     """The ad's price history alone, oldest first (the collection a change is posted to)."""
     catalog_or_404()
-    found = services().reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    found = services().catalog.get().get(ad_id) if is_id(ad_id) else None
     if found is None:
         abort(404)
     return jsonify({"ad_id": found.ad_id, "currency": found.currency, "prices": [_entry(p) for p in found.prices]})
@@ -167,7 +167,7 @@ def change_ad(ad_id: str) -> Response:
         )
     except CatalogError as refused:
         # A change of an ad the catalog does not know: the ad is what is missing (404), with the command's words.
-        return _refused(refused, 404 if services().reader.catalog.get().get(ad_id) is None else 400)
+        return _refused(refused, 404 if services().catalog.get().get(ad_id) is None else 400)
     return _made(made, services().clock())
 
 
@@ -241,8 +241,8 @@ def budgets() -> Response:
     catalog_or_404()
     svc = services()
     now = svc.clock()
-    catalog = svc.reader.catalog.get()
-    today = {d.campaign_id: d for d in svc.reader.budgets_today(now)}
+    catalog = svc.catalog.get()
+    today = {d.campaign_id: d for d in svc.budgets.today(now)}
     return jsonify(
         {
             "catalog_version": catalog.version,
@@ -265,7 +265,7 @@ def campaign_budgets(campaign_id: str) -> Response:
     to)."""
     catalog_or_404()
     svc = services()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
         abort(404)
     return jsonify(budget_document(BudgetStatus.of(catalog, campaign_id, svc.clock())))
@@ -309,7 +309,7 @@ def ip_exclusions() -> Response:
     exclusions_or_404()
     svc = services()
     now = svc.clock()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     return jsonify(_exclusions_document(catalog.exclusions, catalog.version, now))
 
 

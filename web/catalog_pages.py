@@ -50,7 +50,7 @@ def advertiser_ads(advertiser_id: str) -> str:
     advertiser_or_404(advertiser_id)
     svc = services()
     now = svc.clock()
-    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.reader.catalog.get(), advertiser_id)]
+    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.catalog.get(), advertiser_id)]
     want("ad", (s.ad.ad_id for s in listed))  # the names the page shows, in one query
     return render_template(
         "catalog_advertiser.html",
@@ -75,7 +75,7 @@ def create_ad() -> Response | str | tuple[str, int]:
         check_ids(
             ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
         )
-        currency = form["currency"].upper() or services().reader.catalog.get().currency_of(form["advertiser_id"]) or ""
+        currency = form["currency"].upper() or services().catalog.get().currency_of(form["advertiser_id"]) or ""
         made = make_change(
             "create-ad",
             form["ad_id"],
@@ -108,7 +108,7 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
         action = form["action"]
         if action not in _CHANGE_ACTIONS:
             raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
-        known = services().reader.catalog.get().get(ad_id)
+        known = services().catalog.get().get(ad_id)
         made = make_change(
             action,
             ad_id,
@@ -144,7 +144,7 @@ def _catalog_page(
 ) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     offset, limit = paging_args(ADS_PAGE)
     listed = [AdStatus.of(ad, now) for ad in ads_page(catalog, offset, limit)]
     body = render_template(
@@ -167,7 +167,7 @@ def _ad_page(
     """The ad's history and, for an admin, the forms to change it; a refused change of an ad that does not exist
     answers with the catalog's page (400), and a page of one 404."""
     svc = services()
-    found = svc.reader.catalog.get().get(ad_id) if is_id(ad_id) else None
+    found = svc.catalog.get().get(ad_id) if is_id(ad_id) else None
     if found is None:
         if status == 200:
             abort(404)
@@ -207,7 +207,7 @@ def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
     if not is_id(campaign_id):
         abort(404)
     form = {k: request.form.get(k, "").strip() for k in ("daily_amount", "daily_micros", "unlimited", "effective_from")}
-    catalog = services().reader.catalog.get()
+    catalog = services().catalog.get()
     currency = catalog.currency_of(catalog.advertiser_of_campaign(campaign_id) or "") or ""
     try:
         made = make_budget_change(
@@ -224,8 +224,8 @@ def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
 def _budgets_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
-    catalog = svc.reader.catalog.get()
-    today = {d.campaign_id: d for d in svc.reader.budgets_today(now)}
+    catalog = svc.catalog.get()
+    today = {d.campaign_id: d for d in svc.budgets.today(now)}
     rows = [BudgetStatus.of(catalog, c, now) for c in catalog.campaign_ids]
     rows.sort(
         key=lambda b: (not (today.get(b.campaign_id) and today[b.campaign_id].capped), b.advertiser_id, b.campaign_id)
@@ -249,13 +249,13 @@ def _campaign_page(
     """A campaign's budget history and, for an admin, the form to change it; a refused change of a campaign that
     does not exist answers with the budgets page (400), and a page of one 404."""
     svc = services()
-    catalog = svc.reader.catalog.get()
+    catalog = svc.catalog.get()
     if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
         if status == 200:
             abort(404)
         return _budgets_page({}, error, status)
     now = svc.clock()
-    days = svc.reader.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
+    days = svc.budgets.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
     made = request.args.get("made", "")
     body = render_template(
         "catalog_campaign.html",
@@ -297,7 +297,7 @@ def _exclusions_page(
 ) -> str | tuple[str, int]:
     svc = services()
     now = svc.clock()
-    exclusions = svc.reader.catalog.get().exclusions
+    exclusions = svc.catalog.get().exclusions
     in_force = [
         (cidr, [e for e in exclusions.history(cidr) if e.effective_from <= now][-1])
         for cidr in exclusions.ranges_at(now)

@@ -22,32 +22,29 @@ from billing.invoices import Invoice
 from billing.money import format_amount
 from billing.periods import format_utc
 from billing.store.export_files import CSV_FILE, PARQUET_FILE
+from web.exports import ExportFolder
 from web.model import FinanceRange, NotCharged, NotChargedClicks, Period
 from web.ranges import DateRange
-from web.readers import BillingReader, _figures, _not_charged
+from web.readers import CatalogView, PeriodReader, charges_of, figures_of
 from web.statements import CLOSED, CLOSED_WITHOUT_EXPORT, PROVISIONAL, PeriodCharges, safe_cell
 
 
-def periods_in(reader: BillingReader, span: DateRange) -> list[Period]:
-    return [p for p in reader.periods() if span.start_ms <= p.start_ms < span.end_ms]
-
-
-def statement_periods(reader: BillingReader, advertiser_id: str, span: DateRange) -> list[PeriodCharges]:
+def statement_periods(
+    reader: PeriodReader, exports: ExportFolder, advertiser_id: str, span: DateRange
+) -> list[PeriodCharges]:
     """Each period of the span for the advertiser: a closed one from its export when the export is on file (its
     clicks, and the adjustments booked in it), otherwise, and for open ones, the corrected Redis figures; each with
     its clicks not charged (Redis: a closed period's are its export's)."""
-    periods = periods_in(reader, span)
-    pipe = reader.client.pipeline(transaction=False)
+    periods = reader.between(span.start_ms, span.end_ms)
+    pipe = reader.pipeline()
     for p in periods:
-        reader._queue_billed(pipe, p.key, "adv", advertiser_id)
-        reader._queue_not_charged(pipe, p.key, "adv", advertiser_id)
+        reader.queue_charges(pipe, p.key, "adv", advertiser_id)
     results = iter(pipe.execute())
     out = []
     for p in periods:
-        provisional, corrections = _figures(next(results)), _figures(next(results))
-        not_charged = _not_charged(next(results))
-        corrected = provisional + corrections
-        export = reader.export_file(p.key, PARQUET_FILE) if p.closed else None
+        billed, not_charged = charges_of(results)
+        corrected = billed.corrected
+        export = exports.file(p.key, PARQUET_FILE) if p.closed else None
         if export is not None:
             out.append(_from_export(p, export, advertiser_id, not_charged))
         elif not (corrected.is_zero and not_charged.is_zero):
@@ -98,7 +95,8 @@ CHARGES_COLUMNS = (
 
 
 def charges_csv(
-    reader: BillingReader,
+    reader: PeriodReader,
+    catalog: CatalogView,
     advertiser_id: str,
     span: DateRange,
     campaign_id: str | None = None,
@@ -108,22 +106,20 @@ def charges_csv(
     billed, what reconciliation corrected, and the corrected amount (micros and decimal); open periods are marked
     provisional."""
     wanted_campaign, wanted_ad = campaign_id, ad_id
-    periods = periods_in(reader, span)
-    catalog = reader.catalog.get()
-    own_ads = {ad.ad_id: ad.campaign_id for ad in catalog if ad.advertiser_id == advertiser_id}
-    pipe = reader.client.pipeline(transaction=False)
+    periods = reader.between(span.start_ms, span.end_ms)
+    own_ads = {ad.ad_id: ad.campaign_id for ad in catalog.get() if ad.advertiser_id == advertiser_id}
+    pipe = reader.pipeline()
     for p in periods:
         pipe.smembers(reader.keys.period_ads(p.key, advertiser_id))
     listed = pipe.execute()
-    pipe = reader.client.pipeline(transaction=False)
+    pipe = reader.pipeline()
     wanted = []
     for p, ads in zip(periods, listed, strict=True):
         for ad_id in sorted(set(ads) | set(own_ads)):
             wanted.append((p, ad_id))
-            pipe.hmget(reader.keys.totals(p.key, "ad", ad_id), "clicks", "micros", "campaign", "advertiser")
-            pipe.hmget(reader.keys.corrections(p.key, "ad", ad_id), "clicks", "micros")
+            reader.queue_ad(pipe, p.key, ad_id)
     results = iter(pipe.execute())
-    currency = reader.currency(advertiser_id)
+    currency = catalog.currency(advertiser_id)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(CHARGES_COLUMNS)
@@ -134,7 +130,7 @@ def charges_csv(
         campaign = own_ads.get(ad_id) or totals[2] or ""
         if wanted_campaign not in (None, campaign) or wanted_ad not in (None, ad_id):
             continue
-        provisional, corrections = _figures(totals), _figures(fixes)
+        provisional, corrections = figures_of(totals), figures_of(fixes)
         corrected = provisional + corrections
         if provisional.is_zero and corrections.is_zero:
             continue
@@ -183,15 +179,15 @@ def not_charged_csv(page: NotChargedClicks) -> str:
     return out.getvalue()
 
 
-def month_export_csv(reader: BillingReader, span: DateRange) -> str | None:
+def month_export_csv(exports: ExportFolder, span: DateRange) -> str | None:
     """Every closed period's export in the span as one CSV (the exports' rows and columns in period order, plus
     `net_amount`, the decimal of `net_micros`); None when no export of the span is on file."""
     tables = []
-    for manifest in sorted(reader.exports(), key=lambda m: m.period_start_ms):  # the files on disk are the truth
+    for manifest in sorted(exports.finished(), key=lambda m: m.period_start_ms):  # the files on disk are the truth
         if not span.start_ms <= manifest.period_start_ms < span.end_ms:
             continue
-        path = reader.export_file(manifest.period, PARQUET_FILE)
-        if path is not None and reader.export_file(manifest.period, CSV_FILE) is not None:
+        path = exports.file(manifest.period, PARQUET_FILE)
+        if path is not None and exports.file(manifest.period, CSV_FILE) is not None:
             tables.append(pq.read_table(path))
     if not tables:
         return None

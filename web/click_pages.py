@@ -69,7 +69,7 @@ def story_or_404(click_id: str) -> ClickStory:
     if principal.role is Role.ADVERTISER:
         if principal.advertiser_id is None or story.advertiser_id != principal.advertiser_id:
             abort(404)
-        return for_advertiser(story, principal.advertiser_id, services().reader.catalog.get())
+        return for_advertiser(story, principal.advertiser_id, services().catalog.get())
     return story
 
 

@@ -33,7 +33,7 @@ def charges(advertiser_id: str) -> Response:
     for value in (campaign, ad):
         if value is not None and not is_id(value):
             abort(404)
-    text = charges_csv(services().reader, advertiser_id, span, campaign_id=campaign, ad_id=ad)
+    text = charges_csv(services().periods, services().catalog, advertiser_id, span, campaign_id=campaign, ad_id=ad)
     which = f"-{ad or campaign}" if ad or campaign else ""
     return attachment(text, "text/csv", f"adbill-charges-{advertiser_id}{which}-{span.first}-{span.last}.csv")
 
@@ -70,7 +70,7 @@ def finance_month(month: str) -> Response:
     """Every closed period's export of the month, as one CSV; 404 when none is on file."""
     finance_or_404()
     span = _month(month)
-    text = month_export_csv(services().reader, span)
+    text = month_export_csv(services().exports, span)
     if text is None:
         abort(404)
     return attachment(text, "text/csv", f"adbill-{month}-billing.csv")
@@ -82,9 +82,7 @@ def finance_month_advertisers(month: str) -> Response:
     invoice once issued (finance and admin)."""
     finance_or_404()
     span = _month(month)
-    reader = services().reader
-
-    figures = reader.finance_range(span.start_ms, span.end_ms)
+    figures = services().finance.between(span.start_ms, span.end_ms)
     text = month_advertisers_csv(month, figures, book().invoices_in(month), span.end_ms <= services().clock())
     return attachment(text, "text/csv", f"adbill-{month}-advertisers.csv")
 
@@ -96,9 +94,9 @@ def _statement(advertiser_id: str, month: str) -> Statement:
     now = services().clock()
     if span.start_ms > now:
         abort(404, description=f"{month} has not begun")
-    reader = services().reader
-    periods = statement_periods(reader, advertiser_id, span)
-    return build_statement(advertiser_id, reader.currency(advertiser_id), month, span, periods, now)
+    svc = services()
+    periods = statement_periods(svc.periods, svc.exports, advertiser_id, span)
+    return build_statement(advertiser_id, svc.catalog.currency(advertiser_id), month, span, periods, now)
 
 
 def _month(text: str) -> DateRange:

@@ -60,7 +60,7 @@ def advertiser_or_404(advertiser_id: str) -> Principal:
         abort(404)
     if principal.advertiser_id != advertiser_id:
         svc = services()
-        if advertiser_id not in svc.recent.get(("known-advertisers",), svc.reader.known_advertisers):
+        if advertiser_id not in svc.recent.get(("known-advertisers",), svc.periods.known_advertisers):
             abort(404)
     return principal
 
@@ -88,7 +88,7 @@ def period_arg() -> str | None:
     try:
         if not is_period_key(value):
             raise ValueError(value)
-        services().reader.period_length.parse_key(value)
+        services().periods.length.parse_key(value)
     except ValueError:
         abort(400, description="period is the key of a billing period, such as 20260101T0000Z")
     return value

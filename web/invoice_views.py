@@ -87,8 +87,8 @@ def open_month(advertiser_id: str) -> Statement:
     svc = services()
     month = month_of_ms(svc.clock())
     span = month_span(month)
-    periods = statement_periods(svc.reader, advertiser_id, span)
-    return build_statement(advertiser_id, svc.reader.currency(advertiser_id), month, span, periods, svc.clock())
+    periods = statement_periods(svc.periods, svc.exports, advertiser_id, span)
+    return build_statement(advertiser_id, svc.catalog.currency(advertiser_id), month, span, periods, svc.clock())
 
 
 def summary(invoice: Invoice, api: bool = False) -> dict[str, Any]:
@@ -167,7 +167,7 @@ def profiles_page() -> str:
     finance_or_404()
     svc = services()
     profiles = profile_store().current()
-    advertisers = sorted(set(svc.reader.known_advertisers()) | set(profiles.advertiser_ids))
+    advertisers = sorted(set(svc.periods.known_advertisers()) | set(profiles.advertiser_ids))
     now = svc.clock()
     rows = [(a, profiles.in_force(a, now), profiles.next_change(a, now)) for a in advertisers]
     return render_template("billing_profiles.html", rows=rows)
@@ -208,7 +208,7 @@ def set_profile(advertiser_id: str) -> Redirect | str | tuple[str, int]:
 
 
 def _known_or_404(advertiser_id: str) -> None:
-    if not is_id(advertiser_id) or advertiser_id not in services().reader.known_advertisers():
+    if not is_id(advertiser_id) or advertiser_id not in services().periods.known_advertisers():
         abort(404)
 
 

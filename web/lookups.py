@@ -117,7 +117,7 @@ def range_problem() -> RangeProblem | None:
 def range_figures(level: str, ident: str, advertiser_id: str, span: DateRange) -> dict[str, Any]:
     """The range's figures per day and per month and in all (with the clicks not charged), for a page or a
     document."""
-    bills = services().reader.range_bills(level, ident, advertiser_id, span.start_ms, span.end_ms)
+    bills = services().figures.range_bills(level, ident, advertiser_id, span.start_ms, span.end_ms)
     return {
         "range": span,
         "days": group(bills, 10),
@@ -135,31 +135,31 @@ def budget_days(
     campaigns are the catalog's of that advertiser, so another advertiser's never show."""
     svc = services()
     now = svc.clock()
-    owned = set(svc.reader.catalog.get().campaigns_of(advertiser_id))
+    owned = set(svc.catalog.get().campaigns_of(advertiser_id))
     days = [d.isoformat() for d in span.days()] if span else [day_of(now)]
-    return svc.reader.campaign_days([c for c in campaign_ids if c in owned], days, now, budgeted_only)
+    return svc.budgets.campaign_days([c for c in campaign_ids if c in owned], days, now, budgeted_only)
 
 
 def campaign(advertiser_id: str, campaign_id: str) -> CampaignDetail:
     advertiser_or_404(advertiser_id)
-    return found(services().reader.campaign(advertiser_id, campaign_id, period_arg()))
+    return found(services().figures.campaign(advertiser_id, campaign_id, period_arg()))
 
 
 def ad(advertiser_id: str, ad_id: str) -> AdDetail:
     advertiser_or_404(advertiser_id)
-    return found(services().reader.ad(advertiser_id, ad_id))
+    return found(services().figures.ad(advertiser_id, ad_id))
 
 
 def corrections(advertiser_id: str) -> CorrectionPage:
     """The page of the advertiser's corrections that `offset` and `limit` ask for, newest first."""
     advertiser_or_404(advertiser_id)
     offset, limit = paging_args()
-    return services().reader.corrections(advertiser_id, offset, limit)
+    return services().corrections.page(advertiser_id, offset, limit)
 
 
 def correction(advertiser_id: str, correction_id: str) -> Correction:
     advertiser_or_404(advertiser_id)
-    return found(services().reader.correction(advertiser_id, correction_id))
+    return found(services().corrections.find(advertiser_id, correction_id))
 
 
 def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClicks:
@@ -172,13 +172,13 @@ def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClic
     key = period_arg()
     span: DateRange | None = None
     if key is not None:
-        start = svc.reader.period_length.parse_key(key)
-        end, label = start + svc.reader.period_length.length_ms, period_label(key)
+        start = svc.periods.length.parse_key(key)
+        end, label = start + svc.periods.length.length_ms, period_label(key)
     else:
         span = date_range(DEFAULT_PRESET)
         assert span is not None  # a default is given
         start, end, label = span.start_ms, span.end_ms, span.label
-    clicks = svc.reader.not_charged_clicks(advertiser_id, start, end)
+    clicks = svc.exports.not_charged_clicks(advertiser_id, start, end)
     would_cost = Amounts.of((c.currency, c.amount_micros) for c in clicks if c.amount_micros is not None)
     by_reason: dict[str, int] = {}
     for c in clicks:
@@ -187,7 +187,7 @@ def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClic
         offset, limit = 0, max(len(clicks), 1)
     return NotChargedClicks(
         advertiser_id,
-        svc.reader.currency(advertiser_id),
+        svc.catalog.currency(advertiser_id),
         label,
         key,
         span,
@@ -204,18 +204,18 @@ def not_charged_clicks(advertiser_id: str, paged: bool = True) -> NotChargedClic
 def finance() -> Finance:
     """Every advertiser in the period asked for (default: the latest), the periods and the exports."""
     finance_or_404()
-    return found(services().reader.finance(period_arg()))
+    return found(services().finance.period(period_arg()))
 
 
 def health() -> Health:
     health_or_404()
-    return services().reader.health()
+    return services().job.health()
 
 
 def freshness() -> Freshness:
     """When the data was last billed (the job's heartbeat) and how that compares with the limits."""
     svc = services()
-    return page_freshness(svc.reader.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
+    return page_freshness(svc.job.heartbeat_ms(), svc.clock(), svc.ready_batch_age_s)
 
 
 def kafka_lag() -> LagReading | None:
@@ -234,9 +234,9 @@ def health_status(
     now = svc.clock()
     query = next((q for q in h.queries if q.name == "billing"), None)
     r = h.reconciliation
-    stream_waits, reconcile_waits = svc.reader.part_waiting(STREAM_PART), svc.reader.part_waiting(RECONCILE_PART)
-    running = svc.reader.part_waiting(RECONCILE_RUN_PART).get("since_ms", "")
-    catalog_behind = svc.reader.part_waiting(STREAM_CATALOG_PART)
+    stream_waits, reconcile_waits = svc.job.part_waiting(STREAM_PART), svc.job.part_waiting(RECONCILE_PART)
+    running = svc.job.part_waiting(RECONCILE_RUN_PART).get("since_ms", "")
+    catalog_behind = svc.job.part_waiting(STREAM_CATALOG_PART)
     waiting = sum(n or 0 for n in (lag.lag if lag is not None and lag.lag else (query.lag if query else {})).values())
     watermark = None
     if query is not None:
@@ -258,7 +258,7 @@ def health_status(
         redis_status(),
         waiting_status("Catalog database", catalog_behind, now)
         if catalog_behind
-        else database_status(svc.reader.catalog.get().version, svc.reader.catalog.behind),
+        else database_status(svc.catalog.get().version, svc.catalog.behind),
         waiting_status("Reconciliation", reconcile_waits, svc.clock())
         if reconcile_waits
         else reconciliation_status(

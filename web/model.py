@@ -1,6 +1,7 @@
 """What the web UI shows, as plain values: billed figures, periods, corrections, exports and the pipeline's health.
 
-Pure: no Flask, no Redis. `web.readers` fills these from Redis and the export folder; the views and the JSON API
+Pure: no Flask, no Redis. The readers (`web.readers` and one module beside it for each thing read) fill these from
+Redis and the export folder; the views and the JSON API
 turn them into pages and documents; a range's periods are summed per day or month here (`group`, `SpanTotal`). A
 correction is reconciliation's own `billing.corrections.Correction`, an export its manifest
 (`billing.export.Manifest`). Money is integer micros throughout; `web.display` formats it for people.

@@ -60,14 +60,12 @@ def name_of(kind: str, item_id: str) -> str:
 
 @bp.post("/catalog/ads/<ad_id>/name")
 def name_ad(ad_id: str) -> Response:
-    return _name("ad", ad_id, services().reader.catalog.get().get(ad_id) is not None)
+    return _name("ad", ad_id, services().catalog.get().get(ad_id) is not None)
 
 
 @bp.post("/catalog/campaigns/<campaign_id>/name")
 def name_campaign(campaign_id: str) -> Response:
-    return _name(
-        "campaign", campaign_id, services().reader.catalog.get().advertiser_of_campaign(campaign_id) is not None
-    )
+    return _name("campaign", campaign_id, services().catalog.get().advertiser_of_campaign(campaign_id) is not None)
 
 
 def _name(kind: str, item_id: str, known: bool) -> Response:

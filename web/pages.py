@@ -52,14 +52,14 @@ def _dashboard(advertiser_id: str, period: str | None, span: DateRange | None) -
     """The dashboard's content, the same for everyone allowed to see it (kept a second by `web.cache`)."""
     svc = services()
     ranged = lookups.range_figures("adv", advertiser_id, advertiser_id, span) if span else None
-    dashboard = svc.reader.dashboard(advertiser_id, period)
+    dashboard = svc.figures.dashboard(advertiser_id, period)
     if dashboard is None:
         return None
     if period is None:
-        corrections = svc.reader.corrections(advertiser_id, 0, 10)
+        corrections = svc.corrections.page(advertiser_id, 0, 10)
     else:
-        corrections = svc.reader.period_corrections(advertiser_id, period, 10)
-    budget_days = lookups.budget_days(advertiser_id, svc.reader.catalog.get().campaigns_of(advertiser_id), span)
+        corrections = svc.corrections.of_period(advertiser_id, period, 10)
+    budget_days = lookups.budget_days(advertiser_id, svc.catalog.get().campaigns_of(advertiser_id), span)
     want("campaign", (c.campaign_id for c in dashboard.campaigns))  # the names the page shows, two queries
     want("ad", (a.ad_id for a in dashboard.ads))
     return Markup(  # our own template's output, escaped by Jinja as it was rendered  # nosec B704
@@ -97,7 +97,7 @@ def range_url(preset: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/campaigns/<campaign_id>")
 def campaign(advertiser_id: str, campaign_id: str) -> str | tuple[str, int]:
     c = lookups.campaign(advertiser_id, campaign_id)
-    catalog = services().reader.catalog.get()
+    catalog = services().catalog.get()
     now = services().clock()
     prices = {a.ad_id: price_per_click(catalog, a.ad_id, now) for a in c.ads}
     span = lookups.page_date_range(DEFAULT_PRESET)
@@ -120,7 +120,7 @@ def campaign(advertiser_id: str, campaign_id: str) -> str | tuple[str, int]:
 @bp.get("/advertisers/<advertiser_id>/ads/<ad_id>")
 def ad(advertiser_id: str, ad_id: str) -> str | tuple[str, int]:
     a = lookups.ad(advertiser_id, ad_id)
-    price = price_per_click(services().reader.catalog.get(), ad_id, services().clock())
+    price = price_per_click(services().catalog.get(), ad_id, services().clock())
     span = lookups.page_date_range(DEFAULT_PRESET)
     ranged = lookups.range_figures("ad", ad_id, advertiser_id, span) if span else None
     return _with_range_status(render_template("ad.html", a=a, price=price, fresh=lookups.freshness(), r=ranged))
@@ -140,7 +140,7 @@ def not_charged_clicks(advertiser_id: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/corrections/<correction_id>")
 def correction(advertiser_id: str, correction_id: str) -> str:
     found = lookups.correction(advertiser_id, correction_id)
-    return render_template("correction.html", c=found, currency=services().reader.currency(advertiser_id))
+    return render_template("correction.html", c=found, currency=services().catalog.currency(advertiser_id))
 
 
 @bp.get("/finance")
@@ -148,7 +148,7 @@ def finance() -> str | tuple[str, int]:
     f = lookups.finance()
     span = lookups.page_date_range(DEFAULT_PRESET)
     assert span is not None  # a default is given
-    ranged = services().reader.finance_range(span.start_ms, span.end_ms)
+    ranged = services().finance.between(span.start_ms, span.end_ms)
     month = whole_month(span)
     return _with_range_status(
         render_template(
@@ -158,7 +158,7 @@ def finance() -> str | tuple[str, int]:
             totals=totals_by_currency(f.advertisers),
             not_charged_totals=not_charged_by_currency(f.advertisers),
             empty_not_charged=NotCharged(),
-            periods=services().reader.finance_periods(),
+            periods=services().finance.recent(),
             span=span,
             fr=ranged,
             range_totals=totals_by_currency(ranged.advertisers),
@@ -188,7 +188,7 @@ def health() -> str:
     svc = services()
     h = lookups.health()
     fresh = lookups.freshness()
-    audit = svc.reader.last_audit()
+    audit = svc.finance.last_audit()
     lag = lookups.kafka_lag()
     statuses = lookups.health_status(h, fresh, audit, lag)
     return render_template(

@@ -37,7 +37,7 @@ def readyz() -> tuple[Response, int]:
     now = svc.clock()
     checks: dict[str, str] = {}
     try:
-        beat_ms = svc.reader.heartbeat_ms()
+        beat_ms = svc.job.heartbeat_ms()
         checks["redis"] = "ok"
     except Exception as exc:  # any failure to read Redis is "not ready", with its reason
         checks["redis"] = f"unreachable: {exc}"
@@ -60,12 +60,12 @@ def readyz() -> tuple[Response, int]:
 def catalog_check(svc: Services) -> str:
     """`ok: catalog version N`, or why the catalog may be behind: the database does not answer this process, or
     the streaming job prices with the catalog it holds (its status record, `billing.store.part_status`)."""
-    catalog = svc.reader.catalog
+    catalog = svc.catalog
     version = catalog.get().version
     if catalog.behind is not None:
         return catalog.behind
     try:
-        job = svc.reader.part_waiting(STREAM_CATALOG_PART)
+        job = svc.job.part_waiting(STREAM_CATALOG_PART)
     except Exception:  # Redis unreachable: said under "redis"
         job = {}
     if job:

@@ -18,7 +18,7 @@ def attachment(body: str | bytes, mimetype: str, filename: str) -> Response:
 
 def send_export(period: str, name: str) -> Response:
     """The file of a finished export as an attachment, or 404."""
-    path = services().reader.export_file(period, name)
+    path = services().exports.file(period, name)
     if path is None:
         abort(404)
     mimetypes = {"parquet": "application/vnd.apache.parquet", "csv": "text/csv", "json": "application/json"}

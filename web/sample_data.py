@@ -4,7 +4,7 @@ The provisional totals, late, clock-ahead, unbilled and quarantined counts go th
 (`RedisTotals.apply_batch`); corrections, closed periods and the last reconciliation through reconciliation's
 (`RedisTotals.apply_corrections`, `close_period`, `record_reconciliation`); the exports through the finance
 export's writer (`billing.store.export_files.write_export`). Only the job's health records are written here, under
-`RedisKeys` and in the shape of `attribution.progress.summarize` (see `web.readers`). This module writes what the
+`RedisKeys` and in the shape of `attribution.progress.summarize` (see `web.job_health`). This module writes what the
 real writers write; it decides nothing they decide.
 """
 

@@ -11,8 +11,14 @@ from flask import current_app, g
 from billing.store.stream_offsets import LagReading
 from web.access import Principal
 from web.accounts import AccountsDatabase
+from web.advertiser_figures import AdvertiserFigures
+from web.budget_days import BudgetDays
 from web.cache import RecentResults
-from web.readers import BillingReader
+from web.correction_lists import CorrectionLists
+from web.exports import ExportFolder
+from web.finance_figures import FinanceFigures
+from web.job_health import JobHealth
+from web.readers import CatalogView, PeriodReader
 from web.sessions import LoginLimiter, SessionRecord, SessionStore
 from web.tokens import TokensDatabase
 
@@ -25,7 +31,19 @@ def now_ms() -> int:
 class Services:
     """Everything a request may need, built once per process."""
 
-    reader: BillingReader
+    catalog: CatalogView
+    """The ad catalog as of its latest version: currencies, and which ad or campaign belongs to whom."""
+    periods: PeriodReader
+    """The periods in Redis and who has totals in each."""
+    figures: AdvertiserFigures
+    """An advertiser's figures: its dashboard, campaigns and ads."""
+    corrections: CorrectionLists
+    budgets: BudgetDays
+    finance: FinanceFigures
+    exports: ExportFolder
+    """The finished exports and their files, and the clicks not charged."""
+    job: JobHealth
+    """The streaming job's heartbeat and health, what each part waits for, the last reconciliation."""
     accounts: AccountsDatabase
     tokens: TokensDatabase
     sessions: SessionStore

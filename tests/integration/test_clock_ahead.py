@@ -46,8 +46,10 @@ from producers.simulator import LiveSchedule, SimulationConfig, Simulator, syste
 from producers.wire import EventSerializer
 from tests.conftest import fresh_topics, new_database, own_settings
 from tests.redis_figures import RedisFigures
+from web.advertiser_figures import AdvertiserFigures
+from web.job_health import JobHealth
 from web.model import EventCounts
-from web.readers import BillingReader, CatalogView
+from web.readers import CatalogView, PeriodReader
 
 pytestmark = pytest.mark.integration
 
@@ -201,16 +203,15 @@ def test_one_skewed_impression_and_click_do_not_stall_the_stream(
     assert clock_ahead(run) == {(ad.ad_id, "impression"): 1, (ad.ad_id, "click"): 1}
     # Shown to people: on the advertiser's dashboard for the period of the events' own time, and on the health page
     # by period and ad.
-    reader = BillingReader(
-        RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client,
-        settings.redis_prefix,
-        settings.root / "exports",
-        CatalogView(settings.catalog_store()),
+    catalog = CatalogView(settings.catalog_store())
+    periods = PeriodReader(
+        RedisFigures.from_url(settings.redis_url, settings.redis_prefix).client, settings.redis_prefix, catalog
     )
     period = Periods(settings.period_ms).key_of(run.skewed[0].event_time)
-    dashboard = reader.dashboard(ad.advertiser_id, period)
+    dashboard = AdvertiserFigures(periods, catalog).dashboard(ad.advertiser_id, period)
     assert dashboard is not None and dashboard.clock_ahead == EventCounts(impressions=1, clicks=1)
-    assert [(c.period.key, c.advertiser_id, c.ad_id, c.counts) for c in reader.health().clock_ahead] == [
+    health = JobHealth(periods, catalog).health()
+    assert [(c.period.key, c.advertiser_id, c.ad_id, c.counts) for c in health.clock_ahead] == [
         (period, ad.advertiser_id, ad.ad_id, EventCounts(impressions=1, clicks=1))
     ]
     # The join still evicts its state as the watermark moves.

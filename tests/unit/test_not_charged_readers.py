@@ -25,7 +25,7 @@ from web.model import (
     total_not_charged,
 )
 from web.ranges import DateRange
-from web.readers import NOT_CHARGED_FIELDS, _not_charged
+from web.readers import NOT_CHARGED_FIELDS, not_charged_of
 from web.statements import CSV_COLUMNS, PROVISIONAL, PeriodCharges, build_statement, statement_csv
 
 H = 3_600_000
@@ -36,13 +36,13 @@ def test_a_not_charged_hash_is_read_field_by_field_in_the_reasons_order() -> Non
     assert NOT_CHARGED_REASONS == ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")
     assert NOT_CHARGED_FIELDS[:4] == ("known_bot", "known_bot:micros", "excluded_ip", "excluded_ip:micros")
     values = ["3", "900000", None, None, "21", "6300000", "-1", "-300000", "5", "1500000"]  # Redis strings, absent
-    read = _not_charged(values)
+    read = not_charged_of(values)
     assert read == NotCharged(
         Figures(3, 900_000), Figures(), Figures(21, 6_300_000), Figures(-1, -300_000), Figures(5, 1_500_000)
     )
     assert read.invalid == Figures(23, 6_900_000)  # the four rules together, a correction's -1 included
-    assert _not_charged([None] * 10).is_zero
-    big = _not_charged(["1", str(2**63 - 1)] + ["0"] * 8)
+    assert not_charged_of([None] * 10).is_zero
+    big = not_charged_of(["1", str(2**63 - 1)] + ["0"] * 8)
     assert big.invalid.micros == 2**63 - 1  # exact: integers, never floats
 
 
