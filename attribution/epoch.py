@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from billing.layout import EPOCH_FILE, DataLayout
+from billing.store.compaction import COMPACTED
 
 
 class CheckpointRefusedError(RuntimeError):
@@ -133,10 +134,21 @@ def batch_folders(data_dir: Path) -> list[tuple[int, Path]]:
 def set_aside_batches_after(data_dir: Path, last_complete: int) -> list[Path]:
     """Move the folders of every batch after `last_complete` out of the data (to `DataLayout.uncommitted`, in the
     same tree): a batch no checkpoint committed and Redis never applied, whose files may be partial. The new
-    epoch reads their records again from Kafka. Returns where they went."""
+    epoch reads their records again from Kafka. Returns where they went. CheckpointRefusedError, moving nothing, when
+    one of them holds a compacted file (`billing.store.compaction`: rows of earlier batches too)."""
     layout = DataLayout(data_dir)
+    doomed = [(batch, folder) for batch, folder in batch_folders(data_dir) if batch > last_complete]
+    compacted = [folder for _, folder in doomed if any(folder.glob(f"{COMPACTED}*.parquet"))]
+    if compacted:
+        # A compacted folder holds rows of committed batches too (`billing.store.compaction`): moving it would lose
+        # them. Compaction never takes a batch this recent; a folder that holds one means the positions went back.
+        raise CheckpointRefusedError(
+            f"the batch folders after batch {last_complete} that a new epoch would set aside hold compacted files of "
+            f"earlier batches, which it must not move: {', '.join(str(f) for f in compacted[:3])}. The checkpoint "
+            "or Redis is older than the data folder: restore them, or Redis with `adbill restore-redis`"
+        )
     moved = []
-    for batch, folder in batch_folders(data_dir):
+    for batch, folder in doomed:
         if batch > last_complete:
             target = layout.uncommitted / folder.relative_to(layout.root)
             if target.exists():  # set aside by an earlier try: the newer copy replaces it

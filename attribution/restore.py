@@ -40,6 +40,7 @@ from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
+from billing.store.compaction import live_files
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
 from billing.store.export_files import (
@@ -210,6 +211,16 @@ def _table(folder: Path, columns: list[str], where: pc.Expression | None = None)
     return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns, filter=where)
 
 
+def _batch_dataset(folder: Path, depth: int) -> ds.Dataset | None:
+    """The Parquet files of the batch folders under `folder` (`depth` levels down) as one hive-partitioned dataset,
+    but for those a compacted file holds (`billing.store.compaction.live_files`: the restore takes no run lock, and
+    a compaction may be under way); None when there is none."""
+    files = live_files(folder, depth)
+    if not files:
+        return None
+    return ds.dataset([str(f) for f in files], format="parquet", partitioning="hive", partition_base_dir=str(folder))
+
+
 def _archived(released: pa.Table) -> int:
     return int(pc.sum(pc.is_null(released.column("reason"))).as_py() or 0)
 
@@ -222,9 +233,9 @@ def _coordinates(table: pa.Table) -> list[str]:
 def _late_events(archive: Path, through: int, leave_out: list[str]) -> pa.Table:
     """The late rows of the archive's batches up to `through`, but for the records at `leave_out`'s coordinates."""
     columns = ["event_type", "period", "period_start_ms", "ad_id"]
-    if not archive.is_dir() or not any(archive.rglob("*.parquet")):
+    dataset = _batch_dataset(archive, 3)
+    if dataset is None:
         return pa.table({"late": pa.array([], pa.bool_())})
-    dataset = ds.dataset(archive, format="parquet", partitioning="hive")
     table = dataset.to_table(
         columns=[*columns, "late", "topic", "partition", "offset"],
         filter=pc.field("late") & (pc.field("batch_id") <= through),
@@ -261,9 +272,9 @@ def _while_open(table: pa.Table, closed_at: dict[str, int]) -> pa.Table:
 
 def _not_charged_clicks(folder: Path, through: int) -> pa.Table:
     """The stream's not-charged clicks (`attribution.charging.NOT_CHARGED_ROWS`) of the batches up to `through`."""
-    if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+    dataset = _batch_dataset(folder, 2)
+    if dataset is None:
         return NOT_CHARGED_TABLE_SCHEMA.empty_table()
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
     table = dataset.to_table(columns=NOT_CHARGED_TABLE_SCHEMA.names, filter=pc.field("batch_id") <= through)
     return table.cast(NOT_CHARGED_TABLE_SCHEMA)
 
@@ -281,18 +292,18 @@ def _unbilled_clicks(folder: Path, through: int) -> pa.Table:
         [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
          ("ad_id", pa.string()), ("reason", pa.string())]
     )  # fmt: skip
-    if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+    dataset = _batch_dataset(folder, 2)
+    if dataset is None:
         return schema.empty_table()
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
     return dataset.to_table(columns=schema.names, filter=pc.field("batch_id") <= through).cast(schema)
 
 
 def _clock_ahead_events(archive: Path, tolerance_ms: int, through: int) -> pa.Table:
     """The archived events more than `tolerance_ms` ahead of their receipt, as `clock_ahead_counts` reads them."""
     columns = ["event_type", "period", "period_start_ms", "ad_id", "event_time", "received_ms"]
-    if not archive.is_dir() or not any(archive.rglob("*.parquet")):
+    dataset = _batch_dataset(archive, 3)
+    if dataset is None:
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
-    dataset = ds.dataset(archive, format="parquet", partitioning="hive")
     ahead = pc.field("event_time") > pc.field("received_ms") + tolerance_ms
     table = dataset.to_table(columns=columns, filter=ahead & (pc.field("batch_id") <= through))
     return table.cast(

@@ -11,6 +11,9 @@ ROOT/
   released/batch_id=N/                    quarantined records of a schema id learnt later, settled into batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
+  .../period=P/batch_id=M/compacted-A-M.parquet   of the ledger, archive, unbilled and not_charged: a closed
+                                          period's batches A to M in one file, in the folder of the newest
+                                          (`source_batch_id`: each row's batch; billing.store.compaction)
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
   checkpoints/decisions/N.parquet         what the stream decided for each bill of batch N (charged, or why not)
@@ -22,7 +25,8 @@ ROOT/
   exports/P/                              a closed period's finance export, never rewritten
   invoices/MONTH/ADVERTISER.json          an invoice, written from the database once issued (never rewritten)
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
-                                          last-audit.json, lock (one run at a time)
+                                          last-audit.json, lock (one run at a time), compaction.json (the
+                                          compaction under way)
   index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
                                           rebuilt from the folders above when removed)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
@@ -195,6 +199,12 @@ class DataLayout:
     @property
     def run_lock(self) -> Path:
         return self.reconcile / "lock"
+
+    @property
+    def compaction_journal(self) -> Path:
+        """The compaction under way (`billing.store.compaction`): written before its file, removed after the last
+        removal; whoever takes the run lock next completes or rolls back what it names."""
+        return self.reconcile / "compaction.json"
 
     # What the click's story reads through.
     @property

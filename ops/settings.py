@@ -180,6 +180,11 @@ class Settings:
         "1: `adbill reconcile --every` (in `adbill up`) runs the audit after each run that closed a period, so finance "
         "sees the books proven; 0: only `adbill audit` does.",
     )
+    compact_after_close: int = _setting(
+        1,
+        "1: each reconciliation run ends by compacting the batch files of the closed periods that the stream will "
+        "not write again into one file per period and kind (`billing.store.compaction`); 0: they stay as written.",
+    )
     invoice_issuer: str = _setting("adbill", "Who issues the monthly invoices: the name printed at their top.")
     invoice_terms_days: int = _setting(30, "Days after the invoice date that a monthly invoice is due.")
     stream_invalid_traffic: int = _setting(

@@ -23,6 +23,11 @@ run adds a file to a closed period's folder). Folders moved away (a new checkpoi
 their rows. A row read back is checked against its click id: should a file have been rewritten in another order,
 the file is searched instead.
 
+A closed period's batch folders compacted into one file (`billing.store.compaction`) leave its period folder: the
+folder of the newest batch, which holds the compacted file, is looked at again, and the folders gone drop their rows.
+A row read from a compacted file carries the batch that wrote it (`source_batch_id`), and should a compaction be
+under way (or stopped mid-way) the rows of the files a compacted file holds are passed over (`compaction.superseded`).
+
 The index is a cache: removing the file rebuilds it from the data folder at the next refresh (a month of the
 benchmark's data in a few minutes: `make bench-stories`).
 """
@@ -45,6 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
+from billing.store.compaction import SOURCE_BATCH, superseded
 from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
 from billing.story import BookRow
 
@@ -191,9 +197,11 @@ class ClickIndex:
                 "WHERE r.click_id = ? ORDER BY f.path, r.row",
                 (click_id,),
             ).fetchall()
-        return [
+        located = [
             Located(click_id, kind, self.root / path, row, period, batch) for kind, path, row, period, batch in found
         ]
+        gone = superseded(item.path for item in located)
+        return [item for item in located if item.path not in gone]
 
     def archive_files(self, kind: str, periods: Sequence[str], low_ms: int, high_ms: int) -> list[Path]:
         """The archive's files of `kind` in `periods` whose event times meet [low_ms, high_ms]."""
@@ -207,7 +215,9 @@ class ClickIndex:
                 f"SELECT path FROM files WHERE kind = ? AND period IN ({marks}) AND min_time <= ? AND max_time >= ?",  # nosec B608: only marks
                 (kind, *periods, high_ms, low_ms),
             ).fetchall()
-        return [self.root / path for (path,) in found]
+        paths = [self.root / path for (path,) in found]
+        gone = superseded(paths)
+        return [path for path in paths if path not in gone]
 
     def book_rows(
         self, first_period: str, last_period: str, *, ad_id: str | None = None, campaign_id: str | None = None
@@ -220,7 +230,7 @@ class ClickIndex:
             if not _has_schema(db):
                 return []
             found = db.execute(
-                "SELECT r.click_id, f.kind, r.period, r.amount, r.sign, r.booked, coalesce(r.click_time, ("
+                "SELECT f.path, r.click_id, f.kind, r.period, r.amount, r.sign, r.booked, coalesce(r.click_time, ("
                 "  SELECT min(a.click_time) FROM rows a JOIN files fa ON fa.id = a.file"
                 f"  WHERE a.click_id = r.click_id AND fa.kind = '{ARCHIVE_CLICK}')) "
                 f"FROM rows r JOIN files f ON f.id = r.file WHERE r.{column} = ? AND r.period BETWEEN ? AND ? "  # nosec B608: constants
@@ -228,10 +238,11 @@ class ClickIndex:
                 (value, first_period, last_period),
             ).fetchall()
         kinds = {LEDGER: "ledger", CORRECTION: "correction", EXPORT: "export"}
+        gone = {str(path.relative_to(self.root)) for path in superseded(self.root / row[0] for row in found)}
         return [
             BookRow(click, kinds[kind], period, amount or 0, sign, booked, at)
-            for click, kind, period, amount, sign, booked, at in found
-            if kind in kinds
+            for path, click, kind, period, amount, sign, booked, at in found
+            if kind in kinds and path not in gone
         ]
 
     def closed_periods(self) -> set[str]:
@@ -364,11 +375,18 @@ class Refresh:
             return
         names = {e.name for e in os.scandir(self.base + rel) if e.is_dir() and not e.name.startswith(".")}
         recorded = {
-            p.rsplit("/", 1)[-1] for (p,) in self.db.execute("SELECT path FROM folders WHERE parent = ?", (rel,))
+            p.rsplit("/", 1)[-1]: known_mtime
+            for p, known_mtime in self.db.execute("SELECT path, mtime_ns FROM folders WHERE parent = ?", (rel,))
         }
-        for gone in recorded - names:
+        for gone in recorded.keys() - names:
             self._forget(f"{rel}/{gone}")
-        for name in sorted(names - recorded):
+        if leaves and recorded.keys() - names:
+            # Batch folders gone from a period: compacted (`billing.store.compaction`), the file that holds them
+            # written into the newest one's folder, which is looked at again.
+            for name in names & recorded.keys():
+                if recorded[name] is not None and _mtime(f"{self.base}{rel}/{name}") != recorded[name]:
+                    self.db.execute("UPDATE folders SET mtime_ns = NULL WHERE path = ?", (f"{rel}/{name}",))
+        for name in sorted(names - recorded.keys()):
             child = f"{rel}/{name}"
             self.db.execute(
                 "INSERT OR REPLACE INTO folders VALUES (?, ?, ?, ?, ?, NULL)",
@@ -617,6 +635,7 @@ def read_located(located: Sequence[Located], drop: Sequence[str] = ("value",)) -
             for row in rows:
                 record = {name: table.column(name)[row].as_py() for name in table.column_names}
                 record.setdefault("period", item.period)
-                record.setdefault("batch_id", item.batch_id)
+                source = record.pop(SOURCE_BATCH, None)  # a compacted file's: the batch that wrote the row
+                record["batch_id"] = source if source is not None else record.get("batch_id", item.batch_id)
                 out.append({**record, "found_in": item.kind, "file": str(path), "row": row})
     return out

@@ -40,6 +40,7 @@ from billing.store.click_index import (
     ClickIndex,
     read_located,
 )
+from billing.store.compaction import SOURCE_BATCH
 from billing.store.crawler_list import crawler_list, kept_list
 from billing.store.export_files import read_manifest
 from billing.story import ClickStory, Evidence, by_price, tell
@@ -59,6 +60,7 @@ _ARCHIVE_COLUMNS = (
     "user_agent",
     "ip",
     "late",
+    SOURCE_BATCH,
 )
 
 
@@ -209,4 +211,8 @@ def _matching(path: Path, user_id: str, ad_id: str | None, low: int, high: int) 
         mask = pc.and_(mask, pc.equal(table.column("ad_id"), ad_id))
     period = next((p.removeprefix("period=") for p in path.parts if p.startswith("period=")), None)
     batch = next((int(p.removeprefix("batch_id=")) for p in path.parts if p.startswith("batch_id=")), None)
-    return [{**row, "period": period, "batch_id": batch} for row in table.filter(mask).to_pylist()]
+    out = []
+    for row in table.filter(mask).to_pylist():
+        source = row.pop(SOURCE_BATCH, None)  # a compacted file's (`billing.store.compaction`): the row's own batch
+        out.append({**row, "period": period, "batch_id": batch if source is None else source})
+    return out

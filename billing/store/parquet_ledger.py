@@ -1,10 +1,11 @@
 """Reading the Parquet ledger of billed clicks (written by the streaming job, one folder per period and batch).
 
 Layout: `LEDGER/period=YYYYMMDDTHHMMZ/batch_id=N/part-*.parquet`, one row per billed click with the columns of
-`LEDGER_COLUMNS`. Readable by pyarrow, pandas, DuckDB and Spark alike (hive partitioning). A file that does
-not read stops the reader with its name (`LedgerCorruptError`): reconciliation, the audit and the totals' rebuild
-never go on without a batch's bills. A reconciliation run reads it once, up to the last batch the stream committed
-(`LedgerTable`, `ledger_up_to`).
+`LEDGER_COLUMNS`; a closed period's batches compacted into `batch_id=M/compacted-A-M.parquet` with each row's batch in
+`source_batch_id` (`billing.store.compaction`). Readable by pyarrow, pandas, DuckDB and Spark alike (hive
+partitioning). A file that does not read stops the reader with its name (`LedgerCorruptError`): reconciliation, the
+audit and the totals' rebuild never go on without a batch's bills. A reconciliation run reads it once, up to the
+last batch the stream committed (`LedgerTable`, `ledger_up_to`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from billing.rule import BILLABLE_FIELDS
+from billing.store.compaction import SOURCE_BATCH, compacted_span, live_files, superseded
 
 LEDGER_COLUMNS = (
     *BILLABLE_FIELDS,
@@ -48,17 +50,20 @@ def read_ledger(ledger_dir: str | Path) -> pa.Table:
 
     LedgerCorruptError, naming each file, when a Parquet file of the ledger cannot be read (truncated, emptied,
     overwritten): a reader never skips one. Files whose names begin with a dot (a write in progress) are not part
-    of the ledger."""
+    of the ledger, nor the batch files a compacted file holds should both be there (`compaction.superseded`). A
+    compacted file's rows carry its folder's batch, the newest it holds."""
     path = Path(ledger_dir)
-    if not path.exists() or not any(path.glob("period=*")):
+    files = [str(f) for f in live_files(path)]
+    if not files:
         return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
     try:
         # The schema given, not inferred: a period whose only file is still being written (a dot-file) has none.
         dataset = ds.dataset(
-            path,
+            files,
             schema=LEDGER_SCHEMA,
             format="parquet",
             partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
+            partition_base_dir=str(path),
         )
         return dataset.to_table(columns=list(LEDGER_COLUMNS))
     except (pa.ArrowException, OSError) as exc:
@@ -72,33 +77,63 @@ def read_batches(ledger_dir: str | Path, periods: Iterable[str], after_batch: in
     """The billed clicks of `periods` written by the batches after `after_batch` up to `through_batch`, read from their
     folders only (`period=P/batch_id=N/`), not the whole ledger: what a reconciliation run looks at when the stream
     applied batches after the one it read through. A batch Redis applied has its files whole (they are written
-    before the apply). LedgerCorruptError as `read_ledger`."""
+    before the apply). A compacted file gives the rows of those batches it holds, each with its own batch
+    (`source_batch_id`). LedgerCorruptError as `read_ledger`."""
     root = Path(ledger_dir)
-    files: list[str] = []
+    listed: list[Path] = []
     for period in sorted(set(periods)):
         folder = root / f"period={period}"
         if not folder.is_dir():
             continue
         for batch in folder.glob("batch_id=*"):
             number = batch.name.removeprefix("batch_id=")
-            if number.lstrip("-").isdigit() and after_batch < int(number) <= through_batch:
-                files += [str(f) for f in sorted(batch.glob("*.parquet")) if not f.name.startswith(".")]
-    if not files:
+            if number.lstrip("-").isdigit() and after_batch < int(number):
+                listed += [f for f in sorted(batch.glob("*.parquet")) if not f.name.startswith(".")]
+    gone = superseded(listed)
+    files, compacted = [], []
+    for file in listed:
+        span = compacted_span(file.name)
+        if file in gone:
+            continue
+        if span is None and int(file.parent.name.removeprefix("batch_id=")) <= through_batch:
+            files.append(str(file))
+        elif span is not None and span[0] <= through_batch:
+            compacted.append(file)
+    if not files and not compacted:
         return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
     try:
-        dataset = ds.dataset(
-            files,
-            schema=LEDGER_SCHEMA,
-            format="parquet",
-            partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
-            partition_base_dir=str(root),
-        )
-        return dataset.to_table(columns=list(LEDGER_COLUMNS))
+        tables = [_source_batches(file, after_batch, through_batch) for file in compacted]
+        if files:
+            dataset = ds.dataset(
+                files,
+                schema=LEDGER_SCHEMA,
+                format="parquet",
+                partitioning=ds.partitioning(
+                    pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"
+                ),
+                partition_base_dir=str(root),
+            )
+            tables.append(dataset.to_table(columns=list(LEDGER_COLUMNS)))
+        return pa.concat_tables(tables)
     except (pa.ArrowException, OSError) as exc:
         broken = _unreadable_files(root)
         if not broken:
             raise
         raise LedgerCorruptError(root, broken) from exc
+
+
+def _source_batches(file: Path, after_batch: int, through_batch: int) -> pa.Table:
+    """The rows of a compacted ledger file (`billing.store.compaction`) that batches after `after_batch` up to
+    `through_batch` wrote, each with that batch (`source_batch_id`) as its `batch_id`."""
+    table = pq.read_table(file)
+    source = table.column(SOURCE_BATCH)
+    table = table.filter(
+        pc.and_(pc.greater(source, after_batch), pc.less_equal(source, pa.scalar(through_batch, pa.int64())))
+    )
+    period = file.parent.parent.name.removeprefix("period=")
+    table = table.append_column("period", pa.repeat(pa.scalar(period), table.num_rows))
+    table = table.append_column("batch_id", table.column(SOURCE_BATCH))
+    return table.select(list(LEDGER_COLUMNS)).cast(LEDGER_SCHEMA)
 
 
 def _unreadable_files(ledger_dir: Path) -> dict[Path, str]:

@@ -1,0 +1,441 @@
+"""Compaction: a closed period's batch files, once no one will write those batches again, in one file per kind.
+
+The stream writes a folder per micro-batch and period (`billing.layout`), each a few files: at the 1 s trigger a
+closed day leaves about 950,000 of them. Each reconciliation run (`ops.reconcile`, `ADBILL_COMPACT_AFTER_CLOSE`)
+compacts the batch folders of every closed period, per kind (`KINDS`: the archive's clicks and impressions, the
+ledger, `unbilled/`, `not_charged/`), into one file (docs/click-stories-at-scale.md, "What compaction must
+guarantee"):
+
+- **only batches no one will write again** (`compactable_through`): at or below the lesser of the stream's last
+  committed batch and Redis's last applied one, less `HOT_BATCHES`. The stream replays only the batch after its last
+  commit, a new epoch sets aside only the batches after Redis's last applied one, and reconciliation releases records
+  into the last committed batch; none of those is ever a compacted folder;
+- **every row, once, with its batch**: the rows of the folders it reads, unchanged, plus `source_batch_id` (the batch
+  that wrote each row), sorted for the story's questions (`Kind.keys`), row groups of `ROW_GROUP_ROWS`. The file
+  goes in the folder of the newest batch it holds, `period=P/batch_id=M/compacted-A-M.parquet`, and the folders it
+  read are removed: whatever reads the batch from the path reads M for every row, which gives the same rows for any
+  `batch_id <= X` with X at or above M (every position anyone holds from then on), and leaves the newest batch of
+  every period (`billing.store.data_versions`) and of the data folder (`attribution.epoch.newest_batch_id`) as it was;
+- **written whole before anything is removed**: staged under a dot name, flushed, renamed, its folder flushed
+  (`billing.store.durable`); then the files it holds are removed and their folders flushed;
+- **late data is left where it lands**: a batch folder newer than the position (a late event, a record released from
+  quarantine) stays as written until a later pass merges it with the compacted file;
+- **under reconciliation's run lock** (`ops.reconcile.run_lock`), which every command that reads the batch folders
+  for the books takes too;
+- **a crash mid-way is finished before anyone reads**: a journal (`DataLayout.compaction_journal`: the folder, the
+  span, the files) is written before the compacted file and removed after the last removal; whoever takes the lock
+  next completes or rolls back what it names (`finish_interrupted`);
+- **readers that take no lock skip what a compacted file supersedes** (`superseded`): `compacted-A-M` stands for the
+  batch folders A to M of its period beside it, should both be listed.
+
+The quarantine and `released/` keep their batch-only layout (their readers take the original batch from the path),
+and the exports, corrections and conflicts are never rewritten. Pure pyarrow; no Spark, no services.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from billing.layout import DataLayout
+from billing.store.durable import fsync_folder, replace_files, write_whole
+
+COMPACTED = "compacted-"
+"""The name of a compacted file begins so: `compacted-FIRST-LAST.parquet`, FIRST and LAST the batches it holds."""
+
+SOURCE_BATCH = "source_batch_id"
+"""A compacted file's column: the batch that wrote each row (its folder's `batch_id` is the newest it holds)."""
+
+HOT_BATCHES = 3
+"""Batches this close to the lesser of the stream's last committed batch and Redis's last applied one are left as
+written (the stream replays the batch after its last commit; reconciliation releases into the last committed one)."""
+
+ROW_GROUP_ROWS = 65_536
+"""Rows per row group of a compacted file: a lookup by id reads one row group (docs/click-stories-at-scale.md)."""
+
+STEPS = ("journal", "staged", "renamed", "removed")
+"""The points between a compaction's steps: the journal written, the compacted file written and flushed under its
+dot name, renamed into place, the files it holds removed (the journal's removal follows)."""
+
+step_hook: Callable[[str, Path], None] | None = None
+"""Called with each of `STEPS` and the compacted file's path, when set: how a test stops a compaction between its
+steps."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of per-batch files that is compacted: where its `period=P/` folders are, how its file is sorted."""
+
+    name: str
+    folder: Callable[[DataLayout], Path]
+    keys: tuple[str, ...]
+    bloom: tuple[str, ...] = ()
+    """Columns that get a Parquet Bloom filter (a lookup by id in a file sorted otherwise)."""
+
+
+KINDS = (
+    Kind("archive_click", lambda layout: layout.archive_of("click"), ("event_id",), ("user_id",)),
+    Kind("archive_impression", lambda layout: layout.archive_of("impression"), ("user_id", "event_time")),
+    Kind("ledger", lambda layout: layout.ledger, ("campaign_id", "click_time"), ("click_id",)),
+    Kind("unbilled", lambda layout: layout.unbilled, ("click_id",)),
+    Kind("not_charged", lambda layout: layout.not_charged, ("click_id",)),
+)
+"""The kinds compacted per period, each sorted as docs/click-stories-at-scale.md lays them out."""
+
+
+class CompactionError(RuntimeError):
+    """A period's files could not be compacted (their columns do not agree, a file does not read): left as written."""
+
+
+def batch_of(name: str) -> int | None:
+    """N of a folder named `batch_id=N`; None for any other name."""
+    if not name.startswith("batch_id="):
+        return None
+    number = name.removeprefix("batch_id=")
+    return int(number) if number.isdigit() else None
+
+
+def compacted_span(name: str) -> tuple[int, int] | None:
+    """(first, last) batch of a compacted file's name `compacted-FIRST-LAST.parquet`; None for any other name."""
+    if not name.startswith(COMPACTED) or not name.endswith(".parquet"):
+        return None
+    first, _, last = name.removeprefix(COMPACTED).removesuffix(".parquet").partition("-")
+    return (int(first), int(last)) if first.isdigit() and last.isdigit() else None
+
+
+def superseded(paths: Iterable[Path]) -> set[Path]:
+    """The files among `paths` that a compacted file among them stands for: in the same period folder, a batch
+    file of a batch from its first to its last, or a compacted file whose span lies within its own. A reader that
+    lists without the run lock (a compaction may be under way, or stopped mid-way) skips them."""
+    spans: dict[Path, list[tuple[Path, int, int]]] = {}
+    listed = list(paths)
+    for path in listed:
+        span = compacted_span(path.name)
+        if span is not None and batch_of(path.parent.name) is not None:
+            spans.setdefault(path.parent.parent, []).append((path, *span))
+    if not spans:
+        return set()
+    out = set()
+    for path in listed:
+        batch = batch_of(path.parent.name)
+        covering = spans.get(path.parent.parent)
+        if batch is None or not covering:
+            continue
+        first, last = compacted_span(path.name) or (batch, batch)
+        if any(other != path and a <= first and last <= m for other, a, m in covering):
+            out.add(path)
+    return out
+
+
+def live_files(root: Path, depth: int = 2) -> list[Path]:
+    """Every Parquet file of the batch folders under `root` (`depth` folder levels down: 2 for `period=P/batch_id=N`,
+    3 for the archive's `event_type=T/period=P/batch_id=N`), but for dot files (a write in progress) and the files a
+    compacted file supersedes (`superseded`)."""
+    found: list[Path] = []
+
+    def walk(folder: str, level: int) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return  # removed by a compaction while this was listed: its rows are in the compacted file
+        for entry in entries:
+            if entry.name.startswith((".", "_")):
+                continue
+            if level < depth and entry.is_dir():
+                walk(entry.path, level + 1)
+            elif level == depth and entry.name.endswith(".parquet") and entry.is_file():
+                found.append(Path(entry.path))
+
+    if root.is_dir():
+        walk(str(root), 0)
+    gone = superseded(found)
+    return sorted(path for path in found if path not in gone)
+
+
+# --- The position ------------------------------------------------------------------------------------------------
+
+
+def compactable_through(committed: int | None, applied: int | None, hot: int = HOT_BATCHES) -> int | None:
+    """The newest batch compaction may take: `hot` below the lesser of the stream checkpoint's last committed batch
+    and Redis's last applied one; None when either is unknown (no checkpoint, Redis without the record): nothing is
+    compacted then."""
+    if committed is None or applied is None:
+        return None
+    through = min(committed, applied) - hot
+    return through if through >= 0 else None
+
+
+# --- One period's folder -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one compaction of a period's folder reads and writes."""
+
+    folder: Path
+    """The period's folder (`.../period=P`)."""
+    first: int
+    last: int
+    sources: tuple[tuple[int, Path], ...]
+    """(batch, file) of every file it holds (a compacted file's batch is its last)."""
+    folders: tuple[Path, ...]
+    """The batch folders it empties and removes (all but the last's)."""
+
+    @property
+    def target(self) -> Path:
+        return self.folder / f"batch_id={self.last}" / f"{COMPACTED}{self.first}-{self.last}.parquet"
+
+    @property
+    def staging(self) -> Path:
+        return self.target.with_name(f".{self.target.name}.tmp")
+
+
+def plan_folder(folder: Path, through: int) -> Plan | None:
+    """The compaction of a period's folder: every batch folder up to batch `through` (newer ones are left for a
+    later pass); None when they are fewer than two (nothing to merge)."""
+    batches: dict[int, list[Path]] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return None
+    for entry in entries:
+        batch = batch_of(entry.name)
+        if batch is None or batch > through or not entry.is_dir():
+            continue
+        batches[batch] = sorted(
+            Path(file.path)
+            for file in os.scandir(entry.path)
+            if file.name.endswith(".parquet") and not file.name.startswith(".") and file.is_file()
+        )
+    if len(batches) < 2:
+        return None
+    last = max(batches)
+    first = min(batches)
+    sources = []
+    for batch, files in sorted(batches.items()):
+        for path in files:
+            span = compacted_span(path.name)
+            if span is not None:
+                first = min(first, span[0])
+            sources.append((batch, path))
+    folders = tuple(folder / f"batch_id={batch}" for batch in sorted(batches) if batch != last)
+    return Plan(folder, first, last, tuple(sources), folders)
+
+
+def compacted_table(plan: Plan, keys: Sequence[str]) -> pa.Table:
+    """Every row of the plan's files, each with the batch that wrote it (`SOURCE_BATCH`: a batch file's folder, or
+    the column a compacted file holds), sorted by `keys`."""
+    tables = []
+    for batch, path in plan.sources:
+        try:
+            table = pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException) as exc:
+            raise CompactionError(f"{path} does not read: {exc}") from exc
+        if "batch_id" in table.column_names:  # a partition column written into the file: the row's batch
+            source = table.column("batch_id").cast(pa.int64())
+            table = table.drop_columns(["batch_id"])
+            if SOURCE_BATCH not in table.column_names:
+                table = table.append_column(SOURCE_BATCH, source)
+        if SOURCE_BATCH not in table.column_names:
+            table = table.append_column(SOURCE_BATCH, pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows))
+        tables.append(table)
+    try:
+        table = pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowException as exc:
+        raise CompactionError(f"the files of {plan.folder} do not share their columns: {exc}") from exc
+    order = [(key, "ascending") for key in keys if key in table.column_names]
+    return table.sort_by([*order, (SOURCE_BATCH, "ascending")]) if table.num_rows else table
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """One period folder compacted."""
+
+    target: Path
+    rows: int
+    files_read: int
+    folders_removed: int
+
+
+def compact_folder(layout: DataLayout, kind: Kind, folder: Path, through: int) -> Compacted | None:
+    """Compact one period's folder of `kind` up to batch `through` (`plan_folder`), journalled; the caller holds the
+    run lock and has finished any compaction a crash interrupted (`finish_interrupted`). None: nothing to merge."""
+    plan = plan_folder(folder, through)
+    if plan is None:
+        return None
+    table = compacted_table(plan, kind.keys)
+    _write_journal(layout, plan)
+    _step("journal", plan.target)
+    blooms = {c: {"ndv": ROW_GROUP_ROWS, "fpp": 0.01} for c in kind.bloom if c in table.column_names}
+    try:
+        pq.write_table(
+            table,
+            plan.staging,
+            compression="snappy",
+            row_group_size=ROW_GROUP_ROWS,
+            write_statistics=True,
+            bloom_filter_options=blooms or None,
+        )
+    except BaseException:  # a full disk: nothing was renamed, nothing removed
+        _roll_back(layout, plan.staging)
+        raise
+    _step("staged", plan.target)
+    replace_files([(plan.staging, plan.target)])
+    _step("renamed", plan.target)
+    _remove_sources(plan.target, [path for _, path in plan.sources], plan.folders)
+    _step("removed", plan.target)
+    layout.compaction_journal.unlink()
+    fsync_folder(layout.compaction_journal.parent)
+    return Compacted(plan.target, table.num_rows, len(plan.sources), len(plan.folders))
+
+
+def _step(name: str, target: Path) -> None:
+    if step_hook is not None:
+        step_hook(name, target)
+
+
+def _write_journal(layout: DataLayout, plan: Plan) -> None:
+    root = layout.root
+    record = {
+        "folder": plan.folder.relative_to(root).as_posix(),
+        "first": plan.first,
+        "last": plan.last,
+        "target": plan.target.relative_to(root).as_posix(),
+        "staging": plan.staging.relative_to(root).as_posix(),
+        "sources": [path.relative_to(root).as_posix() for _, path in plan.sources],
+        "folders": [path.relative_to(root).as_posix() for path in plan.folders],
+        "started_at_ms": int(time.time() * 1000),
+    }
+    write_whole(layout.compaction_journal, json.dumps(record, indent=1))
+
+
+def _roll_back(layout: DataLayout, staging: Path) -> None:
+    staging.unlink(missing_ok=True)
+    fsync_folder(staging.parent)
+    layout.compaction_journal.unlink(missing_ok=True)
+    fsync_folder(layout.compaction_journal.parent)
+
+
+def _remove_sources(target: Path, sources: Sequence[Path], folders: Sequence[Path]) -> None:
+    """Remove the files a compacted file holds (not itself), then their emptied batch folders, flushing each folder
+    touched."""
+    touched = set()
+    for path in sources:
+        if path != target and path.exists():
+            path.unlink()
+            touched.add(path.parent)
+    for folder in folders:
+        if folder.is_dir():
+            for left in os.scandir(folder):  # a dot file of a write that never finished: held by nothing
+                if left.name.startswith(".") and left.is_file():
+                    os.unlink(left.path)
+            try:
+                folder.rmdir()
+            except OSError:
+                continue  # something newer landed in it: kept, read as a batch folder again
+            touched.discard(folder)
+            touched.add(folder.parent)
+    for folder in sorted(touched):
+        if folder.is_dir():
+            fsync_folder(folder)
+
+
+def finish_interrupted(layout: DataLayout) -> str | None:
+    """Complete or roll back the compaction the journal names (a crash, a kill, a full disk stopped it): rolled
+    back while its compacted file is not in place (the dot file removed; nothing else was touched), completed once
+    it is (the files it holds removed). What was done, in words; None when there was nothing to finish. The
+    caller holds the run lock."""
+    journal = layout.compaction_journal
+    if not journal.exists():
+        return None
+    root = layout.root
+    try:
+        record = json.loads(journal.read_text())
+        staging, target = root / record["staging"], root / record["target"]
+    except (OSError, ValueError, KeyError, TypeError):
+        journal.unlink()  # written whole or not at all: one that does not read names nothing done
+        fsync_folder(journal.parent)
+        return None
+    what = f"an interrupted compaction of {record['folder']} (batches {record['first']} to {record['last']})"
+    if staging.exists() or not target.exists():
+        _roll_back(layout, staging)
+        return f"rolled back {what}"
+    _remove_sources(target, [root / p for p in record["sources"]], [root / p for p in record["folders"]])
+    journal.unlink()
+    fsync_folder(journal.parent)
+    return f"completed {what}"
+
+
+# --- Every closed period -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompactionReport:
+    """What one pass did."""
+
+    through: int | None = None
+    """The newest batch it could take (None: the positions were unknown, nothing was compacted)."""
+    periods: int = 0
+    """Period folders compacted."""
+    rows: int = 0
+    files_read: int = 0
+    files_written: int = 0
+    folders_removed: int = 0
+    seconds: float = 0.0
+    finished: str | None = None
+    """An interrupted compaction this pass completed or rolled back first."""
+    failed: list[str] = field(default_factory=list)
+    """Period folders left as written, with why."""
+
+    def describe(self) -> str:
+        if self.through is None:
+            head = "compaction: nothing compacted (the stream's or Redis's position is unknown)"
+        elif not self.periods:
+            head = f"compaction: nothing to compact up to batch {self.through}"
+        else:
+            head = (
+                f"compaction: {self.periods} period folder(s) up to batch {self.through} in {self.seconds:.1f} s: "
+                f"{self.files_read:,} files into {self.files_written:,}, {self.rows:,} rows, "
+                f"{self.folders_removed:,} batch folders removed"
+            )
+        return "; ".join([head, *([self.finished] if self.finished else []), *self.failed])
+
+
+def compact_closed(
+    layout: DataLayout, closed: Iterable[str], through: int | None, kinds: Sequence[Kind] = KINDS
+) -> CompactionReport:
+    """Compact the batch folders of every `closed` period of every kind up to batch `through`
+    (`compactable_through`), after finishing an interrupted compaction; the caller holds the run lock. A period
+    folder that fails (`CompactionError`) is left as written and said; the others go on."""
+    began = time.monotonic()
+    report = CompactionReport(through=through, finished=finish_interrupted(layout))
+    if through is None:
+        return report
+    wanted = set(closed)
+    for kind in kinds:
+        root = kind.folder(layout)
+        if not root.is_dir():
+            continue
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            if not entry.name.startswith("period=") or entry.name.removeprefix("period=") not in wanted:
+                continue
+            try:
+                done = compact_folder(layout, kind, Path(entry.path), through)
+            except CompactionError as exc:
+                report.failed.append(f"{kind.name} {entry.name} left as written: {exc}")
+                continue
+            if done is not None:
+                report.periods += 1
+                report.rows += done.rows
+                report.files_read += done.files_read
+                report.files_written += 1
+                report.folders_removed += done.folders_removed
+    report.seconds = time.monotonic() - began
+    return report
