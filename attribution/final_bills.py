@@ -1,6 +1,6 @@
 """The final bills: the attribution rule applied by Spark to every event the stream archived.
 
-Spark's one job in closing periods (`billing.closing_run`, through `SparkFinalBills`) and in the audit
+Spark's one job in reconciliation (`billing.reconcile_run`, through `SparkFinalBills`) and in the audit
 (`attribution.audit`, through `final_charges`): the archived impressions of the due periods and of the period before
 each (a click may be attributed to an impression up to 10 s earlier) and the clicks of the due periods and of the
 periods beside them, with every other copy of their ids from any period, de-duplicated by first arrival, through the
@@ -54,7 +54,7 @@ def scope_of(due: list[str], periods: Periods, whole_days: bool) -> list[str]:
     """The periods whose final bills a run computes: the due ones and, with `whole_days` (some campaign has a daily
     budget), every other period of their UTC days: the earlier ones because a click's charge depends on the clicks
     before it that day, the later ones (still open, as received so far) for the bills a late click earlier in the
-    day leaves over the budget (`billing.closing_run.budget_room`)."""
+    day leaves over the budget (`billing.reconcile_run.budget_room`)."""
     scope = set(due)
     if whole_days:
         for period in due:

@@ -28,7 +28,7 @@ Two parts release, one at a time (`release_lock`), and a record is settled once,
 A released record keeps the time Kafka received it, so it may now be the first copy of its id to arrive: a later
 copy in another period, billed there by the stream, becomes an id conflict. Each settled record names the periods
 that hold another copy of its id (`copy_periods`), and those periods are reconciled again with its own
-(`billing.store.data_versions`, `billing.closing.mark_changed`).
+(`billing.store.data_versions`, `billing.reconcile_plan.mark_changed`).
 
 Pure pyarrow and fastavro, on the driver: the records are few (what arrived before a producer's schema was known),
 and a release runs once per start of the query or reconciliation run, not per batch.
@@ -246,7 +246,7 @@ run."""
 
 @dataclass
 class ReconciliationRelease:
-    """A reconciliation run's release (`billing.closing_run.ClosingPorts.release`): the records held in quarantine
+    """A reconciliation run's release (`billing.reconcile_run.ReconcilePorts.release`): the records held in quarantine
     by batches up to the last one the stream committed, whose schema id the registry knows now, released into that
     batch (which the run reads up to), one releaser at a time (`release_lock`). Their counts reach Redis once per
     record; every run applies those an earlier run wrote and did not apply (it stopped in between)."""
@@ -316,7 +316,7 @@ class ReconciliationRelease:
 
 @dataclass(frozen=True)
 class _PendingRelease:
-    """What a run is about to release (`billing.closing_run.PendingRelease`)."""
+    """What a run is about to release (`billing.reconcile_run.PendingRelease`)."""
 
     owner: ReconciliationRelease
     release: Release

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from billing.closing import Offsets, StreamPosition
+from billing.reconcile_plan import Offsets, StreamPosition
 from billing.store.part_status import STREAM_PART, describe_wait, read_status
 from billing.store.redis_keys import RedisKeys
 from billing.store.redis_totals import connect

@@ -42,11 +42,11 @@ from datetime import UTC, date, datetime, timedelta
 from fractions import Fraction
 from typing import Any, Protocol
 
-from billing.closing import PeriodState
 from billing.invalid import INVALID_REASONS
 from billing.money import minor_digits, round_half_away, rounding_rule
 from billing.periods import Periods, format_utc
 from billing.profiles import BillingProfile, BillingProfiles, tax_fraction
+from billing.reconcile_plan import PeriodState
 
 _MONTH = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
 

@@ -17,9 +17,9 @@ def issue_invoices(settings: Settings, month: str | None) -> int:
     """Issue every month whose periods are all closed and that has no invoices yet, oldest first (or `month`, and
     the months before it); idempotent. 0 when done, 1 when `month` cannot be invoiced yet (the line says why), 69
     when the database that keeps the invoices cannot be reached."""
-    from billing.closing_run import closed_by_exports
     from billing.invoices import InvoiceError
     from billing.periods import Periods
+    from billing.reconcile_run import closed_by_exports
     from billing.store.data_versions import data_versions
     from billing.store.export_files import ExportFolders
     from billing.store.invoice_db import InvoiceDatabaseUnavailable

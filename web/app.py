@@ -294,8 +294,8 @@ def create_app(
 
 def final_at_ms(period_start_ms: int) -> int:
     """When an open period's figures can become final at the earliest: its end plus the lateness horizon, the first
-    moment reconciliation corrects and closes it (`billing.closing.plan_run`; later if the stream has not read past
-    it by then)."""
+    moment reconciliation corrects and closes it (`billing.reconcile_plan.plan_run`; later if the stream has not read
+    past it by then)."""
     svc = services()
     return period_start_ms + svc.periods.length.length_ms + svc.horizon_ms
 

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.catalog import Catalog
-from billing.closing_run import ConflictKey
 from billing.layout import DataLayout
+from billing.reconcile_run import ConflictKey
 from billing.store.dead_letters import HEADERS, DeadLetters, DeliveryError
 from billing.store.durable import make_folder, replace_files
 

@@ -1,7 +1,8 @@
 """Adapter: the version of each period's data, the largest micro-batch id of the files that can change its bill.
 
 A reconciliation run reconciles a period again when its version is newer than the one its state records
-(`billing.closing.PeriodState.version`, `billing.closing.plan_run`); the audit and the invoices read the same.
+(`billing.reconcile_plan.PeriodState.version`, `billing.reconcile_plan.plan_run`); the audit and the invoices read the
+same.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Adapter: reconciliation's records in the data folder's reconcile folder: the per-period state file
-(`billing.closing.PeriodState` per period, as JSON), the last run's and the last audit's records."""
+(`billing.reconcile_plan.PeriodState` per period, as JSON), the last run's and the last audit's records."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from billing.closing import PeriodState
-from billing.closing_run import closed_by_exports
 from billing.layout import DataLayout
+from billing.reconcile_plan import PeriodState
+from billing.reconcile_run import closed_by_exports
 from billing.store.durable import make_folder, replace_files, write_whole
 from billing.store.export_files import ExportFolders
 
@@ -59,5 +59,5 @@ def save_record(path: Path, record: dict[str, object]) -> None:
 
 
 def closed_periods(layout: DataLayout) -> set[str]:
-    """The periods closing marked closed, each with its export (`billing.closing_run.closed_by_exports`)."""
+    """The periods closing marked closed, each with its export (`billing.reconcile_run.closed_by_exports`)."""
     return {p for p, s in closed_by_exports(ExportFolders(layout), StateFile(layout).load()).items() if s.closed}

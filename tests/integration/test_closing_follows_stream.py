@@ -22,10 +22,10 @@ from attribution.audit import audit
 from attribution.job import start
 from attribution.stream_position import committed_offsets, end_offsets
 from billing.catalog import Catalog
-from billing.closing_run import HeldError, ReconcileBusyError
 from billing.events import Click, Impression
 from billing.export import export_totals
 from billing.periods import Periods
+from billing.reconcile_run import HeldError, ReconcileBusyError
 from billing.store.export_files import export_folder, read_export, verify_export
 from billing.store.schema_registry import open_registry
 from ops.reconcile import ReconcileConfig, audit_table, reconcile, reconcile_config, run_lock
@@ -305,7 +305,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
 ) -> None:
     # The run reads the archive (the final bills), then the ledger; a batch the stream commits in between, with a
     # bill for the period being closed, must not make the export show that click retracted.
-    from billing.closing_run import close_periods
+    from billing.reconcile_run import reconcile_periods
     from billing.store.parquet_ledger import read_ledger
     from ops.reconcile import reconcile_ports
 
@@ -327,7 +327,7 @@ def test_a_batch_committed_while_a_run_reads_is_in_neither_its_final_bills_nor_i
             assert "b1-c0" in set(read_ledger(settings.root / "ledger")["click_id"].to_pylist())
             return bills
 
-        first = close_periods(
+        first = reconcile_periods(
             dataclasses.replace(ports, final_bills=final_bills_then_a_batch), Periods(), rc.horizon_ms
         )
         assert first.closed == [P0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attribution.job_lock import FileLock, JobLock, JobLockedError, stream_lock_name
-from billing.closing_run import ReconcileBusyError
+from billing.reconcile_run import ReconcileBusyError
 from billing.store.database_lock import LEASE_CHECK_S, DatabaseLock, DatabaseLockedError
 from ops.postgres_service import LocalPostgres
 from ops.reconcile import ReconcileConfig, run_lock

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from attribution.stream_position import stream_position
-from billing.closing import hold_reason
+from billing.reconcile_plan import hold_reason
 from billing.store.corrections_arrow import CorrectionFiles
 from billing.store.export_files import read_export
 from billing.store.parquet_ledger import read_ledger

@@ -13,7 +13,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from billing.closing import PeriodState
 from billing.invoices import (
     CHARGES,
     CorrectionFigures,
@@ -27,6 +26,7 @@ from billing.invoices import (
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.profiles import BillingProfile, BillingProfiles
+from billing.reconcile_plan import PeriodState
 from billing.store.invoice_db import InvoiceDatabase
 from billing.store.invoice_files import InvoiceStoreError
 

@@ -19,9 +19,9 @@ from pyspark.sql import SparkSession
 from attribution.job import start
 from billing.budgets import day_start, utc_day
 from billing.catalog import Ad, Catalog
-from billing.closing_run import close_periods
 from billing.events import Click, Impression
 from billing.periods import Periods
+from billing.reconcile_run import reconcile_periods
 from billing.rule import charge
 from billing.store import conflict_files
 from billing.store.corrections_arrow import corrections_from_arrow
@@ -38,7 +38,7 @@ from producers.simulator import SimulationConfig, Simulator
 from producers.wire import EventDeserializer, EventSerializer, WireFormatError
 from tests import oracle
 from tests.redis_figures import RedisFigures
-from tests.unit.test_closing_run import (
+from tests.unit.test_reconcile_run import (
     BUDGETED,
     CLOSES_09,
     CLOSES_10,
@@ -454,7 +454,7 @@ def test_a_late_click_inside_a_full_budget_never_takes_the_redis_day_total_past_
     memory = late_click_in_a_full_day()
     for now in (CLOSES_09, CLOSES_10):  # 09:00 closes with the late click; then 10:00 closes
         ports = dataclasses.replace(memory.ports(now), totals=lambda: totals)
-        close_periods(ports, Periods(), 15 * 60_000)
+        reconcile_periods(ports, Periods(), 15 * 60_000)
     assert max(seen) == 3 * EUR and seen[-1] == 3 * EUR, seen
     assert totals.budget_day(day, "cmp-b") == {
         "charged_clicks": 3,
@@ -551,7 +551,7 @@ def test_a_bill_the_stream_charges_while_a_run_books_a_late_click_never_takes_th
             charged_meanwhile.append(message)
 
     ports = dataclasses.replace(memory.ports(CLOSES_09), totals=lambda: totals)
-    report = close_periods(ports, Periods(), 15 * 60_000, progress=progress)
+    report = reconcile_periods(ports, Periods(), 15 * 60_000, progress=progress)
     assert charged_meanwhile and report.closed == [P09]
     # Counted before the first apply, or found when the apply refused a day that had moved, and counted then.
     assert any("moved" in line for line in said) == (moment != "reconciling"), said
@@ -565,7 +565,7 @@ def test_a_bill_the_stream_charges_while_a_run_books_a_late_click_never_takes_th
     memory.final.append(newer)
     memory.read_through, memory.later = 1, {}
     ports = dataclasses.replace(memory.ports(CLOSES_10), totals=lambda: totals)
-    assert close_periods(ports, Periods(), 15 * 60_000).closed == [P10]
+    assert reconcile_periods(ports, Periods(), 15 * 60_000).closed == [P10]
     assert max(micros for _, micros in seen) <= budget, seen
     # The books: ledger + corrections = the rule over every click received, and Redis's day holds them.
     net: Counter[str] = Counter()

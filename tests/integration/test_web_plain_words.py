@@ -55,7 +55,7 @@ def text_of(html: str) -> str:
 
 def test_the_dashboard_and_the_statement_say_when_a_provisional_figure_becomes_final(seeded: Seeded) -> None:
     """The live figure is the stream's; reconciliation corrects a period once, when it closes after its lateness
-    horizon (`billing.closing.plan_run`), not every five minutes."""
+    horizon (`billing.reconcile_plan.plan_run`), not every five minutes."""
     alice = client_of(seeded, "alice")
     page = text_of(alice.get(f"/advertisers/{OWN}?period=20260101T0500Z").text)
     assert "Provisional. These are the stream's live figures." in page

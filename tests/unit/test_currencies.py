@@ -14,9 +14,9 @@ import pytest
 
 from attribution.audit import PeriodAudit
 from billing.catalog import Ad, AdChange, Catalog, CatalogError, generate_catalog
-from billing.closing_run import RunReport
 from billing.export import export_totals
 from billing.money import format_micros
+from billing.reconcile_run import RunReport
 from billing.store.catalog_file import load_catalog
 from billing.store.export_files import (
     EXPORT_COLUMNS,

@@ -9,7 +9,6 @@ from fractions import Fraction
 
 import pytest
 
-from billing.closing import PeriodState
 from billing.invoices import (
     ADJUSTMENT,
     CHARGES,
@@ -28,6 +27,7 @@ from billing.invoices import (
 from billing.money import minor_digits, round_half_away, rounding_rule
 from billing.periods import Periods
 from billing.profiles import BillingProfile, BillingProfiles, ProfileError, parse_tax_rate, profile_change, tax_fraction
+from billing.reconcile_plan import PeriodState
 
 JAN = 1_767_225_600_000  # 2026-01-01T00:00Z
 FEB = 1_769_904_000_000  # 2026-02-01T00:00Z

@@ -87,7 +87,7 @@ def test_a_batch_becomes_counters_a_histogram_in_seconds_and_timestamps_in_secon
 def test_reconciliation_counts_runs_by_outcome_closed_periods_and_corrections_by_kind() -> None:
     from prometheus_client import CollectorRegistry
 
-    from billing.closing_run import RunReport
+    from billing.reconcile_run import RunReport
     from ops.reconcile import ReconcileMetrics
 
     registry = CollectorRegistry()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from billing.closing import PeriodState
+from billing.reconcile_plan import PeriodState
 from billing.store.period_states import load_states, save_states
 
 H = 3_600_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from billing.closing import StreamPosition
+from billing.reconcile_plan import StreamPosition
 from billing.store.period_states import load_states
 from ops.reconcile import ReconcileConfig, wait_for_stream
 

@@ -1,13 +1,13 @@
-"""One closing run: the due periods reconciled, their corrections booked, the open ones exported and closed.
+"""One reconciliation run: the due periods reconciled, their corrections booked, the open ones exported and closed.
 
-Plain Python over its ports (`ClosingPorts`): the final bills (computed by Spark from the archive), the ledger,
+Plain Python over its ports (`ReconcilePorts`): the final bills (computed by Spark from the archive), the ledger,
 the corrections store, the id conflicts, the totals (Redis), the exports, the state, the data versions, the
-stream's position and a clock. The steps, in order (`close_periods`):
+stream's position and a clock. The steps, in order (`reconcile_periods`):
 
 0. **release**: quarantined records whose schema id the registry now knows are released (the port; the
-   periods they can change are marked changed in the state first, `billing.closing.mark_changed`, so that a run
+   periods they can change are marked changed in the state first, `billing.reconcile_plan.mark_changed`, so that a run
    stopped right after still takes them up);
-1. **plan**: the due periods and the held ones (`billing.closing.plan_run`, with the stream's position and the
+1. **plan**: the due periods and the held ones (`billing.reconcile_plan.plan_run`, with the stream's position and the
    catalog: a closed period whose prices a back-fill moved is due again); a back-fill (`until`) that would close
    periods ahead of the stream is refused (`HeldError`) unless forced;
 2. **settle**: a closed period that Redis does not know as closed is closed there from its export
@@ -62,7 +62,6 @@ from billing.budgets import (
     utc_day,
 )
 from billing.catalog import Catalog
-from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.corrections import (
     ArrivalFacts,
     BillRow,
@@ -76,6 +75,7 @@ from billing.corrections import (
 from billing.export import build_export
 from billing.money import Amounts
 from billing.periods import ANY_PERIOD, DAY_MS, Periods
+from billing.reconcile_plan import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 
 Bills = Any
 """A table of bills, as `billing.corrections` and `billing.export` take them (the adapters' choice of rows)."""
@@ -330,8 +330,8 @@ class StateStore(Protocol):
 
 
 @dataclass(frozen=True)
-class ClosingPorts:
-    """What a closing run reads and writes, and its clock."""
+class ReconcilePorts:
+    """What a reconciliation run reads and writes, and its clock."""
 
     catalog: Catalog
     """The catalog the run prices with (`final_bills` prices by it): its history tells which closed periods a
@@ -345,7 +345,7 @@ class ClosingPorts:
     exports: Exports
     states: StateStore
     versions: Callable[[], dict[str, int]]
-    """Per period with data, its data version (`billing.closing`)."""
+    """Per period with data, its data version (`billing.reconcile_plan`)."""
     position: Callable[[], StreamPosition]
     """Where the stream stands now."""
     clock: Callable[[], int]
@@ -361,8 +361,8 @@ class ClosingPorts:
     from the periods' data versions and states); what it did, in words."""
 
 
-def close_periods(
-    ports: ClosingPorts,
+def reconcile_periods(
+    ports: ReconcilePorts,
     periods: Periods,
     horizon_ms: int,
     until_ms: int | None = None,
@@ -370,8 +370,8 @@ def close_periods(
     position: StreamPosition | None = None,
     force: bool = False,
 ) -> RunReport:
-    """One closing run (see the module's docstring). `position` is where the stream stands (asked of the port when
-    not given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
+    """One reconciliation run (see the module's docstring). `position` is where the stream stands (asked of the port
+    when not given); `force` closes periods the stream has not passed (a back-fill that knows better)."""
     now_ms = ports.clock()
     report = RunReport(run_id=f"{now_ms}-{uuid.uuid4().hex[:8]}", started_at_ms=now_ms)
     states = closed_by_exports(ports.exports, ports.states.load())
@@ -560,7 +560,7 @@ def settle_closed_in_redis(exports: Exports, totals: Totals, closed: set[str], p
 
 
 def _release(
-    ports: ClosingPorts, states: dict[str, PeriodState], report: RunReport, progress: Callable[[str], None]
+    ports: ReconcilePorts, states: dict[str, PeriodState], report: RunReport, progress: Callable[[str], None]
 ) -> None:
     """Release what the registry lets the run decode now; the periods it changes are marked changed first."""
     with ports.release(report.run_id, progress) as pending:
@@ -583,7 +583,7 @@ def _send_conflicts(conflicts: ConflictsStore, report: RunReport, progress: Call
 
 
 def _invoice(
-    ports: ClosingPorts,
+    ports: ReconcilePorts,
     versions: Mapping[str, int],
     states: Mapping[str, PeriodState],
     report: RunReport,
@@ -595,7 +595,7 @@ def _invoice(
         progress(line)
 
 
-def _finish(ports: ClosingPorts, totals: Totals, report: RunReport) -> None:
+def _finish(ports: ReconcilePorts, totals: Totals, report: RunReport) -> None:
     """The run's record, for the health page, in Redis and beside the state (for `adbill restore-redis`)."""
     report.finished_at_ms = ports.clock()
     ports.states.record_run(report.record())

@@ -1,4 +1,4 @@
-"""The closing workflow in plain Python, over ports held in memory: due and held periods, a refused back-fill,
+"""The reconciliation workflow in plain Python, over ports held in memory: due and held periods, a refused back-fill,
 corrections booked once, exports written once, and a run stopped after its export completed by the next."""
 
 from __future__ import annotations
@@ -16,11 +16,18 @@ import pytest
 
 from billing.budgets import BudgetChange, DaysMovedError, utc_day
 from billing.catalog import Ad, AdChange, Catalog
-from billing.closing import PeriodState, StreamPosition
-from billing.closing_run import DAY_TRIES, ClosingPorts, ConflictKey, DaysUnsettledError, HeldError, close_periods
 from billing.corrections import ArrivalFacts, Correction
 from billing.export import export_totals
 from billing.periods import Periods
+from billing.reconcile_plan import PeriodState, StreamPosition
+from billing.reconcile_run import (
+    DAY_TRIES,
+    ConflictKey,
+    DaysUnsettledError,
+    HeldError,
+    ReconcilePorts,
+    reconcile_periods,
+)
 from billing.rule import BillableClick, charge
 from billing.store.export_files import export_table, exported_bills
 
@@ -227,7 +234,7 @@ class Memory:
     def record_run(self, record: dict[str, object]) -> None:
         self.records.append(record)
 
-    def ports(self, now_ms: int) -> ClosingPorts:
+    def ports(self, now_ms: int) -> ReconcilePorts:
         exports = SimpleNamespace(
             exported=self.exported,
             closed_at_ms=self.closed_at_ms,
@@ -237,7 +244,7 @@ class Memory:
             not_charged=self.not_charged,
         )
         states = SimpleNamespace(load=self.load, save=self.save, record_run=self.record_run)
-        return ClosingPorts(
+        return ReconcilePorts(
             catalog=self.catalog,
             final_bills=lambda due: Final(self.final, self.catalog, self.late),
             ledger=lambda: Ledger(self.ledger, self.read_through, self.later),
@@ -278,7 +285,7 @@ class Released:
 
 
 def run(memory: Memory, now_ms: int = PAST_HORIZON, **kwargs: Any) -> Any:
-    return close_periods(memory.ports(now_ms), Periods(H), 15 * 60_000, **kwargs)
+    return reconcile_periods(memory.ports(now_ms), Periods(H), 15 * 60_000, **kwargs)
 
 
 def test_a_period_the_stream_passed_is_reconciled_booked_exported_and_closed_once() -> None:
@@ -372,7 +379,7 @@ def test_an_export_says_when_its_period_closed_not_when_the_run_started() -> Non
     memory = Memory(final=[bill("c1")], ledger=[bill("c1")], committed=OFFSETS)
     ticks = iter(range(PAST_HORIZON, PAST_HORIZON + 1_000_000, 7_000))  # each look at the clock, 7 s later
     ports = replace(memory.ports(PAST_HORIZON), clock=lambda: next(ticks))
-    report = close_periods(ports, Periods(H), 15 * 60_000)
+    report = reconcile_periods(ports, Periods(H), 15 * 60_000)
     closed_at = memory.exports[PERIOD][1]
     assert closed_at > report.started_at_ms and memory.states[PERIOD].closed_at_ms == closed_at
 
@@ -386,11 +393,11 @@ def test_the_run_that_closes_a_months_last_period_has_its_invoices_issued() -> N
         return ["invoices of 2026-01: 1 issued (INV-000001)"]
 
     ports = replace(memory.ports(PAST_HORIZON), invoices=invoices)
-    report = close_periods(ports, Periods(H), 15 * 60_000)
+    report = reconcile_periods(ports, Periods(H), 15 * 60_000)
     assert report.invoices == ["invoices of 2026-01: 1 issued (INV-000001)"]
     assert asked and asked[0][1][PERIOD].closed, "asked once the period is closed"
     assert report.record()["invoices"] == report.invoices
-    close_periods(ports, Periods(H), 15 * 60_000)  # nothing due: asked again all the same (an earlier one failed)
+    reconcile_periods(ports, Periods(H), 15 * 60_000)  # nothing due: asked again all the same (an earlier one failed)
     assert len(asked) == 2
 
 

@@ -14,9 +14,9 @@ import pytest
 from attribution.batch_output import write_batch_files
 from attribution.release import ARCHIVE_SCHEMA, release_quarantined
 from billing.catalog import Ad, AdChange, Catalog
-from billing.closing import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.reconcile_plan import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.schemas import schema_text
 from billing.store.data_versions import data_versions
 from ops.reconcile import export_periods, parse_time
