@@ -15,6 +15,11 @@ One reconciliation run (`reconcile`) hands the plain-Python workflow `billing.re
   (`attribution.release.ReconciliationRelease`), so that a job that is down keeps no known record unbilled;
 - the monthly invoices, issued once a month's periods are all closed (`issue_invoices`).
 
+Each run ends, under the same lock, by compacting the batch files of the closed periods that no one will write again
+(`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); whoever takes the lock
+finishes a compaction a crash interrupted, and `adbill audit` takes it too (its Spark job lists, then reads, the
+archive).
+
 `run_reconcile` is the command: the run lock, a Spark session, the schedule, exit codes, metrics. Every path comes
 from the data folder's layout (`billing.layout`). The modules of `attribution` (Spark, the stream's checkpoint) are
 imported where a run needs them, so that `adbill invoices` and `adbill export`, which read the same stores, load
@@ -29,7 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +48,7 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.reconcile_plan import PeriodState, StreamPosition, plan_run
 from billing.reconcile_run import ReconcileBusyError, ReconcilePorts, RunReport, reconcile_periods
+from billing.store.compaction import CompactionReport, compact_closed, compactable_through, finish_interrupted
 from billing.store.conflict_files import ConflictFiles
 from billing.store.corrections_arrow import CorrectionFiles
 from billing.store.crawler_list import crawler_list, keep_list
@@ -54,7 +60,7 @@ from billing.store.invoice_db import InvoiceDatabase
 from billing.store.invoice_files import ExportInvoiceSource, InvoiceStoreError
 from billing.store.names_db import NamesDatabase
 from billing.store.parquet_ledger import LedgerTable, ledger_up_to, read_ledger
-from billing.store.period_states import StateFile, load_states, save_record, save_states
+from billing.store.period_states import StateFile, closed_periods, load_states, save_record, save_states
 from billing.store.profiles_db import ProfileDatabase
 from billing.store.redis_totals import RedisTotals
 from ops.settings import Settings
@@ -101,6 +107,9 @@ class ReconcileConfig:
     database_url: str | None = None
     """The product's database: one run at a time across hosts (`run_lock`), and the billing profiles and campaign
     names the invoices are issued with; None: the data folder's lock only, and no invoice issued."""
+    compact_closed: bool = True
+    """Each run ends by compacting the batch files of the closed periods (`billing.store.compaction`); False: they
+    stay as the stream wrote them."""
 
     @property
     def layout(self) -> DataLayout:
@@ -153,26 +162,32 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         catch_up_wait_ms=settings.close_wait_s * 1000,
         invoice_terms=InvoiceTerms(settings.invoice_issuer, settings.invoice_terms_days),
         database_url=settings.database_url,
+        compact_closed=bool(settings.compact_after_close),
     )
 
 
 @contextmanager
-def run_lock(config: ReconcileConfig) -> Iterator[None]:
+def run_lock(config: ReconcileConfig, wait_s: float = 0.0) -> Iterator[None]:
     """One reconciliation at a time over a data folder: an exclusive lock on `RECONCILE/lock`, released by the
     operating system however the holder ends; with the catalog's database, the same lock there
-    (`billing.store.database_lock`, `reconcile:PREFIX`), which holds across hosts."""
-    with _database_run_lock(config), _file_run_lock(config):
+    (`billing.store.database_lock`, `reconcile:PREFIX`), which holds across hosts. Waits up to `wait_s` for another
+    holder, then ReconcileBusyError. Whoever takes it first completes or rolls back a compaction that a crash
+    interrupted (`billing.store.compaction.finish_interrupted`): every holder reads whole batch folders."""
+    with _database_run_lock(config, wait_s), _file_run_lock(config, wait_s):
+        finished = finish_interrupted(config.layout)
+        if finished:
+            print(f"reconcile: {finished}", file=sys.stderr, flush=True)
         yield
 
 
 @contextmanager
-def _database_run_lock(config: ReconcileConfig) -> Iterator[None]:
+def _database_run_lock(config: ReconcileConfig, wait_s: float = 0.0) -> Iterator[None]:
     if not config.database_url:
         yield
         return
     lock = DatabaseLock(config.database_url, f"reconcile:{config.redis_prefix}", "a reconciliation run")
     try:
-        lock.acquire()
+        lock.acquire(wait_s)
     except DatabaseLockedError as exc:
         raise ReconcileBusyError(
             f"another reconciliation run holds the database lock {exc.name} ({exc.holder}); this one does nothing"
@@ -184,18 +199,24 @@ def _database_run_lock(config: ReconcileConfig) -> Iterator[None]:
 
 
 @contextmanager
-def _file_run_lock(config: ReconcileConfig) -> Iterator[None]:
+def _file_run_lock(config: ReconcileConfig, wait_s: float = 0.0) -> Iterator[None]:
     path = config.layout.run_lock
     path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ReconcileBusyError(
-                f"another reconciliation run holds {path} ({holder}); this one does nothing"
-            ) from None
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise ReconcileBusyError(
+                    f"another reconciliation run holds {path} ({holder}); this one does nothing"
+                ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {int(time.time() * 1000)}")
@@ -226,14 +247,30 @@ def reconcile(
     # written by runs only), and for an export of an earlier release (which kept none): a closed period is judged with
     # its own version again after an upgrade of the list.
     keep_list(config.layout.crawler_lists, crawler_list())
-    if locked:
+    with nullcontext() if locked else run_lock(config):
         if position is None and not force:
             wait_for_stream(config, clock, progress)
-        return reconcile_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
-    with run_lock(config):
-        if position is None and not force:
-            wait_for_stream(config, clock, progress)
-        return reconcile_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+        report = reconcile_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
+        if config.compact_closed:
+            progress(compact_closed_periods(config).describe())
+        return report
+
+
+def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
+    """Compact the batch files of every closed period up to the batch no one will write again
+    (`billing.store.compaction.compactable_through`: the stream checkpoint's last committed batch and Redis's last
+    applied one, less `HOT_BATCHES`); nothing without a checkpoint or while Redis cannot say. The caller holds the
+    run lock."""
+    from attribution.epoch import CommittedBatch
+    from attribution.stream_position import BILLING_QUERY
+
+    layout = config.layout
+    committed = CommittedBatch(layout.checkpoint(BILLING_QUERY)).batch()
+    try:
+        applied = redis_totals(config).last_applied(BILLING_QUERY) if committed is not None else None
+    except Exception:  # Redis out of reach: its position unknown, nothing is compacted this time
+        applied = None
+    return compact_closed(layout, closed_periods(layout), compactable_through(committed, applied))
 
 
 def wait_for_stream(
@@ -572,7 +609,8 @@ def audit_after_run(spark: object, config: ReconcileConfig, catalog: Catalog) ->
     from attribution.audit import audit
 
     try:
-        audits = audit(spark, config, catalog)  # type: ignore[arg-type]
+        with run_lock(config, wait_s=AUDIT_LOCK_WAIT_S):  # no compaction while Spark lists and reads the archive
+            audits = audit(spark, config, catalog)  # type: ignore[arg-type]
         record_audit(config, audits)
     except Exception as exc:  # the audit is a check: reconciliation's schedule must not stop for it
         print(f"reconcile: the audit after the run failed: {exc}", file=sys.stderr, flush=True)
@@ -580,9 +618,15 @@ def audit_after_run(spark: object, config: ReconcileConfig, catalog: Catalog) ->
     print(audit_table(audits).splitlines()[-1], flush=True)
 
 
+AUDIT_LOCK_WAIT_S = 600.0
+"""How long the audit waits for a reconciliation run to let go of the run lock (the audit reads the batch folders,
+which a run's compaction rewrites)."""
+
+
 def run_audit(settings: Settings) -> int:
-    """`adbill audit`: print the books against the rule per period; 1 when a closed period differs, else 0 (an open
-    period that differs is awaiting close: its late data is corrected when it closes)."""
+    """`adbill audit`: print the books against the rule per period; 1 when a closed period differs, 4 when a
+    reconciliation run held the run lock for longer than `AUDIT_LOCK_WAIT_S`, else 0 (an open period that differs
+    is awaiting close: its late data is corrected when it closes)."""
     from attribution.audit import audit
     from ops.spark import spark_session
     from ops.stack import ensure_catalog
@@ -592,7 +636,11 @@ def run_audit(settings: Settings) -> int:
     spark = spark_session(settings, "adbill-audit", settings.layout.spark_scratch("audit"), stateful=False)
     config = reconcile_config(settings)
     try:
-        audits = audit(spark, config, settings.catalog_store().current(fresh=True))
+        with run_lock(config, wait_s=AUDIT_LOCK_WAIT_S):  # no compaction while Spark lists and reads the archive
+            audits = audit(spark, config, settings.catalog_store().current(fresh=True))
+    except ReconcileBusyError as exc:
+        print(f"audit: {exc}", file=sys.stderr)
+        return 4
     finally:
         spark.stop()
     record_audit(config, audits)
