@@ -1,8 +1,10 @@
 """`adbill reconcile --every` (in `adbill up`) runs the audit after each run that closed a period, so that finance's
-page says the books are proven; a failing audit is said and the schedule goes on."""
+page says the books are proven, under the run lock (no compaction meanwhile); a failing audit is said and the
+schedule goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = Settings.from_env({}, home=tmp_path)
+    config = dataclasses.replace(reconcile_config(settings), database_url=None)  # the data folder's run lock only
     catalog = Catalog([])
     recorded: list[list[PeriodAudit]] = []
     balanced = PeriodAudit("20260101T0000Z", True, 3, {"EUR": 750_000}, 3, {"EUR": 750_000})
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: [balanced])
     monkeypatch.setattr(ops.reconcile, "record_audit", lambda config, audits: recorded.append(audits))
-    audit_after_run(object(), reconcile_config(settings), catalog)
+    audit_after_run(object(), config, catalog)
     assert recorded == [[balanced]]
     assert "all 1 period(s) balance" in capsys.readouterr().out
 
@@ -33,7 +36,7 @@ def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
         raise RuntimeError("Spark went away")
 
     monkeypatch.setattr(attribution.audit, "audit", broken)
-    audit_after_run(object(), reconcile_config(settings), catalog)  # said, not raised
+    audit_after_run(object(), config, catalog)  # said, not raised
     assert "the audit after the run failed: Spark went away" in capsys.readouterr().err
 
 
