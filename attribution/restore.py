@@ -9,7 +9,9 @@ the state file. Only the job's own health records are not restored: the job writ
 
 Only the batches the job's checkpoint committed are restored, and the record of the batches applied is set to the
 last of them: a batch the job had started when it stopped (its files possibly partial) is replayed by the job when it
-starts again, which completes its files and applies it to Redis then.
+starts again, which completes its files and applies it to Redis then. A closed period's compacted files
+(`billing.store.compaction`) read as the batch of their folder, the newest they hold: the same rows for any batch the
+checkpoint committed since.
 
 The job must not apply a batch meanwhile: `restore_redis` holds the job's lock (`attribution.job_lock`), which the
 running job holds (so the restore waits a while for a job stopped a moment ago, then refuses), and the job itself
@@ -40,7 +42,7 @@ from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
-from billing.store.compaction import live_files
+from billing.store.compaction import read_listed
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
 from billing.store.export_files import (
@@ -211,14 +213,20 @@ def _table(folder: Path, columns: list[str], where: pc.Expression | None = None)
     return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns, filter=where)
 
 
-def _batch_dataset(folder: Path, depth: int) -> ds.Dataset | None:
-    """The Parquet files of the batch folders under `folder` (`depth` levels down) as one hive-partitioned dataset,
-    but for those a compacted file holds (`billing.store.compaction.live_files`: the restore takes no run lock, and
-    a compaction may be under way); None when there is none."""
-    files = live_files(folder, depth)
-    if not files:
-        return None
-    return ds.dataset([str(f) for f in files], format="parquet", partitioning="hive", partition_base_dir=str(folder))
+def _batch_table(folder: Path, depth: int, columns: list[str], where: pc.Expression) -> pa.Table | None:
+    """`columns` of the rows `where` of the Parquet files of the batch folders under `folder` (`depth` levels down),
+    hive-partitioned, but for those a compacted file holds (`billing.store.compaction.read_listed`: the restore takes
+    no run lock, and a compaction may be under way); None when there is no file."""
+
+    def read(files: list[Path]) -> pa.Table | None:
+        if not files:
+            return None
+        dataset = ds.dataset(
+            [str(f) for f in files], format="parquet", partitioning="hive", partition_base_dir=str(folder)
+        )
+        return dataset.to_table(columns=columns, filter=where)
+
+    return read_listed(folder, depth, read)
 
 
 def _archived(released: pa.Table) -> int:
@@ -233,13 +241,10 @@ def _coordinates(table: pa.Table) -> list[str]:
 def _late_events(archive: Path, through: int, leave_out: list[str]) -> pa.Table:
     """The late rows of the archive's batches up to `through`, but for the records at `leave_out`'s coordinates."""
     columns = ["event_type", "period", "period_start_ms", "ad_id"]
-    dataset = _batch_dataset(archive, 3)
-    if dataset is None:
+    where = pc.field("late") & (pc.field("batch_id") <= through)
+    table = _batch_table(archive, 3, [*columns, "late", "topic", "partition", "offset"], where)
+    if table is None:
         return pa.table({"late": pa.array([], pa.bool_())})
-    table = dataset.to_table(
-        columns=[*columns, "late", "topic", "partition", "offset"],
-        filter=pc.field("late") & (pc.field("batch_id") <= through),
-    )
     if leave_out and table.num_rows:
         gone = set(leave_out)
         table = table.filter(pa.array([key not in gone for key in _coordinates(table)], pa.bool_()))
@@ -272,11 +277,8 @@ def _while_open(table: pa.Table, closed_at: dict[str, int]) -> pa.Table:
 
 def _not_charged_clicks(folder: Path, through: int) -> pa.Table:
     """The stream's not-charged clicks (`attribution.charging.NOT_CHARGED_ROWS`) of the batches up to `through`."""
-    dataset = _batch_dataset(folder, 2)
-    if dataset is None:
-        return NOT_CHARGED_TABLE_SCHEMA.empty_table()
-    table = dataset.to_table(columns=NOT_CHARGED_TABLE_SCHEMA.names, filter=pc.field("batch_id") <= through)
-    return table.cast(NOT_CHARGED_TABLE_SCHEMA)
+    table = _batch_table(folder, 2, NOT_CHARGED_TABLE_SCHEMA.names, pc.field("batch_id") <= through)
+    return NOT_CHARGED_TABLE_SCHEMA.empty_table() if table is None else table.cast(NOT_CHARGED_TABLE_SCHEMA)
 
 
 NOT_CHARGED_TABLE_SCHEMA = pa.schema(
@@ -292,20 +294,17 @@ def _unbilled_clicks(folder: Path, through: int) -> pa.Table:
         [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
          ("ad_id", pa.string()), ("reason", pa.string())]
     )  # fmt: skip
-    dataset = _batch_dataset(folder, 2)
-    if dataset is None:
-        return schema.empty_table()
-    return dataset.to_table(columns=schema.names, filter=pc.field("batch_id") <= through).cast(schema)
+    table = _batch_table(folder, 2, schema.names, pc.field("batch_id") <= through)
+    return schema.empty_table() if table is None else table.cast(schema)
 
 
 def _clock_ahead_events(archive: Path, tolerance_ms: int, through: int) -> pa.Table:
     """The archived events more than `tolerance_ms` ahead of their receipt, as `clock_ahead_counts` reads them."""
     columns = ["event_type", "period", "period_start_ms", "ad_id", "event_time", "received_ms"]
-    dataset = _batch_dataset(archive, 3)
-    if dataset is None:
-        return pa.table({name: pa.array([], pa.int64()) for name in columns})
     ahead = pc.field("event_time") > pc.field("received_ms") + tolerance_ms
-    table = dataset.to_table(columns=columns, filter=ahead & (pc.field("batch_id") <= through))
+    table = _batch_table(archive, 3, columns, ahead & (pc.field("batch_id") <= through))
+    if table is None:
+        return pa.table({name: pa.array([], pa.int64()) for name in columns})
     return table.cast(
         pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
                    ("ad_id", pa.string()), ("event_time", pa.int64()), ("received_ms", pa.int64())])

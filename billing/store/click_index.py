@@ -422,7 +422,11 @@ class Refresh:
             kind = tree.kind_of(entry.name) if entry.is_file() else None
             if kind is None:
                 continue
-            stat = entry.stat()
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:  # removed since the folder was listed (a compaction): looked at again
+                complete = False
+                continue
             path = f"{rel}/{entry.name}"
             present.add(path)
             identity = (stat.st_size, stat.st_mtime_ns, stat.st_ino)

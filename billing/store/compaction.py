@@ -40,12 +40,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
 from billing.store.durable import fsync_folder, replace_files, write_whole
+
+T = TypeVar("T")
 
 COMPACTED = "compacted-"
 """The name of a compacted file begins so: `compacted-FIRST-LAST.parquet`, FIRST and LAST the batches it holds."""
@@ -132,6 +135,18 @@ def superseded(paths: Iterable[Path]) -> set[Path]:
         if any(other != path and a <= first and last <= m for other, a, m in covering):
             out.add(path)
     return out
+
+
+def read_listed(root: Path, depth: int, read: Callable[[list[Path]], T], tries: int = 3) -> T:
+    """`read(live_files(root, depth))`, listed and read again when a file listed is gone before it is read (a
+    compaction removed it: its rows are in the compacted file the next listing finds)."""
+    for attempt in range(tries):
+        try:
+            return read(live_files(root, depth))
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def live_files(root: Path, depth: int = 2) -> list[Path]:
@@ -270,6 +285,10 @@ def compact_folder(layout: DataLayout, kind: Kind, folder: Path, through: int) -
     plan = plan_folder(folder, through)
     if plan is None:
         return None
+    if any(path == plan.target for _, path in plan.sources):
+        # Folders older than a compacted file beside it: a finished pass leaves none. Replacing the file would make
+        # a crash mid-way look like a finished rename to `finish_interrupted`.
+        raise CompactionError(f"{plan.target} would be replaced by a file that holds it")
     table = compacted_table(plan, kind.keys)
     _write_journal(layout, plan)
     _step("journal", plan.target)

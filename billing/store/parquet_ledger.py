@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from billing.rule import BILLABLE_FIELDS
-from billing.store.compaction import SOURCE_BATCH, compacted_span, live_files, superseded
+from billing.store.compaction import SOURCE_BATCH, compacted_span, read_listed, superseded
 
 LEDGER_COLUMNS = (
     *BILLABLE_FIELDS,
@@ -50,22 +50,26 @@ def read_ledger(ledger_dir: str | Path) -> pa.Table:
 
     LedgerCorruptError, naming each file, when a Parquet file of the ledger cannot be read (truncated, emptied,
     overwritten): a reader never skips one. Files whose names begin with a dot (a write in progress) are not part
-    of the ledger, nor the batch files a compacted file holds should both be there (`compaction.superseded`). A
-    compacted file's rows carry its folder's batch, the newest it holds."""
+    of the ledger, nor the batch files a compacted file holds should both be there (`compaction.superseded`); a
+    file gone between the listing and the reading (a compaction) makes it list again. A compacted file's rows carry
+    its folder's batch, the newest it holds."""
     path = Path(ledger_dir)
-    files = [str(f) for f in live_files(path)]
-    if not files:
-        return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
-    try:
+
+    def read(files: list[Path]) -> pa.Table:
+        if not files:
+            return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
         # The schema given, not inferred: a period whose only file is still being written (a dot-file) has none.
         dataset = ds.dataset(
-            files,
+            [str(f) for f in files],
             schema=LEDGER_SCHEMA,
             format="parquet",
             partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
             partition_base_dir=str(path),
         )
         return dataset.to_table(columns=list(LEDGER_COLUMNS))
+
+    try:
+        return read_listed(path, 2, read)
     except (pa.ArrowException, OSError) as exc:
         broken = _unreadable_files(path)
         if not broken:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from attribution.batch_output import write_batch_files
@@ -18,7 +19,7 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store import compaction
 from billing.store.click_index import ClickIndex, read_located
-from billing.store.compaction import STEPS, compact_closed, compactable_through, live_files
+from billing.store.compaction import STEPS, compact_closed, compactable_through, live_files, read_listed
 from billing.store.data_versions import data_versions
 from billing.store.parquet_ledger import LEDGER_SCHEMA, ledger_up_to, read_batches, read_ledger
 from ops.reconcile import ReconcileConfig, run_lock
@@ -115,7 +116,16 @@ def test_every_row_is_kept_once_with_its_batch_and_readers_read_the_same(tmp_pat
     write_batch(tmp_path, 10)
     compact_closed(layout, [P0], compactable_through(12, 12))
     assert folders(tmp_path) == {"batch_id=10": ["part-00000.parquet"], "batch_id=7": ["compacted-1-7.parquet"]}
-    compact_closed(layout, [P0], compactable_through(13, 13))
+    # A reader without the lock that a compaction overtakes between its listing and its reading lists again.
+    listings: list[list[Path]] = []
+
+    def overtaken(files: list[Path]) -> int:
+        if not listings:
+            compact_closed(layout, [P0], compactable_through(13, 13))
+        listings.append(files)
+        return sum(pq.read_metadata(f).num_rows for f in files)
+
+    assert read_listed(layout.ledger, 2, overtaken) == 18 and len(listings) == 2
     assert folders(tmp_path) == {"batch_id=10": ["compacted-1-10.parquet"]}
     assert sources(tmp_path) == by_source | {("c-10-0", 10), ("c-10-1", 10)}
     assert len(read_ledger(layout.ledger)) == 18 and data_versions(layout, Periods())[P0] == 10
