@@ -124,9 +124,9 @@ def split_batch(
     bad = intake.filter(pc.invert(valid))
     late = pc.less_equal(watermark_time_ms(events), pa.scalar(late_watermark_ms, pa.int64()))
     events = events.append_column("late", late)
-    events = _with_period(events, "event_time", periods)
-    events = events.append_column("batch_id", _constant(batch_id, events.num_rows))
-    bad = bad.append_column("batch_id", _constant(batch_id, bad.num_rows))
+    events = with_period(events, "event_time", periods)
+    events = events.append_column("batch_id", constant_column(batch_id, events.num_rows))
+    bad = bad.append_column("batch_id", constant_column(batch_id, bad.num_rows))
     return BatchOutput(
         bills=bills,
         events=events.select(list(ARCHIVE_COLUMNS)),
@@ -247,7 +247,7 @@ def _per_ad(rows: list[dict[str, Any]], advertiser_of: Mapping[str, str]) -> lis
     ]
 
 
-def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:
+def with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:
     """`table` with `period_start_ms` and `period` (the key) of the epoch-ms column `time_column`."""
     length = pa.scalar(periods.length_ms, pa.int64())
     times = table.column(time_column).cast(pa.int64())
@@ -258,7 +258,8 @@ def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Tabl
     return table.append_column("period_start_ms", starts).append_column("period", keys)
 
 
-def _constant(value: int, rows: int) -> pa.Array:
+def constant_column(value: int, rows: int) -> pa.Array:
+    """`value` in each of `rows` rows, as int64."""
     return pa.repeat(pa.scalar(value, pa.int64()), rows)
 
 

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from attribution.batch_output import constant_column, with_period
 from attribution.pricing import UNBILLED_COLUMNS, price_matches
 from billing.budgets import BudgetLedger, Candidate, day_start, utc_day
 from billing.catalog import Catalog
@@ -271,14 +272,14 @@ class Charging:
     ) -> Charged:
         outcome = pa.array([decisions.get(c, CHARGED) for c in bills.column("click_id").to_pylist()], pa.string())
         charged_mask = pc.equal(outcome, CHARGED)
-        with_period = _with_period(bills, "click_time", self.periods)
-        with_period = with_period.append_column("billed_at_ms", _constant(billed_at_ms, with_period.num_rows))
-        with_period = with_period.append_column("batch_id", _constant(batch_id, with_period.num_rows))
-        ledger = with_period.filter(charged_mask).select(list(LEDGER_COLUMNS))
-        refused = with_period.append_column("reason", outcome).filter(pc.invert(charged_mask))
+        dated = with_period(bills, "click_time", self.periods)
+        dated = dated.append_column("billed_at_ms", constant_column(billed_at_ms, dated.num_rows))
+        dated = dated.append_column("batch_id", constant_column(batch_id, dated.num_rows))
+        ledger = dated.filter(charged_mask).select(list(LEDGER_COLUMNS))
+        refused = dated.append_column("reason", outcome).filter(pc.invert(charged_mask))
         refused = refused.select(list(NOT_CHARGED_ROWS))
-        held = _with_period(unbilled.select(list(UNBILLED_COLUMNS)), "click_time", self.periods)
-        held = held.append_column("batch_id", _constant(batch_id, held.num_rows)).select(list(UNBILLED_ROWS))
+        held = with_period(unbilled.select(list(UNBILLED_COLUMNS)), "click_time", self.periods)
+        held = held.append_column("batch_id", constant_column(batch_id, held.num_rows)).select(list(UNBILLED_ROWS))
         return Charged(
             ledger=ledger,
             unbilled=held,
@@ -356,20 +357,6 @@ def _reading(day_totals: DayTotals, read: dict[tuple[str, str], int]) -> DayTota
         return got
 
     return reads
-
-
-def _with_period(table: pa.Table, time_column: str, periods: Periods) -> pa.Table:
-    length = pa.scalar(periods.length_ms, pa.int64())
-    times = table.column(time_column).cast(pa.int64())
-    starts = pc.multiply(pc.divide(times, length), length)
-    unique = pc.unique(starts).to_pylist()
-    names = pa.array([periods.key(start) for start in unique], pa.string())
-    keys = pc.take(names, pc.index_in(starts, value_set=pa.array(unique, pa.int64())))
-    return table.append_column("period_start_ms", starts).append_column("period", keys)
-
-
-def _constant(value: int, rows: int) -> pa.Array:
-    return pa.repeat(pa.scalar(value, pa.int64()), rows)
 
 
 def _grouped(table: pa.Table, keys: list[str], sums: list[str]) -> list[dict]:  # type: ignore[type-arg]

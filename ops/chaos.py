@@ -449,18 +449,11 @@ class Chaos:
         fault.note = f"restarted after {away} s; billed on one worker after {billed and round(billed, 1)} s"
 
     def fault_broker(self, fault: FaultRecord, before: int) -> None:
-        from ops.kafka_service import partition_leaders
-
-        topic = self.rng.choice(list(self.settings.topics.values()))
-        partition = self.rng.randrange(self.settings.topic_partitions)
-        leader = partition_leaders(self.settings.kafka_bootstrap, topic)[partition]
+        leader, where = self.partition_leader()
         pid = self.pid(f"kafka-{leader}")
-        fault.target = f"kafka-{leader} (leader of {topic}/{partition}) pid {pid}"
+        fault.target = f"kafka-{leader} ({where}) pid {pid}"
         os.kill(pid, signal.SIGKILL)
-        away = round(self.rng.uniform(15, 30), 1)
-        time.sleep(away)
-        self.up()
-        fault.note = f"restarted after {away} s"
+        fault.note = f"restarted after {self.back_after(15, 30)} s"
 
     def fault_redis(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("redis")
@@ -502,9 +495,7 @@ class Chaos:
         fault.target = f"postgres pid {pid} and its sessions, under 10 changes a second"
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        away = round(self.rng.uniform(15, 30), 1)
-        time.sleep(away)
-        self.up()
+        away = self.back_after(15, 30)
         time.sleep(10)
         run = writers.stop()
         lost, twice = check_confirmed(self.settings.database_url, run.confirmed)
@@ -607,11 +598,17 @@ class Chaos:
         pid = self.pid(f"spark-worker-{n}")
         fault.target = f"spark-worker-{n} pid {pid}, during `adbill reconcile` ({run.what})"
         os.kill(pid, signal.SIGKILL)
-        away = round(self.rng.uniform(20, 40), 1)
-        time.sleep(away)
-        self.up()
+        away = self.back_after(20, 40)
         code = run.wait()
         fault.note = f"worker restarted after {away} s; the reconciliation ended with exit {code}"
+
+    def back_after(self, low_s: float, high_s: float) -> float:
+        """A random while (`low_s` to `high_s`, to a tenth of a second) waited, then what is down brought back by
+        `adbill up`; the while."""
+        away = round(self.rng.uniform(low_s, high_s), 1)
+        time.sleep(away)
+        self.up()
+        return away
 
     def partition_leader(self) -> tuple[int, str]:
         from ops.kafka_service import partition_leaders

@@ -435,15 +435,11 @@ class Settings:
 
     @property
     def postgres_port(self) -> int:
-        from urllib.parse import urlparse
-
-        return urlparse(self.database_url).port or 5432
+        return _url_port(self.database_url, 5432)
 
     @property
     def database_is_local(self) -> bool:
-        from urllib.parse import urlparse
-
-        return urlparse(self.database_url).hostname in LOOPBACK
+        return _url_is_local(self.database_url)
 
     @property
     def users_file(self) -> Path:
@@ -527,15 +523,11 @@ class Settings:
 
     @property
     def redis_port(self) -> int:
-        from urllib.parse import urlparse
-
-        return urlparse(self.redis_url).port or 6379
+        return _url_port(self.redis_url, 6379)
 
     @property
     def redis_is_local(self) -> bool:
-        from urllib.parse import urlparse
-
-        return urlparse(self.redis_url).hostname in LOOPBACK
+        return _url_is_local(self.redis_url)
 
     def to_env(self) -> dict[str, str]:
         """These settings as the `ADBILL_*` variables that would give them, for a child process."""
@@ -547,6 +539,21 @@ class Settings:
 
 
 LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def _url_port(url: str, default: int) -> int:
+    """The port a service's URL names, or the service's default."""
+    from urllib.parse import urlparse
+
+    return urlparse(url).port or default
+
+
+def _url_is_local(url: str) -> bool:
+    """Whether a service's URL names this machine (`LOOPBACK`)."""
+    from urllib.parse import urlparse
+
+    return urlparse(url).hostname in LOOPBACK
+
 
 CLUSTER_DEFAULTS: dict[str, str] = {
     "home": "var/cluster",

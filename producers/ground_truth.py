@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -256,20 +256,19 @@ class GroundTruth:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write_charged(self, rows: list[BillableClick], figures: _Figures, number: int) -> Path:
-        path = self.workdir / f"charged-{number:05d}.jsonl"
-        with open(path, "w", encoding="utf-8") as out:
-            for row in rows:  # by click_id
-                figures.charge(row)
-                # `BillableClick.to_dict()` goes through `asdict`, which is slow; this is the same dict.
-                out.write(json.dumps({name: getattr(row, name) for name in BILLABLE_FIELDS}) + "\n")
-        return path
+        return self._write_run(f"charged-{number:05d}.jsonl", rows, BILLABLE_FIELDS, figures.charge)
 
     def _write_refused(self, rows: list[NotCharged], figures: _Figures, number: int) -> Path:
-        path = self.workdir / f"not-charged-{number:05d}.jsonl"
+        return self._write_run(f"not-charged-{number:05d}.jsonl", rows, NOT_CHARGED_FIELDS, figures.refuse)
+
+    def _write_run(self, name: str, rows: Sequence[Any], fields: Sequence[str], count: Callable[[Any], None]) -> Path:
+        """One run file, a row a line (by click_id), each row counted in the figures as it is written."""
+        path = self.workdir / name
         with open(path, "w", encoding="utf-8") as out:
-            for row in rows:  # by click_id
-                figures.refuse(row)
-                out.write(json.dumps({name: getattr(row, name) for name in NOT_CHARGED_FIELDS}) + "\n")
+            for row in rows:
+                count(row)
+                # `to_dict()` goes through `asdict`, which is slow; this is the same dict.
+                out.write(json.dumps({field: getattr(row, field) for field in fields}) + "\n")
         return path
 
 

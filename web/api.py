@@ -503,26 +503,21 @@ def _period(p: Period) -> dict[str, Any]:
 
 
 def _period_bill(b: PeriodBill) -> dict[str, Any]:
-    return {
-        **_period(b.period),
-        **_billed(b.billed),
-        **_late(b.late),
-        **_clock_ahead(b.clock_ahead),
-        **_unbilled(b.unbilled),
-        **not_charged_document(b.not_charged, b.billed),
-    }
+    return {**_period(b.period), **_figures_and_counts(b)}
 
 
 def _ad_line(a: AdLine) -> dict[str, Any]:
+    return {"ad_id": a.ad_id, "name": name_of("ad", a.ad_id), "campaign_id": a.campaign_id, **_figures_and_counts(a)}
+
+
+def _figures_and_counts(line: PeriodBill | AdLine) -> dict[str, Any]:
+    """A period's or an ad's billed figures, late, clock-ahead and unbilled events, and clicks not charged."""
     return {
-        "ad_id": a.ad_id,
-        "name": name_of("ad", a.ad_id),
-        "campaign_id": a.campaign_id,
-        **_billed(a.billed),
-        **_late(a.late),
-        **_clock_ahead(a.clock_ahead),
-        **_unbilled(a.unbilled),
-        **not_charged_document(a.not_charged, a.billed),
+        **_billed(line.billed),
+        **_late(line.late),
+        **_clock_ahead(line.clock_ahead),
+        **_unbilled(line.unbilled),
+        **not_charged_document(line.not_charged, line.billed),
     }
 
 

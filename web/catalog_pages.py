@@ -11,6 +11,8 @@ change made redirects (303) to the ad's page, which names the entry it added. Wh
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
@@ -147,18 +149,8 @@ def _catalog_page(
     catalog = svc.catalog.get()
     offset, limit = paging_args(ADS_PAGE)
     listed = [AdStatus.of(ad, now) for ad in ads_page(catalog, offset, limit)]
-    body = render_template(
-        "catalog.html",
-        ads=listed,
-        now_ms=now,
-        form=form,
-        error=error,
-        error_field=error_field,
-        total=len(catalog),
-        offset=offset,
-        limit=limit,
-    )
-    return body if status == 200 else (body, status)
+    values: dict[str, Any] = {"ads": listed, "total": len(catalog), "offset": offset, "limit": limit}
+    return _page("catalog.html", status, now, form, error, error_field, **values)
 
 
 def _ad_page(
@@ -173,17 +165,8 @@ def _ad_page(
             abort(404)
         return _catalog_page({}, error, status)
     now = svc.clock()
-    made = request.args.get("made", "")
-    body = render_template(
-        "catalog_ad.html",
-        a=AdStatus.of(found, now),
-        now_ms=now,
-        form=form,
-        error=error,
-        error_field=error_field,
-        made=int(made) if made.isdigit() and len(made) < 16 else None,
-    )
-    return body if status == 200 else (body, status)
+    values: dict[str, Any] = {"a": AdStatus.of(found, now), "made": _made()}
+    return _page("catalog_ad.html", status, now, form, error, error_field, **values)
 
 
 # Daily budgets ------------------------------------------------------------------------------------------------------
@@ -230,17 +213,9 @@ def _budgets_page(form: dict[str, str], error: str, status: int) -> str | tuple[
     rows.sort(
         key=lambda b: (not (today.get(b.campaign_id) and today[b.campaign_id].capped), b.advertiser_id, b.campaign_id)
     )
-    body = render_template(
-        "catalog_budgets.html",
-        rows=rows,
-        today=today,
-        capped=[d for d in today.values() if d.capped],
-        day=utc_day(now),
-        now_ms=now,
-        form=form,
-        error=error,
-    )
-    return body if status == 200 else (body, status)
+    capped = [d for d in today.values() if d.capped]
+    values: dict[str, Any] = {"rows": rows, "today": today, "capped": capped, "day": utc_day(now)}
+    return _page("catalog_budgets.html", status, now, form, error, **values)
 
 
 def _campaign_page(
@@ -256,21 +231,10 @@ def _campaign_page(
         return _budgets_page({}, error, status)
     now = svc.clock()
     days = svc.budgets.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
-    made = request.args.get("made", "")
-    body = render_template(
-        "catalog_campaign.html",
-        b=BudgetStatus.of(catalog, campaign_id, now),
-        ads=[
-            ad for ad in ads_of(catalog, catalog.advertiser_of_campaign(campaign_id)) if ad.campaign_id == campaign_id
-        ],
-        today=days[0] if days else None,
-        now_ms=now,
-        form=form,
-        error=error,
-        error_field=error_field,
-        made=int(made) if made.isdigit() and len(made) < 16 else None,
-    )
-    return body if status == 200 else (body, status)
+    ads = [ad for ad in ads_of(catalog, catalog.advertiser_of_campaign(campaign_id)) if ad.campaign_id == campaign_id]
+    b, today = BudgetStatus.of(catalog, campaign_id, now), days[0] if days else None
+    values: dict[str, Any] = {"b": b, "ads": ads, "today": today, "made": _made()}
+    return _page("catalog_campaign.html", status, now, form, error, error_field, **values)
 
 
 # The IP exclusion list ----------------------------------------------------------------------------------------------
@@ -302,16 +266,28 @@ def _exclusions_page(
         (cidr, [e for e in exclusions.history(cidr) if e.effective_from <= now][-1])
         for cidr in exclusions.ranges_at(now)
     ]
-    made = request.args.get("made", "")
-    body = render_template(
-        "catalog_exclusions.html",
-        in_force=in_force,
-        planned=sorted((e for e in exclusions.changes if e.effective_from > now), key=lambda e: e.effective_from),
-        history=sorted(exclusions.changes, key=lambda e: e.version, reverse=True),
-        now_ms=now,
-        form=form,
-        error=error,
-        error_field=error_field,
-        made=int(made) if made.isdigit() and len(made) < 16 else None,
-    )
+    planned = sorted((e for e in exclusions.changes if e.effective_from > now), key=lambda e: e.effective_from)
+    history = sorted(exclusions.changes, key=lambda e: e.version, reverse=True)
+    values: dict[str, Any] = {"in_force": in_force, "planned": planned, "history": history, "made": _made()}
+    return _page("catalog_exclusions.html", status, now, form, error, error_field, **values)
+
+
+def _page(
+    template: str,
+    status: int,
+    now_ms: int,
+    form: dict[str, str],
+    error: str,
+    error_field: str | None = None,
+    **values: Any,
+) -> str | tuple[str, int]:
+    """A catalog page with its forms: what was typed in them (`form`) and why a change was refused (`error`, naming
+    `error_field`), answered with that status (400) or 200."""
+    body = render_template(template, now_ms=now_ms, form=form, error=error, error_field=error_field, **values)
     return body if status == 200 else (body, status)
+
+
+def _made() -> int | None:
+    """The catalog version of the change just made, which the redirect after it names (`?made=`), or None."""
+    made = request.args.get("made", "")
+    return int(made) if made.isdigit() and len(made) < 16 else None
