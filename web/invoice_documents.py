@@ -12,14 +12,14 @@ import csv
 import io
 
 from reportlab.lib import colors
-from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
 from reportlab.lib.units import mm
-from reportlab.platypus import KeepTogether, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+from reportlab.platypus import KeepTogether, Paragraph, Spacer, Table, TableStyle
 
 from billing.invoices import ADJUSTMENT, CHARGES, CORRECTION, Invoice, InvoiceLine
 from billing.money import format_amount
 from web.display import money, period_label, plural, signed_money
+from web.statement_pdf import a4_pdf
 from web.statements import safe_cell
 
 CSV_COLUMNS = (
@@ -91,18 +91,6 @@ def invoice_csv(invoice: Invoice) -> str:
 
 def invoice_pdf(invoice: Invoice) -> bytes:
     """The invoice's PDF bytes: A4, the issuer and number, bill-to, lines per section, totals, rounding and terms."""
-    buffer = io.BytesIO()
-    doc = SimpleDocTemplate(
-        buffer,
-        pagesize=A4,
-        leftMargin=16 * mm,
-        rightMargin=16 * mm,
-        topMargin=16 * mm,
-        bottomMargin=16 * mm,
-        title=f"{invoice.issuer} invoice {invoice.label} {invoice.advertiser_id} {invoice.month}",
-        author=invoice.issuer,
-        pageCompression=0,  # plain text streams: the figures can be searched for, as in the tests
-    )
     styles = getSampleStyleSheet()
     title = ParagraphStyle("invoice-title", parent=styles["Title"], alignment=0, fontSize=17, leading=21)
     small = ParagraphStyle("small", parent=styles["Normal"], fontSize=8, leading=10)
@@ -181,8 +169,8 @@ def invoice_pdf(invoice: Invoice) -> bytes:
             small,
         )
     )
-    doc.build(story)
-    return buffer.getvalue()
+    pdf_title = f"{invoice.issuer} invoice {invoice.label} {invoice.advertiser_id} {invoice.month}"
+    return a4_pdf(story, 16, pdf_title, invoice.issuer)
 
 
 def _table(rows: list[list[object]], widths: list[float], total_row: bool, head: bool = True) -> Table:

@@ -9,7 +9,7 @@ from reportlab.lib.enums import TA_RIGHT
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
 from reportlab.lib.units import mm
-from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+from reportlab.platypus import Flowable, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from web.display import money, period_label, plural, utc
 from web.statements import PROVISIONAL, Statement
@@ -17,18 +17,6 @@ from web.statements import PROVISIONAL, Statement
 
 def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
     """The PDF's bytes."""
-    buffer = io.BytesIO()
-    doc = SimpleDocTemplate(
-        buffer,
-        pagesize=A4,
-        leftMargin=18 * mm,
-        rightMargin=18 * mm,
-        topMargin=18 * mm,
-        bottomMargin=18 * mm,
-        title=f"adbill statement {statement.advertiser_id} {statement.month}",
-        author="adbill",
-        pageCompression=0,  # plain text streams: the figures can be searched for, as in the access tests
-    )
     styles = getSampleStyleSheet()
     cur = statement.currency
     story = [
@@ -93,6 +81,25 @@ def statement_pdf(statement: Statement, generated_ms: int) -> bytes:
     story.append(Spacer(1, 6 * mm))
     story.append(Paragraph("Per period", styles["Heading2"]))
     story.append(_periods_table(statement, styles["BodyText"]))
+    return a4_pdf(story, 18, f"adbill statement {statement.advertiser_id} {statement.month}", "adbill")
+
+
+def a4_pdf(story: list[Flowable], margin_mm: float, title: str, author: str) -> bytes:
+    """The PDF's bytes of `story` on A4 pages, its text streams left uncompressed: the figures can be searched for,
+    as the tests do."""
+    buffer = io.BytesIO()
+    margin = margin_mm * mm
+    doc = SimpleDocTemplate(
+        buffer,
+        pagesize=A4,
+        leftMargin=margin,
+        rightMargin=margin,
+        topMargin=margin,
+        bottomMargin=margin,
+        title=title,
+        author=author,
+        pageCompression=0,
+    )
     doc.build(story)
     return buffer.getvalue()
 
