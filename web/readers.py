@@ -27,16 +27,7 @@ from billing.catalog import Catalog, Unbillable
 from billing.periods import Periods
 from billing.store.catalog_db import CatalogDatabase
 from billing.store.redis_keys import RedisKeys
-from web.model import (
-    NOT_CHARGED_REASONS,
-    Billed,
-    EventCounts,
-    Figures,
-    NotCharged,
-    Period,
-    PeriodBill,
-    UnbilledCounts,
-)
+from web.model import NOT_CHARGED_REASONS, Billed, EventCounts, Figures, NotCharged, Period, PeriodBill, UnbilledCounts
 
 SERIES_PERIODS = 72
 """Periods in the chart and the per-period tables: three days of hours."""

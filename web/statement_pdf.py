@@ -88,19 +88,8 @@ def a4_pdf(story: list[Flowable], margin_mm: float, title: str, author: str) -> 
     """The PDF's bytes of `story` on A4 pages, its text streams left uncompressed: the figures can be searched for,
     as the tests do."""
     buffer = io.BytesIO()
-    margin = margin_mm * mm
-    doc = SimpleDocTemplate(
-        buffer,
-        pagesize=A4,
-        leftMargin=margin,
-        rightMargin=margin,
-        topMargin=margin,
-        bottomMargin=margin,
-        title=title,
-        author=author,
-        pageCompression=0,
-    )
-    doc.build(story)
+    margins = {side: margin_mm * mm for side in ("leftMargin", "rightMargin", "topMargin", "bottomMargin")}
+    SimpleDocTemplate(buffer, pagesize=A4, title=title, author=author, pageCompression=0, **margins).build(story)
     return buffer.getvalue()
 
 
