@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "confirmed": [asdict(c) for c in run.confirmed],
         "refused": run.refused,
         "seconds": run.seconds,
+        "started_monotonic": run.started,
     }
     with open(args.out, "w", encoding="utf-8") as out:
         json.dump(document, out)

@@ -539,7 +539,7 @@ CATALOG_ACTIONS = (
 def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import generate_catalog
     from billing.catalog_changes import describe_entry, price_status
-    from ops.reconcile import parse_time
+    from ops.times import parse_time
 
     store = settings.catalog_store()
     now_ms = int(time.time() * 1000)
@@ -629,7 +629,7 @@ def _catalog_budgets(settings: Settings, args: argparse.Namespace, now_ms: int) 
     """`adbill catalog set-budget CAMPAIGN --daily-micros N | --unlimited`, `adbill catalog budgets [CAMPAIGN]`."""
     from billing.catalog_changes import budget_change, budget_text, describe_budget
     from billing.store.catalog_db import Scope
-    from ops.reconcile import parse_time
+    from ops.times import parse_time
 
     store = settings.catalog_store()
     if args.action == "budgets":
@@ -680,7 +680,7 @@ def cmd_ivt(settings: Settings, args: argparse.Namespace) -> int:
     from billing.catalog import format_time
     from billing.catalog_changes import describe_exclusion, exclusion_change
     from billing.store.catalog_db import Scope
-    from ops.reconcile import parse_time
+    from ops.times import parse_time
 
     store = settings.catalog_store()
     at_ms = parse_time(args.at, "--at") if args.at else None
@@ -848,7 +848,8 @@ def _new_password(from_stdin: bool) -> str:
 
 
 def cmd_reconcile(settings: Settings, args: argparse.Namespace) -> int:
-    from ops.reconcile import parse_time, run_reconcile
+    from ops.reconcile import run_reconcile
+    from ops.times import parse_time
 
     if not args.force:  # Kafka's end offsets decide what may close; --force closes without them
         _require(settings, ("kafka",))

@@ -111,7 +111,7 @@ def set_profile(
     """`adbill profiles set`: a new entry of the advertiser's billing profile, from now or a later --at."""
     from billing.profiles import describe_profile, profile_change
     from billing.store.catalog_file import command_made_by
-    from ops.reconcile import parse_time
+    from ops.times import parse_time
 
     at_ms = parse_time(at, "--at") if at else None
     maker = command_made_by()

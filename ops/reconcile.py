@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,21 +127,6 @@ class ReconcileConfig:
             BILLING_QUERY,
             self.alive_within_ms,
         )
-
-
-def parse_time(text: str, option: str = "--until") -> int:
-    """Epoch ms from `1767225600000` or an ISO-8601 time (UTC unless it says otherwise)."""
-    if text.isdigit():
-        return int(text)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise SystemExit(
-            f"{option}: {text!r} is neither epoch ms nor an ISO-8601 time such as 2026-01-01T10:00Z"
-        ) from exc
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def reconcile_config(settings: Settings) -> ReconcileConfig:

@@ -27,7 +27,6 @@ the store opens an empty database, and the files are set aside (renamed `.import
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -526,15 +525,6 @@ def _read_scope(connection: psycopg.Connection[Any], version: int, scope: Scope)
     return Catalog(ads, version, budgets, exclusions)
 
 
-FREEZE_AT = 100_000
-"""A catalog read whole with at least this many ads is kept out of the garbage collector's full passes
-(`gc.freeze`, after one collection): a process holds it for its life, and a full pass over a million ads' objects
-(about ten million) takes the best part of a second, paid by whatever batch or request it falls in (the stream's
-batch 1.7 x its 60 ads' at a million ads, a door's change a second at p99.9). The objects of later versions (a few
-ads each) stay in the collector's sight; those of the frozen catalog that a change replaces are freed by their
-count of references, as every Ad is (no cycles)."""
-
-
 def _read_whole(connection: psycopg.Connection[Any], version: int) -> Catalog:
     """The whole catalog at `version`."""
     ads = _ads(connection, "WHERE p.version <= %s", (version,))
@@ -542,11 +532,7 @@ def _read_whole(connection: psycopg.Connection[Any], version: int) -> Catalog:
     for campaign_id, entry in _budgets(connection, "WHERE version <= %s", (version,)):
         budgets.setdefault(campaign_id, []).append(entry)
     exclusions = IpExclusions(_exclusions(connection, "WHERE version <= %s", (version,)))
-    catalog = Catalog(ads, version, budgets, exclusions)
-    if len(catalog) >= FREEZE_AT:
-        gc.collect()
-        gc.freeze()
-    return catalog
+    return Catalog(ads, version, budgets, exclusions)
 
 
 def _ads(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]) -> Iterator[Ad]:

@@ -15,7 +15,10 @@ generated catalog is loaded whichever of them runs.
 3. `writers`: `--writers` doors (threads of one process, each its own connection) making `--rate` changes a second
    between them for `--seconds`, while a reader takes the changes every second as a batch of the stream does: the
    doors' latency p50/p99, every confirmed change checked in the database (none lost, none twice, each once in the
-   change log), and the reader's catch-up per batch p50/p99 with how many versions it took each time.
+   change log), and the reader's catch-up per batch p50/p99 with how many versions it took each time. Beside them,
+   the disk's own commit floor (`DiskProbe`: 8 kB written and `fdatasync`ed at the doors' rate, on the disk of the
+   database's WAL), and how many doors over 100 ms overlapped a sync of the disk over 50 ms: a change commits with
+   one such sync, and on a shared virtual disk its stalls are the doors' slow tail.
 4. `web`: the real web UI (`adbill web`: gunicorn, `--web-workers` x `--web-threads`) on the size's database, with a
    Redis of the run's holding two days of one advertiser's figures (`web.sample_data`); an admin account, its API
    token and that advertiser's account made with `adbill users add` and `adbill tokens create`. Timed one request
@@ -237,14 +240,81 @@ def measure_writers(url: str, args: argparse.Namespace, scratch: Path, say: Say)
     writing = start_writers(url, args, args.seconds, ran)
     batches = threading.Thread(target=read_batches, name="batches", daemon=True)
     batches.start()
+    disk = DiskProbe(scratch, args.rate)
+    disk.start()
     writing.wait()
     stop.set()
+    disk.stop()
     batches.join()
     figures = writers_figures(url, ran, args)
     figures["reader_catch_up_ms"] = _spread(catch_up)
     figures["reader_versions_per_batch"] = _spread([float(v) for v in versions_taken])
+    figures["disk_sync_ms"] = _spread([ms for _, ms in disk.syncs])
+    figures["slow_doors"] = slow_doors(json.loads(ran.read_text()), disk.syncs)
     say(f"  {_writers_said(figures)}; a batch's catch-up {_said(figures['reader_catch_up_ms'])}")
+    say(
+        f"  the disk's own sync (8 kB and fdatasync, {args.rate}/s beside the doors): "
+        f"{_said(figures['disk_sync_ms'])}; "
+        f"doors over {SLOW_DOOR_MS} ms: {figures['slow_doors']['count']}, of which "
+        f"{figures['slow_doors']['during_a_slow_sync']} while a sync of the disk took over {SLOW_SYNC_MS} ms"
+    )
     return figures
+
+
+SLOW_DOOR_MS = 100
+SLOW_SYNC_MS = 50
+
+
+class DiskProbe:
+    """A commit's floor: 8 kB written and `fdatasync`ed `rate` times a second in `folder` (the disk PostgreSQL's WAL
+    is on), each sync's (monotonic start, milliseconds) kept. A door's change commits with one such sync; when the
+    disk's own sync stalls, so does every door waiting on the catalog's lock."""
+
+    def __init__(self, folder: Path, rate: float) -> None:
+        self.path = folder / f"disk-probe-{os.getpid()}.bin"
+        self.interval = 1.0 / max(rate, 0.1)
+        self.syncs: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-probe", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        block, span = os.urandom(8192), 16 << 20
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(descriptor, span)
+            os.fsync(descriptor)
+            written = 0
+            while not self._stop.wait(self.interval):
+                os.pwrite(descriptor, block, written % span)
+                written += len(block)
+                began = time.monotonic()
+                os.fdatasync(descriptor)
+                self.syncs.append((began, round((time.monotonic() - began) * 1000, 2)))
+        finally:
+            os.close(descriptor)
+
+
+def slow_doors(ran: dict[str, Any], syncs: list[tuple[float, float]]) -> dict[str, Any]:
+    """The doors' changes slower than SLOW_DOOR_MS, and how many of them overlapped a sync of the disk slower than
+    SLOW_SYNC_MS (the writers' and the probe's clocks are the same: the system's monotonic clock)."""
+    started = ran.get("started_monotonic")
+    slow = [c for c in ran["confirmed"] if c["latency_ms"] > SLOW_DOOR_MS]
+    stalls = [(at, at + ms / 1000) for at, ms in syncs if ms > SLOW_SYNC_MS]
+    during = 0
+    if started is not None:
+        for change in slow:
+            end = started + change["at_s"]
+            begin = end - change["latency_ms"] / 1000
+            during += any(a < end and b > begin for a, b in stalls)
+    return {"count": len(slow), "during_a_slow_sync": during if started is not None else None}
 
 
 def start_writers(
@@ -698,6 +768,7 @@ def summary(report: dict[str, Any]) -> list[str]:
                 if "command_s" in size
                 else "-",
                 f"{writers['confirmed']}, {writers['lost']}, {writers['twice']}; {_p(writers['door_ms'])}"
+                + (f"; the disk's sync {_p(writers['disk_sync_ms'])}" if writers and "disk_sync_ms" in writers else "")
                 if writers
                 else "-",
                 _p(pages.get("catalog, first page"), 0.95),
@@ -716,7 +787,7 @@ def summary(report: dict[str, Any]) -> list[str]:
                 "API p50 / p99",
                 "page p50 / p99",
                 "command (process start)",
-                "writers: confirmed, lost, twice; door p50 / p99",
+                "writers: confirmed, lost, twice; door p50 / p99; the disk's sync p50 / p99",
                 "catalog's first page p50 / p95",
                 "a middle page p50 / p95",
                 "dashboard p50 / p95",

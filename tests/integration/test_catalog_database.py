@@ -5,7 +5,6 @@ the catalog it holds while the database is down."""
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import threading
@@ -26,7 +25,6 @@ from billing.catalog import (
     generate_catalog,
 )
 from billing.change_log import describe_change
-from billing.store import catalog_db
 from billing.store.catalog_db import CatalogDatabase, Scope
 from billing.store.catalog_file import save_catalog
 from billing.store.database import CONNECT_TIMEOUT_S
@@ -76,23 +74,6 @@ def test_a_reader_takes_only_the_changes_made_since_the_version_it_holds(databas
         (3, "exclude-ip", None, None),
         (4, "create-ad", None, None),
     ]
-
-
-def test_a_large_catalog_read_whole_is_kept_out_of_the_collectors_full_passes_and_a_small_one_is_not(
-    database: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    CatalogDatabase(database).start(_catalog())
-    gc.unfreeze()
-    CatalogDatabase(database).current()
-    assert gc.get_freeze_count() == 0  # three ads: below the size the freeze is for
-
-    monkeypatch.setattr(catalog_db, "FREEZE_AT", 3)
-    try:
-        held = CatalogDatabase(database).current()
-        assert gc.get_freeze_count() > 0
-        assert not any(gc.is_tracked(ad) and ad in gc.get_objects(generation=2) for ad in held)
-    finally:
-        gc.unfreeze()
 
 
 def test_concurrent_writers_on_their_own_connections_lose_nothing_and_leave_no_gap(database: str) -> None:

@@ -1,12 +1,15 @@
 """The network benchmark's pure parts: the N-ad catalog the stream phase prices the traffic with, and the summary
-tables of a report whose phases ran in part (no services, no timing assertions)."""
+tables of a report whose phases ran in part, a slow door placed against the disk's syncs (no services, no timing
+assertions)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from billing.catalog import generate_catalog
-from ops.bench.network import summary, traffic_catalog
+from ops.bench.network import DiskProbe, slow_doors, summary, traffic_catalog
 
 EUR_CAMPAIGN = "adv-0000-cmp-000"
 
@@ -74,3 +77,26 @@ def test_the_summary_shows_the_phases_that_ran_and_a_dash_for_the_others() -> No
     assert "600 ms |" in baseline and "| 1.2 / 1.5 |" in baseline and "yes" in baseline
     size = next(line for line in lines if line.startswith("| 10,000 |") and "x1.05" in line)
     assert "500 ms (x1.02)" in size and "330 / 430 MB; 30 MB" in size and "600, 0, 0; 3.0 / 9.0 ms" in size
+
+
+def test_a_slow_door_is_placed_against_the_disks_slow_syncs_on_the_one_monotonic_clock(tmp_path: Path) -> None:
+    ran = {
+        "started_monotonic": 100.0,
+        "confirmed": [
+            {"at_s": 1.0, "latency_ms": 5.0},  # fast: not counted
+            {"at_s": 2.0, "latency_ms": 300.0},  # 101.7 to 102.0: the sync at 101.8 took 120 ms
+            {"at_s": 5.0, "latency_ms": 150.0},  # 104.85 to 105.0: no slow sync then
+        ],
+    }
+    syncs = [(101.8, 120.0), (104.9, 20.0), (107.0, 500.0)]
+    assert slow_doors(ran, syncs) == {"count": 2, "during_a_slow_sync": 1}
+    assert slow_doors({"confirmed": ran["confirmed"]}, syncs) == {"count": 2, "during_a_slow_sync": None}
+
+    probe = DiskProbe(tmp_path, rate=200)
+    probe.start()
+    deadline = time.monotonic() + 10
+    while len(probe.syncs) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    probe.stop()
+    assert probe.syncs and all(ms >= 0 for _, ms in probe.syncs)
+    assert not probe.path.exists()

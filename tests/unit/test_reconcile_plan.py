@@ -19,8 +19,9 @@ from billing.periods import Periods
 from billing.reconcile_plan import PeriodState, StreamPosition, mark_changed, open_period, plan_run
 from billing.schemas import schema_text
 from billing.store.data_versions import data_versions
-from ops.reconcile import export_periods, parse_time
+from ops.reconcile import export_periods
 from ops.settings import Settings
+from ops.times import parse_time
 
 H = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
