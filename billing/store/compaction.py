@@ -240,6 +240,8 @@ def plan_folder(folder: Path, through: int) -> Plan | None:
             if span is not None:
                 first = min(first, span[0])
             sources.append((batch, path))
+    if not sources:
+        return None  # empty folders only: nothing to hold
     folders = tuple(folder / f"batch_id={batch}" for batch in sorted(batches) if batch != last)
     return Plan(folder, first, last, tuple(sources), folders)
 

@@ -1,21 +1,28 @@
 """A click's story on real Kafka, Redis and Spark, against the DuckDB oracle: one run of the streaming job and two
 of reconciliation, with a click of each outcome (charged; retracted as a duplicate click; added late; billed by the
 stream after its period closed, an adjustment; an unknown ad; a paused ad; a conflicting copy; a known bot; over
-budget). Each story's outcome is the oracle's, and says why with the evidence the files hold."""
+budget). Each story's outcome is the oracle's, and says why with the evidence the files hold. Then the closed period's
+batch files are compacted (`billing.store.compaction`): every story, the audit and Redis restored from the files read
+the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from attribution.audit import audit
 from attribution.job import start
+from attribution.restore import restore_redis
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, Catalog, MadeBy
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
 from billing.store.click_story import ClickStories
+from billing.store.redis_totals import RedisTotals
 from billing.story import ClickStory, story_text
 from ops.reconcile import reconcile, reconcile_config
 from ops.settings import Settings
@@ -87,7 +94,7 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
         stream([late[0], late[2]])  # the impressions on time ...
         stream(pair("later-still", "ad-1", T0 + 500 * S))
         stream([late[1], late[3]])  # ... the clicks late: the stream does not bill them
-        rc = reconcile_config(settings)
+        rc = dataclasses.replace(reconcile_config(settings), compact_closed=False)  # compacted at the end
         assert P0 in reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True).closed
         # After the close, a click the stream bills in the closed period: an adjustment in the open period.
         stream(pair("after-close", "ad-1", T0 + 900 * S))
@@ -176,3 +183,47 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
 
     nobody = stories.tell("c-never-sent")
     assert nobody.outcome.status == "not_received" and not nobody.copies
+
+    # A run that closes nothing compacts the closed period's batch files (the newest few batches, hot, and the
+    # other periods' stay as written): the stories, the audit and Redis restored from the files are the same.
+    totals = RedisTotals.from_url(settings.redis_url, settings.redis_prefix)
+    audits = audit(spark, rc, store.current())
+    restored = restore_redis(settings.root, totals, store.current(), periods, "billing"), redis_dump(totals)
+    files = closed_files(settings.root)
+    reconcile(spark, reconcile_config(settings), store.current(), until_ms=UNTIL, force=True)
+    left = closed_files(settings.root)
+    assert sum(left.values()) < sum(files.values()), (files, left)
+    for kind in ("ledger", "archive/event_type=click", "archive/event_type=impression"):
+        assert len(list((settings.root / kind / f"period={P0}").glob("*/compacted-*.parquet"))) == 1, (kind, left)
+    print(f"the closed period {P0}'s batch files before compaction: {files}; after: {left}")
+    assert {c: stories.tell(c) for c in told} == told
+    first, again = told["c-conflict"].copies  # two rows of one compacted file, each with its own batch
+    assert first.batch_id is not None and again.batch_id is not None and first.batch_id < again.batch_id
+    assert audit(spark, rc, store.current()) == audits
+    assert (restore_redis(settings.root, totals, store.current(), periods, "billing"), redis_dump(totals)) == restored
+
+
+def closed_files(root: Path) -> dict[str, int]:
+    """The Parquet files of the closed period's batch folders, per kind."""
+    kinds = ("ledger", "archive/event_type=click", "archive/event_type=impression", "unbilled", "not_charged")
+    return {kind: sum(1 for _ in (root / kind / f"period={P0}").rglob("*.parquet")) for kind in kinds}
+
+
+def redis_dump(totals: RedisTotals) -> dict[object, object]:
+    """Every key under the prefix and its value, but the last reconciliation run's record (a run's own) and the
+    counters of `/metrics` (what every batch applied adds to, a restore too)."""
+    client, out = totals.client, dict[object, object]()
+    left_out = (totals.keys.last_reconciliation(), totals.keys.counters())
+    for key in client.scan_iter(match=f"{totals.keys.prefix}*"):
+        if (key.decode() if isinstance(key, bytes) else key) in left_out:
+            continue
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        value = {
+            "hash": lambda k: client.hgetall(k),
+            "set": lambda k: sorted(client.smembers(k)),
+            "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+            "list": lambda k: client.lrange(k, 0, -1),
+        }.get(kind, lambda k: client.get(k))(key)
+        out[key] = value
+    return out
