@@ -79,8 +79,9 @@ def run_stream(settings: Settings, new_checkpoint: bool = False) -> int:
     ensure_schemas(settings)
     config = stream_config(settings)
     # One store of the catalog for the job and its metrics (each would otherwise hold the whole catalog: 0.8 GB at a
-    # million ads), read while the JVM starts (9 s at a million ads); a read that fails here is made again, and
-    # fails in one line, where the job starts.
+    # million ads), read while the JVM and the query start (9 s at a million ads). The job's start only checks that
+    # the database answers and holds a catalog (one line where not); a read that fails here is made again by the
+    # first batch.
     catalog = settings.catalog_store()
     reading = threading.Thread(target=_read_ahead, args=(catalog,), name="catalog-read", daemon=True)
     reading.start()

@@ -274,10 +274,7 @@ class CatalogDatabase:
                 with self._connection(READ_TIMEOUT_S) as connection, connection.transaction():
                     head = _head(connection)
                     if head is None:
-                        raise ValueError(
-                            f"no ad catalog in {self.where}: make one with `adbill catalog generate` or load one with "
-                            "`adbill catalog import`"
-                        )
+                        raise self._none_here()
                     self._held = _caught_up(connection, self._held, *head)
                 self.behind = None
             except DatabaseUnavailable as exc:
@@ -295,6 +292,18 @@ class CatalogDatabase:
         """Whether the database holds a catalog."""
         with self._connection() as connection:
             return _head(connection) is not None
+
+    def require(self) -> None:
+        """That the database answers (DatabaseUnavailable) and holds a catalog (ValueError), without reading it: a
+        read of the whole catalog under way in another thread is not waited for."""
+        if not self.exists():
+            raise self._none_here()
+
+    def _none_here(self) -> ValueError:
+        return ValueError(
+            f"no ad catalog in {self.where}: make one with `adbill catalog generate` or load one with "
+            "`adbill catalog import`"
+        )
 
     def changes(self) -> list[ChangeEntry]:
         """Every change of the catalog, oldest first, one per version (the log rows, written with each change)."""
