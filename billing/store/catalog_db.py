@@ -27,6 +27,7 @@ the store opens an empty database, and the files are set aside (renamed `.import
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -535,13 +536,40 @@ def _read_scope(connection: psycopg.Connection[Any], version: int, scope: Scope)
 
 
 def _read_whole(connection: psycopg.Connection[Any], version: int) -> Catalog:
-    """The whole catalog at `version`."""
-    ads = _ads(connection, "WHERE p.version <= %s", (version,))
-    budgets: dict[str, list[BudgetChange]] = {}
-    for campaign_id, entry in _budgets(connection, "WHERE version <= %s", (version,)):
-        budgets.setdefault(campaign_id, []).append(entry)
-    exclusions = IpExclusions(_exclusions(connection, "WHERE version <= %s", (version,)))
-    return Catalog(ads, version, budgets, exclusions)
+    """The whole catalog at `version`, read with the garbage collector paused (`collector_paused`)."""
+    with collector_paused():
+        ads = _ads(connection, "WHERE p.version <= %s", (version,))
+        budgets: dict[str, list[BudgetChange]] = {}
+        for campaign_id, entry in _budgets(connection, "WHERE version <= %s", (version,)):
+            budgets.setdefault(campaign_id, []).append(entry)
+        exclusions = IpExclusions(_exclusions(connection, "WHERE version <= %s", (version,)))
+        return Catalog(ads, version, budgets, exclusions)
+
+
+_paused_lock = threading.Lock()
+_paused_by = 0
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's garbage collector paused while the block runs, in every thread of the process (reads that overlap
+    keep it paused until the last ends). A catalog read whole builds about ten million objects at a million ads and
+    none of them in a cycle; the collector's passes over the growing heap took 30 % of the read (10.6 -> 7.5 s).
+    What other threads leave meanwhile is collected after."""
+    global _paused_by
+    with _paused_lock:
+        ours = _paused_by > 0 or gc.isenabled()  # else paused by someone else: theirs to resume
+        if ours:
+            _paused_by += 1
+            gc.disable()
+    try:
+        yield
+    finally:
+        if ours:
+            with _paused_lock:
+                _paused_by -= 1
+                if _paused_by == 0:
+                    gc.enable()
 
 
 def _ads(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...]) -> Iterator[Ad]:
@@ -558,14 +586,15 @@ def _ads(connection: psycopg.Connection[Any], where: str, params: tuple[Any, ...
             if current is not None:
                 yield _ad(current, prices)
             current, prices = [ad_id, campaign_id, advertiser_id, currency], []
-        prices.append(PriceChange(effective_from, cpc_micros, entry_version))
+        prices.append(PriceChange.stored(effective_from, cpc_micros, entry_version))
     if current is not None:
         yield _ad(current, prices)
 
 
 def _ad(owners: list[Any], prices: list[PriceChange]) -> Ad:
+    """An ad read from the tables, as they hold it: checked when it was written (`Ad.stored`)."""
     ad_id, campaign_id, advertiser_id, currency = owners
-    return Ad(ad_id, campaign_id, advertiser_id, prices[0].cpc_micros, currency.strip(), tuple(prices))
+    return Ad.stored(ad_id, campaign_id, advertiser_id, currency.strip(), tuple(prices))
 
 
 def _budgets(

@@ -1,14 +1,18 @@
 """A catalog grown change by change (`Catalog.grown`: the changed ads layered over the shared ones, made whole
 again from time to time) reads exactly as the same catalog built whole: the same ads in the same order, the same
-prices, budgets and exclusions, the same JSON."""
+prices, budgets and exclusions, the same JSON; an ad read from a store, built without its checks, is the ad built with
+them."""
 
 from __future__ import annotations
 
+import gc
 import random
+from dataclasses import astuple
 
 import pytest
 
-from billing.catalog import AdChange, Catalog, _Layered, generate_catalog
+from billing.catalog import Ad, AdChange, Catalog, PriceChange, Unbillable, _Layered, generate_catalog
+from billing.store.catalog_db import collector_paused
 
 NOW = 1_800_000_000_000
 
@@ -95,3 +99,30 @@ def test_an_advertisers_campaigns_are_read_through_an_index_kept_as_the_catalog_
 def test_a_catalog_of_no_ads_is_still_a_catalog() -> None:
     empty = Catalog([])
     assert len(empty) == 0 and bool(empty)
+
+
+def test_an_ad_as_a_store_holds_it_is_the_ad_built_and_checked_from_the_same_values() -> None:
+    entries = (PriceChange(NOW, None, 7), PriceChange(0, 150_000, 0), PriceChange(NOW, 90_000, 3))
+    checked = Ad("ad-1", "cmp-1", "adv-1", 150_000, "KWD", entries)
+    stored = Ad.stored("ad-1", "cmp-1", "adv-1", "KWD", tuple(PriceChange.stored(*astuple(e)) for e in entries))
+    assert stored == checked and hash(stored) == hash(checked)
+    assert stored.prices == checked.prices and stored.cpc_micros == 150_000
+    assert [stored.price_at(t) for t in (0, NOW - 1, NOW)] == [checked.price_at(t) for t in (0, NOW - 1, NOW)]
+    assert stored.price_at(NOW) is Unbillable.AD_PAUSED  # version 7 after version 3 at the same time
+
+
+def test_the_collector_is_paused_while_any_whole_read_runs_and_left_as_found() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # a second read overlapping the first
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # paused by someone else: not resumed by a read
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
