@@ -1,0 +1,325 @@
+"""A click's rows found in the data folder's Parquet files themselves, read with DuckDB: the click index's interface
+(`billing.store.click_index.ClickIndex`: `rows_of`, `archive_files`, `book_rows`, `closed_periods`, `export_folder`,
+`manifest_path`, `refresh`) with no index file, so that any host that shares the data folder reads the same stories
+(docs/click-stories-at-scale.md, "What remains to build", 3).
+
+Where a click's rows lie, by the layout (`billing.layout`): the archive's copies, the ledger, `unbilled/` and
+`not_charged/` in the batch folders of the click's period (`period=P/batch_id=N/`, or a compacted file there:
+`billing.store.compaction`), its corrections in `corrections/period=P/`, its id conflicts in `conflicts/period=P`,
+the export of P, and the adjustments of later periods' exports that correct P; the quarantine and `released/` by
+batch only. A lookup:
+
+- **with the click's day** reads the periods of that day (their keys begin with the day), newest first, a day in
+  one query per kind;
+- **without it** reads the periods the folders hold, a day at a time, newest day first, until a day holds the
+  click's own rows (the newer days' exports read on the way are those that could hold an adjustment of it);
+- then the exports of the periods after the click's own (adjustments booked later), and the quarantine and
+  `released/` whole (bad input only; narrowing them to the day's batches is still to build).
+
+Compaction's rule for readers that take no lock holds (`compaction.superseded`, through `live_files`): a compacted
+file stands for the batch files of its span beside it; a file gone between a listing and its reading (a compaction
+removed it) makes the lookup list again. The rows are named as the index named them (`Located`: kind, file, row,
+period, batch), read back by `click_index.read_located`, which takes each row's own batch from a compacted file.
+Nothing is kept between lookups but one in-memory DuckDB connection per thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from billing.layout import DataLayout
+from billing.store.click_index import (
+    ARCHIVE_CLICK,
+    ARCHIVE_IMPRESSION,
+    CONFLICTS,
+    CORRECTION,
+    EXPORT,
+    EXPORT_NOT_CHARGED,
+    ID_COLUMN,
+    LEDGER,
+    NOT_CHARGED,
+    QUARANTINE,
+    RELEASED,
+    UNBILLED,
+    Located,
+)
+from billing.store.compaction import batch_of, live_files
+from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
+from billing.story import BookRow
+
+BATCHED = (ARCHIVE_CLICK, LEDGER, UNBILLED, NOT_CHARGED)
+"""The kinds written per batch and period (`period=P/batch_id=N/`), compacted once their period is closed."""
+
+OWN = (*BATCHED, CORRECTION, CONFLICTS, EXPORT_NOT_CHARGED)
+"""The kinds that lie in the click's own period only (an export's rows may correct an earlier period)."""
+
+TRIES = 3
+"""Listings of one read when files listed are gone before they are read (a compaction removed them)."""
+
+
+class ClickFiles:
+    """The finder of one data folder (module doc)."""
+
+    def __init__(self, layout: DataLayout) -> None:
+        self.layout = layout
+        self.root = layout.root
+        self._local = threading.local()
+
+    # --- The folders ------------------------------------------------------------------------------------------
+
+    def _folder(self, kind: str) -> Path:
+        return {
+            ARCHIVE_CLICK: self.layout.archive_of("click"),
+            ARCHIVE_IMPRESSION: self.layout.archive_of("impression"),
+            LEDGER: self.layout.ledger,
+            UNBILLED: self.layout.unbilled,
+            NOT_CHARGED: self.layout.not_charged,
+            CORRECTION: self.layout.corrections,
+        }[kind]
+
+    def periods(self) -> list[str]:
+        """Every period the folders hold (batch kinds, corrections, conflicts, exports), newest first."""
+        found: set[str] = set()
+        for kind in (*BATCHED, CORRECTION):
+            found |= _names(self._folder(kind), "period=")
+        found |= {name.removesuffix(".parquet") for name in _names(self.layout.conflicts, "period=")}
+        found |= _names(self.layout.exports, "")
+        return sorted((p for p in found if _is_key(p)), reverse=True)
+
+    def files(self, kind: str, period: str) -> list[Path]:
+        """The files of `kind` that hold rows of `period`'s clicks (but an export's adjustments of earlier ones):
+        a batch kind's live files (a compacted file, not the batch files it stands for)."""
+        if kind in (*BATCHED, ARCHIVE_IMPRESSION):
+            return live_files(self._folder(kind) / f"period={period}", depth=1)
+        if kind == CORRECTION:
+            return _parquet_in(self.layout.corrections_of(period))
+        if kind == CONFLICTS:
+            path = self.layout.conflicts_of(period)
+            return [path] if path.is_file() else []
+        if kind in (EXPORT, EXPORT_NOT_CHARGED):
+            path = self.layout.export(period) / (PARQUET_FILE if kind == EXPORT else NOT_CHARGED_FILE)
+            return [path] if path.is_file() else []
+        raise ValueError(f"{kind} is not kept by period")
+
+    def _lister(self, kind: str, periods: Sequence[str]) -> Callable[[], list[Path]]:
+        """Lists the files of `kind` in `periods` each time it is called (`_query` may list again)."""
+        return lambda: [path for period in periods for path in self.files(kind, period)]
+
+    def _batch_only(self, kind: str) -> list[Path]:
+        """The quarantine's or `released/`'s files (`batch_id=N/`), every batch."""
+        folder = self.layout.quarantine if kind == QUARANTINE else self.layout.released
+        return live_files(folder, depth=1)
+
+    # --- Reading ----------------------------------------------------------------------------------------------
+
+    def _db(self) -> duckdb.DuckDBPyConnection:
+        """This thread's in-memory connection (made on first use, kept)."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = duckdb.connect(":memory:")
+            self._local.db = db
+        return db
+
+    def _query(self, files: Callable[[], Sequence[Path]], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """`sql` over `read_parquet($files, ...)` (written `{files}` in it) with the files listed now; listed and
+        read again when a file listed is gone before it is read."""
+        for attempt in range(TRIES):
+            paths = [str(path) for path in files()]
+            if not paths:
+                return []
+            source = (
+                "read_parquet($files, filename = true, file_row_number = true, hive_partitioning = false, "
+                "union_by_name = true)"
+            )
+            try:
+                return self._db().execute(sql.format(files=source), {"files": paths, **params}).fetchall()
+            except duckdb.IOException:
+                if attempt == TRIES - 1 or all(Path(path).exists() for path in paths):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _located(self, kind: str, files: Callable[[], Sequence[Path]], click_id: str) -> list[Located]:
+        column = ID_COLUMN.get(kind, "click_id")
+        sql = f"SELECT filename, file_row_number FROM {{files}} WHERE {column} = $id"  # nosec B608: constants
+        found = self._query(files, sql + " ORDER BY filename, file_row_number", {"id": click_id})
+        return [
+            Located(click_id, kind, Path(name), int(row), _period_of(Path(name)), _batch_of(Path(name)))
+            for name, row in found
+        ]
+
+    def rows_of(self, click_id: str, day: dt.date | None = None) -> list[Located]:
+        """Every row of the data folder that names `click_id` (module doc): in `day`'s periods when given, else in
+        the newest day that holds the click's own rows; with the later exports, the quarantine and `released/`."""
+        periods = self.periods()
+        if day is not None:
+            prefix = day.strftime("%Y%m%d")
+            periods = [p for p in periods if p.startswith(prefix)]
+        found: list[Located] = []
+        read_exports: set[str] = set()
+        own: str | None = None
+        for day_periods in _by_day(periods):
+            for kind in (*OWN, EXPORT):
+                found += self._located(kind, self._lister(kind, day_periods), click_id)
+            read_exports |= set(day_periods)
+            own = _own_period(found)
+            if own is not None:
+                break
+        if own is not None:
+            later = [p for p in self.periods() if p > own and p not in read_exports]
+            found += self._located(EXPORT, self._lister(EXPORT, later), click_id)
+        for kind in (QUARANTINE, RELEASED):
+            found += self._located(kind, functools.partial(self._batch_only, kind), click_id)
+        return sorted(found, key=lambda item: (str(item.path), item.row))
+
+    def archive_files(self, kind: str, periods: Sequence[str], low_ms: int, high_ms: int) -> list[Path]:
+        """The archive's live files of `kind` in `periods` whose event times may meet [low_ms, high_ms] (by their
+        statistics; a file without them is kept)."""
+        out = []
+        for period in periods:
+            for path in self.files(kind, period):
+                span = _event_time_span(path)
+                if span is None or (span[0] <= high_ms and span[1] >= low_ms):
+                    out.append(path)
+        return out
+
+    def book_rows(
+        self, first_period: str, last_period: str, *, ad_id: str | None = None, campaign_id: str | None = None
+    ) -> list[BookRow]:
+        """The books' rows (ledger, corrections, exports' click rows) of an ad or a campaign whose click lies in the
+        periods `first_period` to `last_period` (keys sort as time), with the click's time (a correction's from the
+        archive)."""
+        column, value = ("ad_id", ad_id) if ad_id is not None else ("campaign_id", campaign_id)
+        periods = [p for p in self.periods() if first_period <= p <= last_period]
+        rows: list[BookRow] = []
+        where = f"WHERE {column} = $v"
+        ledger = "SELECT filename, click_id, amount_micros, click_time FROM {files} " + where
+        for period in sorted(periods):
+            for name, click, amount, at in self._query(self._lister(LEDGER, [period]), ledger, {"v": value}):
+                rows.append(BookRow(click, "ledger", _period_of(Path(name)) or period, amount or 0, 1, None, at))
+            corrections = self._query(
+                self._lister(CORRECTION, [period]),
+                "SELECT click_id, corrects_period, amount_micros, kind, booked_period FROM {files} " + where,
+                {"v": value},
+            )
+            times = self._click_times(period, {row[0] for row in corrections})
+            for click, corrects, amount, kind, booked in corrections:
+                sign = 1 if kind == "addition" else -1
+                rows.append(BookRow(click, "correction", corrects, abs(amount or 0), sign, booked, times.get(click)))
+            for click, corrects, amount, status, booked, at in self._query(
+                self._lister(EXPORT, [period]),
+                "SELECT click_id, corrects_period, amount_micros, status, booked_period, click_time FROM {files} "
+                f"{where} AND record_type = 'click' AND click_id IS NOT NULL",
+                {"v": value},
+            ):
+                sign = 0 if status == "retracted" else 1
+                rows.append(BookRow(click, "export", corrects, amount or 0, sign, booked, at))
+        return rows
+
+    def _click_times(self, period: str, click_ids: Iterable[str]) -> dict[str, int]:
+        """The earliest archive time of each click id among the clicks of `period`."""
+        ids = sorted(click_ids)
+        if not ids:
+            return {}
+        found = self._query(
+            self._lister(ARCHIVE_CLICK, [period]),
+            "SELECT event_id, min(event_time) FROM {files} WHERE event_id IN (SELECT unnest($ids)) GROUP BY event_id",
+            {"ids": ids},
+        )
+        return {click: at for click, at in found}
+
+    def closed_periods(self) -> set[str]:
+        """The periods with an export (closed)."""
+        return {
+            p
+            for p in _names(self.layout.exports, "")
+            if (self.layout.export(p) / PARQUET_FILE).is_file() or (self.layout.export(p) / NOT_CHARGED_FILE).is_file()
+        }
+
+    def export_folder(self, period: str) -> Path:
+        return self.layout.export(period)
+
+    def manifest_path(self, period: str) -> Path:
+        return self.layout.export(period) / MANIFEST_FILE
+
+    def refresh(self) -> bool:
+        """Nothing to bring up to date: every lookup reads the files as they are (always True)."""
+        return True
+
+
+def _names(folder: Path, prefix: str) -> set[str]:
+    """The names of `folder`'s entries that begin with `prefix`, without it (not dot files)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return set()
+    return {e.name.removeprefix(prefix) for e in entries if e.name.startswith(prefix) and not e.name.startswith(".")}
+
+
+def _is_key(name: str) -> bool:
+    return len(name) == 14 and name[8] == "T" and name.endswith("Z") and name[:8].isdigit()
+
+
+def _parquet_in(folder: Path) -> list[Path]:
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    return sorted(Path(e.path) for e in entries if e.name.endswith(".parquet") and not e.name.startswith("."))
+
+
+def _by_day(periods: Sequence[str]) -> list[list[str]]:
+    """`periods` (newest first) in groups of one UTC day each, in the same order."""
+    days: dict[str, list[str]] = {}
+    for period in periods:
+        days.setdefault(period[:8], []).append(period)
+    return list(days.values())
+
+
+def _period_of(path: Path) -> str | None:
+    """The period a file's path names: `period=P` folders, a conflicts file `period=P.parquet`, an export's folder."""
+    for part in reversed(path.parts):
+        if part.startswith("period="):
+            return part.removeprefix("period=").removesuffix(".parquet")
+    if path.name in (PARQUET_FILE, NOT_CHARGED_FILE):
+        return path.parent.name
+    return None
+
+
+def _batch_of(path: Path) -> int | None:
+    return batch_of(path.parent.name)
+
+
+def _own_period(found: Sequence[Located]) -> str | None:
+    """The click's own period among rows found: the newest that holds a row of a kind kept in its own period."""
+    own = [item.period for item in found if item.kind in OWN and item.period is not None]
+    return max(own) if own else None
+
+
+def _event_time_span(path: Path) -> tuple[int, int] | None:
+    """The least and greatest `event_time` of a Parquet file from its row groups' statistics; None when they do not
+    say (or the file does not read: it is read, and passed over, with the rest)."""
+    try:
+        metadata = pq.read_metadata(path)
+        index = metadata.schema.to_arrow_schema().get_field_index("event_time")
+    except (OSError, pa.ArrowException):
+        return None
+    if index < 0 or not metadata.num_row_groups:
+        return None
+    low = high = None
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        low = stats.min if low is None else min(low, stats.min)
+        high = stats.max if high is None else max(high, stats.max)
+    return (low, high) if low is not None and high is not None else None
