@@ -31,6 +31,7 @@ settings, so the same job runs in local mode and against a Spark cluster.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -477,12 +478,44 @@ def _dead_letters(bootstrap: str, topic: str) -> DeadLetters:
     return _DEAD_LETTERS[bootstrap, topic]
 
 
-class _PhaseClock:
-    """Wall time of each step of a batch, for the log."""
+class FullCollections:
+    """Python's full collections (generation 2) in this process, counted and timed from the collector's own callbacks:
+    a full pass walks every object the driver holds (about ten million with a million ads' catalog), and the batch's
+    log line says when one fell in it (`_PhaseClock`)."""
 
     def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._began: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._began = time.monotonic()
+        elif self._began is not None:
+            self.count += 1
+            self.seconds += time.monotonic() - self._began
+            self._began = None
+
+    def watch(self) -> FullCollections:
+        """Counted from now on (once per process)."""
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+        return self
+
+
+FULL_COLLECTIONS = FullCollections()
+
+
+class _PhaseClock:
+    """Wall time of each step of a batch, for the log, and the full collections that fell in it."""
+
+    def __init__(self, collections: FullCollections = FULL_COLLECTIONS) -> None:
         self.last = time.monotonic()
         self.laps: list[tuple[str, float]] = []
+        self.collections = collections.watch()
+        self._from = (collections.count, collections.seconds)
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
@@ -490,7 +523,11 @@ class _PhaseClock:
         self.last = now
 
     def __str__(self) -> str:
-        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.laps)
+        said = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.laps)
+        count = self.collections.count - self._from[0]
+        if count:
+            said += f"; {count} full collection(s) of Python's heap, {self.collections.seconds - self._from[1]:.2f} s"
+        return said
 
 
 def late_watermark_ms(spark: SparkSession, checkpoint: Path, batch_id: int) -> int:
