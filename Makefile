@@ -123,7 +123,7 @@ bench-web: deps ## the dashboard and its API under CLIENTS concurrent clients on
 
 STORY_HOURS ?= 744
 STORY_CLICKS ?= 1000
-bench-stories: venv ## a month (STORY_HOURS hourly periods, STORY_CLICKS clicks each) written as the product writes it: the click index built, then click stories, adbill explain and clicks by price timed
+bench-stories: venv ## a month (STORY_HOURS hourly periods, STORY_CLICKS clicks each) written as the product writes it: click stories (found in its files), adbill explain and clicks by price timed
 	$(BIN)/python -m ops.bench.stories --hours $(STORY_HOURS) --clicks-per-hour $(STORY_CLICKS)
 
 AUDIT_VENV := .venv-audit

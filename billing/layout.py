@@ -27,8 +27,6 @@ ROOT/
   reconcile/                              periods.json (state), conflicts-sent.json, last-run.json,
                                           last-audit.json, lock (one run at a time), compaction.json (the
                                           compaction under way)
-  index/clicks.sqlite                     the click index: which files and rows name each click id (a cache,
-                                          rebuilt from the folders above when removed)
   kafka/ redis/ run/ logs/ runs/ spark-events/ spark-tmp*/   services, processes, logs and Spark's scratch
   catalog.json users.json api-tokens.json web-secret.key   defaults of their settings
   schemas.json                            the schema registry written before the database: taken in once
@@ -205,12 +203,6 @@ class DataLayout:
         """The compaction under way (`billing.store.compaction`): written before its file, removed after the last
         removal; whoever takes the run lock next completes or rolls back what it names."""
         return self.reconcile / "compaction.json"
-
-    # What the click's story reads through.
-    @property
-    def click_index(self) -> Path:
-        """The click index (`billing.store.click_index`): a SQLite file, kept up to date from the folders above."""
-        return self.root / "index" / "clicks.sqlite"
 
     # Services, processes and defaults of the settings.
     @property

@@ -1,7 +1,7 @@
 """A click's story: why it was charged, or why not (docs/billing-rules.md, "Who sees what"), from what the product holds
 of it.
 
-In (`Evidence`, plain rows that `billing.store.click_story` finds through the click index): every copy of the click
+In (`Evidence`, plain rows that `billing.store.click_story` finds in the data folder's files): every copy of the click
 received (the archive, the quarantine, the records released from it, the id conflicts reconciliation found), the
 impressions of its ad and user around its time, the user's other clicks around it, what the stream did (the ledger,
 `unbilled/`, `not_charged/`), every correction, the export rows that carry it, and the books of its campaign's day
@@ -95,8 +95,6 @@ class Evidence:
     """Archive click rows of the click's user within the flood window either side of it."""
     budget_day: list[BookRow] = field(default_factory=list)
     """The books of the click's campaign on its UTC day up to its time (with `click_time`), for a budget."""
-    stale: bool = False
-    """The index could not be brought up to date (another process is doing it): the newest rows may be missing."""
 
 
 # --- The story ----------------------------------------------------------------------------------------------------
@@ -392,8 +390,6 @@ def tell(
     copies = _copies(evidence)
     standing = next((c for c in copies if c.status == "stands"), None)
     notes: list[str] = []
-    if evidence.stale:
-        notes.append("The click index is being brought up to date by another process: the newest rows may be missing.")
     if standing is None or standing.event_time is None or standing.ad_id is None or standing.user_id is None:
         status = QUARANTINED if copies else NOT_RECEIVED
         return ClickStory(

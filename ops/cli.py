@@ -15,6 +15,8 @@ from ops.reach import EXIT_UNREACHABLE
 from ops.settings import Settings, describe
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from billing.catalog import AdChange, BudgetSetting, Catalog, ExclusionSetting
     from billing.store.catalog_db import CatalogDatabase
 
@@ -329,6 +331,11 @@ def _parser() -> argparse.ArgumentParser:
         "did, its corrections and export rows",
     )
     p.add_argument("click_id")
+    p.add_argument(
+        "--day",
+        type=_click_day,
+        help="the click's UTC day, YYYY-MM-DD: only that day's periods are searched (without it, the newest day first)",
+    )
     p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
     p.set_defaults(run=cmd_explain, needs=("postgres",))
 
@@ -867,6 +874,15 @@ def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
     return run_audit(settings)
 
 
+def _click_day(text: str) -> dt.date:
+    from billing.store.click_files import parse_day
+
+    try:
+        return parse_day(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0 with the story of a click received, 1 for a click id never received."""
     import json
@@ -882,7 +898,7 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
         settings.ivt_rules,
         settings.topic_clicks,
     )
-    story = stories.tell(args.click_id)
+    story = stories.tell(args.click_id, args.day)
     print(json.dumps(story.to_dict(), indent=1) if args.json else story_text(story))
     return 1 if story.outcome.status == NOT_RECEIVED else 0
 

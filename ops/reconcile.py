@@ -449,7 +449,6 @@ def run_reconcile(
                         status,
                     )
                     print(describe_run(report), flush=True)
-                    refresh_click_index(settings)
                     if metrics:
                         metrics.done(report, time.monotonic() - started)
                     if every_s and settings.audit_after_close and report.closed:
@@ -499,21 +498,6 @@ def fresh_catalog(settings: Settings, store: CatalogDatabase) -> Catalog:
 
 CATALOG_RETRY_S = 5
 """How often reconciliation tries the catalog's database again while it cannot be reached."""
-
-
-def refresh_click_index(settings: Settings) -> None:
-    """Bring the click index up to date after a run (`billing.store.click_index`), so that a click's story does not
-    index a long stretch of new batches itself; a failure is said and the run goes on (the next lookup refreshes)."""
-    import sqlite3
-
-    from billing.store.click_index import ClickIndex
-
-    started = time.monotonic()
-    try:
-        if ClickIndex(settings.layout, lock_wait_s=0).refresh():
-            print(f"reconcile: click index up to date in {time.monotonic() - started:.1f} s", flush=True)
-    except (OSError, sqlite3.Error) as exc:
-        print(f"reconcile: the click index was not brought up to date: {exc}", file=sys.stderr, flush=True)
 
 
 class ReconcileStatus:

@@ -3,11 +3,11 @@ what").
 
 - `GET /clicks?click_id=ID`: the search (a form on the dashboard and on every page's header) goes to the click's
   page; without an id, the search form alone.
-- `GET /clicks/ID`: the click's story (`billing.story`, found through the click index by
-  `billing.store.click_story.ClickStories`): its outcome and why, every copy received, its impressions, the price in
-  force and who set it, the invalid traffic rule or budget that stopped it, what the stream did, its corrections and
-  the export rows that carry it.
-- `GET /api/v1/clicks/ID`: the same as JSON, money as strings of micros (`web.api`).
+- `GET /clicks/ID`: the click's story (`billing.story`, found in the data folder's files by
+  `billing.store.click_story.ClickStories`; `?day=YYYY-MM-DD`, the click's UTC day, searches that day only): its
+  outcome and why, every copy received, its impressions, the price in force and who set it, the invalid traffic rule
+  or budget that stopped it, what the stream did, its corrections and the export rows that carry it.
+- `GET /api/v1/clicks/ID`: the same as JSON, money as strings of micros (`web.api`), with the same `?day=`.
 
 An advertiser sees the clicks of its own ads only, without what names another advertiser (`billing.story
 .for_advertiser`); another advertiser's click, a click without an ad the catalog knows, and a click never received
@@ -26,6 +26,7 @@ from billing.invalid import DEFAULT_RULES
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_db import CatalogDatabase
+from billing.store.click_files import parse_day
 from billing.store.click_story import ClickStories
 from billing.story import NOT_RECEIVED, ClickStory, describe, for_advertiser
 from web import display
@@ -65,7 +66,11 @@ def story_or_404(click_id: str) -> ClickStory:
     principal = logged_in()
     if not is_id(click_id):
         abort(404)
-    story = stories().tell(click_id)
+    try:
+        day = parse_day(request.args["day"]) if request.args.get("day") else None
+    except ValueError:
+        abort(400)
+    story = stories().tell(click_id, day)
     if principal.role is Role.ADVERTISER:
         if principal.advertiser_id is None or story.advertiser_id != principal.advertiser_id:
             abort(404)

@@ -1,7 +1,7 @@
 """An ad's clicks and spend split by the price they were charged at (after a price change, how many clicks were at
 the old price and how many at the new), for the ad's page and its API document.
 
-Counted from the books through the click index (`billing.store.click_story.ClickStories.by_price`), by the click's
+Counted from the books in the data folder's files (`billing.store.click_story.ClickStories.by_price`), by the click's
 period within the date range: a closed period as its export and the adjustments booked for it later, an open one as
 the ledger and its corrections. The spend of a price is its clicks times the price, to the micro.
 """

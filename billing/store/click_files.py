@@ -1,7 +1,7 @@
-"""A click's rows found in the data folder's Parquet files themselves, read with DuckDB: the click index's interface
-(`billing.store.click_index.ClickIndex`: `rows_of`, `archive_files`, `book_rows`, `closed_periods`, `export_folder`,
-`manifest_path`, `refresh`) with no index file, so that any host that shares the data folder reads the same stories
-(docs/click-stories-at-scale.md, "What remains to build", 3).
+"""A click's rows found in the data folder's Parquet files themselves, read with DuckDB (`ClickFiles`: `rows_of`,
+`archive_files`, `book_rows`, `closed_periods`, `export_folder`, `manifest_path`, `refresh`, the interface of the
+SQLite click index it replaced) with no file of its own, so that any host that shares the data folder reads the same
+stories (docs/click-stories-at-scale.md, "What is built").
 
 Where a click's rows lie, by the layout (`billing.layout`): the archive's copies, the ledger, `unbilled/` and
 `not_charged/` in the batch folders of the click's period (`period=P/batch_id=N/`, or a compacted file there:
@@ -18,8 +18,8 @@ batch only. A lookup:
 
 Compaction's rule for readers that take no lock holds (`compaction.superseded`, through `live_files`): a compacted
 file stands for the batch files of its span beside it; a file gone between a listing and its reading (a compaction
-removed it) makes the lookup list again. The rows are named as the index named them (`Located`: kind, file, row,
-period, batch), read back by `click_index.read_located`, which takes each row's own batch from a compacted file.
+removed it) makes the lookup list again. A row found is named by its kind, file, position, period and batch
+(`Located`) and read back by `read_located`, which takes each row's own batch from a compacted file.
 Nothing is kept between lookups but one in-memory DuckDB connection per thread.
 """
 
@@ -30,6 +30,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +39,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
-from billing.store.click_index import (
-    ARCHIVE_CLICK,
-    ARCHIVE_IMPRESSION,
-    CONFLICTS,
-    CORRECTION,
-    EXPORT,
-    EXPORT_NOT_CHARGED,
-    ID_COLUMN,
-    LEDGER,
-    NOT_CHARGED,
-    QUARANTINE,
-    RELEASED,
-    UNBILLED,
-    Located,
-)
-from billing.store.compaction import batch_of, live_files
+from billing.store.compaction import SOURCE_BATCH, batch_of, live_files
 from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
 from billing.story import BookRow
+
+ARCHIVE_CLICK = "archive_click"
+ARCHIVE_IMPRESSION = "archive_impression"
+LEDGER = "ledger"
+UNBILLED = "unbilled"
+NOT_CHARGED = "not_charged"
+QUARANTINE = "quarantine"
+RELEASED = "released"
+CONFLICTS = "conflicts"
+CORRECTION = "correction"
+EXPORT = "export"
+EXPORT_NOT_CHARGED = "export_not_charged"
+"""The kinds of rows that name a click id (a story's `found_in`)."""
+
+ID_COLUMN = {
+    ARCHIVE_CLICK: "event_id",
+    QUARANTINE: "event_id",
+    RELEASED: "event_id",
+    CONFLICTS: "event_id",
+}
+"""The column that holds the click id, where it is not `click_id`."""
 
 BATCHED = (ARCHIVE_CLICK, LEDGER, UNBILLED, NOT_CHARGED)
 """The kinds written per batch and period (`period=P/batch_id=N/`), compacted once their period is closed."""
@@ -65,6 +72,26 @@ OWN = (*BATCHED, CORRECTION, CONFLICTS, EXPORT_NOT_CHARGED)
 
 TRIES = 3
 """Listings of one read when files listed are gone before they are read (a compaction removed them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A row of a file that names a click id."""
+
+    click_id: str
+    kind: str
+    path: Path
+    row: int
+    period: str | None
+    batch_id: int | None
+
+
+def parse_day(text: str) -> dt.date:
+    """A click's day as people give it (`YYYY-MM-DD`, UTC); ValueError otherwise."""
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%d").date()
+    except ValueError:
+        raise ValueError(f"{text!r} is not a day such as 2026-01-01") from None
 
 
 class ClickFiles:
@@ -323,3 +350,32 @@ def _event_time_span(path: Path) -> tuple[int, int] | None:
         low = stats.min if low is None else min(low, stats.min)
         high = stats.max if high is None else max(high, stats.max)
     return (low, high) if low is not None and high is not None else None
+
+
+def read_located(located: Sequence[Located], drop: Sequence[str] = ("value",)) -> list[dict[str, Any]]:
+    """The rows `located` names, each with `found_in` (its kind), `file` (its path), `row`, `period` and `batch_id`;
+    a row whose id is not the one asked for (a file rewritten since it was found: a replayed batch) is searched for
+    in its file. A file gone since is passed over."""
+    out: list[dict[str, Any]] = []
+    by_file: dict[Path, list[Located]] = {}
+    for item in located:
+        by_file.setdefault(item.path, []).append(item)
+    for path, items in by_file.items():
+        try:
+            parquet = pq.ParquetFile(path)
+            table = parquet.read(columns=[n for n in parquet.schema_arrow.names if n not in drop])
+        except (OSError, pa.ArrowException):
+            continue
+        id_column = ID_COLUMN.get(items[0].kind, "click_id")
+        ids = table.column(id_column).to_pylist() if id_column in table.column_names else []
+        for item in items:
+            rows = [item.row] if item.row < len(ids) else []
+            if not rows or ids[item.row] != item.click_id:
+                rows = [n for n, value in enumerate(ids) if value == item.click_id]
+            for row in rows:
+                record = {name: table.column(name)[row].as_py() for name in table.column_names}
+                record.setdefault("period", item.period)
+                source = record.pop(SOURCE_BATCH, None)  # a compacted file's: the batch that wrote the row
+                record["batch_id"] = source if source is not None else record.get("batch_id", item.batch_id)
+                out.append({**record, "found_in": item.kind, "file": str(path), "row": row})
+    return out

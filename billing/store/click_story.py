@@ -1,16 +1,16 @@
-"""A click's story from the data folder: the evidence found through the click index (`billing.store.click_index`),
-told by `billing.story.tell` with the catalog, its change log and the crawler list.
+"""A click's story from the data folder: the evidence found in its Parquet files (`billing.store.click_files`, read
+with DuckDB; no index), told by `billing.story.tell` with the catalog, its change log and the crawler list.
 
-One lookup reads: the index's rows of the click id (a few milliseconds), the handful of files they name, the
-archive's files of the click's ad and user around its time (the few whose span of event times meets the window),
-the export's manifest of a closed period, and, for a campaign with a daily budget, the books of its day up to the
-click (summed from the index). Used by `adbill explain`, the click's page and `GET /api/v1/clicks/ID`, and for an
-ad's clicks by price.
+One lookup reads: the rows of the click id in its day's periods (the click's day, when given; else the newest day
+that holds it), the handful of files they name, the archive's files of the click's ad and user around its time (the
+few whose statistics of event times meet the window), the export's manifest of a closed period, and, for a campaign
+with a daily budget, the books of its day up to the click. Used by `adbill explain`, the click's page and
+`GET /api/v1/clicks/ID` (each with an optional day), and for an ad's clicks by price.
 """
 
 from __future__ import annotations
 
-import time
+import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.rule import ATTRIBUTION_WINDOW_MS
 from billing.store.catalog_db import CatalogSource, LogEntries
-from billing.store.click_index import (
+from billing.store.click_files import (
     ARCHIVE_CLICK,
     ARCHIVE_IMPRESSION,
     CONFLICTS,
@@ -37,7 +37,7 @@ from billing.store.click_index import (
     QUARANTINE,
     RELEASED,
     UNBILLED,
-    ClickIndex,
+    ClickFiles,
     read_located,
 )
 from billing.store.compaction import SOURCE_BATCH
@@ -74,30 +74,17 @@ class ClickStories:
         periods: Periods | None = None,
         rules: IvtRules = DEFAULT_RULES,
         clicks_topic: str | None = None,
-        index: ClickIndex | None = None,
+        files: ClickFiles | None = None,
     ) -> None:
         self.layout = layout
         self.catalog = catalog
         self.periods = periods or Periods()
         self.rules = rules
         self.clicks_topic = clicks_topic
-        self.index = index or ClickIndex(layout)
-        self._refreshed_at: float | None = None
+        self.files = files or ClickFiles(layout)
 
-    def refresh(self, max_age_s: float = 0.0) -> bool:
-        """Bring the index up to date, unless this object did less than `max_age_s` ago; False when another process
-        is doing it (the index is read as it is)."""
-        now = time.monotonic()
-        if self._refreshed_at is not None and now - self._refreshed_at < max_age_s:
-            return True
-        fresh = self.index.refresh()
-        if fresh:
-            self._refreshed_at = now
-        return fresh
-
-    def tell(self, click_id: str) -> ClickStory:
-        """The click's whole story (`billing.story.tell`), the index refreshed first."""
-        fresh = self.refresh()
+    def tell(self, click_id: str, day: dt.date | None = None) -> ClickStory:
+        """The click's whole story (`billing.story.tell`), found in `day`'s periods when given (its UTC day)."""
         catalog = self.catalog.current()
         crawlers = crawler_list()
 
@@ -107,7 +94,7 @@ class ClickStories:
             return listed.matching(user_agent) if listed.matches(user_agent) else []
 
         return tell(
-            self.evidence(click_id, stale=not fresh),
+            self.evidence(click_id, day=day),
             catalog,
             LogEntries(self.catalog),
             self.periods,
@@ -116,9 +103,10 @@ class ClickStories:
             crawler_list_version=crawlers.version,
         )
 
-    def evidence(self, click_id: str, stale: bool = False) -> Evidence:
-        """Everything the data folder holds of `click_id` and around it (`billing.story.Evidence`)."""
-        found = read_located(self.index.rows_of(click_id))
+    def evidence(self, click_id: str, day: dt.date | None = None) -> Evidence:
+        """Everything the data folder holds of `click_id` and around it (`billing.story.Evidence`), in `day`'s
+        periods when given."""
+        found = read_located(self.files.rows_of(click_id, day))
         kinds: dict[str, list[dict[str, Any]]] = {}
         for row in found:
             kinds.setdefault(row["found_in"], []).append(row)
@@ -136,10 +124,9 @@ class ClickStories:
             corrections=kinds.get(CORRECTION, []),
             export_rows=kinds.get(EXPORT, []),
             export_not_charged=kinds.get(EXPORT_NOT_CHARGED, []),
-            stale=stale,
         )
         standing = _first(copies)
-        closed = self.index.closed_periods()
+        closed = self.files.closed_periods()
         named = {r.get("period") for r in found} | {r.get("corrects_period") for r in found}
         if standing is not None:
             named.add(self.periods.key_of(standing["event_time"]))
@@ -166,7 +153,7 @@ class ClickStories:
         catalog = self.catalog.current()
         ad = catalog.get(ad_id)
         if ad is not None and catalog.budgets.get(ad.campaign_id):
-            evidence.budget_day = self.index.book_rows(
+            evidence.budget_day = self.files.book_rows(
                 self.periods.key_of(day_start(at)), self.periods.key_of(at), campaign_id=ad.campaign_id
             )
         return evidence
@@ -176,16 +163,15 @@ class ClickStories:
         meets it."""
         periods = self.periods.range_keys(self.periods.start_of(low), self.periods.end_of(high))
         rows: list[dict[str, Any]] = []
-        for path in self.index.archive_files(kind, periods, low, high):
+        for path in self.files.archive_files(kind, periods, low, high):
             rows += _matching(path, user_id, ad_id, low, high)
         return rows
 
     def by_price(self, ad_id: str, first_period: str, last_period: str) -> list[tuple[int, int]]:
         """(price, net clicks) of the ad's clicks in the periods `first_period` to `last_period`, as the books
-        count them (`billing.story.by_price`), dearest first; the index refreshed at most every few seconds."""
-        self.refresh(max_age_s=5.0)
-        closed = self.index.closed_periods()
-        rows = self.index.book_rows(first_period, last_period, ad_id=ad_id)
+        count them (`billing.story.by_price`), dearest first."""
+        closed = self.files.closed_periods()
+        rows = self.files.book_rows(first_period, last_period, ad_id=ad_id)
         return by_price(rows, lambda period: period in closed)
 
 

@@ -8,13 +8,12 @@ ground truth is known: charged, not charged (a known bot, the ad paused), added 
 
 Then it times, on this machine:
 
-1. building the click index from nothing (`billing.store.click_index`, what the first lookup or `adbill reconcile`
-   does once on an existing data folder);
-2. `ClickStories.tell` for `--lookups` click ids picked at random (the index's refresh included, as every lookup
-   does): the time a page, the API or `adbill explain` spends, less the process's start;
-3. one lookup after a new micro-batch was written (the refresh indexes it);
-4. `adbill explain CLICK_ID` as a command (a new Python process each time);
-5. an ad's clicks by price over the month.
+1. `ClickStories.tell` for `--lookups` click ids picked at random, without their day (the newest day first,
+   `billing.store.click_files`: nothing is built beforehand): the time a page, the API or `adbill explain` spends,
+   less the process's start;
+2. one lookup after a new micro-batch was written;
+3. `adbill explain CLICK_ID` as a command (a new Python process each time);
+4. an ad's clicks by price over the month.
 
 Every story told is checked against the ground truth. The report goes to `var/bench/stories-<time>.json`.
 """
@@ -252,7 +251,7 @@ def store_catalog(root: Path, catalog: Catalog, paused: str) -> Catalog:
 
 class MonthCatalog:
     """The month's catalog as the stories read it (`billing.store.catalog_db.CatalogSource`): held, not stored, so
-    that the figures are the click index's alone."""
+    that the figures are the click finder's alone."""
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -317,7 +316,6 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from billing.store.click_index import ClickIndex
     from billing.store.click_story import ClickStories
 
     root = Path(args.folder or tempfile.mkdtemp(prefix="adbill-stories-", dir=PROJECT_ROOT / "var"))
@@ -328,11 +326,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     written_s = time.monotonic() - began
     print(f"wrote {month.clicks:,} clicks and {month.impressions:,} impressions in {written_s:.0f} s to {root}")
     layout = DataLayout(root)
-    began = time.monotonic()
-    ClickIndex(layout, lock_wait_s=60).refresh()
-    indexed_s = time.monotonic() - began
-    index_mb = layout.click_index.stat().st_size / 1e6
-    print(f"index built in {indexed_s:.1f} s ({index_mb:.0f} MB)")
     stories = ClickStories(layout, MonthCatalog(load_catalog(layout.catalog_file)))
     rng = random.Random(args.seed)
     picked = rng.sample(sorted(month.truth), args.lookups)
@@ -379,8 +372,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "impressions": month.impressions,
         "batches": month.batches,
         "written_s": round(written_s, 1),
-        "index_build_s": round(indexed_s, 1),
-        "index_mb": round(index_mb, 1),
         "lookups": len(picked),
         "lookup_ms": {
             "p50": round(percentile(timings, 0.5) * 1000, 1),

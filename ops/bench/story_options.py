@@ -13,7 +13,8 @@ side by side on the same data folder (docs/click-stories-at-scale.md).
    billable, a bad copy in quarantine) and ids that are nowhere, each option's build or keep-up cost, its bytes and
    files, and its lookups with the click's day given and without it (newest day first), each checked against what was
    written (every row found, no other, each with the batch that wrote it):
-   - `sqlite`: today's click index (`billing.store.click_index`) built from nothing, then `rows_of` + `read_located`;
+   - (`sqlite`, the SQLite click index of the time, was measured in run A of the docs: removed since with the index,
+     replaced by `billing.store.click_files`);
    - `files`: pyarrow datasets over the files as written (the day's period folders; without a day, day after day);
    - `duckdb-files`: DuckDB over the same files;
    - `compacted`: after compacting every period's batches up to `--tail-batches` before the newest (`compact`): one
@@ -41,7 +42,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import struct
 import sys
 import tempfile
@@ -67,7 +67,7 @@ from billing.corrections import Correction, CorrectionKind, CorrectionReason, co
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.rule import BILLABLE_FIELDS
-from billing.store.click_index import (
+from billing.store.click_files import (
     ARCHIVE_CLICK,
     CORRECTION,
     EXPORT,
@@ -969,23 +969,6 @@ def _row(kind: str, path: str, row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "found_in": kind, "file": path, "batch_id": batch}
 
 
-class SqliteFinder:
-    """Today's click index (`billing.store.click_index`): the day is not needed."""
-
-    def __init__(self, layout: DataLayout) -> None:
-        from billing.store.click_index import ClickIndex
-
-        self.index = ClickIndex(layout, lock_wait_s=3_600)
-
-    def build(self) -> None:
-        self.index.refresh()
-
-    def find(self, click_id: str, day: int | None) -> list[dict[str, Any]]:
-        from billing.store.click_index import read_located
-
-        return read_located(self.index.rows_of(click_id))
-
-
 def check(truth: Truth, rows: Sequence[dict[str, Any]]) -> str | None:
     """What is wrong with the rows found for a click (None: exactly what was written)."""
     found = Counter(r["found_in"] for r in rows)
@@ -1101,7 +1084,7 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     report["options"] = figures
 
-    def lookups(name: str, finder: SqliteFinder | FileFinder, sample: Sequence[Truth]) -> None:
+    def lookups(name: str, finder: FileFinder, sample: Sequence[Truth]) -> None:
         read = getattr(finder, "files_read", 0)
         day = time_lookups(finder.find, sample, with_day=True)
         day["files_read_per_lookup"] = round((getattr(finder, "files_read", 0) - read) / max(1, len(sample)))
@@ -1120,22 +1103,6 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             flush=True,
         )
 
-    if "sqlite" in options:
-        finder = SqliteFinder(layout)
-        began = time.monotonic()
-        finder.build()
-        seconds = time.monotonic() - began
-        size = layout.click_index.stat().st_size
-        figures["sqlite"] = {
-            "build_s": round(seconds, 1),
-            "build_us_per_click": round(seconds / clicks * 1e6, 1),
-            "bytes": size,
-            "bytes_per_click": round(size / clicks, 1),
-            "rows": sqlite3.connect(layout.click_index).execute("SELECT count(*) FROM rows").fetchone()[0],
-        }
-        print(f"sqlite index: {seconds:.0f} s, {size / 1e6:.0f} MB", flush=True)
-        lookups("sqlite", finder, truths)
-        shutil.rmtree(layout.click_index.parent, ignore_errors=True)
     for engine, name in (("pyarrow", "files"), ("duckdb", "duckdb-files")):
         if name in options:
             finder_ = FileFinder(layout, args.days, batches_per_day, engine)
@@ -1487,7 +1454,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--options",
         default="duckdb-files,compacted,duckdb-compacted,sidecar",
-        help="of sqlite, files, duckdb-files, compacted, duckdb-compacted, sidecar (sqlite and files take minutes)",
+        help="of files, duckdb-files, compacted, duckdb-compacted, sidecar (files takes minutes)",
     )
     parser.add_argument("--full-period-clicks", type=int, default=0, help="4166667: an hour at 100 M clicks a day")
     parser.add_argument("--postgres-rows", type=int, default=0, help="ids in a PostgreSQL table of click periods")

@@ -8,6 +8,7 @@ the same."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -197,6 +198,8 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
         assert len(list((settings.root / kind / f"period={P0}").glob("*/compacted-*.parquet"))) == 1, (kind, left)
     print(f"the closed period {P0}'s batch files before compaction: {files}; after: {left}")
     assert {c: stories.tell(c) for c in told} == told
+    day = dt.datetime.fromtimestamp(T0 / 1000, dt.UTC).date()  # every click's day: the same stories, that day read
+    assert {c: stories.tell(c, day) for c in told} == told
     first, again = told["c-conflict"].copies  # two rows of one compacted file, each with its own batch
     assert first.batch_id is not None and again.batch_id is not None and first.batch_id < again.batch_id
     assert audit(spark, rc, store.current()) == audits

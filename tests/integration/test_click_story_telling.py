@@ -1,11 +1,12 @@
 """A click's story over a data folder written by the product's own writers (`ops.bench.stories.write_month`, small):
-every click's outcome as its ground truth says, the rows it names, and the click index kept up to date as batches
-are written, rewritten in another order and set aside. The month's catalog is read from PostgreSQL, which takes in
-the catalog file the month's writers left in its data folder, as the product does with a data folder written before
-its database."""
+every click's outcome as its ground truth says, with its day and without, the rows it names, and the stories
+following batches written, rewritten in another order and set aside (read from the files: nothing to keep up). The
+month's catalog is read from PostgreSQL, which takes in the catalog file the month's writers left in its data folder,
+as the product does with a data folder written before its database."""
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -17,7 +18,6 @@ import pytest
 
 from billing.layout import DataLayout
 from billing.store.catalog_db import CatalogDatabase
-from billing.store.click_index import ClickIndex
 from billing.store.click_story import ClickStories
 from billing.store.database import connection_pool
 from billing.story import NOT_RECEIVED, BookRow, book_counts, by_price, story_text
@@ -58,7 +58,7 @@ def test_every_clicks_story_tells_its_ground_truth_and_names_its_rows(month: Mon
     stories = stories_of(month.root, stored.database)
     assert stories.catalog.current() == month.catalog  # taken into the database from the month's file
     assert not DataLayout(month.root).catalog_file.exists(), "the file is set aside once taken in"
-    told = Counter()
+    told: Counter[str] = Counter()
     for click_id, truth in month.truth.items():
         story = stories.tell(click_id)
         assert truth_of(story) == truth, (click_id, story_text(story))
@@ -88,9 +88,14 @@ def test_the_why_of_each_kind_of_outcome(month: Month, stored: StoredMonth) -> N
     assert "No impression of ad" in story_text(lonely)
     nobody = stories.tell("c-never-sent")
     assert nobody.outcome.status == NOT_RECEIVED and "was ever received" in story_text(nobody)
+    # With the click's day (its UTC day): the same story; another day holds none of it.
+    for story in (bot, paused, late, lonely):
+        day = dt.datetime.fromtimestamp((story.event_time or 0) / 1000, dt.UTC).date()
+        assert stories.tell(story.click_id, day) == story
+        assert stories.tell(story.click_id, day + dt.timedelta(days=1)).outcome.status == NOT_RECEIVED
 
 
-def test_the_index_follows_new_rewritten_and_removed_batches(tmp_path: Path, database: str) -> None:
+def test_the_stories_follow_new_rewritten_and_removed_batches(tmp_path: Path, database: str) -> None:
     month = write_month(tmp_path / "home", hours=2, clicks_per_hour=30, batches_per_hour=2, seed=9)
     stories = stories_of(month.root, database)
     some = next(c for c, t in month.truth.items() if t == "charged")
@@ -110,21 +115,7 @@ def test_the_index_follows_new_rewritten_and_removed_batches(tmp_path: Path, dat
         for batch in (month.root / kind).glob(f"*/batch_id={month.batches}"):
             shutil.move(batch, tmp_path / f"aside-{kind.replace('/', '-')}-{batch.parent.name}")
     assert stories.tell(new).outcome.status == NOT_RECEIVED
-    # The index is a cache: removed, it is built again.
-    DataLayout(month.root).click_index.unlink()
     assert stories.tell(some).outcome.status == "charged"
-
-
-def test_a_lookup_while_another_process_refreshes_reads_the_index_as_it_is(month: Month, stored: StoredMonth) -> None:
-    layout = DataLayout(month.root)
-    busy = ClickIndex(layout)
-    with busy._lock() as held:  # another refresh is under way
-        assert held
-        catalog = CatalogDatabase(stored.database, imports=layout.catalog_file)
-        stories = ClickStories(layout, catalog, index=ClickIndex(layout, lock_wait_s=0.05))
-        told = stories.tell(next(iter(month.truth)))
-    assert told.outcome.status != NOT_RECEIVED
-    assert any("being brought up to date" in note for note in told.notes)
 
 
 def test_the_books_count_a_closed_period_as_exported_and_an_open_one_as_billed_and_corrected() -> None:

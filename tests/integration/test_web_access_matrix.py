@@ -17,6 +17,7 @@ each only the figures of its own hours.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -880,6 +881,10 @@ def test_a_click_never_received_says_so_to_finance_and_admin_and_is_404_to_an_ad
     own = alice.get(f"/api/v1/clicks/{world.ids[OWN]['click']}").json
     assert own["outcome"]["status"] == "charged" and own["advertiser_id"] == OWN
     assert isinstance(own["outcome"]["amount_micros"], str)
+    # With the click's day (its UTC day): the same document; a day that is not one is refused.
+    day = dt.datetime.fromtimestamp(own["event_time"] / 1000, dt.UTC).date().isoformat()
+    assert alice.get(f"/api/v1/clicks/{world.ids[OWN]['click']}?day={day}").json == own
+    assert alice.get(f"/clicks/{world.ids[OWN]['click']}?day=2026-13-01").status_code == 400
     assert (
         alice.get(f"/clicks?click_id={world.ids[OWN]['click']}")
         .headers["Location"]

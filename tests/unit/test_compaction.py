@@ -18,7 +18,7 @@ from attribution.release import ARCHIVE_SCHEMA
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store import compaction
-from billing.store.click_index import ClickIndex, read_located
+from billing.store.click_files import ClickFiles, read_located
 from billing.store.compaction import STEPS, compact_closed, compactable_through, live_files, read_listed
 from billing.store.data_versions import data_versions
 from billing.store.parquet_ledger import LEDGER_SCHEMA, ledger_up_to, read_batches, read_ledger
@@ -64,10 +64,9 @@ def ledger_rows(root: Path) -> set[tuple[str, int]]:
 
 def sources(root: Path, kind: str = "ledger") -> set[tuple[str, int]]:
     """(id, batch that wrote it) of every row of a kind's files, as a story reads them (`read_located`)."""
-    index = ClickIndex(DataLayout(root))
-    index.refresh()
+    files = ClickFiles(DataLayout(root))
     ids = {i for i, _ in ledger_rows(root)}
-    rows = read_located([item for i in sorted(ids) for item in index.rows_of(i) if item.kind == kind])
+    rows = read_located([item for i in sorted(ids) for item in files.rows_of(i) if item.kind == kind])
     return {(r["click_id" if kind == "ledger" else "event_id"], r["batch_id"]) for r in rows}
 
 
