@@ -69,10 +69,13 @@ def test_a_holder_takes_its_lock_again_after_a_restart_and_stops_when_another_to
     with pytest.raises(DatabaseLockedError, match="job A"):
         DatabaseLock(database, "stream:lease", "job B").acquire()
 
-    postgres_server.stop()
-    postgres_server.start()
-    second = DatabaseLock(database, "stream:lease", "job B")
-    second.acquire()  # before A's next check: B holds it now
+    # A's watch waits on its mutex while the database restarts and B takes the lock, so B is surely first
+    # (without it, A's check could fall between the restart and B's try, and A would hold the lock again)
+    with first._mutex:
+        postgres_server.stop()
+        postgres_server.start()
+        second = DatabaseLock(database, "stream:lease", "job B")
+        second.acquire()
     deadline = time.monotonic() + LEASE_CHECK_S * 3
     while not lost and time.monotonic() < deadline:
         time.sleep(0.2)
