@@ -36,7 +36,7 @@ def _admin(settings: Settings) -> FlaskClient:
 
 
 def _audited(settings: Settings, monkeypatch: pytest.MonkeyPatch, audits: list[PeriodAudit]) -> None:
-    """The audit after a closing run (`adbill reconcile --every`), as it records its outcome, finding `audits`."""
+    """The audit after a reconciliation run (`adbill reconcile --every`) as it records its outcome, finding `audits`."""
     monkeypatch.setattr(attribution.audit, "audit", lambda spark, config, catalog: audits)
     audit_after_run(object(), reconcile_config(settings), settings.catalog_store().current())
 

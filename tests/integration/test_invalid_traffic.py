@@ -214,7 +214,7 @@ def test_the_stream_filters_invalid_traffic_and_holds_budgets_and_reconciliation
         # would not make a duplicate).
         rc = dataclasses.replace(rc, ivt_rules=IvtRules(flood_clicks=30, duplicate_window_ms=500))
         installed = crawler_list()
-        assert (settings.layout.crawler_lists / f"{installed.version}.json").exists(), "kept by the closing runs"
+        assert (settings.layout.crawler_lists / f"{installed.version}.json").exists(), "kept by the reconciliation runs"
         upgraded = CrawlerList("99.0.0", tuple(p for p in installed.patterns if not re.search(p, BOT)))
         assert not upgraded.matches(BOT)
         for module in (attribution.final_bills, ops.reconcile, billing.store.crawler_list, billing.store.click_story):

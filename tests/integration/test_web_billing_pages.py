@@ -307,7 +307,7 @@ def test_the_statement_is_the_exports_plus_adjustments_and_the_open_remainder_as
             rows = [r for r in pq.read_table(folder / "billing.parquet").to_pylist() if r["advertiser_id"] == OWN]
             closed_from_exports += sum(r["net_micros"] for r in rows if r["record_type"] == "click")
             adjustments += sum(r["net_micros"] for r in rows if r["record_type"] == "adjustment")
-            # The closing run sets Redis to the export's figures: both agree.
+            # The reconciliation run sets Redis to the export's figures: both agree.
             assert advertiser_corrected(seeded, period, OWN)[1] == sum(r["net_micros"] for r in rows)
         elif period in closed_keys:
             closed_from_redis += advertiser_corrected(seeded, period, OWN)[1]

@@ -3,7 +3,7 @@
 reconciliation wrote them, and the months' CSVs.
 
 The app as `adbill web` serves it (`create_app`), on the session's Redis, with the sample's periods and one export
-written with its not-charged clicks, as a closing run writes it.
+written with its not-charged clicks, as a reconciliation run writes it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""`adbill reconcile --every` (in `adbill up`) runs the audit after each run that closed a period, so that finance's
-page says the books are proven, under the run lock (no compaction meanwhile); a failing audit is said and the
-schedule goes on."""
+"""`adbill reconcile --every` (in `adbill up`) runs the audit after each reconciliation run that closed a period, so
+that finance's page says the books are proven, under the run lock (no compaction meanwhile); a failing audit is said
+and the schedule goes on."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ops.reconcile import audit_after_run, audit_outcome, reconcile_config
 from ops.settings import Settings
 
 
-def test_the_audit_runs_after_a_closing_run_and_its_outcome_is_kept(
+def test_the_audit_runs_after_a_reconciliation_run_and_its_outcome_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = Settings.from_env({}, home=tmp_path)
