@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from attribution.batch_output import write_batch_files
 from attribution.decode import QUARANTINE_COLUMNS
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store import compaction
 from billing.store.click_files import ClickFiles, Located, read_located
 from billing.store.compaction import compact_closed, compactable_through, live_files
 from billing.store.corrections_arrow import CORRECTION_SCHEMA
 from billing.store.export_files import export_table, write_export
-from tests.unit.test_compaction import T0, write_batch
+from tests.batch_files import T0, compact_ledger_stopped_at, write_batch
 
 DAY_MS = 86_400_000
 P0, P1, P2 = "20260101T0000Z", "20260101T0100Z", "20260102T0000Z"
@@ -185,17 +183,7 @@ def test_a_compaction_stopped_after_its_rename_is_read_once(tmp_path: Path) -> N
     layout = DataLayout(tmp_path)
     for batch in range(1, 6):
         write_batch(tmp_path, batch)
-
-    def stop(name: str, target: Path) -> None:
-        if name == "renamed":
-            raise RuntimeError(name)
-
-    compaction.step_hook = stop
-    try:
-        with pytest.raises(RuntimeError):
-            compact_closed(layout, [P0], 4, [k for k in compaction.KINDS if k.name == "ledger"])
-    finally:
-        compaction.step_hook = None
+    compact_ledger_stopped_at(layout, "renamed")
     assert len(list((layout.ledger / f"period={P0}").glob("*/*.parquet"))) == 6  # batches 1 to 5, and 1 to 4 compacted
     found = ClickFiles(layout).rows_of("c-2-1")
     assert [(item.kind, item.path.name) for item in found] == [

@@ -8,53 +8,20 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from attribution.batch_output import write_batch_files
 from attribution.epoch import CheckpointRefusedError, newest_batch_id, offsets_read, set_aside_batches_after
-from attribution.release import ARCHIVE_SCHEMA
 from billing.layout import DataLayout
 from billing.periods import Periods
-from billing.store import compaction
 from billing.store.click_files import ClickFiles, read_located
 from billing.store.compaction import STEPS, compact_closed, compactable_through, live_files, read_listed
 from billing.store.data_versions import data_versions
-from billing.store.parquet_ledger import LEDGER_SCHEMA, ledger_up_to, read_batches, read_ledger
+from billing.store.parquet_ledger import ledger_up_to, read_batches, read_ledger
 from ops.reconcile import ReconcileConfig, run_lock
+from tests.batch_files import P0, T0, compact_ledger_stopped_at, write_batch
 
-T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
-P0, P1 = "20260101T0000Z", "20260101T0100Z"
-
-
-def write_batch(root: Path, batch: int, period_start: int = T0) -> None:
-    """Batch `batch`'s archive (two tasks' files, a click and an impression each) and ledger (the clicks), as the
-    stream writes them: one file per task and folder, the partition columns in the paths."""
-    periods = Periods()
-    events, bills = [], []
-    for task in (0, 1):
-        at = period_start + batch * 1_000 + task
-        click_id = f"c-{batch}-{task}"
-        common = {"ad_id": "ad-1", "user_id": f"u-{task}", "received_ms": at, "topic": "clicks", "partition": task}
-        common |= {"value": b"x", "user_agent": "ua", "ip": "10.0.0.1", "late": batch >= 10}
-        common |= {"period_start_ms": periods.start_of(at), "period": periods.key_of(at), "batch_id": batch}
-        events.append({**common, "event_type": "click", "event_id": click_id, "event_time": at, "offset": batch})
-        events.append({**common, "event_type": "impression", "event_id": f"i-{batch}-{task}", "event_time": at - 5})
-        bills.append(
-            {
-                "click_id": click_id, "impression_id": f"i-{batch}-{task}", "ad_id": "ad-1", "campaign_id": "cmp-1",
-                "advertiser_id": "adv-1", "user_id": f"u-{task}", "click_time": at, "impression_time": at - 5,
-                "amount_micros": 1_000_000, "currency": "EUR", "click_received_ms": at, "billed_at_ms": at + 100,
-                "period_start_ms": periods.start_of(at), "period": periods.key_of(at), "batch_id": batch,
-            }
-        )  # fmt: skip
-        layout = DataLayout(root)
-        name = f"part-{task:05d}.parquet"
-        table = pa.Table.from_pylist(events[-2:], schema=ARCHIVE_SCHEMA)
-        write_batch_files(table, layout.archive, ("event_type", "period", "batch_id"), name, prune=False)
-    ledger = pa.Table.from_pylist(bills, schema=LEDGER_SCHEMA)
-    write_batch_files(ledger, DataLayout(root).ledger, ("period", "batch_id"))
+P1 = "20260101T0100Z"
 
 
 def ledger_rows(root: Path) -> set[tuple[str, int]]:
@@ -143,24 +110,11 @@ def test_a_compaction_stopped_at_each_step_is_completed_or_rolled_back_by_the_ne
         write_batch(template, batch)
     rows = ledger_rows(template)
 
-    class Stop(Exception):
-        pass
-
     for step in STEPS:
         root = tmp_path / step
         shutil.copytree(template, root)
         layout = DataLayout(root)
-
-        def stop(name: str, target: Path, step: str = step) -> None:
-            if name == step:
-                raise Stop(name)
-
-        compaction.step_hook = stop
-        try:
-            with pytest.raises(Stop):
-                compact_closed(layout, [P0], 4, [k for k in compaction.KINDS if k.name == "ledger"])
-        finally:
-            compaction.step_hook = None
+        compact_ledger_stopped_at(layout, step)
         assert layout.compaction_journal.exists(), step
         # Until then, a reader that takes no lock reads each row once (the files a compacted file holds skipped).
         assert len(read_ledger(layout.ledger)) == len(rows), step
