@@ -258,6 +258,9 @@ class BatchSink:
     def __init__(self, config: StreamConfig, catalog: CatalogDatabase) -> None:
         self.config = config
         self.catalog = catalog
+        self.clock = _PhaseClock()
+        """The steps of the batch running, for its log line: one for the sink's life, its watch of the collector
+        registered once, restarted by each batch."""
         self.switch: SchemaSwitch | None = None
         """Set when a batch stopped the query for new schema versions (`attribution.schema_follow`)."""
         self.released = False
@@ -311,7 +314,7 @@ class BatchSink:
         )
 
     def __call__(self, batch: DataFrame, spark_batch_id: int) -> None:
-        clock = _PhaseClock()
+        clock = self.clock.restart()
         self.stop_for_new_schemas()
         watermark = late_watermark_ms(batch.sparkSession, self.config.layout.checkpoint(BILLING_QUERY), spark_batch_id)
         # The batch id of every output: Spark's, continued from the earlier checkpoints' (`attribution.epoch`).
@@ -509,13 +512,19 @@ FULL_COLLECTIONS = FullCollections()
 
 
 class _PhaseClock:
-    """Wall time of each step of a batch, for the log, and the full collections that fell in it."""
+    """Wall time of each step of a batch, for the log, and the full collections that fell in it: made once (it
+    registers its watch of the collector then) and restarted at the start of each batch."""
 
     def __init__(self, collections: FullCollections = FULL_COLLECTIONS) -> None:
+        self.collections = collections.watch()
+        self.restart()
+
+    def restart(self) -> _PhaseClock:
+        """Starts a new batch: no laps, its time and collections counted from now."""
         self.last = time.monotonic()
         self.laps: list[tuple[str, float]] = []
-        self.collections = collections.watch()
-        self._from = (collections.count, collections.seconds)
+        self._from = (self.collections.count, self.collections.seconds)
+        return self
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
