@@ -185,6 +185,12 @@ class Settings:
         "1: each reconciliation run ends by compacting the batch files of the closed periods that the stream will "
         "not write again into one file per period and kind (`billing.store.compaction`); 0: they stay as written.",
     )
+    story_days: int = _setting(
+        90,
+        "Days back from today (UTC) that a click's story searches click-level detail (the archive, the ledger, "
+        "corrections, the quarantine) when the click's day is not given; a click's day older than this "
+        "(`adbill explain --day`, `?day=`) is told from that day's exports, as finance was given it.",
+    )
     invoice_issuer: str = _setting("adbill", "Who issues the monthly invoices: the name printed at their top.")
     invoice_terms_days: int = _setting(30, "Days after the invoice date that a monthly invoice is due.")
     stream_invalid_traffic: int = _setting(
@@ -347,6 +353,7 @@ class Settings:
             "web_ready_batch_age_s",
             "log_max_bytes",
             "invoice_terms_days",
+            "story_days",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
