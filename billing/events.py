@@ -18,8 +18,26 @@ OPTIONAL_FIELDS: tuple[str, ...] = ("user_agent", "ip")
 """The fields of the events' version 2 that a record may lack (null defaults): what the invalid traffic rules read."""
 
 
+class _EventValue:
+    """What both event types do with their fields (each a frozen dataclass: its own id first, then the fields here)."""
+
+    __slots__ = ()
+    ad_id: str
+    user_id: str
+    event_time: int
+
+    @property
+    def content(self) -> tuple[str, str, int]:
+        """What two copies of the id must agree on to be duplicates rather than a conflict (the required fields)."""
+        return (self.ad_id, self.user_id, self.event_time)
+
+    def to_record(self) -> dict[str, Any]:
+        """The Avro record: the schema's fields and nothing else."""
+        return asdict(self)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True, slots=True)
-class Impression:
+class Impression(_EventValue):
     """An ad was shown to a user at `event_time` (epoch ms, UTC); from version 2 with the user agent and IP text."""
 
     impression_id: str
@@ -37,18 +55,9 @@ class Impression:
     def type(self) -> EventType:
         return "impression"
 
-    @property
-    def content(self) -> tuple[str, str, int]:
-        """What two copies of the id must agree on to be duplicates rather than a conflict (the required fields)."""
-        return (self.ad_id, self.user_id, self.event_time)
-
-    def to_record(self) -> dict[str, Any]:
-        """The Avro record: the schema's fields and nothing else."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class Click:
+class Click(_EventValue):
     """A user clicked an ad at `event_time` (epoch ms, UTC); from version 2 with the user agent and IP text."""
 
     click_id: str
@@ -65,15 +74,6 @@ class Click:
     @property
     def type(self) -> EventType:
         return "click"
-
-    @property
-    def content(self) -> tuple[str, str, int]:
-        """What two copies of the id must agree on to be duplicates rather than a conflict (the required fields)."""
-        return (self.ad_id, self.user_id, self.event_time)
-
-    def to_record(self) -> dict[str, Any]:
-        """The Avro record: the schema's fields and nothing else."""
-        return asdict(self)
 
 
 Event = Impression | Click

@@ -29,6 +29,8 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from billing.events import Click
+
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -270,18 +272,6 @@ def _flag_at(starts: Sequence[int], flags: Sequence[bool], at_ms: int) -> bool:
 # --- Judging clicks --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class JudgedClick:
-    """What the rules read of a click."""
-
-    click_id: str
-    ad_id: str
-    user_id: str
-    event_time: int
-    user_agent: str | None = None
-    ip: str | None = None
-
-
 def flood_clicks(times: Sequence[tuple[int, str]], rules: IvtRules) -> set[str]:
     """The click ids of one user's clicks (`(event_time, click_id)`, any order) that belong to a run of more than
     `rules.flood_clicks` clicks spanning at most `rules.flood_window_ms` (both ends inclusive)."""
@@ -314,7 +304,7 @@ def duplicate_clicks(times: Sequence[tuple[int, str]], rules: IvtRules) -> set[s
 
 
 def judge_clicks(
-    clicks: Iterable[JudgedClick | Any],
+    clicks: Iterable[Click | Any],
     *,
     is_bot: Callable[[str], bool],
     exclusions: IpExclusions,

@@ -20,7 +20,7 @@ from typing import Any
 from billing.budgets import OVER_BUDGET, Candidate, charge_in_order
 from billing.catalog import Catalog, Unbillable
 from billing.events import Click, Impression
-from billing.invalid import DEFAULT_RULES, IvtRules, JudgedClick, judge_clicks
+from billing.invalid import DEFAULT_RULES, IvtRules, judge_clicks
 
 ATTRIBUTION_WINDOW_MS = 10_000
 """A click is billable up to this many milliseconds after its impression, inclusive."""
@@ -169,7 +169,7 @@ def bill(
             matched.append((click, *match))
 
     invalid = judge_clicks(
-        (JudgedClick(c.click_id, c.ad_id, c.user_id, c.event_time, c.user_agent, c.ip) for c in seen_clicks.values()),
+        seen_clicks.values(),
         is_bot=is_bot or _no_bot,
         exclusions=catalog.exclusions,
         rules=rules,
