@@ -355,6 +355,21 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
     assert not broken, f"{rel(page)}: {broken}"
 
 
+REPORT_FOLDER = re.compile(r"\bvar/bench\b")
+"""Where the benchmarks write their reports: on the machine that ran them, not in the repository."""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_page_links_to_or_names_a_benchmark_report_folder(page: Path) -> None:
+    """A clean clone has no `var/bench/`: a page names a run's report as plain text (network-20261202T055041Z), never
+    by its folder, in a link, a code span or a code block."""
+    text = page.read_text()
+    named = [target for target in links(page) if REPORT_FOLDER.search(target)]
+    named += [span for span in spans(text) if REPORT_FOLDER.search(span)]
+    named += [line for _lang, body in fenced_blocks(text) for line in body.splitlines() if REPORT_FOLDER.search(line)]
+    assert not named, f"{rel(page)} links to or names report folders a clean clone does not have: {named}"
+
+
 # Tests: commands --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_every_command_a_page_shows_exists_with_its_flags(page: Path) -> None:
