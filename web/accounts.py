@@ -42,10 +42,8 @@ from billing.store import database
 from billing.store.database import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
-    RETRY_BEHIND_S,
     constraint_message,
     integrity_errors,
-    without_password,
 )
 from web.access import Principal, Role
 
@@ -190,28 +188,16 @@ class Held(Generic[T]):
         return held[1]
 
 
-class AccountsDatabase:
+class AccountsDatabase(database.HeldReader):
     """The web UI's accounts at `url`: read by version (`all`, `get`, `authenticate`), changed in transactions
     (`add`, `reset_password`, `set_disabled`).
 
     `imports`: the accounts file of a data folder written before the database (`HOME/users.json`), taken in once."""
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
-        self.url = url
-        self.imports = Path(imports) if imports is not None else None
+        super().__init__(url, imports)
         self._tables = database.Tables(f"web_accounts:{self.imports}", SCHEMA, self._take_in)
         self._accounts: Held[dict[str, Account]] = Held(_read_accounts)
-        self._next_try = 0.0
-        self.behind: str | None = None
-        """Why what is held may be behind the database (it cannot be reached), or None."""
-
-    def __repr__(self) -> str:
-        return f"AccountsDatabase({self.where!r})"
-
-    @property
-    def where(self) -> str:
-        """The database, as a person reads it in a message (no password)."""
-        return without_password(self.url)
 
     # Reading: the web server asks on every request, so the accounts are kept until the version moves.
     def all(self) -> dict[str, Account]:
@@ -231,7 +217,7 @@ class AccountsDatabase:
         """The value of each of `wanted` as of the version now: one small query when nothing changed. When the
         database cannot be reached, what is held (and `behind` says why); AccountsUnavailable when nothing is."""
         kept = [w.value for w in wanted]
-        if self.behind is not None and time.monotonic() < self._next_try and None not in kept:
+        if self.waiting() and None not in kept:
             return kept
         try:
             with self.connection(READ_TIMEOUT_S, tables) as connection:
@@ -240,10 +226,8 @@ class AccountsDatabase:
         except AccountsUnavailable as exc:
             if None in kept:
                 raise
-            if self.behind is None:
+            if self.unreached(exc):
                 log.warning("%s; the web goes on with the accounts and API tokens it holds", exc)
-            self.behind = str(exc)
-            self._next_try = time.monotonic() + RETRY_BEHIND_S
             return kept
         self.behind = None
         return values

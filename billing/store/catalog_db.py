@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -64,10 +63,8 @@ from billing.store.catalog_file import (
 from billing.store.database import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
-    RETRY_BEHIND_S,
     constraint_message,
     integrity_errors,
-    without_password,
 )
 
 if TYPE_CHECKING:
@@ -238,28 +235,16 @@ def read_catalog_document(text: str) -> tuple[Catalog, list[ChangeEntry]]:
     return catalog, changes
 
 
-class CatalogDatabase:
+class CatalogDatabase(database.HeldReader):
     """The catalog's tables at `url`, read by version (`current`), changed in transactions (`change`, `start`).
 
     `imports`: the catalog file of a data folder written before the database, taken in when the database holds no
     catalog yet (`HOME/catalog.json`; its change log beside it)."""
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
-        self.url = url
-        self.imports = Path(imports) if imports is not None else None
+        super().__init__(url, imports)
         self._held: Held | None = None
         self._mutex = threading.Lock()
-        self._next_try = 0.0
-        self.behind: str | None = None
-        """Why the catalog held may be behind the database (it cannot be reached), or None."""
-
-    def __repr__(self) -> str:
-        return f"CatalogDatabase({without_password(self.url)!r})"
-
-    @property
-    def where(self) -> str:
-        """The database, as a person reads it in a message (no password)."""
-        return without_password(self.url)
 
     # --- Reading ---------------------------------------------------------------------------------------------
 
@@ -268,8 +253,7 @@ class CatalogDatabase:
         are read. When the database cannot be reached, the catalog held (and `behind` says why), or, `fresh`,
         DatabaseUnavailable; ValueError when none was ever read, or when the database holds no catalog."""
         with self._mutex:
-            waiting = self._held is not None and self.behind is not None and time.monotonic() < self._next_try
-            if waiting and not fresh and self._held is not None:  # the database went away: readers do not wait
+            if self._held is not None and self.waiting() and not fresh:  # the database went away: readers do not wait
                 return self._held.catalog
             try:
                 with self._connection(READ_TIMEOUT_S) as connection, connection.transaction():
@@ -283,10 +267,8 @@ class CatalogDatabase:
                     raise
                 if self._held is None:
                     raise ValueError(str(exc)) from None
-                if self.behind is None:
+                if self.unreached(exc):
                     log.warning("%s; pricing with catalog version %d meanwhile", exc, self._held.catalog.version)
-                self.behind = str(exc)
-                self._next_try = time.monotonic() + RETRY_BEHIND_S
             return self._held.catalog
 
     def exists(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -167,3 +168,36 @@ def without_password(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+class HeldReader:
+    """A store of what it read from the database at `url` (and `imports`, the file of a data folder written before
+    the database, taken in once): while the database cannot be reached its readers go on with what it holds, and
+    `behind` says why; it tries the database again every RETRY_BEHIND_S, answering at once in between."""
+
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        self.url = url
+        self.imports = Path(imports) if imports is not None else None
+        self._next_try = 0.0
+        self.behind: str | None = None
+        """Why what is held may be behind the database (it cannot be reached), or None."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where!r})"
+
+    @property
+    def where(self) -> str:
+        """The database, as a person reads it in a message (no password)."""
+        return without_password(self.url)
+
+    def waiting(self) -> bool:
+        """Whether the database went away less than RETRY_BEHIND_S ago: what is held is the answer, without a try."""
+        return self.behind is not None and time.monotonic() < self._next_try
+
+    def unreached(self, exc: BaseException) -> bool:
+        """Record that the database cannot be reached (`exc` says why) and when to try it again; whether it was
+        reached until now (the one failure a reader says in the log)."""
+        first = self.behind is None
+        self.behind = str(exc)
+        self._next_try = time.monotonic() + RETRY_BEHIND_S
+        return first

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +37,6 @@ from billing.store import database
 from billing.store.database import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
-    RETRY_BEHIND_S,
     DatabaseUnavailable,
     without_password,
 )
@@ -69,26 +67,19 @@ MAX_KNOWN = 200_000
 """The most names a store keeps for `name_of` (a web worker's pages); past it, it forgets them and asks again."""
 
 
-class NamesDatabase:
+class NamesDatabase(database.HeldReader):
     """The names' tables at `url`: read (`current`, `named`, `names_of`, `name_of`) and changed (`set`).
 
     `imports`: the names file of a data folder written before the database (`HOME/names.json`), taken in when the
     database holds no name yet."""
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
-        self.url = url
-        self.imports = Path(imports) if imports is not None else None
+        super().__init__(url, imports)
         self._mutex = threading.Lock()
         self._held = Names()
         self._held_version: int | None = None
         self._known: dict[tuple[str, str], str] = {}
         self._known_version: int | None = None
-        self._next_try = 0.0
-        self.behind: str | None = None
-        """Why the names a page shows may be behind the database (it cannot be reached), or None."""
-
-    def __repr__(self) -> str:
-        return f"NamesDatabase({without_password(self.url)!r})"
 
     # --- Reading ---------------------------------------------------------------------------------------------
 
@@ -139,7 +130,7 @@ class NamesDatabase:
         with self._mutex:
             check = check or self._known_version is None
             asks = check or any((kind, i) not in self._known for i in wanted)
-            if asks and (self.behind is None or time.monotonic() >= self._next_try):
+            if asks and not self.waiting():
                 try:
                     with self._connection(READ_TIMEOUT_S) as connection:
                         if check:
@@ -150,10 +141,8 @@ class NamesDatabase:
                             self._remember({(kind, i): found.get(i, "") for i in missing})
                     self.behind = None
                 except DatabaseUnavailable as exc:
-                    if self.behind is None:
+                    if self.unreached(exc):
                         log.warning("%s; the pages show the names known meanwhile", exc)
-                    self.behind = str(exc)
-                    self._next_try = time.monotonic() + RETRY_BEHIND_S
             return {i: n for i in wanted if (n := self._known.get((kind, i)))}
 
     def name_of(self, kind: str, item_id: str, check: bool = True) -> str:
