@@ -86,7 +86,7 @@ class BatchOutput:
         return clicks.select(["event_id", "ad_id", "user_id", "event_time"]).rename_columns(list(CLICK_KEYS))
 
 
-BILL_COLUMNS = (
+MATCHED_CLICK_COLUMNS = (
     "click_id",
     "impression_id",
     "ad_id",
@@ -94,11 +94,12 @@ BILL_COLUMNS = (
     "click_time",
     "impression_time",
     "click_received_ms",
-    "ip",
-    "user_agent",
 )
-"""A matched click as the job hands it to the sink: `attribution.join.MATCH_COLUMNS` (without its timestamp), the
-click's `ip` and `user_agent` (matched against the crawler list by the driver's charging step)."""
+"""A matched click's ids and times (epoch ms): `attribution.join.MATCH_COLUMNS` without its timestamp."""
+
+BILL_COLUMNS = (*MATCHED_CLICK_COLUMNS, "ip", "user_agent")
+"""A matched click as the job hands it to the sink: `MATCHED_CLICK_COLUMNS`, the click's `ip` and `user_agent`
+(matched against the crawler list by the driver's charging step)."""
 
 CLICK_KEYS = ("click_id", "ad_id", "user_id", "event_time")
 """What the invalid traffic rules read of every valid click (`attribution.charging.CLICK_KEY_COLUMNS`)."""

@@ -14,20 +14,12 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.window import WindowSpec
 
+from attribution.batch_output import MATCHED_CLICK_COLUMNS
 from attribution.decode import to_quarantine
 from billing.intake import QuarantineReason
 from billing.rule import ATTRIBUTION_WINDOW_MS
 
-MATCH_COLUMNS = (
-    "click_id",
-    "impression_id",
-    "ad_id",
-    "user_id",
-    "click_time",
-    "impression_time",
-    "click_received_ms",
-    "click_ts",
-)
+MATCH_COLUMNS = (*MATCHED_CLICK_COLUMNS, "click_ts")
 """The columns of `attribute`'s result, in order; times are epoch ms (long), `click_ts` a timestamp.
 `click_received_ms` is when Kafka received the click (its record timestamp), for latency figures."""
 
