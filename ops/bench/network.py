@@ -47,6 +47,9 @@ generated catalog is loaded whichever of them runs.
    when it starts, at its first batch and at its peak (the catalog's share: its peak less the
    baseline's) and the JVM's; the sustained rate, the latency, and whether the ledger equals the ground truth; the
    writers' changes checked as in `writers`.
+   With `--stream-rounds R`, the baseline and the sizes run R times in turn, each size compared with the baseline
+   of its round, and the report gives every round's ratios and their medians: one run's ratio moves with the
+   machine's hour (baselines of one machine on one day measured 1.9 to 3.0 s), the median of rounds much less.
    The traffic's event times are all before the run (the plan is generated once and cached), so every change of a
    traffic's ad takes effect after every click: a ledger equal to the ground truth says that no click was priced
    at a price made after its event time. A click after a change, priced at the new price, is not checked here
@@ -619,42 +622,97 @@ def measure_stream(sizes: list[int], args: argparse.Namespace, folders: Folders,
             system = prepare_system(f"{PIPELINE}-warmup", services, folder, warmup)
             figures["warmup"] = stream_figures(run_system(system, warmup, sampler, options))
             say(f"  warm-up ({args.stream_warmup_seconds} s, not compared): {_stream_said(figures['warmup'])}")
-        system = prepare_system(f"{PIPELINE}-{len(plan_catalog)}ads", services, folder, plan)
-        baseline = {"ads": len(plan_catalog), **stream_figures(run_system(system, plan, sampler, options))}
-        figures["baseline"] = baseline
-        say(f"  {len(plan_catalog)} ads: {_stream_said(baseline)}")
-        figures["sizes"] = {}
-        for ads in sizes:
-            system = prepare_system(f"{PIPELINE}-{ads}ads", services, folder, plan, own_catalog=True)
-            try:
-                size = _stream_size(system, ads, plan, sampler, options, args)
-            except Exception as exc:  # the report still shows what was measured, and why the run ended there
-                figures["sizes"][ads] = {"error": str(exc)}
-                say(f"  {ads:,} ads: {exc}")
-                continue
-            size["batch_vs_baseline"] = analysis.ratio(size["batch_ms_mean"], baseline["batch_ms_mean"])
-            size["steady_batch_vs_baseline"] = analysis.ratio(
-                size["batch_ms_mean_steady"], baseline["batch_ms_mean_steady"]
+        figures["rounds"] = []
+        for number in range(1, args.stream_rounds + 1):
+            label = "" if args.stream_rounds == 1 else f"-round{number}"
+            said = "" if args.stream_rounds == 1 else f"round {number}: "
+            figures["rounds"].append(
+                _stream_round(plan, services, folder, sampler, options, sizes, args, label, say, said)
             )
-            size["fixed_cost_vs_baseline"] = analysis.ratio(
-                size["batch_cost"]["fixed_ms"], baseline["batch_cost"]["fixed_ms"]
-            )
-            size["cpu_per_event_vs_baseline"] = analysis.ratio(size["cpu_us_per_event"], baseline["cpu_us_per_event"])
-            peak, baseline_peak = size["driver_python_mb"]["peak"], baseline["driver_python_mb"]["peak"]
-            size["catalog_share_of_driver_mb"] = None if None in (peak, baseline_peak) else peak - baseline_peak
-            figures["sizes"][ads] = size
-            say(
-                f"  {ads:,} ads: {_stream_said(size)}; mean batch x{size['batch_vs_baseline']} the baseline's "
-                f"(x{size['steady_batch_vs_baseline']} after the first third), a batch's fixed cost "
-                f"x{size['fixed_cost_vs_baseline']}, the job's CPU per event "
-                f"x{size['cpu_per_event_vs_baseline']}, the catalog's share of the driver "
-                f"{size['catalog_share_of_driver_mb']} MB"
-            )
-            say(f"    {_writers_said(size['writers'])}")
+        figures["baseline"] = figures["rounds"][-1]["baseline"]
+        figures["sizes"] = _across_rounds(figures["rounds"])
+        if args.stream_rounds > 1:
+            for ads, size in figures["sizes"].items():
+                if "error" not in size:
+                    say(
+                        f"  {ads:,} ads over {args.stream_rounds} rounds, the median: mean batch "
+                        f"x{size['median_batch_vs_baseline']} its round's baseline's "
+                        f"({', '.join(f'x{r}' for r in size['rounds_batch_vs_baseline'])}), a batch's fixed cost "
+                        f"x{size['median_fixed_cost_vs_baseline']}, the job's CPU per event "
+                        f"x{size['median_cpu_per_event_vs_baseline']}"
+                    )
     finally:
         sampler.stop()
         stack.stop()
     return figures
+
+
+ROUND_RATIOS = ("batch_vs_baseline", "steady_batch_vs_baseline", "fixed_cost_vs_baseline", "cpu_per_event_vs_baseline")
+"""The ratios of a size's run to its round's baseline, whose medians over the rounds the report gives."""
+
+
+def _stream_round(
+    plan: TrafficPlan,
+    services: Settings,
+    folder: Path,
+    sampler: Sampler,
+    options: LoadOptions,
+    sizes: list[int],
+    args: argparse.Namespace,
+    label: str,
+    say: Say,
+    said: str,
+) -> dict[str, Any]:
+    """One round: the baseline (the traffic's catalog alone, no changes), then each size while the writers write,
+    each size compared with the baseline just before it (the machine's hour moves both alike)."""
+    plan_catalog = load_catalog(plan.catalog_file)
+    system = prepare_system(f"{PIPELINE}-{len(plan_catalog)}ads{label}", services, folder, plan)
+    baseline = {"ads": len(plan_catalog), **stream_figures(run_system(system, plan, sampler, options))}
+    say(f"  {said}{len(plan_catalog)} ads: {_stream_said(baseline)}")
+    figures: dict[str, Any] = {"baseline": baseline, "sizes": {}}
+    for ads in sizes:
+        system = prepare_system(f"{PIPELINE}-{ads}ads{label}", services, folder, plan, own_catalog=True)
+        try:
+            size = _stream_size(system, ads, plan, sampler, options, args)
+        except Exception as exc:  # the report still shows what was measured, and why the run ended there
+            figures["sizes"][ads] = {"error": str(exc)}
+            say(f"  {said}{ads:,} ads: {exc}")
+            continue
+        size["batch_vs_baseline"] = analysis.ratio(size["batch_ms_mean"], baseline["batch_ms_mean"])
+        size["steady_batch_vs_baseline"] = analysis.ratio(
+            size["batch_ms_mean_steady"], baseline["batch_ms_mean_steady"]
+        )
+        size["fixed_cost_vs_baseline"] = analysis.ratio(
+            size["batch_cost"]["fixed_ms"], baseline["batch_cost"]["fixed_ms"]
+        )
+        size["cpu_per_event_vs_baseline"] = analysis.ratio(size["cpu_us_per_event"], baseline["cpu_us_per_event"])
+        peak, baseline_peak = size["driver_python_mb"]["peak"], baseline["driver_python_mb"]["peak"]
+        size["catalog_share_of_driver_mb"] = None if None in (peak, baseline_peak) else peak - baseline_peak
+        figures["sizes"][ads] = size
+        say(
+            f"  {said}{ads:,} ads: {_stream_said(size)}; mean batch x{size['batch_vs_baseline']} the baseline's "
+            f"(x{size['steady_batch_vs_baseline']} after the first third), a batch's fixed cost "
+            f"x{size['fixed_cost_vs_baseline']}, the job's CPU per event "
+            f"x{size['cpu_per_event_vs_baseline']}, the catalog's share of the driver "
+            f"{size['catalog_share_of_driver_mb']} MB"
+        )
+        say(f"    {_writers_said(size['writers'])}")
+    return figures
+
+
+def _across_rounds(rounds: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each size's figures of the last round, with every round's ratios (`rounds_RATIO`) and their medians
+    (`median_RATIO`): one run's ratio moves with the machine's hour, their median much less."""
+    sizes: dict[int, dict[str, Any]] = {}
+    for ads, last in rounds[-1]["sizes"].items():
+        size = dict(last)
+        if "error" not in size:
+            for name in ROUND_RATIOS:
+                found = [r["sizes"][ads][name] for r in rounds if r["sizes"].get(ads, {}).get(name) is not None]
+                size[f"rounds_{name}"] = found
+                size[f"median_{name}"] = round(statistics.median(found), 3) if found else None
+        sizes[ads] = size
+    return sizes
 
 
 def _stream_size(
@@ -819,6 +877,17 @@ def summary(report: dict[str, Any]) -> list[str]:
             ],
             rows,
         )
+        rounds = [s for s in report["sizes"] if len(s.get("stream", {}).get("rounds_batch_vs_baseline", ())) > 1]
+        for size in rounds:
+            s = size["stream"]
+            fixed = ", ".join(f"x{r}" for r in s["rounds_fixed_cost_vs_baseline"])
+            lines.append(
+                f"{size['ads']:,} ads over {len(s['rounds_batch_vs_baseline'])} rounds, each against its round's "
+                f"baseline (the table: the last round): mean batch x{s['median_batch_vs_baseline']} "
+                f"({', '.join(f'x{r}' for r in s['rounds_batch_vs_baseline'])}), fixed cost "
+                f"x{s['median_fixed_cost_vs_baseline']} ({fixed}), "
+                f"CPU per event x{s['median_cpu_per_event_vs_baseline']}"
+            )
     return lines
 
 
@@ -922,6 +991,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=30,
         help="traffic sent through a job not compared, before the baseline, to warm the new services (0: none)",
+    )
+    parser.add_argument(
+        "--stream-rounds",
+        type=int,
+        default=1,
+        help="rounds of the baseline then each size, each size compared with its round's baseline; the medians",
     )
     args = parser.parse_args(argv)
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}

@@ -9,9 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from billing.catalog import generate_catalog
-from ops.bench.network import DiskProbe, slow_doors, summary, traffic_catalog
+from ops.bench.network import DiskProbe, _across_rounds, slow_doors, summary, traffic_catalog
 
 EUR_CAMPAIGN = "adv-0000-cmp-000"
+
+
+STREAM: dict[str, Any] = {
+    "batch_ms_mean": 600,
+    "batch_ms_mean_steady": 500,
+    "start_to_first_batch_s": 20.0,
+    "driver_python_mb": {"at_first_batch": 300, "peak": 400},
+    "jvm_mb_peak": 1000,
+    "job_cpu_cores": 1.2,
+    "machine_cpu_cores": 1.5,
+    "sustained_rate": 10_000,
+    "latency_ms": {"p99": 4_000},
+    "ledger_equal": True,
+}
 
 
 def test_the_traffic_clicks_on_ads_of_the_big_catalog_at_the_prices_its_ground_truth_bills() -> None:
@@ -38,19 +52,7 @@ def _spread(p50: float, p95: float, p99: float) -> dict[str, float]:
 
 
 def test_the_summary_shows_the_phases_that_ran_and_a_dash_for_the_others() -> None:
-    memory = {"at_first_batch": 300, "peak": 400}
-    stream: dict[str, Any] = {
-        "batch_ms_mean": 600,
-        "batch_ms_mean_steady": 500,
-        "start_to_first_batch_s": 20.0,
-        "driver_python_mb": memory,
-        "jvm_mb_peak": 1000,
-        "job_cpu_cores": 1.2,
-        "machine_cpu_cores": 1.5,
-        "sustained_rate": 10_000,
-        "latency_ms": {"p99": 4_000},
-        "ledger_equal": True,
-    }
+    stream = dict(STREAM)
     report = {
         "sizes": [
             {
@@ -77,6 +79,37 @@ def test_the_summary_shows_the_phases_that_ran_and_a_dash_for_the_others() -> No
     assert "600 ms |" in baseline and "| 1.2 / 1.5 |" in baseline and "yes" in baseline
     size = next(line for line in lines if line.startswith("| 10,000 |") and "x1.05" in line)
     assert "500 ms (x1.02)" in size and "330 / 430 MB; 30 MB" in size and "600, 0, 0; 3.0 / 9.0 ms" in size
+
+
+def test_rounds_give_each_sizes_ratios_against_its_own_rounds_baseline_and_their_medians() -> None:
+    def run(batch: float, fixed: float) -> dict[str, Any]:
+        return {
+            "batch_vs_baseline": batch,
+            "steady_batch_vs_baseline": batch,
+            "fixed_cost_vs_baseline": fixed,
+            "cpu_per_event_vs_baseline": 1.0,
+            "batch_ms_mean": batch * 1000,
+        }
+
+    rounds = [
+        {"baseline": {}, "sizes": {1_000_000: run(1.71, 1.4), 10_000: {"error": "the job died"}}},
+        {"baseline": {}, "sizes": {1_000_000: run(0.79, 0.9), 10_000: run(1.0, 1.0)}},
+        {"baseline": {}, "sizes": {1_000_000: run(1.05, 1.1), 10_000: run(1.2, 1.3)}},
+    ]
+    sizes = _across_rounds(rounds)
+    big = sizes[1_000_000]
+    assert big["rounds_batch_vs_baseline"] == [1.71, 0.79, 1.05] and big["median_batch_vs_baseline"] == 1.05
+    assert big["median_fixed_cost_vs_baseline"] == 1.1 and big["batch_ms_mean"] == 1050  # the last round's own
+    assert sizes[10_000]["rounds_batch_vs_baseline"] == [1.0, 1.2]  # the round that failed has no ratio
+    assert sizes[10_000]["median_batch_vs_baseline"] == 1.1
+    baseline = {"ads": 60, **STREAM}
+    lines = summary(
+        {
+            "sizes": [{"ads": 1_000_000, "stream": {**STREAM, **big}}],
+            "stream": {"rate": 10_000, "seconds": 120, "baseline": baseline},
+        }
+    )
+    assert any("over 3 rounds" in line and "mean batch x1.05 (x1.71, x0.79, x1.05)" in line for line in lines)
 
 
 def test_a_slow_door_is_placed_against_the_disks_slow_syncs_on_the_one_monotonic_clock(tmp_path: Path) -> None:
