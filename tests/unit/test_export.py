@@ -321,6 +321,26 @@ def test_reads_back_with_pyarrow_and_duckdb(tmp_path: Path, table: pa.Table) -> 
     assert csv_sum == (9, 250_000, 7)
 
 
+def test_a_large_export_is_written_in_row_groups_with_a_bloom_filter_on_the_click(
+    tmp_path: Path, table: pa.Table
+) -> None:
+    rows = 70_000
+    ids = pa.array([f"click-{i:06d}" for i in range(rows)])
+    big = pa.concat_tables([table] * (rows // table.num_rows + 1)).slice(0, rows)
+    big = big.set_column(big.schema.get_field_index("click_id"), big.schema.field("click_id"), ids)
+    write_export(tmp_path, PERIOD, big, START, END, CLOSED_AT)
+    path = export_folder(tmp_path, PERIOD) / PARQUET_FILE
+    metadata = pq.ParquetFile(path).metadata
+    assert [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)] == [65_536, rows - 65_536]
+    blooms = duckdb.sql(
+        f"SELECT count(*) FROM parquet_metadata('{path}') WHERE path_in_schema = 'click_id' "
+        "AND bloom_filter_offset IS NOT NULL"
+    ).fetchall()
+    assert blooms == [(2,)], "each row group's click_id has its Bloom filter"
+    found = duckdb.sql(f"SELECT click_id FROM read_parquet('{path}') WHERE click_id = 'click-069999'").fetchall()
+    assert found == [("click-069999",)]
+
+
 def test_csv_header_and_rows(tmp_path: Path, table: pa.Table) -> None:
     write_export(tmp_path, PERIOD, table, START, END, CLOSED_AT)
     with open(export_folder(tmp_path, PERIOD) / CSV_FILE, newline="", encoding="utf-8") as text:
