@@ -61,7 +61,6 @@ from billing.store.catalog_file import (
     wall_clock_ms,
 )
 from billing.store.database import (
-    CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
     constraint_message,
     integrity_errors,
@@ -241,6 +240,11 @@ class CatalogDatabase(database.HeldReader):
     `imports`: the catalog file of a data folder written before the database, taken in when the database holds no
     catalog yet (`HOME/catalog.json`; its change log beside it)."""
 
+    TABLES = "catalog"
+    SCHEMA = SCHEMA
+    WHAT = "catalog's database"
+    UNAVAILABLE = DatabaseUnavailable
+
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)
         self._held: Held | None = None
@@ -417,18 +421,7 @@ class CatalogDatabase(database.HeldReader):
     def close(self) -> None:
         """Nothing to release: the connections are the process's (`billing.store.database.connection_pool`)."""
 
-    # --- The connection --------------------------------------------------------------------------------------
-
-    @contextmanager
-    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
-        """A connection from this process's pool, the tables made and the data folder's files taken in first; a
-        database that cannot be reached raises DatabaseUnavailable."""
-        tables = database.Tables(f"catalog:{self.imports}", SCHEMA, self._take_in)
-        try:
-            with database.connection(self.url, tables, "catalog's database", timeout_s) as connection:
-                yield connection
-        except database.DatabaseUnavailable as exc:
-            raise DatabaseUnavailable(str(exc)) from None
+    # --- Taking in a data folder's files ----------------------------------------------------------------------
 
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's catalog file and its change log when the database holds no catalog yet (once,

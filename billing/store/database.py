@@ -13,6 +13,7 @@ Every store of it goes through here:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from billing.store.durable import fsync_folder
 
@@ -170,17 +171,22 @@ def without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class HeldReader:
-    """A store of what it read from the database at `url` (and `imports`, the file of a data folder written before
-    the database, taken in once): while the database cannot be reached its readers go on with what it holds, and
-    `behind` says why; it tries the database again every RETRY_BEHIND_S, answering at once in between."""
+class Store:
+    """A part of the product kept in its own tables of the database at `url`, made when missing, with `imports`, the
+    file of a data folder written before the database, taken in once (`_take_in`)."""
+
+    TABLES: ClassVar[str] = ""
+    """The name of its tables (`Tables.name`, with `imports`)."""
+    SCHEMA: ClassVar[str] = ""
+    """The statements that make its tables (`Tables.schema`)."""
+    WHAT: ClassVar[str] = "database"
+    """The database as a message names it, such as "names' database"."""
+    UNAVAILABLE: ClassVar[type[DatabaseUnavailable]] = DatabaseUnavailable
+    """What its connections raise when the database cannot be reached."""
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         self.url = url
         self.imports = Path(imports) if imports is not None else None
-        self._next_try = 0.0
-        self.behind: str | None = None
-        """Why what is held may be behind the database (it cannot be reached), or None."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where!r})"
@@ -189,6 +195,45 @@ class HeldReader:
     def where(self) -> str:
         """The database, as a person reads it in a message (no password)."""
         return without_password(self.url)
+
+    @contextmanager
+    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the process's pool, the tables made and the data folder's file taken in first;
+        `UNAVAILABLE` when the database cannot be reached."""
+        tables = Tables(f"{self.TABLES}:{self.imports}", self.SCHEMA, self._take_in)
+        try:
+            with connection(self.url, tables, self.WHAT, timeout_s) as taken:
+                yield taken
+        except DatabaseUnavailable as exc:
+            if self.UNAVAILABLE is DatabaseUnavailable:
+                raise
+            raise self.UNAVAILABLE(str(exc)) from None
+
+    def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
+        """Take in the data folder's file (under the lock of `make_tables`, which sets the files returned aside once
+        this commits): none here."""
+        return []
+
+    def _file_to_take_in(self, holds_some: Callable[[], bool], what: str, log: logging.Logger) -> Path | None:
+        """The data folder's file to take in: None when there is none, or when the database holds `what` already
+        (`holds_some`, asked only when there is a file): a file beside them is left alone, and said in `log`."""
+        if self.imports is None or not self.imports.exists():
+            return None
+        if holds_some():
+            log.warning("the %s file %s is not taken in: %s holds %s already", what, self.imports, self.where, what)
+            return None
+        return self.imports
+
+
+class HeldReader(Store):
+    """A store of what it read from its database: while the database cannot be reached its readers go on with what it
+    holds, and `behind` says why; it tries the database again every RETRY_BEHIND_S, answering at once in between."""
+
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(url, imports)
+        self._next_try = 0.0
+        self.behind: str | None = None
+        """Why what is held may be behind the database (it cannot be reached), or None."""
 
     def waiting(self) -> bool:
         """Whether the database went away less than RETRY_BEHIND_S ago: what is held is the answer, without a try."""

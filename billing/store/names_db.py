@@ -27,15 +27,13 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from billing.names import KINDS, Names, NamingError, checked_name
 from billing.store import database
 from billing.store.database import (
-    CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
     DatabaseUnavailable,
     without_password,
@@ -72,6 +70,10 @@ class NamesDatabase(database.HeldReader):
 
     `imports`: the names file of a data folder written before the database (`HOME/names.json`), taken in when the
     database holds no name yet."""
+
+    TABLES = "names"
+    SCHEMA = SCHEMA
+    WHAT = "names' database"
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)
@@ -201,31 +203,21 @@ class NamesDatabase(database.HeldReader):
             self._known.clear()
         self._known.update(names)
 
-    @contextmanager
-    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
-        tables = database.Tables(f"names:{self.imports}", SCHEMA, self._take_in)
-        with database.connection(self.url, tables, "names' database", timeout_s) as connection:
-            yield connection
-
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's names file when the database holds no name yet (once, under the lock of
         `database.make_tables`); a file beside names already there is left alone, and said."""
-        if self.imports is None or not self.imports.exists():
-            return []
-        if _head(connection) > 0:
-            log.warning(
-                "the names file %s is not taken in: %s holds names already", self.imports, without_password(self.url)
-            )
+        source = self._file_to_take_in(lambda: _head(connection) > 0, "names", log)
+        if source is None:
             return []
         try:
-            data = json.loads(self.imports.read_text(encoding="utf-8"))
+            data = json.loads(source.read_text(encoding="utf-8"))
             rows = [
                 (kind, str(item_id), checked_name(kind, str(name)))
                 for kind, key in (("campaign", "campaigns"), ("ad", "ads"))
                 for item_id, name in dict(data.get(key, {})).items()
             ]
         except (ValueError, TypeError, AttributeError) as exc:
-            raise ValueError(f"cannot take in the names file {self.imports}: {exc}") from exc
+            raise ValueError(f"cannot take in the names file {source}: {exc}") from exc
         rows = [row for row in rows if row[1] and row[2]]
         with connection.cursor() as cursor, cursor.copy("COPY names (kind, item_id, name, version) FROM STDIN") as copy:
             for row in rows:
@@ -233,13 +225,13 @@ class NamesDatabase(database.HeldReader):
         connection.execute("UPDATE names_head SET version = 1")
         log.warning(
             "took the names file %s (%d campaigns, %d ads) into %s; the file is set aside as %s.imported",
-            self.imports,
+            source,
             sum(1 for r in rows if r[0] == "campaign"),
             sum(1 for r in rows if r[0] == "ad"),
             without_password(self.url),
-            self.imports.name,
+            source.name,
         )
-        return [self.imports]
+        return [source]
 
 
 def _check_kind(kind: str) -> None:

@@ -23,14 +23,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from billing.profiles import BillingProfile, BillingProfiles, ProfileError
 from billing.store import database
-from billing.store.database import CONNECT_TIMEOUT_S, constraint_message, integrity_errors, without_password
+from billing.store.database import constraint_message, integrity_errors, without_password
 
 if TYPE_CHECKING:
     import psycopg
@@ -70,22 +69,22 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ProfileDatabase:
+class ProfileDatabase(database.Store):
     """The billing profiles' tables at `url`: `current()` reads them by version, `change()` adds an entry.
 
     `imports`: the profiles file of a data folder written before the database (`HOME/billing-profiles.json`), taken
     in when the database holds no profile yet."""
 
+    TABLES = "billing_profiles"
+    SCHEMA = SCHEMA
+    WHAT = "billing profiles' database"
+
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
-        self.url = url
-        self.imports = Path(imports) if imports is not None else None
+        super().__init__(url, imports)
         self._mutex = threading.Lock()
         self._entries: list[BillingProfile] = []
         self._held = BillingProfiles()
         self._read = False
-
-    def __repr__(self) -> str:
-        return f"ProfileDatabase({without_password(self.url)!r})"
 
     def current(self) -> BillingProfiles:
         """Every advertiser's history as the database holds it now: the head row, then only the entries made since
@@ -127,28 +126,16 @@ class ProfileDatabase:
                 raise ProfileError(f"the billing profiles refused the change: {constraint_message(exc)}") from None
         return kept
 
-    @contextmanager
-    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
-        tables = database.Tables(f"billing_profiles:{self.imports}", SCHEMA, self._take_in)
-        with database.connection(self.url, tables, "billing profiles' database", timeout_s) as connection:
-            yield connection
-
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's profiles file when the database holds no profile yet (once, under the lock of
         `database.make_tables`); a file beside profiles already there is left alone, and said."""
-        if self.imports is None or not self.imports.exists():
-            return []
-        if _head(connection) > 0:
-            log.warning(
-                "the billing profiles file %s is not taken in: %s holds billing profiles already",
-                self.imports,
-                without_password(self.url),
-            )
+        source = self._file_to_take_in(lambda: _head(connection) > 0, "billing profiles", log)
+        if source is None:
             return []
         try:
-            profiles = BillingProfiles.from_json(self.imports.read_text(encoding="utf-8"))
+            profiles = BillingProfiles.from_json(source.read_text(encoding="utf-8"))
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"cannot take in the billing profiles {self.imports}: {exc}") from exc
+            raise ValueError(f"cannot take in the billing profiles {source}: {exc}") from exc
         entries = [e for a in profiles.advertiser_ids for e in profiles.history(a)]
         for entry in sorted(entries, key=lambda e: e.version):
             _insert(connection, entry)
@@ -156,13 +143,13 @@ class ProfileDatabase:
         connection.execute("UPDATE billing_profiles_head SET version = %s", (version,))
         log.warning(
             "took the billing profiles file %s (version %d, %d entries) into %s; the file is set aside as %s.imported",
-            self.imports,
+            source,
             version,
             len(entries),
             without_password(self.url),
-            self.imports.name,
+            source.name,
         )
-        return [self.imports]
+        return [source]
 
 
 def _head(connection: psycopg.Connection[Any], lock: bool = False) -> int:

@@ -262,17 +262,18 @@ class RegistryDatabaseUnavailable(database.DatabaseUnavailable, SchemaRegistryEr
     """The registry's database cannot be reached: the message names it (without its password)."""
 
 
-class DatabaseSchemaRegistry:
+class DatabaseSchemaRegistry(database.Store):
     """The registry in the database at `url` (module doc); `imports`: the registry file of a data folder written
     before the database, taken in once."""
 
-    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
-        self.url = url
-        self.imports = Path(imports) if imports is not None else None
-        self._cache: dict[int, str] = {}
+    TABLES = "schema registry"
+    SCHEMA = DATABASE_SCHEMA
+    WHAT = "schema registry's database"
+    UNAVAILABLE = RegistryDatabaseUnavailable
 
-    def __repr__(self) -> str:
-        return f"DatabaseSchemaRegistry({database.without_password(self.url)!r})"
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(url, imports)
+        self._cache: dict[int, str] = {}
 
     def register(self, subject: str, schema_text: str) -> int:
         """The id of `schema_text` in `subject`, added as a new version if needed and compatible, in one
@@ -350,10 +351,6 @@ class DatabaseSchemaRegistry:
             rows = connection.execute("SELECT DISTINCT subject FROM schema_versions ORDER BY subject").fetchall()
         return [row[0] for row in rows]
 
-    @property
-    def where(self) -> str:
-        return database.without_password(self.url)
-
     @staticmethod
     def _versions(connection: psycopg.Connection[Any], subject: str) -> list[tuple[int, int, str, str]]:
         """(version, schema id, text, fingerprint) of each version of `subject`, oldest first."""
@@ -363,17 +360,6 @@ class DatabaseSchemaRegistry:
             (subject,),
         ).fetchall()
         return [(int(version), int(schema_id), text, fp) for version, schema_id, text, fp in rows]
-
-    @contextlib.contextmanager
-    def _connection(self, timeout_s: float = database.CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
-        """A connection from the process's pool, the tables made and a data folder's registry file taken in first;
-        RegistryDatabaseUnavailable when the database cannot be reached."""
-        tables = database.Tables(f"schema registry:{self.imports}", DATABASE_SCHEMA, self._take_in)
-        try:
-            with database.connection(self.url, tables, "schema registry's database", timeout_s) as connection:
-                yield connection
-        except database.DatabaseUnavailable as exc:
-            raise RegistryDatabaseUnavailable(str(exc)) from None
 
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in the registry file of a data folder written before the database (once, under the lock of
