@@ -45,6 +45,10 @@ NOT_BILLABLE = "not_billable"
 QUARANTINED = "quarantined"
 """Every copy received is bad input: none reached the rule."""
 NOT_RECEIVED = "not_received"
+PAST_HORIZON = "past_horizon"
+"""Not found where the story searched, which is not all there is: without a day, the last `story_days` days of
+click-level detail while the data folder holds older days; with a day past them, that day's exports (which do not
+name it). Not an answer about the click: its day, or the day's click-level files, may still hold it."""
 
 BOOK_KINDS = ("ledger", "correction", "export")
 """The index's kinds of rows that count in the books (`book_counts`)."""
@@ -287,6 +291,24 @@ class Outcome:
     period up yet): what the rule says, `charged` or a reason."""
 
 
+@dataclass(frozen=True, slots=True)
+class Searched:
+    """Where a story looked for the click: its day when given (YYYY-MM-DD, UTC), else the days from `since` to today,
+    newest first; `story_days` the horizon of click-level detail (None: every day)."""
+
+    day: str | None = None
+    since: str | None = None
+    """The oldest day searched without a day given (today less `story_days`); None: every day the folder holds."""
+    story_days: int | None = None
+    past_horizon: bool = False
+    """The answer lies past the horizon: the day given is older than `story_days`, or (without a day) the click is not
+    among the days searched and the data folder holds older ones."""
+    from_exports: bool = False
+    """The answer comes from the finance exports only (a day past the horizon): click-level detail was not read."""
+    exported_periods: int | None = None
+    """For an answer from the exports: how many of the day's periods have an export in the data folder."""
+
+
 @dataclass(frozen=True)
 class ClickStory:
     """Everything the product knows of one click id, and why it was charged or not."""
@@ -308,10 +330,13 @@ class ClickStory:
     corrections: tuple[BookEntry, ...] = ()
     exports: tuple[ExportRow, ...] = ()
     notes: tuple[str, ...] = ()
+    searched: Searched | None = field(default=None, compare=False)
+    """Where the story looked (not compared: the same click's story found with its day or without is the same)."""
 
     @property
     def received(self) -> bool:
-        return bool(self.copies)
+        """A copy was found, or (past the horizon) the exports give it an outcome."""
+        return bool(self.copies) or self.outcome.status in (CHARGED, NOT_CHARGED, NOT_BILLABLE)
 
     @property
     def attributed(self) -> ImpressionSeen | None:
@@ -444,6 +469,77 @@ def tell(
         corrections=corrections,
         exports=exports,
         notes=tuple(notes),
+    )
+
+
+def beyond_horizon(evidence: Evidence, searched: Searched) -> ClickStory:
+    """The story of a click id not found among the days searched without a day (`searched.since` to today) while the
+    data folder holds older ones: not an outcome. It shows what was found all the same (bad copies in the
+    quarantine, later exports' adjustments of it), none of which says what its own period billed."""
+    return ClickStory(
+        evidence.click_id,
+        Outcome(PAST_HORIZON, None, 0, None, None, False),
+        advertiser_id=_named_advertiser(evidence),
+        copies=tuple(_copies(evidence)),
+        exports=tuple(_exports(evidence)),
+        searched=replace(searched, past_horizon=True),
+    )
+
+
+def tell_from_exports(evidence: Evidence, searched: Searched) -> ClickStory:
+    """The story of a click of a day past the horizon (`searched.day`), from the finance exports only (`evidence`
+    holds the export rows that name it: the day's click and not-charged rows, and later exports' adjustments): what
+    finance was given, counted as `billing.export.export_totals` counts it (a click row billed or added is one
+    click, a retracted one none, an adjustment plus or minus one; micros its `net_micros`). Nothing of the
+    click-level files (its copies, impression, price, the rule) is read, and the story says so."""
+    searched = replace(searched, past_horizon=True, from_exports=True)
+    day = (searched.day or "").replace("-", "")
+
+    def of_day(row: Mapping[str, Any]) -> bool:
+        if row.get("record_type") == "adjustment":
+            return str(row.get("corrects_period") or "").startswith(day)
+        return str(row.get("period") or "").startswith(day)
+
+    kept = Evidence(
+        evidence.click_id,
+        export_rows=[r for r in evidence.export_rows if of_day(r)],
+        export_not_charged=[r for r in evidence.export_not_charged if of_day(r)],
+    )
+    exports = _exports(kept)
+    own = [e for e in exports if e.record_type != "adjustment"]
+    if not exports:
+        return ClickStory(evidence.click_id, Outcome(PAST_HORIZON, None, 0, None, None, False), searched=searched)
+    period = own[0].period if own else str(exports[0].corrects_period)
+    mine = [e for e in exports if (e.period if e.record_type != "adjustment" else e.corrects_period) == period]
+    billed = [e for e in mine if e.file == "billing.parquet"]
+    clicks = sum((-1 if e.record_type == "adjustment" else 0) if e.status == "retracted" else 1 for e in billed)
+    micros = sum(e.net_micros or 0 for e in billed)
+    currency = next((e.currency for e in mine if e.currency), None)
+    adjusted = any(e.record_type == "adjustment" for e in mine)
+    retraction = next((e for e in reversed(mine) if e.record_type == "adjustment" and e.status == "retracted"), None)
+    refused = next((e for e in mine if e.file == "not_charged.parquet"), None)
+    retracted = next((e for e in mine if e.record_type == "click" and e.status == "retracted"), None)
+    if clicks > 0:
+        outcome = Outcome(CHARGED, None, micros, currency, period, True, "adjustment" if adjusted else "export")
+    elif retraction is not None:
+        outcome = Outcome(NOT_CHARGED, retraction.reason, 0, currency, period, True, "adjustment")
+    else:
+        why = refused or retracted
+        outcome = Outcome(NOT_CHARGED, why.reason if why else None, 0, currency, period, True, "export")
+    rows = [*kept.export_rows, *kept.export_not_charged]
+    first = next((r for r in rows if r.get("period") == period and r.get("record_type") != "adjustment"), None)
+    described = first or next((r for r in rows if r.get("ad_id")), {})
+    return ClickStory(
+        evidence.click_id,
+        outcome,
+        advertiser_id=next((e.advertiser_id for e in mine if e.advertiser_id), None),
+        campaign_id=described.get("campaign_id"),
+        ad_id=described.get("ad_id"),
+        user_id=described.get("user_id"),
+        event_time=described.get("click_time"),
+        currency=currency,
+        exports=tuple(mine),
+        searched=searched,
     )
 
 
@@ -943,7 +1039,14 @@ def describe(
         return _by_text(change, at)
 
     outcome, cur = story.outcome, story.currency or story.outcome.currency or ""
+    searched = story.searched
+    if outcome.status == PAST_HORIZON:
+        return _past_horizon_words(story)
     if outcome.status == NOT_RECEIVED:
+        if searched is not None and searched.day:
+            return [
+                f"No click with the id {story.click_id} was received on {searched.day} (UTC): that day was searched."
+            ]
         return [f"No click with the id {story.click_id} was ever received."]
     if outcome.status == QUARANTINED:
         reasons = ", ".join(sorted({c.status for c in story.copies}))
@@ -959,6 +1062,13 @@ def describe(
     else:
         words = REASON_WORDS.get(outcome.reason or "", outcome.reason or "")
         lines.append(f"Not charged: {words} ({outcome.reason}); in the books of {books}.")
+    if searched is not None and searched.from_exports:
+        lines.append(
+            f"Told from the finance exports only (what finance was given): {searched.day} is past the "
+            f"{searched.story_days}-day horizon of click-level detail (story_days), which was not searched: its "
+            "copies, impression, price and the rule's reading are not shown."
+        )
+        return [*lines, *story.notes]
     attributed = story.attributed
     if attributed is None:
         nearest = next((i for i in story.impressions if i.event_time <= (story.event_time or 0)), None)
@@ -1020,6 +1130,41 @@ def describe(
             f"{show(budget.price_micros, budget.currency)} {'fits' if budget.fits else 'does not fit'}."
         )
     lines.extend(story.notes)
+    return lines
+
+
+def _past_horizon_words(story: ClickStory) -> list[str]:
+    """The plain answer where the story did not search (`PAST_HORIZON`): how far it searched, and what finds more."""
+    searched = story.searched or Searched()
+    days = searched.story_days
+    if searched.day:
+        exported = searched.exported_periods or 0
+        if not exported:
+            return [
+                f"{searched.day} is past the {days}-day horizon of click-level detail (story_days), and the data "
+                f"folder holds no export of that day: nothing here says what finance was given for click "
+                f"{story.click_id}."
+            ]
+        return [
+            f"{searched.day} is past the {days}-day horizon of click-level detail (story_days), and that day's exports "
+            f"({exported} period(s) exported) do not name click {story.click_id}."
+        ]
+    lines = [
+        f"Click {story.click_id} is not among the clicks of the last {days} days (from {searched.since}, UTC): "
+        f"click-level detail is searched for the last {days} days (story_days). If the click is older, its day "
+        "(--day YYYY-MM-DD; ?day=YYYY-MM-DD on the page and the API) finds what that day's exports gave finance."
+    ]
+    corrected = sorted(
+        {e.corrects_period for e in story.exports if e.corrects_period and e.record_type == "adjustment"}
+    )
+    if corrected:
+        named = ", ".join(f"{p} (its day {p[:4]}-{p[4:6]}-{p[6:8]})" for p in corrected)
+        lines.append(f"Later exports carry adjustments of it for period {named}.")
+    if story.copies:
+        lines.append(
+            "Bad copies of it were received (quarantined, listed with the copies); a valid copy older than the horizon "
+            "was not searched."
+        )
     return lines
 
 

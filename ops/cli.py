@@ -334,7 +334,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--day",
         type=_click_day,
-        help="the click's UTC day, YYYY-MM-DD: only that day's periods are searched (without it, the newest day first)",
+        help="the click's UTC day, YYYY-MM-DD: only that day's periods are searched (without it, the newest day first, "
+        "back ADBILL_STORY_DAYS days); a day older than that is told from its exports",
     )
     p.add_argument("--json", action="store_true", help="the story as JSON (as GET /api/v1/clicks/ID gives it)")
     p.set_defaults(run=cmd_explain, needs=("postgres",))
@@ -884,12 +885,13 @@ def _click_day(text: str) -> dt.date:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    """Exit 0 with the story of a click received, 1 for a click id never received."""
+    """Exit 0 with the story of a click received, 1 for a click id never received or not found where the story
+    searched (the last ADBILL_STORY_DAYS days, or an older day's exports)."""
     import json
 
     from billing.periods import Periods
     from billing.store.click_story import ClickStories
-    from billing.story import NOT_RECEIVED, story_text
+    from billing.story import NOT_RECEIVED, PAST_HORIZON, story_text
 
     stories = ClickStories(
         settings.layout,
@@ -897,10 +899,11 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
         Periods(settings.period_ms),
         settings.ivt_rules,
         settings.topic_clicks,
+        story_days=settings.story_days,
     )
     story = stories.tell(args.click_id, args.day)
     print(json.dumps(story.to_dict(), indent=1) if args.json else story_text(story))
-    return 1 if story.outcome.status == NOT_RECEIVED else 0
+    return 1 if story.outcome.status in (NOT_RECEIVED, PAST_HORIZON) else 0
 
 
 def cmd_invoices(settings: Settings, args: argparse.Namespace) -> int:

@@ -118,6 +118,8 @@ class WebSettings(Protocol):
     def topic_impressions(self) -> str: ...
     @property
     def topic_clicks(self) -> str: ...
+    @property
+    def story_days(self) -> int: ...
 
 
 def exports_dir(settings: WebSettings) -> Path:
@@ -197,7 +199,7 @@ def create_app(
     app.register_blueprint(catalog_pages.bp)  # the catalog: advertisers' ads, an admin's changes
     app.register_blueprint(catalog_api.bp)
     ad_catalog.register(app, catalogs)
-    register_click_pages(app, settings, catalogs)  # a click's story: its page and API document
+    register_click_pages(app, settings, catalogs, clock)  # a click's story: its page and API document
     app.register_blueprint(change_pages)  # the catalog's change log
     app.register_blueprint(change_api)
     # the monthly invoices and the billing profiles; the names of campaigns and ads: one store of each per process

@@ -12,7 +12,10 @@ batch only. A lookup:
 - **with the click's day** reads the periods of that day (their keys begin with the day), newest first, a day in
   one query per kind;
 - **without it** reads the periods the folders hold, a day at a time, newest day first, until a day holds the
-  click's own rows (the newer days' exports read on the way are those that could hold an adjustment of it);
+  click's own rows (the newer days' exports read on the way are those that could hold an adjustment of it), back to
+  `since` when given (the story's horizon, `story_days`);
+- **past the horizon, with the day** (`export_rows_of`) reads only the exports: the day's, and the later ones'
+  adjustments;
 - then the exports of the periods after the click's own (adjustments booked later), and the quarantine and
   `released/` whole (bad input only; narrowing them to the day's batches is still to build).
 
@@ -184,13 +187,17 @@ class ClickFiles:
             for name, row in found
         ]
 
-    def rows_of(self, click_id: str, day: dt.date | None = None) -> list[Located]:
+    def rows_of(self, click_id: str, day: dt.date | None = None, since: dt.date | None = None) -> list[Located]:
         """Every row of the data folder that names `click_id` (module doc): in `day`'s periods when given, else in
-        the newest day that holds the click's own rows; with the later exports, the quarantine and `released/`."""
+        the newest day that holds the click's own rows (no older than `since` when given: the story's horizon);
+        with the later exports, the quarantine and `released/`."""
         periods = self.periods()
         if day is not None:
             prefix = day.strftime("%Y%m%d")
             periods = [p for p in periods if p.startswith(prefix)]
+        elif since is not None:
+            first = since.strftime("%Y%m%d")
+            periods = [p for p in periods if p[:8] >= first]
         found: list[Located] = []
         read_exports: set[str] = set()
         own: str | None = None
@@ -207,6 +214,25 @@ class ClickFiles:
         for kind in (QUARANTINE, RELEASED):
             found += self._located(kind, functools.partial(self._batch_only, kind), click_id)
         return sorted(found, key=lambda item: (str(item.path), item.row))
+
+    def export_rows_of(self, click_id: str, day: dt.date) -> list[Located]:
+        """The rows of the exports that name `click_id` as a click of `day` (the story past its horizon): the click
+        and not-charged rows of the day's periods' exports, and the adjustments of later exports that correct one of
+        those periods (a row found names its period; whether an adjustment corrects the day is read from the row)."""
+        prefix = day.strftime("%Y%m%d")
+        exported = self.exported_periods(day)
+        found = [
+            *self._located(EXPORT, self._lister(EXPORT, exported), click_id),
+            *self._located(EXPORT_NOT_CHARGED, self._lister(EXPORT_NOT_CHARGED, exported), click_id),
+        ]
+        later = [p for p in self.periods() if p[:8] > prefix]
+        found += self._located(EXPORT, self._lister(EXPORT, later), click_id)
+        return sorted(found, key=lambda item: (str(item.path), item.row))
+
+    def exported_periods(self, day: dt.date) -> list[str]:
+        """The periods of `day` (UTC) with an export, oldest first."""
+        prefix = day.strftime("%Y%m%d")
+        return sorted(p for p in self.closed_periods() if p.startswith(prefix))
 
     def archive_files(self, kind: str, periods: Sequence[str], low_ms: int, high_ms: int) -> list[Path]:
         """The archive's live files of `kind` in `periods` whose event times may meet [low_ms, high_ms] (by their

@@ -4,14 +4,21 @@ with DuckDB; no index), told by `billing.story.tell` with the catalog, its chang
 One lookup reads: the rows of the click id in its day's periods (the click's day, when given; else the newest day
 that holds it), the handful of files they name, the archive's files of the click's ad and user around its time (the
 few whose statistics of event times meet the window), the export's manifest of a closed period, and, for a campaign
-with a daily budget, the books of its day up to the click. Used by `adbill explain`, the click's page and
+with a daily budget, the books of its day up to the click.
+
+With a horizon (`story_days`, from the doors' settings; by the clock they pass): without a day, only the last
+`story_days` days are searched, and a click not among them while the data folder holds older days gets the plain
+answer (`billing.story.beyond_horizon`), never "never received"; a day older than them is told from its exports only
+(`billing.story.tell_from_exports`); a day after today is refused. Used by `adbill explain`, the click's page and
 `GET /api/v1/clicks/ID` (each with an optional day), and for an ad's clicks by price.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +50,17 @@ from billing.store.click_files import (
 from billing.store.compaction import SOURCE_BATCH
 from billing.store.crawler_list import crawler_list, kept_list
 from billing.store.export_files import read_manifest
-from billing.story import ClickStory, Evidence, by_price, tell
+from billing.story import (
+    NOT_RECEIVED,
+    QUARANTINED,
+    ClickStory,
+    Evidence,
+    Searched,
+    beyond_horizon,
+    by_price,
+    tell,
+    tell_from_exports,
+)
 
 NEARBY_IMPRESSIONS_MS = 60_000
 """How far before the click its ad's and user's impressions are shown (the nearest outside the 10 s window too)."""
@@ -75,6 +92,8 @@ class ClickStories:
         rules: IvtRules = DEFAULT_RULES,
         clicks_topic: str | None = None,
         files: ClickFiles | None = None,
+        story_days: int | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.layout = layout
         self.catalog = catalog
@@ -82,9 +101,55 @@ class ClickStories:
         self.rules = rules
         self.clicks_topic = clicks_topic
         self.files = files or ClickFiles(layout)
+        self.story_days = story_days
+        self.clock = clock or (lambda: int(time.time() * 1000))
+
+    def today(self) -> dt.date:
+        """Today's UTC day by the clock."""
+        return dt.datetime.fromtimestamp(self.clock() / 1000, dt.UTC).date()
+
+    def searched(self, day: dt.date | None = None) -> Searched:
+        """Where a story of a click of `day` (None: not given) looks: that day, or the days from today less
+        `story_days` to today (every day without a horizon); a day past the horizon, in its exports only. A day
+        after today is refused (ValueError)."""
+        today = self.today()
+        if day is not None and day > today:
+            raise ValueError(f"{day.isoformat()} is after today ({today.isoformat()}, UTC): no click of it yet")
+        if self.story_days is None:
+            return Searched(day.isoformat() if day else None)
+        since = today - dt.timedelta(days=self.story_days)
+        if day is None:
+            return Searched(None, since.isoformat(), self.story_days)
+        past = day < since
+        return Searched(day.isoformat(), since.isoformat(), self.story_days, past, past)
 
     def tell(self, click_id: str, day: dt.date | None = None) -> ClickStory:
-        """The click's whole story (`billing.story.tell`), found in `day`'s periods when given (its UTC day)."""
+        """The click's whole story (`billing.story.tell`), found in `day`'s periods when given (its UTC day); without
+        it, in the last `story_days` days; a day past them from its exports (`billing.story.tell_from_exports`). A
+        day after today is refused (ValueError)."""
+        searched = self.searched(day)
+        if day is not None and searched.from_exports:
+            found = read_located(self.files.export_rows_of(click_id, day))
+            evidence = Evidence(
+                click_id,
+                export_rows=[r for r in found if r["found_in"] == EXPORT],
+                export_not_charged=[r for r in found if r["found_in"] == EXPORT_NOT_CHARGED],
+            )
+            exported = len(self.files.exported_periods(day))
+            return tell_from_exports(evidence, replace(searched, exported_periods=exported))
+        since = dt.date.fromisoformat(searched.since) if day is None and searched.since else None
+        evidence = self.evidence(click_id, day=day, since=since)
+        story = replace(self._tell(evidence), searched=searched)
+        if since is not None and story.outcome.status in (NOT_RECEIVED, QUARANTINED) and self._older(since):
+            return beyond_horizon(evidence, searched)
+        return story
+
+    def _older(self, since: dt.date) -> bool:
+        """Whether the data folder holds a period of a day before `since` (past the horizon)."""
+        first = since.strftime("%Y%m%d")
+        return any(p[:8] < first for p in self.files.periods())
+
+    def _tell(self, evidence: Evidence) -> ClickStory:
         catalog = self.catalog.current()
         crawlers = crawler_list()
 
@@ -94,7 +159,7 @@ class ClickStories:
             return listed.matching(user_agent) if listed.matches(user_agent) else []
 
         return tell(
-            self.evidence(click_id, day=day),
+            evidence,
             catalog,
             LogEntries(self.catalog),
             self.periods,
@@ -103,10 +168,10 @@ class ClickStories:
             crawler_list_version=crawlers.version,
         )
 
-    def evidence(self, click_id: str, day: dt.date | None = None) -> Evidence:
+    def evidence(self, click_id: str, day: dt.date | None = None, since: dt.date | None = None) -> Evidence:
         """Everything the data folder holds of `click_id` and around it (`billing.story.Evidence`), in `day`'s
-        periods when given."""
-        found = read_located(self.files.rows_of(click_id, day))
+        periods when given, else in the days from `since` (every day when None)."""
+        found = read_located(self.files.rows_of(click_id, day, since))
         kinds: dict[str, list[dict[str, Any]]] = {}
         for row in found:
             kinds.setdefault(row["found_in"], []).append(row)
