@@ -88,7 +88,7 @@ from ops.bench.measure import Sampler, descendants, read_processes
 from ops.bench.report import PIPELINE
 from ops.bench.systems import LoadOptions, System, prepare_system, run_system, start_services
 from ops.bench.traffic import TrafficPlan, plan_traffic
-from ops.bench.web import PASSWORD
+from ops.bench.web import PASSWORD, start_web
 from ops.bench.web import _stop as stop_server
 from ops.bench.web import _wait_port as wait_port
 from ops.catalog_load import Confirmed, WriterRun, bid, check_confirmed, percentile
@@ -472,15 +472,7 @@ def measure_web(
     client.close()
 
     log = folders.out / f"web-{ads}.log"
-    with log.open("wb") as output:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "web"],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=PROJECT_ROOT,
-            start_new_session=True,
-        )
+    server = start_web(env, log)
     figures: dict[str, Any] = {"workers": args.web_workers, "threads": args.web_threads, "advertiser": advertiser}
     try:
         wait_port(port, server, "adbill web", log, timeout_s=60)

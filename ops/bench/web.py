@@ -174,6 +174,19 @@ async def drive(
     return stats, seconds
 
 
+def start_web(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`adbill web` with `env`, in a session of its own (its workers are stopped with it), its output in `log`."""
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", "web"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=PROJECT_ROOT,
+            start_new_session=True,
+        )
+
+
 def _wait_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -253,15 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             ADBILL_WEB_LOGIN_LIMIT="1000",
         )
         web_log = out_dir / "web.log"
-        with web_log.open("wb") as log:
-            web_proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", "web"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=PROJECT_ROOT,
-                start_new_session=True,
-            )
+        web_proc = start_web(env, web_log)
         _wait_port(web_port, web_proc, "adbill web", web_log)
         print(
             f"seeded {seeded}; {args.clients} clients over {len(users)} advertiser accounts, "
