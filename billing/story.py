@@ -1147,7 +1147,9 @@ def _past_horizon_words(story: ClickStory) -> list[str]:
             ]
         return [
             f"{searched.day} is past the {days}-day horizon of click-level detail (story_days), and that day's exports "
-            f"({exported} period(s) exported) do not name click {story.click_id}."
+            f"({exported} period(s) exported) do not name click {story.click_id}: an export names every click its "
+            "period billed or did not charge for a reason, not a click the attribution rule does not bill (no "
+            "impression of its ad and user at most 10 s before it) nor one never received."
         ]
     lines = [
         f"Click {story.click_id} is not among the clicks of the last {days} days (from {searched.since}, UTC): "
