@@ -240,10 +240,7 @@ class CatalogDatabase(database.HeldReader):
     `imports`: the catalog file of a data folder written before the database, taken in when the database holds no
     catalog yet (`HOME/catalog.json`; its change log beside it)."""
 
-    TABLES = "catalog"
-    SCHEMA = SCHEMA
-    WHAT = "catalog's database"
-    UNAVAILABLE = DatabaseUnavailable
+    TABLES = database.StoreTables("catalog", SCHEMA, "catalog's database", DatabaseUnavailable)
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)

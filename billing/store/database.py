@@ -171,18 +171,23 @@ def without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class Store:
-    """A part of the product kept in its own tables of the database at `url`, made when missing, with `imports`, the
-    file of a data folder written before the database, taken in once (`_take_in`)."""
+@dataclass(frozen=True)
+class StoreTables:
+    """A store's tables: their `name` (`Tables.name`, with the store's `imports`), the statements that make them
+    (`Tables.schema`), the database as a message names it ("names' database"), and what the store's connections
+    raise when the database cannot be reached."""
 
-    TABLES: ClassVar[str] = ""
-    """The name of its tables (`Tables.name`, with `imports`)."""
-    SCHEMA: ClassVar[str] = ""
-    """The statements that make its tables (`Tables.schema`)."""
-    WHAT: ClassVar[str] = "database"
-    """The database as a message names it, such as "names' database"."""
-    UNAVAILABLE: ClassVar[type[DatabaseUnavailable]] = DatabaseUnavailable
-    """What its connections raise when the database cannot be reached."""
+    name: str
+    schema: str
+    what: str
+    unavailable: type[DatabaseUnavailable] = DatabaseUnavailable
+
+
+class Store:
+    """A part of the product kept in its own tables of the database at `url` (`TABLES`), made when missing, with
+    `imports`, the file of a data folder written before the database, taken in once (`_take_in`)."""
+
+    TABLES: ClassVar[StoreTables] = StoreTables("", "", "database")
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         self.url = url
@@ -199,15 +204,16 @@ class Store:
     @contextmanager
     def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Iterator[psycopg.Connection[Any]]:
         """A connection from the process's pool, the tables made and the data folder's file taken in first;
-        `UNAVAILABLE` when the database cannot be reached."""
-        tables = Tables(f"{self.TABLES}:{self.imports}", self.SCHEMA, self._take_in)
+        `TABLES.unavailable` when the database cannot be reached."""
+        own = self.TABLES
+        tables = Tables(f"{own.name}:{self.imports}", own.schema, self._take_in)
         try:
-            with connection(self.url, tables, self.WHAT, timeout_s) as taken:
+            with connection(self.url, tables, own.what, timeout_s) as taken:
                 yield taken
         except DatabaseUnavailable as exc:
-            if self.UNAVAILABLE is DatabaseUnavailable:
+            if own.unavailable is DatabaseUnavailable:
                 raise
-            raise self.UNAVAILABLE(str(exc)) from None
+            raise own.unavailable(str(exc)) from None
 
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in the data folder's file (under the lock of `make_tables`, which sets the files returned aside once

@@ -71,9 +71,7 @@ class NamesDatabase(database.HeldReader):
     `imports`: the names file of a data folder written before the database (`HOME/names.json`), taken in when the
     database holds no name yet."""
 
-    TABLES = "names"
-    SCHEMA = SCHEMA
-    WHAT = "names' database"
+    TABLES = database.StoreTables("names", SCHEMA, "names' database")
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)

@@ -75,9 +75,7 @@ class ProfileDatabase(database.Store):
     `imports`: the profiles file of a data folder written before the database (`HOME/billing-profiles.json`), taken
     in when the database holds no profile yet."""
 
-    TABLES = "billing_profiles"
-    SCHEMA = SCHEMA
-    WHAT = "billing profiles' database"
+    TABLES = database.StoreTables("billing_profiles", SCHEMA, "billing profiles' database")
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)

@@ -266,10 +266,9 @@ class DatabaseSchemaRegistry(database.Store):
     """The registry in the database at `url` (module doc); `imports`: the registry file of a data folder written
     before the database, taken in once."""
 
-    TABLES = "schema registry"
-    SCHEMA = DATABASE_SCHEMA
-    WHAT = "schema registry's database"
-    UNAVAILABLE = RegistryDatabaseUnavailable
+    TABLES = database.StoreTables(
+        "schema registry", DATABASE_SCHEMA, "schema registry's database", RegistryDatabaseUnavailable
+    )
 
     def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
         super().__init__(url, imports)
