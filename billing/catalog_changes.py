@@ -28,29 +28,45 @@ from billing.catalog import (
 from billing.invalid import ExclusionChange
 from billing.money import format_micros
 
-ACTIONS = ("create-ad", "set-price", "pause", "resume")
+CHANGE_ACTIONS = ("set-price", "pause", "resume")
+"""The changes a person can ask for of an ad the catalog holds."""
+
+ACTIONS = ("create-ad", *CHANGE_ACTIONS)
 """The changes a person can ask for."""
 
 _WHOLE = re.compile(r"[0-9]+", re.ASCII)
 
 
-def parse_price(text: object) -> int:
-    """A price in micros from the request (text or an integer); CatalogError unless a non-negative whole number."""
+def change_action(action: object) -> str:
+    """`action` when it is one of `CHANGE_ACTIONS`; CatalogError naming them otherwise."""
+    if action not in CHANGE_ACTIONS:
+        raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(CHANGE_ACTIONS)}")
+    return str(action)
+
+
+def parse_micros(text: object, what: str, example: str) -> int:
+    """An amount in micros from the request (text or an integer); CatalogError unless a non-negative whole number
+    that fits in 63 bits. `what` names it in the refusal ("a price"), `example` is one written in micros."""
     if isinstance(text, bool):
-        raise CatalogError(f"a price is a whole number of micros, got {text!r}")
+        raise CatalogError(f"{what} is a whole number of micros, got {text!r}")
     if isinstance(text, int):
         value = text
     elif isinstance(text, str) and _WHOLE.fullmatch(text.strip()):
         value = int(text.strip())
     elif isinstance(text, str) and text.strip().startswith("-"):
-        raise CatalogError(f"a price must not be negative, got {text.strip()}")
+        raise CatalogError(f"{what} must not be negative, got {text.strip()}")
     else:
-        raise CatalogError(f"a price is a whole number of micros such as 250000 (0.25 of the currency), got {text!r}")
+        raise CatalogError(f"{what} is a whole number of micros such as {example}, got {text!r}")
     if value < 0:
-        raise CatalogError(f"a price must not be negative, got {value}")
+        raise CatalogError(f"{what} must not be negative, got {value}")
     if value > 2**63 - 1:
-        raise CatalogError(f"a price must fit in 63 bits, got {value}")
+        raise CatalogError(f"{what} must fit in 63 bits, got {value}")
     return value
+
+
+def parse_price(text: object) -> int:
+    """A price in micros from the request (text or an integer); CatalogError unless a non-negative whole number."""
+    return parse_micros(text, "a price", "250000 (0.25 of the currency)")
 
 
 def catalog_change(
@@ -158,23 +174,7 @@ def _with_price(change: AdChange, cpc_micros: int) -> AdChange:
 def parse_budget(text: object) -> int:
     """A daily budget in micros from the request (text or an integer); CatalogError unless a non-negative whole
     number."""
-    if isinstance(text, bool):
-        raise CatalogError(f"a daily budget is a whole number of micros, got {text!r}")
-    if isinstance(text, int):
-        value = text
-    elif isinstance(text, str) and _WHOLE.fullmatch(text.strip()):
-        value = int(text.strip())
-    elif isinstance(text, str) and text.strip().startswith("-"):
-        raise CatalogError(f"a daily budget must not be negative, got {text.strip()}")
-    else:
-        raise CatalogError(
-            f"a daily budget is a whole number of micros such as 50000000 (50 of the currency), got {text!r}"
-        )
-    if value < 0:
-        raise CatalogError(f"a daily budget must not be negative, got {value}")
-    if value > 2**63 - 1:
-        raise CatalogError(f"a daily budget must fit in 63 bits, got {value}")
-    return value
+    return parse_micros(text, "a daily budget", "50000000 (50 of the currency)")
 
 
 def budget_change(

@@ -33,6 +33,7 @@ from flask import Blueprint, Response, abort, jsonify, request, url_for
 
 from billing.budgets import utc_day
 from billing.catalog import Ad, CatalogError, PriceChange
+from billing.catalog_changes import change_action
 from billing.invalid import ExclusionChange, IpExclusions
 from web.ad_catalog import (
     ADS_PAGE,
@@ -66,7 +67,6 @@ bp.before_request(api_login)
 
 _CREATE_FIELDS = frozenset({"ad_id", "campaign_id", "advertiser_id", "currency", "cpc_micros", "effective_from"})
 _CHANGE_FIELDS = frozenset({"action", "cpc_micros", "effective_from", "campaign_id", "advertiser_id", "currency"})
-_CHANGE_ACTIONS = ("set-price", "pause", "resume")
 
 
 @bp.get("/advertisers/<advertiser_id>/ads")
@@ -152,12 +152,11 @@ def change_ad(ad_id: str) -> Response:
         action = body.get("action")
         if action is None:
             action = "pause" if "cpc_micros" in body and body["cpc_micros"] is None else "set-price"
-        if action not in _CHANGE_ACTIONS:
-            raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
+        action = change_action(action)
         if action == "pause" and body.get("cpc_micros") is not None:
             raise CatalogError(f"pause {ad_id}: a pause has no price (cpc_micros null or absent)")
         made = make_change(
-            str(action),
+            action,
             ad_id,
             effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),

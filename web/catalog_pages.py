@@ -18,6 +18,7 @@ from werkzeug.wrappers import Response
 
 from billing.budgets import utc_day
 from billing.catalog import CatalogError
+from billing.catalog_changes import change_action
 from web.ad_catalog import (
     ADS_PAGE,
     AdStatus,
@@ -42,8 +43,6 @@ from web.services import services
 
 bp = Blueprint("catalog_pages", __name__)
 bp.before_request(page_login)
-
-_CHANGE_ACTIONS = ("set-price", "pause", "resume")
 
 
 @bp.get("/advertisers/<advertiser_id>/ads")
@@ -107,9 +106,7 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
         abort(404)
     form = {k: request.form.get(k, "").strip() for k in _CHANGE_FIELDS}
     try:
-        action = form["action"]
-        if action not in _CHANGE_ACTIONS:
-            raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(_CHANGE_ACTIONS)}")
+        action = change_action(form["action"])
         known = services().catalog.get().get(ad_id)
         made = make_change(
             action,
