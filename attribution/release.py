@@ -58,6 +58,7 @@ from billing.catalog import Catalog
 from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.schemas import without_logical_types
 from billing.store.redis_totals import LateCount, QuarantineCount, RedisTotals
 from billing.store.released import RECONCILIATION, RELEASED_SCHEMA, STREAM, released_table
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -464,7 +465,7 @@ class _Decoder:
                 reader = json.loads(reader_schema(self.event_type, text))
                 reader["fields"] = [f for f in reader["fields"] if f["name"] in self.fields]
                 self.parsed[schema_id] = (
-                    fastavro.parse_schema(_without_logical_types(json.loads(text))),
+                    fastavro.parse_schema(without_logical_types(json.loads(text))),
                     fastavro.parse_schema(reader),
                 )
             except Exception:  # noqa: BLE001 - a schema fastavro cannot read leaves its records undecodable
@@ -494,14 +495,6 @@ class _Decoder:
         if not isinstance(event_time, int) or not MIN_EVENT_TIME_MS <= event_time <= received_ms + MAX_FUTURE_MS:
             return QuarantineReason.TIME_OUT_OF_RANGE.value, record
         return None, record
-
-
-def _without_logical_types(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {key: _without_logical_types(value) for key, value in node.items() if key != "logicalType"}
-    if isinstance(node, list):
-        return [_without_logical_types(item) for item in node]
-    return node
 
 
 ARCHIVE_SCHEMA = pa.schema(

@@ -19,7 +19,7 @@ from fastavro.read import SchemaResolutionError
 
 from billing.compatibility import reader_for_writer
 from billing.events import Click, Event, EventType, Impression, event_from_record
-from billing.schemas import schema_text, subject_of
+from billing.schemas import schema_text, subject_of, without_logical_types
 from billing.store.schema_registry import SchemaRegistry
 from billing.store.schema_registry import UnknownSchemaError as _RegistryUnknownSchema
 
@@ -199,16 +199,5 @@ class EventDeserializer:
 
 
 def _without_logical_types(text: str) -> str:
-    """The schema without `logicalType` annotations: the binary encoding is the same, the values stay raw.
-
-    fastavro would otherwise turn `timestamp-millis` into a datetime that we would turn back into epoch ms.
-    """
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {key: strip(value) for key, value in node.items() if key != "logicalType"}
-        if isinstance(node, list):
-            return [strip(item) for item in node]
-        return node
-
-    return json.dumps(strip(json.loads(text)))
+    """The schema text without `logicalType` annotations (`billing.schemas.without_logical_types`)."""
+    return json.dumps(without_logical_types(json.loads(text)))

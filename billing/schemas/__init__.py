@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from importlib.resources import files
+from typing import Any
 
 from billing.events import OPTIONAL_FIELDS, TOPIC_OF, EventType
 
@@ -36,6 +37,17 @@ def schema_v1_text(event_type: str) -> str:
     schema = json.loads(schema_text(event_type))
     schema["fields"] = [field for field in schema["fields"] if field["name"] not in OPTIONAL_FIELDS]
     return json.dumps(schema, indent=2)
+
+
+def without_logical_types(node: Any) -> Any:
+    """An Avro schema (parsed JSON) without its `logicalType` annotations: the binary encoding is the same, and the
+    values stay raw (fastavro would otherwise turn `timestamp-millis` into a datetime, to be turned back into epoch
+    ms)."""
+    if isinstance(node, dict):
+        return {key: without_logical_types(value) for key, value in node.items() if key != "logicalType"}
+    if isinstance(node, list):
+        return [without_logical_types(item) for item in node]
+    return node
 
 
 def subject_of(event_type: str) -> str:
