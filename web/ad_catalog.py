@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from flask import Flask, abort, current_app, g, request
+from flask import Flask, current_app, g, request
 
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
@@ -27,7 +27,7 @@ from billing.money import minor_digits, parse_amount
 from billing.store.catalog_db import CatalogDatabase, LogEntries
 from web import display
 from web.access import Principal, may_change_catalog, may_see_finance
-from web.guards import logged_in
+from web.guards import allowed_or_404, logged_in
 from web.readers import is_id
 from web.services import services
 
@@ -85,10 +85,7 @@ def store() -> CatalogDatabase:
 
 def catalog_or_404(change: bool = False) -> Principal:
     """Every ad of the catalog: finance and admin see it, only an admin changes it; anyone else gets 404."""
-    principal = logged_in()
-    if not (may_change_catalog(principal) if change else may_see_finance(principal)):
-        abort(404)
-    return principal
+    return allowed_or_404(may_change_catalog if change else may_see_finance)
 
 
 def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
@@ -276,10 +273,7 @@ def make_change(
 
 def exclusions_or_404() -> Principal:
     """The IP exclusion list: the operator's, an admin's only (to see and to change); anyone else gets 404."""
-    principal = logged_in()
-    if not may_change_catalog(principal):
-        abort(404)
-    return principal
+    return allowed_or_404(may_change_catalog)
 
 
 def maker() -> MadeBy:

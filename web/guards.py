@@ -8,6 +8,7 @@ person may not see and a thing that does not exist give the same 404, so other a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from flask import Response, abort, g, jsonify, redirect, request, url_for
 
@@ -65,18 +66,21 @@ def advertiser_or_404(advertiser_id: str) -> Principal:
     return principal
 
 
-def finance_or_404() -> Principal:
+def allowed_or_404(may: Callable[[Principal], bool]) -> Principal:
+    """The person logged in (401 when nobody is) when `may` lets them in; 404 otherwise: what a person may not see is
+    not there for them."""
     principal = logged_in()
-    if not may_see_finance(principal):
+    if not may(principal):
         abort(404)
     return principal
+
+
+def finance_or_404() -> Principal:
+    return allowed_or_404(may_see_finance)
 
 
 def health_or_404() -> Principal:
-    principal = logged_in()
-    if not may_see_health(principal):
-        abort(404)
-    return principal
+    return allowed_or_404(may_see_health)
 
 
 def period_arg() -> str | None:
