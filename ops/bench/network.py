@@ -625,7 +625,7 @@ def measure_stream(sizes: list[int], args: argparse.Namespace, folders: Folders,
         figures["sizes"] = _across_rounds(figures["rounds"])
         if args.stream_rounds > 1:
             for ads, size in figures["sizes"].items():
-                if "error" not in size:
+                if not size.get("error"):
                     say(
                         f"  {ads:,} ads over {args.stream_rounds} rounds, the median: mean batch "
                         f"x{size['median_batch_vs_baseline']} its round's baseline's "
@@ -698,7 +698,7 @@ def _across_rounds(rounds: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     sizes: dict[int, dict[str, Any]] = {}
     for ads, last in rounds[-1]["sizes"].items():
         size = dict(last)
-        if "error" not in size:
+        if not size.get("error"):
             for name in ROUND_RATIOS:
                 found = [r["sizes"][ads][name] for r in rounds if r["sizes"].get(ads, {}).get(name) is not None]
                 size[f"rounds_{name}"] = found

@@ -89,6 +89,7 @@ def test_rounds_give_each_sizes_ratios_against_its_own_rounds_baseline_and_their
             "fixed_cost_vs_baseline": fixed,
             "cpu_per_event_vs_baseline": 1.0,
             "batch_ms_mean": batch * 1000,
+            "error": None,  # as `stream_figures` gives it for a run that went through
         }
 
     rounds = [
