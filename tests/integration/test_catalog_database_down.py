@@ -13,7 +13,7 @@ import pytest
 
 from attribution.job import BatchSink
 from billing.catalog import AdChange, generate_catalog
-from billing.store.catalog_db import RETRY_BEHIND_S
+from billing.store.database import RETRY_BEHIND_S
 from billing.store.part_status import STREAM_CATALOG_PART, read_status
 from billing.store.redis_totals import connect
 from ops.cli import main
