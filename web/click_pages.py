@@ -14,9 +14,10 @@ what").
   `searched` says where the story looked (`past_horizon`, `from_exports`).
 
 An advertiser sees the clicks of its own ads only, without what names another advertiser (`billing.story
-.for_advertiser`); another advertiser's click, a click without an ad the catalog knows, and a click never received
-answer it 404, alike. Finance and admin see every click, and a page (or a 404 document) saying so of a click never
-received.
+.for_advertiser`, from the exports too: their rows name the advertiser); another advertiser's click, a click without
+an ad the catalog knows, a click never received and one not found within the horizon answer it 404, alike. Finance
+and admin see every click, and a page (or a 404 document) saying so of a click never received or not found within
+the horizon.
 """
 
 from __future__ import annotations
