@@ -4,18 +4,23 @@ with the form."""
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Self
 
 import redis
+from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from billing.catalog import Catalog, generate_catalog
 from billing.layout import DataLayout
+from billing.store.stream_offsets import LagReading
 from ops.settings import Settings
 from web.access import Role
-from web.app import exports_dir
+from web.app import create_app, exports_dir
 from web.sample_data import SampleWriter, seed_sample
 
 PASSWORD = "correct horse battery staple"
@@ -70,6 +75,50 @@ def seed(settings: Settings, accounts: dict[str, tuple[Role, str | None]] | None
     settings.names_store().version()
     settings.profile_store().current()
     return Seeded(settings, catalog, client)
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """The app on the sample data (`seed`), each account of ACCOUNTS logged in on a client of its own, and an API
+    token each."""
+
+    app: Flask
+    seeded: Seeded
+    clients: dict[str, FlaskClient]
+    tokens: dict[str, str]
+
+    @classmethod
+    def of(cls, settings: Settings) -> Self:
+        seeded = seed(settings)
+        app = create_app(settings, cache_s=0)
+        clients = {}
+        for name in ACCOUNTS:
+            clients[name] = app.test_client()
+            assert login(clients[name], name).status_code == 302
+        store = settings.tokens_store()
+        return cls(app, seeded, clients, {name: store.create(name)[0] for name in ACCOUNTS})
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog as every other part of the product reads it."""
+        return self.seeded.settings.catalog_store().current()
+
+
+def client_at(seeded: Seeded, who: str, now_ms: int) -> FlaskClient:
+    """A client of the app on `seeded` whose clock says `now_ms` and whose Kafka has no lag, `who` logged in."""
+    lag = LagReading({"clicks": 0, "impressions": 0}, True, now_ms)
+    client = create_app(seeded.settings, clock=lambda: now_ms, cache_s=0, kafka_lag=lambda: lag).test_client()
+    assert login(client, who).status_code == 302
+    return client
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso(at_ms: int) -> str:
+    """As a `datetime-local` field sends it: UTC, to the second."""
+    return datetime.fromtimestamp(at_ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def form_token(html: str) -> str:

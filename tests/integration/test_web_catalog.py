@@ -13,20 +13,14 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import pytest
-from flask import Flask
-from flask.testing import FlaskClient
 
-from billing.catalog import Catalog
 from billing.store.redis_totals import RedisTotals, UnbilledCount
 from ops.settings import Settings
 from tests.catalog_rows import catalog_rows
-from tests.web_support import ACCOUNTS, OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import OTHER, OWN, SignedIn, form_token, iso, now_ms
 from web import display
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +28,7 @@ HOUR_MS = 3_600_000
 PRICE, RAISED = display.money(250_000, "EUR"), display.money(1_250_000, "EUR")  # 0.25 and 1.25 EUR
 
 
-@dataclass(frozen=True)
-class Web:
-    app: Flask
-    seeded: Seeded
-    clients: dict[str, FlaskClient]
-    tokens: dict[str, str]
-
-    @property
-    def catalog(self) -> Catalog:
-        """The catalog as every other part of the product reads it."""
-        return self.seeded.settings.catalog_store().current()
-
+class Web(SignedIn):
     def form(self, actor: str, page: str = "/catalog") -> str:
         """A CSRF token of the actor's session, from a page it may see."""
         return form_token(self.clients[actor].get(page).text)
@@ -59,24 +42,9 @@ class Web:
 
 @pytest.fixture
 def web(redis_settings: Settings) -> Iterator[Web]:
-    seeded = seed(redis_settings)
-    app = create_app(redis_settings, cache_s=0)
-    clients = {}
-    for name in ACCOUNTS:
-        clients[name] = app.test_client()
-        assert login(clients[name], name).status_code == 302
-    store = redis_settings.tokens_store()
-    yield Web(app, seeded, clients, {name: store.create(name)[0] for name in ACCOUNTS})
-    seeded.client.close()
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def iso(at_ms: int) -> str:
-    """As a `datetime-local` field sends it: UTC, to the second."""
-    return datetime.fromtimestamp(at_ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    signed_in = Web.of(redis_settings)
+    yield signed_in
+    signed_in.seeded.client.close()
 
 
 def own_ad(web: Web, advertiser: str = OWN) -> str:

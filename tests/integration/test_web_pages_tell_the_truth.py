@@ -14,14 +14,12 @@ from flask.testing import FlaskClient
 from billing.catalog import AdChange
 from billing.money import format_amount
 from billing.store.redis_totals import UnbilledCount
-from billing.store.stream_offsets import LagReading
 from ops.settings import Settings
 from tests.catalog_rows import catalog_rows
 from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
-from tests.web_support import OTHER, OWN, Seeded, form_token, login, seed
+from tests.web_support import OTHER, OWN, Seeded, client_at, form_token, seed
 from web import display
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +32,7 @@ def seeded(redis_settings: Settings) -> Seeded:
 
 
 def client_of(seeded: Seeded, who: str, now_ms: int = NOW_MS) -> FlaskClient:
-    lag = LagReading({"clicks": 0, "impressions": 0}, True, now_ms)
-    client = create_app(seeded.settings, clock=lambda: now_ms, cache_s=0, kafka_lag=lambda: lag).test_client()
-    assert login(client, who).status_code == 302
-    return client
+    return client_at(seeded, who, now_ms)
 
 
 def test_the_unbilled_clicks_of_a_period_are_the_sum_of_its_ads(seeded: Seeded) -> None:

@@ -19,15 +19,13 @@ from flask.testing import FlaskClient
 from billing.catalog import MadeBy
 from billing.store.part_status import RECONCILE_RUN_PART
 from billing.store.redis_keys import RedisKeys
-from billing.store.stream_offsets import LagReading
 from ops import deps
 from ops.settings import PROJECT_ROOT, Settings
 from producers.capture import parse_capture_line
 from producers.publisher import apply_to_store
 from tests.catalog_rows import catalog_rows
-from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, form_token, login, plant_not_charged_click, seed
+from tests.web_support import FIRST_PERIOD_MS, OWN, Seeded, client_at, form_token, plant_not_charged_click, seed
 from web import display
-from web.app import create_app
 from web.sample_data import health_record
 from web.security import CSRF_HEADER
 
@@ -42,10 +40,7 @@ def seeded(redis_settings: Settings) -> Seeded:
 
 
 def client_of(seeded: Seeded, who: str, now_ms: int = NOW_MS) -> FlaskClient:
-    lag = LagReading({"clicks": 0, "impressions": 0}, True, now_ms)
-    client = create_app(seeded.settings, clock=lambda: now_ms, cache_s=0, kafka_lag=lambda: lag).test_client()
-    assert login(client, who).status_code == 302
-    return client
+    return client_at(seeded, who, now_ms)
 
 
 def text_of(html: str) -> str:
