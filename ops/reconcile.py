@@ -16,9 +16,10 @@ One reconciliation run (`reconcile`) hands the plain-Python workflow `billing.re
 - the monthly invoices, issued once a month's periods are all closed (`issue_invoices`).
 
 Each run ends, under the same lock, by compacting the batch files of the closed periods that no one will write again
-(`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); whoever takes the lock
-finishes a compaction a crash interrupted, and `adbill audit` takes it too (its Spark job lists, then reads, the
-archive).
+(`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); between the runs of
+`--every`, a pass under the same lock compacts the open periods' every `ADBILL_COMPACT_INTERVAL_S`
+(`compact_open_periods`, `wait_for_next_run`). Whoever takes the lock finishes a compaction a crash interrupted,
+and `adbill audit` takes it too (its Spark job lists, then reads, the archive).
 
 `run_reconcile` is the command: the run lock, a Spark session, the schedule, exit codes, metrics. Every path comes
 from the data folder's layout (`billing.layout`). The modules of `attribution` (Spark, the stream's checkpoint) are
@@ -47,7 +48,14 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.reconcile_plan import PeriodState, StreamPosition, plan_run
 from billing.reconcile_run import ReconcileBusyError, ReconcilePorts, RunReport, reconcile_periods
-from billing.store.compaction import CompactionReport, compact_closed, compactable_through, finish_interrupted
+from billing.store.compaction import (
+    CompactionReport,
+    compact_closed,
+    compact_open,
+    compactable_through,
+    finish_interrupted,
+    open_periods,
+)
 from billing.store.conflict_files import ConflictFiles
 from billing.store.corrections_arrow import CorrectionFiles
 from billing.store.crawler_list import crawler_list, keep_list
@@ -109,6 +117,9 @@ class ReconcileConfig:
     compact_closed: bool = True
     """Each run ends by compacting the batch files of the closed periods (`billing.store.compaction`); False: they
     stay as the stream wrote them."""
+    compact_interval_s: int = 120
+    """Seconds between the passes over the open periods between the runs of `--every` (`compact_open_periods`);
+    0: none."""
 
     @property
     def layout(self) -> DataLayout:
@@ -147,6 +158,7 @@ def reconcile_config(settings: Settings) -> ReconcileConfig:
         invoice_terms=InvoiceTerms(settings.invoice_issuer, settings.invoice_terms_days),
         database_url=settings.database_url,
         compact_closed=bool(settings.compact_after_close),
+        compact_interval_s=settings.compact_interval_s,
     )
 
 
@@ -245,16 +257,63 @@ def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
     (`billing.store.compaction.compactable_through`: the stream checkpoint's last committed batch and Redis's last
     applied one, less `HOT_BATCHES`); nothing without a checkpoint or while Redis cannot say. The caller holds the
     run lock."""
+    layout = config.layout
+    return compact_closed(layout, closed_periods(layout), compaction_position(config))
+
+
+def compact_open_periods(config: ReconcileConfig) -> CompactionReport:
+    """Compact the batch files of the open periods (`billing.store.compaction.compact_open`, the kinds of
+    `OPEN_KINDS`) up to the same batch as `compact_closed_periods`; the stream's newer batches are left as written
+    for the next pass. The caller holds the run lock."""
+    layout = config.layout
+    return compact_open(layout, open_periods(layout, closed_periods(layout)), compaction_position(config))
+
+
+def compaction_position(config: ReconcileConfig) -> int | None:
+    """The newest batch compaction may take now (`compactable_through`); None without a checkpoint or while Redis
+    cannot say."""
     from attribution.epoch import CommittedBatch
     from attribution.stream_position import BILLING_QUERY
 
-    layout = config.layout
-    committed = CommittedBatch(layout.checkpoint(BILLING_QUERY)).batch()
+    committed = CommittedBatch(config.layout.checkpoint(BILLING_QUERY)).batch()
     try:
         applied = redis_totals(config).last_applied(BILLING_QUERY) if committed is not None else None
     except Exception:  # Redis out of reach: its position unknown, nothing is compacted this time
         applied = None
-    return compact_closed(layout, closed_periods(layout), compactable_through(committed, applied))
+    return compactable_through(committed, applied)
+
+
+def wait_for_next_run(
+    config: ReconcileConfig,
+    every_s: float,
+    progress: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Wait `every_s` seconds for the next run of `--every`, compacting the open periods every
+    `config.compact_interval_s` meanwhile (`compact_open_periods`, under the run lock; the first pass at once), each
+    pass said through `progress`; a pass that finds the lock held is said and waits for the next. How many passes
+    ran."""
+    interval = config.compact_interval_s
+    now = clock()
+    run_at = now + every_s
+    passes = 0
+    next_pass = now if interval > 0 else None
+    while now < run_at:
+        if next_pass is not None and now >= next_pass:
+            try:
+                with run_lock(config):
+                    progress(compact_open_periods(config).describe())
+                passes += 1
+            except ReconcileBusyError as exc:
+                progress(f"compaction of the open periods waits: {exc}")
+            now = clock()
+            next_pass = now + interval
+        wake = run_at if next_pass is None else min(run_at, next_pass)
+        if wake > now:
+            sleep(wake - now)
+        now = clock()
+    return passes
 
 
 def wait_for_stream(
@@ -467,7 +526,7 @@ def run_reconcile(
                     running(None)
                 if not every_s:
                     return 0
-                time.sleep(every_s)
+                wait_for_next_run(config, every_s, lambda message: print(f"reconcile: {message}", flush=True))
         except KeyboardInterrupt:
             return 0
         finally:

@@ -185,6 +185,12 @@ class Settings:
         "1: each reconciliation run ends by compacting the batch files of the closed periods that the stream will "
         "not write again into one file per period and kind (`billing.store.compaction`); 0: they stay as written.",
     )
+    compact_interval_s: int = _setting(
+        120,
+        "Seconds between the passes of `adbill reconcile --every` (in `adbill up`) that compact the open periods' "
+        "batch files the stream will not write again (the ledger, the archive's impressions, `unbilled/`; "
+        "`billing.store.compaction.compact_open`), between its runs and under their lock; 0: off.",
+    )
     story_days: int = _setting(
         90,
         "Days back from today (UTC) that a click's story searches click-level detail (the archive, the ledger, "
@@ -342,6 +348,7 @@ class Settings:
             "trigger_ms",
             "web_trusted_proxies",
             "log_backups",
+            "compact_interval_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"ADBILL_{name.upper()} must not be negative")

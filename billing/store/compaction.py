@@ -1,10 +1,12 @@
-"""Compaction: a closed period's batch files, once no one will write those batches again, in one file per kind.
+"""Compaction: a period's batch files, once no one will write those batches again, in one file per kind.
 
 The stream writes a folder per micro-batch and period (`billing.layout`), each a few files: at the 1 s trigger a
 closed day leaves about 950,000 of them. Each reconciliation run (`ops.reconcile`, `ADBILL_COMPACT_AFTER_CLOSE`)
 compacts the batch folders of every closed period, per kind (`KINDS`: the archive's clicks and impressions, the
-ledger, `unbilled/`, `not_charged/`), into one file (docs/click-stories-at-scale.md, "What compaction must
-guarantee"):
+ledger, `unbilled/`, `not_charged/`), into one file (`compact_closed`); between runs, `adbill reconcile --every`
+compacts the open periods' batches up to the same position every `ADBILL_COMPACT_INTERVAL_S` (`compact_open`, the
+kinds of `OPEN_KINDS`), each pass merging the last one's file with the batches since (docs/click-stories-at-scale.md,
+"What compaction must guarantee"):
 
 - **only batches no one will write again** (`compactable_through`): at or below the lesser of the stream's last
   committed batch and Redis's last applied one, less `HOT_BATCHES`. The stream replays only the batch after its last
@@ -91,6 +93,12 @@ KINDS = (
     Kind("not_charged", lambda layout: layout.not_charged, ("click_id",)),
 )
 """The kinds compacted per period, each sorted as docs/click-stories-at-scale.md lays them out."""
+
+OPEN_KINDS = tuple(kind for kind in KINDS if kind.name in ("archive_impression", "ledger", "unbilled"))
+"""The kinds compacted while their period is open (`compact_open`): those whose every reader skips what a compacted
+file supersedes. The archive's clicks (the stream's recent clicks after a start, `attribution.charging`) and
+`not_charged/` (the not-charged list, `billing.store.not_charged_clicks`) have a reader of the open periods that
+lists without `live_files` (docs/click-stories-at-scale.md, "Who reads the batch folders")."""
 
 
 class CompactionError(RuntimeError):
@@ -414,15 +422,17 @@ class CompactionReport:
     """An interrupted compaction this pass completed or rolled back first."""
     failed: list[str] = field(default_factory=list)
     """Period folders left as written, with why."""
+    label: str = "compaction"
+    """Which pass: its messages begin so."""
 
     def describe(self) -> str:
         if self.through is None:
-            head = "compaction: nothing compacted (the stream's or Redis's position is unknown)"
+            head = f"{self.label}: nothing compacted (the stream's or Redis's position is unknown)"
         elif not self.periods:
-            head = f"compaction: nothing to compact up to batch {self.through}"
+            head = f"{self.label}: nothing to compact up to batch {self.through}"
         else:
             head = (
-                f"compaction: {self.periods} period folder(s) up to batch {self.through} in {self.seconds:.1f} s: "
+                f"{self.label}: {self.periods} period folder(s) up to batch {self.through} in {self.seconds:.1f} s: "
                 f"{self.files_read:,} files into {self.files_written:,}, {self.rows:,} rows, "
                 f"{self.folders_removed:,} batch folders removed"
             )
@@ -435,11 +445,42 @@ def compact_closed(
     """Compact the batch folders of every `closed` period of every kind up to batch `through`
     (`compactable_through`), after finishing an interrupted compaction; the caller holds the run lock. A period
     folder that fails (`CompactionError`) is left as written and said; the others go on."""
+    return compact_periods(layout, closed, through, kinds)
+
+
+def compact_open(
+    layout: DataLayout, open_periods: Iterable[str], through: int | None, kinds: Sequence[Kind] = OPEN_KINDS
+) -> CompactionReport:
+    """The pass over the open periods (`OPEN_KINDS` only: the kinds whose every reader skips what a compacted file
+    supersedes): their batch folders up to batch `through` (`compactable_through`; the stream's newer batches are
+    left as written, and merged by the next pass), with the same plan, journal and recovery as `compact_closed`.
+    The caller holds the run lock."""
+    return compact_periods(layout, open_periods, through, kinds, "compaction of the open periods")
+
+
+def open_periods(layout: DataLayout, closed: Iterable[str], kinds: Sequence[Kind] = OPEN_KINDS) -> list[str]:
+    """The periods that hold batch folders of `kinds` and are not `closed`."""
+    shut = set(closed)
+    found: set[str] = set()
+    for kind in kinds:
+        root = kind.folder(layout)
+        for entry in os.scandir(root) if root.is_dir() else ():
+            period = entry.name.removeprefix("period=")
+            if entry.name.startswith("period=") and period not in shut:
+                found.add(period)
+    return sorted(found)
+
+
+def compact_periods(
+    layout: DataLayout, periods: Iterable[str], through: int | None, kinds: Sequence[Kind], label: str = "compaction"
+) -> CompactionReport:
+    """Compact the batch folders of `periods` of `kinds` up to batch `through`, after finishing an interrupted
+    compaction (`compact_closed`, `compact_open`)."""
     began = time.monotonic()
-    report = CompactionReport(through=through, finished=finish_interrupted(layout))
+    report = CompactionReport(through=through, finished=finish_interrupted(layout), label=label)
     if through is None:
         return report
-    wanted = set(closed)
+    wanted = set(periods)
     for kind in kinds:
         root = kind.folder(layout)
         if not root.is_dir():
