@@ -21,8 +21,8 @@ from billing.rule import bill
 from billing.store.crawler_list import crawler_list
 from producers.arrivals import ArrivalKind, Timing
 from producers.ground_truth import GroundTruth
-from producers.simulator import SimulationConfig, Simulator, simulate, write_run
-from tests import oracle
+from producers.simulator import Simulator, simulate, write_run
+from tests import oracle, simulated_traffic
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S = 1_000
@@ -240,25 +240,7 @@ def test_verdicts_and_conflicts() -> None:
 # Every kind of trouble of the join and of timing. Enough users that none makes a click flood (about 3 clicks a
 # minute each): the invalid traffic is another test's subject (users this few still click one ad twice within 30 s
 # often, and the truth and the oracle agree on those duplicate clicks too).
-TROUBLED = SimulationConfig(
-    advertisers=2,
-    campaigns_per_advertiser=2,
-    ads_per_campaign=2,
-    users=600,
-    impression_rate=100.0,
-    click_through_rate=0.3,
-    beyond_window_fraction=0.1,
-    edge_fraction=0.1,
-    out_of_order_fraction=0.1,
-    max_disorder_ms=3_000,
-    late_fraction=0.05,
-    late_min_ms=30_000,
-    late_max_ms=120_000,
-    duplicate_fraction=0.05,
-    bad_fraction=0.05,
-    events=8_000,
-    start_ms=T0,
-)
+TROUBLED = replace(simulated_traffic.TROUBLED, start_ms=T0)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -32,6 +32,7 @@ from producers.simulator import (
     write_run,
 )
 from producers.wire import EventDeserializer, EventSerializer, UnknownSchemaError, WireFormatError, unframe
+from tests.simulated_traffic import TROUBLED
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 NOW_MS = int(NOW.timestamp()) * 1000
@@ -45,25 +46,7 @@ def clock() -> int:
 # impressions of one (ad, user) fall in one window; generous fractions of every kind of trouble. Enough users that
 # none makes a click flood (about 3 clicks a minute each): these tests are about the join and about timing, and
 # they read every billable click, charged or not (users this few still click one ad twice within 30 s often).
-BUSY = SimulationConfig(
-    advertisers=2,
-    campaigns_per_advertiser=2,
-    ads_per_campaign=2,
-    users=600,
-    impression_rate=100.0,
-    click_through_rate=0.3,
-    beyond_window_fraction=0.1,
-    edge_fraction=0.1,
-    out_of_order_fraction=0.1,
-    max_disorder_ms=3_000,
-    late_fraction=0.05,
-    late_min_ms=30_000,
-    late_max_ms=120_000,
-    duplicate_fraction=0.05,
-    bad_fraction=0.03,
-    seed=7,
-    events=20_000,
-)
+BUSY = replace(TROUBLED, bad_fraction=0.03, seed=7, events=20_000)
 
 
 def arrivals_of(config: SimulationConfig) -> list:
