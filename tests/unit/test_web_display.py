@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,13 +86,7 @@ def test_sizes_and_durations() -> None:
     assert display.duration_ms(None) == "\u2014"
 
 
-def test_the_chart_of_one_period_labels_its_axis_once() -> None:
-    """adbill.js's chart, in node with a stand-in for the DOM: one period, one label on the time axis; two, two."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    script = Path(display.__file__).parent / "static" / "adbill.js"
-    dom = """
+CHART_DOM = """
 globalThis.document = {
   addEventListener() {},
   createElementNS(_ns, name) {
@@ -104,43 +99,38 @@ function svg() {
     removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
     appendChild(c) { this.children.push(c); }, setAttribute() {} };
 }
+"""
+"""A stand-in for the DOM that adbill.js's chart draws in: the document, and `svg()` for a chart's element."""
+
+
+def in_node(program: str, dom: str = CHART_DOM) -> Any:
+    """What `program` logs as JSON, run in node after the page's script (adbill.js) over `dom`; the test is skipped
+    when node is not installed."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(display.__file__).parent / "static" / "adbill.js"
+    code = dom + script.read_text() + "\n" + program
+    return json.loads(subprocess.run([node, "-e", code], capture_output=True, text=True, timeout=30, check=True).stdout)
+
+
+def test_the_chart_of_one_period_labels_its_axis_once() -> None:
+    """adbill.js's chart, in node with a stand-in for the DOM: one period, one label on the time axis; two, two."""
+    program = """
 const bill = (p) => ({ period: p, closed: true, corrected: { micros: "5" }, provisional: { micros: "4" } });
 const labels = (series) => { const s = svg(); drawChart(s, series, "EUR");
   return s.children.filter((c) => c.name === "text" && c.attrs.y === "250").map((c) => c.textContent); };
+console.log(JSON.stringify([labels([bill('20260101T0000Z')]),
+  labels([bill('20260101T0000Z'), bill('20260101T0100Z')])]));
 """
-    program = (
-        dom
-        + script.read_text()
-        + "\nconsole.log(JSON.stringify([labels([bill('20260101T0000Z')]),"
-        + " labels([bill('20260101T0000Z'), bill('20260101T0100Z')])]));"
-    )
-    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
-    assert json.loads(out) == [["2026-01-01 00:00 UTC"], ["2026-01-01 00:00 UTC", "2026-01-01 01:00 UTC"]]
+    assert in_node(program) == [["2026-01-01 00:00 UTC"], ["2026-01-01 00:00 UTC", "2026-01-01 01:00 UTC"]]
 
 
 def test_the_chart_reads_micros_as_strings_and_keeps_every_digit_past_2_to_the_53() -> None:
     """The API sends micros as JSON strings; the chart keeps them exact (its bar's `data-micros`, its tooltip) and
     scales its bars with BigInt, a tall one and a small one alike."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    script = Path(display.__file__).parent / "static" / "adbill.js"
-    dom = """
-globalThis.document = {
-  addEventListener() {},
-  createElementNS(_ns, name) {
-    return { name, attrs: {}, children: [], textContent: "",
-      setAttribute(k, v) { this.attrs[k] = v; }, appendChild(c) { this.children.push(c); } };
-  },
-};
-const s = { children: [], get firstChild() { return this.children[0]; },
-  removeChild(c) { this.children.splice(this.children.indexOf(c), 1); },
-  appendChild(c) { this.children.push(c); }, setAttribute() {} };
-"""
-    program = (
-        dom
-        + script.read_text()
-        + """
+    program = """
+const s = svg();
 drawChart(s, [
   { period: "20260101T0000Z", closed: true, corrected: { micros: "9007199254740993" }, provisional: { micros: "0" } },
   { period: "20260101T0100Z", closed: false, corrected: { micros: "4503599627370497" }, provisional: { micros: "1" } },
@@ -148,9 +138,7 @@ drawChart(s, [
 const bars = s.children.find((c) => c.name === "g").children;
 console.log(JSON.stringify(bars.map((b) => [b.attrs["data-micros"], b.attrs.height, b.children[0].textContent])));
 """
-    )
-    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
-    assert json.loads(out) == [
+    assert in_node(program) == [
         ["9007199254740993", "214.00", "2026-01-01 00:00 UTC: 9,007,199,254.740993 EUR"],
         ["4503599627370497", "107.00", "2026-01-01 01:00 UTC: 4,503,599,627.370497 EUR"],
     ]
@@ -162,15 +150,8 @@ def test_a_budget_is_its_amount_or_unlimited_on_the_server_and_in_the_script() -
     cases = [("50000000", "EUR"), ("9007199254740993", "JPY"), (None, "EUR")]
     expected = [display.budget(None if m is None else int(m), c) for m, c in cases]
     assert expected == ["50.00 EUR", "9,007,199,254.740993 JPY", "unlimited"]
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    script = Path(display.__file__).parent / "static" / "adbill.js"
     program = (
-        "globalThis.document = { addEventListener() {} };\n"
-        + script.read_text()
-        + f"\nconsole.log(JSON.stringify({json.dumps(cases)}.map(([m, c]) => "
+        f"console.log(JSON.stringify({json.dumps(cases)}.map(([m, c]) => "
         + "{ currencyDigits = c === 'JPY' ? 0 : 2; return render(m, 'budget', c); })));"
     )
-    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=30, check=True).stdout
-    assert json.loads(out) == expected
+    assert in_node(program, "globalThis.document = { addEventListener() {} };\n") == expected
