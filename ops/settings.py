@@ -193,7 +193,8 @@ class Settings:
     )
     story_days: int = _setting(
         90,
-        "Days back from today (UTC) that a click's story searches click-level detail (the archive, the ledger, "
+        "Days back from the newest day the data folder holds (today, UTC, while the stream runs) that a click's "
+        "story searches click-level detail (the archive, the ledger, "
         "corrections, the quarantine) when the click's day is not given; a click's day older than this "
         "(`adbill explain --day`, `?day=`) is told from that day's exports, as finance was given it.",
     )

@@ -6,8 +6,9 @@ that holds it), the handful of files they name, the archive's files of the click
 few whose statistics of event times meet the window), the export's manifest of a closed period, and, for a campaign
 with a daily budget, the books of its day up to the click.
 
-With a horizon (`story_days`, from the doors' settings; by the clock they pass): without a day, only the last
-`story_days` days are searched, and a click not among them while the data folder holds older days gets the plain
+With a horizon (`story_days`, from the doors' settings, counted back from the newest day the data folder holds, or
+today by the clock they pass when that is earlier: `newest_day`): without a day, only the last `story_days` days
+are searched, and a click not among them while the data folder holds older days gets the plain
 answer (`billing.story.beyond_horizon`), never "never received"; a day older than them is told from its exports only
 (`billing.story.tell_from_exports`); a day after today is refused. Used by `adbill explain`, the click's page and
 `GET /api/v1/clicks/ID` (each with an optional day), and for an ad's clicks by price.
@@ -108,16 +109,25 @@ class ClickStories:
         """Today's UTC day by the clock."""
         return dt.datetime.fromtimestamp(self.clock() / 1000, dt.UTC).date()
 
+    def newest_day(self, today: dt.date) -> dt.date:
+        """The day the horizon counts back from: the newest day the data folder holds a period of, or today when
+        it holds none or one after today. While the stream runs that is today; a folder of recorded traffic, or one
+        whose stream stopped weeks ago, keeps its last `story_days` days told in full."""
+        newest = next(iter(self.files.periods()), None)
+        if newest is None:
+            return today
+        return min(today, dt.datetime.strptime(newest[:8], "%Y%m%d").date())
+
     def searched(self, day: dt.date | None = None) -> Searched:
-        """Where a story of a click of `day` (None: not given) looks: that day, or the days from today less
-        `story_days` to today (every day without a horizon); a day past the horizon, in its exports only. A day
-        after today is refused (ValueError)."""
+        """Where a story of a click of `day` (None: not given) looks: that day, or the `story_days` days before the
+        newest day the data holds, and that day (`newest_day`; every day without a horizon); a day past the
+        horizon, in its exports only. A day after today is refused (ValueError)."""
         today = self.today()
         if day is not None and day > today:
             raise ValueError(f"{day.isoformat()} is after today ({today.isoformat()}, UTC): no click of it yet")
         if self.story_days is None:
             return Searched(day.isoformat() if day else None)
-        since = today - dt.timedelta(days=self.story_days)
+        since = self.newest_day(today) - dt.timedelta(days=self.story_days)
         if day is None:
             return Searched(None, since.isoformat(), self.story_days)
         past = day < since

@@ -350,12 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     assert story.outcome.status == "charged", story.outcome
     print(f"a lookup after a new batch: {after_batch_s * 1000:.0f} ms")
     command: list[float] = []
-    # The month's days (from January 2026) within the stories' horizon by the machine's clock.
-    env = {
-        **os.environ,
-        "ADBILL_HOME": str(root),
-        "ADBILL_STORY_DAYS": str(max(90, int(time.time() * 1000 - T0) // 86_400_000 + 2)),
-    }
+    env = {**os.environ, "ADBILL_HOME": str(root)}
     for click_id in picked[:3]:
         began = time.perf_counter()
         done = subprocess.run(

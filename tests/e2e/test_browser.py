@@ -66,7 +66,6 @@ def served(
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
         web_port=free_port(),
         kafka_bootstrap=f"127.0.0.1:{free_port()}",  # no Kafka: the health page says so
-        story_days=36_500,  # the sample's January 2026 within the click stories' horizon by the machine's clock
     )
     seeded = seed(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")}

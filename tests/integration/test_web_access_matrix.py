@@ -73,9 +73,6 @@ from web.app import create_app
 pytestmark = pytest.mark.integration
 
 THIRD = "adv-0002"
-STORY_DAYS_FOR_THE_SAMPLE = 36_500
-"""The sample's January 2026 within the click stories' horizon whatever the machine's clock: the app's clock is the
-real one here (`test_past_the_story_horizon_...` sets one)."""
 PLANTED_CLICKS = (6_217, 7_919, 8_837)  # a batch for each of OWN, OTHER, THIRD in the latest period
 PLANTED_INVALID = (3_119, 4_231, 5_347)  # invalid clicks of each, not charged, in the latest period
 PLANTED_BUDGETS = (61_234_567, 72_345_678, 83_456_789)  # each one's campaign's daily budget, in micros
@@ -105,7 +102,6 @@ def world(
         deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
-        story_days=STORY_DAYS_FOR_THE_SAMPLE,
     )
     seeded = seed(settings)
     ids: dict[str, dict[str, str]] = {}
@@ -904,56 +900,68 @@ def test_a_click_never_received_says_so_to_finance_and_admin_and_is_404_to_an_ad
 def test_past_the_story_horizon_each_door_says_where_it_looked_and_an_advertiser_sees_its_own_only(
     world: World,
 ) -> None:
-    """The app's clock 200 days after the planted clicks, a horizon of 90 days: without a day, the plain answer
-    (finance: a 404 that says where it looked; an advertiser: 404 as for any click it may not see); with the day, what
-    the day's export gave finance, marked as such, on the page, in the API and from `adbill explain`."""
+    """The app's clock 200 days after the planted clicks and the stream's newest period 199 days after them, a horizon
+    of 90 days: without a day, the plain answer (finance: a 404 that says where it looked; an advertiser: 404 as for
+    any click it may not see); with the day, what the day's export gave finance, marked as such, on the page, in the
+    API and from `adbill explain`."""
     start = Periods().parse_key(world.export_period)
     settings = dataclasses.replace(world.seeded.settings, story_days=90)
-    lag = LagReading({"clicks": 0, "impressions": 0}, True, 0)
-    app = create_app(settings, clock=lambda: start + 200 * 86_400_000, kafka_lag=lambda: lag)
-    alice, fiona = app.test_client(), app.test_client()
-    assert login(alice, "alice").status_code == 302 and login(fiona, "fiona").status_code == 302
-    mine, theirs = world.ids[OWN]["click"], world.ids[OTHER]["click"]
-    day = dt.datetime.fromtimestamp(start / 1000, dt.UTC).date().isoformat()
+    # The stream went on after the planted clicks: a period 199 days later in the data folder (the horizon counts
+    # back from the newest day the folder holds), removed at the end for the module's other tests.
+    newer = settings.layout.ledger / f"period={Periods().key_of(start + 199 * 86_400_000)}"
+    newer.mkdir(parents=True)
+    try:
+        lag = LagReading({"clicks": 0, "impressions": 0}, True, 0)
+        app = create_app(settings, clock=lambda: start + 200 * 86_400_000, kafka_lag=lambda: lag)
+        alice, fiona = app.test_client(), app.test_client()
+        assert login(alice, "alice").status_code == 302 and login(fiona, "fiona").status_code == 302
+        mine, theirs = world.ids[OWN]["click"], world.ids[OTHER]["click"]
+        day = dt.datetime.fromtimestamp(start / 1000, dt.UTC).date().isoformat()
 
-    plain = fiona.get(f"/api/v1/clicks/{mine}")
-    assert plain.status_code == 404 and plain.json["searched"]["past_horizon"] is True
-    assert "is not among the clicks of the last 90 days" in plain.json["error"] and "?day=" in plain.json["error"]
-    page = fiona.get(f"/clicks/{mine}")
-    assert (
-        page.status_code == 404 and "Not found in the last 90 days" in page.text and "Never received" not in page.text
-    )
-    assert alice.get(f"/api/v1/clicks/{mine}").status_code == 404
+        plain = fiona.get(f"/api/v1/clicks/{mine}")
+        assert plain.status_code == 404 and plain.json["searched"]["past_horizon"] is True
+        assert "is not among the clicks of the last 90 days" in plain.json["error"] and "?day=" in plain.json["error"]
+        page = fiona.get(f"/clicks/{mine}")
+        assert (
+            page.status_code == 404
+            and "Not found in the last 90 days" in page.text
+            and "Never received" not in page.text
+        )
+        assert alice.get(f"/api/v1/clicks/{mine}").status_code == 404
 
-    told = alice.get(f"/api/v1/clicks/{mine}?day={day}").json
-    assert (told["outcome"]["status"], told["outcome"]["settled_by"], told["advertiser_id"]) == (
-        "charged",
-        "export",
-        OWN,
-    )
-    assert told["searched"]["from_exports"] is True and told["copies"] == [] and told["stream"] == []
-    assert [row["file"] for row in told["exports"]] == ["billing.parquet"]
-    page = alice.get(f"/clicks/{mine}?day={day}")
-    assert (
-        page.status_code == 200 and "From the finance exports" in page.text and "The live bill did not" not in page.text
-    )
-    assert alice.get(f"/api/v1/clicks/{theirs}?day={day}").status_code == 404  # another advertiser's, as before
-    assert fiona.get(f"/api/v1/clicks/{theirs}?day={day}").json["advertiser_id"] == OTHER
-    assert alice.get(f"/api/v1/clicks/{mine}?day=2099-01-01").status_code == 400  # after the app's today
+        told = alice.get(f"/api/v1/clicks/{mine}?day={day}").json
+        assert (told["outcome"]["status"], told["outcome"]["settled_by"], told["advertiser_id"]) == (
+            "charged",
+            "export",
+            OWN,
+        )
+        assert told["searched"]["from_exports"] is True and told["copies"] == [] and told["stream"] == []
+        assert [row["file"] for row in told["exports"]] == ["billing.parquet"]
+        page = alice.get(f"/clicks/{mine}?day={day}")
+        assert (
+            page.status_code == 200
+            and "From the finance exports" in page.text
+            and "The live bill did not" not in page.text
+        )
+        assert alice.get(f"/api/v1/clicks/{theirs}?day={day}").status_code == 404  # another advertiser's, as before
+        assert fiona.get(f"/api/v1/clicks/{theirs}?day={day}").json["advertiser_id"] == OTHER
+        assert alice.get(f"/api/v1/clicks/{mine}?day=2099-01-01").status_code == 400  # after the app's today
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")} | settings.to_env()
-    explain = [sys.executable, "-m", "ops.cli", "explain", mine, "--json"]
-    without = subprocess.run(explain, env=env, capture_output=True, text=True, check=False, timeout=120)
-    assert without.returncode == 1 and json.loads(without.stdout)["outcome"]["status"] == "past_horizon"
-    with_day = subprocess.run(
-        [*explain, "--day", day], env=env, capture_output=True, text=True, check=False, timeout=120
-    )
-    assert with_day.returncode == 0, with_day.stderr
-    command = json.loads(with_day.stdout)  # the command's clock is the machine's: its `since` is its own
-    assert {k: v for k, v in command["searched"].items() if k != "since"} == {
-        k: v for k, v in told["searched"].items() if k != "since"
-    }
-    assert command["why"] == fiona.get(f"/api/v1/clicks/{mine}?day={day}").json["why"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")} | settings.to_env()
+        explain = [sys.executable, "-m", "ops.cli", "explain", mine, "--json"]
+        without = subprocess.run(explain, env=env, capture_output=True, text=True, check=False, timeout=120)
+        assert without.returncode == 1 and json.loads(without.stdout)["outcome"]["status"] == "past_horizon"
+        with_day = subprocess.run(
+            [*explain, "--day", day], env=env, capture_output=True, text=True, check=False, timeout=120
+        )
+        assert with_day.returncode == 0, with_day.stderr
+        command = json.loads(with_day.stdout)  # the command's clock is the machine's: its `since` is its own
+        assert {k: v for k, v in command["searched"].items() if k != "since"} == {
+            k: v for k, v in told["searched"].items() if k != "since"
+        }
+        assert command["why"] == fiona.get(f"/api/v1/clicks/{mine}?day={day}").json["why"]
+    finally:
+        newer.rmdir()
 
 
 # Invoices and billing profiles -------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 OLD_DAY = dt.date(2026, 1, 1)  # P0's day: batches 1 to 3, closed and exported
 RECENT_MS = T0 + 140 * DAY_MS  # 2026-05-21: batch 20, within the horizon
-NOW_MS = T0 + 151 * DAY_MS + 12 * HOUR_MS  # 2026-06-01T12:00Z: the horizon of 90 days begins on 2026-03-03
+NOW_MS = T0 + 151 * DAY_MS + 12 * HOUR_MS  # 2026-06-01T12:00Z
+SINCE = "2026-02-20"  # 90 days before 2026-05-21, the newest day the folder holds (the clock's day is later)
 RECENT = Periods().key_of(RECENT_MS)
 LATER = Periods().key_of(RECENT_MS + HOUR_MS)  # the next period, closed: its export adjusts c-2-1
 CATALOG = Catalog([Ad("ad-1", "cmp-1", "adv-1", 1_000_000, "EUR")])
@@ -76,7 +77,7 @@ def test_a_click_within_the_horizon_is_found_without_its_day(tmp_path: Path) -> 
     story = stories(tmp_path).tell("c-20-0")
     assert (story.outcome.status, story.outcome.amount_micros, story.outcome.period) == (CHARGED, 1_000_000, RECENT)
     assert story.searched is not None
-    assert (story.searched.since, story.searched.story_days, story.searched.past_horizon) == ("2026-03-03", 90, False)
+    assert (story.searched.since, story.searched.story_days, story.searched.past_horizon) == (SINCE, 90, False)
     assert story.copies and story.stream, "the whole story: its copies and its live bill"
     assert story_document(story)["searched"]["from_exports"] is False
 
@@ -87,7 +88,7 @@ def test_a_click_older_than_the_horizon_without_its_day_gets_the_plain_answer(tm
     assert story.outcome.status == PAST_HORIZON and not story.received
     assert story.searched is not None and story.searched.past_horizon and not story.searched.from_exports
     (why,) = describe(story)
-    assert "not among the clicks of the last 90 days (from 2026-03-03, UTC)" in why
+    assert f"not among the clicks of the last 90 days (from {SINCE}, UTC)" in why
     assert "--day YYYY-MM-DD" in why and "?day=" in why
     assert "never received" not in story_text(story).lower()
     # The horizon is what hides it: with a longer one, or none, its whole story.
@@ -166,6 +167,20 @@ def test_a_day_within_the_horizon_reads_that_day_and_a_day_after_today_is_refuse
     assert stories(tmp_path).tell("c-20-0", dt.date(2026, 6, 1)).outcome.status == NOT_RECEIVED  # today: allowed
     with pytest.raises(ValueError, match=r"2026-06-02 is after today \(2026-06-01, UTC\)"):
         stories(tmp_path).tell("c-20-0", dt.date(2026, 6, 2))
+
+
+def test_the_horizon_counts_back_from_the_newest_day_the_folder_holds_not_from_a_later_clock(tmp_path: Path) -> None:
+    """Recorded traffic, or a folder whose stream stopped long ago: its last `story_days` days are told in full."""
+    for batch in (1, 2, 3):
+        write_batch(tmp_path, batch)  # 2026-01-01 only
+    years_later = T0 + 800 * DAY_MS
+    story = stories(tmp_path, now_ms=years_later).tell("c-2-1")
+    assert story.outcome.status == CHARGED and story.copies, "the whole story, as the stream wrote it"
+    assert story.searched is not None and story.searched.since == "2025-10-03" and not story.searched.past_horizon
+    live = stories(tmp_path, now_ms=T0 + 12 * HOUR_MS)  # the clock on the folder's newest day: the same horizon
+    assert live.searched().since == "2025-10-03"
+    write_batch(tmp_path, 20, RECENT_MS)  # a newer day in the folder moves the horizon with it
+    assert stories(tmp_path, now_ms=years_later).tell("c-2-1").outcome.status == PAST_HORIZON
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "x", "1.5", ""])
