@@ -1,9 +1,9 @@
 """A click's story on real Kafka, Redis and Spark, against the DuckDB oracle: one run of the streaming job and two
 of reconciliation, with a click of each outcome (charged; retracted as a duplicate click; added late; billed by the
 stream after its period closed, an adjustment; an unknown ad; a paused ad; a conflicting copy; a known bot; over
-budget). Each story's outcome is the oracle's, and says why with the evidence the files hold. Then the closed period's
-batch files are compacted (`billing.store.compaction`): every story, the audit and Redis restored from the files read
-the same."""
+budget). The open period's cold batches are compacted first, as `reconcile --every` does between its runs. Each
+story's outcome is the oracle's, and says why with the evidence the files hold. Then the closed period's batch files
+are compacted (`billing.store.compaction`): every story, the audit and Redis restored from the files read the same."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from billing.periods import Periods
 from billing.store.click_story import ClickStories
 from billing.store.redis_totals import RedisTotals
 from billing.story import ClickStory, story_text
-from ops.reconcile import reconcile, reconcile_config
+from ops.reconcile import compact_open_periods, reconcile, reconcile_config, run_lock
 from ops.settings import Settings
 from ops.stack import ensure_schemas
 from ops.streaming import stream_config
@@ -96,6 +96,13 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
         stream(pair("later-still", "ad-1", T0 + 500 * S))
         stream([late[1], late[3]])  # ... the clicks late: the stream does not bill them
         rc = dataclasses.replace(reconcile_config(settings), compact_closed=False)  # compacted at the end
+        # While the period is open, a pass of `reconcile --every` compacts its cold batches of the open kinds (the
+        # ledger, the archive's impressions, unbilled/): the run, the stories and the audit read them after.
+        with run_lock(rc):
+            opened = compact_open_periods(rc)
+        print(opened.describe())
+        assert opened.through is not None and opened.periods >= 1 and not opened.failed, opened.describe()
+        assert not list((settings.root / "archive/event_type=click").rglob("compacted-*.parquet"))
         assert P0 in reconcile(spark, rc, store.current(), until_ms=UNTIL, force=True).closed
         # After the close, a click the stream bills in the closed period: an adjustment in the open period.
         stream(pair("after-close", "ad-1", T0 + 900 * S))
