@@ -6,7 +6,7 @@ Times are epoch milliseconds, UTC. Nothing here knows about Kafka, Avro or Spark
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 EventType = Literal["impression", "click"]
 
@@ -22,6 +22,7 @@ class _EventValue:
     """What both event types do with their fields (each a frozen dataclass: its own id first, then the fields here)."""
 
     __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]
     ad_id: str
     user_id: str
     event_time: int
@@ -33,7 +34,7 @@ class _EventValue:
 
     def to_record(self) -> dict[str, Any]:
         """The Avro record: the schema's fields and nothing else."""
-        return asdict(self)  # type: ignore[call-overload]
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
