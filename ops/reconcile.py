@@ -292,8 +292,8 @@ def wait_for_next_run(
 ) -> int:
     """Wait `every_s` seconds for the next run of `--every`, compacting the open periods every
     `config.compact_interval_s` meanwhile (`compact_open_periods`, under the run lock; the first pass at once), each
-    pass said through `progress`; a pass that finds the lock held is said and waits for the next. How many passes
-    ran."""
+    pass said through `progress`; a pass that finds the lock held, or fails (what it left half done is finished by
+    the next holder of the lock), is said and waits for the next. How many passes ran."""
     interval = config.compact_interval_s
     now = clock()
     run_at = now + every_s
@@ -307,6 +307,8 @@ def wait_for_next_run(
                 passes += 1
             except ReconcileBusyError as exc:
                 progress(f"compaction of the open periods waits: {exc}")
+            except Exception as exc:  # the database's lock out of reach, a disk full: the runs go on all the same
+                progress(f"compaction of the open periods failed, tried again at the next pass: {exc}")
             now = clock()
             next_pass = now + interval
         wake = run_at if next_pass is None else min(run_at, next_pass)

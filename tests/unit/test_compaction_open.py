@@ -194,6 +194,13 @@ def test_reconcile_every_compacts_the_open_periods_every_interval_between_its_ru
         assert wait_for_next_run(config, 100, said.append, clock, clock.sleep) == 0
     assert len(said) == 1 and said[0].startswith("compaction of the open periods waits: another reconciliation run")
 
+    # A pass that fails (here the data folder is not a folder) is said; the wait goes on to the next run.
+    said.clear()
+    (tmp_path / "file").write_text("")
+    broken = ReconcileConfig(data_dir=tmp_path / "file", redis_url="", redis_prefix="", compact_interval_s=120)
+    assert wait_for_next_run(broken, 200, said.append, clock, clock.sleep) == 0
+    assert len(said) == 2 and all(m.startswith("compaction of the open periods failed, tried again") for m in said)
+
     # 0: no pass, the plain wait.
     said.clear()
     clock.slept.clear()
