@@ -18,7 +18,7 @@ One reconciliation run (`reconcile`) hands the plain-Python workflow `billing.re
 Each run ends, under the same lock, by compacting the batch files of the closed periods that no one will write again
 (`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); between the runs of
 `--every`, a pass under the same lock compacts the open periods' every `ADBILL_COMPACT_INTERVAL_S`
-(`compact_open_periods`, `wait_for_next_run`). Whoever takes the lock finishes a compaction a crash interrupted,
+(`compact_open_periods`, `OpenPasses`). Whoever takes the lock finishes a compaction a crash interrupted,
 and `adbill audit` takes it too (its Spark job lists, then reads, the archive).
 
 `run_reconcile` is the command: the run lock, a Spark session, the schedule, exit codes, metrics. Every path comes
@@ -283,39 +283,48 @@ def compaction_position(config: ReconcileConfig) -> int | None:
     return compactable_through(committed, applied)
 
 
-def wait_for_next_run(
-    config: ReconcileConfig,
-    every_s: float,
-    progress: Callable[[str], None],
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Wait `every_s` seconds for the next run of `--every`, compacting the open periods every
-    `config.compact_interval_s` meanwhile (`compact_open_periods`, under the run lock; the first pass at once), each
-    pass said through `progress`; a pass that finds the lock held, or fails (what it left half done is finished by
-    the next holder of the lock), is said and waits for the next. How many passes ran."""
-    interval = config.compact_interval_s
-    now = clock()
-    run_at = now + every_s
-    passes = 0
-    next_pass = now if interval > 0 else None
-    while now < run_at:
-        if next_pass is not None and now >= next_pass:
-            try:
-                with run_lock(config):
-                    progress(compact_open_periods(config).describe())
-                passes += 1
-            except ReconcileBusyError as exc:
-                progress(f"compaction of the open periods waits: {exc}")
-            except Exception as exc:  # the database's lock out of reach, a disk full: the runs go on all the same
-                progress(f"compaction of the open periods failed, tried again at the next pass: {exc}")
-            now = clock()
-            next_pass = now + interval
-        wake = run_at if next_pass is None else min(run_at, next_pass)
-        if wake > now:
-            sleep(wake - now)
-        now = clock()
-    return passes
+@dataclass
+class OpenPasses:
+    """The passes of `--every` over the open periods (`compact_open_periods`), one every
+    `config.compact_interval_s` whatever the runs' schedule, made while it waits for its next run (`wait`)."""
+
+    config: ReconcileConfig
+    progress: Callable[[str], None]
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    due: float | None = None
+    """When the next pass is due (None: at the first wait)."""
+    passes: int = 0
+    """Passes made (the lock held or a failure: not one)."""
+
+    def wait(self, every_s: float) -> None:
+        """Wait `every_s` seconds for the next run, making every pass due meanwhile under the run lock; a pass that
+        finds the lock held, or fails (what it left half done is finished by the next holder of the lock), is said
+        and made again at the next interval."""
+        interval = self.config.compact_interval_s
+        now = self.clock()
+        run_at = now + every_s
+        if interval > 0 and self.due is None:
+            self.due = now
+        while now < run_at:
+            if interval > 0 and self.due is not None and now >= self.due:
+                self._pass()
+                now = self.clock()
+                self.due = now + interval
+            wake = run_at if interval <= 0 or self.due is None else min(run_at, self.due)
+            if wake > now:
+                self.sleep(wake - now)
+            now = self.clock()
+
+    def _pass(self) -> None:
+        try:
+            with run_lock(self.config):
+                self.progress(compact_open_periods(self.config).describe())
+            self.passes += 1
+        except ReconcileBusyError as exc:
+            self.progress(f"compaction of the open periods waits: {exc}")
+        except Exception as exc:  # the database's lock out of reach, a disk full: the runs go on all the same
+            self.progress(f"compaction of the open periods failed, tried again at the next pass: {exc}")
 
 
 def wait_for_stream(
@@ -489,6 +498,7 @@ def run_reconcile(
             return 4
         spark = spark_session(settings, "adbill-reconcile", settings.layout.spark_scratch("reconcile"), stateful=False)
         metrics = ReconcileMetrics.serve(settings) if every_s else None
+        passes = OpenPasses(config, lambda message: print(f"reconcile: {message}", flush=True))
         try:
             while True:
                 started = time.monotonic()
@@ -528,7 +538,7 @@ def run_reconcile(
                     running(None)
                 if not every_s:
                     return 0
-                wait_for_next_run(config, every_s, lambda message: print(f"reconcile: {message}", flush=True))
+                passes.wait(every_s)
         except KeyboardInterrupt:
             return 0
         finally:

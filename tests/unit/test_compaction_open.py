@@ -2,7 +2,7 @@
 writes them: a pass while the stream writes newer batches beside it, a second pass merging the first one's file with
 the batches since, nothing above the position touched, the kinds with a reader of the open periods that does not
 skip superseded files left as written, a pass stopped at each step completed or rolled back by the next holder of
-the run lock, and the pass between the runs of `adbill reconcile --every` (`ops.reconcile.wait_for_next_run`)."""
+the run lock, and the passes between the runs of `adbill reconcile --every` (`ops.reconcile.OpenPasses`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from billing.store.compaction import (
     open_periods,
 )
 from billing.store.parquet_ledger import read_batches, read_ledger
-from ops.reconcile import ReconcileConfig, run_lock, wait_for_next_run
+from ops.reconcile import OpenPasses, ReconcileConfig, run_lock
 from tests.batch_files import P0, T0, StoppedAt, write_batch
 from tests.unit.test_compaction import P1, folders, ledger_rows, sources
 
@@ -182,28 +182,39 @@ def test_reconcile_every_compacts_the_open_periods_every_interval_between_its_ru
     config = ReconcileConfig(data_dir=tmp_path, redis_url="", redis_prefix="", compact_interval_s=120)
     said: list[str] = []
     clock = Clock()
-    # No checkpoint: the position is unknown, the pass says so and compacts nothing.
-    assert wait_for_next_run(config, 300, said.append, clock, clock.sleep) == 3
-    assert clock.slept == [120, 120, 60] and clock.now == 1_300
+    passes = OpenPasses(config, said.append, clock, clock.sleep)
+    # No checkpoint: the position is unknown, each pass says so and compacts nothing. The first at once, then one
+    # every 120 s, whatever the runs' interval (300 s; then runs of 30 s 20 s apart: a pass in the first wait that
+    # begins after it is due, not one in each).
+    passes.wait(300)
+    assert passes.passes == 3 and clock.slept == [120, 120, 60] and clock.now == 1_300
     unknown = "compaction of the open periods: nothing compacted (the stream's or Redis's position is unknown)"
     assert said == [unknown] * 3
+    clock.slept.clear()
+    for _ in range(6):
+        clock.now += 30  # a run of 30 s
+        passes.wait(20)
+    assert passes.passes == 5 and clock.now == 1_600 and said == [unknown] * 5  # at 1,380 and 1,530
+    assert clock.slept == [20, 20, 20, 20, 20, 20] and passes.due == 1_650
 
-    # The lock held (a run, an audit): the pass says so and waits for the next.
+    # The lock held (a run, an audit): the pass says so and is made again an interval later.
     said.clear()
     with run_lock(config):
-        assert wait_for_next_run(config, 100, said.append, clock, clock.sleep) == 0
+        OpenPasses(config, said.append, clock, clock.sleep).wait(100)
     assert len(said) == 1 and said[0].startswith("compaction of the open periods waits: another reconciliation run")
 
     # A pass that fails (here the data folder is not a folder) is said; the wait goes on to the next run.
     said.clear()
     (tmp_path / "file").write_text("")
     broken = ReconcileConfig(data_dir=tmp_path / "file", redis_url="", redis_prefix="", compact_interval_s=120)
-    assert wait_for_next_run(broken, 200, said.append, clock, clock.sleep) == 0
-    assert len(said) == 2 and all(m.startswith("compaction of the open periods failed, tried again") for m in said)
+    failing = OpenPasses(broken, said.append, clock, clock.sleep)
+    failing.wait(200)
+    assert failing.passes == 0 and len(said) == 2
+    assert all(m.startswith("compaction of the open periods failed, tried again") for m in said)
 
     # 0: no pass, the plain wait.
     said.clear()
     clock.slept.clear()
     off = ReconcileConfig(data_dir=tmp_path, redis_url="", redis_prefix="", compact_interval_s=0)
-    assert wait_for_next_run(off, 300, said.append, clock, clock.sleep) == 0
+    OpenPasses(off, said.append, clock, clock.sleep).wait(300)
     assert said == [] and clock.slept == [300]
