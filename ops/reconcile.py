@@ -17,9 +17,9 @@ One reconciliation run (`reconcile`) hands the plain-Python workflow `billing.re
 
 Each run ends, under the same lock, by compacting the batch files of the closed periods that no one will write again
 (`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); between the runs of
-`--every`, a pass under the same lock compacts the open periods' every `ADBILL_COMPACT_INTERVAL_S`
-(`compact_open_periods`, `OpenPasses`). Whoever takes the lock finishes a compaction a crash interrupted,
-and `adbill audit` takes it too (its Spark job lists, then reads, the archive).
+`--every`, a pass under the same lock compacts the open periods' cold batches every `ADBILL_COMPACT_INTERVAL_S`
+(`compact_open_periods`, `OpenPasses`). Whoever takes the lock finishes a compaction a crash interrupted, and
+`adbill audit` takes it too (its Spark job lists, then reads, the archive).
 
 `run_reconcile` is the command: the run lock, a Spark session, the schedule, exit codes, metrics. Every path comes
 from the data folder's layout (`billing.layout`). The modules of `attribution` (Spark, the stream's checkpoint) are
