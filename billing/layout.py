@@ -11,8 +11,9 @@ ROOT/
   released/batch_id=N/                    quarantined records of a schema id learnt later, settled into batch N
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
-  .../period=P/batch_id=M/compacted-A-M.parquet   of the ledger, archive, unbilled and not_charged: a closed
-                                          period's batches A to M in one file, in the folder of the newest
+  .../period=P/batch_id=M/compacted-A-M.parquet   of the ledger, archive, unbilled and not_charged: a
+                                          period's batches A to M in one file (closed; the ledger, impressions
+                                          and unbilled while open too), in the folder of the newest
                                           (`source_batch_id`: each row's batch; billing.store.compaction)
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
