@@ -3,6 +3,7 @@ the tests of compaction and of the click files build their folders with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,6 +57,11 @@ class StoppedAt(Exception):
 def compact_ledger_stopped_at(layout: DataLayout, step: str) -> None:
     """Compacts P0's ledger files up to batch 4 and stops it right after `step` (one of `compaction.STEPS`), as a
     process that dies there: what it did until then is left in the data folder."""
+    stopped_at(step, lambda: compact_closed(layout, [P0], 4, [k for k in compaction.KINDS if k.name == "ledger"]))
+
+
+def stopped_at(step: str, compact: Callable[[], object]) -> None:
+    """Runs `compact` and stops it right after `step` (one of `compaction.STEPS`), as a process that dies there."""
 
     def stop(name: str, target: Path) -> None:
         if name == step:
@@ -64,6 +70,6 @@ def compact_ledger_stopped_at(layout: DataLayout, step: str) -> None:
     compaction.step_hook = stop
     try:
         with pytest.raises(StoppedAt):
-            compact_closed(layout, [P0], 4, [k for k in compaction.KINDS if k.name == "ledger"])
+            compact()
     finally:
         compaction.step_hook = None

@@ -9,8 +9,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from billing.layout import DataLayout
 from billing.store import compaction
 from billing.store.compaction import (
@@ -23,7 +21,7 @@ from billing.store.compaction import (
 )
 from billing.store.parquet_ledger import read_batches, read_ledger
 from ops.reconcile import OpenPasses, ReconcileConfig, run_lock
-from tests.batch_files import P0, T0, StoppedAt, write_batch
+from tests.batch_files import P0, T0, stopped_at, write_batch
 from tests.unit.test_compaction import P1, folders, ledger_rows, sources
 
 
@@ -126,16 +124,7 @@ def test_an_open_pass_stopped_at_each_step_is_completed_or_rolled_back_by_the_ne
         layout = DataLayout(root)
         hot = files_above(root, 4)
 
-        def stop(name: str, target: Path, step: str = step) -> None:
-            if name == step:
-                raise StoppedAt(name)
-
-        compaction.step_hook = stop
-        try:
-            with pytest.raises(StoppedAt):
-                compact_open(layout, open_periods(layout, []), compactable_through(7, 7))
-        finally:
-            compaction.step_hook = None
+        stopped_at(step, lambda at=layout: compact_open(at, open_periods(at, []), compactable_through(7, 7)))
         assert layout.compaction_journal.exists(), step
         # Until the next holder of the lock, a reader without it reads each row once.
         assert len(read_ledger(layout.ledger)) == len(rows), step
