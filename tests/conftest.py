@@ -33,35 +33,6 @@ DEPS_DIR = PROJECT_ROOT / ".deps"
 SPARK_STOP_WAIT_S = 30.0
 
 
-LONGEST_FILES = (
-    "tests/integration/test_stream_job.py",
-    "tests/integration/test_closing_follows_stream.py",
-    "tests/integration/test_schema_evolution.py",
-    "tests/integration/test_operator_actions.py",
-    "tests/integration/test_full_disk.py",
-    "tests/integration/test_invalid_traffic.py",
-    "tests/integration/test_clock_ahead.py",
-    "tests/integration/test_reconcile.py",
-)
-"""The test files that take longest (a CI run's `--durations`: 90 to 265 s each), longest first."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest files first, then the other files of services, then the pure tests, each file's tests in their order:
-    `make test` hands whole files to its processes in this order (`--dist loadfile --no-loadscope-reorder`), so the
-    long files start early and the short ones fill in at the end, instead of a long file starting last while the
-    other process waits."""
-    order = {name: rank for rank, name in enumerate(LONGEST_FILES)}
-
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::", 1)[0]
-        if path in order:
-            return order[path]
-        return len(order) + (1 if path.startswith("tests/unit/") else 0)
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (rank(pair[1]), pair[0]))]
-
-
 @contextlib.contextmanager
 def _timed(config: pytest.Config, service: str) -> Iterator[None]:
     """Says on the terminal how long a session service took to stop (it counts in the last test's teardown)."""
