@@ -50,6 +50,7 @@ from billing.catalog import Catalog
 from billing.invalid import IvtRules, first_reason, flood_clicks
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.compaction import SOURCE_BATCH, batch_of, compacted_span, read_listed
 from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder, replace_files
 from billing.store.parquet_ledger import LEDGER_COLUMNS
@@ -328,24 +329,70 @@ class Charging:
         batch of records. The clicks of an earlier checkpoint are not read then (a new epoch's first batches: a
         pair of clicks across the change is reconciliation's, as a match across it is)."""
         self._loaded = True
-        folder = self.layout.archive_of("click")
-        if batch_id <= self.first_batch_id or not folder.is_dir():
+        if batch_id <= self.first_batch_id:
             return
-        which = pc.field("batch_id") < batch_id
-        if watermark_ms > 0:
-            floor = watermark_ms - self.rules.flood_window_ms
-            first = self.periods.start_of(floor)
-            periods = [p.name.removeprefix("period=") for p in folder.glob("period=*")]
-            wanted = [p for p in periods if self.periods.parse_key(p) >= first]
-            if not wanted:
-                return
-            which = which & pc.field("period").isin(wanted) & (pc.field("event_time") >= floor)
-        else:
-            which = which & (pc.field("batch_id") >= self.first_batch_id)
-        dataset = ds.dataset(folder, format="parquet", partitioning="hive")
-        table = dataset.to_table(columns=["event_id", "ad_id", "user_id", "event_time"], filter=which)
-        self.recent.add(*(table.column(name).to_pylist() for name in ("event_id", "ad_id", "user_id", "event_time")))
+        floor = watermark_ms - self.rules.flood_window_ms if watermark_ms > 0 else None
+        first = self.first_batch_id if watermark_ms <= 0 else None
+        table = recent_clicks(self.layout.archive_of("click"), self.periods, batch_id, first, floor)
+        self.recent.add(*(table.column(name).to_pylist() for name in RECENT_COLUMNS))
         log.info("the invalid traffic rules start with %d recent click(s) from the archive", len(self.recent))
+
+
+RECENT_COLUMNS = ("event_id", "ad_id", "user_id", "event_time")
+
+_RECENT_SCHEMA = pa.schema(
+    [("event_id", pa.string()), ("ad_id", pa.string()), ("user_id", pa.string()), ("event_time", pa.int64()),
+     (SOURCE_BATCH, pa.int64()), ("period", pa.string()), ("batch_id", pa.int64())]
+)  # fmt: skip
+
+
+def recent_clicks(folder: Path, periods: Periods, before: int, first: int | None, floor: int | None) -> pa.Table:
+    """`RECENT_COLUMNS` of the archive's clicks (`folder`) that the batches before `before` wrote (from batch `first`
+    on, when given), of event time `floor` or later (when given; only the periods from `floor`'s are listed), each
+    row once.
+
+    The open periods' batch files are compacted while the stream runs (`billing.store.compaction.compact_open`, no
+    lock here): the files are listed by `read_listed`, which skips the batch files a compacted file beside them
+    holds and lists again when a file listed is gone before it is read, and a compacted file's rows are taken by
+    the batch that wrote each (`source_batch_id`), not its folder's."""
+    if not folder.is_dir():
+        return _RECENT_SCHEMA.empty_table().select(list(RECENT_COLUMNS))
+    since = periods.start_of(floor) if floor is not None else None
+    low = first if first is not None else -1
+
+    def wanted(path: Path) -> bool:
+        """The file may hold rows of the batches and periods asked for (its path says which)."""
+        key = path.parent.parent.name.removeprefix("period=")
+        if since is not None:
+            try:
+                if periods.parse_key(key) < since:
+                    return False
+            except ValueError:
+                return False
+        batch = batch_of(path.parent.name)
+        if batch is None:
+            return False
+        span = compacted_span(path.name) or (batch, batch)
+        return span[0] < before and span[1] >= low
+
+    def read(files: list[Path]) -> pa.Table:
+        mine = [str(f) for f in files if wanted(f)]
+        if not mine:
+            return _RECENT_SCHEMA.empty_table()
+        own_batch = pc.coalesce(pc.field(SOURCE_BATCH), pc.field("batch_id"))
+        which = (own_batch < before) & (own_batch >= low)
+        if floor is not None:
+            which = which & (pc.field("event_time") >= floor)
+        dataset = ds.dataset(
+            mine,
+            schema=_RECENT_SCHEMA,
+            format="parquet",
+            partitioning=ds.partitioning(pa.schema([("period", pa.string()), ("batch_id", pa.int64())]), flavor="hive"),
+            partition_base_dir=str(folder),
+        )
+        return dataset.to_table(filter=which)
+
+    return read_listed(folder, 2, read).select(list(RECENT_COLUMNS))
 
 
 def _reading(day_totals: DayTotals, read: dict[tuple[str, str], int]) -> DayTotals:

@@ -7,6 +7,10 @@ writes what differs as corrections, listed with the corrections). A period is cl
 
 A reconciliation run reads the stream's verdicts of the periods it reconciles (`not_charged_by_stream`, and the clicks
 the stream could not price, `unbilled_by_stream`), to tell what it changes from what the stream decided.
+
+The open periods' batch files are compacted while the web reads them (`billing.store.compaction.compact_open`, no
+lock here): each reader lists them through `read_listed`, which skips the batch files a compacted file beside them
+holds and lists again when a file listed is gone before it is read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pyarrow.dataset as ds
 
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.compaction import read_listed
 from billing.store.export_files import MANIFEST_FILE, read_not_charged
 
 COLUMNS = ("click_id", "click_time", "ad_id", "campaign_id", "advertiser_id", "reason", "amount_micros", "currency")
@@ -70,13 +75,11 @@ def _stream(
         if p.name.removeprefix("period=") not in exported
     ]
     keys = [k for k in keys if _within(periods, k, start_ms, end_ms)]
-    if not keys or not any(folder.rglob("*.parquet")):
+    if not keys:
         return []
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
-    table = dataset.to_table(
-        columns=[*COLUMNS, "period"],
-        filter=pc.field("period").isin(keys) & (pc.field("advertiser_id") == advertiser_id),
-    )
+    table = stream_rows(folder, keys, [*COLUMNS, "period"], pc.field("advertiser_id") == advertiser_id)
+    if not table.num_columns:
+        return []
     seen: set[str] = set()
     out = []
     for period in sorted(keys):
@@ -85,6 +88,23 @@ def _stream(
                 seen.add(click.click_id)
                 out.append(click)
     return out
+
+
+def stream_rows(folder: Path, keys: list[str], columns: list[str], where: pc.Expression | None = None) -> pa.Table:
+    """`columns` of the rows `where` of the batch files of the periods `keys` under `folder` (`not_charged/`,
+    `unbilled/`; `period` and `batch_id` from the path), each file once: listed by `read_listed`, which skips what
+    a compacted file holds and lists again when a compaction removes a file listed. A table without rows nor
+    columns when no file is there."""
+    wanted = set(keys)
+
+    def read(files: list[Path]) -> pa.Table:
+        mine = [str(f) for f in files if f.parent.parent.name.removeprefix("period=") in wanted]
+        if not mine:
+            return pa.table({})
+        dataset = ds.dataset(mine, format="parquet", partitioning="hive", partition_base_dir=str(folder))
+        return dataset.to_table(columns=columns, filter=where)
+
+    return read_listed(folder, 2, read)
 
 
 def _clicks(table: pa.Table, period: str, final: bool) -> list[NotChargedClick]:
@@ -114,20 +134,14 @@ def _within(periods: Periods, key: str, start_ms: int, end_ms: int) -> bool:
 
 def not_charged_by_stream(layout: DataLayout, due: list[str]) -> dict[str, str]:
     """The clicks of the due periods the stream priced and did not charge, with its reason (`not_charged/`)."""
-    folder = layout.not_charged
-    if not folder.is_dir() or not any(folder.glob("period=*")):
+    found = stream_rows(layout.not_charged, due, ["click_id", "reason"])
+    if not found.num_columns:
         return {}
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
-    found = dataset.to_table(columns=["click_id", "reason"], filter=pc.field("period").isin(due))
     return dict(zip(found["click_id"].to_pylist(), found["reason"].to_pylist(), strict=True))
 
 
 def unbilled_by_stream(layout: DataLayout, due: list[str]) -> set[str]:
     """The clicks of the due periods that the stream matched but could not price at their time (its `unbilled`
     table): a bill reconciliation adds for one of them comes from a catalog change the stream had not seen."""
-    folder = layout.unbilled
-    if not folder.is_dir() or not any(folder.glob("period=*")):
-        return set()
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
-    found = dataset.to_table(columns=["click_id"], filter=pc.field("period").isin(due))
-    return set(found["click_id"].to_pylist())
+    found = stream_rows(layout.unbilled, due, ["click_id"])
+    return set(found["click_id"].to_pylist()) if found.num_columns else set()
