@@ -205,6 +205,15 @@ class DataLayout:
         removal; whoever takes the run lock next completes or rolls back what it names."""
         return self.reconcile / "compaction.json"
 
+    @property
+    def click_day_filters(self) -> Path:
+        """The day filters of click ids (`billing.store.click_filters`), a file a UTC day."""
+        return self.root / "index" / "click-days"
+
+    def click_day_filter(self, day: str) -> Path:
+        """The filter file of the UTC day `day` (`YYYYMMDD`)."""
+        return self.click_day_filters / f"{day}.bloom"
+
     # Services, processes and defaults of the settings.
     @property
     def kafka(self) -> Path:

@@ -379,6 +379,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("part", choices=["stream", "reconcile", "web"])
     p.set_defaults(run=cmd_health)
 
+    p = sub.add_parser(
+        "click-filters",
+        help="write again the day filters that click stories read (of DAY, or of every closed period); "
+        "reconciliation writes them as periods close",
+    )
+    p.add_argument("--day", metavar="YYYY-MM-DD", help="the UTC day whose closed periods to write (default: all)")
+    p.set_defaults(run=cmd_click_filters)
+
     p = sub.add_parser("export", help="copy the finance exports of closed periods to a folder")
     p.add_argument("period", help="a period key such as 20260101T0000Z, or the first of a range with --to")
     p.add_argument("--to", metavar="PERIOD", help="the last period of the range (inclusive)")
@@ -963,6 +971,12 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     healthy, why = check(settings, args.part)
     print(f"{args.part}: {'healthy' if healthy else 'unhealthy'}: {why}")
     return 0 if healthy else 1
+
+
+def cmd_click_filters(settings: Settings, args: argparse.Namespace) -> int:
+    from ops.reconcile import rebuild_click_filters
+
+    return rebuild_click_filters(settings, args.day)
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:

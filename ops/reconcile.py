@@ -48,6 +48,7 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.reconcile_plan import PeriodState, StreamPosition, plan_run
 from billing.reconcile_run import ReconcileBusyError, ReconcilePorts, RunReport, reconcile_periods
+from billing.store.click_files import ClickFiles
 from billing.store.compaction import (
     CompactionReport,
     compact_closed,
@@ -249,6 +250,7 @@ def reconcile(
         report = reconcile_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
         if config.compact_closed:
             progress(compact_closed_periods(config).describe())
+            progress(refresh_click_filters(config))
         return report
 
 
@@ -259,6 +261,16 @@ def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
     run lock."""
     layout = config.layout
     return compact_closed(layout, closed_periods(layout), compaction_position(config))
+
+
+def refresh_click_filters(config: ReconcileConfig) -> str:
+    """Write the day filters of the closed periods that have none or whose files changed
+    (`billing.store.click_files.ClickFiles.refresh_filters`); what was done, in a line. The caller holds the run
+    lock."""
+    written, hashed = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
+    if not written:
+        return "click filters: up to date"
+    return f"click filters: {len(written)} period(s) written ({hashed:,} click ids), {written[0]} to {written[-1]}"
 
 
 def compact_open_periods(config: ReconcileConfig) -> CompactionReport:
@@ -779,6 +791,36 @@ def describe_run(report: RunReport) -> str:
         f"{released}"
         f"{f'; {len(report.held)} period(s) held' if held else ''}{held}{invoices}"
     )
+
+
+def rebuild_click_filters(settings: Settings, day: str | None) -> int:
+    """`adbill click-filters`: write the day filters of `day`'s closed periods (`YYYY-MM-DD`), or of every closed
+    period, from their files as they are, under the run lock (a run writes them too); a progress line a day."""
+    from billing.store.click_files import ClickFiles, parse_day
+
+    config = reconcile_config(settings)
+    try:
+        prefix = parse_day(day).strftime("%Y%m%d") if day else ""
+    except ValueError as exc:
+        print(f"click-filters: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        with run_lock(config, wait_s=60.0):
+            closed = sorted(p for p in closed_periods(config.layout) if p.startswith(prefix))
+            if not closed:
+                where = f" of {day}" if day else ""
+                print(f"click-filters: no closed period{where}: nothing to write", file=sys.stderr)
+                return 1
+            hashed = ClickFiles(config.layout).write_filters(closed, lambda line: print(line, flush=True))
+    except ReconcileBusyError as exc:
+        print(f"click-filters: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"click-filters: {len(closed)} period(s), {hashed:,} click ids, {time.monotonic() - started:.1f} s "
+        f"(in {config.layout.click_day_filters})"
+    )
+    return 0
 
 
 def export_periods(settings: Settings, first: str, last: str | None, out: Path) -> int:

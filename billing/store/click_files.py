@@ -19,6 +19,10 @@ batch only. A lookup:
 - then the exports of the periods after the click's own (adjustments booked later), and the quarantine and
   `released/` whole (bad input only; narrowing them to the day's batches is still to build).
 
+Each period read by a click id asks its day filter first (`billing.store.click_filters`, written by reconciliation
+for closed periods: `write_filters`, `stale_filters`): where the filter says the id is not there, only the period's
+files its part does not cover are read, so a lookup without a day reads a few small files a day, not every period.
+
 Compaction's rule for readers that take no lock holds (`compaction.superseded`, through `live_files`): a compacted
 file stands for the batch files of its span beside it; a file gone between a listing and its reading (a compaction
 removed it) makes the lookup list again. A row found is named by its kind, file, position, period and batch
@@ -42,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
+from billing.store.click_filters import DayFilters, Stamp, days_of, period_ids, stamp, write_day
 from billing.store.compaction import SOURCE_BATCH, batch_of, live_files
 from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
 from billing.story import BookRow
@@ -72,6 +77,16 @@ BATCHED = (ARCHIVE_CLICK, LEDGER, UNBILLED, NOT_CHARGED)
 
 OWN = (*BATCHED, CORRECTION, CONFLICTS, EXPORT_NOT_CHARGED)
 """The kinds that lie in the click's own period only (an export's rows may correct an earlier period)."""
+
+FILTERED = (*OWN, EXPORT)
+"""The kinds a period's part of its day filter covers (`billing.store.click_filters`): those a lookup reads by
+period."""
+
+RECENT_FILTER_DAYS = 2
+"""The newest days of closed periods whose filters reconciliation checks against their files at each run."""
+
+FILTER_MAX_FILES = 200
+"""A period's files a filter part covers at most: more, and its batch files are not compacted yet."""
 
 TRIES = 3
 """Listings of one read when files listed are gone before they are read (a compaction removed them)."""
@@ -104,6 +119,7 @@ class ClickFiles:
         self.layout = layout
         self.root = layout.root
         self._local = threading.local()
+        self.filters = DayFilters(layout)
 
     # --- The folders ------------------------------------------------------------------------------------------
 
@@ -141,9 +157,71 @@ class ClickFiles:
             return [path] if path.is_file() else []
         raise ValueError(f"{kind} is not kept by period")
 
-    def _lister(self, kind: str, periods: Sequence[str]) -> Callable[[], list[Path]]:
-        """Lists the files of `kind` in `periods` each time it is called (`_query` may list again)."""
-        return lambda: [path for period in periods for path in self.files(kind, period)]
+    def _lister(
+        self, kind: str, periods: Sequence[str], skip: dict[str, Callable[[Path], bool] | None] | None = None
+    ) -> Callable[[], list[Path]]:
+        """Lists the files of `kind` in `periods` each time it is called (`_query` may list again); with `skip`
+        (`_skips`), without the files a period's day filter says need not be read."""
+        skip = skip or {}
+
+        def listed() -> list[Path]:
+            out = []
+            for period in periods:
+                passed = skip.get(period)
+                out += [path for path in self.files(kind, period) if passed is None or not passed(path)]
+            return out
+
+        return listed
+
+    def _skips(self, periods: Sequence[str], click_id: str) -> dict[str, Callable[[Path], bool] | None]:
+        """For each of `periods`, which files a lookup of `click_id` need not read (`DayFilters.skippable`)."""
+        return {period: self.filters.skippable(period, click_id) for period in periods}
+
+    # --- The day filters (billing.store.click_filters) ---------------------------------------------------------
+
+    def filter_files(self, period: str) -> list[tuple[Path, str]]:
+        """The files a part of `period` covers, each with its id column."""
+        return [(path, ID_COLUMN.get(kind, "click_id")) for kind in FILTERED for path in self.files(kind, period)]
+
+    def write_filters(self, periods: Iterable[str], progress: Callable[[str], None] = lambda message: None) -> int:
+        """Write the parts of `periods` in their days' files, each from its files as they are now; ids hashed."""
+        hashed = 0
+        for day, of_day in sorted(days_of(sorted(set(periods))).items()):
+            parts = {period: period_ids(self.filter_files(period)) for period in of_day}
+            hashed += sum(len(ids) for ids, _ in parts.values())
+            write_day(self.layout, day, parts)
+            progress(f"click filters of {day}: {len(of_day)} period(s), {hashed:,} ids so far")
+        return hashed
+
+    def refresh_filters(self, closed: Iterable[str], recent_days: int = RECENT_FILTER_DAYS) -> tuple[list[str], int]:
+        """Write the parts of the closed periods that have none, and of those of the `recent_days` newest days whose
+        files changed since (a correction booked to them later), each once its files are few (compacted, at most
+        `FILTER_MAX_FILES`); the periods written and the ids hashed. A correction booked to an older period is read
+        beside its filter until `adbill click-filters` writes its day again."""
+        closed = sorted(set(closed))
+        days = sorted({p[:8] for p in closed})[-recent_days:] if recent_days > 0 else []
+        due = []
+        for period in closed:
+            day_filter = self.filters.of(period[:8])
+            part = day_filter.parts.get(period) if day_filter is not None else None
+            if part is not None and period[:8] not in days:
+                continue
+            files = self.filter_files(period)
+            if len(files) > FILTER_MAX_FILES:
+                continue  # its batch files are not compacted yet: a later run writes it
+            if part is None or _stamps(self.root, files) != part.covers:
+                due.append(period)
+        return due, self.write_filters(due) if due else 0
+
+    def stale_filters(self, periods: Iterable[str]) -> list[str]:
+        """Those of `periods` whose day filter has no part, or a part that does not cover their files as they are."""
+        stale = []
+        for period in periods:
+            day_filter = self.filters.of(period[:8])
+            part = day_filter.parts.get(period) if day_filter is not None else None
+            if part is None or _stamps(self.root, self.filter_files(period)) != part.covers:
+                stale.append(period)
+        return stale
 
     def _batch_only(self, kind: str) -> list[Path]:
         """The quarantine's or `released/`'s files (`batch_id=N/`), every batch."""
@@ -202,15 +280,16 @@ class ClickFiles:
         read_exports: set[str] = set()
         own: str | None = None
         for day_periods in _by_day(periods):
+            skips = self._skips(day_periods, click_id)
             for kind in (*OWN, EXPORT):
-                found += self._located(kind, self._lister(kind, day_periods), click_id)
+                found += self._located(kind, self._lister(kind, day_periods, skips), click_id)
             read_exports |= set(day_periods)
             own = _own_period(found)
             if own is not None:
                 break
         if own is not None:
             later = [p for p in self.periods() if p > own and p not in read_exports]
-            found += self._located(EXPORT, self._lister(EXPORT, later), click_id)
+            found += self._located(EXPORT, self._lister(EXPORT, later, self._skips(later, click_id)), click_id)
         for kind in (QUARANTINE, RELEASED):
             found += self._located(kind, functools.partial(self._batch_only, kind), click_id)
         return sorted(found, key=lambda item: (str(item.path), item.row))
@@ -221,12 +300,13 @@ class ClickFiles:
         those periods (a row found names its period; whether an adjustment corrects the day is read from the row)."""
         prefix = day.strftime("%Y%m%d")
         exported = self.exported_periods(day)
+        skips = self._skips(exported, click_id)
         found = [
-            *self._located(EXPORT, self._lister(EXPORT, exported), click_id),
-            *self._located(EXPORT_NOT_CHARGED, self._lister(EXPORT_NOT_CHARGED, exported), click_id),
+            *self._located(EXPORT, self._lister(EXPORT, exported, skips), click_id),
+            *self._located(EXPORT_NOT_CHARGED, self._lister(EXPORT_NOT_CHARGED, exported, skips), click_id),
         ]
         later = [p for p in self.periods() if p[:8] > prefix]
-        found += self._located(EXPORT, self._lister(EXPORT, later), click_id)
+        found += self._located(EXPORT, self._lister(EXPORT, later, self._skips(later, click_id)), click_id)
         return sorted(found, key=lambda item: (str(item.path), item.row))
 
     def exported_periods(self, day: dt.date) -> list[str]:
@@ -316,6 +396,16 @@ def _names(folder: Path, prefix: str) -> set[str]:
     except FileNotFoundError:
         return set()
     return {e.name.removeprefix(prefix) for e in entries if e.name.startswith(prefix) and not e.name.startswith(".")}
+
+
+def _stamps(root: Path, files: Iterable[tuple[Path, str]]) -> dict[str, Stamp]:
+    """The stamps of `files`, keyed as a part's `covers` (a file gone is left out)."""
+    out = {}
+    for path, _ in files:
+        now = stamp(path)
+        if now is not None:
+            out[path.relative_to(root).as_posix()] = now
+    return out
 
 
 def _is_key(name: str) -> bool:

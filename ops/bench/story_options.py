@@ -77,6 +77,7 @@ from billing.store.click_files import (
     QUARANTINE,
     UNBILLED,
 )
+from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -698,58 +699,8 @@ def compact_quarantine_day(folder: Path, first: int, last: int, row_group_rows: 
 
 # --- The per-day sidecar: a split-block Bloom filter of each period's click ids -------------------------------------
 
-_SALT = np.array(
-    [0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31], dtype=np.uint32
-)
-BITS_PER_ID = 12
-"""About 0.3 % of false positives for a split-block filter (Parquet's design: 256-bit blocks, 8 bits set per id)."""
 SIDECAR_MAGIC = b"ADBILLB1"
 QUARANTINE_PART = "quarantine"
-
-
-def hash_ids(ids: pa.Array) -> np.ndarray:
-    """64-bit hashes of strings: FNV-1a over their UTF-8 bytes, then splitmix64's finalizer (stable: in the file)."""
-    ids = pc.drop_null(ids)
-    if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks()
-    ids = ids.cast(pa.large_string())
-    count = len(ids)
-    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset : ids.offset + count + 1]
-    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8) if count else np.zeros(0, np.uint8)
-    lengths = np.diff(offsets)
-    starts = offsets[:-1]
-    hashes = np.full(count, 0xCBF29CE484222325, dtype=np.uint64)
-    prime = np.uint64(0x100000001B3)
-    with np.errstate(over="ignore"):
-        for j in range(int(lengths.max(initial=0))):
-            if (lengths > j).all():
-                hashes = (hashes ^ data[starts + j].astype(np.uint64)) * prime
-            else:
-                live = lengths > j
-                hashes[live] = (hashes[live] ^ data[starts[live] + j].astype(np.uint64)) * prime
-        z = hashes + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        result: np.ndarray = z ^ (z >> np.uint64(31))
-    return result
-
-
-def _block_and_masks(hashes: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    with np.errstate(over="ignore"):
-        block = ((hashes >> np.uint64(32)) * np.uint64(blocks)) >> np.uint64(32)
-        key = (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        bits = (key[:, None] * _SALT[None, :]) >> np.uint32(27)
-    return block.astype(np.int64), np.left_shift(np.uint32(1), bits).astype(np.uint32)
-
-
-def bloom_blocks(ids: pa.Array) -> np.ndarray:
-    """The filter of `ids` (each distinct id once): (blocks, 8) 32-bit words."""
-    hashes = np.unique(hash_ids(ids))
-    count = max(1, -(-len(hashes) * BITS_PER_ID // 256))
-    words = np.zeros((count, 8), dtype=np.uint32)
-    block, masks = _block_and_masks(hashes, count)
-    np.bitwise_or.at(words, block, masks)
-    return words
 
 
 def write_sidecar(path: Path, parts: dict[str, pa.Array]) -> int:
@@ -792,7 +743,7 @@ class Sidecar:
         fd = os.open(self.path, os.O_RDONLY)
         try:
             for name, (offset, blocks) in self.parts.items():
-                block, masks = _block_and_masks(hashes, blocks)
+                block, masks = block_and_masks(hashes, blocks)
                 words = np.frombuffer(os.pread(fd, 32, self.base + offset + int(block[0]) * 32), dtype=np.uint32)
                 if ((words & masks[0]) == masks[0]).all():
                     found.add(name)

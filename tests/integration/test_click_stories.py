@@ -22,6 +22,7 @@ from billing.budgets import BudgetChange
 from billing.catalog import Ad, AdChange, Catalog, MadeBy
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
+from billing.store.click_filters import DayFilter
 from billing.store.click_story import ClickStories
 from billing.store.redis_totals import RedisTotals
 from billing.story import ClickStory, story_text
@@ -204,6 +205,8 @@ def test_each_clicks_story_tells_the_oracles_outcome_and_why(spark: SparkSession
     for kind in ("ledger", "archive/event_type=click", "archive/event_type=impression"):
         assert len(list((settings.root / kind / f"period={P0}").glob("*/compacted-*.parquet"))) == 1, (kind, left)
     print(f"the closed period {P0}'s batch files before compaction: {files}; after: {left}")
+    # The run wrote the closed period's day filter: the stories below read through it (billing.store.click_filters).
+    assert P0 in DayFilter(settings.layout.click_day_filter(P0[:8])).parts
     assert {c: stories.tell(c) for c in told} == told
     day = dt.datetime.fromtimestamp(T0 / 1000, dt.UTC).date()  # every click's day: the same stories, that day read
     assert {c: stories.tell(c, day) for c in told} == told
