@@ -12,8 +12,8 @@ ROOT/
   unbilled/period=P/batch_id=N/           clicks the stream matched but the catalog priced nothing at their time
   not_charged/period=P/batch_id=N/        priced clicks the stream did not charge: invalid traffic, over budget
   .../period=P/batch_id=M/compacted-A-M.parquet   of the ledger, archive, unbilled and not_charged: a
-                                          period's batches A to M in one file (closed; the ledger, impressions
-                                          and unbilled while open too), in the folder of the newest
+                                          period's batches A to M in one file (closed, and the cold batches
+                                          of an open one), in the folder of the newest
                                           (`source_batch_id`: each row's batch; billing.store.compaction)
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with

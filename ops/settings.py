@@ -188,8 +188,8 @@ class Settings:
     compact_interval_s: int = _setting(
         120,
         "Seconds between the passes of `adbill reconcile --every` (in `adbill up`) that compact the open periods' "
-        "batch files the stream will not write again (the ledger, the archive's impressions, `unbilled/`; "
-        "`billing.store.compaction.compact_open`), between its runs and under their lock; 0: off.",
+        "batch files the stream will not write again (every kind: the ledger, the archive, `unbilled/`, "
+        "`not_charged/`; `billing.store.compaction.compact_open`), between its runs and under their lock; 0: off.",
     )
     story_days: int = _setting(
         90,

@@ -5,8 +5,8 @@ closed day leaves about 950,000 of them. Each reconciliation run (`ops.reconcile
 compacts the batch folders of every closed period, per kind (`KINDS`: the archive's clicks and impressions, the
 ledger, `unbilled/`, `not_charged/`), into one file (`compact_closed`); between runs, `adbill reconcile --every`
 compacts the open periods' batches up to the same position every `ADBILL_COMPACT_INTERVAL_S` (`compact_open`, the
-kinds of `OPEN_KINDS`), each pass merging the last one's file with the batches since (docs/click-stories-at-scale.md,
-"What compaction must guarantee"):
+kinds of `OPEN_KINDS`: every kind too), each pass merging the last one's file with the batches since
+(docs/click-stories-at-scale.md, "What compaction must guarantee"):
 
 - **only batches no one will write again** (`compactable_through`): at or below the lesser of the stream's last
   committed batch and Redis's last applied one, less `HOT_BATCHES`. The stream replays only the batch after its last
@@ -94,11 +94,12 @@ KINDS = (
 )
 """The kinds compacted per period, each sorted as docs/click-stories-at-scale.md lays them out."""
 
-OPEN_KINDS = tuple(kind for kind in KINDS if kind.name in ("archive_impression", "ledger", "unbilled"))
+OPEN_KINDS = KINDS
 """The kinds compacted while their period is open (`compact_open`): those whose every reader skips what a compacted
-file supersedes. The archive's clicks (the stream's recent clicks after a start, `attribution.charging`) and
-`not_charged/` (the not-charged list, `billing.store.not_charged_clicks`) have a reader of the open periods that
-lists without `live_files` (docs/click-stories-at-scale.md, "Who reads the batch folders")."""
+file supersedes, which is now every kind (docs/click-stories-at-scale.md, "Who reads the batch folders"): the readers
+of the open periods that take no run lock list through `live_files` or `read_listed` (the finder, `restore-redis`,
+the stream's recent clicks after a start, `attribution.charging.recent_clicks`, and the not-charged list,
+`billing.store.not_charged_clicks`)."""
 
 
 class CompactionError(RuntimeError):
@@ -451,7 +452,7 @@ def compact_closed(
 def compact_open(
     layout: DataLayout, open_periods: Iterable[str], through: int | None, kinds: Sequence[Kind] = OPEN_KINDS
 ) -> CompactionReport:
-    """The pass over the open periods (`OPEN_KINDS` only: the kinds whose every reader skips what a compacted file
+    """The pass over the open periods (`OPEN_KINDS`, every kind: each reader skips what a compacted file
     supersedes): their batch folders up to batch `through` (`compactable_through`; the stream's newer batches are
     left as written, and merged by the next pass), with the same plan, journal and recovery as `compact_closed`.
     The caller holds the run lock."""
