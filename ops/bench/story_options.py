@@ -38,6 +38,7 @@ other work shows in every figure: compare options within one run.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
@@ -76,8 +77,11 @@ from billing.store.click_files import (
     NOT_CHARGED,
     QUARANTINE,
     UNBILLED,
+    ClickFiles,
+    read_located,
 )
 from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
+from billing.store.compaction import compact_closed
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -1059,6 +1063,9 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             finder_ = FileFinder(layout, args.days, batches_per_day, engine)
             lookups(name, finder_, slow)
     through = written.newest_batch - args.tail_batches
+    if "product" in options:
+        figures["product"] = measure_product(layout, through, clicks, truths, absent)
+        return report
     if options & {"compacted", "duckdb-compacted", "sidecar"}:
         before = report["written"]["data"]
         compaction = compact(layout, args.days, through, batches_per_day, args.row_group_rows)
@@ -1110,6 +1117,83 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 finder_ = FileFinder(layout, args.days, batches_per_day, engine, sidecar=True)
                 lookups(name, finder_, truths)
     return report
+
+
+class CountingClickFiles(ClickFiles):
+    """The product's finder, counting the files its queries read."""
+
+    files_read = 0
+
+    def _query(self, files: Callable[[], Sequence[Path]], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        def counted() -> Sequence[Path]:
+            listed = files()
+            self.files_read += len(listed)
+            return listed
+
+        return super()._query(counted, sql, params)
+
+
+def measure_product(
+    layout: DataLayout, through: int, clicks: int, truths: Sequence[Truth], absent: Sequence[str]
+) -> dict[str, Any]:
+    """The product's own path over the data folder: its compaction of the closed periods (`compact_closed`), its day
+    filters (`ClickFiles.write_filters`), and its finder (`ClickFiles.rows_of`, `read_located`) timed with the day,
+    without it (newest first) and for ids that are nowhere, each lookup checked against what was written; the same
+    lookups without the filters, for the difference they make."""
+    finder = CountingClickFiles(layout)
+    closed = sorted(finder.closed_periods())
+    before = data_figures(layout, 1)
+    began = time.monotonic()
+    compaction = compact_closed(layout, closed, through)
+    compact_s = time.monotonic() - began
+    after = data_figures(layout, 1)
+    print(f"product compaction: {compact_s:.0f} s, {compaction.describe()}", flush=True)
+    began = time.monotonic()
+    hashed = finder.write_filters(closed)
+    filters_s = time.monotonic() - began
+    filter_bytes = sum(p.stat().st_size for p in layout.click_day_filters.glob("*.bloom"))
+    print(f"product filters: {filters_s:.1f} s, {hashed:,} ids, {filter_bytes / 1e6:.1f} MB", flush=True)
+    out: dict[str, Any] = {
+        "through_batch": through,
+        "closed_periods": len(closed),
+        "compaction_s": round(compact_s, 1),
+        "compaction_us_per_click": round(compact_s / clicks * 1e6, 2),
+        "compaction": compaction.describe(),
+        "files_of_day_1_before": before["files_of_day_1_but_quarantine"],
+        "files_of_day_1_after": after["files_of_day_1_but_quarantine"],
+        "data_bytes_after": after["bytes"],
+        "filters_s": round(filters_s, 1),
+        "filters_us_per_click": round(filters_s / clicks * 1e6, 2),
+        "filter_ids_hashed": hashed,
+        "filter_bytes": filter_bytes,
+        "filter_bytes_per_click": round(filter_bytes / clicks, 2),
+    }
+
+    def find_with(files: CountingClickFiles) -> Callable[[str, int | None], list[dict[str, Any]]]:
+        def find(click_id: str, day: int | None) -> list[dict[str, Any]]:
+            date = None if day is None else dt.datetime.strptime(day_periods(day)[0][:8], "%Y%m%d").date()
+            return read_located(files.rows_of(click_id, date))
+
+        return find
+
+    for name, files in (("filters", finder), ("no_filters", CountingClickFiles(layout))):
+        if name == "no_filters":
+            files.filters.of = lambda day: None  # type: ignore[method-assign]  # the same finder, every period read
+        read = files.files_read
+        with_day = time_lookups(find_with(files), truths, with_day=True)
+        with_day["files_read_per_lookup"] = round((files.files_read - read) / max(1, len(truths)), 1)
+        read = files.files_read
+        without = time_lookups(find_with(files), truths, with_day=False, absent=absent)
+        without["files_read_per_lookup"] = round((files.files_read - read) / max(1, len(truths) + len(absent)), 1)
+        out[name] = {"with_day": with_day, "without_day": without}
+        print(
+            f"product finder, {name}: with the day p50 {with_day['p50_ms']} p95 {with_day['p95_ms']} max "
+            f"{with_day['max_ms']} ms ({with_day['files_read_per_lookup']} files); without p50 {without['p50_ms']} "
+            f"p95 {without['p95_ms']} max {without['max_ms']} ms ({without['files_read_per_lookup']} files), absent "
+            f"{without.get('absent', {}).get('p50_ms')} ms; wrong {with_day['wrong'] + without['wrong']}",
+            flush=True,
+        )
+    return out
 
 
 # --- One period at full scale --------------------------------------------------------------------------------------
@@ -1405,7 +1489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--options",
         default="duckdb-files,compacted,duckdb-compacted,sidecar",
-        help="of files, duckdb-files, compacted, duckdb-compacted, sidecar (files takes minutes)",
+        help="of files, duckdb-files, compacted, duckdb-compacted, sidecar (files takes minutes); or product alone: "
+        "the product's compaction, day filters and finder (billing.store.click_files), with and without the filters",
     )
     parser.add_argument("--full-period-clicks", type=int, default=0, help="4166667: an hour at 100 M clicks a day")
     parser.add_argument("--postgres-rows", type=int, default=0, help="ids in a PostgreSQL table of click periods")
