@@ -267,7 +267,10 @@ def refresh_click_filters(config: ReconcileConfig) -> str:
     """Write the day filters of the closed periods that have none or whose files changed
     (`billing.store.click_files.ClickFiles.refresh_filters`); what was done, in a line. The caller holds the run
     lock."""
-    written, hashed = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
+    try:
+        written, hashed = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
+    except OSError as exc:  # a full disk: the stories read the periods whole until a later run writes them
+        return f"click filters not written ({exc}); a later run writes them"
     if not written:
         return "click filters: up to date"
     return f"click filters: {len(written)} period(s) written ({hashed:,} click ids), {written[0]} to {written[-1]}"

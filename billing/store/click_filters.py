@@ -227,7 +227,8 @@ def _key(root: Path, path: Path) -> str | None:
 
 
 def period_ids(files: Iterable[tuple[Path, str]]) -> tuple[pa.Array, dict[Path, Stamp]]:
-    """Every id of `files` (each with its id column), and each file's stamp as read; a file gone is left out."""
+    """Every id of `files` (each with its id column), and each file's stamp as read; a file gone, or one that does not
+    read, is left out (not covered)."""
     arrays: list[pa.Array] = []
     stamps: dict[Path, Stamp] = {}
     for path, column in files:
@@ -236,8 +237,8 @@ def period_ids(files: Iterable[tuple[Path, str]]) -> tuple[pa.Array, dict[Path, 
             continue
         try:
             table = pq.read_table(path, columns=[column])
-        except FileNotFoundError:
-            continue
+        except (OSError, pa.ArrowException, KeyError):
+            continue  # gone, or it does not read (a broken file): not covered, so a lookup reads it as it is
         if stamp(path) != before:
             continue  # rewritten while read: not covered, so always read
         arrays.append(table.column(column).combine_chunks().cast(pa.string()))

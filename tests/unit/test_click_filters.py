@@ -129,3 +129,15 @@ def test_a_part_written_again_keeps_the_days_other_parts(tmp_path: Path) -> None
     assert both.part_words(P0) == first.part_words(P0) and both.parts[P0].covers == first.parts[P0].covers
     for click_id in ["c-8-0", "c-3-0", "c-404"]:
         assert files.rows_of(click_id, DAY1) == scanned(layout, click_id)
+
+
+def test_a_file_that_does_not_read_is_left_uncovered_and_read_as_it_is(tmp_path: Path) -> None:
+    layout = write_data(tmp_path)
+    files = ClickFiles(layout)
+    broken = layout.corrections_of(P0) / "run-9.parquet"
+    broken.write_bytes(b"PAR1 not parquet")
+    written, _ = files.refresh_filters(files.closed_periods())
+    assert P0 in written
+    covers = DayFilter(layout.click_day_filter("20260101")).parts[P0].covers
+    assert not any(key.endswith("run-9.parquet") for key in covers) and covers
+    assert files.stale_filters([P0]) == [P0]  # it stays a file to read, and to cover once it reads
