@@ -27,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from billing.layout import EPOCH_FILE, DataLayout
-from billing.store.compaction import COMPACTED
+from billing.store.compaction import COMPACTED, read_listed
 
 
 class CheckpointRefusedError(RuntimeError):
@@ -187,14 +188,26 @@ def newest_batch_id(data_dir: Path) -> int | None:
 
 
 def offsets_read(data_dir: Path, topics: list[str]) -> dict[str, dict[int, int]]:
-    """Per topic and partition, the offset after the last record the data folder holds (archived or quarantined)."""
+    """Per topic and partition, the offset after the last record the data folder holds (archived or quarantined).
+
+    The archive's batch files are listed by `read_listed` (`billing.store.compaction`: the open periods' are
+    compacted while a start reads them, no lock here): a file a compaction removes between the listing and the
+    reading makes it list again."""
     out: dict[str, dict[int, int]] = {topic: {} for topic in topics}
-    for folder in (DataLayout(data_dir).archive, DataLayout(data_dir).quarantine):
-        if not folder.is_dir() or not any(folder.rglob("*.parquet")):
+    layout = DataLayout(data_dir)
+    for folder, depth in ((layout.archive, 3), (layout.quarantine, 1)):
+
+        def read(files: list[Path], base: Path = folder) -> pa.Table | None:
+            if not files:
+                return None
+            dataset = ds.dataset(
+                [str(f) for f in files], format="parquet", partitioning="hive", partition_base_dir=str(base)
+            )
+            return dataset.to_table(columns=["topic", "partition", "offset"], filter=pc.field("topic").isin(topics))
+
+        table = read_listed(folder, depth, read)
+        if table is None:
             continue
-        table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
-            columns=["topic", "partition", "offset"], filter=pc.field("topic").isin(topics)
-        )
         grouped = table.group_by(["topic", "partition"]).aggregate([("offset", "max")])
         for row in grouped.to_pylist():
             parts = out[row["topic"]]

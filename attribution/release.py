@@ -59,6 +59,7 @@ from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.schemas import without_logical_types
+from billing.store.compaction import read_listed
 from billing.store.redis_totals import LateCount, QuarantineCount, RedisTotals
 from billing.store.released import RECONCILIATION, RELEASED_SCHEMA, STREAM, released_table
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -423,16 +424,29 @@ def settled_quarantine(layout: DataLayout, quarantine: pa.Table, through_batch: 
 
 
 def copy_periods(layout: DataLayout, events: list[tuple[str, str, str | None]]) -> dict[tuple[str, str], set[str]]:
-    """(event type, event id) -> the periods of the archive holding a copy of it, for `events` (type, id, period)."""
+    """(event type, event id) -> the periods of the archive holding a copy of it, for `events` (type, id, period).
+    The archive's batch files are listed by `read_listed` (`billing.store.compaction`: the open periods' are
+    compacted while the stream runs, no lock here): a file a compaction removes between the listing and the reading
+    makes it list again."""
     wanted = {(t, i) for t, i, _ in events if i is not None}
     archive = layout.archive
-    if not wanted or not archive.is_dir() or not any(archive.rglob("*.parquet")):
+    if not wanted:
         return {}
-    dataset = ds.dataset(archive, format="parquet", partitioning="hive")
-    found = dataset.to_table(
-        columns=["event_type", "event_id", "period"],
-        filter=ds.field("event_id").isin(sorted({i for _, i in wanted})),
-    )
+
+    def read(files: list[Path]) -> pa.Table | None:
+        if not files:
+            return None
+        dataset = ds.dataset(
+            [str(f) for f in files], format="parquet", partitioning="hive", partition_base_dir=str(archive)
+        )
+        return dataset.to_table(
+            columns=["event_type", "event_id", "period"],
+            filter=ds.field("event_id").isin(sorted({i for _, i in wanted})),
+        )
+
+    found = read_listed(archive, 3, read)
+    if found is None:
+        return {}
     out: dict[tuple[str, str], set[str]] = {}
     for row in found.to_pylist():
         key = (str(row["event_type"]), row["event_id"])

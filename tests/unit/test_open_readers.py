@@ -3,7 +3,8 @@
 recent_clicks`, the archive's clicks) and the web's list of clicks not charged (`billing.store.not_charged_clicks`,
 `not_charged/`). On files written as the stream writes them: the same rows, each once, before the pass, with the
 compacted file in place beside the batch files it holds (a pass stopped after its rename, as a reader may meet it
-mid-pass), after the pass, and when a pass removes a file between a reader's listing and its reading."""
+mid-pass), after the pass, and when a pass removes a file between a reader's listing and its reading; the stream's
+other readers of the whole archive (a new epoch's `offsets_read`, a release's `copy_periods`) list again too."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from attribution.batch_output import write_batch_files
 from attribution.charging import NOT_CHARGED_ROWS, recent_clicks
+from attribution.epoch import offsets_read
+from attribution.release import copy_periods
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store import compaction
@@ -178,3 +181,25 @@ def test_the_streams_recent_clicks_are_read_once_each_with_their_own_batch_while
     monkeypatch.undo()
     assert sorted(p.name for p in period.iterdir()) == ["batch_id=7"]
     assert {ask: recent(tmp_path, *ask) for ask in asks} == before
+
+
+def test_a_new_epochs_offsets_and_a_releases_copies_list_again_when_an_open_pass_removes_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's readers of the whole archive (no lock): a file an open pass removes between their listing and
+    their reading makes them list again, and they read what they read before the pass."""
+    layout = DataLayout(tmp_path)
+    for batch in range(1, 8):
+        write_batch(tmp_path, batch)
+    asked = [("click", "c-2-1", P0), ("impression", "i-6-0", P0), ("click", "c-never", P0)]
+    offsets, copies = offsets_read(tmp_path, ["clicks"]), copy_periods(layout, asked)
+    assert offsets == {"clicks": {0: 8, 1: 8}} and copies == {("click", "c-2-1"): {P0}, ("impression", "i-6-0"): {P0}}
+
+    listings, listed_by = overtaking(layout, 4)
+    monkeypatch.setattr(compaction, "live_files", listed_by)
+    assert offsets_read(tmp_path, ["clicks"]) == offsets
+    assert "compacted-1-4.parquet" in {p.name for p in listings[1]} and len(listings) == 3  # and the quarantine's
+    listings, listed_by = overtaking(layout, 6)
+    monkeypatch.setattr(compaction, "live_files", listed_by)
+    assert copy_periods(layout, asked) == copies
+    assert "compacted-1-6.parquet" in {p.name for p in listings[1]} and len(listings) == 2
