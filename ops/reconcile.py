@@ -80,6 +80,8 @@ if TYPE_CHECKING:
     from attribution.audit import PeriodAudit
     from billing.store.catalog_db import CatalogDatabase
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ReconcileConfig:
@@ -249,7 +251,9 @@ def reconcile(
             wait_for_stream(config, clock, progress)
         report = reconcile_periods(ports, periods, config.horizon_ms, until_ms, progress, position, force)
         if config.compact_closed:
-            progress(compact_closed_periods(config).describe())
+            compacted = compact_closed_periods(config)
+            progress(compacted.describe())
+            record_compaction(config, "closed", compaction_record(compacted))
             progress(refresh_click_filters(config))
         return report
 
@@ -265,15 +269,55 @@ def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
 
 def refresh_click_filters(config: ReconcileConfig) -> str:
     """Write the day filters of the closed periods that have none or whose files changed
-    (`billing.store.click_files.ClickFiles.refresh_filters`); what was done, in a line. The caller holds the run
-    lock."""
+    (`billing.store.click_files.ClickFiles.refresh_filters`), and say so on the health page; what was done, in a
+    line. The caller holds the run lock."""
     try:
-        written, hashed = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
+        refresh = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
     except OSError as exc:  # a full disk: the stories read the periods whole until a later run writes them
-        return f"click filters not written ({exc}); a later run writes them"
-    if not written:
-        return "click filters: up to date"
-    return f"click filters: {len(written)} period(s) written ({hashed:,} click ids), {written[0]} to {written[-1]}"
+        said = f"click filters not written ({exc}); a later run writes them"
+        record_compaction(config, "filters", {"finished_at_ms": _now_ms(), "summary": said, "failed": [str(exc)]})
+        return said
+    said = refresh.describe()
+    record_compaction(
+        config,
+        "filters",
+        {
+            "finished_at_ms": _now_ms(),
+            "summary": said,
+            "written": len(refresh.written),
+            "waiting": len(refresh.waiting),
+            "oldest_waiting": refresh.waiting[0] if refresh.waiting else "",
+            "failed": [],
+        },
+    )
+    return said
+
+
+def compaction_record(report: CompactionReport) -> dict[str, object]:
+    """A pass's figures as the health page reads them (`RedisTotals.record_compaction`)."""
+    return {
+        "finished_at_ms": _now_ms(),
+        "summary": report.describe(),
+        "through": "" if report.through is None else report.through,
+        "periods": report.periods,
+        "files_read": report.files_read,
+        "files_written": report.files_written,
+        "seconds": round(report.seconds, 1),
+        "failed": report.failed,
+    }
+
+
+def record_compaction(config: ReconcileConfig, part: str, record: Mapping[str, object]) -> None:
+    """Keep a pass's record for the health page; Redis out of reach loses only the record (the next pass's
+    replaces it)."""
+    try:
+        redis_totals(config).record_compaction(part, record)
+    except Exception as exc:  # the pass's work is done and on disk: a record it could not keep changes nothing
+        log.warning("the %s compaction's record not kept: %s", part, exc)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def compact_open_periods(config: ReconcileConfig) -> CompactionReport:
@@ -334,7 +378,9 @@ class OpenPasses:
     def _pass(self) -> None:
         try:
             with run_lock(self.config):
-                self.progress(compact_open_periods(self.config).describe())
+                compacted = compact_open_periods(self.config)
+                self.progress(compacted.describe())
+                record_compaction(self.config, "open", compaction_record(compacted))
             self.passes += 1
         except ReconcileBusyError as exc:
             self.progress(f"compaction of the open periods waits: {exc}")

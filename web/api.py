@@ -375,6 +375,10 @@ def health() -> Response:
                 "net_micros_by_currency": micros_by_currency(h.reconciliation.net_micros_by_currency),
                 "held": h.reconciliation.held,
             },
+            "compaction": [
+                {"part": c.part, "finished_at_ms": c.finished_at_ms, "summary": c.summary, "failed": c.failed}
+                for c in h.compaction
+            ],
         }
     )
 

@@ -9,8 +9,10 @@ import json
 from billing.intake import QuarantineReason
 from billing.store.part_status import read_status
 from web.model import (
+    COMPACTION_PARTS,
     Billed,
     ClockAheadLine,
+    CompactionPass,
     EventCounts,
     Health,
     Period,
@@ -85,6 +87,8 @@ class JobHealth:
         for key, _ in unbilled_periods:
             pipe.smembers(self.keys.unbilled_ads(key))
         pipe.hgetall(self.keys.last_reconciliation())
+        for part in COMPACTION_PARTS:
+            pipe.hgetall(self.keys.compaction(part))
         results = iter(pipe.execute())
 
         queries = []
@@ -106,6 +110,7 @@ class JobHealth:
         ahead_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in ahead_periods]
         unbilled_ads = [(Period(key, int(start), False), sorted(next(results))) for key, start in unbilled_periods]
         last = next(results)
+        passes = [(part, next(results)) for part in COMPACTION_PARTS]
         return Health(
             queries,
             quarantined,
@@ -113,6 +118,7 @@ class JobHealth:
             self._clock_ahead_lines(ahead_ads),
             _reconciliation(last) if last else None,
             self._unbilled_lines(unbilled_ads),
+            [_compaction(part, record) for part, record in passes if record],
         )
 
     def _unbilled_lines(self, ads_by_period: list[tuple[Period, list[str]]]) -> list[UnbilledLine]:
@@ -187,6 +193,16 @@ def _query_health(name: str, record: dict[str, str], history: list[str]) -> Quer
         lag=consumer_lag(json_field(record.get("sources"), [])),
         recent_durations_ms=list(reversed(recent)),
         lag_before=lag_before,
+    )
+
+
+def _compaction(part: str, data: dict[str, str]) -> CompactionPass:
+    return CompactionPass(
+        part=part,
+        finished_at_ms=int_field(data.get("finished_at_ms")) or 0,
+        summary=data.get("summary", ""),
+        failed=[str(f) for f in json_field(data.get("failed"), [])],
+        waiting=int_field(data.get("waiting")) or 0,
     )
 
 

@@ -333,6 +333,28 @@ class QueryHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionPass:
+    """The last pass of one part of the data folder's upkeep: the closed periods' compaction, the open periods', the
+    click filters (`ops.reconcile.record_compaction`)."""
+
+    part: str
+    finished_at_ms: int
+    summary: str
+    failed: list[str]
+    """Period folders left as written, or the error, with why."""
+    waiting: int = 0
+    """The filters only: closed periods whose batch files are not compacted yet (also in `summary`)."""
+
+
+COMPACTION_PARTS = {
+    "closed": "Compaction of the closed periods",
+    "open": "Compaction of the open periods",
+    "filters": "Click filters",
+}
+"""The parts, in the page's order, with their names there."""
+
+
+@dataclass(frozen=True, slots=True)
 class Reconciliation:
     """The last reconciliation run."""
 
@@ -393,6 +415,8 @@ class Health:
     clock_ahead: list[ClockAheadLine]
     reconciliation: Reconciliation | None
     unbilled: list[UnbilledLine] = field(default_factory=list)
+    compaction: list[CompactionPass] = field(default_factory=list)
+    """The last pass of each part that has run (`COMPACTION_PARTS` order)."""
 
     @property
     def quarantined_total(self) -> int:

@@ -18,7 +18,7 @@ from web.auth import home_for
 from web.freshness import worst
 from web.guards import finance_or_404, page_login
 from web.invoice_views import book
-from web.model import NotCharged, not_charged_by_currency, totals_by_currency
+from web.model import COMPACTION_PARTS, NotCharged, not_charged_by_currency, totals_by_currency
 from web.naming import want
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange
@@ -200,4 +200,5 @@ def health() -> str:
         fresh=fresh,
         statuses=statuses,
         overall=worst([s.level for s in statuses]),
+        compaction_parts=COMPACTION_PARTS,
     )

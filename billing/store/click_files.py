@@ -112,6 +112,29 @@ def parse_day(text: str) -> dt.date:
         raise ValueError(f"{text!r} is not a day such as 2026-01-01") from None
 
 
+@dataclass(frozen=True)
+class FilterRefresh:
+    """What `ClickFiles.refresh_filters` did."""
+
+    written: list[str]
+    """The closed periods whose parts it wrote."""
+    hashed: int
+    """Click ids put in them."""
+    waiting: list[str]
+    """Closed periods without a part whose batch files are not compacted yet (oldest first)."""
+
+    def describe(self) -> str:
+        head = (
+            f"click filters: {len(self.written)} period(s) written ({self.hashed:,} click ids), "
+            f"{self.written[0]} to {self.written[-1]}"
+            if self.written
+            else "click filters: up to date"
+        )
+        if self.waiting:
+            head += f"; {len(self.waiting)} closed period(s) wait for their compaction, the oldest {self.waiting[0]}"
+        return head
+
+
 class ClickFiles:
     """The finder of one data folder (module doc)."""
 
@@ -193,14 +216,14 @@ class ClickFiles:
             progress(f"click filters of {day}: {len(of_day)} period(s), {hashed:,} ids so far")
         return hashed
 
-    def refresh_filters(self, closed: Iterable[str], recent_days: int = RECENT_FILTER_DAYS) -> tuple[list[str], int]:
+    def refresh_filters(self, closed: Iterable[str], recent_days: int = RECENT_FILTER_DAYS) -> FilterRefresh:
         """Write the parts of the closed periods that have none, and of those of the `recent_days` newest days whose
         files changed since (a correction booked to them later), each once its files are few (compacted, at most
-        `FILTER_MAX_FILES`); the periods written and the ids hashed. A correction booked to an older period is read
-        beside its filter until `adbill click-filters` writes its day again."""
+        `FILTER_MAX_FILES`; the others wait). A correction booked to an older period is read beside its filter
+        until `adbill click-filters` writes its day again."""
         closed = sorted(set(closed))
         days = sorted({p[:8] for p in closed})[-recent_days:] if recent_days > 0 else []
-        due = []
+        due, waiting = [], []
         for period in closed:
             day_filter = self.filters.of(period[:8])
             part = day_filter.parts.get(period) if day_filter is not None else None
@@ -208,10 +231,12 @@ class ClickFiles:
                 continue
             files = self.filter_files(period)
             if len(files) > FILTER_MAX_FILES:
-                continue  # its batch files are not compacted yet: a later run writes it
+                if part is None:
+                    waiting.append(period)  # its batch files are not compacted yet: a later run writes it
+                continue
             if part is None or _stamps(self.root, files) != part.covers:
                 due.append(period)
-        return due, self.write_filters(due) if due else 0
+        return FilterRefresh(due, self.write_filters(due) if due else 0, waiting)
 
     def stale_filters(self, periods: Iterable[str]) -> list[str]:
         """Those of `periods` whose day filter has no part, or a part that does not cover their files as they are."""

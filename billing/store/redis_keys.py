@@ -175,6 +175,10 @@ class RedisKeys:
     def last_audit(self) -> str:
         return self._key("audit", "last")
 
+    def compaction(self, part: str) -> str:
+        """The last pass of `part` (`closed`, `open`, `filters`: `billing.store.compaction`, the click filters)."""
+        return self._key("compaction", part)
+
     def billing_patterns(self) -> list[str]:
         """`SCAN MATCH` patterns of every key of the billing figures (not the job's health records, not the web
         UI's sessions)."""

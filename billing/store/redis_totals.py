@@ -611,6 +611,11 @@ class RedisTotals:
         """The last reconciliation run, for the health page."""
         self._record(self.keys.last_reconciliation(), record)
 
+    def record_compaction(self, part: str, record: Mapping[str, Any]) -> None:
+        """The last compaction pass of `part` (`closed`, `open`) or the last writing of the click filters
+        (`filters`), for the health page."""
+        self._record(self.keys.compaction(part), record)
+
     def record_audit(self, record: Mapping[str, Any]) -> None:
         """The last `adbill audit`, for the finance page."""
         self._record(self.keys.last_audit(), record)

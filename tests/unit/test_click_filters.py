@@ -51,8 +51,8 @@ def test_a_filter_holds_every_id_given_and_few_others() -> None:
 def test_the_finder_reads_the_same_rows_through_the_filters_and_fewer_files(tmp_path: Path) -> None:
     layout = write_data(tmp_path)
     files = ClickFiles(layout)
-    written, hashed = files.refresh_filters(files.closed_periods())
-    assert written == [P0, P2] and hashed > 0
+    refresh = files.refresh_filters(files.closed_periods())
+    assert refresh.written == [P0, P2] and refresh.hashed > 0 and refresh.waiting == []
     assert sorted(p.name for p in layout.click_day_filters.iterdir()) == ["20260101.bloom", "20260102.bloom"]
     assert set(DayFilter(layout.click_day_filter("20260101")).parts) == {P0}  # P1 is open: no part
     for click_id in [*IDS, "c-404"]:
@@ -65,7 +65,8 @@ def test_the_finder_reads_the_same_rows_through_the_filters_and_fewer_files(tmp_
     assert files.files("ledger", P0) and ledger() == []
     assert files._lister("ledger", [P0], files._skips([P0], "c-2-1"))() == files.files("ledger", P0)
     # Up to date: nothing written again.
-    assert files.refresh_filters(files.closed_periods()) == ([], 0)
+    again = files.refresh_filters(files.closed_periods())
+    assert (again.written, again.hashed, again.describe()) == ([], 0, "click filters: up to date")
     assert files.stale_filters([P0, P2]) == []
 
 
@@ -84,7 +85,7 @@ def test_a_file_the_filter_does_not_cover_is_read_whatever_it_says(tmp_path: Pat
     os.utime(run1, ns=(1, 1))
     assert [r.kind for r in files.rows_of("c-moved", DAY1)] == ["correction"]
     # The next run writes the part again: it covers both files, and still finds them.
-    assert files.refresh_filters(files.closed_periods())[0] == [P0]
+    assert files.refresh_filters(files.closed_periods()).written == [P0]
     covers = DayFilter(layout.click_day_filter("20260101")).parts[P0].covers
     assert {Path(key).name for key in covers} >= {"run-1.parquet", "run-2.parquet"}
     assert [r.kind for r in files.rows_of("c-late", DAY1)] == ["correction"]
@@ -101,7 +102,7 @@ def test_a_day_file_that_does_not_read_is_passed_over(tmp_path: Path) -> None:
         assert files.rows_of(click_id, DAY1) == scanned(layout, click_id)
     # Written again whole by the next run, the other day's file untouched.
     before = layout.click_day_filter("20260102").read_bytes()
-    assert files.refresh_filters(files.closed_periods())[0] == [P0]
+    assert files.refresh_filters(files.closed_periods()).written == [P0]
     assert DayFilter(layout.click_day_filter("20260101")).parts.keys() == {P0}
     assert layout.click_day_filter("20260102").read_bytes() == before
 
@@ -113,8 +114,9 @@ def test_a_period_whose_batch_files_are_not_compacted_yet_waits(
     files = ClickFiles(layout)
     monkeypatch.setattr(click_files, "FILTER_MAX_FILES", 3)
     assert len(files.filter_files(P0)) > 3
-    written, _ = files.refresh_filters(files.closed_periods())
-    assert P0 not in written and P1 not in written
+    refresh = files.refresh_filters(files.closed_periods())
+    assert refresh.written == [] and refresh.waiting == [P0, P2]  # P1 is open: neither written nor waiting
+    assert refresh.describe().endswith(f"2 closed period(s) wait for their compaction, the oldest {P0}")
     assert files.rows_of("c-3-0", DAY1) == scanned(layout, "c-3-0")
 
 
@@ -136,8 +138,7 @@ def test_a_file_that_does_not_read_is_left_uncovered_and_read_as_it_is(tmp_path:
     files = ClickFiles(layout)
     broken = layout.corrections_of(P0) / "run-9.parquet"
     broken.write_bytes(b"PAR1 not parquet")
-    written, _ = files.refresh_filters(files.closed_periods())
-    assert P0 in written
+    assert P0 in files.refresh_filters(files.closed_periods()).written
     covers = DayFilter(layout.click_day_filter("20260101")).parts[P0].covers
     assert not any(key.endswith("run-9.parquet") for key in covers) and covers
     assert files.stale_filters([P0]) == [P0]  # it stays a file to read, and to cover once it reads
