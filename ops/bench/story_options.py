@@ -78,10 +78,11 @@ from billing.store.click_files import (
     QUARANTINE,
     UNBILLED,
     ClickFiles,
+    Located,
     read_located,
 )
 from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
-from billing.store.compaction import compact_closed
+from billing.store.compaction import compact_closed, compact_open, open_periods
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -1120,17 +1121,22 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 class CountingClickFiles(ClickFiles):
-    """The product's finder, counting the files its queries read."""
+    """The product's finder, counting the files its lookups read, by kind."""
 
     files_read = 0
 
-    def _query(self, files: Callable[[], Sequence[Path]], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def __init__(self, layout: DataLayout) -> None:
+        super().__init__(layout)
+        self.by_kind: Counter[str] = Counter()
+
+    def _located(self, kind: str, files: Callable[[], Sequence[Path]], click_id: str) -> list[Located]:
         def counted() -> Sequence[Path]:
             listed = files()
             self.files_read += len(listed)
+            self.by_kind[kind] += len(listed)
             return listed
 
-        return super()._query(counted, sql, params)
+        return super()._located(kind, counted, click_id)
 
 
 def measure_product(
@@ -1148,6 +1154,10 @@ def measure_product(
     compact_s = time.monotonic() - began
     after = data_figures(layout, 1)
     print(f"product compaction: {compact_s:.0f} s, {compaction.describe()}", flush=True)
+    began = time.monotonic()  # the open periods, as `adbill reconcile --every` keeps them between its runs
+    open_pass = compact_open(layout, open_periods(layout, closed), through)
+    open_s = time.monotonic() - began
+    print(f"product open pass: {open_s:.0f} s, {open_pass.describe()}", flush=True)
     began = time.monotonic()
     hashed = finder.write_filters(closed)
     filters_s = time.monotonic() - began
@@ -1159,6 +1169,8 @@ def measure_product(
         "compaction_s": round(compact_s, 1),
         "compaction_us_per_click": round(compact_s / clicks * 1e6, 2),
         "compaction": compaction.describe(),
+        "open_pass_s": round(open_s, 1),
+        "open_pass": open_pass.describe(),
         "files_of_day_1_before": before["files_of_day_1_but_quarantine"],
         "files_of_day_1_after": after["files_of_day_1_but_quarantine"],
         "data_bytes_after": after["bytes"],
@@ -1179,18 +1191,22 @@ def measure_product(
     for name, files in (("filters", finder), ("no_filters", CountingClickFiles(layout))):
         if name == "no_filters":
             files.filters.of = lambda day: None  # type: ignore[method-assign]  # the same finder, every period read
-        read = files.files_read
+        read, files.by_kind = files.files_read, Counter()
         with_day = time_lookups(find_with(files), truths, with_day=True)
         with_day["files_read_per_lookup"] = round((files.files_read - read) / max(1, len(truths)), 1)
-        read = files.files_read
+        with_day["files_by_kind"] = {k: round(n / max(1, len(truths)), 1) for k, n in sorted(files.by_kind.items())}
+        read, files.by_kind = files.files_read, Counter()
         without = time_lookups(find_with(files), truths, with_day=False, absent=absent)
-        without["files_read_per_lookup"] = round((files.files_read - read) / max(1, len(truths) + len(absent)), 1)
+        lookups_made = max(1, len(truths) + len(absent))
+        without["files_read_per_lookup"] = round((files.files_read - read) / lookups_made, 1)
+        without["files_by_kind"] = {k: round(n / lookups_made, 1) for k, n in sorted(files.by_kind.items())}
         out[name] = {"with_day": with_day, "without_day": without}
         print(
             f"product finder, {name}: with the day p50 {with_day['p50_ms']} p95 {with_day['p95_ms']} max "
             f"{with_day['max_ms']} ms ({with_day['files_read_per_lookup']} files); without p50 {without['p50_ms']} "
             f"p95 {without['p95_ms']} max {without['max_ms']} ms ({without['files_read_per_lookup']} files), absent "
-            f"{without.get('absent', {}).get('p50_ms')} ms; wrong {with_day['wrong'] + without['wrong']}",
+            f"{without.get('absent', {}).get('p50_ms')} ms; wrong {with_day['wrong'] + without['wrong']}; files a "
+            f"lookup with the day {with_day['files_by_kind']}, without {without['files_by_kind']}",
             flush=True,
         )
     return out
