@@ -14,6 +14,7 @@ from ops.reconcile import (
     OpenPasses,
     compact_closed_periods,
     compaction_record,
+    rebuild_click_filters,
     reconcile_config,
     record_compaction,
     refresh_click_filters,
@@ -81,3 +82,21 @@ def test_the_health_page_says_what_each_compaction_pass_and_the_click_filters_la
     assert next(c for c in ada.get("/api/v1/health").json["compaction"] if c["part"] == "filters")["summary"] == (  # type: ignore[index]
         "click filters: up to date"
     )
+
+
+def test_adbill_click_filters_writes_a_days_filters_again(
+    redis_settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = redis_settings.layout
+    write_data(layout.root)
+    assert rebuild_click_filters(redis_settings, "2026-01-01") == 0
+    out = capsys.readouterr().out
+    assert "click filters of 20260101: 1 period(s)" in out and "click-filters: 1 period(s)," in out, out
+    assert set(DayFilter(layout.click_day_filter("20260101")).parts) == {P0}
+    assert not layout.click_day_filter("20260102").exists()
+    assert rebuild_click_filters(redis_settings, None) == 0  # every closed period
+    assert set(DayFilter(layout.click_day_filter("20260102")).parts) == {P2}
+    assert rebuild_click_filters(redis_settings, "2026-02-30") == 2
+    assert "is not a day" in capsys.readouterr().err
+    assert rebuild_click_filters(redis_settings, "2026-03-01") == 1
+    assert "no closed period of 2026-03-01" in capsys.readouterr().err
