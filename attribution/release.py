@@ -59,7 +59,7 @@ from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.schemas import without_logical_types
-from billing.store.compaction import read_listed
+from billing.store.compaction import own_batch, read_batch_only, read_listed
 from billing.store.redis_totals import LateCount, QuarantineCount, RedisTotals
 from billing.store.released import RECONCILIATION, RELEASED_SCHEMA, STREAM, released_table
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -373,14 +373,16 @@ def held_records(layout: DataLayout, before_batch: int, replaying: int | None = 
     """The `unknown_schema` quarantine rows of batches before `before_batch` that no release settled, but for the
     stream's own release of batch `replaying` (a replay of that batch settles them again)."""
     empty = pa.table({name: [] for name in _HELD_COLUMNS})
-    if not layout.quarantine.is_dir() or not any(layout.quarantine.glob("batch_id=*/*.parquet")):
-        return empty
-    quarantine = ds.dataset(layout.quarantine, format="parquet", partitioning="hive")
-    wanted = (ds.field("reason") == _HELD) & (ds.field("batch_id") < before_batch)
+    # Each row's own batch (`own_batch`: a compacted quarantine file's `source_batch_id`), which a release keeps as
+    # its `quarantine_batch_id`.
+    wanted = (ds.field("reason") == _HELD) & (own_batch() < before_batch)
     # The raw bytes only when there is a record to release: a quarantine of junk can be large.
-    if not quarantine.count_rows(filter=wanted):
+    found = read_batch_only(layout.quarantine, ["offset"], wanted)
+    if found is None or not found.num_rows:
         return empty
-    held = quarantine.to_table(columns=list(_HELD_COLUMNS), filter=wanted)
+    held = read_batch_only(layout.quarantine, list(_HELD_COLUMNS), wanted)
+    if held is None:
+        return empty
     done = settled_keys(layout, replaying)
     if done and held.num_rows:
         held = held.filter(pa.array([key not in done for key in _keys(held)], pa.bool_()))

@@ -42,7 +42,7 @@ from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
-from billing.store.compaction import read_listed
+from billing.store.compaction import own_batch, read_batch_only, read_listed
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
 from billing.store.export_files import (
@@ -135,7 +135,7 @@ def _restore(
     ahead = _clock_ahead_events(layout.archive, clock_tolerance_ms, through)
     bad = settled_quarantine(
         layout,
-        _table(layout.quarantine, ["reason", "topic", "partition", "offset", "ad_id"], pc.field("batch_id") <= through),
+        _quarantine(layout, ["reason", "topic", "partition", "offset", "ad_id"], through),
         through,
     )
     unbilled = _unbilled_clicks(layout.unbilled, through)
@@ -211,6 +211,14 @@ def _table(folder: Path, columns: list[str], where: pc.Expression | None = None)
     if not folder.is_dir() or not any(folder.rglob("*.parquet")):
         return pa.table({name: pa.array([], pa.string()) for name in columns})
     return ds.dataset(folder, format="parquet", partitioning="hive").to_table(columns=columns, filter=where)
+
+
+def _quarantine(layout: DataLayout, columns: list[str], through: int) -> pa.Table:
+    """`columns` of the quarantine rows of the batches up to `through`, each by its own batch (a compacted file's
+    `source_batch_id`; `billing.store.compaction.read_batch_only`: no run lock here, a compaction may be under
+    way)."""
+    table = read_batch_only(layout.quarantine, columns, own_batch() <= through)
+    return pa.table({name: pa.array([], pa.string()) for name in columns}) if table is None else table
 
 
 def _batch_table(folder: Path, depth: int, columns: list[str], where: pc.Expression) -> pa.Table | None:

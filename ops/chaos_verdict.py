@@ -28,9 +28,9 @@ def verdict(chaos: Chaos, truth: dict[str, int]) -> dict[str, Any]:
     """What the run shows: the books against the ground truth, each fault's recovery, the web's reads, budgets and
     invalid traffic; kept as the run's report (`write_report`)."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     from billing.corrections import pending_adjustments
+    from billing.store.compaction import read_batch_only
     from billing.store.corrections_arrow import CorrectionFiles
     from billing.store.export_files import read_export
     from billing.store.not_charged_clicks import not_charged_by_stream
@@ -102,12 +102,9 @@ def verdict(chaos: Chaos, truth: dict[str, int]) -> dict[str, Any]:
     )
     exports_equal = exported == truth
 
-    quarantine_dir = chaos.settings.layout.quarantine
     quarantined = set()
-    if quarantine_dir.is_dir():
-        table = ds.dataset(quarantine_dir, format="parquet", partitioning="hive").to_table(
-            columns=["topic", "partition", "offset"]
-        )
+    table = read_batch_only(chaos.settings.layout.quarantine, ["topic", "partition", "offset"])
+    if table is not None:  # listed as the product lists it: a compacted file stands for the batch files it holds
         quarantined = {(r["topic"], r["partition"], r["offset"]) for r in table.to_pylist()}
     poison_missing = [p for p in chaos.poison if (p[0], p[1], p[2]) not in quarantined]
 

@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
@@ -186,6 +188,41 @@ def live_files(root: Path, depth: int = 2) -> list[Path]:
         walk(str(root), 0)
     gone = superseded(found)
     return sorted(path for path in found if path not in gone)
+
+
+def own_batch() -> pc.Expression:
+    """A row's own batch, in a filter of `read_batch_only`: a compacted file's `source_batch_id`, else its folder's
+    `batch_id`."""
+    return pc.coalesce(pc.field(SOURCE_BATCH), pc.field("batch_id"))
+
+
+def read_batch_only(
+    root: Path, columns: Sequence[str], where: pc.Expression | None = None, schema: pa.Schema | None = None
+) -> pa.Table | None:
+    """`columns` of the rows `where` of a table kept by batch only (`root/batch_id=N/*.parquet`: the quarantine,
+    `released/`), or None when it has no file. Listed by `read_listed` (a compaction's superseded files skipped, and
+    listed again when a file goes), and `batch_id` is each row's own batch (`own_batch`), not its folder's: a
+    compacted file gives the same rows and batches as the batch files it holds. `where` names the row's batch as
+    `own_batch()` (a filter on the field `batch_id` would take the folder's). `schema`, when given, is the files'
+    (with `batch_id`); else the first file's."""
+    partitioning = ds.partitioning(pa.schema([("batch_id", pa.int64())]), flavor="hive")
+
+    def read(files: list[Path]) -> pa.Table | None:
+        if not files:
+            return None
+        paths = [str(f) for f in files]
+        found = schema
+        if found is None:
+            found = ds.dataset(paths, format="parquet", partitioning=partitioning, partition_base_dir=str(root)).schema
+        if SOURCE_BATCH not in found.names:
+            found = found.append(pa.field(SOURCE_BATCH, pa.int64()))
+        dataset = ds.dataset(
+            paths, schema=found, format="parquet", partitioning=partitioning, partition_base_dir=str(root)
+        )
+        wanted = {name: own_batch() if name == "batch_id" else pc.field(name) for name in columns}
+        return dataset.to_table(columns=wanted, filter=where)
+
+    return read_listed(root, 1, read)
 
 
 # --- The position ------------------------------------------------------------------------------------------------

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from billing.layout import DataLayout
+from billing.store.compaction import read_batch_only
 
 STREAM = "stream"
 RECONCILIATION = "reconciliation"
@@ -37,12 +37,12 @@ batch it was settled into."""
 
 def released_table(layout: DataLayout, where: pc.Expression | None = None) -> pa.Table:
     """Every settled record (`RELEASED_SCHEMA`), read with that schema: a file of an older version lacks the newer
-    columns (a record it lists was archived by the stream)."""
-    folder = layout.released
-    if not folder.is_dir() or not any(folder.glob("batch_id=*/*.parquet")):
+    columns (a record it lists was archived by the stream). Each record's `batch_id` is the batch that settled it,
+    also once its folder is compacted (`billing.store.compaction.read_batch_only`); `where` names it
+    `compaction.own_batch()`."""
+    table = read_batch_only(layout.released, RELEASED_SCHEMA.names, where, RELEASED_SCHEMA)
+    if table is None:
         return RELEASED_SCHEMA.empty_table()
-    dataset = ds.dataset(folder, schema=RELEASED_SCHEMA, format="parquet", partitioning="hive")
-    table = dataset.to_table(filter=where)
     return table.set_column(
         table.schema.get_field_index("released_by"),
         "released_by",
