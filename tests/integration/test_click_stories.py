@@ -224,10 +224,14 @@ def closed_files(root: Path) -> dict[str, int]:
 
 
 def redis_dump(totals: RedisTotals) -> dict[object, object]:
-    """Every key under the prefix and its value, but the last reconciliation run's record (a run's own) and the
-    counters of `/metrics` (what every batch applied adds to, a restore too)."""
+    """Every key under the prefix and its value, but the last reconciliation run's and compaction passes' records (a
+    run's own) and the counters of `/metrics` (what every batch applied adds to, a restore too)."""
     client, out = totals.client, dict[object, object]()
-    left_out = (totals.keys.last_reconciliation(), totals.keys.counters())
+    left_out = (
+        totals.keys.last_reconciliation(),
+        totals.keys.counters(),
+        *(totals.keys.compaction(part) for part in ("closed", "open", "filters")),  # a pass's own record
+    )
     for key in client.scan_iter(match=f"{totals.keys.prefix}*"):
         if (key.decode() if isinstance(key, bytes) else key) in left_out:
             continue

@@ -63,6 +63,7 @@ def test_an_empty_pipeline_shows_empty_pages_not_errors(redis_settings: Settings
         "clock_ahead": [],
         "unbilled": [],
         "last_reconciliation": None,
+        "compaction": [],
     }
 
 
