@@ -15,6 +15,7 @@ ROOT/
                                           period's batches A to M in one file (closed, and the cold batches
                                           of an open one), in the folder of the newest
                                           (`source_batch_id`: each row's batch; billing.store.compaction)
+  quarantine|released/batch_id=M/compacted-A-M.parquet   their batches A to M of one chunk of 3,600 ids
   checkpoints/QUERY/                      Spark's checkpoint of a streaming query (+ adbill-epoch.json)
   checkpoints/catalog-versions/N          the catalog version the stream priced batch N with
   checkpoints/decisions/N.parquet         what the stream decided for each bill of batch N (charged, or why not)

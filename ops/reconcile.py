@@ -16,7 +16,8 @@ One reconciliation run (`reconcile`) hands the plain-Python workflow `billing.re
 - the monthly invoices, issued once a month's periods are all closed (`issue_invoices`).
 
 Each run ends, under the same lock, by compacting the batch files of the closed periods that no one will write again
-(`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`); between the runs of
+(`compact_closed_periods`, `billing.store.compaction`; `ADBILL_COMPACT_AFTER_CLOSE`), and the quarantine's and
+`released/`'s by chunks of batch ids up to the same batch; between the runs of
 `--every`, a pass under the same lock compacts the open periods' cold batches every `ADBILL_COMPACT_INTERVAL_S`
 (`compact_open_periods`, `OpenPasses`). Whoever takes the lock finishes a compaction a crash interrupted, and
 `adbill audit` takes it too (its Spark job lists, then reads, the archive).
@@ -53,6 +54,7 @@ from billing.store.compaction import (
     CompactionReport,
     compact_closed,
     compact_open,
+    compact_quarantine,
     compactable_through,
     finish_interrupted,
     open_periods,
@@ -261,10 +263,15 @@ def reconcile(
 def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
     """Compact the batch files of every closed period up to the batch no one will write again
     (`billing.store.compaction.compactable_through`: the stream checkpoint's last committed batch and Redis's last
-    applied one, less `HOT_BATCHES`); nothing without a checkpoint or while Redis cannot say. The caller holds the
-    run lock."""
+    applied one, less `HOT_BATCHES`); nothing without a checkpoint or while Redis cannot say. The quarantine's and
+    `released/`'s batch folders too, by whole chunks of `QUARANTINE_CHUNK` batch ids up to the same batch
+    (`compact_quarantine`). The caller holds the run lock."""
     layout = config.layout
-    return compact_closed(layout, closed_periods(layout), compaction_position(config))
+    through = compaction_position(config)
+    report = compact_closed(layout, closed_periods(layout), through)
+    # The quarantine and `released/` by whole chunks of batch ids, up to the same batch (their readers take each
+    # row's own batch: `billing.store.compaction.read_batch_only`).
+    return report.add(compact_quarantine(layout, through))
 
 
 def refresh_click_filters(config: ReconcileConfig) -> str:

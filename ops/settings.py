@@ -183,7 +183,8 @@ class Settings:
     compact_after_close: int = _setting(
         1,
         "1: each reconciliation run ends by compacting the batch files of the closed periods that the stream will "
-        "not write again into one file per period and kind (`billing.store.compaction`); 0: they stay as written.",
+        "not write again into one file per period and kind, and the quarantine's and `released/`'s by chunks of "
+        "batch ids (`billing.store.compaction`); 0: they stay as written.",
     )
     compact_interval_s: int = _setting(
         120,

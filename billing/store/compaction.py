@@ -30,8 +30,11 @@ kinds of `OPEN_KINDS`: every kind too), each pass merging the last one's file wi
 - **readers that take no lock skip what a compacted file supersedes** (`superseded`): `compacted-A-M` stands for the
   batch folders A to M of its period beside it, should both be listed.
 
-The quarantine and `released/` keep their batch-only layout (their readers take the original batch from the path),
-and the exports, corrections and conflicts are never rewritten. Pure pyarrow; no Spark, no services.
+The quarantine and `released/` are kept by batch only (`batch_id=N/`, no period): the closed pass merges their batch
+folders in chunks of `QUARANTINE_CHUNK` batch ids, each once its last batch is at or below the same position
+(`compact_quarantine`, `BATCH_ONLY_KINDS`), with the same plan, journal and recovery; their readers list through
+`read_batch_only`, which takes each row's own batch. The exports, corrections and conflicts are never rewritten. Pure
+pyarrow; no Spark, no services.
 """
 
 from __future__ import annotations
@@ -263,9 +266,10 @@ class Plan:
         return self.target.with_name(f".{self.target.name}.tmp")
 
 
-def plan_folder(folder: Path, through: int) -> Plan | None:
+def plan_folder(folder: Path, through: int, since: int | None = None) -> Plan | None:
     """The compaction of a period's folder: every batch folder up to batch `through` (newer ones are left for a
-    later pass); None when they are fewer than two (nothing to merge)."""
+    later pass), from batch `since` on when given (a chunk of the quarantine, `compact_quarantine`); None when they
+    are fewer than two (nothing to merge)."""
     batches: dict[int, list[Path]] = {}
     try:
         entries = list(os.scandir(folder))
@@ -273,7 +277,7 @@ def plan_folder(folder: Path, through: int) -> Plan | None:
         return None
     for entry in entries:
         batch = batch_of(entry.name)
-        if batch is None or batch > through or not entry.is_dir():
+        if batch is None or batch > through or (since is not None and batch < since) or not entry.is_dir():
             continue
         batches[batch] = sorted(
             Path(file.path)
@@ -337,10 +341,13 @@ class Compacted:
     folders_removed: int
 
 
-def compact_folder(layout: DataLayout, kind: Kind, folder: Path, through: int) -> Compacted | None:
-    """Compact one period's folder of `kind` up to batch `through` (`plan_folder`), journalled; the caller holds the
-    run lock and has finished any compaction a crash interrupted (`finish_interrupted`). None: nothing to merge."""
-    plan = plan_folder(folder, through)
+def compact_folder(
+    layout: DataLayout, kind: Kind, folder: Path, through: int, since: int | None = None
+) -> Compacted | None:
+    """Compact one period's folder of `kind` up to batch `through` (from batch `since` on when given: `plan_folder`),
+    journalled; the caller holds the run lock and has finished any compaction a crash interrupted
+    (`finish_interrupted`). None: nothing to merge."""
+    plan = plan_folder(folder, through, since)
     if plan is None:
         return None
     if any(path == plan.target for _, path in plan.sources):
@@ -487,15 +494,34 @@ class CompactionReport:
     """Period folders left as written, with why."""
     label: str = "compaction"
     """Which pass: its messages begin so."""
+    chunks: int = 0
+    """Chunks of the quarantine and `released/` compacted (`compact_quarantine`)."""
+
+    def add(self, other: CompactionReport) -> CompactionReport:
+        """`other`'s work (a pass over other folders at the same position) counted in this one's."""
+        self.periods += other.periods
+        self.chunks += other.chunks
+        self.rows += other.rows
+        self.files_read += other.files_read
+        self.files_written += other.files_written
+        self.folders_removed += other.folders_removed
+        self.seconds += other.seconds
+        self.finished = self.finished or other.finished
+        self.failed += other.failed
+        return self
 
     def describe(self) -> str:
+        done = [
+            *([f"{self.periods} period folder(s)"] if self.periods else []),
+            *([f"{self.chunks} chunk(s) of the quarantine and released/"] if self.chunks else []),
+        ]
         if self.through is None:
             head = f"{self.label}: nothing compacted (the stream's or Redis's position is unknown)"
-        elif not self.periods:
+        elif not done:
             head = f"{self.label}: nothing to compact up to batch {self.through}"
         else:
             head = (
-                f"{self.label}: {self.periods} period folder(s) up to batch {self.through} in {self.seconds:.1f} s: "
+                f"{self.label}: {' and '.join(done)} up to batch {self.through} in {self.seconds:.1f} s: "
                 f"{self.files_read:,} files into {self.files_written:,}, {self.rows:,} rows, "
                 f"{self.folders_removed:,} batch folders removed"
             )
@@ -558,6 +584,69 @@ def compact_periods(
                 continue
             if done is not None:
                 report.periods += 1
+                report.rows += done.rows
+                report.files_read += done.files_read
+                report.files_written += 1
+                report.folders_removed += done.folders_removed
+    report.seconds = time.monotonic() - began
+    return report
+
+
+# --- The quarantine and `released/` -----------------------------------------------------------------------------
+
+
+QUARANTINE_CHUNK = 3_600
+"""Batch ids a compacted file of the quarantine or `released/` holds at most: an hour at the 1 s trigger. Fixed
+chunks (`first // QUARANTINE_CHUNK`), so a chunk compacted once is not rewritten by later passes."""
+
+BATCH_ONLY_KINDS = (
+    Kind("quarantine", lambda layout: layout.quarantine, ("event_id",)),
+    Kind("released", lambda layout: layout.released, ("event_id",)),
+)
+"""The kinds kept by batch only (`batch_id=N/`, no period), compacted by chunks of batch ids (`compact_quarantine`);
+their readers list through `read_batch_only`."""
+
+
+def chunks_due(folder: Path, through: int, chunk: int = QUARANTINE_CHUNK) -> list[tuple[int, int]]:
+    """(first, last) batch id of every whole chunk of `folder`'s batch folders (`chunk` ids each, from 0) whose last
+    id is at or below `through` and that holds two batch folders or more (a chunk compacted once holds one, until a
+    batch folder of its ids appears), oldest first."""
+    held: dict[int, int] = {}
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        batch = batch_of(entry.name)
+        if batch is not None and entry.is_dir():
+            held[batch // chunk] = held.get(batch // chunk, 0) + 1
+    spans = [(n * chunk, (n + 1) * chunk - 1) for n, folders in sorted(held.items()) if folders >= 2]
+    return [(first, last) for first, last in spans if last <= through]
+
+
+def compact_quarantine(
+    layout: DataLayout, through: int | None, kinds: Sequence[Kind] = BATCH_ONLY_KINDS, chunk: int = QUARANTINE_CHUNK
+) -> CompactionReport:
+    """Compact the quarantine's and `released/`'s batch folders, each whole chunk of `chunk` batch ids whose last is
+    at or below `through` (`compactable_through`, `chunks_due`) into one file in the folder of the newest batch it
+    holds (`batch_id=M/compacted-A-M.parquet`), with the plan, journal and recovery of `compact_folder`, after
+    finishing an interrupted compaction. The caller holds the run lock. A chunk that fails (`CompactionError`) is
+    left as written and said; the others go on."""
+    began = time.monotonic()
+    finished = finish_interrupted(layout)
+    report = CompactionReport(through=through, finished=finished, label="compaction of the quarantine")
+    if through is None:
+        return report
+    for kind in kinds:
+        folder = kind.folder(layout)
+        for first, last in chunks_due(folder, through, chunk):
+            try:
+                done = compact_folder(layout, kind, folder, last, since=first)
+            except CompactionError as exc:
+                report.failed.append(f"{kind.name} batches {first} to {last} left as written: {exc}")
+                continue
+            if done is not None:
+                report.chunks += 1
                 report.rows += done.rows
                 report.files_read += done.files_read
                 report.files_written += 1
