@@ -249,7 +249,8 @@ class ClickFiles:
         return stale
 
     def _batch_only(self, kind: str) -> list[Path]:
-        """The quarantine's or `released/`'s files (`batch_id=N/`), every batch."""
+        """The quarantine's or `released/`'s files (`batch_id=N/`), every batch; a chunk's compacted file stands for
+        the batch files it holds (`live_files`; `billing.store.compaction.compact_quarantine`)."""
         folder = self.layout.quarantine if kind == QUARANTINE else self.layout.released
         return live_files(folder, depth=1)
 
