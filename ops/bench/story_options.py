@@ -82,7 +82,7 @@ from billing.store.click_files import (
     read_located,
 )
 from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
-from billing.store.compaction import compact_closed, compact_open, open_periods
+from billing.store.compaction import compact_closed, compact_open, compact_quarantine, open_periods
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -1142,7 +1142,8 @@ class CountingClickFiles(ClickFiles):
 def measure_product(
     layout: DataLayout, through: int, clicks: int, truths: Sequence[Truth], absent: Sequence[str]
 ) -> dict[str, Any]:
-    """The product's own path over the data folder: its compaction of the closed periods (`compact_closed`), its day
+    """The product's own path over the data folder: its compaction of the closed periods and the quarantine
+    (`compact_closed`, `compact_quarantine`, as a reconciliation run's closed pass), the open periods' pass, its day
     filters (`ClickFiles.write_filters`), and its finder (`ClickFiles.rows_of`, `read_located`) timed with the day,
     without it (newest first) and for ids that are nowhere, each lookup checked against what was written; the same
     lookups without the filters, for the difference they make."""
@@ -1150,7 +1151,7 @@ def measure_product(
     closed = sorted(finder.closed_periods())
     before = data_figures(layout, 1)
     began = time.monotonic()
-    compaction = compact_closed(layout, closed, through)
+    compaction = compact_closed(layout, closed, through).add(compact_quarantine(layout, through))
     compact_s = time.monotonic() - began
     after = data_figures(layout, 1)
     print(f"product compaction: {compact_s:.0f} s, {compaction.describe()}", flush=True)
