@@ -6,10 +6,13 @@ streaming job writes them), the corrections of late clicks (`billing.store.corre
 export of every closed hour (`billing.export.build_export`, `billing.store.export_files.write_export`). Each click's
 ground truth is known: charged, not charged (a known bot, the ad paused), added late, or not billable.
 
-Then it times, on this machine:
+Then it keeps the folder as the product does after a reconciliation run (`keep_up`; `--as-written` leaves it as
+written): the closed periods' and the quarantine's batch files compacted up to the stream's position, the open
+periods' pass of `adbill reconcile --every`, the click filters of the closed periods; each timed. Then it times, on
+this machine:
 
 1. `ClickStories.tell` for `--lookups` click ids picked at random, without their day (the newest day first,
-   `billing.store.click_files`: nothing is built beforehand): the time a page, the API or `adbill explain` spends,
+   `billing.store.click_files`, through the click filters): the time a page, the API or `adbill explain` spends,
    less the process's start;
 2. one lookup after a new micro-batch was written;
 3. `adbill explain CLICK_ID` as a command (a new Python process each time);
@@ -326,6 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     written_s = time.monotonic() - began
     print(f"wrote {month.clicks:,} clicks and {month.impressions:,} impressions in {written_s:.0f} s to {root}")
     layout = DataLayout(root)
+    upkeep = {} if args.as_written else keep_up(layout, month.batches - 1)
     stories = ClickStories(layout, MonthCatalog(load_catalog(layout.catalog_file)))
     rng = random.Random(args.seed)
     picked = rng.sample(sorted(month.truth), args.lookups)
@@ -372,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "impressions": month.impressions,
         "batches": month.batches,
         "written_s": round(written_s, 1),
+        "upkeep": upkeep,
         "lookups": len(picked),
         "lookup_ms": {
             "p50": round(percentile(timings, 0.5) * 1000, 1),
@@ -383,6 +388,57 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "by_price_ms": round(by_price_s * 1000, 1),
         "wrong": wrong,
     }
+
+
+def keep_up(layout: DataLayout, newest_batch: int) -> dict[str, Any]:
+    """What a reconciliation run and `adbill reconcile --every` do to the folder after the month: the closed periods'
+    and the quarantine's batch files compacted up to the stream's position (`compactable_through`), the open periods'
+    pass, the click filters of the closed periods; each timed, the files of the batch folders counted before and
+    after."""
+    from billing.store.click_files import ClickFiles
+    from billing.store.compaction import (
+        compact_closed,
+        compact_open,
+        compact_quarantine,
+        compactable_through,
+        open_periods,
+    )
+
+    files = ClickFiles(layout)
+    closed = sorted(files.closed_periods())
+    through = compactable_through(newest_batch, newest_batch)
+    before = _batch_files(layout)
+    began = time.monotonic()
+    compacted = compact_closed(layout, closed, through).add(compact_quarantine(layout, through))
+    closed_s = time.monotonic() - began
+    began = time.monotonic()
+    opened = compact_open(layout, open_periods(layout, closed), through)
+    open_s = time.monotonic() - began
+    began = time.monotonic()
+    refresh = files.refresh_filters(closed, recent_days=0)
+    filters_s = time.monotonic() - began
+    after = _batch_files(layout)
+    for line in (compacted.describe(), opened.describe(), refresh.describe()):
+        print(line)
+    print(f"the batch folders' files: {before:,} before, {after:,} after")
+    return {
+        "through": through,
+        "closed_pass_s": round(closed_s, 1),
+        "closed_pass": compacted.describe(),
+        "open_pass_s": round(open_s, 1),
+        "open_pass": opened.describe(),
+        "filters_s": round(filters_s, 1),
+        "filters": refresh.describe(),
+        "filter_bytes": sum(p.stat().st_size for p in layout.click_day_filters.glob("*.bloom")),
+        "batch_files_before": before,
+        "batch_files_after": after,
+    }
+
+
+def _batch_files(layout: DataLayout) -> int:
+    """The Parquet files of the batch folders (ledger, archive, unbilled/, not_charged/, quarantine, released/)."""
+    folders = (layout.ledger, layout.archive, layout.unbilled, layout.not_charged, layout.quarantine, layout.released)
+    return sum(1 for folder in folders if folder.is_dir() for _ in folder.rglob("*.parquet"))
 
 
 def truth_of(story: Any) -> str:
@@ -435,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--folder", help="the data folder to write (default: a new one under var/)")
+    parser.add_argument(
+        "--as-written",
+        action="store_true",
+        help="read the files as the writers left them (no compaction, no click filters)",
+    )
     args = parser.parse_args(argv)
     report = run(args)
     out = PROJECT_ROOT / "var" / "bench" / f"stories-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
