@@ -332,7 +332,10 @@ def compact_open_periods(config: ReconcileConfig) -> CompactionReport:
     `OPEN_KINDS`) up to the same batch as `compact_closed_periods`; the stream's newer batches are left as written
     for the next pass. The caller holds the run lock."""
     layout = config.layout
-    return compact_open(layout, open_periods(layout, closed_periods(layout)), compaction_position(config))
+    through = compaction_position(config)
+    report = compact_open(layout, open_periods(layout, closed_periods(layout)), through)
+    # The quarantine's and `released/`'s chunk under way, up to the same batch (the closed pass takes whole ones).
+    return report.add(compact_quarantine(layout, through, partial=True))
 
 
 def compaction_position(config: ReconcileConfig) -> int | None:

@@ -5,7 +5,8 @@ closed day leaves about 950,000 of them. Each reconciliation run (`ops.reconcile
 compacts the batch folders of every closed period, per kind (`KINDS`: the archive's clicks and impressions, the
 ledger, `unbilled/`, `not_charged/`), into one file (`compact_closed`); between runs, `adbill reconcile --every`
 compacts the open periods' batches up to the same position every `ADBILL_COMPACT_INTERVAL_S` (`compact_open`, the
-kinds of `OPEN_KINDS`: every kind too), each pass merging the last one's file with the batches since
+kinds of `OPEN_KINDS`: every kind too), each pass merging the batches since the last one's file into a file of
+their own
 (docs/click-stories-at-scale.md, "What compaction must guarantee"):
 
 - **only batches no one will write again** (`compactable_through`): at or below the lesser of the stream's last
@@ -528,6 +529,23 @@ class CompactionReport:
         return "; ".join([head, *([self.finished] if self.finished else []), *self.failed])
 
 
+def after_compacted(folder: Path) -> int | None:
+    """The batch after the last one a compacted file of `folder`'s batch folders holds; None when it holds none."""
+    last = None
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return None
+    for entry in entries:
+        if batch_of(entry.name) is None or not entry.is_dir():
+            continue
+        for file in os.scandir(entry.path):
+            span = compacted_span(file.name)
+            if span is not None and (last is None or span[1] > last):
+                last = span[1]
+    return None if last is None else last + 1
+
+
 def compact_closed(
     layout: DataLayout, closed: Iterable[str], through: int | None, kinds: Sequence[Kind] = KINDS
 ) -> CompactionReport:
@@ -543,8 +561,12 @@ def compact_open(
     """The pass over the open periods (`OPEN_KINDS`, every kind: each reader skips what a compacted file
     supersedes): their batch folders up to batch `through` (`compactable_through`; the stream's newer batches are
     left as written, and merged by the next pass), with the same plan, journal and recovery as `compact_closed`.
-    The caller holds the run lock."""
-    return compact_periods(layout, open_periods, through, kinds, "compaction of the open periods")
+    The caller holds the run lock.
+
+    Each pass merges only the batches since the last pass's file (`after_compacted`), into a file of their own: a
+    period open for an hour holds one file a pass (30 at a pass every 2 minutes) and the hot batches, and each row is
+    written once while its period is open, not once a pass; the closed pass merges them into one."""
+    return compact_periods(layout, open_periods, through, kinds, "compaction of the open periods", layered=True)
 
 
 def open_periods(layout: DataLayout, closed: Iterable[str], kinds: Sequence[Kind] = OPEN_KINDS) -> list[str]:
@@ -561,10 +583,16 @@ def open_periods(layout: DataLayout, closed: Iterable[str], kinds: Sequence[Kind
 
 
 def compact_periods(
-    layout: DataLayout, periods: Iterable[str], through: int | None, kinds: Sequence[Kind], label: str = "compaction"
+    layout: DataLayout,
+    periods: Iterable[str],
+    through: int | None,
+    kinds: Sequence[Kind],
+    label: str = "compaction",
+    layered: bool = False,
 ) -> CompactionReport:
     """Compact the batch folders of `periods` of `kinds` up to batch `through`, after finishing an interrupted
-    compaction (`compact_closed`, `compact_open`)."""
+    compaction (`compact_closed`, `compact_open`); `layered`: only the batches after the folder's newest compacted
+    file (`after_compacted`)."""
     began = time.monotonic()
     report = CompactionReport(through=through, finished=finish_interrupted(layout), label=label)
     if through is None:
@@ -577,8 +605,9 @@ def compact_periods(
         for entry in sorted(os.scandir(root), key=lambda e: e.name):
             if not entry.name.startswith("period=") or entry.name.removeprefix("period=") not in wanted:
                 continue
+            folder = Path(entry.path)
             try:
-                done = compact_folder(layout, kind, Path(entry.path), through)
+                done = compact_folder(layout, kind, folder, through, since=after_compacted(folder) if layered else None)
             except CompactionError as exc:
                 report.failed.append(f"{kind.name} {entry.name} left as written: {exc}")
                 continue
@@ -607,10 +636,13 @@ BATCH_ONLY_KINDS = (
 their readers list through `read_batch_only`."""
 
 
-def chunks_due(folder: Path, through: int, chunk: int = QUARANTINE_CHUNK) -> list[tuple[int, int]]:
+def chunks_due(
+    folder: Path, through: int, chunk: int = QUARANTINE_CHUNK, partial: bool = False
+) -> list[tuple[int, int]]:
     """(first, last) batch id of every whole chunk of `folder`'s batch folders (`chunk` ids each, from 0) whose last
     id is at or below `through` and that holds two batch folders or more (a chunk compacted once holds one, until a
-    batch folder of its ids appears), oldest first."""
+    batch folder of its ids appears), oldest first; with `partial`, then the chunk `through` falls in, up to
+    `through` (the open pass: its batches so far, merged again with the next ones by each pass)."""
     held: dict[int, int] = {}
     try:
         entries = list(os.scandir(folder))
@@ -621,17 +653,25 @@ def chunks_due(folder: Path, through: int, chunk: int = QUARANTINE_CHUNK) -> lis
         if batch is not None and entry.is_dir():
             held[batch // chunk] = held.get(batch // chunk, 0) + 1
     spans = [(n * chunk, (n + 1) * chunk - 1) for n, folders in sorted(held.items()) if folders >= 2]
-    return [(first, last) for first, last in spans if last <= through]
+    due = [(first, last) for first, last in spans if last <= through]
+    if partial and held.get(through // chunk, 0) >= 2 and (through + 1) % chunk:
+        due.append(((through // chunk) * chunk, through))  # `compact_folder` merges none when fewer than two are due
+    return due
 
 
 def compact_quarantine(
-    layout: DataLayout, through: int | None, kinds: Sequence[Kind] = BATCH_ONLY_KINDS, chunk: int = QUARANTINE_CHUNK
+    layout: DataLayout,
+    through: int | None,
+    kinds: Sequence[Kind] = BATCH_ONLY_KINDS,
+    chunk: int = QUARANTINE_CHUNK,
+    partial: bool = False,
 ) -> CompactionReport:
     """Compact the quarantine's and `released/`'s batch folders, each whole chunk of `chunk` batch ids whose last is
     at or below `through` (`compactable_through`, `chunks_due`) into one file in the folder of the newest batch it
     holds (`batch_id=M/compacted-A-M.parquet`), with the plan, journal and recovery of `compact_folder`, after
-    finishing an interrupted compaction. The caller holds the run lock. A chunk that fails (`CompactionError`) is
-    left as written and said; the others go on."""
+    finishing an interrupted compaction; with `partial` (the open periods' pass), the chunk under way too, up to
+    `through`. The caller holds the run lock. A chunk that fails (`CompactionError`) is left as written and said; the
+    others go on."""
     began = time.monotonic()
     finished = finish_interrupted(layout)
     report = CompactionReport(through=through, finished=finished, label="compaction of the quarantine")
@@ -639,7 +679,7 @@ def compact_quarantine(
         return report
     for kind in kinds:
         folder = kind.folder(layout)
-        for first, last in chunks_due(folder, through, chunk):
+        for first, last in chunks_due(folder, through, chunk, partial):
             try:
                 done = compact_folder(layout, kind, folder, last, since=first)
             except CompactionError as exc:

@@ -53,9 +53,14 @@ def own_batches(root: Path, after: int, through: int) -> set[tuple[str, int]]:
     return set(zip(table["click_id"].to_pylist(), table["batch_id"].to_pylist(), strict=True))
 
 
+def kind_folder(root: Path, kind: str, period: str = P0) -> Path:
+    """A kind's folder of `period`."""
+    return next(k for k in KINDS if k.name == kind).folder(DataLayout(root)) / f"period={period}"
+
+
 def kind_folders(root: Path, kind: str, period: str = P0) -> dict[str, list[str]]:
     """A kind's batch folders of `period` and the files each holds."""
-    base = next(k for k in KINDS if k.name == kind).folder(DataLayout(root)) / f"period={period}"
+    base = kind_folder(root, kind, period)
     return {p.name: sorted(f.name for f in p.iterdir()) for p in sorted(base.iterdir())}
 
 
@@ -118,29 +123,36 @@ def test_an_open_period_is_compacted_while_the_stream_writes_newer_batches_besid
     assert not_charged_rows(layout) == not_charged_before + batch_7
     assert listed_list(layout)[1:] == listed_before and listed_list(layout)[0].click_id == "n-7-0"
 
-    # The stream goes on (batches 8 and 9, and the next period's 10); the second pass merges the first one's file
-    # with the batches since, up to its own position, and leaves the newer ones as written.
+    # The stream goes on (batches 8 and 9, and the next period's 10); the second pass merges the batches since the
+    # first one's file into a file of their own (the first one's is not written again), up to its own position, and
+    # leaves the newer ones as written.
     for batch in (8, 9):
         write_stream_batch(tmp_path, batch)
     write_stream_batch(tmp_path, 10, T0 + 3_600_000)
     rows |= {(f"c-{b}-{t}", b) for b in (8, 9, 10) for t in (0, 1)}
     untouched = files_above(tmp_path, 6)
     recent_before, not_charged_before = recent(tmp_path), not_charged_rows(layout)
+    first_pass = {kind: (kind_folder(tmp_path, kind) / "batch_id=3" / "compacted-1-3.parquet").stat().st_ino
+                  for kind in ("ledger", "archive_click")}  # fmt: skip
     report = compact_open(layout, open_periods(layout, []), compactable_through(10, 9))
-    # The compacted file and batches 4 to 6: 4 files of the ledger and of not_charged/, 7 of each archive kind.
-    assert report.through == 6 and report.periods == 4 and report.files_read == 22, report.describe()
+    # Batches 4 to 6 only: 3 files of the ledger and of not_charged/, 6 of each archive kind.
+    assert report.through == 6 and report.periods == 4 and report.files_read == 18, report.describe()
     assert folders(tmp_path) == {
-        "batch_id=6": ["compacted-1-6.parquet"],
+        "batch_id=3": ["compacted-1-3.parquet"],
+        "batch_id=6": ["compacted-4-6.parquet"],
         **{f"batch_id={b}": ["part-00000.parquet"] for b in range(7, 10)},
     }
     assert kind_folders(tmp_path, "not_charged") == folders(tmp_path)
     assert kind_folders(tmp_path, "archive_click") == {
-        "batch_id=6": ["compacted-1-6.parquet"],
+        "batch_id=3": ["compacted-1-3.parquet"],
+        "batch_id=6": ["compacted-4-6.parquet"],
         **{f"batch_id={b}": ["part-00000.parquet", "part-00001.parquet"] for b in range(7, 10)},
     }
+    for kind, inode in first_pass.items():  # the first pass's file, not written again
+        assert (kind_folder(tmp_path, kind) / "batch_id=3" / "compacted-1-3.parquet").stat().st_ino == inode, kind
     assert recent(tmp_path) == recent_before and not_charged_rows(layout) == not_charged_before
     assert files_above(tmp_path, 6) == untouched
-    assert ledger_rows(tmp_path) == {(i, 6 if b <= 6 else b) for i, b in rows}
+    assert ledger_rows(tmp_path) == {(i, 3 if b <= 3 else 6 if b <= 6 else b) for i, b in rows}
     assert sources(tmp_path) == rows
     assert own_batches(tmp_path, 2, 10) == {(i, b) for i, b in rows if b > 2}
     # The next period's single batch is nothing to merge; a pass with the position unknown compacts nothing.

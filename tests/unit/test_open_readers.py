@@ -137,9 +137,9 @@ def test_the_not_charged_list_reads_each_row_once_while_its_open_period_is_compa
     listings, listed_by = overtaking(layout, 8)
     monkeypatch.setattr(compaction, "live_files", listed_by)
     assert listed_list(layout) == grown and len(grown) == 10
-    assert len(listings) == 2 and "compacted-1-8.parquet" in {p.name for p in listings[1]}
+    assert len(listings) == 2 and "compacted-6-8.parquet" in {p.name for p in listings[1]}  # the batches since
     monkeypatch.undo()
-    assert sorted(p.name for p in period.iterdir()) == ["batch_id=10", "batch_id=8", "batch_id=9"]
+    assert sorted(p.name for p in period.iterdir()) == ["batch_id=10", "batch_id=5", "batch_id=8", "batch_id=9"]
 
 
 def test_the_streams_recent_clicks_are_read_once_each_with_their_own_batch_while_their_period_is_compacted(
@@ -177,9 +177,9 @@ def test_the_streams_recent_clicks_are_read_once_each_with_their_own_batch_while
     listings, listed_by = overtaking(layout, 7)
     monkeypatch.setattr(compaction, "live_files", listed_by)
     assert recent(tmp_path) == before[(100, None, None)]
-    assert len(listings) == 2 and "compacted-1-7.parquet" in {p.name for p in listings[1]}
+    assert len(listings) == 2 and "compacted-6-7.parquet" in {p.name for p in listings[1]}  # the batches since
     monkeypatch.undo()
-    assert sorted(p.name for p in period.iterdir()) == ["batch_id=7"]
+    assert sorted(p.name for p in period.iterdir()) == ["batch_id=5", "batch_id=7"]
     assert {ask: recent(tmp_path, *ask) for ask in asks} == before
 
 
@@ -202,4 +202,4 @@ def test_a_new_epochs_offsets_and_a_releases_copies_list_again_when_an_open_pass
     listings, listed_by = overtaking(layout, 6)
     monkeypatch.setattr(compaction, "live_files", listed_by)
     assert copy_periods(layout, asked) == copies
-    assert "compacted-1-6.parquet" in {p.name for p in listings[1]} and len(listings) == 2
+    assert "compacted-5-6.parquet" in {p.name for p in listings[1]} and len(listings) == 2

@@ -130,3 +130,29 @@ def test_a_pass_that_fails_on_a_chunk_leaves_it_as_written_and_goes_on(tmp_path:
     assert report.chunks == 1 and len(report.failed) == 1 and "quarantine batches 0 to 3" in report.failed[0]
     assert sorted(names(layout.quarantine)) == ["batch_id=1", "batch_id=2", "batch_id=6"]
     assert broken.read_bytes() == b"not parquet" and not layout.compaction_journal.exists()
+
+
+def test_the_open_pass_merges_the_chunk_under_way_and_the_closed_pass_finishes_it(tmp_path: Path) -> None:
+    layout = DataLayout(tmp_path)
+    for batch in (1, 2, 4, 5, 6):
+        write_quarantine(tmp_path, batch)
+    rows = own_rows(tmp_path)
+    # The chunk 4-7 is under way at position 5: the open pass merges its batches so far, the closed pass does not.
+    assert chunks_due(layout.quarantine, 5, CHUNK) == [(0, 3)]
+    assert chunks_due(layout.quarantine, 5, CHUNK, partial=True) == [(0, 3), (4, 5)]
+    assert chunks_due(layout.quarantine, 7, CHUNK, partial=True) == [(0, 3), (4, 7)]  # whole: once
+    report = compact_quarantine(layout, 5, chunk=CHUNK, partial=True)
+    assert report.chunks == 2, report.describe()
+    assert sorted(names(layout.quarantine)) == ["batch_id=2", "batch_id=5", "batch_id=6"]
+    assert names(layout.quarantine)["batch_id=5"] == ["compacted-4-5.parquet"]
+    assert own_rows(tmp_path) == rows
+    # The next pass merges the chunk's file with the batches since; once whole, the closed pass leaves one file.
+    write_quarantine(tmp_path, 7)
+    rows = own_rows(tmp_path)
+    assert compact_quarantine(layout, 6, chunk=CHUNK, partial=True).chunks == 1
+    assert names(layout.quarantine)["batch_id=6"] == ["compacted-4-6.parquet"]
+    assert compact_quarantine(layout, 7, chunk=CHUNK).chunks == 1
+    assert sorted(names(layout.quarantine)) == ["batch_id=2", "batch_id=7"]
+    assert names(layout.quarantine)["batch_id=7"] == ["compacted-4-7.parquet"]
+    assert own_rows(tmp_path) == rows
+    assert compact_quarantine(layout, 7, chunk=CHUNK, partial=True).chunks == 0  # nothing left to merge
