@@ -353,16 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     after_batch_s = time.perf_counter() - began
     assert story.outcome.status == "charged", story.outcome
     print(f"a lookup after a new batch: {after_batch_s * 1000:.0f} ms")
-    command: list[float] = []
-    env = {**os.environ, "ADBILL_HOME": str(root)}
-    for click_id in picked[:3]:
-        began = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "ops.cli", "explain", click_id], env=env, capture_output=True, text=True, check=False
-        )
-        command.append(time.perf_counter() - began)
-        if done.returncode != 0:
-            wrong.append(f"adbill explain {click_id}: exit {done.returncode}: {done.stderr.strip()}")
+    command = explain_commands(root, picked[:3], wrong)
     print(f"adbill explain: {', '.join(f'{t:.2f} s' for t in command)} (a new process each)")
     ad = month.catalog.ad_ids[0]
     began = time.perf_counter()
@@ -388,6 +379,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "by_price_ms": round(by_price_s * 1000, 1),
         "wrong": wrong,
     }
+
+
+def explain_commands(root: Path, click_ids: list[str], wrong: list[str]) -> list[float]:
+    """`adbill explain CLICK_ID` as a command, a new process each, with a PostgreSQL of its own on a free port (the
+    catalog's database, which takes the month's catalog file in on first use); the seconds each took."""
+    from ops.postgres_service import LocalPostgres, database_beside
+    from ops.process import free_ports
+
+    (port,) = free_ports(1)
+    server = LocalPostgres(root / "postgres" / "cluster", port, root / "postgres" / "run", log_dir=root / "postgres")
+    server.start()
+    seconds: list[float] = []
+    try:
+        env = {**os.environ, "ADBILL_HOME": str(root), "ADBILL_DATABASE_URL": database_beside(server.url, "stories")}
+        for click_id in click_ids:
+            began = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "ops.cli", "explain", click_id],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            seconds.append(time.perf_counter() - began)
+            if done.returncode != 0:
+                wrong.append(f"adbill explain {click_id}: exit {done.returncode}: {done.stderr.strip()}")
+    finally:
+        server.stop()
+    return seconds
 
 
 def keep_up(layout: DataLayout, newest_batch: int) -> dict[str, Any]:
