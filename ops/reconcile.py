@@ -52,11 +52,10 @@ from billing.reconcile_run import ReconcileBusyError, ReconcilePorts, RunReport,
 from billing.store.click_files import ClickFiles
 from billing.store.compaction import (
     CompactionReport,
-    compact_closed,
-    compact_open,
-    compact_quarantine,
+    closed_pass,
     compactable_through,
     finish_interrupted,
+    open_pass,
     open_periods,
 )
 from billing.store.conflict_files import ConflictFiles
@@ -267,11 +266,9 @@ def compact_closed_periods(config: ReconcileConfig) -> CompactionReport:
     `released/`'s batch folders too, by whole chunks of `QUARANTINE_CHUNK` batch ids up to the same batch
     (`compact_quarantine`). The caller holds the run lock."""
     layout = config.layout
-    through = compaction_position(config)
-    report = compact_closed(layout, closed_periods(layout), through)
     # The quarantine and `released/` by whole chunks of batch ids, up to the same batch (their readers take each
     # row's own batch: `billing.store.compaction.read_batch_only`).
-    return report.add(compact_quarantine(layout, through))
+    return closed_pass(layout, closed_periods(layout), compaction_position(config))
 
 
 def refresh_click_filters(config: ReconcileConfig) -> str:
@@ -332,10 +329,8 @@ def compact_open_periods(config: ReconcileConfig) -> CompactionReport:
     `OPEN_KINDS`) up to the same batch as `compact_closed_periods`; the stream's newer batches are left as written
     for the next pass. The caller holds the run lock."""
     layout = config.layout
-    through = compaction_position(config)
-    report = compact_open(layout, open_periods(layout, closed_periods(layout)), through)
     # The quarantine's and `released/`'s chunk under way, up to the same batch (the closed pass takes whole ones).
-    return report.add(compact_quarantine(layout, through, partial=True))
+    return open_pass(layout, open_periods(layout, closed_periods(layout)), compaction_position(config))
 
 
 def compaction_position(config: ReconcileConfig) -> int | None:

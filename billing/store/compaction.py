@@ -529,6 +529,19 @@ class CompactionReport:
         return "; ".join([head, *([self.finished] if self.finished else []), *self.failed])
 
 
+def closed_pass(layout: DataLayout, closed: Iterable[str], through: int | None) -> CompactionReport:
+    """What a reconciliation run compacts: the closed periods' batch folders (`compact_closed`), then the quarantine's
+    and `released/`'s whole chunks (`compact_quarantine`), up to `through`. The caller holds the run lock."""
+    return compact_closed(layout, closed, through).add(compact_quarantine(layout, through))
+
+
+def open_pass(layout: DataLayout, open_periods: Iterable[str], through: int | None) -> CompactionReport:
+    """What a pass of `adbill reconcile --every` compacts: the open periods' batches since their last pass
+    (`compact_open`), then the quarantine's and `released/`'s chunk under way (`compact_quarantine(partial=True)`),
+    up to `through`. The caller holds the run lock."""
+    return compact_open(layout, open_periods, through).add(compact_quarantine(layout, through, partial=True))
+
+
 def after_compacted(folder: Path) -> int | None:
     """The batch after the last one a compacted file of `folder`'s batch folders holds; None when it holds none."""
     last = None

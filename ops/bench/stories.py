@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -388,7 +389,10 @@ def explain_commands(root: Path, click_ids: list[str], wrong: list[str]) -> list
     from ops.process import free_ports
 
     (port,) = free_ports(1)
-    server = LocalPostgres(root / "postgres" / "cluster", port, root / "postgres" / "run", log_dir=root / "postgres")
+    # Beside the data folder, in one the server's own user can reach (a temporary folder lets no one else through).
+    home = Path(tempfile.mkdtemp(prefix="adbill-stories-postgres-", dir=root.parent))
+    home.chmod(0o755)
+    server = LocalPostgres(home / "cluster", port, home / "run", log_dir=home)
     server.start()
     seconds: list[float] = []
     try:
@@ -407,6 +411,7 @@ def explain_commands(root: Path, click_ids: list[str], wrong: list[str]) -> list
                 wrong.append(f"adbill explain {click_id}: exit {done.returncode}: {done.stderr.strip()}")
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)
     return seconds
 
 
@@ -416,23 +421,17 @@ def keep_up(layout: DataLayout, newest_batch: int) -> dict[str, Any]:
     pass, the click filters of the closed periods; each timed, the files of the batch folders counted before and
     after."""
     from billing.store.click_files import ClickFiles
-    from billing.store.compaction import (
-        compact_closed,
-        compact_open,
-        compact_quarantine,
-        compactable_through,
-        open_periods,
-    )
+    from billing.store.compaction import closed_pass, compactable_through, open_pass, open_periods
 
     files = ClickFiles(layout)
     closed = sorted(files.closed_periods())
     through = compactable_through(newest_batch, newest_batch)
     before = _batch_files(layout)
     began = time.monotonic()
-    compacted = compact_closed(layout, closed, through).add(compact_quarantine(layout, through))
+    compacted = closed_pass(layout, closed, through)
     closed_s = time.monotonic() - began
     began = time.monotonic()
-    opened = compact_open(layout, open_periods(layout, closed), through)
+    opened = open_pass(layout, open_periods(layout, closed), through)
     open_s = time.monotonic() - began
     began = time.monotonic()
     refresh = files.refresh_filters(closed, recent_days=0)

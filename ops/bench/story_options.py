@@ -82,7 +82,7 @@ from billing.store.click_files import (
     read_located,
 )
 from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
-from billing.store.compaction import compact_closed, compact_open, compact_quarantine, open_periods
+from billing.store.compaction import closed_pass, open_pass, open_periods
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -1151,14 +1151,14 @@ def measure_product(
     closed = sorted(finder.closed_periods())
     before = data_figures(layout, 1)
     began = time.monotonic()
-    compaction = compact_closed(layout, closed, through).add(compact_quarantine(layout, through))
+    compaction = closed_pass(layout, closed, through)
     compact_s = time.monotonic() - began
     after = data_figures(layout, 1)
     print(f"product compaction: {compact_s:.0f} s, {compaction.describe()}", flush=True)
     began = time.monotonic()  # the open periods, as `adbill reconcile --every` keeps them between its runs
-    open_pass = compact_open(layout, open_periods(layout, closed), through)
+    opened = open_pass(layout, open_periods(layout, closed), through)
     open_s = time.monotonic() - began
-    print(f"product open pass: {open_s:.0f} s, {open_pass.describe()}", flush=True)
+    print(f"product open pass: {open_s:.0f} s, {opened.describe()}", flush=True)
     began = time.monotonic()
     hashed = finder.write_filters(closed)
     filters_s = time.monotonic() - began
@@ -1171,7 +1171,7 @@ def measure_product(
         "compaction_us_per_click": round(compact_s / clicks * 1e6, 2),
         "compaction": compaction.describe(),
         "open_pass_s": round(open_s, 1),
-        "open_pass": open_pass.describe(),
+        "open_pass": opened.describe(),
         "files_of_day_1_before": before["files_of_day_1_but_quarantine"],
         "files_of_day_1_after": after["files_of_day_1_but_quarantine"],
         "data_bytes_after": after["bytes"],
