@@ -49,7 +49,6 @@ from billing.money import Amounts
 from billing.periods import Periods
 from billing.reconcile_plan import PeriodState, StreamPosition, plan_run
 from billing.reconcile_run import ReconcileBusyError, ReconcilePorts, RunReport, reconcile_periods
-from billing.store.click_files import ClickFiles
 from billing.store.compaction import (
     CompactionReport,
     closed_pass,
@@ -275,6 +274,8 @@ def refresh_click_filters(config: ReconcileConfig) -> str:
     """Write the day filters of the closed periods that have none or whose files changed
     (`billing.store.click_files.ClickFiles.refresh_filters`), and say so on the health page; what was done, in a
     line. The caller holds the run lock."""
+    from billing.store.click_files import ClickFiles
+
     try:
         refresh = ClickFiles(config.layout).refresh_filters(closed_periods(config.layout))
     except OSError as exc:  # a full disk: the stories read the periods whole until a later run writes them

@@ -234,19 +234,19 @@ class ClickFiles:
                 if part is None:
                     waiting.append(period)  # its batch files are not compacted yet: a later run writes it
                 continue
-            if part is None or _stamps(self.root, files) != part.covers:
+            if self._stale(period, files):
                 due.append(period)
         return FilterRefresh(due, self.write_filters(due) if due else 0, waiting)
 
     def stale_filters(self, periods: Iterable[str]) -> list[str]:
         """Those of `periods` whose day filter has no part, or a part that does not cover their files as they are."""
-        stale = []
-        for period in periods:
-            day_filter = self.filters.of(period[:8])
-            part = day_filter.parts.get(period) if day_filter is not None else None
-            if part is None or _stamps(self.root, self.filter_files(period)) != part.covers:
-                stale.append(period)
-        return stale
+        return [period for period in periods if self._stale(period, self.filter_files(period))]
+
+    def _stale(self, period: str, files: list[tuple[Path, str]]) -> bool:
+        """Whether `period` has no part in its day filter, or one that does not cover `files` as they are now."""
+        day_filter = self.filters.of(period[:8])
+        part = day_filter.parts.get(period) if day_filter is not None else None
+        return part is None or _stamps(self.root, files) != part.covers
 
     def _batch_only(self, kind: str) -> list[Path]:
         """The quarantine's or `released/`'s files (`batch_id=N/`), every batch; a chunk's compacted file stands for

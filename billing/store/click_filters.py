@@ -198,9 +198,7 @@ class DayFilters:
             day_filter = DayFilter(path)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if held is not None:
-            held[1].close()
-        self._held[day] = (now, day_filter)
+        self._held[day] = (now, day_filter)  # the one replaced is closed once no lookup holds it any more
         return day_filter
 
     def skippable(self, period: str, click_id: str) -> Callable[[Path], bool] | None:

@@ -498,6 +498,13 @@ class CompactionReport:
     chunks: int = 0
     """Chunks of the quarantine and `released/` compacted (`compact_quarantine`)."""
 
+    def took(self, done: Compacted) -> None:
+        """One folder (a period's, or a chunk of the quarantine) compacted into one file, counted."""
+        self.rows += done.rows
+        self.files_read += done.files_read
+        self.files_written += 1
+        self.folders_removed += done.folders_removed
+
     def add(self, other: CompactionReport) -> CompactionReport:
         """`other`'s work (a pass over other folders at the same position) counted in this one's."""
         self.periods += other.periods
@@ -626,10 +633,7 @@ def compact_periods(
                 continue
             if done is not None:
                 report.periods += 1
-                report.rows += done.rows
-                report.files_read += done.files_read
-                report.files_written += 1
-                report.folders_removed += done.folders_removed
+                report.took(done)
     report.seconds = time.monotonic() - began
     return report
 
@@ -700,9 +704,6 @@ def compact_quarantine(
                 continue
             if done is not None:
                 report.chunks += 1
-                report.rows += done.rows
-                report.files_read += done.files_read
-                report.files_written += 1
-                report.folders_removed += done.folders_removed
+                report.took(done)
     report.seconds = time.monotonic() - began
     return report
