@@ -215,6 +215,15 @@ class DataLayout:
         """The filter file of the UTC day `day` (`YYYYMMDD`)."""
         return self.click_day_filters / f"{day}.bloom"
 
+    @property
+    def price_counts(self) -> Path:
+        """The closed periods' book rows counted by ad and price (`billing.store.price_counts`), a file a UTC day."""
+        return self.root / "index" / "price-counts"
+
+    def price_counts_day(self, day: str) -> Path:
+        """The counts file of the UTC day `day` (`YYYYMMDD`)."""
+        return self.price_counts / f"{day}.parquet"
+
     # Services, processes and defaults of the settings.
     @property
     def kafka(self) -> Path:

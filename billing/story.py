@@ -389,10 +389,15 @@ def counts_in_books(row: BookRow, closed: bool) -> bool:
 def by_price(rows: Iterable[BookRow], closed: Callable[[str], bool]) -> list[tuple[int, int]]:
     """(price in micros, net clicks) of the rows as the books count them, by price, dearest first; a price whose
     clicks net to zero is left out."""
+    return by_price_counted(((row, 1) for row in rows), closed)
+
+
+def by_price_counted(counted: Iterable[tuple[BookRow, int]], closed: Callable[[str], bool]) -> list[tuple[int, int]]:
+    """`by_price` of rows each standing for a number of rows alike (a period's price counts)."""
     clicks: dict[int, int] = defaultdict(int)
-    for row in rows:
+    for row, n in counted:
         if counts_in_books(row, closed(row.period)):
-            clicks[row.amount_micros] += row.sign
+            clicks[row.amount_micros] += row.sign * n
     return sorted(((price, n) for price, n in clicks.items() if n), reverse=True)
 
 

@@ -381,8 +381,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "click-filters",
-        help="write again the day filters that click stories read (of DAY, or of every closed period); "
-        "reconciliation writes them as periods close",
+        help="write again the day filters and price counts that click stories read (of DAY, or of every closed "
+        "period); reconciliation writes them as periods close",
     )
     p.add_argument("--day", metavar="YYYY-MM-DD", help="the UTC day whose closed periods to write (default: all)")
     p.set_defaults(run=cmd_click_filters)

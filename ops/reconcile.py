@@ -867,13 +867,15 @@ def rebuild_click_filters(settings: Settings, day: str | None) -> int:
                 where = f" of {day}" if day else ""
                 print(f"click-filters: no closed period{where}: nothing to write", file=sys.stderr)
                 return 1
-            hashed = ClickFiles(config.layout).write_filters(closed, lambda line: print(line, flush=True))
+            files = ClickFiles(config.layout)
+            hashed = files.write_filters(closed, lambda line: print(line, flush=True))
+            counted = files.write_counts(closed, lambda line: print(line, flush=True))
     except ReconcileBusyError as exc:
         print(f"click-filters: {exc}", file=sys.stderr)
         return 1
     print(
-        f"click-filters: {len(closed)} period(s), {hashed:,} click ids, {time.monotonic() - started:.1f} s "
-        f"(in {config.layout.click_day_filters})"
+        f"click-filters: {len(closed)} period(s), {hashed:,} click ids, the price counts of {len(counted)} period(s), "
+        f"{time.monotonic() - started:.1f} s (in {config.layout.click_day_filters} and {config.layout.price_counts})"
     )
     return 0
 

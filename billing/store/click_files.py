@@ -37,7 +37,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from billing.layout import DataLayout
 from billing.store.click_filters import DayFilters, Stamp, days_of, period_ids, stamp, write_day
 from billing.store.compaction import SOURCE_BATCH, batch_of, live_files
 from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
+from billing.store.price_counts import Counted, PeriodCounts, read_counts, read_covers, stamps_of, write_counts_day
 from billing.story import BookRow
 
 ARCHIVE_CLICK = "archive_click"
@@ -81,6 +82,9 @@ OWN = (*BATCHED, CORRECTION, CONFLICTS, EXPORT_NOT_CHARGED)
 FILTERED = (*OWN, EXPORT)
 """The kinds a period's part of its day filter covers (`billing.store.click_filters`): those a lookup reads by
 period."""
+
+COUNTED = (LEDGER, CORRECTION, EXPORT)
+"""The kinds whose rows a period's price counts hold (`billing.store.price_counts`): those of `ClickFiles.book_rows`."""
 
 RECENT_FILTER_DAYS = 2
 """The newest days of closed periods whose filters reconciliation checks against their files at each run."""
@@ -122,6 +126,8 @@ class FilterRefresh:
     """Click ids put in them."""
     waiting: list[str]
     """Closed periods without a part whose batch files are not compacted yet (oldest first)."""
+    counted: list[str] = field(default_factory=list)
+    """The closed periods whose price counts it wrote (`billing.store.price_counts`)."""
 
     def describe(self) -> str:
         head = (
@@ -130,6 +136,8 @@ class FilterRefresh:
             if self.written
             else "click filters: up to date"
         )
+        if self.counted:
+            head += f"; price counts of {len(self.counted)} period(s)"
         if self.waiting:
             head += f"; {len(self.waiting)} closed period(s) wait for their compaction, the oldest {self.waiting[0]}"
         return head
@@ -143,6 +151,7 @@ class ClickFiles:
         self.root = layout.root
         self._local = threading.local()
         self.filters = DayFilters(layout)
+        self._covers: dict[str, tuple[Stamp, dict[str, dict[str, Stamp]]]] = {}
 
     # --- The folders ------------------------------------------------------------------------------------------
 
@@ -219,24 +228,43 @@ class ClickFiles:
     def refresh_filters(self, closed: Iterable[str], recent_days: int = RECENT_FILTER_DAYS) -> FilterRefresh:
         """Write the parts of the closed periods that have none, and of those of the `recent_days` newest days whose
         files changed since (a correction booked to them later), each once its files are few (compacted, at most
-        `FILTER_MAX_FILES`; the others wait). A correction booked to an older period is read beside its filter
-        until `adbill click-filters` writes its day again."""
+        `FILTER_MAX_FILES`; the others wait); the periods' price counts (`billing.store.price_counts`) the same way.
+        A correction booked to an older period is read beside its filter and counts until `adbill click-filters`
+        writes its day again."""
         closed = sorted(set(closed))
         days = sorted({p[:8] for p in closed})[-recent_days:] if recent_days > 0 else []
+        due, waiting = self._due(closed, days, self._has_part, self.filter_files, self._stale)
+        written = self.write_filters(due) if due else 0
+        counts_due, _ = self._due(closed, days, self._has_counts, self.count_files, self._counts_stale)
+        return FilterRefresh(due, written, waiting, self.write_counts(counts_due) if counts_due else [])
+
+    @staticmethod
+    def _due(
+        closed: Sequence[str],
+        recent: Sequence[str],
+        has: Callable[[str], bool],
+        files_of: Callable[[str], Sequence[Any]],
+        stale: Callable[[str, Any], bool],
+    ) -> tuple[list[str], list[str]]:
+        """Of `closed`, those to write (none yet, or of a `recent` day and `stale`) once their files are few, and
+        those without one whose files are not (waiting)."""
         due, waiting = [], []
         for period in closed:
-            day_filter = self.filters.of(period[:8])
-            part = day_filter.parts.get(period) if day_filter is not None else None
-            if part is not None and period[:8] not in days:
+            held = has(period)
+            if held and period[:8] not in recent:
                 continue
-            files = self.filter_files(period)
+            files = files_of(period)
             if len(files) > FILTER_MAX_FILES:
-                if part is None:
+                if not held:
                     waiting.append(period)  # its batch files are not compacted yet: a later run writes it
                 continue
-            if self._stale(period, files):
+            if not held or stale(period, files):
                 due.append(period)
-        return FilterRefresh(due, self.write_filters(due) if due else 0, waiting)
+        return due, waiting
+
+    def _has_part(self, period: str) -> bool:
+        day_filter = self.filters.of(period[:8])
+        return day_filter is not None and period in day_filter.parts
 
     def stale_filters(self, periods: Iterable[str]) -> list[str]:
         """Those of `periods` whose day filter has no part, or a part that does not cover their files as they are."""
@@ -247,6 +275,108 @@ class ClickFiles:
         day_filter = self.filters.of(period[:8])
         part = day_filter.parts.get(period) if day_filter is not None else None
         return part is None or _stamps(self.root, files) != part.covers
+
+    # --- The price counts (billing.store.price_counts) ------------------------------------------------------------
+
+    def count_files(self, period: str) -> list[Path]:
+        """The files a period's price counts cover."""
+        return [path for kind in COUNTED for path in self.files(kind, period)]
+
+    def _counts_covers(self, day: str) -> dict[str, dict[str, Stamp]]:
+        """What `day`'s counts file covers (period -> files), read again when the file changed; {} without one."""
+        path = self.layout.price_counts_day(day)
+        now = stamp(path)
+        if now is None:
+            return {}
+        held = self._covers.get(day)
+        if held is None or held[0] != now:
+            held = (now, read_covers(path) or {})
+            self._covers[day] = held
+        return held[1]
+
+    def _has_counts(self, period: str) -> bool:
+        return period in self._counts_covers(period[:8])
+
+    def _counts_stale(self, period: str, files: Sequence[Path]) -> bool:
+        return self._counts_covers(period[:8]).get(period) != stamps_of(self.root, files)
+
+    def period_counts(self, period: str) -> PeriodCounts | None:
+        """`period`'s book rows (those `book_rows` reads in its folder) counted by ad, kind, period, booked period,
+        amount and sign, with the files they cover; None when its files changed while they were read."""
+        before = stamps_of(self.root, self.count_files(period))
+        rows: dict[tuple[str, str, str | None, str | None, int, int], int] = {}
+
+        def add(ad: str, kind: str, of: str | None, booked: str | None, amount: int, sign: int, n: int) -> None:
+            key = (ad, kind, of, booked, amount, sign)
+            rows[key] = rows.get(key, 0) + n
+
+        for ad, name, amount, n in self._query(
+            self._lister(LEDGER, [period]),
+            "SELECT ad_id, filename, amount_micros, count(*) FROM {files} WHERE ad_id IS NOT NULL GROUP BY ALL",
+            {},
+        ):
+            add(ad, "ledger", _period_of(Path(name)) or period, None, amount or 0, 1, n)
+        for ad, corrects, amount, kind, booked, n in self._query(
+            self._lister(CORRECTION, [period]),
+            "SELECT ad_id, corrects_period, amount_micros, kind, booked_period, count(*) FROM {files} "
+            "WHERE ad_id IS NOT NULL GROUP BY ALL",
+            {},
+        ):
+            add(ad, "correction", corrects, booked, abs(amount or 0), 1 if kind == "addition" else -1, n)
+        for ad, corrects, amount, status, booked, n in self._query(
+            self._lister(EXPORT, [period]),
+            "SELECT ad_id, corrects_period, amount_micros, status, booked_period, count(*) FROM {files} "
+            "WHERE ad_id IS NOT NULL AND record_type = 'click' AND click_id IS NOT NULL GROUP BY ALL",
+            {},
+        ):
+            add(ad, "export", corrects, booked, amount or 0, 0 if status == "retracted" else 1, n)
+        if stamps_of(self.root, self.count_files(period)) != before:
+            return None  # rewritten while read: left out, so its rows are read as they are
+        return PeriodCounts([Counted(*key, n) for key, n in sorted(rows.items(), key=_sort_key)], before)
+
+    def write_counts(self, periods: Iterable[str], progress: Callable[[str], None] = lambda message: None) -> list[str]:
+        """Write the price counts of `periods` in their days' files, each from its files as they are now; the periods
+        written."""
+        written: list[str] = []
+        for day, of_day in sorted(days_of(sorted(set(periods))).items()):
+            counts = {period: self._counts_or_none(period) for period in of_day}
+            new = {period: c for period, c in counts.items() if c is not None}
+            if new:
+                write_counts_day(self.layout, day, new)
+                written += sorted(new)
+            progress(f"price counts of {day}: {len(new)} period(s)")
+        return written
+
+    def _counts_or_none(self, period: str) -> PeriodCounts | None:
+        """`period_counts`, None when a file does not read (a broken file): the period is read as it is."""
+        try:
+            return self.period_counts(period)
+        except (duckdb.Error, OSError):
+            return None
+
+    def price_rows(self, first_period: str, last_period: str, ad_id: str) -> list[tuple[BookRow, int]]:
+        """The books' rows of `ad_id` whose click lies in `first_period` to `last_period`, each with how many rows it
+        stands for: a period's price counts where they cover its files as they are, its rows (`book_rows`) where
+        not. For the arithmetic of `billing.story.by_price_counted`."""
+        periods = [p for p in self.periods() if first_period <= p <= last_period]
+        out: list[tuple[BookRow, int]] = []
+        read: list[str] = []
+        for day, of_day in days_of(periods).items():
+            covers = self._counts_covers(day)
+            held = [p for p in of_day if p in covers and covers[p] == stamps_of(self.root, self.count_files(p))]
+            counts = read_counts(self.layout.price_counts_day(day), held, ad_id) if held else {}
+            if counts is None:
+                counts = {}
+            for period in of_day:
+                if period not in counts:
+                    read.append(period)
+                    continue
+                out += [
+                    (BookRow("", c.kind, c.period, c.amount_micros, c.sign, c.booked_period), c.rows)  # type: ignore[arg-type]
+                    for c in counts[period]
+                ]
+        out += [(row, 1) for row in self._book_rows(read, "ad_id", ad_id)]
+        return out
 
     def _batch_only(self, kind: str) -> list[Path]:
         """The quarantine's or `released/`'s files (`batch_id=N/`), every batch; a chunk's compacted file stands for
@@ -358,7 +488,10 @@ class ClickFiles:
         periods `first_period` to `last_period` (keys sort as time), with the click's time (a correction's from the
         archive)."""
         column, value = ("ad_id", ad_id) if ad_id is not None else ("campaign_id", campaign_id)
-        periods = [p for p in self.periods() if first_period <= p <= last_period]
+        return self._book_rows([p for p in self.periods() if first_period <= p <= last_period], column, value)
+
+    def _book_rows(self, periods: Sequence[str], column: str, value: str | None) -> list[BookRow]:
+        """`book_rows` of `periods` whose `column` is `value`."""
         rows: list[BookRow] = []
         where = f"WHERE {column} = $v"
         ledger = "SELECT filename, click_id, amount_micros, click_time FROM {files} " + where
@@ -413,6 +546,11 @@ class ClickFiles:
     def refresh(self) -> bool:
         """Nothing to bring up to date: every lookup reads the files as they are (always True)."""
         return True
+
+
+def _sort_key(item: tuple[tuple[str, str, str | None, str | None, int, int], int]) -> tuple[Any, ...]:
+    ad, kind, of, booked, amount, sign = item[0]
+    return (ad, kind, of or "", booked or "", amount, sign)
 
 
 def _names(folder: Path, prefix: str) -> set[str]:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
-from billing.store.durable import make_folder, replace_files, staged
+from billing.store.durable import write_whole_bytes
 
 _SALT = np.array(
     [0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31], dtype=np.uint32
@@ -269,15 +268,13 @@ def write_day(layout: DataLayout, day: str, new: dict[str, tuple[pa.Array, dict[
         header_parts[period] = {"offset": offset, "blocks": blocks, "covers": {k: list(v) for k, v in covers.items()}}
         offset += len(words_bytes)
     header = json.dumps({"hash": HASH, "bits_per_id": BITS_PER_ID, "parts": header_parts}, sort_keys=True).encode()
-    touched = make_folder(path.parent)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    staging = Path(name)
-    with staged(staging):
-        with os.fdopen(fd, "wb") as out:
-            out.write(MAGIC + struct.pack("<I", len(header)) + header)
-            for period in sorted(kept):
-                out.write(kept[period][0])
-        replace_files([(staging, path)], touched)
+
+    def write(out: IO[bytes]) -> None:
+        out.write(MAGIC + struct.pack("<I", len(header)) + header)
+        for period in sorted(kept):
+            out.write(kept[period][0])
+
+    write_whole_bytes(path, write)
     return path
 
 

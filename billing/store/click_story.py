@@ -58,7 +58,7 @@ from billing.story import (
     Evidence,
     Searched,
     beyond_horizon,
-    by_price,
+    by_price_counted,
     tell,
     tell_from_exports,
 )
@@ -246,8 +246,8 @@ class ClickStories:
         """(price, net clicks) of the ad's clicks in the periods `first_period` to `last_period`, as the books
         count them (`billing.story.by_price`), dearest first."""
         closed = self.files.closed_periods()
-        rows = self.files.book_rows(first_period, last_period, ad_id=ad_id)
-        return by_price(rows, lambda period: period in closed)
+        rows = self.files.price_rows(first_period, last_period, ad_id)
+        return by_price_counted(rows, lambda period: period in closed)
 
 
 def _first(copies: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def fsync_file(path: Path) -> None:
@@ -89,15 +89,25 @@ def write_whole(target: Path, write: str | Callable[[IO[str]], None], mode: int 
     """Write `target` whole: `write` (a text, or a function given the open text file) into a hidden staging file in
     the same folder, flushed, renamed over `target`, the folder flushed (with the folders made for it). `mode`: the
     file's permissions (the staging file is 0600 until then). The staging file is removed when any step fails."""
+    if isinstance(write, str):
+        text = write
+        _write_whole(target, "w", lambda out: out.write(text), mode)
+    else:
+        _write_whole(target, "w", write, mode)
+
+
+def write_whole_bytes(target: Path, write: Callable[[IO[bytes]], None], mode: int | None = None) -> None:
+    """`write_whole` of a binary file: `write` is given the open staging file."""
+    _write_whole(target, "wb", write, mode)
+
+
+def _write_whole(target: Path, open_mode: str, write: Callable[[IO[Any]], Any], mode: int | None) -> None:
     touched = make_folder(target.parent)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     staging = Path(name)
     with staged(staging):
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            if isinstance(write, str):
-                out.write(write)
-            else:
-                write(out)
+        with os.fdopen(fd, open_mode, encoding=None if "b" in open_mode else "utf-8") as out:
+            write(out)
             _step("staged", target)
             out.flush()
             os.fsync(out.fileno())
