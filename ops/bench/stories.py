@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -56,6 +56,9 @@ from billing.store.durable import make_folder
 from billing.store.export_files import export_table, not_charged_table, write_export
 from billing.store.parquet_ledger import LEDGER_COLUMNS
 from ops.settings import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from billing.store.click_story import ClickStories as ClickStoriesType
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 HOUR_MS = 3_600_000
@@ -356,11 +359,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"a lookup after a new batch: {after_batch_s * 1000:.0f} ms")
     command = explain_commands(root, picked[:3], wrong)
     print(f"adbill explain: {', '.join(f'{t:.2f} s' for t in command)} (a new process each)")
-    ad = month.catalog.ad_ids[0]
-    began = time.perf_counter()
-    prices = stories.by_price(ad, Periods().key(T0), Periods().key(T0 + (args.hours - 1) * HOUR_MS))
-    by_price_s = time.perf_counter() - began
-    print(f"clicks by price of {ad} over the month: {prices} in {by_price_s * 1000:.0f} ms")
+    by_price = split_by_price(
+        stories, month.catalog.ad_ids[:5], Periods().key(T0), Periods().key(T0 + (args.hours - 1) * HOUR_MS)
+    )
+    if not by_price["same_as_rows"]:
+        wrong.append(f"clicks by price of {month.catalog.ad_ids[0]}: not what the books' rows give")
     return {
         "folder": str(root),
         "hours": args.hours,
@@ -377,8 +380,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "lookup_after_new_batch_ms": round(after_batch_s * 1000, 1),
         "explain_command_s": [round(t, 2) for t in command],
-        "by_price_ms": round(by_price_s * 1000, 1),
+        "by_price": by_price,
         "wrong": wrong,
+    }
+
+
+def split_by_price(stories: ClickStoriesType, ads: list[str], first: str, last: str) -> dict[str, Any]:
+    """Each of `ads`' clicks by price over the month as the ad's page asks (`ClickStories.by_price`: the closed
+    periods' price counts where kept), timed, and the first checked against the books' rows themselves (every
+    period's ledger, corrections and export), timed apart."""
+    from billing.story import by_price
+
+    times, answers = [], []
+    for ad in ads:
+        began = time.perf_counter()
+        answers.append(stories.by_price(ad, first, last))
+        times.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    closed = stories.files.closed_periods()
+    from_rows = by_price(stories.files.book_rows(first, last, ad_id=ads[0]), closed.__contains__)
+    from_rows_s = time.perf_counter() - began
+    print(
+        f"clicks by price of {len(ads)} ads over the month: {', '.join(f'{t * 1000:.0f}' for t in times)} ms "
+        f"({ads[0]}: {answers[0]}); from the rows themselves {from_rows_s * 1000:.0f} ms, "
+        f"{'the same' if from_rows == answers[0] else 'ANOTHER ANSWER: ' + str(from_rows)}"
+    )
+    return {
+        "ads": len(ads),
+        "ms": [round(t * 1000, 1) for t in times],
+        "clicks": [sum(n for _, n in answer) for answer in answers],
+        "from_rows_ms": round(from_rows_s * 1000, 1),
+        "same_as_rows": from_rows == answers[0],
     }
 
 
@@ -449,6 +481,7 @@ def keep_up(layout: DataLayout, newest_batch: int) -> dict[str, Any]:
         "filters_s": round(filters_s, 1),
         "filters": refresh.describe(),
         "filter_bytes": sum(p.stat().st_size for p in layout.click_day_filters.glob("*.bloom")),
+        "price_count_bytes": sum(p.stat().st_size for p in layout.price_counts.glob("*.parquet")),
         "batch_files_before": before,
         "batch_files_after": after,
     }
