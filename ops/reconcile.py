@@ -870,11 +870,13 @@ def rebuild_click_filters(settings: Settings, day: str | None) -> int:
             files = ClickFiles(config.layout)
             hashed = files.write_filters(closed, lambda line: print(line, flush=True))
             counted = files.write_counts(closed, lambda line: print(line, flush=True))
+            chunks = files.refresh_chunk_filters()
     except ReconcileBusyError as exc:
         print(f"click-filters: {exc}", file=sys.stderr)
         return 1
     print(
         f"click-filters: {len(closed)} period(s), {hashed:,} click ids, the price counts of {len(counted)} period(s), "
+        f"{chunks} quarantine chunk(s), "
         f"{time.monotonic() - started:.1f} s (in {config.layout.click_day_filters} and {config.layout.price_counts})"
     )
     return 0

@@ -46,8 +46,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
-from billing.store.click_filters import DayFilters, Stamp, days_of, period_ids, stamp, write_day
-from billing.store.compaction import SOURCE_BATCH, batch_of, live_files
+from billing.store.click_filters import DayFilters, Stamp, days_of, period_ids, ruled_out, stamp, write_day
+from billing.store.compaction import SOURCE_BATCH, batch_of, compacted_span, live_files
 from billing.store.export_files import MANIFEST_FILE, NOT_CHARGED_FILE, PARQUET_FILE
 from billing.store.price_counts import Counted, PeriodCounts, read_counts, read_covers, stamps_of, write_counts_day
 from billing.story import BookRow
@@ -85,6 +85,10 @@ period."""
 
 COUNTED = (LEDGER, CORRECTION, EXPORT)
 """The kinds whose rows a period's price counts hold (`billing.store.price_counts`): those of `ClickFiles.book_rows`."""
+
+CHUNK_FILTERS = {QUARANTINE: "quarantine-chunks", RELEASED: "released-chunks"}
+"""The filter files (`index/click-days/NAME.bloom`) of the quarantine's and `released/`'s compacted chunks: a part
+per chunk file, keyed by its path, so that a lookup reads only the chunks that may hold the click."""
 
 RECENT_FILTER_DAYS = 2
 """The newest days of closed periods whose filters reconciliation checks against their files at each run."""
@@ -128,6 +132,8 @@ class FilterRefresh:
     """Closed periods without a part whose batch files are not compacted yet (oldest first)."""
     counted: list[str] = field(default_factory=list)
     """The closed periods whose price counts it wrote (`billing.store.price_counts`)."""
+    chunks: int = 0
+    """The quarantine's and `released/`'s compacted chunks whose filters it wrote."""
 
     def describe(self) -> str:
         head = (
@@ -138,6 +144,8 @@ class FilterRefresh:
         )
         if self.counted:
             head += f"; price counts of {len(self.counted)} period(s)"
+        if self.chunks:
+            head += f"; the filters of {self.chunks} quarantine chunk(s)"
         if self.waiting:
             head += f"; {len(self.waiting)} closed period(s) wait for their compaction, the oldest {self.waiting[0]}"
         return head
@@ -236,7 +244,8 @@ class ClickFiles:
         due, waiting = self._due(closed, days, self._has_part, self.filter_files, self._stale)
         written = self.write_filters(due) if due else 0
         counts_due, _ = self._due(closed, days, self._has_counts, self.count_files, self._counts_stale)
-        return FilterRefresh(due, written, waiting, self.write_counts(counts_due) if counts_due else [])
+        counted = self.write_counts(counts_due) if counts_due else []
+        return FilterRefresh(due, written, waiting, counted, self.refresh_chunk_filters())
 
     @staticmethod
     def _due(
@@ -378,11 +387,39 @@ class ClickFiles:
         out += [(row, 1) for row in self._book_rows(read, "ad_id", ad_id)]
         return out
 
-    def _batch_only(self, kind: str) -> list[Path]:
+    def _batch_only(self, kind: str, click_id: str | None = None) -> list[Path]:
         """The quarantine's or `released/`'s files (`batch_id=N/`), every batch; a chunk's compacted file stands for
-        the batch files it holds (`live_files`; `billing.store.compaction.compact_quarantine`)."""
+        the batch files it holds (`live_files`; `billing.store.compaction.compact_quarantine`). With `click_id`,
+        without the chunks whose filter says the id is not there (`refresh_chunk_filters`)."""
         folder = self.layout.quarantine if kind == QUARANTINE else self.layout.released
-        return live_files(folder, depth=1)
+        files = live_files(folder, depth=1)
+        chunk_filter = self.filters.of(CHUNK_FILTERS[kind]) if click_id is not None else None
+        if chunk_filter is None or click_id is None:
+            return files
+        return [path for path in files if not ruled_out(chunk_filter, self.root, path, click_id)]
+
+    def refresh_chunk_filters(self) -> int:
+        """Write a part for each compacted chunk of the quarantine and `released/` that has none or whose file
+        changed (the chunk under way, merged again by each open pass), and drop the parts of chunk files gone; the
+        chunks written."""
+        written = 0
+        for kind, name in CHUNK_FILTERS.items():
+            chunk_filter = self.filters.of(name)
+            held = chunk_filter.parts if chunk_filter is not None else {}
+            chunks = {
+                path.relative_to(self.root).as_posix(): path
+                for path in self._batch_only(kind)
+                if compacted_span(path.name) is not None
+            }
+            new = {
+                key: period_ids([(path, ID_COLUMN[kind])])
+                for key, path in chunks.items()
+                if key not in held or held[key].covers.get(key) != stamp(path)
+            }
+            if new or set(held) - set(chunks):
+                write_day(self.layout, name, new, keep=chunks.__contains__)
+                written += len(new)
+        return written
 
     # --- Reading ----------------------------------------------------------------------------------------------
 
@@ -447,7 +484,7 @@ class ClickFiles:
             later = [p for p in self.periods() if p > own and p not in read_exports]
             found += self._located(EXPORT, self._lister(EXPORT, later, self._skips(later, click_id)), click_id)
         for kind in (QUARANTINE, RELEASED):
-            found += self._located(kind, functools.partial(self._batch_only, kind), click_id)
+            found += self._located(kind, functools.partial(self._batch_only, kind, click_id), click_id)
         return sorted(found, key=lambda item: (str(item.path), item.row))
 
     def export_rows_of(self, click_id: str, day: dt.date) -> list[Located]:

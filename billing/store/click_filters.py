@@ -216,6 +216,16 @@ class DayFilters:
         return covered
 
 
+def ruled_out(chunk_filter: DayFilter, root: Path, path: Path, click_id: str) -> bool:
+    """Whether a quarantine chunk's file `path` need not be read for `click_id`: its part (keyed by the file's path
+    under the data folder) covers it as it is, and says the id is not there."""
+    key = _key(root, path)
+    part = chunk_filter.parts.get(key) if key is not None else None
+    if key is None or part is None or part.covers.get(key) != stamp(path):
+        return False
+    return not chunk_filter.may_hold(key, click_id)
+
+
 def _key(root: Path, path: Path) -> str | None:
     try:
         return path.relative_to(root).as_posix()
@@ -243,16 +253,21 @@ def period_ids(files: Iterable[tuple[Path, str]]) -> tuple[pa.Array, dict[Path, 
     return (pa.concat_arrays(arrays) if arrays else pa.array([], pa.string())), stamps
 
 
-def write_day(layout: DataLayout, day: str, new: dict[str, tuple[pa.Array, dict[Path, Stamp]]]) -> Path:
+def write_day(
+    layout: DataLayout,
+    day: str,
+    new: dict[str, tuple[pa.Array, dict[Path, Stamp]]],
+    keep: Callable[[str], bool] = lambda part: True,
+) -> Path:
     """Write `day`'s file with the parts of `new` (period -> its ids and the files they come from) in place of those
-    periods' parts, and every other part the file held kept as it was. The file's path."""
+    periods' parts, and every other part the file held that `keep` keeps as it was. The file's path."""
     path = layout.click_day_filter(day)
     kept: dict[str, tuple[bytes, int, dict[str, Stamp]]] = {}
     if path.exists():
         try:
             old = DayFilter(path)
             for period, part in old.parts.items():
-                if period not in new:
+                if period not in new and keep(period):
                     kept[period] = (old.part_words(period), part.blocks, part.covers)
             old.close()
         except (OSError, ValueError, KeyError, TypeError):

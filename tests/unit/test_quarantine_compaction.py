@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -156,3 +157,51 @@ def test_the_open_pass_merges_the_chunk_under_way_and_the_closed_pass_finishes_i
     assert names(layout.quarantine)["batch_id=7"] == ["compacted-4-7.parquet"]
     assert own_rows(tmp_path) == rows
     assert compact_quarantine(layout, 7, chunk=CHUNK, partial=True).chunks == 0  # nothing left to merge
+
+
+def test_a_lookup_reads_only_the_quarantine_chunks_that_may_hold_the_click(tmp_path: Path) -> None:
+    from billing.store import click_files
+
+    layout = DataLayout(tmp_path)
+    for batch in (1, 2, 3, 5, 6, 9, 10, 11):
+        write_quarantine(tmp_path, batch)
+    compact_quarantine(layout, 8, chunk=CHUNK)  # the chunks 1-3 (with the bad copy of c-bad) and 5-6
+    files = ClickFiles(layout)
+    found = files.rows_of("c-bad")
+    assert [(r.kind, r.path.name) for r in found] == [("quarantine", "compacted-1-3.parquet")]
+
+    def read(click_id: str) -> list[str]:
+        """The quarantine files a lookup of `click_id` reads (folder and name)."""
+        quarantine = files._batch_only(click_files.QUARANTINE, click_id)
+        return sorted(f"{p.parent.name}/{p.name}" for p in quarantine)
+
+    batch_files = [f"batch_id={b}/part-0000{t}.parquet" for b in (10, 11, 9) for t in (0, 1)]
+    chunks = ["batch_id=3/compacted-1-3.parquet", "batch_id=6/compacted-5-6.parquet"]
+    assert read("c-nowhere") == sorted([*chunks, *batch_files])
+    assert files.refresh_chunk_filters() == 2 and files.refresh_chunk_filters() == 0
+    assert layout.click_day_filter(click_files.CHUNK_FILTERS[click_files.QUARANTINE]).is_file()
+    assert read("c-nowhere") == sorted(batch_files), "no chunk holds it"
+    assert read("c-bad") == sorted(["batch_id=3/compacted-1-3.parquet", *batch_files])
+    assert files.rows_of("c-bad") == found
+
+    # A chunk file rewritten in place with a row its part never saw: read, whatever the part says, until written again.
+    chunk = layout.quarantine / "batch_id=6" / "compacted-5-6.parquet"
+    table = pq.read_table(chunk)
+    extra = table.slice(0, 1).to_pylist()[0] | {"event_id": "c-new", "offset": 999}
+    pq.write_table(pa.concat_tables([table, pa.Table.from_pylist([extra], table.schema)]), chunk)
+    assert [r.path.name for r in files.rows_of("c-new")] == ["compacted-5-6.parquet"]
+    assert files.refresh_chunk_filters() == 1
+    assert [r.path.name for r in files.rows_of("c-new")] == ["compacted-5-6.parquet"]
+    assert "batch_id=6/compacted-5-6.parquet" not in read("c-nowhere")
+
+    # The next chunk merged: a part of its own; a chunk's file gone: its part dropped.
+    compact_quarantine(layout, 11, chunk=CHUNK)
+    assert files.refresh_chunk_filters() == 1
+    assert read("c-nowhere") == []
+    chunk.unlink()
+    files.refresh_chunk_filters()
+    chunk_filter = files.filters.of(click_files.CHUNK_FILTERS[click_files.QUARANTINE])
+    assert chunk_filter is not None and sorted(chunk_filter.parts) == [
+        "quarantine/batch_id=11/compacted-9-11.parquet",
+        "quarantine/batch_id=3/compacted-1-3.parquet",
+    ]
