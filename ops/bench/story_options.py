@@ -1161,9 +1161,14 @@ def measure_product(
     print(f"product open pass: {open_s:.0f} s, {opened.describe()}", flush=True)
     began = time.monotonic()
     hashed = finder.write_filters(closed)
+    chunks = finder.refresh_chunk_filters()  # the quarantine's and released/'s compacted chunks
     filters_s = time.monotonic() - began
     filter_bytes = sum(p.stat().st_size for p in layout.click_day_filters.glob("*.bloom"))
-    print(f"product filters: {filters_s:.1f} s, {hashed:,} ids, {filter_bytes / 1e6:.1f} MB", flush=True)
+    print(
+        f"product filters: {filters_s:.1f} s, {hashed:,} ids, {chunks} quarantine chunk(s), "
+        f"{filter_bytes / 1e6:.1f} MB",
+        flush=True,
+    )
     out: dict[str, Any] = {
         "through_batch": through,
         "closed_periods": len(closed),
@@ -1178,6 +1183,7 @@ def measure_product(
         "filters_s": round(filters_s, 1),
         "filters_us_per_click": round(filters_s / clicks * 1e6, 2),
         "filter_ids_hashed": hashed,
+        "chunk_filters": chunks,
         "filter_bytes": filter_bytes,
         "filter_bytes_per_click": round(filter_bytes / clicks, 2),
     }
