@@ -17,7 +17,8 @@ batch only. A lookup:
 - **past the horizon, with the day** (`export_rows_of`) reads only the exports: the day's, and the later ones'
   adjustments;
 - then the exports of the periods after the click's own (adjustments booked later), and the quarantine and
-  `released/` whole (bad input only; narrowing them to the day's batches is still to build).
+  `released/` (bad input only): their batch files not compacted yet, and the compacted chunks whose filter may hold
+  the click (`refresh_chunk_filters`; narrowing them to the day's batches is still to build).
 
 Each period read by a click id asks its day filter first (`billing.store.click_filters`, written by reconciliation
 for closed periods: `write_filters`, `stale_filters`): where the filter says the id is not there, only the period's
