@@ -284,7 +284,7 @@ class ClickFiles:
         """Whether `period` has no part in its day filter, or one that does not cover `files` as they are now."""
         day_filter = self.filters.of(period[:8])
         part = day_filter.parts.get(period) if day_filter is not None else None
-        return part is None or _stamps(self.root, files) != part.covers
+        return part is None or stamps_of(self.root, (path for path, _ in files)) != part.covers
 
     # --- The price counts (billing.store.price_counts) ------------------------------------------------------------
 
@@ -342,7 +342,7 @@ class ClickFiles:
             add(ad, "export", corrects, booked, amount or 0, 0 if status == "retracted" else 1, n)
         if stamps_of(self.root, self.count_files(period)) != before:
             return None  # rewritten while read: left out, so its rows are read as they are
-        return PeriodCounts([Counted(*key, n) for key, n in sorted(rows.items(), key=_sort_key)], before)
+        return PeriodCounts([Counted(*key, n) for key, n in rows.items()], before)  # sorted by ad when written
 
     def write_counts(self, periods: Iterable[str], progress: Callable[[str], None] = lambda message: None) -> list[str]:
         """Write the price counts of `periods` in their days' files, each from its files as they are now; the periods
@@ -394,8 +394,10 @@ class ClickFiles:
         without the chunks whose filter says the id is not there (`refresh_chunk_filters`)."""
         folder = self.layout.quarantine if kind == QUARANTINE else self.layout.released
         files = live_files(folder, depth=1)
-        chunk_filter = self.filters.of(CHUNK_FILTERS[kind]) if click_id is not None else None
-        if chunk_filter is None or click_id is None:
+        if click_id is None:
+            return files
+        chunk_filter = self.filters.of(CHUNK_FILTERS[kind])
+        if chunk_filter is None:
             return files
         return [path for path in files if not ruled_out(chunk_filter, self.root, path, click_id)]
 
@@ -586,11 +588,6 @@ class ClickFiles:
         return True
 
 
-def _sort_key(item: tuple[tuple[str, str, str | None, str | None, int, int], int]) -> tuple[Any, ...]:
-    ad, kind, of, booked, amount, sign = item[0]
-    return (ad, kind, of or "", booked or "", amount, sign)
-
-
 def _names(folder: Path, prefix: str) -> set[str]:
     """The names of `folder`'s entries that begin with `prefix`, without it (not dot files)."""
     try:
@@ -598,16 +595,6 @@ def _names(folder: Path, prefix: str) -> set[str]:
     except FileNotFoundError:
         return set()
     return {e.name.removeprefix(prefix) for e in entries if e.name.startswith(prefix) and not e.name.startswith(".")}
-
-
-def _stamps(root: Path, files: Iterable[tuple[Path, str]]) -> dict[str, Stamp]:
-    """The stamps of `files`, keyed as a part's `covers` (a file gone is left out)."""
-    out = {}
-    for path, _ in files:
-        now = stamp(path)
-        if now is not None:
-            out[path.relative_to(root).as_posix()] = now
-    return out
 
 
 def _is_key(name: str) -> bool:
