@@ -136,6 +136,21 @@ def process(queries: list[StreamingQuery]) -> None:
         assert query.isActive, query.exception()
 
 
+def quiet(query: StreamingQuery, for_s: float = 3.0, deadline_s: float = 60.0) -> None:
+    """Wait until the query has run no batch for `for_s` seconds: processAllAvailable returns once the data is read,
+    and the batch without data that moves the watermark on may still follow it."""
+    deadline = time.monotonic() + deadline_s
+    seen, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = (query.lastProgress or {}).get("batchId"), query.status["isTriggerActive"]
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif not now[1] and time.monotonic() - since >= for_s:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the query ran batches for {deadline_s} s after its data was read")
+
+
 class Feed:
     """Events sent to Kafka and read by the running queries, one call a step; `sent` counts them (what the oracle
     reads back), and `check` runs after each step (an invariant that holds at every batch)."""
@@ -726,6 +741,7 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
         bill("before", T0)
         queries += start(spark, config)
         process(queries)
+        quiet(queries[-1])  # no batch of the first data still to come, to hang on the paused Redis
 
         # A pause shorter than the tries: the batch waits, then goes through; the query stays up.
         os.kill(pid, signal.SIGSTOP)
@@ -736,6 +752,7 @@ def test_a_hung_redis_delays_or_fails_the_batch_and_nothing_is_lost_or_doubled(
         finally:
             os.kill(pid, signal.SIGCONT)
         process(queries)
+        quiet(queries[-1])
 
         # A pause longer than the tries: the batch fails, the query stops and says why.
         os.kill(pid, signal.SIGSTOP)
