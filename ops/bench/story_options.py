@@ -87,6 +87,7 @@ from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
 from billing.store.parquet_ledger import LEDGER_COLUMNS
+from ops.reconcile import ReconcileConfig
 from ops.settings import PROJECT_ROOT
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
@@ -1139,6 +1140,16 @@ class CountingClickFiles(ClickFiles):
         return super()._located(kind, counted, click_id)
 
 
+def drop_page_cache() -> bool:
+    """Write the dirty pages and drop the page cache (Linux, root only); whether it was dropped."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
 def measure_product(
     layout: DataLayout, through: int, clicks: int, truths: Sequence[Truth], absent: Sequence[str]
 ) -> dict[str, Any]:
@@ -1146,7 +1157,8 @@ def measure_product(
     (`compact_closed`, `compact_quarantine`, as a reconciliation run's closed pass), the open periods' pass, its day
     filters (`ClickFiles.write_filters`), and its finder (`ClickFiles.rows_of`, `read_located`) timed with the day,
     without it (newest first) and for ids that are nowhere, each lookup checked against what was written; the same
-    lookups without the filters, for the difference they make."""
+    lookups without the filters, for the difference they make. Each set of lookups runs on a cold page cache (dropped
+    first, where the process is root) and the filters' again at once on a warm one."""
     finder = CountingClickFiles(layout)
     closed = sorted(finder.closed_periods())
     before = data_figures(layout, 1)
@@ -1195,22 +1207,32 @@ def measure_product(
 
         return find
 
-    for name, files in (("filters", finder), ("no_filters", CountingClickFiles(layout))):
-        if name == "no_filters":
-            files.filters.of = lambda day: None  # type: ignore[method-assign]  # the same finder, every period read
+    no_filters = CountingClickFiles(layout)
+    no_filters.filters.of = lambda day: None  # type: ignore[method-assign]  # the same finder, every period read
+    # Cold: the page cache dropped first where this process may (root), as a lookup of a click nobody read lately
+    # meets it; warm: the same lookups again at once.
+    for name, files, cold in (
+        ("filters", finder, True),
+        ("filters_warm", finder, False),
+        ("no_filters", no_filters, True),
+    ):
+        dropped = drop_page_cache() if cold else False
         read, files.by_kind = files.files_read, Counter()
         with_day = time_lookups(find_with(files), truths, with_day=True)
         with_day["files_read_per_lookup"] = round((files.files_read - read) / max(1, len(truths)), 1)
         with_day["files_by_kind"] = {k: round(n / max(1, len(truths)), 1) for k, n in sorted(files.by_kind.items())}
         read, files.by_kind = files.files_read, Counter()
+        if cold:
+            drop_page_cache()
         without = time_lookups(find_with(files), truths, with_day=False, absent=absent)
         lookups_made = max(1, len(truths) + len(absent))
         without["files_read_per_lookup"] = round((files.files_read - read) / lookups_made, 1)
         without["files_by_kind"] = {k: round(n / lookups_made, 1) for k, n in sorted(files.by_kind.items())}
-        out[name] = {"with_day": with_day, "without_day": without}
+        out[name] = {"with_day": with_day, "without_day": without, "cache_dropped": dropped}
         print(
-            f"product finder, {name}: with the day p50 {with_day['p50_ms']} p95 {with_day['p95_ms']} max "
-            f"{with_day['max_ms']} ms ({with_day['files_read_per_lookup']} files); without p50 {without['p50_ms']} "
+            f"product finder, {name}{' (page cache dropped)' if dropped else ''}: with the day p50 "
+            f"{with_day['p50_ms']} p95 {with_day['p95_ms']} max {with_day['max_ms']} ms "
+            f"({with_day['files_read_per_lookup']} files); without p50 {without['p50_ms']} "
             f"p95 {without['p95_ms']} max {without['max_ms']} ms ({without['files_read_per_lookup']} files), absent "
             f"{without.get('absent', {}).get('p50_ms')} ms; wrong {with_day['wrong'] + without['wrong']}; files a "
             f"lookup with the day {with_day['files_by_kind']}, without {without['files_by_kind']}",
@@ -1507,7 +1529,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=40)
     parser.add_argument("--slow-lookups", type=int, default=3, help="lookups of the options over the files as written")
     parser.add_argument("--absent", type=int, default=4, help="ids that are nowhere, looked up without a day")
-    parser.add_argument("--tail-batches", type=int, default=0, help="newest batches left as written (0: 5 minutes)")
+    parser.add_argument(
+        "--tail-batches",
+        type=int,
+        default=0,
+        help="newest batches left as written (0: the open pass's interval, ADBILL_COMPACT_INTERVAL_S's 120 s)",
+    )
     parser.add_argument("--row-group-rows", type=int, default=65_536)
     parser.add_argument(
         "--options",
@@ -1524,7 +1551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the data folder")
     args = parser.parse_args(argv)
     if not args.tail_batches:
-        args.tail_batches = max(1, args.batches_per_hour // 12)
+        # The most a lookup meets: the open pass runs every `compact_interval_s` and takes the batches up to then.
+        args.tail_batches = max(1, args.batches_per_hour * ReconcileConfig.compact_interval_s // 3600)
     report = run(args)
     out = PROJECT_ROOT / "var" / "bench" / f"story-options-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
