@@ -82,7 +82,7 @@ from billing.store.click_files import (
     read_located,
 )
 from billing.store.click_filters import BITS_PER_ID, block_and_masks, bloom_blocks, hash_ids
-from billing.store.compaction import closed_pass, open_pass, open_periods
+from billing.store.compaction import CompactionReport, closed_pass, open_pass, open_periods
 from billing.store.corrections_arrow import corrections_to_arrow
 from billing.store.durable import fsync_folder, replace_files
 from billing.store.export_files import EXPORT_SCHEMA, NOT_CHARGED_FILE, NOT_CHARGED_SCHEMA, PARQUET_FILE, write_export
@@ -506,9 +506,11 @@ def write_days(
     open_hours: int = 2,
     quarantine_share: float = 0.001,
     seed: int = 1,
+    each_day: Callable[[int, int], None] | None = None,
 ) -> Written:
     """The days, hour by hour, as the product writes them (module doc); the last `open_hours` periods have no export.
-    The truth of `picks_per_hour` random clicks an hour and of one click of a rarer outcome (or with a bad copy)."""
+    The truth of `picks_per_hour` random clicks an hour and of one click of a rarer outcome (or with a bad copy).
+    `each_day(day, newest batch)` runs after each day but the last is written; its time is not the writing's."""
     layout = DataLayout(root)
     rng = np.random.default_rng(seed)
     pick = random.Random(seed)
@@ -518,6 +520,7 @@ def write_days(
     hours = days * 24
     out = Written(root, days)
     began = time.monotonic()
+    aside = 0.0
     rare = [LATE, KNOWN_BOT, AD_PAUSED, NOT_BILLABLE, "quarantined"]
     for hour in range(hours):
         h = make_hour(rng, ads, hour, clicks_per_day // 24, users, batch_ms, quarantine_share)
@@ -567,10 +570,14 @@ def write_days(
         if hour % 24 == 23:
             print(
                 f"  day {hour // 24 + 1} written: {out.clicks:,} clicks, {out.files:,} files, "
-                f"{time.monotonic() - began:.0f} s",
+                f"{time.monotonic() - began - aside:.0f} s",
                 flush=True,
             )
-    out.seconds = time.monotonic() - began
+            if each_day is not None and hour < hours - 1:
+                paused = time.monotonic()
+                each_day(hour // 24, out.newest_batch)
+                aside += time.monotonic() - paused
+    out.seconds = time.monotonic() - began - aside
     return out
 
 
@@ -1022,7 +1029,16 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     options = set(args.options.split(","))
     layout = DataLayout(root)
     print(f"writing {args.days} day(s) of {args.clicks_per_day:,} clicks to {root}", flush=True)
-    written = write_days(root, args.days, args.clicks_per_day, args.batches_per_hour, args.tasks, args.picks_per_hour)
+    daily = DailyClosing(layout, args.tail_batches) if args.close_daily else None
+    written = write_days(
+        root,
+        args.days,
+        args.clicks_per_day,
+        args.batches_per_hour,
+        args.tasks,
+        args.picks_per_hour,
+        each_day=daily,
+    )
     clicks = written.clicks
     report["written"] = {
         "clicks": clicks,
@@ -1066,8 +1082,10 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             lookups(name, finder_, slow)
     through = written.newest_batch - args.tail_batches
     if "product" in options:
-        figures["product"] = measure_product(layout, through, clicks, truths, absent)
+        figures["product"] = measure_product(layout, through, clicks, truths, absent, daily)
         return report
+    if daily is not None:
+        raise SystemExit("--close-daily is for --options product")
     if options & {"compacted", "duckdb-compacted", "sidecar"}:
         before = report["written"]["data"]
         compaction = compact(layout, args.days, through, batches_per_day, args.row_group_rows)
@@ -1150,8 +1168,43 @@ def drop_page_cache() -> bool:
     return True
 
 
+class DailyClosing:
+    """The closed pass run after each day is written (`--close-daily`), as reconciliation closes periods while the
+    stream writes the next ones: the data folder never holds more than about a day as written, and the passes' work
+    and time add up to what one pass at the end would report."""
+
+    def __init__(self, layout: DataLayout, tail_batches: int) -> None:
+        self.layout = layout
+        self.tail_batches = tail_batches
+        self.report = CompactionReport(label="closed pass")
+        self.seconds = 0.0
+        self.first_day: dict[str, Any] | None = None
+        """The data folder after the first day was written, before any pass."""
+
+    def __call__(self, day: int, newest_batch: int) -> None:
+        if self.first_day is None:
+            self.first_day = data_figures(self.layout, 1)
+        closed = sorted(ClickFiles(self.layout).closed_periods())
+        began = time.monotonic()
+        done = closed_pass(self.layout, closed, newest_batch - self.tail_batches)
+        self.report.through = done.through
+        self.report.add(done)
+        self.seconds += time.monotonic() - began
+        free = shutil.disk_usage(self.layout.root).free
+        print(
+            f"  day {day + 1} closed: {time.monotonic() - began:.0f} s ({self.seconds:.0f} s in all), "
+            f"{free / 1e9:.0f} GB free",
+            flush=True,
+        )
+
+
 def measure_product(
-    layout: DataLayout, through: int, clicks: int, truths: Sequence[Truth], absent: Sequence[str]
+    layout: DataLayout,
+    through: int,
+    clicks: int,
+    truths: Sequence[Truth],
+    absent: Sequence[str],
+    daily: DailyClosing | None = None,
 ) -> dict[str, Any]:
     """The product's own path over the data folder: its compaction of the closed periods and the quarantine
     (`compact_closed`, `compact_quarantine`, as a reconciliation run's closed pass), the open periods' pass, its day
@@ -1165,6 +1218,11 @@ def measure_product(
     began = time.monotonic()
     compaction = closed_pass(layout, closed, through)
     compact_s = time.monotonic() - began
+    if daily is not None:  # the passes after each day, then this one: the same work as one pass at the end
+        daily.report.through = compaction.through
+        compaction = daily.report.add(compaction)
+        compact_s += daily.seconds
+        before = daily.first_day or before
     after = data_figures(layout, 1)
     print(f"product compaction: {compact_s:.0f} s, {compaction.describe()}", flush=True)
     began = time.monotonic()  # the open periods, as `adbill reconcile --every` keeps them between its runs
@@ -1199,6 +1257,9 @@ def measure_product(
         "filter_bytes": filter_bytes,
         "filter_bytes_per_click": round(filter_bytes / clicks, 2),
     }
+    if daily is not None:
+        out["closed_daily"] = True
+        out["data_of_day_1_as_written"] = daily.first_day
 
     def find_with(files: CountingClickFiles) -> Callable[[str, int | None], list[dict[str, Any]]]:
         def find(click_id: str, day: int | None) -> list[dict[str, Any]]:
@@ -1545,6 +1606,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-period-clicks", type=int, default=0, help="4166667: an hour at 100 M clicks a day")
     parser.add_argument("--postgres-rows", type=int, default=0, help="ids in a PostgreSQL table of click periods")
     parser.add_argument("--database-url", help="the PostgreSQL server for --postgres-rows (default: one started here)")
+    parser.add_argument(
+        "--close-daily",
+        action="store_true",
+        help="run the closed pass after each day is written (with --options product): about a day as written on disk",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scratch", default=str(PROJECT_ROOT / "var"), help="where the data folder is made")
     parser.add_argument("--folder", help="the data folder to write (default: a new one in --scratch)")
