@@ -126,6 +126,12 @@ STORY_CLICKS ?= 1000
 bench-stories: venv ## a month (STORY_HOURS hourly periods, STORY_CLICKS clicks each) written as the product writes it: click stories (found in its files), adbill explain and clicks by price timed
 	$(BIN)/python -m ops.bench.stories --hours $(STORY_HOURS) --clicks-per-hour $(STORY_CLICKS)
 
+STORY_DAYS ?= 7
+STORY_DAY_CLICKS ?= 10000000
+STORY_SCRATCH ?= /tmp
+bench-stories-scale: venv ## STORY_DAYS days of STORY_DAY_CLICKS clicks at the 1 s trigger, closed day by day as written: the product's compaction, filters and click lookups (cold and warm), checked against what was written (about 1.5 h and 65 GB of STORY_SCRATCH at the defaults)
+	$(BIN)/python -m ops.bench.story_options --days $(STORY_DAYS) --clicks-per-day $(STORY_DAY_CLICKS) --batches-per-hour 3600 --options product --lookups 60 --absent 6 --scratch $(STORY_SCRATCH) --close-daily
+
 AUDIT_VENV := .venv-audit
 AUDIT_TOOLS := pip-audit==2.10.1 bandit==1.9.4
 $(AUDIT_VENV)/.installed: Makefile
@@ -166,4 +172,4 @@ format: venv ## format the code with ruff
 clean: ## remove local data (var/); keeps .venv and .deps
 	rm -rf var
 
-.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-cluster bench-soak bench-reconcile bench-catalog bench-network bench-web bench-stories audit chaos docs docs-generate lint format clean
+.PHONY: help venv lock deps up up-cluster down test test-slow test-unit test-integration test-e2e bench-stream bench bench-cluster bench-soak bench-reconcile bench-catalog bench-network bench-web bench-stories bench-stories-scale audit chaos docs docs-generate lint format clean

@@ -30,6 +30,10 @@ side by side on the same data folder (docs/click-stories-at-scale.md).
    filter built and probed.
 4. **A PostgreSQL table** of click id -> period (`--postgres-rows`): bytes per row, the rate COPY fills it at, a
    lookup (on `--database-url`, or on a server of its own started and stopped here).
+5. **The product's own path** (`--options product`, `measure_product`): its closed and open compaction passes, its
+   day filters and its finder, timed on a cold and a warm page cache. With `--close-daily` the closed pass runs
+   after each day is written, as reconciliation closes periods while the stream writes on, so that seven days of
+   ten million clicks fit a disk that cannot hold them as written (`make bench-stories-scale`).
 
 The report goes to `var/bench/story-options-<time>.json`; the data folder is removed unless `--keep`. The machine's
 other work shows in every figure: compare options within one run.
