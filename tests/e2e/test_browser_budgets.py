@@ -19,7 +19,7 @@ from selenium.webdriver.support.ui import Select
 
 from billing.budgets import day_start, utc_day
 from billing.money import format_micros
-from billing.periods import Periods
+from billing.periods import DAY_MS, Periods
 from billing.store.redis_totals import BudgetDayCount, NotChargedCount, RedisTotals, TotalsRow
 from tests.catalog_rows import catalog_rows
 from tests.e2e.test_browser import Served, browser, downloads, log_in, screens, served, wait  # noqa: F401
@@ -42,7 +42,8 @@ def now_ms() -> int:
 def clear_of_midnight(margin_ms: int = 120_000) -> None:
     """Wait past the next UTC midnight when it is less than `margin_ms` away: the test seeds today's budget day and
     reads it back on the pages, and a new UTC day starts a campaign's budget afresh (as it should)."""
-    left = day_start(now_ms()) + 86_400_000 - now_ms()
+    now = now_ms()
+    left = day_start(now) + DAY_MS - now
     if left < margin_ms:
         time.sleep(left / 1000 + 1)
 
