@@ -333,10 +333,13 @@ class BatchSink:
         )
         task = _TaskWrite(writer, self.config.kafka_bootstrap, self.config.topic_quarantine)
         rows = batch.withColumns(quarantined_value(F.col("value"), F.col("reason").isNotNull()))
+        clock.lap("prepare")
         if self.config.write_on_executors:
             written = rows.mapInArrow(task, FIGURES_DDL).toArrow()
         else:
-            written = task.write(rows.toArrow(), partition=0)
+            received = rows.toArrow()
+            clock.lap("read")
+            written = task.write(received, partition=0)
         clock.lap("write")
         advertiser_of = catalog.advertisers_by_ad
         figures = batch_figures(written, advertiser_of)
