@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.periods import Periods
+from billing.store.archive import ARCHIVE_COLUMNS
 from billing.store.durable import fsync_folder, make_folder, replace_files
 from billing.store.parquet_ledger import ledger_totals
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow, UnbilledCount
@@ -41,28 +42,8 @@ from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCou
 KIND = "kind"
 """Which branch a row of the job's output comes from: `bill` or `intake`."""
 
-ARCHIVE_COLUMNS = (
-    "event_type",
-    "event_id",
-    "ad_id",
-    "user_id",
-    "event_time",
-    "received_ms",
-    "topic",
-    "partition",
-    "offset",
-    "value",
-    "user_agent",
-    "ip",
-    "late",
-    "period_start_ms",
-    "period",
-    "batch_id",
-)
-"""One row per valid event received, with its raw bytes and its optional fields (`period` is the event time's);
-partitioned by event_type, period, batch_id. The first twelve come from the job's intake branch."""
-
 RECEIVED_COLUMNS = ARCHIVE_COLUMNS[:12]
+"""The archive's columns that come from the job's intake branch."""
 
 FILE_NAME = "part-00000.parquet"
 

@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from attribution.batch_output import ARCHIVE_COLUMNS, write_batch_files
+from attribution.batch_output import write_batch_files
 from attribution.decode import HEADER_SIZE, event_fields, reader_schema, required_fields
 from attribution.epoch import CommittedBatch
 from attribution.job_lock import FileLock, JobLockedError
@@ -59,6 +59,7 @@ from billing.intake import MAX_FUTURE_MS, MIN_EVENT_TIME_MS, QuarantineReason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.schemas import without_logical_types
+from billing.store.archive import ARCHIVE_SCHEMA
 from billing.store.compaction import own_batch, read_batch_only, read_listed
 from billing.store.redis_totals import LateCount, QuarantineCount, RedisTotals
 from billing.store.released import RECONCILIATION, RELEASED_SCHEMA, STREAM, released_table
@@ -511,26 +512,3 @@ class _Decoder:
         if not isinstance(event_time, int) or not MIN_EVENT_TIME_MS <= event_time <= received_ms + MAX_FUTURE_MS:
             return QuarantineReason.TIME_OUT_OF_RANGE.value, record
         return None, record
-
-
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        ("event_type", pa.string()),
-        ("event_id", pa.string()),
-        ("ad_id", pa.string()),
-        ("user_id", pa.string()),
-        ("event_time", pa.int64()),
-        ("received_ms", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("value", pa.binary()),
-        ("user_agent", pa.string()),
-        ("ip", pa.string()),
-        ("late", pa.bool_()),
-        ("period_start_ms", pa.int64()),
-        ("period", pa.string()),
-        ("batch_id", pa.int64()),
-    ]
-)
-assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS

@@ -203,6 +203,11 @@ class MadeBy:
     door: str
 
 
+def _stamp(made_by: MadeBy | None, now_ms: int) -> tuple[str | None, str | None, int | None]:
+    """Who made a change's entry, through which door and when; all None for an entry no one is named for."""
+    return (made_by.who, made_by.door, now_ms) if made_by else (None, None, None)
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSetting:
     """A change of a campaign's daily budget: from `effective_from` on, `daily_budget_micros` a UTC day (None:
@@ -597,14 +602,7 @@ class Catalog:
                 f"{format_time(now_ms)}): a budget changes from now on"
             )
         try:
-            entry = BudgetChange(
-                effective_from,
-                daily_budget_micros,
-                self.version + 1,
-                made_by.who if made_by else None,
-                made_by.door if made_by else None,
-                now_ms if made_by else None,
-            )
+            entry = BudgetChange(effective_from, daily_budget_micros, self.version + 1, *_stamp(made_by, now_ms))
         except BudgetError as exc:
             raise CatalogError(f"campaign {campaign_id}: {exc}") from None
         return self.grown(self.version + 1, budgets={campaign_id: (entry,)})
@@ -634,15 +632,7 @@ class Catalog:
         if self.exclusions.in_force(network, effective_from) == excluded:
             state = "already excluded" if excluded else "not excluded"
             raise CatalogError(f"range {network} is {state} at {format_time(effective_from)}")
-        change = ExclusionChange(
-            network,
-            effective_from,
-            excluded,
-            self.version + 1,
-            made_by.who if made_by else None,
-            made_by.door if made_by else None,
-            now_ms if made_by else None,
-        )
+        change = ExclusionChange(network, effective_from, excluded, self.version + 1, *_stamp(made_by, now_ms))
         return self.grown(self.version + 1, exclusions=(change,))
 
     def to_json(self) -> str:

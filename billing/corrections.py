@@ -475,36 +475,26 @@ def _steps_for_click(
                 conflicting = conflicting_click or any(
                     imp in conflicting_impressions for imp in stands.impressions.get(charge, [])
                 )
-                if want == 1 or n < have - 1:
-                    reason = CorrectionReason.DUPLICATE
-                elif repriced and not conflicting:
-                    reason = CorrectionReason.CATALOG_CHANGE
-                elif target is None and not conflicting and final_reason in CHARGE_REASONS:
-                    reason = CorrectionReason(final_reason)
-                elif target is not None or conflicting:
-                    reason = CorrectionReason.ID_CONFLICT
-                elif unpriced:
-                    reason = CorrectionReason.CATALOG_CHANGE
-                else:
-                    reason = CorrectionReason.NOT_BILLABLE
+                reason = _first_that_holds(
+                    (want == 1 or n < have - 1, CorrectionReason.DUPLICATE),
+                    (repriced and not conflicting, CorrectionReason.CATALOG_CHANGE),
+                    (target is None and not conflicting and final_reason in CHARGE_REASONS, final_reason),
+                    (target is not None or conflicting, CorrectionReason.ID_CONFLICT),
+                    (unpriced, CorrectionReason.CATALOG_CHANGE),
+                    otherwise=CorrectionReason.NOT_BILLABLE,
+                )
                 retractions.append(_Step(CorrectionKind.RETRACTION, reason, charge, impression_id))
         elif have < want and target is not None and charge == final_charge:
-            if repriced:
-                reason = CorrectionReason.CATALOG_CHANGE
-            elif stands_elsewhere:
-                reason = CorrectionReason.ID_CONFLICT
-            elif billed_after_close:
-                reason = CorrectionReason.BILLED_AFTER_CLOSE
-            elif stream_reason in CHARGE_REASONS:
-                reason = CorrectionReason(stream_reason)
-            elif unpriced:
-                reason = CorrectionReason.CATALOG_CHANGE
-            elif late_click:
-                reason = CorrectionReason.LATE_CLICK
-            elif late_impression:
-                reason = CorrectionReason.LATE_IMPRESSION
-            else:
-                reason = CorrectionReason.MISSED_MATCH
+            reason = _first_that_holds(
+                (repriced, CorrectionReason.CATALOG_CHANGE),
+                (stands_elsewhere, CorrectionReason.ID_CONFLICT),
+                (billed_after_close, CorrectionReason.BILLED_AFTER_CLOSE),
+                (stream_reason in CHARGE_REASONS, stream_reason),
+                (unpriced, CorrectionReason.CATALOG_CHANGE),
+                (late_click, CorrectionReason.LATE_CLICK),
+                (late_impression, CorrectionReason.LATE_IMPRESSION),
+                otherwise=CorrectionReason.MISSED_MATCH,
+            )
             additions.extend(
                 _Step(CorrectionKind.ADDITION, reason, charge, target.impression_id) for _ in range(want - have)
             )
@@ -515,6 +505,16 @@ def _steps_for_click(
                 _Step(CorrectionKind.ADDITION, CorrectionReason.MISSED_MATCH, charge, None) for _ in range(want - have)
             )
     return retractions + additions
+
+
+def _first_that_holds(*cases: tuple[bool, str | None], otherwise: CorrectionReason) -> CorrectionReason:
+    """The reason of the first case whose condition holds, read top to bottom; `otherwise` when none does."""
+    for holds, reason in cases:
+        if holds:
+            if reason is None:
+                raise ValueError("a case that holds names no reason")
+            return CorrectionReason(reason)
+    return otherwise
 
 
 def over_budget_room(

@@ -32,6 +32,7 @@ from billing.invalid import DEFAULT_RULES, IvtRules
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.rule import ATTRIBUTION_WINDOW_MS
+from billing.store.archive import ARCHIVE_COLUMNS
 from billing.store.catalog_db import CatalogSource, LogEntries
 from billing.store.click_files import (
     ARCHIVE_CLICK,
@@ -67,19 +68,11 @@ NEARBY_IMPRESSIONS_MS = 60_000
 """How far before the click its ad's and user's impressions are shown (the nearest outside the 10 s window too)."""
 
 _ARCHIVE_COLUMNS = (
-    "event_id",
-    "ad_id",
-    "user_id",
-    "event_time",
-    "received_ms",
-    "topic",
-    "partition",
-    "offset",
-    "user_agent",
-    "ip",
-    "late",
+    *(c for c in ARCHIVE_COLUMNS if c not in ("event_type", "value", "period_start_ms", "period", "batch_id")),
     SOURCE_BATCH,
 )
+"""What a story reads of an archive file: the event's fields but its raw bytes, and the batch a compacted row came
+from (the type, period and batch of a row written by the stream are in its path)."""
 
 
 class ClickStories:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -618,24 +618,47 @@ def compact_periods(
     if through is None:
         return report
     wanted = set(periods)
-    for kind in kinds:
-        root = kind.folder(layout)
-        if not root.is_dir():
-            continue
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if not entry.name.startswith("period=") or entry.name.removeprefix("period=") not in wanted:
+
+    def due() -> Iterator[_Due]:
+        for kind in kinds:
+            root = kind.folder(layout)
+            if not root.is_dir():
                 continue
-            folder = Path(entry.path)
-            try:
-                done = compact_folder(layout, kind, folder, through, since=after_compacted(folder) if layered else None)
-            except CompactionError as exc:
-                report.failed.append(f"{kind.name} {entry.name} left as written: {exc}")
-                continue
-            if done is not None:
-                report.periods += 1
-                report.took(done)
+            for entry in sorted(os.scandir(root), key=lambda e: e.name):
+                if entry.name.startswith("period=") and entry.name.removeprefix("period=") in wanted:
+                    folder = Path(entry.path)
+                    yield _Due(kind, folder, through, after_compacted(folder) if layered else None, entry.name)
+
+    report.periods = _compact_each(layout, due(), report)
     report.seconds = time.monotonic() - began
     return report
+
+
+@dataclass(frozen=True)
+class _Due:
+    """One compaction to make: `folder`'s batches of `kind` after `since` up to `through`; `name` for a failure."""
+
+    kind: Kind
+    folder: Path
+    through: int
+    since: int | None
+    name: str
+
+
+def _compact_each(layout: DataLayout, due: Iterable[_Due], report: CompactionReport) -> int:
+    """Make each compaction, in order: one that fails (`CompactionError`) is left as written and said in `report`,
+    the others go on. How many compacted files were written."""
+    compacted = 0
+    for one in due:
+        try:
+            done = compact_folder(layout, one.kind, one.folder, one.through, since=one.since)
+        except CompactionError as exc:
+            report.failed.append(f"{one.kind.name} {one.name} left as written: {exc}")
+            continue
+        if done is not None:
+            compacted += 1
+            report.took(done)
+    return compacted
 
 
 # --- The quarantine and `released/` -----------------------------------------------------------------------------
@@ -694,16 +717,11 @@ def compact_quarantine(
     report = CompactionReport(through=through, finished=finished, label="compaction of the quarantine")
     if through is None:
         return report
-    for kind in kinds:
-        folder = kind.folder(layout)
-        for first, last in chunks_due(folder, through, chunk, partial):
-            try:
-                done = compact_folder(layout, kind, folder, last, since=first)
-            except CompactionError as exc:
-                report.failed.append(f"{kind.name} batches {first} to {last} left as written: {exc}")
-                continue
-            if done is not None:
-                report.chunks += 1
-                report.took(done)
+    due = (
+        _Due(kind, kind.folder(layout), last, first, f"batches {first} to {last}")
+        for kind in kinds
+        for first, last in chunks_due(kind.folder(layout), through, chunk, partial)
+    )
+    report.chunks = _compact_each(layout, due, report)
     report.seconds = time.monotonic() - began
     return report

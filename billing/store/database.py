@@ -141,6 +141,33 @@ def unavailable(url: str, what: str, exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"the {what} {without_password(url)} cannot be reached ({first_line(exc)})")
 
 
+@dataclass(frozen=True)
+class VersionHead:
+    """A store's one-row table of its version (0 before its first change): what a reader asks whether it is behind,
+    and what a writer locks (`FOR UPDATE`) so that its changes take the versions one after another."""
+
+    table: str
+
+    @property
+    def schema(self) -> str:
+        """The table's `CREATE` and its first row, to put before the store's own tables."""
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.table} (\n"
+            "    one boolean PRIMARY KEY DEFAULT true CHECK (one),\n"
+            "    version bigint NOT NULL CHECK (version >= 0)\n"
+            ");\n"
+            f"INSERT INTO {self.table} (version) VALUES (0) ON CONFLICT DO NOTHING;\n"
+        )
+
+    def version(self, connection: psycopg.Connection[Any], lock: bool = False) -> int:
+        """The store's version; with `lock`, the row is held until the transaction ends."""
+        row = connection.execute(f"SELECT version FROM {self.table}" + (" FOR UPDATE" if lock else "")).fetchone()
+        return int(row[0]) if row else 0
+
+    def set(self, connection: psycopg.Connection[Any], version: int) -> None:
+        connection.execute(f"UPDATE {self.table} SET version = %s", (version,))
+
+
 def integrity_errors() -> tuple[type[Exception], ...]:
     import psycopg
 

@@ -44,13 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS names_head (
-    one boolean PRIMARY KEY DEFAULT true CHECK (one),
-    version bigint NOT NULL CHECK (version >= 0)
-);
-INSERT INTO names_head (version) VALUES (0) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS names (
+HEAD = database.VersionHead("names_head")
+
+SCHEMA = (
+    HEAD.schema
+    + """CREATE TABLE IF NOT EXISTS names (
     kind text NOT NULL CHECK (kind IN ('campaign', 'ad')),
     item_id text NOT NULL CHECK (item_id <> ''),
     name text CHECK (name <> ''),
@@ -59,6 +57,7 @@ CREATE TABLE IF NOT EXISTS names (
 );
 CREATE INDEX IF NOT EXISTS names_by_version ON names (version);
 """
+)
 """The names' tables (made when missing, `billing.store.database.make_tables`)."""
 
 MAX_KNOWN = 200_000
@@ -87,7 +86,7 @@ class NamesDatabase(database.HeldReader):
         """Every name as the database holds it now: the head row and, when it moved, only the rows changed since
         the version held. DatabaseUnavailable when the database cannot be reached."""
         with self._mutex, self._connection() as connection:
-            version = _head(connection)
+            version = HEAD.version(connection)
             if version == self._held_version:
                 return self._held
             since = self._held_version if self._held_version is not None and version > self._held_version else 0
@@ -152,7 +151,7 @@ class NamesDatabase(database.HeldReader):
     def version(self) -> int:
         """The version of the last change of a name (0: none yet): one row."""
         with self._connection() as connection:
-            return _head(connection)
+            return HEAD.version(connection)
 
     # --- Changing --------------------------------------------------------------------------------------------
 
@@ -163,7 +162,7 @@ class NamesDatabase(database.HeldReader):
         if not item_id:
             raise NamingError(f"a {kind} to name needs its id")
         with self._connection() as connection, connection.transaction():
-            version = _head(connection, lock=True) + 1
+            version = HEAD.version(connection, lock=True) + 1
             if kept:
                 changed = connection.execute(
                     "INSERT INTO names (kind, item_id, name, version) VALUES (%s, %s, %s, %s) "
@@ -177,7 +176,7 @@ class NamesDatabase(database.HeldReader):
                     (version, kind, item_id),
                 ).rowcount
             if changed:
-                connection.execute("UPDATE names_head SET version = %s", (version,))
+                HEAD.set(connection, version)
         with self._mutex:
             self._remember({(kind, item_id): kept})  # this worker's next page shows it at once
         return kept
@@ -186,7 +185,7 @@ class NamesDatabase(database.HeldReader):
 
     def _catch_up(self, connection: psycopg.Connection[Any]) -> None:
         """Bring the names known for `name_of` up to the head: the rows changed since the version known."""
-        version = _head(connection)
+        version = HEAD.version(connection)
         known = self._known_version
         if known is not None and version == known:
             return
@@ -204,7 +203,7 @@ class NamesDatabase(database.HeldReader):
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's names file when the database holds no name yet (once, under the lock of
         `database.make_tables`); a file beside names already there is left alone, and said."""
-        source = self._file_to_take_in(lambda: _head(connection) > 0, "names", log)
+        source = self._file_to_take_in(lambda: HEAD.version(connection) > 0, "names", log)
         if source is None:
             return []
         try:
@@ -220,7 +219,7 @@ class NamesDatabase(database.HeldReader):
         with connection.cursor() as cursor, cursor.copy("COPY names (kind, item_id, name, version) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row((*row, 1))
-        connection.execute("UPDATE names_head SET version = 1")
+        HEAD.set(connection, 1)
         log.warning(
             "took the names file %s (%d campaigns, %d ads) into %s; the file is set aside as %s.imported",
             source,
@@ -235,11 +234,6 @@ class NamesDatabase(database.HeldReader):
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise NamingError(f"a name is given to a campaign or an ad, not to a {kind!r}")
-
-
-def _head(connection: psycopg.Connection[Any], lock: bool = False) -> int:
-    row = connection.execute("SELECT version FROM names_head" + (" FOR UPDATE" if lock else "")).fetchone()
-    return int(row[0]) if row else 0
 
 
 def _read_names(connection: psycopg.Connection[Any], kind: str, item_ids: list[str]) -> dict[str, str]:

@@ -36,13 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS billing_profiles_head (
-    one boolean PRIMARY KEY DEFAULT true CHECK (one),
-    version bigint NOT NULL CHECK (version >= 0)
-);
-INSERT INTO billing_profiles_head (version) VALUES (0) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS billing_profiles (
+HEAD = database.VersionHead("billing_profiles_head")
+
+SCHEMA = (
+    HEAD.schema
+    + """CREATE TABLE IF NOT EXISTS billing_profiles (
     version bigint PRIMARY KEY CHECK (version > 0),
     advertiser_id text NOT NULL CHECK (advertiser_id <> ''),
     effective_from bigint NOT NULL,
@@ -56,6 +54,7 @@ CREATE TABLE IF NOT EXISTS billing_profiles (
     UNIQUE (advertiser_id, effective_from)
 );
 """
+)
 """The profiles' tables (made when missing, `billing.store.database.make_tables`)."""
 
 _COLUMNS = "advertiser_id, name, address, tax_id, tax_rate, effective_from, version, made_by, door, made_at"
@@ -88,7 +87,7 @@ class ProfileDatabase(database.Store):
         """Every advertiser's history as the database holds it now: the head row, then only the entries made since
         the version held (none when it did not move). DatabaseUnavailable when the database cannot be reached."""
         with self._mutex, self._connection() as connection:
-            version = _head(connection)
+            version = HEAD.version(connection)
             if self._read and version == self._held.version:
                 return self._held
             if version < self._held.version:  # the database was restored from an older copy: read it whole
@@ -110,7 +109,7 @@ class ProfileDatabase(database.Store):
         with self._connection() as connection:
             try:
                 with connection.transaction():
-                    version = _head(connection, lock=True)
+                    version = HEAD.version(connection, lock=True)
                     now_ms = clock()
                     entry = request(now_ms)
                     rows = connection.execute(
@@ -119,7 +118,7 @@ class ProfileDatabase(database.Store):
                     changed = BillingProfiles([_entry(row) for row in rows], version).with_profile(entry, now_ms)
                     kept = next(e for e in changed.history(entry.advertiser_id) if e.version == changed.version)
                     _insert(connection, kept)
-                    connection.execute("UPDATE billing_profiles_head SET version = %s", (kept.version,))
+                    HEAD.set(connection, kept.version)
             except integrity_errors() as exc:
                 raise ProfileError(f"the billing profiles refused the change: {constraint_message(exc)}") from None
         return kept
@@ -127,7 +126,7 @@ class ProfileDatabase(database.Store):
     def _take_in(self, connection: psycopg.Connection[Any]) -> list[Path]:
         """Take in a data folder's profiles file when the database holds no profile yet (once, under the lock of
         `database.make_tables`); a file beside profiles already there is left alone, and said."""
-        source = self._file_to_take_in(lambda: _head(connection) > 0, "billing profiles", log)
+        source = self._file_to_take_in(lambda: HEAD.version(connection) > 0, "billing profiles", log)
         if source is None:
             return []
         try:
@@ -138,7 +137,7 @@ class ProfileDatabase(database.Store):
         for entry in sorted(entries, key=lambda e: e.version):
             _insert(connection, entry)
         version = max([profiles.version, *(e.version for e in entries)])
-        connection.execute("UPDATE billing_profiles_head SET version = %s", (version,))
+        HEAD.set(connection, version)
         log.warning(
             "took the billing profiles file %s (version %d, %d entries) into %s; the file is set aside as %s.imported",
             source,
@@ -148,11 +147,6 @@ class ProfileDatabase(database.Store):
             source.name,
         )
         return [source]
-
-
-def _head(connection: psycopg.Connection[Any], lock: bool = False) -> int:
-    row = connection.execute("SELECT version FROM billing_profiles_head" + (" FOR UPDATE" if lock else "")).fetchone()
-    return int(row[0]) if row else 0
 
 
 def _entry(row: tuple[Any, ...]) -> BillingProfile:
