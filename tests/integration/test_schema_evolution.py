@@ -1,4 +1,5 @@
-"""A producer deploys a new schema version while the job runs (DOMAIN.md "Events"): on real Kafka, Spark and Redis.
+"""A producer deploys a new schema version while the job runs (docs/billing-rules.md, "Events"): on real Kafka,
+Spark and Redis.
 
 Version 2 of each event type is version 1 plus an optional string field with a null default (BACKWARD
 compatible). Its records are billed by the stream from the first one, with no restart by hand; records of an id the
@@ -251,9 +252,9 @@ def test_records_of_an_id_unknown_on_arrival_are_billed_once_it_is_registered(
         producer.send(impression)
         value = frame(never_id, encode_body(body_v1, click.to_record()))
         producer.out.publish_raw(settings.topic_clicks, click.ad_id.encode(), value)
-    # One click id sent twice (DOMAIN.md, "The attribution rule"): copy R at the end of P0, written with a third
-    # version the registry does not know yet (id next_id + 1), and copy B at the start of P1, re-sent with the
-    # shipped version, both within 10 s of an impression. R arrives first: it stands, B is a conflict.
+    # One click id sent twice (docs/billing-rules.md, "The attribution rule"): copy R at the end of P0, written with
+    # a third version the registry does not know yet (id next_id + 1), and copy B at the start of P1, re-sent with
+    # the shipped version, both within 10 s of an impression. R arrives first: it stands, B is a conflict.
     both = Impression("i-both", ADS[0], "u-both", T0 + H - 5_000)
     copy_r, copy_b = Click("c-both", ADS[0], "u-both", T0 + H - 100), Click("c-both", ADS[0], "u-both", T0 + H + 100)
     third = parse_avro_schema(renamed_version("click", extra_field="campaign_hint"))

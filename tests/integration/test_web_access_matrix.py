@@ -284,7 +284,7 @@ POST_ROUTES = {"/login", "/logout"}
 
 
 def expected_status(actor: str, rule: str) -> int:
-    """The access rules of DOMAIN.md, route by route, for adv-0000's things."""
+    """The access rules of docs/billing-rules.md ("Who sees what"), route by route, for adv-0000's things."""
     if rule == "/readyz":
         return 503  # open to all; no streaming job runs for this sample, so not ready, for anyone alike
     if rule in PUBLIC:
