@@ -551,6 +551,31 @@ def test_no_markdown_file_cites_a_file_outside_the_repository() -> None:
     assert not cited, f"pages that cite files outside the repository (cite docs/billing-rules.md): {cited}"
 
 
+SOURCE_SUFFIXES = {".py", ".html", ".toml", ".yml", ".yaml", ".cfg", ".sh", ".dot", ".txt"}
+"""The project's own text besides its Markdown: code, templates, settings."""
+
+
+def test_no_source_file_cites_the_contract_outside_the_repository() -> None:
+    """Code, tests and templates cite the billing rules where a user of the repository finds them."""
+    here = Path(__file__).resolve()
+    files = [
+        path
+        for path in PROJECT_ROOT.rglob("*")
+        if path.suffix in SOURCE_SUFFIXES
+        and path.is_file()
+        and path.resolve() != here
+        and not any(part.startswith(".") or part in SKIPPED_FOLDERS for part in path.relative_to(PROJECT_ROOT).parts)
+    ]
+    assert any(path.suffix == ".html" for path in files) and len(files) > 200
+    cited = [
+        f"{rel(path)}:{number}: {match}"
+        for path in files
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        for match in OUTSIDE.findall(line)
+    ]
+    assert not cited, f"files that cite the contract outside the repository (cite docs/billing-rules.md): {cited}"
+
+
 def test_every_test_the_billing_rules_name_exists() -> None:
     text = RULES.read_text()
     named = named_tests(text)
