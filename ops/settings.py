@@ -326,9 +326,10 @@ class Settings:
             raise ValueError(
                 "ADBILL_CLUSTER=1 runs the jobs on a Spark master: ADBILL_SPARK_MASTER must be spark://..."
             )
-        for name in ("stream_cores", "batch_cores", "spark_workers", "spark_worker_cores"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
+        for name, least in _LEAST.items():
+            if getattr(self, name) < least:
+                bound = f"be at least {least}" if least else "not be negative"
+                raise ValueError(f"ADBILL_{name.upper()} must {bound}")
         if self.state_store not in STATE_STORES:
             raise ValueError(f"ADBILL_STATE_STORE must be {', '.join(STATE_STORES[:-1])} or {STATE_STORES[-1]}")
         if self.join_state_format not in JOIN_STATE_FORMATS:
@@ -343,29 +344,6 @@ class Settings:
         spark_conf_pairs(self.spark_conf)
         if self.sink_writers not in ("auto", "executors", "driver"):
             raise ValueError("ADBILL_SINK_WRITERS must be auto, executors or driver")
-        for name in (
-            "impression_watermark_ms",
-            "click_watermark_ms",
-            "clock_tolerance_ms",
-            "trigger_ms",
-            "web_trusted_proxies",
-            "log_backups",
-            "compact_interval_s",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"ADBILL_{name.upper()} must not be negative")
-        for name in (
-            "web_session_hours",
-            "web_idle_minutes",
-            "web_login_limit",
-            "web_address_login_limit",
-            "web_ready_batch_age_s",
-            "log_max_bytes",
-            "invoice_terms_days",
-            "story_days",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ADBILL_{name.upper()} must be at least 1")
 
     @property
     def ivt_rules(self) -> IvtRules:
@@ -553,6 +531,36 @@ class Settings:
             if getattr(self, f.name) is not None
         }
 
+
+_LEAST: dict[str, int] = dict.fromkeys(
+    (
+        "stream_cores",
+        "batch_cores",
+        "spark_workers",
+        "spark_worker_cores",
+        "web_session_hours",
+        "web_idle_minutes",
+        "web_login_limit",
+        "web_address_login_limit",
+        "web_ready_batch_age_s",
+        "log_max_bytes",
+        "invoice_terms_days",
+        "story_days",
+    ),
+    1,
+) | dict.fromkeys(
+    (
+        "impression_watermark_ms",
+        "click_watermark_ms",
+        "clock_tolerance_ms",
+        "trigger_ms",
+        "web_trusted_proxies",
+        "log_backups",
+        "compact_interval_s",
+    ),
+    0,
+)
+"""The least value of each whole-number setting that has no check of its own (`Settings.__post_init__`)."""
 
 LOOPBACK = ("127.0.0.1", "localhost")
 

@@ -125,6 +125,13 @@ def apply_line(catalog: Catalog, line: CatalogEdit, now_ms: int) -> Catalog:
     return catalog.apply(catalog_change_of(line), now_ms, backfill=True)
 
 
+_EDIT_LINE_FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {
+    BudgetLine: ("budget", ("campaign_id", "effective_from", "daily_budget_micros")),
+    ExclusionLine: ("ip_exclusion", ("cidr", "effective_from", "excluded")),
+}
+"""The `type` of a budget's and an IP exclusion's capture line, and its fields in order (those of the line's class,
+but `line_number`)."""
+
 CaptureLine = Event | RawRecord | CatalogLine | BudgetLine | ExclusionLine | SchemaLine | CaptureError
 """What reading one non-blank line gives."""
 
@@ -151,20 +158,9 @@ def capture_line(item: Event | RawRecord | SchemaLine | CatalogEdit) -> str:
             "effective_from": change.effective_from,
             "cpc_micros": change.cpc_micros,
         }
-    elif isinstance(item, BudgetLine):
-        record = {
-            "type": "budget",
-            "campaign_id": item.campaign_id,
-            "effective_from": item.effective_from,
-            "daily_budget_micros": item.daily_budget_micros,
-        }
-    elif isinstance(item, ExclusionLine):
-        record = {
-            "type": "ip_exclusion",
-            "cidr": item.cidr,
-            "effective_from": item.effective_from,
-            "excluded": item.excluded,
-        }
+    elif isinstance(item, BudgetLine | ExclusionLine):
+        kind, names = _EDIT_LINE_FIELDS[type(item)]
+        record = {"type": kind, **{name: getattr(item, name) for name in names}}
     else:
         # The optional fields only when the event has them: a version 1 event's line is as it always was.
         record = {"type": item.type, **{k: v for k, v in item.to_record().items() if v is not None}}
@@ -294,19 +290,22 @@ def _effective_from(data: dict[str, Any]) -> int:
     return value
 
 
-def _string(data: dict[str, Any], name: str) -> str:
+def _required(data: dict[str, Any], name: str) -> Any:
+    """The value of a field the line must have, null or not; a `_LineProblem` when it is missing."""
     if name not in data:
         raise _LineProblem(f"missing field {name!r}")
-    value = data[name]
+    return data[name]
+
+
+def _string(data: dict[str, Any], name: str) -> str:
+    value = _required(data, name)
     if not isinstance(value, str):
         raise _LineProblem(f"field {name!r} must be a string, got {_json_type(value)}")
     return value
 
 
 def _long(data: dict[str, Any], name: str) -> int:
-    if name not in data:
-        raise _LineProblem(f"missing field {name!r}")
-    value = data[name]
+    value = _required(data, name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _LineProblem(f"field {name!r} must be an integer (epoch ms), got {_json_type(value)}")
     if not _LONG_MIN <= value <= _LONG_MAX:

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -515,19 +515,9 @@ class ReplaySummary:
     errors: list[CaptureError] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "lines": self.lines,
-            "events": self.events,
-            "raw": self.raw,
-            "bad_lines": self.bad_lines,
-            "catalog_changes": self.catalog_changes,
-            "schemas": self.schemas,
-            "errors": [
-                {"line_number": e.line_number, "message": e.message, "raw_text": e.raw_text} for e in self.errors
-            ],
-            "publish": self.publish.to_dict(),
-        }
+        """A JSON-ready dict: the counts, the errors and the publisher's own (`PublishSummary.to_dict`)."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("publish", "errors")}
+        return counts | {"errors": [asdict(e) for e in self.errors], "publish": self.publish.to_dict()}
 
     def line(self) -> str:
         """One human line, for the end of a replay."""

@@ -164,22 +164,15 @@ def bench(args: argparse.Namespace, command: str) -> int:
     finally:
         sampler.stop()
         stack.stop()
-    data = report.build(
-        kind="bench",
-        command=command,
-        started=started,
-        finished=time.time(),
-        settings=_settings_summary(services),
-        traffic={
-            "rates": rates,
-            "duration_s": args.duration,
-            "backlog_events": args.backlog,
-            "burst_events": args.burst,
-            **generation,
-        },
-        ceiling=ceiling_figures,
-        systems=results,
-        machine=_machine(sampler, started),
+    traffic = {
+        "rates": rates,
+        "duration_s": args.duration,
+        "backlog_events": args.backlog,
+        "burst_events": args.burst,
+        **generation,
+    }
+    data = _report(
+        "bench", command, started, services, sampler, traffic=traffic, ceiling=ceiling_figures, systems=results
     )
     return _write(out, data, args.keep_data)
 
@@ -201,17 +194,8 @@ def soak(args: argparse.Namespace, command: str) -> int:
     finally:
         sampler.stop()
         stack.stop()
-    data = report.build(
-        kind="soak",
-        command=command,
-        started=started,
-        finished=time.time(),
-        settings=_settings_summary(services),
-        traffic={"rates": [args.rate], "minutes": args.soak_minutes, "cycles": cycles, **generation},
-        ceiling={},
-        systems={PIPELINE: result},
-        machine=_machine(sampler, started),
-    )
+    traffic = {"rates": [args.rate], "minutes": args.soak_minutes, "cycles": cycles, **generation}
+    data = _report("soak", command, started, services, sampler, traffic=traffic, ceiling={}, systems={PIPELINE: result})
     return _write(out, data, args.keep_data)
 
 
@@ -379,6 +363,19 @@ def _settings_summary(settings: Settings) -> dict[str, Any]:
         *("driver_memory", "impression_watermark_ms", "click_watermark_ms", "topic_partitions"),
     ]
     return {name: getattr(settings, name) for name in names} | {"state_store": settings.new_state_store}
+
+
+def _report(
+    kind: str, command: str, started: float, services: Settings, sampler: Sampler, **parts: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The report of a run that finishes now (`report.build`; `parts`: its traffic, ceiling and systems), with the
+    settings of `services` and the machine's figures since `started` from `sampler`."""
+    finished = time.time()
+    settings = _settings_summary(services)
+    machine = _machine(sampler, started)
+    return report.build(
+        kind=kind, command=command, started=started, finished=finished, settings=settings, machine=machine, **parts
+    )
 
 
 def _machine(sampler: Sampler, started: float) -> dict[str, Any]:

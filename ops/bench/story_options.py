@@ -622,6 +622,18 @@ def _batch_files(folder: Path, through: int) -> list[tuple[int, Path]]:
     return out
 
 
+def write_parquet(table: pa.Table, path: Path, row_group_rows: int | None, bloom: Sequence[str], ndv: int) -> None:
+    """`table` as a snappy Parquet file of `row_group_rows` rows a row group (None: pyarrow's default), with a Bloom
+    filter at 1% false positives, sized for `ndv` distinct values, on each column of `bloom`."""
+    pq.write_table(
+        table,
+        path,
+        compression="snappy",
+        row_group_size=row_group_rows,
+        bloom_filter_options={c: {"ndv": ndv, "fpp": 0.01} for c in bloom} or None,
+    )
+
+
 def compact_folder(
     folder: Path, keys: Sequence[str], through: int, row_group_rows: int, bloom: Sequence[str] = ()
 ) -> Compaction:
@@ -651,13 +663,7 @@ def compact_folder(
     target_folder = folder / f"batch_id={last}"
     target = target_folder / f"{COMPACTED}{first}-{last}.parquet"
     staging = target_folder / f".{target.name}.tmp"
-    pq.write_table(
-        table,
-        staging,
-        compression="snappy",
-        row_group_size=row_group_rows,
-        bloom_filter_options={c: {"ndv": row_group_rows, "fpp": 0.01} for c in bloom} or None,
-    )
+    write_parquet(table, staging, row_group_rows, bloom, row_group_rows)
     replace_files([(staging, target)], [target_folder])
     figures.sort_write_s = time.perf_counter() - began - figures.read_s
     for _, path in found:
@@ -1080,10 +1086,14 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             flush=True,
         )
 
-    for engine, name in (("pyarrow", "files"), ("duckdb", "duckdb-files")):
-        if name in options:
-            finder_ = FileFinder(layout, args.days, batches_per_day, engine)
-            lookups(name, finder_, slow)
+    def finder_lookups(names: tuple[str, str], sample: Sequence[Truth], sidecar: bool = False) -> None:
+        """`lookups` through a FileFinder with pyarrow, then with DuckDB, named by `names`: each that `--options`
+        asks for (with `sidecar`, both: the sidecar's option asks for them)."""
+        for engine, name in zip(("pyarrow", "duckdb"), names, strict=True):
+            if sidecar or name in options:
+                lookups(name, FileFinder(layout, args.days, batches_per_day, engine, sidecar=sidecar), sample)
+
+    finder_lookups(("files", "duckdb-files"), slow)
     through = written.newest_batch - args.tail_batches
     if "product" in options:
         figures["product"] = measure_product(layout, through, clicks, truths, absent, daily)
@@ -1117,10 +1127,7 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             f"{compaction.files_written:,}); day 1: {after['files_of_day_1_but_quarantine']:,} files",
             flush=True,
         )
-        for engine, name in (("pyarrow", "compacted"), ("duckdb", "duckdb-compacted")):
-            if name in options:
-                finder_ = FileFinder(layout, args.days, batches_per_day, engine)
-                lookups(name, finder_, truths)
+        finder_lookups(("compacted", "duckdb-compacted"), truths)
         if "sidecar" in options:
             began = time.monotonic()
             size = hashed = 0
@@ -1137,9 +1144,7 @@ def measure_days(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 "ids_hashed": hashed,
             }
             print(f"sidecars: {seconds:.1f} s, {size / 1e6:.1f} MB", flush=True)
-            for engine, name in (("pyarrow", "sidecar"), ("duckdb", "duckdb-sidecar")):
-                finder_ = FileFinder(layout, args.days, batches_per_day, engine, sidecar=True)
-                lookups(name, finder_, truths)
+            finder_lookups(("sidecar", "duckdb-sidecar"), truths, sidecar=True)
     return report
 
 
@@ -1351,13 +1356,7 @@ def full_period(args: argparse.Namespace) -> dict[str, Any]:
             began = time.perf_counter()
             ordered = table.sort_by([(k, "ascending") for k in keys]) if keys else table
             path = folder / f"{name}.parquet"
-            pq.write_table(
-                ordered,
-                path,
-                compression="snappy",
-                row_group_size=rows,
-                bloom_filter_options={c: {"ndv": rg, "fpp": 0.01} for c in bloom} or None,
-            )
+            write_parquet(ordered, path, rows, bloom, rg)
             seconds = time.perf_counter() - began
             paths[name] = path
             meta = pq.ParquetFile(path).metadata
