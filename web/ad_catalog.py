@@ -13,16 +13,18 @@ other part of the product; a change is seen by the streaming job and reconciliat
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import partial
 
-from flask import Flask, current_app, g, request
+from flask import Flask, abort, current_app, g, request
 
 from billing.budgets import BudgetChange
-from billing.catalog import Ad, AdChange, BudgetSetting, Catalog, CatalogError, ExclusionSetting, MadeBy, PriceChange
+from billing.catalog import Ad, Catalog, CatalogChange, CatalogError, MadeBy, PriceChange
 from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
-from billing.invalid import ExclusionChange
+from billing.invalid import ExclusionChange, IpExclusions
 from billing.money import minor_digits, parse_amount
 from billing.store.catalog_db import CatalogDatabase, LogEntries
 from web import display
@@ -88,12 +90,39 @@ def catalog_or_404(change: bool = False) -> Principal:
     return allowed_or_404(may_change_catalog if change else may_see_finance)
 
 
+def change_or_404(path_id: str) -> Principal:
+    """An admin's change of the ad or campaign a path names: 404 for anyone else (`catalog_or_404`) and for an id the
+    web UI does not address (`web.readers.is_id`)."""
+    principal = catalog_or_404(change=True)
+    if not is_id(path_id):
+        abort(404)
+    return principal
+
+
 def ads_of(catalog: Catalog, advertiser_id: str | None = None) -> list[Ad]:
     """The catalog's ads (of one advertiser when given), by advertiser, campaign and ad id."""
     if advertiser_id is None:
         return [catalog[ad_id] for ad_id in catalog.listed()]
     ads = [ad for campaign in catalog.campaigns_of(advertiser_id) for ad in catalog.ads_of_campaign(campaign)]
     return sorted(ads, key=lambda ad: (ad.campaign_id, ad.ad_id))
+
+
+def catalog_now() -> tuple[Catalog, int]:
+    """The catalog at its latest version and the time now (epoch ms), at which a page or document shows it."""
+    svc = services()
+    now = svc.clock()
+    return svc.catalog.get(), now
+
+
+def known_ad(ad_id: str) -> Ad | None:
+    """The catalog's ad `ad_id`; None for an id the web UI does not address (`web.readers.is_id`) or an ad the catalog
+    does not hold."""
+    return services().catalog.get().get(ad_id) if is_id(ad_id) else None
+
+
+def known_campaign(catalog: Catalog, campaign_id: str) -> bool:
+    """Whether `campaign_id` is an id the web UI addresses and a campaign of `catalog`."""
+    return is_id(campaign_id) and catalog.advertiser_of_campaign(campaign_id) is not None
 
 
 ADS_PAGE = 500
@@ -112,6 +141,27 @@ class FieldError(CatalogError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Typed:
+    """What a page's change forms show: what was typed in them (`form`; nothing on a page first opened) and, for a
+    change refused, why (`error`, shown beside the field `error_field` when it is about one), with the status the
+    page answers with (400; 200 when nothing was refused)."""
+
+    form: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+    error_field: str | None = None
+    status: int = 200
+
+    @classmethod
+    def refused(cls, form: Mapping[str, str], refusal: Exception) -> Typed:
+        """The form sent again, with the refusal's one-line message beside its field (a `FieldError`'s), 400."""
+        return cls(form, str(refusal), refusal.field if isinstance(refusal, FieldError) else None, 400)
+
+
+UNTYPED = Typed()
+"""A page first opened: nothing typed, nothing refused."""
 
 
 PRICE_DECIMALS = 6
@@ -252,23 +302,33 @@ def make_change(
     line's one-line message, when it is refused."""
     if action not in ACTIONS:
         raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
-
-    def asked(current: Catalog | None, now_ms: int) -> AdChange:
-        return catalog_change(
-            action,
-            ad_id,
-            now_ms if at_ms is None else at_ms,
-            current,
-            cpc_micros=cpc_micros,
-            campaign_id=campaign_id,
-            advertiser_id=advertiser_id,
-            currency=currency,
-        )
-
-    changed = store().change(asked, clock=services().clock, made_by=made_by())
+    asked = partial(
+        catalog_change,
+        action,
+        ad_id,
+        cpc_micros=cpc_micros,
+        campaign_id=campaign_id,
+        advertiser_id=advertiser_id,
+        currency=currency,
+    )
+    changed = _change_from(at_ms, asked, made_by())
     ad = changed[ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)
+
+
+def _change_from(
+    at_ms: int | None, request_: Callable[[int, Catalog | None], CatalogChange], made_by: MadeBy | None = None
+) -> Catalog:
+    """Make the change `request_` reads from its effective time and the catalog as the database holds it, under the
+    catalog's lock (`CatalogDatabase.change`), so a request is judged against the catalog it changes; the effective
+    time is `at_ms`, or when None "now" read under the lock too, so a change that waited for the lock never takes
+    effect in the past. The catalog after it."""
+
+    def asked(current: Catalog | None, now_ms: int) -> CatalogChange:
+        return request_(now_ms if at_ms is None else at_ms, current)
+
+    return store().change(asked, clock=services().clock, made_by=made_by)
 
 
 def exclusions_or_404() -> Principal:
@@ -327,21 +387,16 @@ def make_budget_change(campaign_id: str, at_ms: int | None, *, daily_micros: obj
     message when it is refused."""
     made_by = maker()
 
-    def request_(current: Catalog | None, now_ms: int) -> BudgetSetting:
+    def request_(effective_from: int, current: Catalog | None) -> CatalogChange:
         setting = budget_change(
-            campaign_id,
-            now_ms if at_ms is None else at_ms,
-            current,
-            daily_micros=daily_micros,
-            unlimited=unlimited,
-            made_by=made_by,
+            campaign_id, effective_from, current, daily_micros=daily_micros, unlimited=unlimited, made_by=made_by
         )
         if current is not None:
             advertiser = current.advertiser_of_campaign(campaign_id) or ""
             check_minor_unit(setting.daily_budget_micros, current.currency_of(advertiser) or "")
         return setting
 
-    changed = store().change(request_, clock=services().clock)
+    changed = _change_from(at_ms, request_)
     entry = next(b for b in changed.budget_history(campaign_id) if b.version == changed.version)
     return BudgetMade(changed, campaign_id, entry)
 
@@ -360,11 +415,19 @@ def make_exclusion_change(action: str, cidr: str, at_ms: int | None) -> tuple[Ca
     as `adbill ivt` does; the catalog after it and the entry it added; CatalogError with the command's message."""
     made_by = maker()
 
-    def request_(current: Catalog | None, now_ms: int) -> ExclusionSetting:
-        return exclusion_change(action, cidr, now_ms if at_ms is None else at_ms, made_by)
+    def request_(effective_from: int, current: Catalog | None) -> CatalogChange:
+        return exclusion_change(action, cidr, effective_from, made_by)
 
-    changed = store().change(request_, clock=services().clock)
+    changed = _change_from(at_ms, request_)
     return changed, next(c for c in changed.exclusions.changes if c.version == changed.version)
+
+
+def exclusions_in_force(exclusions: IpExclusions, at_ms: int) -> list[tuple[str, ExclusionChange]]:
+    """Each range excluded at `at_ms`, with the entry that put it in force (its last taking effect by then)."""
+    return [
+        (cidr, [e for e in exclusions.history(cidr) if e.effective_from <= at_ms][-1])
+        for cidr in exclusions.ranges_at(at_ms)
+    ]
 
 
 def made_by() -> MadeBy:

@@ -16,25 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, url_for
-from werkzeug.wrappers import Response as WerkzeugResponse
 
 from billing.budget_days import CampaignDay
 from billing.budgets import BudgetChange
 from billing.corrections import Correction
 from billing.invalid import ExclusionChange
 from billing.store.export_files import Manifest
-from web import lookups
+from web import lookups, pages
 from web.access import visible_advertisers
 from web.ad_catalog import BudgetStatus, made_of
-from web.freshness import worst
 from web.guards import api_login, finance_or_404, logged_in
 from web.model import (
     NOT_CHARGED_REASONS,
     AdLine,
     Billed,
+    CorrectionPage,
     EventCounts,
     Figures,
     NotCharged,
+    NotChargedClicks,
     Period,
     PeriodBill,
     SpanTotal,
@@ -46,7 +46,7 @@ from web.naming import name_of, want
 from web.price_split import by_price_document, clicks_by_price
 from web.pricing import price_per_click
 from web.ranges import DEFAULT_PRESET, DateRange
-from web.responses import micros_by_currency, micros_text, send_export
+from web.responses import micros_by_currency, micros_text
 from web.services import services
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -187,16 +187,7 @@ def ad(advertiser_id: str, ad_id: str) -> Response:
 @bp.get("/advertisers/<advertiser_id>/corrections")
 def corrections(advertiser_id: str) -> Response:
     page = lookups.corrections(advertiser_id)
-    return jsonify(
-        {
-            "advertiser_id": page.advertiser_id,
-            "currency": page.currency,
-            "total": page.total,
-            "offset": page.offset,
-            "limit": page.limit,
-            "corrections": [_correction(c) for c in page.items],
-        }
-    )
+    return jsonify({**_page_document(page), "corrections": [_correction(c) for c in page.items]})
 
 
 @bp.get("/advertisers/<advertiser_id>/not-charged")
@@ -205,13 +196,9 @@ def not_charged_clicks(advertiser_id: str) -> Response:
     page = lookups.not_charged_clicks(advertiser_id)
     return jsonify(
         {
-            "advertiser_id": page.advertiser_id,
-            "currency": page.currency,
+            **_page_document(page),
             "period": page.period,
             "range": None if page.range is None else page.range.as_json(),
-            "total": page.total,
-            "offset": page.offset,
-            "limit": page.limit,
             "provisional": page.provisional,
             "by_reason": page.by_reason,
             "would_cost_micros_by_currency": micros_by_currency(page.would_cost),
@@ -306,29 +293,23 @@ def exports() -> Response:
     return jsonify({"exports": [_export(e) for e in services().exports.finished()]})
 
 
-@bp.get("/exports/<period>/<name>")
-def export_file(period: str, name: str) -> WerkzeugResponse:
-    """A closed period's export file, for scripts: the page's download, opened with an API token too."""
-    finance_or_404()
-    return send_export(period, name)
+# A closed period's export file, for scripts: the page's download itself, opened with an API token too.
+bp.add_url_rule("/exports/<period>/<name>", view_func=pages.export_file)
 
 
 @bp.get("/health")
 def health() -> Response:
-    h = lookups.health()
-    fresh = lookups.freshness()
-    audit = services().finance.last_audit()
-    lag = lookups.kafka_lag()
-    statuses = lookups.health_status(h, fresh, audit, lag)
+    report = lookups.health_report()
+    h, lag = report.health, report.lag
     return jsonify(
         {
             "kafka": None
             if lag is None
             else {"lag": lag.lag, "read_at_ms": lag.read_at_ms, "committed": lag.committed, "error": lag.error},
             "status": {
-                "overall": worst([s.level for s in statuses]),
-                "components": [{"name": s.name, "level": s.level, "text": s.text} for s in statuses],
-                "freshness": fresh.as_json(),
+                "overall": report.overall,
+                "components": [{"name": s.name, "level": s.level, "text": s.text} for s in report.statuses],
+                "freshness": report.fresh.as_json(),
             },
             "queries": [
                 {
@@ -522,6 +503,18 @@ def _figures_and_counts(line: PeriodBill | AdLine) -> dict[str, Any]:
         **_clock_ahead(line.clock_ahead),
         **_unbilled(line.unbilled),
         **not_charged_document(line.not_charged, line.billed),
+    }
+
+
+def _page_document(page: CorrectionPage | NotChargedClicks) -> dict[str, Any]:
+    """What a paged list of an advertiser's opens with: the advertiser, its currency, how many there are in all,
+    and where this page starts and how long it may be."""
+    return {
+        "advertiser_id": page.advertiser_id,
+        "currency": page.currency,
+        "total": page.total,
+        "offset": page.offset,
+        "limit": page.limit,
     }
 
 

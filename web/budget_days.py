@@ -41,9 +41,9 @@ class BudgetDays:
                     out.append(found)
         return out
 
-    def today(self, now_ms: int) -> list[CampaignDay]:
-        """Every campaign of the catalog with a budget today or figures, today (UTC) as of `now_ms`: capped ones
-        first, then by campaign id."""
+    def today(self, now_ms: int) -> dict[str, CampaignDay]:
+        """Every campaign of the catalog with a budget today or figures, today (UTC) as of `now_ms`, by campaign id:
+        capped ones first, then by campaign id."""
         catalog = self.catalog.get()
         days = self.campaign_days(catalog.campaign_ids, [utc_day(now_ms)], now_ms, budgeted_only=False)
-        return sorted(days, key=lambda d: (not d.capped, d.campaign_id))
+        return {d.campaign_id: d for d in sorted(days, key=lambda d: (not d.capped, d.campaign_id))}

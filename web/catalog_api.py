@@ -42,11 +42,16 @@ from web.ad_catalog import (
     Made,
     ads_of,
     ads_page,
+    catalog_now,
     catalog_or_404,
+    change_or_404,
     changes_by_version,
     check_ids,
     effective_from_json,
+    exclusions_in_force,
     exclusions_or_404,
+    known_ad,
+    known_campaign,
     make_budget_change,
     make_change,
     make_exclusion_change,
@@ -58,7 +63,6 @@ from web.api import (
     made_document,
 )
 from web.guards import advertiser_or_404, api_login, paging_args
-from web.readers import is_id
 from web.responses import micros_text
 from web.services import services
 
@@ -72,12 +76,11 @@ _CHANGE_FIELDS = frozenset({"action", "cpc_micros", "effective_from", "campaign_
 @bp.get("/advertisers/<advertiser_id>/ads")
 def advertiser_ads(advertiser_id: str) -> Response:
     advertiser_or_404(advertiser_id)
-    svc = services()
-    now = svc.clock()
+    catalog, now = catalog_now()
     return jsonify(
         {
             "advertiser_id": advertiser_id,
-            "ads": [ad_document(ad, now) for ad in ads_of(svc.catalog.get(), advertiser_id)],
+            "ads": [ad_document(ad, now) for ad in ads_of(catalog, advertiser_id)],
         }
     )
 
@@ -85,9 +88,7 @@ def advertiser_ads(advertiser_id: str) -> Response:
 @bp.get("/catalog/ads")
 def catalog_ads() -> Response:
     catalog_or_404()
-    svc = services()
-    now = svc.clock()
-    catalog = svc.catalog.get()
+    catalog, now = catalog_now()
     offset, limit = paging_args(ADS_PAGE)
     ads = ads_page(catalog, offset, limit)
     changes_by_version().read(p.version for ad in ads for p in ad.prices)
@@ -104,21 +105,13 @@ def catalog_ads() -> Response:
 
 @bp.get("/catalog/ads/<ad_id>")
 def catalog_ad(ad_id: str) -> Response:
-    catalog_or_404()
-    svc = services()
-    found = svc.catalog.get().get(ad_id) if is_id(ad_id) else None
-    if found is None:
-        abort(404)
-    return jsonify(ad_document(found, svc.clock()))
+    return jsonify(ad_document(_ad_or_404(ad_id), services().clock()))
 
 
 @bp.get("/catalog/ads/<ad_id>/prices")
 def catalog_ad_prices(ad_id: str) -> Response:
     """The ad's price history alone, oldest first (the collection a change is posted to)."""
-    catalog_or_404()
-    found = services().catalog.get().get(ad_id) if is_id(ad_id) else None
-    if found is None:
-        abort(404)
+    found = _ad_or_404(ad_id)
     return jsonify({"ad_id": found.ad_id, "currency": found.currency, "prices": [_entry(p) for p in found.prices]})
 
 
@@ -128,7 +121,7 @@ def create_ad() -> Response:
     try:
         body = _body(_CREATE_FIELDS)
         ad_id = _text(body, "ad_id") or ""
-        owners = {name: _text(body, name) for name in ("campaign_id", "advertiser_id", "currency")}
+        owners = _owners(body)
         check_ids(ad_id=ad_id, campaign_id=owners["campaign_id"], advertiser_id=owners["advertiser_id"])
         made = make_change(
             "create-ad",
@@ -144,9 +137,7 @@ def create_ad() -> Response:
 
 @bp.post("/catalog/ads/<ad_id>/prices")
 def change_ad(ad_id: str) -> Response:
-    catalog_or_404(change=True)
-    if not is_id(ad_id):
-        abort(404)
+    change_or_404(ad_id)
     try:
         body = _body(_CHANGE_FIELDS)
         action = body.get("action")
@@ -160,14 +151,21 @@ def change_ad(ad_id: str) -> Response:
             ad_id,
             effective_from_json(body.get("effective_from")),
             cpc_micros=body.get("cpc_micros"),
-            campaign_id=_text(body, "campaign_id"),
-            advertiser_id=_text(body, "advertiser_id"),
-            currency=_text(body, "currency"),
+            **_owners(body),
         )
     except CatalogError as refused:
         # A change of an ad the catalog does not know: the ad is what is missing (404), with the command's words.
         return _refused(refused, 404 if services().catalog.get().get(ad_id) is None else 400)
     return _made(made, services().clock())
+
+
+def _ad_or_404(ad_id: str) -> Ad:
+    """The catalog's ad `ad_id`, for finance and admin (`catalog_or_404`); 404 when the catalog has no such ad."""
+    catalog_or_404()
+    found = known_ad(ad_id)
+    if found is None:
+        abort(404)
+    return found
 
 
 def ad_document(ad: Ad, at_ms: int) -> dict[str, Any]:
@@ -210,10 +208,19 @@ def _body(allowed: frozenset[str]) -> dict[str, Any]:
 
 
 def _text(body: dict[str, Any], name: str) -> str | None:
+    """The request's text field `name` without the white space around it; None when absent, null or empty (as an
+    empty form field); CatalogError when it is not a string."""
     value = body.get(name)
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise CatalogError(f"{name} is a string, got {value!r}")
-    return (value.strip() or None) if value is not None else None  # empty is absent, as an empty form field
+    return value.strip() or None
+
+
+def _owners(body: dict[str, Any]) -> dict[str, str | None]:
+    """The ad's campaign, advertiser and currency as the request names them (`_text`; None where it does not)."""
+    return {name: _text(body, name) for name in ("campaign_id", "advertiser_id", "currency")}
 
 
 def _refused(error: CatalogError, status: int = 400) -> Response:
@@ -224,9 +231,14 @@ def _refused(error: CatalogError, status: int = 400) -> Response:
 
 def _made(made: Made, now: int) -> Response:
     document = {**ad_document(made.ad, now), "catalog_version": made.catalog.version, "made": _entry(made.entry)}
+    return _created(document, url_for(".catalog_ad", ad_id=made.ad.ad_id))
+
+
+def _created(document: dict[str, Any], location: str) -> Response:
+    """What a change made answers: 201 with `document`, and where the thing changed is read (`Location`)."""
     response = jsonify(document)
     response.status_code = 201
-    response.headers["Location"] = url_for(".catalog_ad", ad_id=made.ad.ad_id)
+    response.headers["Location"] = location
     return response
 
 
@@ -238,10 +250,8 @@ _BUDGET_FIELDS = frozenset({"daily_budget_micros", "effective_from"})
 def budgets() -> Response:
     """Every campaign's budget now and history, with its UTC day so far; `capped_today` names the capped ones."""
     catalog_or_404()
-    svc = services()
-    now = svc.clock()
-    catalog = svc.catalog.get()
-    today = {d.campaign_id: d for d in svc.budgets.today(now)}
+    catalog, now = catalog_now()
+    today = services().budgets.today(now)
     return jsonify(
         {
             "catalog_version": catalog.version,
@@ -265,7 +275,7 @@ def campaign_budgets(campaign_id: str) -> Response:
     catalog_or_404()
     svc = services()
     catalog = svc.catalog.get()
-    if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
+    if not known_campaign(catalog, campaign_id):
         abort(404)
     return jsonify(budget_document(BudgetStatus.of(catalog, campaign_id, svc.clock())))
 
@@ -273,9 +283,7 @@ def campaign_budgets(campaign_id: str) -> Response:
 @bp.post("/catalog/campaigns/<campaign_id>/budgets")
 def set_budget(campaign_id: str) -> Response:
     """`{"daily_budget_micros": "50000000" | 50000000 | null, "effective_from": ms?}`: null is unlimited."""
-    catalog_or_404(change=True)
-    if not is_id(campaign_id):
-        abort(404)
+    change_or_404(campaign_id)
     try:
         body = _body(_BUDGET_FIELDS)
         given = body.get("daily_budget_micros")
@@ -292,10 +300,7 @@ def set_budget(campaign_id: str) -> Response:
         "catalog_version": made.catalog.version,
         "made": budget_entry_document(made.entry),
     }
-    response = jsonify(document)
-    response.status_code = 201
-    response.headers["Location"] = url_for(".campaign_budgets", campaign_id=campaign_id)
-    return response
+    return _created(document, url_for(".campaign_budgets", campaign_id=campaign_id))
 
 
 # The IP exclusion list ----------------------------------------------------------------------------------------------
@@ -306,10 +311,8 @@ _EXCLUSION_FIELDS = frozenset({"cidr", "excluded", "effective_from"})
 def ip_exclusions() -> Response:
     """The ranges excluded now (with the entry that put each in force), and the whole history, oldest first."""
     exclusions_or_404()
-    svc = services()
-    now = svc.clock()
-    catalog = svc.catalog.get()
-    return jsonify(_exclusions_document(catalog.exclusions, catalog.version, now))
+    catalog = services().catalog.get()
+    return jsonify(_exclusions_document(catalog.exclusions, catalog.version, services().clock()))
 
 
 @bp.post("/catalog/ip-exclusions")
@@ -334,20 +337,16 @@ def change_ip_exclusions() -> Response:
         **_exclusions_document(changed.exclusions, changed.version, services().clock()),
         "made": _exclusion(entry),
     }
-    response = jsonify(document)
-    response.status_code = 201
-    response.headers["Location"] = url_for(".ip_exclusions")
-    return response
+    return _created(document, url_for(".ip_exclusions"))
 
 
 def _exclusions_document(exclusions: IpExclusions, version: int, now: int) -> dict[str, Any]:
-    in_force = []
-    for cidr in exclusions.ranges_at(now):
-        entry = [e for e in exclusions.history(cidr) if e.effective_from <= now][-1]
-        in_force.append({"cidr": cidr, "since": entry.effective_from, "entry": _exclusion(entry)})
     return {
         "catalog_version": version,
-        "in_force": in_force,
+        "in_force": [
+            {"cidr": cidr, "since": entry.effective_from, "entry": _exclusion(entry)}
+            for cidr, entry in exclusions_in_force(exclusions, now)
+        ],
         "history": [_exclusion(e) for e in sorted(exclusions.changes, key=lambda e: e.version)],
     }
 

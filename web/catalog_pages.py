@@ -21,24 +21,30 @@ from billing.catalog import CatalogError
 from billing.catalog_changes import change_action
 from web.ad_catalog import (
     ADS_PAGE,
+    UNTYPED,
     AdStatus,
     BudgetStatus,
-    FieldError,
+    Typed,
     ads_of,
     ads_page,
+    catalog_now,
     catalog_or_404,
+    change_or_404,
     check_ids,
     check_not_past,
     effective_from_text,
+    exclusions_in_force,
     exclusions_or_404,
     form_micros,
+    known_ad,
+    known_campaign,
     make_budget_change,
     make_change,
     make_exclusion_change,
 )
-from web.guards import advertiser_or_404, page_login, paging_args
+from web.guards import advertiser_or_404, form_fields, made_arg, page_login, paging_args
 from web.naming import want
-from web.readers import is_id
+from web.responses import with_status
 from web.services import services
 
 bp = Blueprint("catalog_pages", __name__)
@@ -49,9 +55,8 @@ bp.before_request(page_login)
 def advertiser_ads(advertiser_id: str) -> str:
     """The advertiser's ads: status, price now, the next planned change and the price history."""
     advertiser_or_404(advertiser_id)
-    svc = services()
-    now = svc.clock()
-    listed = [AdStatus.of(ad, now) for ad in ads_of(svc.catalog.get(), advertiser_id)]
+    catalog, now = catalog_now()
+    listed = [AdStatus.of(ad, now) for ad in ads_of(catalog, advertiser_id)]
     want("ad", (s.ad.ad_id for s in listed))  # the names the page shows, in one query
     return render_template(
         "catalog_advertiser.html",
@@ -63,15 +68,20 @@ def advertiser_ads(advertiser_id: str) -> str:
 
 
 @bp.get("/catalog")
-def catalog() -> str | tuple[str, int]:
+def catalog(typed: Typed = UNTYPED) -> str | tuple[str, int]:
+    """Every ad of the catalog, a page at a time, and an admin's form to create one."""
     catalog_or_404()
-    return _catalog_page({}, "", 200)
+    current, now = catalog_now()
+    offset, limit = paging_args(ADS_PAGE)
+    listed = [AdStatus.of(ad, now) for ad in ads_page(current, offset, limit)]
+    values: dict[str, Any] = {"ads": listed, "total": len(current), "offset": offset, "limit": limit}
+    return _page("catalog.html", now, typed, **values)
 
 
 @bp.post("/catalog/ads")
 def create_ad() -> Response | str | tuple[str, int]:
     catalog_or_404(change=True)
-    form = {k: request.form.get(k, "").strip() for k in _CREATE_FIELDS}
+    form = form_fields(_CREATE_FIELDS)
     try:
         check_ids(
             ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
@@ -87,24 +97,31 @@ def create_ad() -> Response | str | tuple[str, int]:
             currency=form["currency"] or None,
         )
     except CatalogError as refused:
-        return _catalog_page(form, str(refused), 400, field_of(refused))
+        return catalog(Typed.refused(form, refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
 
 
 @bp.get("/catalog/ads/<ad_id>")
-def ad(ad_id: str) -> str | tuple[str, int]:
+def ad(ad_id: str, typed: Typed = UNTYPED) -> str | tuple[str, int]:
+    """The ad's history and, for an admin, the forms to change it; a refused change of an ad that does not exist
+    answers with the catalog's page (400), and a page of one 404."""
     catalog_or_404()
-    return _ad_page(ad_id, {}, "", 200)
+    found = known_ad(ad_id)
+    if found is None:
+        if typed.status == 200:
+            abort(404)
+        return catalog(Typed(error=typed.error, status=typed.status))
+    now = services().clock()
+    values: dict[str, Any] = {"a": AdStatus.of(found, now), "made": made_arg()}
+    return _page("catalog_ad.html", now, typed, **values)
 
 
 @bp.post("/catalog/ads/<ad_id>/changes")
 def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
     """Set, pause or resume the ad's price from now or a later time; the optional `campaign_id`, `advertiser_id` and
     `currency` fields are checked against the ad's own (they never change)."""
-    catalog_or_404(change=True)
-    if not is_id(ad_id):
-        abort(404)
-    form = {k: request.form.get(k, "").strip() for k in _CHANGE_FIELDS}
+    change_or_404(ad_id)
+    form = form_fields(_CHANGE_FIELDS)
     try:
         action = change_action(form["action"])
         known = services().catalog.get().get(ad_id)
@@ -118,7 +135,7 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
             currency=form["currency"] or None,
         )
     except CatalogError as refused:
-        return _ad_page(ad_id, form, str(refused), 400, field_of(refused))
+        return ad(ad_id, Typed.refused(form, refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
 
 
@@ -133,60 +150,46 @@ def typed_time(text: str) -> int | None:
     return at_ms
 
 
-def field_of(refused: CatalogError) -> str | None:
-    """The form field a refusal is about (the page shows it beside that field), None: the change as a whole."""
-    return refused.field if isinstance(refused, FieldError) else None
-
-
-def _catalog_page(
-    form: dict[str, str], error: str, status: int, error_field: str | None = None
-) -> str | tuple[str, int]:
-    svc = services()
-    now = svc.clock()
-    catalog = svc.catalog.get()
-    offset, limit = paging_args(ADS_PAGE)
-    listed = [AdStatus.of(ad, now) for ad in ads_page(catalog, offset, limit)]
-    values: dict[str, Any] = {"ads": listed, "total": len(catalog), "offset": offset, "limit": limit}
-    return _page("catalog.html", status, now, form, error, error_field, **values)
-
-
-def _ad_page(
-    ad_id: str, form: dict[str, str], error: str, status: int, error_field: str | None = None
-) -> str | tuple[str, int]:
-    """The ad's history and, for an admin, the forms to change it; a refused change of an ad that does not exist
-    answers with the catalog's page (400), and a page of one 404."""
-    svc = services()
-    found = svc.catalog.get().get(ad_id) if is_id(ad_id) else None
-    if found is None:
-        if status == 200:
-            abort(404)
-        return _catalog_page({}, error, status)
-    now = svc.clock()
-    values: dict[str, Any] = {"a": AdStatus.of(found, now), "made": _made()}
-    return _page("catalog_ad.html", status, now, form, error, error_field, **values)
-
-
 # Daily budgets ------------------------------------------------------------------------------------------------------
 @bp.get("/catalog/budgets")
-def budgets() -> str | tuple[str, int]:
+def budgets(typed: Typed = UNTYPED) -> str | tuple[str, int]:
     """Every campaign's daily budget now and its UTC day so far, the campaigns capped today first."""
     catalog_or_404()
-    return _budgets_page({}, "", 200)
+    catalog, now = catalog_now()
+    today = services().budgets.today(now)
+    rows = [BudgetStatus.of(catalog, c, now) for c in catalog.campaign_ids]
+    rows.sort(
+        key=lambda b: (not (today.get(b.campaign_id) and today[b.campaign_id].capped), b.advertiser_id, b.campaign_id)
+    )
+    capped = [d for d in today.values() if d.capped]
+    values: dict[str, Any] = {"rows": rows, "today": today, "capped": capped, "day": utc_day(now)}
+    return _page("catalog_budgets.html", now, typed, **values)
 
 
 @bp.get("/catalog/campaigns/<campaign_id>")
-def campaign_budget(campaign_id: str) -> str | tuple[str, int]:
+def campaign_budget(campaign_id: str, typed: Typed = UNTYPED) -> str | tuple[str, int]:
+    """A campaign's budget history and, for an admin, the form to change it; a refused change of a campaign that
+    does not exist answers with the budgets page (400), and a page of one 404."""
     catalog_or_404()
-    return _campaign_page(campaign_id, {}, "", 200)
+    svc = services()
+    catalog = svc.catalog.get()
+    if not known_campaign(catalog, campaign_id):
+        if typed.status == 200:
+            abort(404)
+        return budgets(Typed(error=typed.error, status=typed.status))
+    now = svc.clock()
+    days = svc.budgets.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
+    ads = [ad for ad in ads_of(catalog, catalog.advertiser_of_campaign(campaign_id)) if ad.campaign_id == campaign_id]
+    b, today = BudgetStatus.of(catalog, campaign_id, now), days[0] if days else None
+    values: dict[str, Any] = {"b": b, "ads": ads, "today": today, "made": made_arg()}
+    return _page("catalog_campaign.html", now, typed, **values)
 
 
 @bp.post("/catalog/campaigns/<campaign_id>/budgets")
 def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
     """Set the campaign's daily budget (micros, or unlimited) from now or a later time."""
-    catalog_or_404(change=True)
-    if not is_id(campaign_id):
-        abort(404)
-    form = {k: request.form.get(k, "").strip() for k in ("daily_amount", "daily_micros", "unlimited", "effective_from")}
+    change_or_404(campaign_id)
+    form = form_fields(("daily_amount", "daily_micros", "unlimited", "effective_from"))
     catalog = services().catalog.get()
     currency = catalog.currency_of(catalog.advertiser_of_campaign(campaign_id) or "") or ""
     try:
@@ -197,94 +200,39 @@ def set_budget(campaign_id: str) -> Response | str | tuple[str, int]:
             unlimited=bool(form["unlimited"]),
         )
     except CatalogError as refused:
-        return _campaign_page(campaign_id, form, str(refused), 400, field_of(refused))
+        return campaign_budget(campaign_id, Typed.refused(form, refused))
     return redirect(url_for(".campaign_budget", campaign_id=made.campaign_id, made=made.entry.version), code=303)
-
-
-def _budgets_page(form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
-    svc = services()
-    now = svc.clock()
-    catalog = svc.catalog.get()
-    today = {d.campaign_id: d for d in svc.budgets.today(now)}
-    rows = [BudgetStatus.of(catalog, c, now) for c in catalog.campaign_ids]
-    rows.sort(
-        key=lambda b: (not (today.get(b.campaign_id) and today[b.campaign_id].capped), b.advertiser_id, b.campaign_id)
-    )
-    capped = [d for d in today.values() if d.capped]
-    values: dict[str, Any] = {"rows": rows, "today": today, "capped": capped, "day": utc_day(now)}
-    return _page("catalog_budgets.html", status, now, form, error, **values)
-
-
-def _campaign_page(
-    campaign_id: str, form: dict[str, str], error: str, status: int, error_field: str | None = None
-) -> str | tuple[str, int]:
-    """A campaign's budget history and, for an admin, the form to change it; a refused change of a campaign that
-    does not exist answers with the budgets page (400), and a page of one 404."""
-    svc = services()
-    catalog = svc.catalog.get()
-    if not is_id(campaign_id) or catalog.advertiser_of_campaign(campaign_id) is None:
-        if status == 200:
-            abort(404)
-        return _budgets_page({}, error, status)
-    now = svc.clock()
-    days = svc.budgets.campaign_days([campaign_id], [utc_day(now)], now, budgeted_only=False)
-    ads = [ad for ad in ads_of(catalog, catalog.advertiser_of_campaign(campaign_id)) if ad.campaign_id == campaign_id]
-    b, today = BudgetStatus.of(catalog, campaign_id, now), days[0] if days else None
-    values: dict[str, Any] = {"b": b, "ads": ads, "today": today, "made": _made()}
-    return _page("catalog_campaign.html", status, now, form, error, error_field, **values)
 
 
 # The IP exclusion list ----------------------------------------------------------------------------------------------
 @bp.get("/catalog/ip-exclusions")
-def ip_exclusions() -> str | tuple[str, int]:
+def ip_exclusions(typed: Typed = UNTYPED) -> str | tuple[str, int]:
     """The ranges excluded now, the changes planned, the history; an admin's form to exclude or include a range."""
     exclusions_or_404()
-    return _exclusions_page({}, "", 200)
+    catalog, now = catalog_now()
+    exclusions = catalog.exclusions
+    in_force = exclusions_in_force(exclusions, now)
+    planned = sorted((e for e in exclusions.changes if e.effective_from > now), key=lambda e: e.effective_from)
+    history = sorted(exclusions.changes, key=lambda e: e.version, reverse=True)
+    values: dict[str, Any] = {"in_force": in_force, "planned": planned, "history": history, "made": made_arg()}
+    return _page("catalog_exclusions.html", now, typed, **values)
 
 
 @bp.post("/catalog/ip-exclusions")
 def change_ip_exclusions() -> Response | str | tuple[str, int]:
     exclusions_or_404()
-    form = {k: request.form.get(k, "").strip() for k in ("cidr", "action", "effective_from")}
+    form = form_fields(("cidr", "action", "effective_from"))
     try:
         _, entry = make_exclusion_change(form["action"], form["cidr"], typed_time(form["effective_from"]))
     except CatalogError as refused:
-        return _exclusions_page(form, str(refused), 400, field_of(refused))
+        return ip_exclusions(Typed.refused(form, refused))
     return redirect(url_for(".ip_exclusions", made=entry.version), code=303)
 
 
-def _exclusions_page(
-    form: dict[str, str], error: str, status: int, error_field: str | None = None
-) -> str | tuple[str, int]:
-    svc = services()
-    now = svc.clock()
-    exclusions = svc.catalog.get().exclusions
-    in_force = [
-        (cidr, [e for e in exclusions.history(cidr) if e.effective_from <= now][-1])
-        for cidr in exclusions.ranges_at(now)
-    ]
-    planned = sorted((e for e in exclusions.changes if e.effective_from > now), key=lambda e: e.effective_from)
-    history = sorted(exclusions.changes, key=lambda e: e.version, reverse=True)
-    values: dict[str, Any] = {"in_force": in_force, "planned": planned, "history": history, "made": _made()}
-    return _page("catalog_exclusions.html", status, now, form, error, error_field, **values)
-
-
-def _page(
-    template: str,
-    status: int,
-    now_ms: int,
-    form: dict[str, str],
-    error: str,
-    error_field: str | None = None,
-    **values: Any,
-) -> str | tuple[str, int]:
-    """A catalog page with its forms: what was typed in them (`form`) and why a change was refused (`error`, naming
-    `error_field`), answered with that status (400) or 200."""
-    body = render_template(template, now_ms=now_ms, form=form, error=error, error_field=error_field, **values)
-    return body if status == 200 else (body, status)
-
-
-def _made() -> int | None:
-    """The catalog version of the change just made, which the redirect after it names (`?made=`), or None."""
-    made = request.args.get("made", "")
-    return int(made) if made.isdigit() and len(made) < 16 else None
+def _page(template: str, now_ms: int, typed: Typed, **values: Any) -> str | tuple[str, int]:
+    """A catalog page with its forms: what was typed in them and why a change was refused (`Typed`), answered with
+    that status (400) or 200."""
+    body = render_template(
+        template, now_ms=now_ms, form=typed.form, error=typed.error, error_field=typed.error_field, **values
+    )
+    return with_status(body, typed.status)

@@ -64,36 +64,27 @@ def _day(text: str | None, after: int = 0) -> int | None:
     return int(day.timestamp() * 1000)
 
 
-def listed() -> tuple[list[ChangeEntry], int, int, int]:
-    """(the page of changes asked for, how many match, offset, limit)."""
+def listed() -> dict[str, Any]:
+    """What the page and its API twin both give: the page of changes asked for (`changes`), how many match (`total`),
+    where the page starts and how long it may be (`offset`, `limit`)."""
     catalog_or_404()
     wanted = change_filter()
     offset, limit = paging_args(100)
     profiles = profile_store().current()
     every = [*store().changes(), *profile_changes(e for a in profiles.advertiser_ids for e in profiles.history(a))]
     found = filtered(every, wanted)
-    return found[offset : offset + limit], len(found), offset, limit
+    return {"changes": found[offset : offset + limit], "total": len(found), "offset": offset, "limit": limit}
 
 
 @bp.get("/catalog/changes")
 def changes_page() -> str:
-    page, total, offset, limit = listed()
-    return render_template(
-        "catalog_changes.html",
-        changes=page,
-        total=total,
-        offset=offset,
-        limit=limit,
-        doors=DOORS,
-        kinds=KINDS,
-        args=request.args,
-    )
+    return render_template("catalog_changes.html", **listed(), doors=DOORS, kinds=KINDS, args=request.args)
 
 
 @api_bp.get("/catalog/changes")
 def changes_document() -> Response:
-    page, total, offset, limit = listed()
-    return jsonify({"total": total, "offset": offset, "limit": limit, "changes": [change_document(e) for e in page]})
+    page = listed()
+    return jsonify({**page, "changes": [change_document(e) for e in page["changes"]]})
 
 
 def change_document(entry: ChangeEntry) -> dict[str, Any]:

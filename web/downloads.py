@@ -13,7 +13,7 @@ from web.guards import advertiser_or_404, finance_or_404, page_login
 from web.invoice_views import book
 from web.ranges import DEFAULT_PRESET, DateRange, RangeError, parse_month
 from web.readers import is_id
-from web.responses import attachment
+from web.responses import attachment, month_document
 from web.services import services
 from web.statement_pdf import statement_pdf
 from web.statements import Statement, build_statement, statement_csv
@@ -55,14 +55,13 @@ def statement_page(advertiser_id: str, month: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.csv")
 def statement_csv_file(advertiser_id: str, month: str) -> Response:
     s = _statement(advertiser_id, month)
-    return attachment(statement_csv(s), "text/csv", f"adbill-statement-{advertiser_id}-{month}.csv")
+    return month_document(statement_csv(s), "statement", advertiser_id, month, "csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/statements/<month>/statement.pdf")
 def statement_pdf_file(advertiser_id: str, month: str) -> Response:
     s = _statement(advertiser_id, month)
-    pdf = statement_pdf(s, services().clock())
-    return attachment(pdf, "application/pdf", f"adbill-statement-{advertiser_id}-{month}.pdf")
+    return month_document(statement_pdf(s, services().clock()), "statement", advertiser_id, month, "pdf")
 
 
 @bp.get("/finance/months/<month>/billing.csv")

@@ -8,7 +8,7 @@ person may not see and a thing that does not exist give the same 404, so other a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from flask import Response, abort, g, jsonify, redirect, request, url_for
 
@@ -103,6 +103,17 @@ def paging_args(default_limit: int = 50) -> tuple[int, int]:
     offset = _whole_arg("offset", 0, 0, MAX_OFFSET)
     limit = _whole_arg("limit", default_limit, 1, MAX_PAGE)
     return offset, limit
+
+
+def made_arg() -> int | None:
+    """The version of the change just made, which the redirect after a form names (`?made=`), or None."""
+    made = request.args.get("made", "")
+    return int(made) if made.isdigit() and len(made) < 16 else None
+
+
+def form_fields(names: Iterable[str]) -> dict[str, str]:
+    """The posted form's fields `names`, each without the white space around it (empty when absent)."""
+    return {name: request.form.get(name, "").strip() for name in names}
 
 
 def _whole_arg(name: str, default: int, low: int, high: int) -> int:

@@ -29,13 +29,13 @@ from billing.profiles import BillingProfiles, ProfileError, profile_change
 from billing.store.invoice_db import InvoiceDatabase
 from billing.store.profiles_db import ProfileDatabase
 from web.access import may_change_catalog
-from web.ad_catalog import effective_from_text, maker
+from web.ad_catalog import UNTYPED, Typed, effective_from_text, maker
 from web.charges import statement_periods
-from web.guards import advertiser_or_404, api_login, finance_or_404, logged_in, page_login
+from web.guards import advertiser_or_404, api_login, finance_or_404, form_fields, logged_in, made_arg, page_login
 from web.invoice_documents import SECTIONS, invoice_csv, invoice_pdf
 from web.ranges import parse_month as month_span
 from web.readers import is_id
-from web.responses import attachment, micros_by_currency
+from web.responses import micros_by_currency, month_document, with_status
 from web.services import services
 from web.statements import Statement, build_statement
 
@@ -145,13 +145,13 @@ def invoice_page(advertiser_id: str, month: str) -> str:
 @bp.get("/advertisers/<advertiser_id>/invoices/<month>/invoice.csv")
 def invoice_csv_file(advertiser_id: str, month: str) -> Response:
     invoice = invoice_or_404(advertiser_id, month)
-    return attachment(invoice_csv(invoice), "text/csv", f"adbill-{invoice.label}-{advertiser_id}-{month}.csv")
+    return month_document(invoice_csv(invoice), invoice.label, advertiser_id, month, "csv")
 
 
 @bp.get("/advertisers/<advertiser_id>/invoices/<month>/invoice.pdf")
 def invoice_pdf_file(advertiser_id: str, month: str) -> Response:
     invoice = invoice_or_404(advertiser_id, month)
-    return attachment(invoice_pdf(invoice), "application/pdf", f"adbill-{invoice.label}-{advertiser_id}-{month}.pdf")
+    return month_document(invoice_pdf(invoice), invoice.label, advertiser_id, month, "pdf")
 
 
 @bp.get("/finance/invoices")
@@ -174,9 +174,25 @@ def profiles_page() -> str:
 
 
 @bp.get("/billing-profiles/<advertiser_id>")
-def profile_page(advertiser_id: str) -> str | tuple[str, int]:
+def profile_page(advertiser_id: str, typed: Typed = UNTYPED) -> str | tuple[str, int]:
+    """The advertiser's billing profile now, its history and its latest invoices (finance and admin), and an admin's
+    form to set it."""
     finance_or_404()
-    return _profile_page(advertiser_id, {}, "", 200)
+    _known_or_404(advertiser_id)
+    profiles: BillingProfiles = profile_store().current()
+    now = services().clock()
+    body = render_template(
+        "billing_profile.html",
+        advertiser_id=advertiser_id,
+        current=profiles.in_force(advertiser_id, now),
+        history=list(reversed(profiles.history(advertiser_id))),
+        now_ms=now,
+        form=typed.form,
+        error=typed.error,
+        made=made_arg(),
+        invoices=book().invoices_of(advertiser_id)[:12],
+    )
+    return with_status(body, typed.status)
 
 
 @bp.post("/billing-profiles/<advertiser_id>")
@@ -185,8 +201,7 @@ def set_profile(advertiser_id: str) -> Redirect | str | tuple[str, int]:
     if not may_change_catalog(logged_in()):
         abort(404)
     _known_or_404(advertiser_id)
-    fields = ("name", "address", "tax_id", "tax_rate", "effective_from")
-    form = {k: request.form.get(k, "").strip() for k in fields}
+    form = form_fields(("name", "address", "tax_id", "tax_rate", "effective_from"))
     who = maker()
     try:
         at = effective_from_text(form["effective_from"])
@@ -203,32 +218,13 @@ def set_profile(advertiser_id: str) -> Redirect | str | tuple[str, int]:
             services().clock,
         )
     except (ProfileError, CatalogError) as refused:
-        return _profile_page(advertiser_id, form, str(refused), 400)
+        return profile_page(advertiser_id, Typed.refused(form, refused))
     return redirect(url_for(".profile_page", advertiser_id=advertiser_id, made=kept.version), code=303)
 
 
 def _known_or_404(advertiser_id: str) -> None:
     if not is_id(advertiser_id) or advertiser_id not in services().periods.known_advertisers():
         abort(404)
-
-
-def _profile_page(advertiser_id: str, form: dict[str, str], error: str, status: int) -> str | tuple[str, int]:
-    _known_or_404(advertiser_id)
-    profiles: BillingProfiles = profile_store().current()
-    now = services().clock()
-    made = request.args.get("made", "")
-    body = render_template(
-        "billing_profile.html",
-        advertiser_id=advertiser_id,
-        current=profiles.in_force(advertiser_id, now),
-        history=list(reversed(profiles.history(advertiser_id))),
-        now_ms=now,
-        form=form,
-        error=error,
-        made=int(made) if made.isdigit() and len(made) < 16 else None,
-        invoices=book().invoices_of(advertiser_id)[:12],
-    )
-    return body if status == 200 else (body, status)
 
 
 # API ---------------------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ order for both, so a page and its API document answer the same request alike.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from flask import abort, g, request
@@ -27,6 +28,7 @@ from web.freshness import (
     reconciliation_status,
     redis_status,
     waiting_status,
+    worst,
 )
 from web.freshness import freshness as page_freshness
 from web.guards import advertiser_or_404, finance_or_404, health_or_404, paging_args, period_arg
@@ -222,6 +224,32 @@ def kafka_lag() -> LagReading | None:
     """The billing query's lag, read from Kafka and its checkpoint now (kept a few seconds); None when not asked."""
     read = services().kafka_lag
     return read() if read else None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """What the health page and its API twin show: the job's health, the data's freshness, the last audit (None
+    before the first), Kafka's lag read now (None when not asked) and each component's status (`health_status`)."""
+
+    health: Health
+    fresh: Freshness
+    audit: Audit | None
+    lag: LagReading | None
+    statuses: list[ComponentStatus]
+
+    @property
+    def overall(self) -> str:
+        """The worst of the components' levels."""
+        return worst([s.level for s in self.statuses])
+
+
+def health_report() -> HealthReport:
+    """What the health page and its API twin show (`HealthReport`); 404 for anyone but finance and admin (`health`)."""
+    h = health()
+    fresh = freshness()
+    audit = services().finance.last_audit()
+    lag = kafka_lag()
+    return HealthReport(h, fresh, audit, lag, health_status(h, fresh, audit, lag))
 
 
 def health_status(

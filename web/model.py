@@ -10,9 +10,10 @@ correction is reconciliation's own `billing.corrections.Correction`, an export i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Self
 
 from web.ranges import DateRange, day_of
 
@@ -22,23 +23,45 @@ if TYPE_CHECKING:
     from billing.store.not_charged_clicks import NotChargedClick
 
 
+class Summable:
+    """A dataclass of counts or amounts that adds up field by field (`+`), each field a whole number or itself
+    `Summable`, and is zero when every field is (`is_zero`). Pages add these up by the thousand: the fields are read
+    by one getter per class."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Self) -> Self:
+        values = _values_of(type(self))
+        return type(self)(*map(operator.add, values(self), values(other)))
+
+    @property
+    def is_zero(self) -> bool:
+        return all(v.is_zero if isinstance(v, Summable) else v == 0 for v in _values_of(type(self))(self))
+
+
+_GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def _values_of(kind: type) -> Callable[[Any], tuple[Any, ...]]:
+    """A getter of a dataclass's field values, in their order (a tuple even for one field), made once per class."""
+    getter = _GETTERS.get(kind)
+    if getter is None:
+        names = [f.name for f in fields(kind)]
+        one = operator.attrgetter(*names)
+        getter = _GETTERS[kind] = one if len(names) > 1 else lambda item: (one(item),)
+    return getter
+
+
 @dataclass(frozen=True, slots=True)
-class Figures:
+class Figures(Summable):
     """Clicks and their amount in micros (either may be negative for corrections)."""
 
     clicks: int = 0
     micros: int = 0
 
-    def __add__(self, other: Figures) -> Figures:
-        return Figures(self.clicks + other.clicks, self.micros + other.micros)
-
-    @property
-    def is_zero(self) -> bool:
-        return self.clicks == 0 and self.micros == 0
-
 
 @dataclass(frozen=True, slots=True)
-class Billed:
+class Billed(Summable):
     """One advertiser, campaign or ad in one period: what the stream billed and what reconciliation corrected.
 
     The corrected figure is the provisional one plus the (signed) corrections, as the contract defines it.
@@ -47,20 +70,13 @@ class Billed:
     provisional: Figures = Figures()
     corrections: Figures = Figures()
 
-    def __add__(self, other: Billed) -> Billed:
-        return Billed(self.provisional + other.provisional, self.corrections + other.corrections)
-
     @property
     def corrected(self) -> Figures:
         return self.provisional + self.corrections
 
-    @property
-    def is_zero(self) -> bool:
-        return self.provisional.is_zero and self.corrections.is_zero
-
 
 @dataclass(frozen=True, slots=True)
-class EventCounts:
+class EventCounts(Summable):
     """Impressions and clicks of one kind: late ones (the watermark kept them out of the streaming join, for
     reconciliation to bill), or clock-ahead ones (their time was ahead of Kafka's receipt by more than the
     tolerance; billed on their own time)."""
@@ -68,29 +84,15 @@ class EventCounts:
     impressions: int = 0
     clicks: int = 0
 
-    def __add__(self, other: EventCounts) -> EventCounts:
-        return EventCounts(self.impressions + other.impressions, self.clicks + other.clicks)
-
-    @property
-    def is_zero(self) -> bool:
-        return self.impressions == 0 and self.clicks == 0
-
 
 @dataclass(frozen=True, slots=True)
-class UnbilledCounts:
+class UnbilledCounts(Summable):
     """Clicks the rule matched that had no price at their time (docs/billing-rules.md): the ad was paused (`ad_paused`),
     or the catalog did not know it then (`unknown_ad`: not in the catalog, or before its first entry). Kept and counted,
     never dropped; reconciliation bills them if the catalog shows a price at their time after all."""
 
     ad_paused: int = 0
     unknown_ad: int = 0
-
-    def __add__(self, other: UnbilledCounts) -> UnbilledCounts:
-        return UnbilledCounts(self.ad_paused + other.ad_paused, self.unknown_ad + other.unknown_ad)
-
-    @property
-    def is_zero(self) -> bool:
-        return self.ad_paused == 0 and self.unknown_ad == 0
 
 
 NOT_CHARGED_REASONS: tuple[str, ...] = ("known_bot", "excluded_ip", "click_flood", "duplicate_click", "over_budget")
@@ -99,7 +101,7 @@ NOT_CHARGED_REASONS: tuple[str, ...] = ("known_bot", "excluded_ip", "click_flood
 
 
 @dataclass(frozen=True, slots=True)
-class NotCharged:
+class NotCharged(Summable):
     """Priced clicks not charged (docs/billing-rules.md, "Invalid traffic" and "Budgets"), per reason, each with what it
     would have cost: kept, counted and shown, never dropped. The stream's and the corrections booked in the period (a
     retraction for a rule adds a click here, an addition takes one away); a closed period's are its export's."""
@@ -110,9 +112,6 @@ class NotCharged:
     duplicate_click: Figures = Figures()
     over_budget: Figures = Figures()
 
-    def __add__(self, other: NotCharged) -> NotCharged:
-        return NotCharged(*(self.of(r) + other.of(r) for r in NOT_CHARGED_REASONS))
-
     def of(self, reason: str) -> Figures:
         figures: Figures = getattr(self, reason)
         return figures
@@ -121,10 +120,6 @@ class NotCharged:
     def invalid(self) -> Figures:
         """Invalid clicks (not charged): the four rules together."""
         return self.known_bot + self.excluded_ip + self.click_flood + self.duplicate_click
-
-    @property
-    def is_zero(self) -> bool:
-        return all(self.of(r).is_zero for r in NOT_CHARGED_REASONS)
 
     def invalid_rate(self, charged_clicks: int) -> str:
         """The invalid click rate for people: invalid / (charged + invalid) (`billing.invalid.format_rate`)."""

@@ -15,7 +15,6 @@ from werkzeug.wrappers import Response
 from web import lookups
 from web.ad_catalog import BudgetStatus
 from web.auth import home_for
-from web.freshness import worst
 from web.guards import finance_or_404, page_login
 from web.invoice_views import book
 from web.model import COMPACTION_PARTS, NotCharged, not_charged_by_currency, totals_by_currency
@@ -185,20 +184,15 @@ def export_file(period: str, name: str) -> Response:
 
 @bp.get("/health")
 def health() -> str:
-    svc = services()
-    h = lookups.health()
-    fresh = lookups.freshness()
-    audit = svc.finance.last_audit()
-    lag = lookups.kafka_lag()
-    statuses = lookups.health_status(h, fresh, audit, lag)
+    report = lookups.health_report()
     return render_template(
         "health.html",
-        h=h,
-        audit=audit,
-        lag=lag,
-        now_ms=svc.clock(),
-        fresh=fresh,
-        statuses=statuses,
-        overall=worst([s.level for s in statuses]),
+        h=report.health,
+        audit=report.audit,
+        lag=report.lag,
+        now_ms=services().clock(),
+        fresh=report.fresh,
+        statuses=report.statuses,
+        overall=report.overall,
         compaction_parts=COMPACTION_PARTS,
     )

@@ -1,5 +1,6 @@
-"""What views answer with besides their templates: files to download (`attachment`, `send_export`) and amounts as
-JSON documents carry them (`micros_text`, `micros_by_currency`). Shared by the pages, the downloads and the API."""
+"""What views answer with besides their templates' HTML: a page with its status (`with_status`), files to download
+(`attachment`, `month_document`, `send_export`) and amounts as JSON documents carry them (`micros_text`,
+`micros_by_currency`). Shared by the pages, the downloads and the API."""
 
 from __future__ import annotations
 
@@ -14,6 +15,21 @@ def attachment(body: str | bytes, mimetype: str, filename: str) -> Response:
     response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
     response.headers["Cache-Control"] = "no-store"  # billing data: not kept by the browser or a proxy
     return response
+
+
+def with_status(body: str, status: int) -> str | tuple[str, int]:
+    """A page answered with `status` (a form refused: 400), as a view returns it: the body alone when 200."""
+    return body if status == 200 else (body, status)
+
+
+DOCUMENT_TYPES = {"csv": "text/csv", "pdf": "application/pdf"}
+"""The media type of each format an advertiser's monthly document is downloaded in (`month_document`)."""
+
+
+def month_document(body: str | bytes, what: str, advertiser_id: str, month: str, extension: str) -> Response:
+    """An advertiser's document of a month (`what`: a statement, an invoice) to download as a CSV or PDF file
+    (`extension`), named `adbill-WHAT-ADVERTISER-MONTH.EXTENSION`."""
+    return attachment(body, DOCUMENT_TYPES[extension], f"adbill-{what}-{advertiser_id}-{month}.{extension}")
 
 
 def send_export(period: str, name: str) -> Response:
