@@ -49,13 +49,12 @@ down: venv ## stop a local stack or cluster left in the background
 	$(BIN)/adbill down
 
 # Test files spread over this many pytest processes (pytest-xdist), each with its own Kafka, Redis, PostgreSQL and
-# Spark; a file's tests stay in one process, in order. TEST_WORKERS=0 runs them in this process. The longest files,
-# the local cluster's among them, start first (tests/conftest.py; --no-loadscope-reorder keeps xdist from putting
-# the files with the most tests first instead).
+# Spark; a file's tests stay in one process, in order. TEST_WORKERS=0 runs them in this process. The local cluster's
+# test runs in the pool like the others.
 TEST_WORKERS ?= 3
 
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
-	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor and with join state format 4, the cluster with format 4
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)

@@ -33,32 +33,6 @@ DEPS_DIR = PROJECT_ROOT / ".deps"
 SPARK_STOP_WAIT_S = 30.0
 
 
-# The files that take longest, longest first: with the files spread over several processes (`make test`), starting
-# them first keeps one of them from being the last process's tail. Each file's total of the suite's `--durations=0`
-# on the 2-core machine (2026-12-03: 288 s for test_stream_job.py down to 54 s for test_dense_traffic.py).
-LONGEST_FILES_FIRST = (
-    "tests/integration/test_stream_job.py",
-    "tests/integration/test_cluster.py",
-    "tests/integration/test_closing_follows_stream.py",
-    "tests/integration/test_operator_actions.py",
-    "tests/integration/test_schema_evolution.py",
-    "tests/integration/test_reconcile.py",
-    "tests/integration/test_invalid_traffic.py",
-    "tests/integration/test_full_disk.py",
-    "tests/integration/test_clock_ahead.py",
-    "tests/integration/test_web_security.py",
-    "tests/integration/test_click_stories.py",
-    "tests/integration/test_catalog_changes.py",
-    "tests/integration/test_dense_traffic.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Puts the longest files first, each file's tests in their own order (the sort is stable)."""
-    rank = {name: place for place, name in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 @contextlib.contextmanager
 def _timed(config: pytest.Config, service: str) -> Iterator[None]:
     """Says on the terminal how long a session service took to stop (it counts in the last test's teardown)."""
