@@ -226,7 +226,7 @@ class Chaos:
         return sum(o for parts in ends.values() for o in parts.values())
 
     def pid(self, name: str) -> int:
-        pid = pid_alive(self.settings.run_dir / f"{name}.pid")
+        pid = pid_alive(self.settings.layout.run / f"{name}.pid")
         if pid is None:
             raise RuntimeError(f"{name} is not running")
         return pid
@@ -525,14 +525,14 @@ class Chaos:
         """Whether the streaming job's process ends within `deadline_s`."""
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
-            if pid_alive(self.settings.run_dir / "stream.pid") is None:
+            if pid_alive(self.settings.layout.run / "stream.pid") is None:
                 return True
             time.sleep(1)
         return False
 
     def lose_redis_data(self) -> None:
         """Remove what Redis kept on disk (its folder may be a link to the machine's disk: its contents go)."""
-        folder = self.settings.redis_dir
+        folder = self.settings.layout.redis
         for item in folder.iterdir() if folder.is_dir() else []:
             if item.is_dir() and not item.is_symlink():
                 shutil.rmtree(item, ignore_errors=True)
@@ -542,11 +542,11 @@ class Chaos:
     def restore_redis(self, fault: FaultRecord) -> None:
         """The operator after Redis lost its data: stop the job, start Redis empty, rebuild the totals from the
         data folder, start the job."""
-        stream = pid_alive(self.settings.run_dir / "stream.pid")
+        stream = pid_alive(self.settings.layout.run / "stream.pid")
         if stream is not None:
             os.kill(stream, signal.SIGTERM)
             for _ in range(120):
-                if pid_alive(self.settings.run_dir / "stream.pid") is None:
+                if pid_alive(self.settings.layout.run / "stream.pid") is None:
                     break
                 time.sleep(0.5)
         self.adbill("up", "--cluster", "--detach", "--no-traffic", "--no-job", "--no-web")
@@ -690,7 +690,7 @@ class Chaos:
     def fault_outage(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
         fault.target = f"stream stopped (pid {pid}) for {self.outage_s:.0f} s under live traffic"
-        log_file = self.settings.logs_dir / "reconcile.log"
+        log_file = self.settings.layout.logs / "reconcile.log"
         seen = log_file.stat().st_size
         os.kill(pid, signal.SIGTERM)
         time.sleep(self.outage_s)

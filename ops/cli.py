@@ -510,7 +510,7 @@ def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
     if not settings.cluster:
         # The cluster keeps its own folder: `adbill down` stops whichever of the two runs.
         stopped += down(Settings.from_env(cluster=1))
-    print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running (run folder {settings.run_dir})")
+    print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing was running (run folder {settings.layout.run})")
     return 0
 
 
@@ -792,7 +792,7 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         import shutil
 
-        folder = settings.run_dir / "web-metrics"
+        folder = settings.layout.run / "web-metrics"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)

@@ -118,9 +118,9 @@ def log_kafka_client_to_file(settings: Settings) -> None:
     logger.propagate = False
     logger.setLevel(logging.WARNING)
     try:
-        settings.logs_dir.mkdir(parents=True, exist_ok=True)
+        settings.layout.logs.mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
-            settings.logs_dir / "kafka-client.log", maxBytes=5_000_000, backupCount=2, delay=True
+            settings.layout.logs / "kafka-client.log", maxBytes=5_000_000, backupCount=2, delay=True
         )
     except OSError:
         handler = logging.NullHandler()

@@ -360,25 +360,9 @@ class Settings:
         return DataLayout(self.root)
 
     @property
-    def kafka_dir(self) -> Path:
-        return self.layout.kafka
-
-    @property
-    def redis_dir(self) -> Path:
-        return self.layout.redis
-
-    @property
     def postgres_dir(self) -> Path:
         """The local PostgreSQL's cluster (`initdb`), under the data folder."""
         return self.root / "postgres" / "cluster"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.layout.run
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.layout.logs
 
     @property
     def spark_event_log_dir(self) -> Path:
@@ -416,16 +400,20 @@ class Settings:
         return NamesDatabase(self.database_url, imports=self.layout.names_file)
 
     def accounts_store(self) -> AccountsDatabase:
-        """The web UI's accounts: the database (`database_url`), taking in `users_file` once."""
+        """The web UI's accounts: the database (`database_url`), taking in `users_path` (default HOME/users.json)
+        once."""
         from web.accounts import AccountsDatabase
 
-        return AccountsDatabase(self.database_url, imports=self.users_file)
+        return AccountsDatabase(self.database_url, imports=self.users_path or self.layout.users_file)
 
     def tokens_store(self, accounts: AccountsDatabase | None = None) -> TokensDatabase:
-        """The API tokens, beside `accounts` (default: `accounts_store()`), taking in `api_tokens_file` once."""
+        """The API tokens, beside `accounts` (default: `accounts_store()`), taking in `api_tokens_path`
+        (default HOME/api-tokens.json) once."""
         from web.tokens import TokensDatabase
 
-        return TokensDatabase(accounts or self.accounts_store(), imports=self.api_tokens_file)
+        return TokensDatabase(
+            accounts or self.accounts_store(), imports=self.api_tokens_path or self.layout.api_tokens_file
+        )
 
     @property
     def postgres_port(self) -> int:
@@ -434,14 +422,6 @@ class Settings:
     @property
     def database_is_local(self) -> bool:
         return _url_is_local(self.database_url)
-
-    @property
-    def users_file(self) -> Path:
-        return self.users_path or self.layout.users_file
-
-    @property
-    def api_tokens_file(self) -> Path:
-        return self.api_tokens_path or self.layout.api_tokens_file
 
     @property
     def web_secret_file(self) -> Path:

@@ -48,21 +48,21 @@ def stop_rank(name: str) -> int:
 
 def local_kafka(settings: Settings) -> LocalKafka:
     return LocalKafka(
-        data_dir=settings.kafka_dir,
+        data_dir=settings.layout.kafka,
         port=settings.kafka_port,
         controller_port=settings.kafka_controller_port,
         deps_dir=settings.deps_dir,
-        run_dir=settings.run_dir,
+        run_dir=settings.layout.run,
     )
 
 
 def local_kafka_cluster(settings: Settings) -> LocalKafkaCluster:
     return LocalKafkaCluster(
-        data_dir=settings.kafka_dir,
+        data_dir=settings.layout.kafka,
         ports=settings.kafka_ports,
         controller_port=settings.kafka_controller_port,
         deps_dir=settings.deps_dir,
-        run_dir=settings.run_dir,
+        run_dir=settings.layout.run,
     )
 
 
@@ -71,7 +71,7 @@ def local_spark_cluster(settings: Settings) -> LocalSparkCluster:
         data_dir=settings.root / "spark",
         port=settings.spark_master_port,
         ui_port=settings.spark_master_ui_port,
-        run_dir=settings.run_dir,
+        run_dir=settings.layout.run,
         workers=settings.spark_workers,
         worker_cores=settings.spark_worker_cores,
         worker_memory=settings.spark_worker_memory,
@@ -79,12 +79,15 @@ def local_spark_cluster(settings: Settings) -> LocalSparkCluster:
 
 
 def local_redis(settings: Settings) -> LocalRedis:
-    return LocalRedis(data_dir=settings.redis_dir, port=settings.redis_port, run_dir=settings.run_dir)
+    return LocalRedis(data_dir=settings.layout.redis, port=settings.redis_port, run_dir=settings.layout.run)
 
 
 def local_postgres(settings: Settings) -> LocalPostgres:
     return LocalPostgres(
-        data_dir=settings.postgres_dir, port=settings.postgres_port, run_dir=settings.run_dir, log_dir=settings.logs_dir
+        data_dir=settings.postgres_dir,
+        port=settings.postgres_port,
+        run_dir=settings.layout.run,
+        log_dir=settings.layout.logs,
     )
 
 
@@ -146,11 +149,11 @@ class Stack:
                     f"{node.name:<8} {state:<9} {node.bootstrap}  controller :{node.controller_port}  ({node.data_dir})"
                 )
         elif s.kafka_is_local:
-            self.start_service("kafka", local_kafka(s), s.kafka_bootstrap, f"data {s.kafka_dir}")
+            self.start_service("kafka", local_kafka(s), s.kafka_bootstrap, f"data {s.layout.kafka}")
         elif not broker_ready(s.kafka_bootstrap, timeout_s=10):
             raise SystemExit(f"Kafka at {s.kafka_bootstrap} does not answer")
         if s.redis_is_local:
-            self.start_service("redis", local_redis(s), s.redis_url, f"AOF in {s.redis_dir}")
+            self.start_service("redis", local_redis(s), s.redis_url, f"AOF in {s.layout.redis}")
         if s.database_is_local:
             self.start_service("postgres", local_postgres(s), s.database_url, f"cluster in {s.postgres_dir}")
         if s.spark_is_local_cluster:
@@ -188,8 +191,8 @@ class Stack:
         child = ManagedProcess(
             name=name,
             command=[sys.executable, "-m", "ops.cli", *args],
-            run_dir=self.settings.run_dir,
-            log_dir=self.settings.logs_dir,
+            run_dir=self.settings.layout.run,
+            log_dir=self.settings.layout.logs,
             env=_child_env(self.settings),
             log_max_bytes=self.settings.log_max_bytes,
             log_backups=self.settings.log_backups,
@@ -253,7 +256,7 @@ def down(settings: Settings) -> list[str]:
     """Stop every process a stack left in the background, found by its pid file. Returns their names."""
     stopped: list[str] = []
     # Numbered processes of one kind (the brokers, the workers) stop together.
-    pid_files = [f for f in settings.run_dir.glob("*.pid") if stop_rank(f.stem) < len(STOP_ORDER)]
+    pid_files = [f for f in settings.layout.run.glob("*.pid") if stop_rank(f.stem) < len(STOP_ORDER)]
     for rank in sorted({stop_rank(f.stem) for f in pid_files}):
         group = sorted(f for f in pid_files if stop_rank(f.stem) == rank)
         alive = {f.stem: pid for f in group if (pid := pid_alive(f)) is not None}
@@ -344,9 +347,9 @@ def print_where(settings: Settings) -> None:
     _say(f"  web         http://{s.web_host}:{s.web_port}/   accounts: adbill users add NAME --role admin")
     _say(f"  probes      http://{s.web_host}:{s.web_port}/healthz (alive), /readyz (Redis and the job's last batch)")
     _say(f"  data        {s.root}")
-    kafka_logs = s.kafka_dir / ("kafka-N/logs" if len(s.kafka_ports) > 1 else "logs")
+    kafka_logs = s.layout.kafka / ("kafka-N/logs" if len(s.kafka_ports) > 1 else "logs")
     spark_logs = f", spark: {s.root / 'spark' / 'logs'}" if s.spark_is_local_cluster else ""
-    _say(f"  logs        {s.logs_dir}  (kafka: {kafka_logs}{spark_logs})")
+    _say(f"  logs        {s.layout.logs}  (kafka: {kafka_logs}{spark_logs})")
     _say(
         f"  watch       adbill kafka console-consumer --bootstrap-server {s.kafka_bootstrap} "
         f"--topic {s.topic_clicks} --property print.key=true --max-messages 5"

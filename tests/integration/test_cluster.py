@@ -103,7 +103,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Se
         )
         print(down.stdout, down.stderr)
         with contextlib.suppress(OSError, shutil.Error):
-            shutil.copytree(settings.logs_dir, tmp_path / "logs", dirs_exist_ok=True)
+            shutil.copytree(settings.layout.logs, tmp_path / "logs", dirs_exist_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -131,7 +131,7 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     # 2,000 records per topic), and `adbill up` again, which starts a new driver.
     backlog = send_traffic(settings, tmp_path / "run-a", BACKLOG, rate=None)
     wait_for(billed_after(-1), "a first billing batch", 240)
-    driver = pid_alive(settings.run_dir / "stream.pid")
+    driver = pid_alive(settings.layout.run / "stream.pid")
     assert driver is not None
     os.kill(driver, signal.SIGKILL)
     killed_at = totals.last_applied("billing") or -1
@@ -152,7 +152,7 @@ def test_the_cluster_bills_exactly_through_a_driver_kill_and_a_broker_kill(
     traffic.start()
     time.sleep(5)
     leader = partition_leaders(settings.kafka_bootstrap, settings.topic_clicks)[0]
-    broker = pid_alive(settings.run_dir / f"kafka-{leader}.pid")
+    broker = pid_alive(settings.layout.run / f"kafka-{leader}.pid")
     assert broker is not None
     before = totals.last_applied("billing") or -1
     os.kill(broker, signal.SIGKILL)
