@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from billing.catalog import CatalogError, generate_catalog
 from billing.store.database import without_password
@@ -47,23 +48,22 @@ def stop_rank(name: str) -> int:
 
 
 def local_kafka(settings: Settings) -> LocalKafka:
-    return LocalKafka(
-        data_dir=settings.layout.kafka,
-        port=settings.kafka_port,
-        controller_port=settings.kafka_controller_port,
-        deps_dir=settings.deps_dir,
-        run_dir=settings.layout.run,
-    )
+    return LocalKafka(port=settings.kafka_port, **_local_kafka_home(settings))
 
 
 def local_kafka_cluster(settings: Settings) -> LocalKafkaCluster:
-    return LocalKafkaCluster(
-        data_dir=settings.layout.kafka,
-        ports=settings.kafka_ports,
-        controller_port=settings.kafka_controller_port,
-        deps_dir=settings.deps_dir,
-        run_dir=settings.layout.run,
-    )
+    return LocalKafkaCluster(ports=settings.kafka_ports, **_local_kafka_home(settings))
+
+
+def _local_kafka_home(settings: Settings) -> dict[str, Any]:
+    """What the local broker and the local cluster are given alike: the data folder, the (first) controller port,
+    the jars and the folder of the pid files."""
+    return {
+        "data_dir": settings.layout.kafka,
+        "controller_port": settings.kafka_controller_port,
+        "deps_dir": settings.deps_dir,
+        "run_dir": settings.layout.run,
+    }
 
 
 def local_spark_cluster(settings: Settings) -> LocalSparkCluster:
