@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from billing.periods import Periods
 from billing.store.archive import ARCHIVE_COLUMNS
+from billing.store.columns import schema
 from billing.store.durable import fsync_folder, make_folder, replace_files
 from billing.store.parquet_ledger import ledger_totals
 from billing.store.redis_totals import ClockAheadCount, LateCount, QuarantineCount, TotalsRow, UnbilledCount
@@ -245,30 +246,13 @@ def constant_column(value: int, rows: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, pa.int64()), rows)
 
 
-FIGURES = pa.schema(
-    [
-        ("kind", pa.string()),
-        ("period", pa.string()),
-        ("period_start_ms", pa.int64()),
-        ("advertiser_id", pa.string()),
-        ("campaign_id", pa.string()),
-        ("ad_id", pa.string()),
-        ("event_type", pa.string()),
-        ("reason", pa.string()),
-        ("topic", pa.string()),
-        ("path", pa.string()),
-        ("rows", pa.int64()),
-        ("micros", pa.int64()),
-        ("click_id", pa.string()),
-        ("impression_id", pa.string()),
-        ("user_id", pa.string()),
-        ("click_time", pa.int64()),
-        ("impression_time", pa.int64()),
-        ("click_received_ms", pa.int64()),
-        ("ip", pa.string()),
-        ("user_agent", pa.string()),
-    ]
-)
+FIGURES = schema(
+    (
+        "kind", "period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id", "event_type", "reason", "topic",
+        "path", "rows", "micros", "click_id", "impression_id", "user_id", "click_time", "impression_time",
+        "click_received_ms", "ip", "user_agent",
+    )
+)  # fmt: skip
 """What a task that wrote its share of a micro-batch tells the driver, one row per figure (`kind`): `late` and
 `clock_ahead` (events per period, ad and type), `quarantine` (records per reason, topic and ad), `archived` (the
 task's archive rows), `file` (a file it wrote); and what the driver charges: `bill` (one matched click, in the

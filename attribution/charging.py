@@ -50,6 +50,7 @@ from billing.catalog import Catalog
 from billing.invalid import IvtRules, first_reason, flood_clicks
 from billing.layout import DataLayout
 from billing.periods import Periods
+from billing.store.columns import schema
 from billing.store.compaction import SOURCE_BATCH, batch_of, compacted_span, read_listed
 from billing.store.crawler_list import crawler_list
 from billing.store.durable import make_folder, replace_files
@@ -70,7 +71,7 @@ UNBILLED_ROWS = (*UNBILLED_COLUMNS, "period_start_ms", "period", "batch_id")
 CLICK_KEY_COLUMNS = ("click_id", "ad_id", "user_id", "event_time")
 """What the invalid traffic rules read of every valid click the stream receives."""
 
-DECISION_SCHEMA = pa.schema([("click_id", pa.string()), ("outcome", pa.string())])
+DECISION_SCHEMA = schema(("click_id", "outcome"))
 
 
 class RecentClicks:
@@ -340,10 +341,7 @@ class Charging:
 
 RECENT_COLUMNS = ("event_id", "ad_id", "user_id", "event_time")
 
-_RECENT_SCHEMA = pa.schema(
-    [("event_id", pa.string()), ("ad_id", pa.string()), ("user_id", pa.string()), ("event_time", pa.int64()),
-     (SOURCE_BATCH, pa.int64()), ("period", pa.string()), ("batch_id", pa.int64())]
-)  # fmt: skip
+_RECENT_SCHEMA = schema((*RECENT_COLUMNS, SOURCE_BATCH, "period", "batch_id"))
 
 
 def recent_clicks(folder: Path, periods: Periods, before: int, first: int | None, floor: int | None) -> pa.Table:

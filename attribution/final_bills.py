@@ -34,6 +34,7 @@ from billing.invalid import DEFAULT_RULES, IvtRules, first_reason
 from billing.layout import DataLayout
 from billing.periods import DAY_MS, Periods
 from billing.rule import BILLABLE_FIELDS, NOT_CHARGED_FIELDS, BillableClick, charge
+from billing.store.columns import schema
 from billing.store.crawler_list import PACKAGE as CRAWLER_PACKAGE
 from billing.store.crawler_list import CrawlerList, crawler_list, kept_list
 from billing.store.export_files import MANIFEST_FILE, read_manifest
@@ -41,8 +42,6 @@ from billing.store.not_charged_clicks import not_charged_by_stream, unbilled_by_
 from billing.store.redis_totals import NOT_CHARGED_REASONS
 
 V = TypeVar("V")
-
-_INT_FIELDS = frozenset({"click_time", "impression_time", "amount_micros"})
 
 FINAL_MATCH_COLUMNS = (*MATCH_COLUMNS[:6], "period", "user_agent", "ip", "click_flood", "duplicate_click")
 """The final matches' columns: the click, its attributed impression and their times, the click's period, and what
@@ -301,18 +300,8 @@ def judged_as_closed(
     return thresholds, crawlers
 
 
-FINAL_BILL_SCHEMA = pa.schema(
-    [
-        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in BILLABLE_FIELDS),
-        ("period", pa.string()),
-    ]
-)
-FINAL_NOT_CHARGED_SCHEMA = pa.schema(
-    [
-        *((name, pa.int64() if name in _INT_FIELDS else pa.string()) for name in NOT_CHARGED_FIELDS),
-        ("period", pa.string()),
-    ]
-)
+FINAL_BILL_SCHEMA = schema((*BILLABLE_FIELDS, "period"))
+FINAL_NOT_CHARGED_SCHEMA = schema((*NOT_CHARGED_FIELDS, "period"))
 
 
 def _ids_of(table: pa.Table, event_type: str) -> set[str]:

@@ -42,6 +42,7 @@ from billing.export import export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
+from billing.store.columns import schema
 from billing.store.compaction import own_batch, read_batch_only, read_listed
 from billing.store.corrections_arrow import corrections_from_arrow
 from billing.store.database_lock import DatabaseLock
@@ -257,10 +258,7 @@ def _late_events(archive: Path, through: int, leave_out: list[str]) -> pa.Table:
         gone = set(leave_out)
         table = table.filter(pa.array([key not in gone for key in _coordinates(table)], pa.bool_()))
     table = table.select([*columns, "late"])
-    return table.cast(
-        pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
-                   ("ad_id", pa.string()), ("late", pa.bool_())])
-    )  # fmt: skip
+    return table.cast(schema([*columns, "late"]))
 
 
 def _closed_at(exports: Path) -> dict[str, int]:
@@ -289,21 +287,16 @@ def _not_charged_clicks(folder: Path, through: int) -> pa.Table:
     return NOT_CHARGED_TABLE_SCHEMA.empty_table() if table is None else table.cast(NOT_CHARGED_TABLE_SCHEMA)
 
 
-NOT_CHARGED_TABLE_SCHEMA = pa.schema(
-    [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
-     ("campaign_id", pa.string()), ("ad_id", pa.string()), ("reason", pa.string()), ("amount_micros", pa.int64()),
-     ("billed_at_ms", pa.int64())]
-)  # fmt: skip
+NOT_CHARGED_TABLE_SCHEMA = schema(
+    ("period", "period_start_ms", "advertiser_id", "campaign_id", "ad_id", "reason", "amount_micros", "billed_at_ms")
+)
 
 
 def _unbilled_clicks(folder: Path, through: int) -> pa.Table:
     """The stream's unbilled clicks, as `unbilled_counts` reads them."""
-    schema = pa.schema(
-        [("period", pa.string()), ("period_start_ms", pa.int64()), ("advertiser_id", pa.string()),
-         ("ad_id", pa.string()), ("reason", pa.string())]
-    )  # fmt: skip
-    table = _batch_table(folder, 2, schema.names, pc.field("batch_id") <= through)
-    return schema.empty_table() if table is None else table.cast(schema)
+    unbilled = schema(("period", "period_start_ms", "advertiser_id", "ad_id", "reason"))
+    table = _batch_table(folder, 2, unbilled.names, pc.field("batch_id") <= through)
+    return unbilled.empty_table() if table is None else table.cast(unbilled)
 
 
 def _clock_ahead_events(archive: Path, tolerance_ms: int, through: int) -> pa.Table:
@@ -313,10 +306,7 @@ def _clock_ahead_events(archive: Path, tolerance_ms: int, through: int) -> pa.Ta
     table = _batch_table(archive, 3, columns, ahead & (pc.field("batch_id") <= through))
     if table is None:
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
-    return table.cast(
-        pa.schema([("event_type", pa.string()), ("period", pa.string()), ("period_start_ms", pa.int64()),
-                   ("ad_id", pa.string()), ("event_time", pa.int64()), ("received_ms", pa.int64())])
-    )  # fmt: skip
+    return table.cast(schema(columns))
 
 
 def _corrections_in_written_order(folder: Path) -> list[Correction]:

@@ -5,27 +5,11 @@ the event time's). `event_type`, `period` and `batch_id` live in the paths (hive
 
 from __future__ import annotations
 
-import pyarrow as pa
+from billing.store.columns import schema
 
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        ("event_type", pa.string()),
-        ("event_id", pa.string()),
-        ("ad_id", pa.string()),
-        ("user_id", pa.string()),
-        ("event_time", pa.int64()),
-        ("received_ms", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("value", pa.binary()),
-        ("user_agent", pa.string()),
-        ("ip", pa.string()),
-        ("late", pa.bool_()),
-        ("period_start_ms", pa.int64()),
-        ("period", pa.string()),
-        ("batch_id", pa.int64()),
-    ]
-)
+ARCHIVE_COLUMNS: tuple[str, ...] = (
+    "event_type", "event_id", "ad_id", "user_id", "event_time", "received_ms", "topic", "partition", "offset", "value",
+    "user_agent", "ip", "late", "period_start_ms", "period", "batch_id",
+)  # fmt: skip
 
-ARCHIVE_COLUMNS: tuple[str, ...] = tuple(ARCHIVE_SCHEMA.names)
+ARCHIVE_SCHEMA = schema(ARCHIVE_COLUMNS)

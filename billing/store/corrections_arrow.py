@@ -12,25 +12,10 @@ import pyarrow.parquet as pq
 
 from billing.corrections import CORRECTION_FIELDS, Correction
 from billing.layout import DataLayout
+from billing.store.columns import schema
 from billing.store.durable import make_folder, replace_files, staged
 
-CORRECTION_SCHEMA = pa.schema(
-    [
-        pa.field("correction_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("click_id", pa.string(), nullable=False),
-        pa.field("impression_id", pa.string(), nullable=True),
-        pa.field("ad_id", pa.string(), nullable=False),
-        pa.field("campaign_id", pa.string(), nullable=False),
-        pa.field("advertiser_id", pa.string(), nullable=False),
-        pa.field("amount_micros", pa.int64(), nullable=False),
-        pa.field("currency", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("corrects_period", pa.string(), nullable=False),
-        pa.field("booked_period", pa.string(), nullable=False),
-        pa.field("created_at_ms", pa.int64(), nullable=False),
-    ]
-)
+CORRECTION_SCHEMA = schema(CORRECTION_FIELDS, required=set(CORRECTION_FIELDS) - {"impression_id"})
 """Corrections as Arrow/Parquet: plain strings and int64 (epoch ms), readable by pyarrow, pandas, DuckDB, Spark."""
 
 

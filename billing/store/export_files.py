@@ -28,6 +28,8 @@ from billing.export import ExportStatus, RecordType, export_totals
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import ANY_PERIOD, Periods
+from billing.rule import NOT_CHARGED_FIELDS
+from billing.store.columns import schema
 from billing.store.compaction import ROW_GROUP_ROWS
 from billing.store.durable import fsync_file, fsync_folder, make_folder
 from billing.store.redis_totals import NOT_CHARGED_REASONS, NotChargedCount
@@ -448,21 +450,7 @@ def copy_export(root: str | os.PathLike[str], period: str, dest: str | os.PathLi
     return target
 
 
-NOT_CHARGED_SCHEMA = pa.schema(
-    [
-        ("click_id", pa.string()),
-        ("impression_id", pa.string()),
-        ("ad_id", pa.string()),
-        ("campaign_id", pa.string()),
-        ("advertiser_id", pa.string()),
-        ("user_id", pa.string()),
-        ("click_time", pa.int64()),
-        ("impression_time", pa.int64()),
-        ("amount_micros", pa.int64()),
-        ("currency", pa.string()),
-        ("reason", pa.string()),
-    ]
-)
+NOT_CHARGED_SCHEMA = schema(NOT_CHARGED_FIELDS)
 """A billable click not charged: the click, its impression, its ad's owners, its price (null when it had none) and
 the reason (`ad_paused`, `unknown_ad`, `known_bot`, `excluded_ip`, `click_flood`, `duplicate_click`,
 `over_budget`)."""

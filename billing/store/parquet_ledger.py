@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from billing.rule import BILLABLE_FIELDS
+from billing.store.columns import schema
 from billing.store.compaction import SOURCE_BATCH, compacted_span, read_listed, superseded
 
 LEDGER_COLUMNS = (
@@ -57,7 +58,7 @@ def read_ledger(ledger_dir: str | Path) -> pa.Table:
 
     def read(files: list[Path]) -> pa.Table:
         if not files:
-            return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
+            return LEDGER_SCHEMA.empty_table()
         # The schema given, not inferred: a period whose only file is still being written (a dot-file) has none.
         dataset = ds.dataset(
             [str(f) for f in files],
@@ -104,7 +105,7 @@ def read_batches(ledger_dir: str | Path, periods: Iterable[str], after_batch: in
         elif span is not None and span[0] <= through_batch:
             compacted.append(file)
     if not files and not compacted:
-        return pa.table({name: pa.array([], type=_TYPES[name]) for name in LEDGER_COLUMNS})
+        return LEDGER_SCHEMA.empty_table()
     try:
         tables = [_source_batches(file, after_batch, through_batch) for file in compacted]
         if files:
@@ -153,19 +154,7 @@ def _unreadable_files(ledger_dir: Path) -> dict[Path, str]:
     return broken
 
 
-_TYPES = {
-    **{name: pa.string() for name in LEDGER_COLUMNS},
-    "click_time": pa.int64(),
-    "impression_time": pa.int64(),
-    "amount_micros": pa.int64(),
-    "click_received_ms": pa.int64(),
-    "billed_at_ms": pa.int64(),
-    "period_start_ms": pa.int64(),
-    "batch_id": pa.int64(),
-}
-
-
-LEDGER_SCHEMA = pa.schema([(name, _TYPES[name]) for name in LEDGER_COLUMNS])
+LEDGER_SCHEMA = schema(LEDGER_COLUMNS)
 
 
 def ledger_totals(table: pa.Table) -> list[dict[str, object]]:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from billing.layout import DataLayout
 from billing.store.click_filters import Stamp, stamp
+from billing.store.columns import schema
 from billing.store.durable import write_whole_bytes
 
 COVERS_KEY = b"adbill.covers"
@@ -34,24 +35,14 @@ COVERS_KEY = b"adbill.covers"
 ROW_GROUP_ROWS = 65_536
 """Rows per row group; the file is sorted by ad, so a lookup of one ad reads the row groups whose statistics hold it."""
 
-COUNT_SCHEMA = pa.schema(
-    [
-        ("ad_id", pa.string()),
-        ("kind", pa.string()),
-        ("period", pa.string()),
-        ("booked_period", pa.string()),
-        ("amount_micros", pa.int64()),
-        ("sign", pa.int8()),
-        ("rows", pa.int64()),
-    ]
-)
+COUNT_SCHEMA = schema(("ad_id", "kind", "period", "booked_period", "amount_micros", "sign", "rows"))
 """A period's counts: how many book rows share an ad, kind, period (the click's), booked period, amount and sign."""
 
 STATISTICS = ("ad_id",)
 """The columns whose row-group statistics are written: the one a lookup prunes by (the file is sorted by it); the
 others' would only lengthen the footer every lookup parses (a day of a million ads: 48 M rows in 733 row groups)."""
 
-SCHEMA = pa.schema([("folder", pa.string()), *COUNT_SCHEMA])
+SCHEMA = schema(("folder", *COUNT_SCHEMA.names))
 """A day's file: the counts of each period (`folder`, the period whose files they were counted from)."""
 
 

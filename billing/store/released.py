@@ -8,28 +8,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from billing.layout import DataLayout
+from billing.store.columns import schema
 from billing.store.compaction import read_batch_only
 
 STREAM = "stream"
 RECONCILIATION = "reconciliation"
 """Who released a record (`released_by`)."""
 
-RELEASED_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("event_type", pa.string()),
-        ("event_id", pa.string()),
-        ("period", pa.string()),
-        ("quarantine_batch_id", pa.int64()),
-        ("reason", pa.string()),
-        ("ad_id", pa.string()),
-        ("copy_periods", pa.list_(pa.string())),
-        ("released_by", pa.string()),
-        ("batch_id", pa.int64()),
-    ]
-)
+RELEASED_SCHEMA = schema(
+    (
+        "topic", "partition", "offset", "event_type", "event_id", "period", "quarantine_batch_id", "reason", "ad_id",
+        "copy_periods", "released_by", "batch_id",
+    )
+)  # fmt: skip
 """One settled record: its coordinates, its id and period when archived (`reason` null) or the reason it stays in
 quarantine with, the periods holding another copy of its id, who settled it (`STREAM`, `RECONCILIATION`), and the
 batch it was settled into."""
