@@ -64,6 +64,19 @@ def _require(settings: Settings, needs: tuple[str, ...]) -> None:
     require(settings, needs)
 
 
+_CHANGE_TIMING = (
+    "A change takes effect now or at a later --at, never in the past (--backfill, for recorded history, is the one "
+    "exception)"
+)
+"""The catalog's rule for when a change (a price, a budget, an IP exclusion) takes effect, as the commands say it."""
+
+
+def _add_change_time(p: argparse.ArgumentParser, at_help: str) -> None:
+    """A catalog-changing command's `--at` (helped by `at_help`) and `--backfill` (`_CHANGE_TIMING`)."""
+    p.add_argument("--at", help=at_help)
+    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adbill", description="Ad-attribution billing on Kafka, Spark and Redis.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -101,8 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "catalog",
         help="the ad catalog: generate, show, create-ad, set-price, pause, resume, history, set-budget, budgets",
-        description="The ad catalog, its price histories and the campaigns' daily budgets. A change takes effect "
-        "now or at a later --at, never in the past (--backfill, for recorded history, is the one exception); the "
+        description=f"The ad catalog, its price histories and the campaigns' daily budgets. {_CHANGE_TIMING}; the "
         "streaming job, reconciliation and the web UI see it within seconds, without a restart.",
     )
     p.add_argument("action", choices=list(CATALOG_ACTIONS))
@@ -119,8 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cpc-micros", help="create-ad, set-price, resume: the price of one click, in integer micros")
     p.add_argument("--daily-micros", help="set-budget: the campaign's daily budget, in integer micros of its currency")
     p.add_argument("--unlimited", action="store_true", help="set-budget: no daily budget from --at on")
-    p.add_argument("--at", help="when the change takes effect: epoch ms or ISO-8601 (default: now)")
-    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
+    _add_change_time(p, "when the change takes effect: epoch ms or ISO-8601 (default: now)")
     p.add_argument("--advertisers", type=int, default=5)
     p.add_argument("--campaigns", type=int, default=3, help="generate: campaigns per advertiser")
     p.add_argument("--ads", type=int, default=4, help="generate: ads per campaign")
@@ -136,15 +147,11 @@ def _parser() -> argparse.ArgumentParser:
         "ivt",
         help="invalid traffic: the IP exclusion list (exclude, include, list)",
         description="The operator's IP exclusion list: a click from a range excluded at its time is invalid and not "
-        "charged (excluded_ip). A change takes effect now or at a later --at, never in the past (--backfill, for "
-        "recorded history, is the one exception); every part sees it within seconds, without a restart.",
+        f"charged (excluded_ip). {_CHANGE_TIMING}; every part sees it within seconds, without a restart.",
     )
     p.add_argument("action", choices=["exclude", "include", "list"])
     p.add_argument("cidr", nargs="?", help="an IPv4 or IPv6 range, such as 203.0.113.0/24 or 2001:db8::/32")
-    p.add_argument(
-        "--at", help="when the change takes effect, or the time to list: epoch ms or ISO-8601 (default: now)"
-    )
-    p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
+    _add_change_time(p, "when the change takes effect, or the time to list: epoch ms or ISO-8601 (default: now)")
     p.add_argument("--history", action="store_true", help="list: every entry of the list's history too")
     p.set_defaults(run=cmd_ivt, needs=("postgres",))
 
