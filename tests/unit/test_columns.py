@@ -29,7 +29,15 @@ def test_a_column_without_a_type_is_refused_by_name() -> None:
 
 def test_every_schema_gives_a_column_the_same_type() -> None:
     seen: dict[str, pa.DataType] = {}
-    for each in (FIGURES, ARCHIVE_SCHEMA, CORRECTION_SCHEMA, NOT_CHARGED_SCHEMA, LEDGER_SCHEMA, COUNTS, RELEASED_SCHEMA):
+    for each in (
+        FIGURES,
+        ARCHIVE_SCHEMA,
+        CORRECTION_SCHEMA,
+        NOT_CHARGED_SCHEMA,
+        LEDGER_SCHEMA,
+        COUNTS,
+        RELEASED_SCHEMA,
+    ):
         for field in each:
             assert seen.setdefault(field.name, field.type) == field.type, field.name
     assert seen == {name: TYPES[name] for name in seen}
