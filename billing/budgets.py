@@ -53,13 +53,19 @@ class BudgetChange:
         return self.daily_budget_micros is None
 
     def to_dict(self) -> dict[str, Any]:
-        made = {"made_by": self.made_by, "door": self.door, "made_at": self.made_at}
         return {
             "effective_from": self.effective_from,
             "daily_budget_micros": self.daily_budget_micros,
             "version": self.version,
-            **{k: v for k, v in made.items() if v is not None},
+            **made_fields(self.made_by, self.door, self.made_at),
         }
+
+
+def made_fields(made_by: str | None, door: str | None, made_at: int | None) -> dict[str, Any]:
+    """A change's who, door and when as its record keeps them: only those it has (an entry recorded before changes
+    said so has none)."""
+    made = {"made_by": made_by, "door": door, "made_at": made_at}
+    return {k: v for k, v in made.items() if v is not None}
 
 
 def check_budget(micros: object) -> None:

@@ -29,6 +29,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from billing.budgets import made_fields
 from billing.events import Click
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -149,13 +150,12 @@ class ExclusionChange:
     made_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        made = {"made_by": self.made_by, "door": self.door, "made_at": self.made_at}
         return {
             "cidr": self.cidr,
             "effective_from": self.effective_from,
             "excluded": self.excluded,
             "version": self.version,
-            **{k: v for k, v in made.items() if v is not None},
+            **made_fields(self.made_by, self.door, self.made_at),
         }
 
 
