@@ -128,8 +128,11 @@ class ChangeEntry:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def made_by_fields(made_by: MadeBy | None) -> dict[str, str | None]:
-    return {"who": made_by.who if made_by else None, "door": made_by.door if made_by else None}
+def _made(version: int, made_at: int | None, made_by: MadeBy | None, backfill: bool) -> dict[str, Any]:
+    """The fields of a log entry that say which version a change made, when, by whom, through which door, and
+    whether it was a backfill."""
+    who, door = (made_by.who, made_by.door) if made_by else (None, None)
+    return {"version": version, "made_at": made_at, "who": who, "door": door, "backfill": backfill}
 
 
 def describe_change(
@@ -142,7 +145,7 @@ def describe_change(
     """The change that made `version` of the catalog, read from the entry it added (a price, a budget, an exclusion);
     `start` for version 0 (the catalog a deployment started with). It searches the catalog for the version: where
     the change is known, `describe_made` costs the change's size, not the catalog's."""
-    made: dict[str, Any] = {"version": version, "made_at": made_at, **made_by_fields(made_by), "backfill": backfill}
+    made = _made(version, made_at, made_by, backfill)
     if version == 0:  # the ads the catalog started with: those whose history begins at version 0
         started = sum(1 for ad in catalog if ad.prices and min(p.version for p in ad.prices) == 0)
         return ChangeEntry(kind="start", ads=started, **made)
@@ -167,12 +170,7 @@ def describe_made(
     """The entry of `change`, just made as `catalog`'s version: `describe_change` without searching the catalog for
     the version (the change says which ad, campaign or range it touched), so that its cost is the change's, not the
     catalog's."""
-    made: dict[str, Any] = {
-        "version": catalog.version,
-        "made_at": made_at,
-        **made_by_fields(made_by),
-        "backfill": backfill,
-    }
+    made = _made(catalog.version, made_at, made_by, backfill)
     if isinstance(change, AdChange):
         return _price_entry(catalog, change.ad_id, made)
     if isinstance(change, BudgetSetting):
