@@ -14,7 +14,7 @@ applies `BudgetLedger.decide` to the clicks in the order it reads them, against 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,19 +53,18 @@ class BudgetChange:
         return self.daily_budget_micros is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "effective_from": self.effective_from,
-            "daily_budget_micros": self.daily_budget_micros,
-            "version": self.version,
-            **made_fields(self.made_by, self.door, self.made_at),
-        }
+        return change_record(self)
 
 
-def made_fields(made_by: str | None, door: str | None, made_at: int | None) -> dict[str, Any]:
-    """A change's who, door and when as its record keeps them: only those it has (an entry recorded before changes
-    said so has none)."""
-    made = {"made_by": made_by, "door": door, "made_at": made_at}
-    return {k: v for k, v in made.items() if v is not None}
+MADE_FIELDS = ("made_by", "door", "made_at")
+"""A change's who, door and when: None for an entry recorded before changes said so."""
+
+
+def change_record(change: Any) -> dict[str, Any]:
+    """A change entry (a dataclass: `BudgetChange`, `billing.invalid.ExclusionChange`) as its record keeps it, field
+    by field in order, with who made it, through which door and when only where it has them."""
+    values = ((f.name, getattr(change, f.name)) for f in fields(change))
+    return {name: value for name, value in values if value is not None or name not in MADE_FIELDS}
 
 
 def check_budget(micros: object) -> None:

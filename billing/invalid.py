@@ -29,7 +29,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from billing.budgets import made_fields
+from billing.budgets import change_record
 from billing.events import Click
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -150,13 +150,7 @@ class ExclusionChange:
     made_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "cidr": self.cidr,
-            "effective_from": self.effective_from,
-            "excluded": self.excluded,
-            "version": self.version,
-            **made_fields(self.made_by, self.door, self.made_at),
-        }
+        return change_record(self)
 
 
 class IpExclusions:
