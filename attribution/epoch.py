@@ -33,6 +33,7 @@ import pyarrow.dataset as ds
 
 from billing.layout import EPOCH_FILE, DataLayout
 from billing.store.compaction import COMPACTED, read_listed
+from billing.store.durable import write_whole
 
 
 class CheckpointRefusedError(RuntimeError):
@@ -266,9 +267,8 @@ def prepare_epoch(
     read = offsets_read(data_dir, list(topics))
     starting = {t: {p: read[t].get(p, -2) for p in sorted(parts)} for t, parts in topics.items()}
     epoch = Epoch(batch_id_base=newest + 1, starting_offsets=starting, applied_before=redis_last_applied)
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    temporary = checkpoint / f".{EPOCH_FILE}.tmp"
-    temporary.write_text(
+    write_whole(
+        epoch_file,
         json.dumps(
             {
                 "batch_id_base": epoch.batch_id_base,
@@ -277,7 +277,6 @@ def prepare_epoch(
                 "created_at_ms": int(time.time() * 1000),
             },
             indent=1,
-        )
+        ),
     )
-    temporary.replace(epoch_file)
     return epoch

@@ -72,7 +72,7 @@ from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.catalog_db import CatalogDatabase
 from billing.store.dead_letters import DeadLetters
-from billing.store.durable import make_folder, replace_files
+from billing.store.durable import write_whole
 from billing.store.part_status import PRICING_WITH_HELD, STREAM_CATALOG_PART, PartStatus
 from billing.store.redis_totals import DayTotalsMovedError, RedisTotals
 from billing.store.schema_registry import SchemaRegistryError, open_registry
@@ -285,10 +285,7 @@ class BatchSink:
         pin = folder / str(batch_id)
         if pin.exists():
             return current.as_of(int(pin.read_text()))
-        touched = make_folder(folder)
-        staging = folder / f".{batch_id}.tmp"
-        staging.write_text(str(current.version))
-        replace_files([(staging, pin)], touched)
+        write_whole(pin, str(current.version))
         if batch_id % 100 == 0:  # keep the versions of the last thousand batches
             for old in folder.glob("*"):
                 if old.name.isdigit() and int(old.name) < batch_id - 1000:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from billing.store.catalog_file import command_made_by
+from billing.store.durable import write_whole
 from ops.process import interrupt_on_sigterm
 from ops.reach import EXIT_UNREACHABLE
 from ops.settings import Settings, describe
@@ -637,9 +638,7 @@ def _catalog_document(store: CatalogDatabase, args: argparse.Namespace) -> int:
             sys.stdout.write(text + "\n")
         else:
             target = Path(args.ad_id)
-            staging = target.with_name(f".{target.name}.partial")
-            staging.write_text(text + "\n", encoding="utf-8")
-            staging.replace(target)
+            write_whole(target, text + "\n")
             print(f"exported catalog version {catalog.version} ({len(catalog)} ads) to {target}")
         return 0
     catalog, changes = read_catalog_document(Path(args.ad_id).read_text(encoding="utf-8"))

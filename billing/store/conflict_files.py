@@ -18,7 +18,7 @@ from billing.catalog import Catalog
 from billing.layout import DataLayout
 from billing.reconcile_run import ConflictKey
 from billing.store.dead_letters import HEADERS, DeadLetters, DeliveryError
-from billing.store.durable import make_folder, replace_files
+from billing.store.durable import make_folder, replace_files, write_whole
 
 CONFLICTS_SEND_TIMEOUT_S = 30.0
 """How long a run waits for Kafka to take the id conflicts it sends to the quarantine topic."""
@@ -109,7 +109,4 @@ def _read_sent(path: Path) -> dict[str, set[str]]:
 
 
 def _write_sent(path: Path, sent: Mapping[str, set[str]]) -> None:
-    touched = make_folder(path.parent)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps({period: sorted(keys) for period, keys in sorted(sent.items())}, indent=0))
-    replace_files([(temporary, path)], touched)
+    write_whole(path, json.dumps({period: sorted(keys) for period, keys in sorted(sent.items())}, indent=0))

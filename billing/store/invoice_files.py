@@ -20,19 +20,18 @@ they are the documents.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from billing.invoices import CorrectionFigures, ExportFigures, Invoice, MonthPlan, parse_month
 from billing.layout import DataLayout
-from billing.store.durable import fsync_folder, make_folder
+from billing.store.durable import write_whole
 from billing.store.export_files import MANIFEST_FILE, PARQUET_FILE
 
 PLAN_FILE = "plan.json"
@@ -69,27 +68,19 @@ def invoice_files_of(folder: Path, month: str) -> set[str]:
 def write_invoice_file(
     folder: Path, month: str, advertiser_id: str, document: str, crash: Callable[[str], None] = lambda step: None
 ) -> None:
-    """Write an invoice's document as its read-only file, whole or not at all: staged in a hidden file, flushed,
-    renamed into place and the folder flushed (`crash` is called before the rename: tests stop there). A file
-    already there is left alone (an issued invoice never changes)."""
+    """Write an invoice's document as its read-only file, whole or not at all (`billing.store.durable.write_whole`:
+    staged in a hidden file, flushed, renamed into place, the folder flushed; `crash` is called once the document is
+    staged, before the rename: tests stop there). A file already there is left alone (an issued invoice never
+    changes)."""
     target = invoice_path(folder, month, advertiser_id)
     if target.exists():
         return
-    touched = make_folder(target.parent)
-    fd, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(document)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(staging, 0o444)
+
+    def write(out: IO[str]) -> None:
+        out.write(document)
         crash("file")
-        os.replace(staging, target)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    for parent in [*touched, target.parent]:
-        fsync_folder(parent)
+
+    write_whole(target, write, mode=0o444)
 
 
 # --- An earlier release's files -------------------------------------------------------------------------------

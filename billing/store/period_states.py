@@ -11,7 +11,7 @@ from pathlib import Path
 from billing.layout import DataLayout
 from billing.reconcile_plan import PeriodState
 from billing.reconcile_run import closed_by_exports
-from billing.store.durable import make_folder, replace_files, write_whole
+from billing.store.durable import write_whole
 from billing.store.export_files import ExportFolders
 
 
@@ -29,11 +29,8 @@ def load_states(path: Path) -> dict[str, PeriodState]:
 
 
 def save_states(path: Path, states: Mapping[str, PeriodState]) -> None:
-    """Replace the state file atomically and durably (write a sibling, flush it, rename, flush the folder)."""
-    touched = make_folder(path.parent)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
-    replace_files([(temporary, path)], touched)
+    """Replace the state file whole (`billing.store.durable.write_whole`)."""
+    write_whole(path, json.dumps({p: asdict(s) for p, s in sorted(states.items())}, indent=1))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,7 +48,7 @@ from billing.compatibility import (
     check_backward_transitive,
     parse_schema,
 )
-from billing.store import database
+from billing.store import database, durable
 from billing.store.database_lock import lock_key
 
 if TYPE_CHECKING:
@@ -204,17 +203,8 @@ class FileSchemaRegistry:
         return read_registry_file(self.path)
 
     def _write(self, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(data, out, indent=1, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        """The file whole (`billing.store.durable.write_whole`: staged, flushed, renamed, its folder flushed)."""
+        durable.write_whole(self.path, lambda out: json.dump(data, out, indent=1, sort_keys=True))
 
 
 def read_registry_file(path: Path) -> dict[str, Any]:
