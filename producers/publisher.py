@@ -27,6 +27,7 @@ from billing.events import TOPIC_OF, Event
 from billing.schemas import schema_text
 from billing.store.catalog_db import CatalogDatabase
 from billing.store.catalog_file import operating_system_user, save_catalog
+from billing.store.durable import write_whole
 from billing.store.schema_registry import SchemaRegistry, open_registry
 from producers.arrivals import Arrival
 from producers.capture import (
@@ -632,7 +633,7 @@ def _count_lines(path: str | os.PathLike[str]) -> int | None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_whole(path, json.dumps(data, indent=1) + "\n")
 
 
 def simulator_made_by() -> MadeBy:
