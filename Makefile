@@ -54,6 +54,7 @@ down: venv ## stop a local stack or cluster left in the background
 TEST_WORKERS ?= 3
 
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)
+	$(BIN)/python -m tests.spark_archive
 	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor and with join state format 4, the cluster with format 4
