@@ -58,6 +58,7 @@ test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Sp
 	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: deps ## run the tests kept out of `make test` for time: the SIGKILL test with each task writing on its executor and with join state format 4, the cluster with format 4
+	$(BIN)/python -m tests.spark_archive
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 test-unit: venv ## run the pure tests only (no services)

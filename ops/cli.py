@@ -73,7 +73,8 @@ _CHANGE_TIMING = (
 
 
 def _add_change_time(p: argparse.ArgumentParser, at_help: str) -> None:
-    """A catalog-changing command's `--at` (helped by `at_help`) and `--backfill` (`_CHANGE_TIMING`)."""
+    """A catalog-changing command's `--at` (helped by `at_help`) and `--backfill`; the rule they follow is said once,
+    in the commands' descriptions (`_CHANGE_TIMING`)."""
     p.add_argument("--at", help=at_help)
     p.add_argument("--backfill", action="store_true", help="accept an --at in the past (recorded history only)")
 

@@ -68,6 +68,8 @@ def ensure(base: str) -> Path:
             raise RuntimeError(f"the warm-up run failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
         if not staging.exists():
             raise RuntimeError(f"the driver wrote no archive at {staging}")
+        with staging.open("rb") as written:
+            os.fsync(written.fileno())  # a JVM maps what the header promises: never a file cut short
         for old in ARCHIVES_DIR.glob("*.jsa"):
             old.unlink()
         staging.rename(archive)
