@@ -42,7 +42,8 @@ product's own runs and benchmarks keep the JVM's default. Where `make test` dump
 (`tests/spark_archive.py`), the JVMs map them from there instead of loading them from the jars: the same three
 files took 238 s and 363 s of CPU against 268 s and 405 s without it. A `JAVA_TOOL_OPTIONS` of the caller's own is
 kept."""
-os.environ.setdefault("JAVA_TOOL_OPTIONS", spark_archive.java_options(TEST_JAVA_OPTIONS))
+if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one its parent set
+    os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(TEST_JAVA_OPTIONS)
 
 
 @contextlib.contextmanager
