@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import psycopg
@@ -93,9 +94,9 @@ def test_a_change_without_a_line_is_shown_as_not_recorded_and_a_torn_line_spoils
     assert CatalogDatabase(database).changes() == log, "the entries not recorded are kept as such"
 
 
-def _change_prices(url: str, path: str, who: str, price: int, start: float) -> None:
+def _change_prices(url: str, path: str, who: str, price: int, ready: Barrier) -> None:
     store = CatalogDatabase(url, imports=path)
-    time.sleep(max(0.0, start - time.time()))  # both at once
+    ready.wait(60)  # both at once
     store.change(AdChange("ad-1", int(time.time() * 1000) + 60_000, price), made_by=MadeBy(who, "page"))
 
 
@@ -103,10 +104,12 @@ def test_two_processes_changing_prices_at_once_leave_two_entries(tmp_path: Path,
     """Both open the database at once, and the data folder's catalog file is taken in by one of them, once."""
     path = tmp_path / "catalog.json"
     save_catalog(BASE, path)
-    start = time.time() + 1.0
-    context = multiprocessing.get_context("fork")
+    # Spawned, not forked: a forked child inherits this process's threads and objects (Kafka clients among them),
+    # and one of those collected in the child can abort it.
+    context = multiprocessing.get_context("spawn")
+    ready = context.Barrier(2)
     writers = [
-        context.Process(target=_change_prices, args=(database, str(path), who, price, start))
+        context.Process(target=_change_prices, args=(database, str(path), who, price, ready))
         for who, price in (("ada", 7), ("bo", 8))
     ]
     for writer in writers:
