@@ -5,7 +5,7 @@ In: valid decoded events (`attribution.decode.split`); on a stream, each set up 
 Out: the clicks the rule bills, one row per click (`MATCH_COLUMNS`), not yet priced: the price is the catalog's at
 the click's time, which `attribution.pricing` adds (on the driver or an executor, from the catalog version of the
 batch), so that a catalog change reaches the running job without a restart. The exact reference is
-`billing.rule.attribute`; the batch path here returns the same rows once priced.
+`billing.rule.bill`'s charged clicks; the batch path here returns the same rows once priced.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def match_clicks(
     exactly `event_time`, and the interval is exact in Spark's microsecond timestamps). One row per click:
 
     - batch: the latest qualifying impression, ties to the smallest `impression_id` (a window function), which
-      is `billing.rule.attribute` exactly; repeated copies of a click or an impression change nothing;
+      is `billing.rule.bill`'s match exactly; repeated copies of a click or an impression change nothing;
     - stream: window functions are not allowed, so the first match the join emits is kept
       (`dropDuplicatesWithinWatermark(["click_id"])`); the amount does not depend on the impression and
       reconciliation carries the latest one. Only the click's watermark column leaves the join: with both

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from billing.catalog import Catalog
 from billing.events import Click, Event, EventType, Impression
-from billing.rule import BillableClick, attribute
+from billing.rule import BillableClick, bill
 
 MIN_EVENT_TIME_MS = 946_684_800_000
 """2000-01-01T00:00:00Z: an earlier event_time is refused."""
@@ -146,4 +146,4 @@ def billable_from_arrivals(
     intake = Intake()
     for event, received_at_ms in arrivals:
         intake.admit(event, received_at_ms)
-    return attribute(intake.impressions, intake.clicks, catalog), intake
+    return bill(intake.impressions, intake.clicks, catalog).charged, intake

@@ -107,19 +107,6 @@ class Billing:
         return {row.click_id: row.reason for row in self.not_charged}
 
 
-def attribute(
-    impressions: Iterable[Impression],
-    clicks: Iterable[Click],
-    catalog: Catalog,
-    *,
-    is_bot: Callable[[str], bool] | None = None,
-    rules: IvtRules = DEFAULT_RULES,
-    spent: Mapping[tuple[str, str], int] | None = None,
-) -> list[BillableClick]:
-    """The charged clicks of `bill`, by click_id."""
-    return bill(impressions, clicks, catalog, is_bot=is_bot, rules=rules, spent=spent).charged
-
-
 def bill(
     impressions: Iterable[Impression],
     clicks: Iterable[Click],

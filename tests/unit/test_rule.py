@@ -10,7 +10,7 @@ import pytest
 
 from billing.catalog import Ad, Catalog
 from billing.events import Click, Impression
-from billing.rule import ATTRIBUTION_WINDOW_MS, BillableClick, attribute, bill
+from billing.rule import ATTRIBUTION_WINDOW_MS, BillableClick, bill
 from billing.store.crawler_list import crawler_list
 from tests import oracle
 from tests.dense_traffic import dense_catalog, dense_events, received_once
@@ -80,13 +80,13 @@ CASES = [
 
 @pytest.mark.parametrize(("impressions", "clicks", "expected"), CASES)
 def test_attribution_cases(impressions: list[Impression], clicks: list[Click], expected: dict[str, str]) -> None:
-    billed = attribute(impressions, clicks, CATALOG)
+    billed = bill(impressions, clicks, CATALOG).charged
     assert {row.click_id: row.impression_id for row in billed} == expected
     assert len(billed) == len(expected)
 
 
 def test_billable_click_carries_the_ad_price_and_owners() -> None:
-    billed = attribute([imp("i1", T0, ad="ad-2")], [click("c1", T0 + 2 * S, ad="ad-2")], CATALOG)
+    billed = bill([imp("i1", T0, ad="ad-2")], [click("c1", T0 + 2 * S, ad="ad-2")], CATALOG).charged
     assert billed == [
         BillableClick(
             click_id="c1",
@@ -109,14 +109,14 @@ def test_billable_click_carries_the_ad_price_and_owners() -> None:
 def test_result_is_sorted_by_click_id() -> None:
     impressions = [imp(f"i{n}", T0, user=f"u{n}") for n in (5, 1, 3)]
     clicks = [click(f"c{n}", T0 + S, user=f"u{n}") for n in (5, 1, 3)]
-    assert [row.click_id for row in attribute(impressions, clicks, CATALOG)] == ["c1", "c3", "c5"]
+    assert [row.click_id for row in bill(impressions, clicks, CATALOG).charged] == ["c1", "c3", "c5"]
 
 
 def test_conflicting_event_ids_are_refused() -> None:
     with pytest.raises(ValueError, match="share the id 'c1'"):
-        attribute([imp("i1", T0)], [click("c1", T0 + S), click("c1", T0 + 2 * S)], CATALOG)
+        bill([imp("i1", T0)], [click("c1", T0 + S), click("c1", T0 + 2 * S)], CATALOG)
     with pytest.raises(ValueError, match="share the id 'i1'"):
-        attribute([imp("i1", T0), imp("i1", T0 + 1)], [], CATALOG)
+        bill([imp("i1", T0), imp("i1", T0 + 1)], [], CATALOG)
 
 
 def brute_force(impressions: list[Impression], clicks: list[Click], catalog: Catalog) -> dict[str, tuple]:
