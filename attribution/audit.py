@@ -137,20 +137,13 @@ def exported_adjustments(exports: ExportFolders, closed: list[str]) -> dict[str,
                 continue
             added = row["status"] == ExportStatus.ADDED.value
             out.setdefault(row["corrects_period"], []).append(
-                Correction(
-                    correction_id=row["correction_id"],
-                    kind=CorrectionKind.ADDITION if added else CorrectionKind.RETRACTION,
-                    click_id=row["click_id"],
-                    impression_id=row["impression_id"],
-                    ad_id=row["ad_id"],
-                    campaign_id=row["campaign_id"],
-                    advertiser_id=row["advertiser_id"],
-                    amount_micros=row["net_micros"],
-                    currency=row["currency"],
-                    reason=row["reason"],
-                    corrects_period=row["corrects_period"],
-                    booked_period=row["booked_period"],
-                    created_at_ms=closed_at,
+                Correction.from_dict(
+                    {
+                        **row,
+                        "kind": CorrectionKind.ADDITION if added else CorrectionKind.RETRACTION,
+                        "amount_micros": row["net_micros"],
+                        "created_at_ms": closed_at,
+                    }
                 )
             )
     return out

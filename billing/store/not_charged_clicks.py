@@ -109,18 +109,7 @@ def stream_rows(folder: Path, keys: list[str], columns: list[str], where: pc.Exp
 
 def _clicks(table: pa.Table, period: str, final: bool) -> list[NotChargedClick]:
     return [
-        NotChargedClick(
-            period=period,
-            click_id=r["click_id"],
-            click_time=r["click_time"],
-            ad_id=r["ad_id"],
-            campaign_id=r["campaign_id"],
-            advertiser_id=r["advertiser_id"],
-            reason=r["reason"],
-            amount_micros=r["amount_micros"],
-            currency=r["currency"] or "",
-            final=final,
-        )
+        NotChargedClick(period=period, **{**r, "currency": r["currency"] or ""}, final=final)
         for r in table.select(list(COLUMNS)).to_pylist()
     ]
 
