@@ -95,7 +95,7 @@ def audit(spark: SparkSession, config: AuditConfig, catalog: Catalog) -> list[Pe
         return []
     ordered = sorted(every, key=periods.parse_key)
     # The whole contract: price, invalid traffic and budgets, as a reconciliation run applies it.
-    final_all = final_charges(spark, layout, config.period_ms, ordered, catalog, through, config.ivt_rules)[0]
+    final_all = final_charges(spark, layout, config.period_ms, ordered, catalog, through, config.ivt_rules).charged
     ledger = ledger_up_to(read_ledger(layout.ledger), through)
     given_adjustments = exported_adjustments(exports, sorted(closed))
     out = []

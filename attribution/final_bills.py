@@ -16,7 +16,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -162,19 +162,12 @@ class SparkFinalBills:
     rules: IvtRules = DEFAULT_RULES
 
     @classmethod
-    def compute(
-        cls,
-        spark: SparkSession,
-        layout: DataLayout,
-        period_ms: int,
-        due: list[str],
-        catalog: Catalog,
-        through_batch: int | None = None,
-        rules: IvtRules = DEFAULT_RULES,
+    def of(
+        cls, charges: FinalCharges, layout: DataLayout, due: list[str], rules: IvtRules = DEFAULT_RULES
     ) -> SparkFinalBills:
-        charged, not_charged, quarantined, late = final_charges(
-            spark, layout, period_ms, due, catalog, through_batch, rules
-        )
+        """The final bills of `final_charges`' answer for the due periods (judged with `rules`), with what the
+        data says about how their events arrived and what the stream decided (its files under `layout`)."""
+        charged, not_charged, quarantined, late = charges
         refused = not_charged.filter(pc.is_in(not_charged["reason"], pa.array(sorted(NOT_CHARGED_REASONS))))
         facts = ArrivalFacts(
             late_click_ids=_ids_of(late, "click"),
@@ -211,6 +204,19 @@ class SparkFinalBills:
         return self.not_charged.filter(pc.equal(self.not_charged["period"], period)).to_pylist()
 
 
+class FinalCharges(NamedTuple):
+    """What `final_charges` finds for the due periods."""
+
+    charged: pa.Table
+    """The charged clicks with their `period` (`BILLABLE_FIELDS`)."""
+    not_charged: pa.Table
+    """The billable clicks not charged, with `period` and `reason`."""
+    quarantined: pa.Table
+    """The id conflicts."""
+    late: pa.Table
+    """The late events."""
+
+
 def final_charges(
     spark: SparkSession,
     layout: DataLayout,
@@ -219,7 +225,7 @@ def final_charges(
     catalog: Catalog,
     through_batch: int | None = None,
     rules: IvtRules = DEFAULT_RULES,
-) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+) -> FinalCharges:
     """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
     charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
     history, judged (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the
@@ -273,7 +279,7 @@ def final_charges(
     quarantined = quarantined_df.toArrow()
     quarantined = quarantined.filter(pc.is_in(quarantined["period"], pa.array(due, pa.string())))
     late = late_df.toArrow()
-    return bills, not_charged, quarantined, late
+    return FinalCharges(bills, not_charged, quarantined, late)
 
 
 def judged_as_closed(

@@ -453,7 +453,7 @@ def reconcile_ports(
     the run first asked (`CommittedBatch`, after the stream's position), so that a batch committed between the two
     reads is in neither, and the next run reconciles it."""
     from attribution.epoch import CommittedBatch
-    from attribution.final_bills import SparkFinalBills
+    from attribution.final_bills import SparkFinalBills, final_charges
     from attribution.release import ReconciliationRelease
     from attribution.stream_position import BILLING_QUERY
 
@@ -462,8 +462,11 @@ def reconcile_ports(
     periods = Periods(config.period_ms)
     return ReconcilePorts(
         catalog=catalog,
-        final_bills=lambda due: SparkFinalBills.compute(
-            spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules
+        final_bills=lambda due: SparkFinalBills.of(
+            final_charges(spark, layout, config.period_ms, due, catalog, through.batch(), config.ivt_rules),
+            layout,
+            due,
+            config.ivt_rules,
         ),
         ledger=lambda: LedgerTable(
             ledger_up_to(read_ledger(layout.ledger), through.batch()), layout.ledger, through.batch()
