@@ -74,6 +74,8 @@ from billing.periods import Periods
 from billing.rule import BILLABLE_FIELDS
 from billing.store.click_files import (
     ARCHIVE_CLICK,
+    ARCHIVE_IMPRESSION,
+    BATCHED,
     CORRECTION,
     EXPORT,
     EXPORT_NOT_CHARGED,
@@ -105,9 +107,6 @@ VALUE_BYTES = 48
 CHARGED, LATE, KNOWN_BOT, AD_PAUSED, NOT_BILLABLE = "charged", "late_click", "known_bot", "ad_paused", "not_billable"
 OUTCOMES = (CHARGED, LATE, KNOWN_BOT, AD_PAUSED, NOT_BILLABLE)
 
-ARCHIVE_IMPRESSION = "archive_impression"
-BATCHED = (ARCHIVE_CLICK, LEDGER, UNBILLED, NOT_CHARGED)
-"""The kinds a click id is looked up in that are written per period and batch (`period=P/batch_id=N/`)."""
 ID_COLUMN = {ARCHIVE_CLICK: "event_id", ARCHIVE_IMPRESSION: "event_id", QUARANTINE: "event_id"}
 SORT_KEYS: dict[str, tuple[str, ...]] = {
     ARCHIVE_CLICK: ("event_id",),
