@@ -92,9 +92,7 @@ def create_ad() -> Response | str | tuple[str, int]:
             form["ad_id"],
             typed_time(form["effective_from"]),
             cpc_micros=form_micros(form, "price", "cpc_micros", "a price", currency),
-            campaign_id=form["campaign_id"] or None,
-            advertiser_id=form["advertiser_id"] or None,
-            currency=form["currency"] or None,
+            **_owners(form),
         )
     except CatalogError as refused:
         return catalog(Typed.refused(form, refused))
@@ -130,13 +128,16 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
             ad_id,
             typed_time(form["effective_from"]),
             cpc_micros=form_micros(form, "price", "cpc_micros", "a price", known.currency if known else ""),
-            campaign_id=form["campaign_id"] or None,
-            advertiser_id=form["advertiser_id"] or None,
-            currency=form["currency"] or None,
+            **_owners(form),
         )
     except CatalogError as refused:
         return ad(ad_id, Typed.refused(form, refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)
+
+
+def _owners(form: dict[str, str]) -> dict[str, str | None]:
+    """The ad's campaign, advertiser and currency as the form names them (None where a field is left empty)."""
+    return {name: form[name] or None for name in ("campaign_id", "advertiser_id", "currency")}
 
 
 _CREATE_FIELDS = ("ad_id", "campaign_id", "advertiser_id", "currency", "price", "cpc_micros", "effective_from")
