@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +34,16 @@ TOOLS = {
     "producer-perf": "org.apache.kafka.tools.ProducerPerformance",
 }
 """Kafka's own command-line tools, by the name `adbill kafka TOOL` knows them."""
+
+BROKER_GC_OPTIONS = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
+"""The collector Kafka's own start script gives a broker."""
+
+
+def gc_options(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, ...]:
+    """`BROKER_GC_OPTIONS`, unless the JVM's options from the environment (`JAVA_TOOL_OPTIONS`, `JDK_JAVA_OPTIONS`)
+    already choose a collector: a JVM given two refuses to start ("Multiple garbage collectors selected")."""
+    chosen = " ".join(environ.get(name, "") for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"))
+    return () if re.search(r"-XX:\+Use\w+GC\b", chosen) else BROKER_GC_OPTIONS
 
 
 @dataclass
@@ -112,8 +124,7 @@ class LocalKafka:
         return [
             deps.java_binary(),
             f"-Xmx{heap or self.heap}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
+            *gc_options(),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
             f"-Dkafka.logs.dir={self.data_dir / 'logs'}",

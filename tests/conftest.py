@@ -33,15 +33,17 @@ from tests import spark_archive
 DEPS_DIR = PROJECT_ROOT / ".deps"
 SPARK_STOP_WAIT_S = 30.0
 
-TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The JVMs the tests start (the brokers, the session's Spark, each job's and reconciliation's driver, the local
-cluster's master, workers and executors) live for seconds to minutes, so they compile with C1 alone: the heaviest
-fault tests, three processes at once, took 275 s and 422 s of CPU so against 387 s and 642 s with the default tiered
-compilation (docs/getting-started.md, "The tests"). What the tests check does not depend on the compiler; the
-product's own runs and benchmarks keep the JVM's default. Where `make test` dumped Spark's classes into an archive
-(`tests/spark_archive.py`), the JVMs map them from there instead of loading them from the jars: the same three
-files took 238 s and 363 s of CPU against 268 s and 405 s without it. A `JAVA_TOOL_OPTIONS` of the caller's own is
-kept."""
+cluster's master, workers and executors) live for seconds to minutes on small heaps, so they compile with C1 alone
+and collect with the serial collector: the heaviest fault tests, three processes at once, took 275 s and 422 s of CPU
+with C1 against 387 s and 642 s with the default tiered compilation, and with the serial collector besides 235 s and
+338 s against 243 to 256 s and 368 to 386 s with G1 (docs/getting-started.md, "The tests"). What the tests check
+depends on neither; the product's own runs and benchmarks keep the JVM's defaults (and a broker's G1,
+`ops.kafka_service.gc_options`, which gives way to a collector chosen here). Where `make test` dumped Spark's
+classes into an archive (`tests/spark_archive.py`), the JVMs map them from there instead of loading them from the
+jars: the same three files took 238 s and 363 s of CPU against 268 s and 405 s without it. A `JAVA_TOOL_OPTIONS` of
+the caller's own is kept."""
 if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one its parent set
     os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(TEST_JAVA_OPTIONS)
 
