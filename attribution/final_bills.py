@@ -226,14 +226,12 @@ def final_charges(
     through_batch: int | None = None,
     rules: IvtRules = DEFAULT_RULES,
 ) -> FinalCharges:
-    """(the charged clicks of the due periods with their `period` (`BILLABLE_FIELDS`), the billable clicks not
-    charged with `period` and `reason`, id conflicts, late events): Spark's final matches priced by the catalog's
-    history, judged (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the
-    exclusion list on the driver, each period with the list it was judged with) and charged in event-time order
-    within each campaign's UTC day (`billing.rule.charge`). With budgets in the catalog, the due periods' whole UTC
-    days are computed (`scope_of`), since a click's charge depends on the clicks before it
-    that day; the clicks not charged are given for all of them, so that a run sees which bills of a still open
-    period of the day are over the budget now.
+    """The due periods' `FinalCharges`: Spark's final matches priced by the catalog's history, judged
+    (`billing.invalid`: the flood and duplicate rules found by Spark, the crawler list and the exclusion list on the
+    driver, each period with the list it was judged with) and charged in event-time order within each campaign's UTC
+    day (`billing.rule.charge`). With budgets in the catalog, the due periods' whole UTC days are computed
+    (`scope_of`), since a click's charge depends on the clicks before it that day; the clicks not charged are given
+    for all of them, so that a run sees which bills of a still open period of the day are over the budget now.
 
     The crawler list is searched in Python, as the stream and the click's story search it and as the package's own
     `is_crawler` does, once per distinct user agent: Java's expressions differ from Python's on a few texts (`\\d`

@@ -9,6 +9,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ BROKER_GC_OPTIONS = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
 """The collector Kafka's own start script gives a broker."""
 
 
-def gc_options(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, ...]:
+def gc_options(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     """`BROKER_GC_OPTIONS`, unless the JVM's options from the environment (`JAVA_TOOL_OPTIONS`, `JDK_JAVA_OPTIONS`)
     already choose a collector: a JVM given two refuses to start ("Multiple garbage collectors selected")."""
     chosen = " ".join(environ.get(name, "") for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"))
