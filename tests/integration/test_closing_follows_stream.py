@@ -37,7 +37,7 @@ from producers.simulator import SimulationConfig
 from producers.wire import EventSerializer
 from tests import oracle
 from tests.conftest import child_env
-from tests.integration.test_reconcile import corrections, read_back
+from tests.integration.test_reconcile import corrections, read_back, while_open
 from tests.integration.test_stream_job import wait_for
 from tests.redis_figures import RedisFigures
 
@@ -171,10 +171,7 @@ def test_a_job_down_past_the_horizon_holds_closing_and_a_forced_close_books_late
 
         # The next run books what finance was not given, in the open period, pointing at the closed ones.
         rc = reconcile_config(settings)
-        opened = Periods().key_of(int(time.time() * 1000))
-        later = reconcile(spark, rc, catalog)
-        # The period open when the run booked them: the one open at its start, or the next when the hour turned.
-        open_periods = {opened, Periods().key_of(int(time.time() * 1000))}
+        later, open_periods = while_open(lambda: reconcile(spark, rc, catalog))
         adjustments = [c for c in corrections(settings) if c.booked_period in open_periods]
         booked = {c.booked_period for c in adjustments}
         assert len(booked) == 1, booked
