@@ -98,7 +98,7 @@ from ops.chaos_plan import (
     SCHEMA_DEPLOY_AT_S,
 )
 from ops.chaos_verdict import verdict
-from ops.process import pid_alive, stop_pid
+from ops.process import pid_alive, stop_child
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
 
@@ -285,8 +285,8 @@ class Chaos:
             return verdict(self, truth)
         finally:
             self.stop.set()
-            if self.traffic is not None and self.traffic.poll() is None:
-                stop_pid(self.traffic.pid, timeout_s=60)
+            if self.traffic is not None:
+                stop_child(self.traffic, timeout_s=60)
             done = self.adbill("down", "--cluster", check=False)
             self.say(f"down: {done.stdout.strip()}")
             self.unmount_data_disk()

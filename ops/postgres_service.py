@@ -9,18 +9,16 @@ which then owns `data_dir`, and every folder above it must let that user through
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import signal
 import stat
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops import deps
-from ops.process import ManagedProcess, ServiceError, port_open
+from ops.process import ManagedProcess, ServiceError, interrupt, port_open
 
 ROLE = "adbill"
 DATABASE = "adbill"
@@ -93,13 +91,9 @@ class LocalPostgres:
     def stop(self, timeout_s: float = 30.0) -> None:
         """A fast shutdown (SIGINT: open sessions are ended, everything committed is on disk), then the usual
         SIGTERM and SIGKILL if it does not end in time."""
-        pid = self.process.popen.pid if self.process.popen is not None else self.process.running_pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and _alive(pid, self.process.popen):
-                time.sleep(0.1)
+        process = self.process.process()
+        if process is not None:
+            interrupt(process, signal.SIGINT, timeout_s)
         self.process.stop(timeout_s=5)
 
 
@@ -137,16 +131,6 @@ def _answers(url: str) -> bool:
             return connection.execute("SELECT 1").fetchone() == (1,)
     except psycopg.Error:
         return False
-
-
-def _alive(pid: int, popen: subprocess.Popen[bytes] | None) -> bool:
-    if popen is not None:
-        return popen.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _runner() -> list[str]:

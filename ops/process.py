@@ -51,6 +51,9 @@ class ManagedProcess:
     log_backups: int = LOG_BACKUPS
     writer: subprocess.Popen[bytes] | None = None
     own_log: Path | None = None
+    identity: Process | None = None
+    """The child this object started, as it was at its start: its pid number alone may name a stranger once it has
+    been reaped."""
     """A log the child writes itself (a broker's `server.log`): `log_tail` follows the output's tail with it, from
     its last ERROR line if it has one (where a broker says why it exited), else its last lines."""
 
@@ -65,6 +68,10 @@ class ManagedProcess:
     def running_pid(self) -> int | None:
         """The pid of a live process recorded in the pid file, whoever started it."""
         return pid_alive(self.pid_file)
+
+    def process(self) -> Process | None:
+        """The child to stop: the one started here, else the one recorded in the pid file."""
+        return self.identity or recorded_process(self.pid_file)
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +101,9 @@ class ManagedProcess:
             )
         finally:
             self.writer.stdin.close()  # the child holds the pipe now; the writer ends when it (and its own) do
-        self.pid_file.write_text(str(self.popen.pid))
+        # Not reaped yet, so /proc still shows it even if it has already ended.
+        self.identity = Process(self.popen.pid, started_ticks(self.popen.pid) or 0)
+        self.pid_file.write_text(f"{self.identity.pid} {self.identity.started}")
 
     def exited(self) -> int | None:
         """The exit code if the child started here has ended, else None."""
@@ -115,9 +124,9 @@ class ManagedProcess:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`; removes the pid file."""
-        pid = self.popen.pid if self.popen is not None else self.running_pid()
-        if pid is not None:
-            stop_pid(pid, timeout_s)
+        process = self.process()
+        if process is not None:
+            stop_processes([process], timeout_s)
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=1)
@@ -151,60 +160,125 @@ def _tail(path: Path, lines: int, from_last: str | None = None) -> str:
     return "\n".join(text[marked[-1] : marked[-1] + lines] if marked else text[-lines:])
 
 
+@dataclass(frozen=True)
+class Process:
+    """A process as it was when seen: its pid and when it started (clock ticks since boot, `/proc/PID/stat`'s 22nd
+    field). Linux gives a pid number to a new process or thread once the old one is reaped, and kill(2) on a
+    thread's id signals the whole process it belongs to: on a machine whose JVMs run hundreds of threads, a stale
+    pid signalled a stranger (a test process's Spark driver ended with SIGTERM). Every signal here goes to a
+    process whose start time still matches."""
+
+    pid: int
+    started: int
+
+
+def started_ticks(pid: int) -> int | None:
+    """When process `pid` started, or None when no process leads a thread group under that number (none, or a
+    thread of another process). A zombie still answers: it holds its number until it is reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    if f"\nTgid:\t{pid}\n" not in status:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def recorded_process(pid_file: Path) -> Process | None:
+    """The live process a pid file names (`PID STARTED`; a file with a pid alone is trusted on the pid)."""
+    try:
+        fields = pid_file.read_text().split()
+        pid = int(fields[0])
+        started = int(fields[1]) if len(fields) > 1 else started_ticks(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    if started is None:
+        return None
+    process = Process(pid, started)
+    return process if _alive(process) else None
+
+
 def pid_alive(pid_file: Path) -> int | None:
     """The pid in `pid_file` if that process is alive, else None."""
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
+    process = recorded_process(pid_file)
+    return process.pid if process is not None else None
 
 
-def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
-    """Stop a process group led by `pid` (or the process alone), SIGTERM first."""
-    stop_pids([pid], timeout_s)
+def stop_child(popen: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """Stop a child started here and its process group, SIGTERM first; nothing is sent once it has been reaped."""
+    if popen.poll() is None:
+        ticks = started_ticks(popen.pid)
+        if ticks is not None:
+            stop_processes([Process(popen.pid, ticks)], timeout_s)
 
 
-def stop_pids(pids: list[int], timeout_s: float = 20.0) -> None:
+def stop_processes(processes: list[Process], timeout_s: float = 20.0) -> None:
     """Stop several process groups together: SIGTERM to all, then SIGKILL to those still alive after `timeout_s`
     (the nodes of a quorum stop faster together than one by one, the last waiting for a quorum that is gone)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                try:
-                    os.killpg(pid, sig)
-                except ProcessLookupError:
-                    os.kill(pid, sig)
+        for process in processes:
+            _signal_group(process, sig)
         deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5)
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        while time.monotonic() < deadline and any(_alive(p) for p in processes):
             time.sleep(0.1)
-        pids = [pid for pid in pids if _alive(pid)]
-        if not pids:
+        processes = [p for p in processes if _alive(p)]
+        if not processes:
             return
+
+
+def signal_process(process: Process, sig: int) -> bool:
+    """Send `sig` to `process` alone if it is still the process it was; whether it was sent."""
+    if not _alive(process):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, sig)
+        return True
+    return False
+
+
+def interrupt(process: Process, sig: int, timeout_s: float) -> None:
+    """Send `sig` to `process` alone (a server that ends its own children: PostgreSQL's fast shutdown is SIGINT)
+    and wait up to `timeout_s` for it to end."""
+    if signal_process(process, sig):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(process):
+            time.sleep(0.1)
 
 
 def process_alive(pid: int) -> bool:
     """Whether the process `pid` runs (a zombie does not)."""
-    return _alive(pid)
+    ticks = started_ticks(pid)
+    return ticks is not None and _alive(Process(pid, ticks))
 
 
-def _alive(pid: int) -> bool:
-    # Reap our own child if it has ended; another process's pid is only probed.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _signal_group(process: Process, sig: int) -> None:
+    """The group `process` leads, or the process alone when it leads none. Once the leader has ended, what is left
+    of its group (a JVM its launcher started) is signalled only while no other process has taken its number: a
+    group's number is not given out again while the group has members."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if _alive(process):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                os.kill(process.pid, sig)
+        elif not Path(f"/proc/{process.pid}").exists():
+            os.killpg(process.pid, sig)
+
+
+def _alive(process: Process) -> bool:
+    """Whether `process` still runs: the same start time under its pid, not a zombie (our own child's is reaped)."""
+    if started_ticks(process.pid) != process.started:
         return False
-    except PermissionError:
+    try:
+        state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state != "Z":
         return True
-    # A zombie is not alive; /proc tells.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(process.pid, os.WNOHANG)
+    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

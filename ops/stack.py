@@ -18,7 +18,14 @@ from billing.store.database import without_password
 from ops import deps
 from ops.kafka_service import TOPIC_CONFIGS, LocalKafka, LocalKafkaCluster, broker_ready, ensure_topics
 from ops.postgres_service import DATABASE, LocalPostgres, database_url
-from ops.process import ManagedProcess, consecutive_free_port, free_ports, pid_alive, process_alive, stop_pids
+from ops.process import (
+    ManagedProcess,
+    consecutive_free_port,
+    free_ports,
+    interrupt,
+    recorded_process,
+    stop_processes,
+)
 from ops.redis_service import LocalRedis
 from ops.settings import PROJECT_ROOT, Settings
 from ops.spark_cluster import LocalSparkCluster
@@ -246,7 +253,7 @@ class Stack:
         for rank in sorted({stop_rank(c.name) for c in self.started}):
             group = [c for c in self.started if stop_rank(c.name) == rank]
             _say(f"stopping {', '.join(c.name for c in group)} ...")
-            stop_pids([c.popen.pid for c in group if c.popen is not None], timeout_s=30)
+            stop_processes([c.identity for c in group if c.identity is not None], timeout_s=30)
             for child in group:
                 child.stop(timeout_s=1)
         self.started.clear()
@@ -259,23 +266,14 @@ def down(settings: Settings) -> list[str]:
     pid_files = [f for f in settings.layout.run.glob("*.pid") if stop_rank(f.stem) < len(STOP_ORDER)]
     for rank in sorted({stop_rank(f.stem) for f in pid_files}):
         group = sorted(f for f in pid_files if stop_rank(f.stem) == rank)
-        alive = {f.stem: pid for f in group if (pid := pid_alive(f)) is not None}
+        alive = {f.stem: process for f in group if (process := recorded_process(f)) is not None}
         if "postgres" in alive:  # a fast shutdown: its sessions end, everything committed is on disk
-            stop_postgres(alive["postgres"])
-        stop_pids(list(alive.values()), timeout_s=30)
+            interrupt(alive["postgres"], signal.SIGINT, timeout_s=30)
+        stop_processes(list(alive.values()), timeout_s=30)
         stopped.extend(alive)
         for pid_file in group:
             pid_file.unlink(missing_ok=True)
     return stopped
-
-
-def stop_postgres(pid: int, timeout_s: float = 30.0) -> None:
-    """PostgreSQL's fast shutdown (SIGINT to the server alone, which ends its sessions itself), waited for."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process_alive(pid):
-        time.sleep(0.1)
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -44,8 +44,22 @@ depends on neither; the product's own runs and benchmarks keep the JVM's default
 classes into an archive (`tests/spark_archive.py`), the JVMs map them from there instead of loading them from the
 jars: the same three files took 238 s and 363 s of CPU against 268 s and 405 s without it. A `JAVA_TOOL_OPTIONS` of
 the caller's own is kept."""
+JVM_CRASHES = Path(tempfile.gettempdir()) / "adbill-test-jvm-crashes"
+"""Where a test's JVM that crashes writes its report (`-XX:ErrorFile`): the end of the run names each one written
+during it, since the tests that fail after it only say that their Spark no longer answers."""
+JVM_CRASHES.mkdir(exist_ok=True)  # a JVM writes its report there only if the folder exists
 if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one its parent set
-    os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(TEST_JAVA_OPTIONS)
+    crash_file = f"-XX:ErrorFile={JVM_CRASHES}/hs_err_pid%p.log"
+    os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(f"{TEST_JAVA_OPTIONS} {crash_file}")
+SESSION_STARTED = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each JVM crash report written during the run, with its first lines (what crashed, and where)."""
+    reports = sorted(p for p in JVM_CRASHES.glob("hs_err_pid*.log") if p.stat().st_mtime >= SESSION_STARTED)
+    for report in reports:
+        terminalreporter.write_sep("-", f"a JVM crashed: {report}")
+        terminalreporter.write_line("\n".join(report.read_text(errors="replace").splitlines()[:40]))
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from ops.bench.measure import HealthRecorder, Sampler, find_in_tree, thread_core
 from ops.bench.report import is_pipeline
 from ops.bench.traffic import Dataset, TrafficPlan, cycle_span_ms, cycle_truth
 from ops.postgres_service import DATABASE, database_beside, database_url
-from ops.process import free_ports, stop_pid
+from ops.process import free_ports, stop_child
 from ops.settings import Settings
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def run_system(system: System, plan: TrafficPlan, sampler: Sampler, options: Loa
         print(f"{system.name}: {exc} (see {folder / 'job.log'})", flush=True)
     finally:
         recorder.stop()
-        stop_pid(job.pid, timeout_s=30)
+        stop_child(job, timeout_s=30)
         log.close()
     latency: dict[int, dict[str, int]] = {}
     for step in steps:
