@@ -55,10 +55,11 @@ SESSION_STARTED = time.time()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Each JVM crash report written during the run, with its first lines (what crashed, and where)."""
-    reports = sorted(p for p in JVM_CRASHES.glob("hs_err_pid*.log") if p.stat().st_mtime >= SESSION_STARTED)
+    """Each JVM crash report written during the run, with its first lines (what crashed, and where), and each
+    session Spark that had ended before its tests did."""
+    reports = sorted(p for p in JVM_CRASHES.iterdir() if p.stat().st_mtime >= SESSION_STARTED)
     for report in reports:
-        terminalreporter.write_sep("-", f"a JVM crashed: {report}")
+        terminalreporter.write_sep("-", f"a JVM ended early: {report}")
         terminalreporter.write_line("\n".join(report.read_text(errors="replace").splitlines()[:40]))
 
 
@@ -159,6 +160,7 @@ def spark(
         extra_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"},
     )
     yield session
+    _note_if_ended(session)
     with _timed(pytestconfig, "Spark"):
         # A graceful stop after hundreds of queries can take minutes; the session's JVM ends with this process
         # anyway (it exits when its parent's pipe closes), so the wait is bounded.
@@ -167,6 +169,19 @@ def spark(
         stopping.join(SPARK_STOP_WAIT_S)
         if stopping.is_alive():
             _say(pytestconfig, f"Spark still stopping after {SPARK_STOP_WAIT_S:.0f} s: left to end with the tests")
+
+
+def _note_if_ended(session: SparkSession) -> None:
+    """If the session's JVM ended before its tests did, how (its exit code: -9 or 137 killed, -15 or 143 told to
+    stop, 134 aborted), for the end of the run: the tests after it fail with the connection refused, and no more."""
+    gateway = session.sparkContext._gateway  # type: ignore[attr-defined]
+    process = getattr(gateway, "proc", None)
+    if process is None or (code := process.poll()) is None:
+        return
+    (JVM_CRASHES / f"spark-session-{process.pid}.txt").write_text(
+        f"the Spark JVM of test process {os.getpid()} (pid {process.pid}) had ended with exit code {code} "
+        f"before its tests did (seen at {time.strftime('%H:%M:%S')} UTC)\n"
+    )
 
 
 def child_env(settings: Settings, **overrides: str) -> dict[str, str]:
