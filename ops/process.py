@@ -51,11 +51,11 @@ class ManagedProcess:
     log_backups: int = LOG_BACKUPS
     writer: subprocess.Popen[bytes] | None = None
     own_log: Path | None = None
+    """A log the child writes itself (a broker's `server.log`): `log_tail` follows the output's tail with it, from
+    its last ERROR line if it has one (where a broker says why it exited), else its last lines."""
     identity: Process | None = None
     """The child this object started, as it was at its start: its pid number alone may name a stranger once it has
     been reaped."""
-    """A log the child writes itself (a broker's `server.log`): `log_tail` follows the output's tail with it, from
-    its last ERROR line if it has one (where a broker says why it exited), else its last lines."""
 
     @property
     def pid_file(self) -> Path:
@@ -165,8 +165,8 @@ class Process:
     """A process as it was when seen: its pid and when it started (clock ticks since boot, `/proc/PID/stat`'s 22nd
     field). Linux gives a pid number to a new process or thread once the old one is reaped, and kill(2) on a
     thread's id signals the whole process it belongs to: on a machine whose JVMs run hundreds of threads, a stale
-    pid signalled a stranger (a test process's Spark driver ended with SIGTERM). Every signal here goes to a
-    process whose start time still matches."""
+    pid signalled late lands on a stranger, most likely a JVM (a test process's Spark driver, say). Every signal
+    here goes to a process whose start time still matches."""
 
     pid: int
     started: int
