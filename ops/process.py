@@ -175,6 +175,12 @@ class Process:
 def started_ticks(pid: int) -> int | None:
     """When process `pid` started, or None when no process leads a thread group under that number (none, or a
     thread of another process). A zombie still answers: it holds its number until it is reaped."""
+    seen = _stat(pid)
+    return seen[0] if seen is not None else None
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """The start time and state (`R`, `S`, ... `Z` for a zombie) of the thread-group leader `pid`, else None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         status = Path(f"/proc/{pid}/status").read_text()
@@ -182,7 +188,8 @@ def started_ticks(pid: int) -> int | None:
         return None
     if f"\nTgid:\t{pid}\n" not in status:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[19]), fields[0]
 
 
 def recorded_process(pid_file: Path) -> Process | None:
@@ -268,13 +275,10 @@ def _signal_group(process: Process, sig: int) -> None:
 
 def _alive(process: Process) -> bool:
     """Whether `process` still runs: the same start time under its pid, not a zombie (our own child's is reaped)."""
-    if started_ticks(process.pid) != process.started:
+    seen = _stat(process.pid)
+    if seen is None or seen[0] != process.started:
         return False
-    try:
-        state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state != "Z":
+    if seen[1] != "Z":
         return True
     with contextlib.suppress(ChildProcessError):
         os.waitpid(process.pid, os.WNOHANG)
