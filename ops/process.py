@@ -234,29 +234,16 @@ def stop_processes(processes: list[Process], timeout_s: float = 20.0) -> None:
             return
 
 
-def signal_process(process: Process, sig: int) -> bool:
-    """Send `sig` to `process` alone if it is still the process it was; whether it was sent."""
+def interrupt(process: Process, sig: int, timeout_s: float) -> None:
+    """Send `sig` to `process` alone if it is still the process it was (a server that ends its own children:
+    PostgreSQL's fast shutdown is SIGINT) and wait up to `timeout_s` for it to end."""
     if not _alive(process):
-        return False
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(process.pid, sig)
-        return True
-    return False
-
-
-def interrupt(process: Process, sig: int, timeout_s: float) -> None:
-    """Send `sig` to `process` alone (a server that ends its own children: PostgreSQL's fast shutdown is SIGINT)
-    and wait up to `timeout_s` for it to end."""
-    if signal_process(process, sig):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(process):
-            time.sleep(0.1)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether the process `pid` runs (a zombie does not)."""
-    ticks = started_ticks(pid)
-    return ticks is not None and _alive(Process(pid, ticks))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(process):
+        time.sleep(0.1)
 
 
 def _signal_group(process: Process, sig: int) -> None:

@@ -12,7 +12,6 @@ from ops.process import (
     ManagedProcess,
     Process,
     pid_alive,
-    process_alive,
     recorded_process,
     started_ticks,
     stop_child,
@@ -20,6 +19,15 @@ from ops.process import (
 )
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process leads a thread group under `pid` and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return started_ticks(pid) is not None and state != "Z"
 
 
 def _stranger() -> subprocess.Popen[bytes]:
