@@ -239,6 +239,12 @@ class Settings:
     web_port: int = _setting(8000, "Port of the web UI.")
     web_workers: int = _setting(2, "Worker processes of the web UI's WSGI server (gunicorn).")
     web_threads: int = _setting(4, "Threads per web worker process.")
+    password_scrypt_n: int = _setting(
+        32_768,
+        "scrypt's work factor (N) for a web password set from now on: a power of two of at least 1,024. Each "
+        "halving halves the work of the server at a login and of whoever guesses at a stolen hash; the tests run "
+        "with 1,024. A hash keeps the factor it was made with, so accounts log in whatever this says.",
+    )
     users_path: Path | None = _setting(
         None,
         "An accounts file of the web UI written before the database (default HOME/users.json): taken into the "
@@ -404,7 +410,9 @@ class Settings:
         once."""
         from web.accounts import AccountsDatabase
 
-        return AccountsDatabase(self.database_url, imports=self.users_path or self.layout.users_file)
+        return AccountsDatabase(
+            self.database_url, imports=self.users_path or self.layout.users_file, scrypt_n=self.password_scrypt_n
+        )
 
     def tokens_store(self, accounts: AccountsDatabase | None = None) -> TokensDatabase:
         """The API tokens, beside `accounts` (default: `accounts_store()`), taking in `api_tokens_path`

@@ -51,6 +51,11 @@ JVM_CRASHES.mkdir(exist_ok=True)  # a JVM writes its report there only if the fo
 if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one its parent set
     crash_file = f"-XX:ErrorFile={JVM_CRASHES}/hs_err_pid%p.log"
     os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(f"{TEST_JAVA_OPTIONS} {crash_file}")
+os.environ.setdefault("ADBILL_PASSWORD_SCRYPT_N", "1024")
+"""The tests' web accounts hash their passwords with scrypt at 1,024 instead of the product's 32,768: a test logs in
+or makes an account some 2,000 times in a run, and at the product's factor those hashes were about a quarter of the
+test processes' own CPU (py-spy over a whole `make test`). What a test checks does not depend on the factor; the
+product's own is checked in `tests/unit/test_web_accounts.py` and kept by every run outside the tests."""
 SESSION_STARTED = time.time()
 
 

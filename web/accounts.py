@@ -83,15 +83,29 @@ INSERT INTO web_access_version (version) VALUES (0) ON CONFLICT DO NOTHING;
 _COLUMNS = "username, role, password_hash, advertiser_id, disabled, generation, created_at_ms"
 
 
-def hash_password(password: str) -> str:
-    """werkzeug's scrypt hash (salted, `scrypt:32768:8:1$salt$hash`)."""
-    return generate_password_hash(password, method="scrypt")
+SCRYPT_N = 32_768
+"""scrypt's work factor for a new password's hash (werkzeug's default; `ADBILL_PASSWORD_SCRYPT_N`). A hash names the
+factor it was made with (`scrypt:N:8:1$salt$hash`) and is checked with that one, so a changed setting applies to
+passwords set after it and every account keeps logging in."""
+LEAST_SCRYPT_N = 1_024
+
+
+def check_scrypt_n(scrypt_n: int) -> int:
+    """`scrypt_n`, or ValueError unless it is a power of two of at least 1,024 (what scrypt takes)."""
+    if scrypt_n < LEAST_SCRYPT_N or scrypt_n & (scrypt_n - 1):
+        raise ValueError(f"ADBILL_PASSWORD_SCRYPT_N must be a power of two of at least {LEAST_SCRYPT_N:,}: {scrypt_n}")
+    return scrypt_n
+
+
+def hash_password(password: str, scrypt_n: int = SCRYPT_N) -> str:
+    """werkzeug's scrypt hash (salted, `scrypt:N:8:1$salt$hash`)."""
+    return generate_password_hash(password, method=f"scrypt:{check_scrypt_n(scrypt_n)}:8:1")
 
 
 @functools.cache
-def _dummy_hash() -> str:
+def _dummy_hash(scrypt_n: int) -> str:
     """Checked against when the username is unknown, so that a wrong name costs as long as a wrong password."""
-    return hash_password("not the password of anyone")
+    return hash_password("not the password of anyone", scrypt_n)
 
 
 @functools.cache
@@ -192,10 +206,12 @@ class AccountsDatabase(database.HeldReader):
     """The web UI's accounts at `url`: read by version (`all`, `get`, `authenticate`), changed in transactions
     (`add`, `reset_password`, `set_disabled`).
 
-    `imports`: the accounts file of a data folder written before the database (`HOME/users.json`), taken in once."""
+    `imports`: the accounts file of a data folder written before the database (`HOME/users.json`), taken in once.
+    `scrypt_n`: the work factor of the hashes it makes (`SCRYPT_N`)."""
 
-    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, url: str, imports: str | os.PathLike[str] | None = None, scrypt_n: int = SCRYPT_N) -> None:
         super().__init__(url, imports)
+        self.scrypt_n = check_scrypt_n(scrypt_n)
         self._tables = database.Tables(f"web_accounts:{self.imports}", SCHEMA, self._take_in)
         self._accounts: Held[dict[str, Account]] = Held(_read_accounts)
 
@@ -236,7 +252,7 @@ class AccountsDatabase(database.HeldReader):
         """The enabled account whose password this is, else None (in about the same time either way)."""
         account = self.get(username)
         if account is None or len(password) > MAX_PASSWORD_LENGTH:
-            check_password_hash(_dummy_hash(), password[:MAX_PASSWORD_LENGTH])
+            check_password_hash(_dummy_hash(self.scrypt_n), password[:MAX_PASSWORD_LENGTH])
             return None
         if not check_password_hash(account.password_hash, password):
             return None
@@ -250,7 +266,7 @@ class AccountsDatabase(database.HeldReader):
         account = Account(
             username=name,
             role=role,
-            password_hash=hash_password(password),
+            password_hash=hash_password(password, self.scrypt_n),
             advertiser_id=advertiser_id,
             created_at_ms=int(time.time() * 1000),
         )
@@ -267,7 +283,7 @@ class AccountsDatabase(database.HeldReader):
     def reset_password(self, username: str, password: str) -> Account:
         """A new password; the account's open sessions end."""
         _check_password(password)
-        return self._update(username, "password_hash = %s", hash_password(password))
+        return self._update(username, "password_hash = %s", hash_password(password, self.scrypt_n))
 
     def set_disabled(self, username: str, disabled: bool) -> Account:
         """Disable (open sessions end, logins refused) or enable an account."""

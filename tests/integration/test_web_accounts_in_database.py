@@ -50,6 +50,19 @@ def test_authenticate(database: str) -> None:
     assert store.authenticate("fiona", PASSWORD) is None
 
 
+def test_an_account_logs_in_whatever_work_factor_the_hashes_are_made_with_now(database: str) -> None:
+    AccountsDatabase(database, scrypt_n=1_024).add("fiona", Role.FINANCE, PASSWORD)
+    later = AccountsDatabase(database, scrypt_n=2_048)  # the setting raised after the account was made
+    assert later.get("fiona").password_hash.startswith("scrypt:1024:8:1$")  # type: ignore[union-attr]
+    assert later.authenticate("fiona", PASSWORD) is not None
+    assert later.authenticate("fiona", PASSWORD + "!") is None and later.authenticate("nobody", PASSWORD) is None
+    later.reset_password("fiona", "another long passphrase")
+    assert later.get("fiona").password_hash.startswith("scrypt:2048:8:1$")  # type: ignore[union-attr]
+    assert AccountsDatabase(database, scrypt_n=1_024).authenticate("fiona", "another long passphrase") is not None
+    with pytest.raises(ValueError, match="ADBILL_PASSWORD_SCRYPT_N"):
+        Settings.from_env({"ADBILL_DATABASE_URL": database, "ADBILL_PASSWORD_SCRYPT_N": "1000"}).accounts_store()
+
+
 def test_changes_raise_the_generation_that_sessions_remember(database: str) -> None:
     store = AccountsDatabase(database)
     assert store.add("ada", Role.ADMIN, PASSWORD).generation == 1

@@ -8,7 +8,8 @@ import gzip
 import pytest
 
 from ops.cli import _parser
-from web.accounts import COMMON_PASSWORDS_FILE, password_problem
+from ops.settings import Settings
+from web.accounts import COMMON_PASSWORDS_FILE, SCRYPT_N, check_scrypt_n, hash_password, password_problem
 
 PASSWORD = "correct horse battery staple"
 
@@ -46,3 +47,13 @@ def test_a_password_is_never_taken_from_the_command_line() -> None:
 
 def test_adbill_web_parses() -> None:
     assert _parser().parse_args(["web"]).command == "web"
+
+
+def test_the_products_hashes_are_scrypt_at_32768_and_another_factor_is_a_power_of_two_of_at_least_1024() -> None:
+    assert SCRYPT_N == Settings().password_scrypt_n == 32_768  # the product's default, whatever the tests run with
+    assert hash_password(PASSWORD).startswith("scrypt:32768:8:1$")
+    assert hash_password(PASSWORD, 1_024).startswith("scrypt:1024:8:1$")
+    assert [check_scrypt_n(n) for n in (1_024, 65_536)] == [1_024, 65_536]
+    for refused in (0, 512, 1_000, 3_072):
+        with pytest.raises(ValueError, match="ADBILL_PASSWORD_SCRYPT_N must be a power of two of at least 1,024"):
+            check_scrypt_n(refused)
