@@ -51,11 +51,13 @@ JVM_CRASHES.mkdir(exist_ok=True)  # a JVM writes its report there only if the fo
 if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one its parent set
     crash_file = f"-XX:ErrorFile={JVM_CRASHES}/hs_err_pid%p.log"
     os.environ["JAVA_TOOL_OPTIONS"] = spark_archive.java_options(f"{TEST_JAVA_OPTIONS} {crash_file}")
-os.environ.setdefault("ADBILL_PASSWORD_SCRYPT_N", "1024")
-"""The tests' web accounts hash their passwords with scrypt at 1,024 instead of the product's 32,768: a test logs in
-or makes an account some 2,000 times in a run, and at the product's factor those hashes were about a quarter of the
-test processes' own CPU (py-spy over a whole `make test`). What a test checks does not depend on the factor; the
-product's own is checked in `tests/unit/test_web_accounts.py` and kept by every run outside the tests."""
+TEST_SCRYPT_N = 1_024
+"""scrypt's work factor for the tests' web passwords (`ADBILL_PASSWORD_SCRYPT_N`) in place of the product's 32,768: a
+hash at 1,024 takes 2.4 ms of CPU against 134 ms, and the web tests make and check some for every test (the accounts
+`tests.web_support.seed` makes, each log-in): the three heaviest web test files took 193 s of CPU against 212 s. What
+a test checks does not depend on the factor; the product's own is checked in `tests/unit/test_web_accounts.py`. The
+tests' settings take it (`password_scrypt_n=TEST_SCRYPT_N`), and so does the environment of what they start."""
+os.environ.setdefault("ADBILL_PASSWORD_SCRYPT_N", str(TEST_SCRYPT_N))
 SESSION_STARTED = time.time()
 
 
@@ -245,6 +247,7 @@ def own_settings(
     database."""
     return Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=folder / "home",
         database_url=database_url,
         deps_dir=DEPS_DIR,
@@ -278,6 +281,7 @@ def redis_settings(tmp_path: Path, redis_server: LocalRedis, database: str) -> S
     key prefix and database."""
     return Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=tmp_path / "home",
         database_url=database,
         deps_dir=DEPS_DIR,

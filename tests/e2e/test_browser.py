@@ -37,7 +37,7 @@ from ops.postgres_service import LocalPostgres
 from ops.process import ManagedProcess, free_port, port_open
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
-from tests.conftest import DEPS_DIR, new_database
+from tests.conftest import DEPS_DIR, TEST_SCRYPT_N, new_database
 from tests.redis_figures import RedisFigures
 from tests.web_support import OTHER, OWN, PASSWORD, Seeded, seed, web_screens_dir
 from web import display
@@ -59,6 +59,7 @@ def served(
     home = tmp_path_factory.mktemp("web-e2e")
     settings = Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=home / "data",
         database_url=new_database(postgres_server),
         deps_dir=DEPS_DIR,

@@ -50,7 +50,7 @@ from ops.postgres_service import LocalPostgres
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from tests.catalog_rows import catalog_rows
-from tests.conftest import DEPS_DIR, new_database
+from tests.conftest import DEPS_DIR, TEST_SCRYPT_N, new_database
 from tests.invoice_month import MONTH as INVOICED
 from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
@@ -97,6 +97,7 @@ def world(
     home = tmp_path_factory.mktemp("web-access")
     settings = Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=home,
         database_url=new_database(postgres_server),
         deps_dir=DEPS_DIR,
@@ -792,6 +793,7 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
     next: the totals of the hour when the id was adv-0000's stay adv-0000's, those of the next hour adv-0001's."""
     settings = Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=tmp_path,
         database_url=database,
         deps_dir=DEPS_DIR,

@@ -87,6 +87,7 @@ def test_kafka_out_of_reach_is_said_at_once_not_shown_as_no_backlog(redis_settin
 
     settings = Settings.from_env(
         {},
+        password_scrypt_n=redis_settings.password_scrypt_n,
         home=redis_settings.home,
         database_url=redis_settings.database_url,
         deps_dir=redis_settings.deps_dir,

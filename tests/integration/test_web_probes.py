@@ -21,7 +21,7 @@ from ops.process import ServiceError, free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import Stack, http_ok
-from tests.conftest import DEPS_DIR
+from tests.conftest import DEPS_DIR, TEST_SCRYPT_N
 from tests.web_support import OWN, login, seed
 from web.app import create_app
 
@@ -42,6 +42,7 @@ def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
 def settings_for(home: Path, redis_url: str, database_url: str) -> Settings:
     return Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=home,
         database_url=database_url,
         deps_dir=DEPS_DIR,
@@ -124,6 +125,7 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
     """`adbill up` starts the web UI and waits for its `/healthz`; one that cannot start fails the wait at once."""
     settings = Settings.from_env(
         {},
+        password_scrypt_n=TEST_SCRYPT_N,
         home=tmp_path / "home",
         database_url=database,
         deps_dir=DEPS_DIR,
