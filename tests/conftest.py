@@ -54,9 +54,10 @@ if "JAVA_TOOL_OPTIONS" not in os.environ:  # a test process of xdist has the one
 TEST_SCRYPT_N = 1_024
 """scrypt's work factor for the tests' web passwords (`ADBILL_PASSWORD_SCRYPT_N`) in place of the product's 32,768: a
 hash at 1,024 takes 2.4 ms of CPU against 134 ms, and the web tests make and check some for every test (the accounts
-`tests.web_support.seed` makes, each log-in): the three heaviest web test files took 193 s of CPU against 212 s. What
-a test checks does not depend on the factor; the product's own is checked in `tests/unit/test_web_accounts.py`. The
-tests' settings take it (`password_scrypt_n=TEST_SCRYPT_N`), and so does the environment of what they start."""
+`tests.web_support.seed` makes, each log-in). `tests/integration/test_web_security.py`, `test_web_access_matrix.py` and
+`tests/e2e/test_browser.py` together took 102 s of CPU against 212 s (1:47 against 3:24). What a test checks does not
+depend on the factor; the product's own is checked in `tests/unit/test_web_accounts.py`. The tests' settings take it
+(`password_scrypt_n=TEST_SCRYPT_N`), and so does the environment of what they start."""
 os.environ.setdefault("ADBILL_PASSWORD_SCRYPT_N", str(TEST_SCRYPT_N))
 SESSION_STARTED = time.time()
 
