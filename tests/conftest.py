@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -57,7 +58,7 @@ hash at 1,024 takes 2.4 ms of CPU against 134 ms, and the web tests make and che
 `tests.web_support.seed` makes, each log-in). `tests/integration/test_web_security.py`, `test_web_access_matrix.py` and
 `tests/e2e/test_browser.py` together took 102 s of CPU against 212 s (1:47 against 3:24). What a test checks does not
 depend on the factor; the product's own is checked in `tests/unit/test_web_accounts.py`. The tests' settings take it
-(`password_scrypt_n=TEST_SCRYPT_N`), and so does the environment of what they start."""
+(`isolated_settings`), and so does the environment of what they start."""
 os.environ.setdefault("ADBILL_PASSWORD_SCRYPT_N", str(TEST_SCRYPT_N))
 SESSION_STARTED = time.time()
 
@@ -241,17 +242,20 @@ def fresh_topics(kafka: LocalKafka) -> TopicNames:
     return names
 
 
+def isolated_settings(**overrides: Any) -> Settings:
+    """The tests' settings: none of the caller's `ADBILL_*` variables, the project's jars, web passwords hashed at
+    `TEST_SCRYPT_N`, and `overrides`."""
+    return Settings.from_env({}, deps_dir=DEPS_DIR, password_scrypt_n=TEST_SCRYPT_N, **overrides)
+
+
 def own_settings(
     folder: Path, kafka: LocalKafka, topics: TopicNames, redis_server: LocalRedis, database_url: str
 ) -> Settings:
     """Settings on the session's services with their own topics, data folder (under `folder`), key prefix and
     database."""
-    return Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    return isolated_settings(
         home=folder / "home",
         database_url=database_url,
-        deps_dir=DEPS_DIR,
         kafka_bootstrap=kafka.bootstrap,
         topic_impressions=topics.impressions,
         topic_clicks=topics.clicks,
@@ -280,12 +284,9 @@ def settings(
 def redis_settings(tmp_path: Path, redis_server: LocalRedis, database: str) -> Settings:
     """Settings of one test that needs Redis but not Kafka: the session's Redis and PostgreSQL, its own data folder,
     key prefix and database."""
-    return Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    return isolated_settings(
         home=tmp_path / "home",
         database_url=database,
-        deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )

@@ -36,8 +36,7 @@ from ops import deps
 from ops.postgres_service import LocalPostgres
 from ops.process import ManagedProcess, free_port, port_open
 from ops.redis_service import LocalRedis
-from ops.settings import Settings
-from tests.conftest import DEPS_DIR, TEST_SCRYPT_N, new_database
+from tests.conftest import isolated_settings, new_database
 from tests.redis_figures import RedisFigures
 from tests.web_support import OTHER, OWN, PASSWORD, Seeded, seed, web_screens_dir
 from web import display
@@ -57,12 +56,9 @@ def served(
 ) -> Iterator[Served]:
     """Seeded data (the catalog in a database of the module's own) and `adbill web` on a free port, for the module."""
     home = tmp_path_factory.mktemp("web-e2e")
-    settings = Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    settings = isolated_settings(
         home=home / "data",
         database_url=new_database(postgres_server),
-        deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
         web_port=free_port(),

@@ -48,9 +48,8 @@ from billing.store.redis_totals import BudgetDayCount, NotChargedCount, TotalsRo
 from billing.store.stream_offsets import LagReading
 from ops.postgres_service import LocalPostgres
 from ops.redis_service import LocalRedis
-from ops.settings import Settings
 from tests.catalog_rows import catalog_rows
-from tests.conftest import DEPS_DIR, TEST_SCRYPT_N, new_database
+from tests.conftest import isolated_settings, new_database
 from tests.invoice_month import MONTH as INVOICED
 from tests.invoice_month import write_closed_month
 from tests.redis_figures import RedisFigures
@@ -95,12 +94,9 @@ def world(
     tmp_path_factory: pytest.TempPathFactory, redis_server: LocalRedis, postgres_server: LocalPostgres
 ) -> Iterator[World]:
     home = tmp_path_factory.mktemp("web-access")
-    settings = Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    settings = isolated_settings(
         home=home,
         database_url=new_database(postgres_server),
-        deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
@@ -791,12 +787,9 @@ def test_a_campaign_id_that_named_another_advertisers_campaign_shows_each_only_i
 ) -> None:
     """The catalog refuses a shared campaign id, but ids can move between advertisers from one catalog to the
     next: the totals of the hour when the id was adv-0000's stay adv-0000's, those of the next hour adv-0001's."""
-    settings = Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    settings = isolated_settings(
         home=tmp_path,
         database_url=database,
-        deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )

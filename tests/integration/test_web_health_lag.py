@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from billing.store.redis_keys import RedisKeys
 from billing.store.stream_offsets import KafkaLag, committed_offsets, records_behind
 from ops.settings import Settings
+from tests.conftest import isolated_settings
 from tests.web_support import Seeded, login, seed
 from web.app import create_app
 
@@ -85,12 +86,9 @@ def test_a_stuck_job_s_backlog_is_read_from_kafka_not_from_its_frozen_report(set
 def test_kafka_out_of_reach_is_said_at_once_not_shown_as_no_backlog(redis_settings: Settings) -> None:
     from ops.process import free_port
 
-    settings = Settings.from_env(
-        {},
-        password_scrypt_n=redis_settings.password_scrypt_n,
+    settings = isolated_settings(
         home=redis_settings.home,
         database_url=redis_settings.database_url,
-        deps_dir=redis_settings.deps_dir,
         redis_url=redis_settings.redis_url,
         redis_prefix=redis_settings.redis_prefix,
         kafka_bootstrap=f"127.0.0.1:{free_port()}",

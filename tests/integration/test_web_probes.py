@@ -21,7 +21,7 @@ from ops.process import ServiceError, free_port
 from ops.redis_service import LocalRedis
 from ops.settings import Settings
 from ops.stack import Stack, http_ok
-from tests.conftest import DEPS_DIR, TEST_SCRYPT_N
+from tests.conftest import isolated_settings
 from tests.web_support import OWN, login, seed
 from web.app import create_app
 
@@ -40,12 +40,9 @@ def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
 
 
 def settings_for(home: Path, redis_url: str, database_url: str) -> Settings:
-    return Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    return isolated_settings(
         home=home,
         database_url=database_url,
-        deps_dir=DEPS_DIR,
         redis_url=redis_url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
     )
@@ -123,12 +120,9 @@ def test_the_stack_waits_for_the_web_uis_healthz_and_fails_with_its_log_when_it_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`adbill up` starts the web UI and waits for its `/healthz`; one that cannot start fails the wait at once."""
-    settings = Settings.from_env(
-        {},
-        password_scrypt_n=TEST_SCRYPT_N,
+    settings = isolated_settings(
         home=tmp_path / "home",
         database_url=database,
-        deps_dir=DEPS_DIR,
         redis_url=redis_server.url,
         redis_prefix=f"t{uuid.uuid4().hex[:10]}",
         web_port=free_port(),

@@ -11,6 +11,7 @@ from pathlib import Path
 from ops.process import (
     ManagedProcess,
     Process,
+    _stat,
     pid_alive,
     recorded_process,
     started_ticks,
@@ -23,11 +24,8 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 def process_alive(pid: int) -> bool:
     """Whether a process leads a thread group under `pid` and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return started_ticks(pid) is not None and state != "Z"
+    seen = _stat(pid)
+    return seen is not None and seen[1] != "Z"
 
 
 def _stranger() -> subprocess.Popen[bytes]:
