@@ -1,6 +1,7 @@
 """PostgreSQL as the project starts it (`ops.postgres_service`, Debian's server on a loopback port): what the shared
 records will rely on holds on the real server: a transaction is all or nothing, one constraint refuses a second
-writer's conflicting row, an advisory lock is held by one session at a time, and a committed row survives a restart."""
+writer's conflicting row, an advisory lock is held by one session at a time, and a committed row survives a restart,
+however the server was stopped."""
 
 from __future__ import annotations
 
@@ -36,11 +37,14 @@ def test_an_advisory_lock_is_held_by_one_session_at_a_time_and_freed_when_it_end
         assert second.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
 
 
-def test_a_committed_row_survives_a_restart(postgres_server: LocalPostgres, database: str) -> None:
+@pytest.mark.parametrize("immediate", [False, True], ids=["fast-shutdown", "immediate-shutdown"])
+def test_a_committed_row_survives_a_restart(postgres_server: LocalPostgres, database: str, immediate: bool) -> None:
+    """After a fast shutdown (the product's stop), and after an immediate one (no shutdown checkpoint: the tests'
+    session ends so), from which the next start recovers the row from the WAL."""
     with psycopg.connect(database, autocommit=True) as connection:
         connection.execute("CREATE TABLE kept (id int PRIMARY KEY)")
         connection.execute("INSERT INTO kept VALUES (7)")
-    postgres_server.stop()
+    postgres_server.stop(immediate=immediate)
     assert not postgres_server.ready()
     assert postgres_server.start() is True  # the same cluster folder: no new initdb
     with psycopg.connect(database) as connection:
