@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,10 +292,14 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def consecutive_free_port(count: int, host: str = "127.0.0.1") -> int:
-    """The first of `count` consecutive ports nobody listens on right now (a cluster's controllers)."""
+def consecutive_free_port(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """The first of `count` consecutive ports nobody listens on right now (a cluster's controllers), none of them in
+    `avoid`: ports chosen a moment ago for other services, free again until those start (the kernel hands a port
+    just let go to the next asker as readily as any other)."""
     for _ in range(50):
         (first,) = free_ports(1, host)
+        if any(first + offset in avoid for offset in range(count)):
+            continue
         sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
         try:
             for offset, sock in enumerate(sockets):
