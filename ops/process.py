@@ -8,8 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,44 +273,70 @@ def _alive(process: Process) -> bool:
     return False
 
 
+PORT_MEMORY_S = 600.0
+"""How long a port this process handed out stays its own: no later call of `free_ports`, `free_port` or
+`consecutive_free_port` in this process hands it out again meanwhile. A port is chosen free and given to a service
+that binds it later; until then the kernel hands it to the next asker as readily as any other (a local cluster's
+Spark master was once given a broker's port by two calls a moment apart)."""
+_handed_out: dict[int, float] = {}
+_handed_out_lock = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nobody listens on right now, and not handed out by this process lately."""
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` different ports nobody listens on right now (each held until all are chosen, so that two
-    services started together never get the same one)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """`count` different ports nobody listens on right now, none handed out by this process in the last
+    `PORT_MEMORY_S` (each held until all are chosen, so that two services started together never get the same one)."""
+    sockets: list[socket.socket] = []
+    chosen: list[int] = []
+    with _handed_out_lock:
+        now = time.monotonic()
+        for port, at in list(_handed_out.items()):
+            if now - at > PORT_MEMORY_S:
+                del _handed_out[port]
+        try:
+            while len(chosen) < count:
+                if len(sockets) > count + 1_000:
+                    raise RuntimeError(f"no {count} free ports that this process has not handed out lately")
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)  # held: the kernel gives the next bind another port
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+                if port not in _handed_out:
+                    chosen.append(port)
+        finally:
+            for sock in sockets:
+                sock.close()
+        for port in chosen:
+            _handed_out[port] = now
+    return chosen
 
 
-def consecutive_free_port(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
-    """The first of `count` consecutive ports nobody listens on right now (a cluster's controllers), none of them in
-    `avoid`: ports chosen a moment ago for other services, free again until those start (the kernel hands a port
-    just let go to the next asker as readily as any other)."""
+def consecutive_free_port(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports nobody listens on right now and that this process has not handed out
+    lately (a cluster's controllers)."""
     for _ in range(50):
         (first,) = free_ports(1, host)
-        if any(first + offset in avoid for offset in range(count)):
-            continue
-        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+        wanted = range(first + 1, first + count)
+        with _handed_out_lock:
+            if any(port in _handed_out for port in wanted):
+                continue
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in wanted]
         try:
-            for offset, sock in enumerate(sockets):
-                sock.bind((host, first + offset))
-            return first
+            for port, sock in zip(wanted, sockets, strict=True):
+                sock.bind((host, port))
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
+        with _handed_out_lock:
+            for port in wanted:
+                _handed_out[port] = time.monotonic()
+        return first
     raise RuntimeError(f"no {count} consecutive free ports")
 
 

@@ -292,8 +292,8 @@ def local_cluster_env(home: Path, **overrides: str) -> dict[str, str]:
     """The environment of `adbill` processes running a throwaway local cluster (three brokers, a Spark master,
     Redis, the web UI) in `home`, on free loopback ports: this process's environment without its `ADBILL_*`
     variables, this checkout on PYTHONPATH, and `overrides` (more `ADBILL_*` settings) on top."""
-    ports = free_ports(8)  # in one call: ports of two calls can meet (a broker's was the Spark master's once)
-    brokers, (master, ui, redis_port, web, postgres) = ports[:3], ports[3:]
+    brokers = free_ports(3)
+    master, ui, redis_port, web, postgres = free_ports(5)
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
         "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
@@ -301,7 +301,7 @@ def local_cluster_env(home: Path, **overrides: str) -> dict[str, str]:
         "ADBILL_HOME": str(home),
         "ADBILL_DEPS_DIR": os.environ.get("ADBILL_DEPS_DIR", str(PROJECT_ROOT / ".deps")),
         "ADBILL_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{port}" for port in brokers),
-        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(3, avoid=ports)),
+        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(3)),
         "ADBILL_SPARK_MASTER": f"spark://127.0.0.1:{master}",
         "ADBILL_SPARK_MASTER_UI_PORT": str(ui),
         "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",

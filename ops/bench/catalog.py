@@ -47,15 +47,14 @@ HORIZON_MS = 30_000
 
 
 def stack_env(home: Path) -> dict[str, str]:
-    ports = free_ports(4)
-    kafka, redis_port, web, postgres = ports
+    kafka, redis_port, web, postgres = free_ports(4)
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("ADBILL_")},
         "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "ADBILL_HOME": str(home),
         "ADBILL_DEPS_DIR": os.environ.get("ADBILL_DEPS_DIR", str(PROJECT_ROOT / ".deps")),
         "ADBILL_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka}",
-        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(1, avoid=ports)),
+        "ADBILL_KAFKA_CONTROLLER_PORT": str(consecutive_free_port(1)),
         "ADBILL_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "ADBILL_DATABASE_URL": database_url(postgres, DATABASE),
         "ADBILL_WEB_PORT": str(web),
