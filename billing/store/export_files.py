@@ -92,10 +92,10 @@ MANIFEST_FILE = "manifest.json"
 SUMS_FILE = "SHA256SUMS"
 """The SHA-256 of the data files and the manifest, in the format `sha256sum -c SHA256SUMS` checks."""
 EXPORT_FILES = (PARQUET_FILE, CSV_FILE)
+"""The data files of an export, each listed in the manifest with its size and checksum."""
 NOT_CHARGED_FILE = "not_charged.parquet"
 """The period's billable clicks that were not charged, with the reason (`NOT_CHARGED_SCHEMA`): the invalid traffic
 rules, `over_budget`, `ad_paused`, `unknown_ad`. Exports from before it have none."""
-"""The data files of an export, each listed in the manifest with its size and checksum."""
 MANIFEST_VERSION = 2
 """2: `total_micros` is null when the export holds several currencies (1 added them together)."""
 
