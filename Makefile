@@ -48,9 +48,9 @@ up-cluster: deps ## run the local cluster (3 Kafka brokers, Spark master and 2 w
 down: venv ## stop a local stack or cluster left in the background
 	$(BIN)/adbill down
 
-# Test files spread over this many pytest processes (pytest-xdist), each with its own Kafka, Redis, PostgreSQL and
-# Spark; a file's tests stay in one process, in order. TEST_WORKERS=0 runs them in this process. The local cluster's
-# test runs in the pool like the others.
+# Test files spread over this many pytest processes (pytest-xdist), each with its own Redis, PostgreSQL and Spark and
+# one Kafka broker for all; a file's tests stay in one process, in order. TEST_WORKERS=0 runs them in this process.
+# The local cluster's test runs in the pool like the others.
 TEST_WORKERS ?= 3
 
 test: deps ## run the unit, integration and browser tests (real Kafka, Redis, Spark and Chromium, started by fixtures)

@@ -1,12 +1,15 @@
 """Fixtures that start the real services on free loopback ports: Kafka (KRaft), Redis, PostgreSQL and local Spark.
 
-They start on first use, once per test session, and stop at its end. Each test gets its own topics, schema
-registry file and Redis key prefix, so tests never see each other's data.
+They start on first use, once per test session, and stop at its end; a run in several processes (`pytest -n`) has one
+Kafka broker for all of them (`SHARED_KAFKA_ENV`). Each test gets its own topics, database, data folder and Redis key
+prefix, so tests never see each other's data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import subprocess
 import tempfile
@@ -90,14 +93,75 @@ def _say(config: pytest.Config, line: str) -> None:
         reporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[LocalKafka]:
-    """A real single-node Kafka broker on free ports, for the whole test session."""
-    home = tmp_path_factory.mktemp("kafka")
-    port, controller_port = free_ports(2)
-    broker = LocalKafka(
+SHARED_KAFKA_ENV = "PYTEST_ADBILL_SHARED_KAFKA"
+"""Set by the controller of a run in several processes (`pytest -n`) to a folder of its own: the first test process
+that needs Kafka starts the broker there and the others use it, and the controller stops it when they have all ended.
+One broker for the three processes of `make test` in place of three: a broker costs some 5 s of CPU to start and 4 %
+of a core while idle, and each test that uses Kafka has topics of its own (`topics`), so a test never sees another's
+data; no test stops the session's broker (the tests of brokers that stop start their own). Not `ADBILL_*`:
+the product refuses a setting it does not know."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # The controller: its test processes start after this and inherit its environment.
+        os.environ[SHARED_KAFKA_ENV] = tempfile.mkdtemp(prefix="adbill-test-kafka-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = os.environ.get(SHARED_KAFKA_ENV)
+    if folder is None or hasattr(config, "workerinput"):
+        return
+    del os.environ[SHARED_KAFKA_ENV]
+    broker = _shared_broker(Path(folder))
+    if broker is not None:
+        with _timed(config, "Kafka (shared by the test processes)"):
+            broker.stop()
+    _remove_in_background(Path(folder))
+
+
+def _new_broker(home: Path, port: int, controller_port: int) -> LocalKafka:
+    return LocalKafka(
         data_dir=home, port=port, controller_port=controller_port, deps_dir=DEPS_DIR, run_dir=home / "run"
     )
+
+
+def _shared_broker(folder: Path) -> LocalKafka | None:
+    """The broker a test process started in `folder` for the others, or None if none needed one."""
+    record = folder / "broker.json"
+    if not record.exists():
+        return None
+    ports = json.loads(record.read_text())
+    return _new_broker(folder / "broker", ports["port"], ports["controller_port"])
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[LocalKafka]:
+    """A real single-node Kafka broker on free ports, for the whole test session (one for all the processes of a
+    run in several: `SHARED_KAFKA_ENV`)."""
+    shared = os.environ.get(SHARED_KAFKA_ENV)
+    if shared is not None and hasattr(pytestconfig, "workerinput"):
+        folder = Path(shared)
+        with _locked(folder / "broker.lock"):
+            broker = _shared_broker(folder)
+            if broker is None:
+                broker = _new_broker(folder / "broker", *free_ports(2))
+                broker.start()
+                (folder / "broker.json").write_text(
+                    json.dumps({"port": broker.port, "controller_port": broker.controller_port})
+                )
+            elif not broker.ready():
+                raise RuntimeError(f"the test processes' shared broker on {broker.bootstrap} does not answer")
+        yield broker
+        return  # the controller stops it (`pytest_unconfigure`)
+    broker = _new_broker(tmp_path_factory.mktemp("kafka"), *free_ports(2))
     broker.start()
     yield broker
     with _timed(pytestconfig, "Kafka"):
