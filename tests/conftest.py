@@ -96,10 +96,11 @@ def _say(config: pytest.Config, line: str) -> None:
 SHARED_KAFKA_ENV = "PYTEST_ADBILL_SHARED_KAFKA"
 """Set by the controller of a run in several processes (`pytest -n`) to a folder of its own: the first test process
 that needs Kafka starts the broker there and the others use it, and the controller stops it when they have all ended.
-One broker for the three processes of `make test` in place of three: a broker costs some 5 s of CPU to start and 4 %
-of a core while idle, and each test that uses Kafka has topics of its own (`topics`), so a test never sees another's
-data; no test stops the session's broker (the tests of brokers that stop start their own). Not `ADBILL_*`:
-the product refuses a setting it does not know."""
+One broker for the three processes of `make test` in place of three: a broker takes 4.6 s of CPU to format its storage
+and start and 2.4 % of a core while idle (with the tests' JVM options), some 50 s of CPU a run for the two not
+started. Each test that uses Kafka has topics of its own (`topics`), so a test never sees another's data, and no test
+stops the session's broker (the tests of brokers that stop start their own). Not `ADBILL_*`: the product refuses a
+setting it does not know."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
