@@ -10,6 +10,11 @@ the samples; `parse_samples` reads them and `summarize` counts them:
   samples with an area anywhere in the stack (inclusive: a planning step that calls into code generation counts
   for both);
 - the hottest methods (top frame) and the threads the samples came from.
+- the driver's stream thread by what it was doing (`stream_phase`): planning the batch, running it, finding the next
+  batch's offsets.
+
+A recording keeps `STACK_DEPTH` frames of each stack, not the recorder's default 64: Spark's stacks run to some 340
+frames, and the stream thread's planning sits at their bottom, where a cut stack loses it.
 
 Execution samples cover Java code only: time in native code (RocksDB's C++, compression libraries, the kernel)
 shows in the per-thread CPU from /proc (`ops.bench.measure.thread_cpu`) and the per-process CPU instead.
@@ -101,6 +106,13 @@ CHARGED_TO_CALLER = GENERIC_AREAS | {"class loading"}
 """A sample is charged to the first area from the top of its stack that is not one of these: a class looked
 up in the jars is charged to whoever looked it up (Py4J resolving a name, Janino compiling)."""
 
+STACK_DEPTH = 1_024
+"""Frames kept of each sampled stack (`JFR.configure stackdepth`, and `jfr print --stack-depth`). With the default 64,
+the driver's stream thread's samples lost the frames that say whether they were planning or running the sink."""
+
+STREAM_THREAD = "stream execution thread"
+"""How the name of a streaming query's driver thread begins."""
+
 _FRAME = re.compile(r"^\s+(?P<method>[\w$.<>\-]+)\(")
 _THREAD = re.compile(r'^\s+sampledThread = "(?P<name>.*)" \(')
 
@@ -153,10 +165,13 @@ def summarize(samples: Iterable[tuple[str, list[str]]], top: int = 15) -> dict[s
     inclusive: Counter[str] = Counter()
     methods: Counter[str] = Counter()
     threads: Counter[str] = Counter()
+    stream: Counter[str] = Counter()
     for thread, frames in samples:
         if not frames:
             continue
         total += 1
+        if thread.startswith(STREAM_THREAD):
+            stream[stream_phase(frames)] += 1
         charged[charged_area(frames)] += 1
         inclusive.update({area for area in map(area_of, frames) if area not in GENERIC_AREAS})
         methods[frames[0]] += 1
@@ -171,7 +186,30 @@ def summarize(samples: Iterable[tuple[str, list[str]]], top: int = 15) -> dict[s
         "inclusive_by_area": shares(inclusive, top) if total else [],
         "top_methods": shares(methods, top) if total else [],
         "threads": shares(threads, 8) if total else [],
+        "stream_thread": {
+            "samples": sum(stream.values()),
+            "phases": [
+                {"name": name, "share": round(count / sum(stream.values()), 4)} for name, count in stream.most_common()
+            ],
+        },
     }
+
+
+def stream_phase(frames: list[str]) -> str:
+    """What a sample of a streaming query's driver thread was doing: `running the batch` (a sink's `addBatch`, with
+    the planning of its own queries, or the batch's plan run into a data source), `planning` (the batch's plan:
+    Spark's queryPlanning), `next batch` (the sources' offsets, the offset log), else `other`."""
+    if any(frame.endswith(RUNNING) for frame in frames):
+        return "running the batch"
+    if any(frame.endswith("QueryExecution.executedPlan") for frame in frames):
+        return "planning"
+    if any(frame.endswith("MicroBatchExecution.constructNextBatch") for frame in frames):
+        return "next batch"
+    return "other"
+
+
+RUNNING = ("Sink.addBatch", "SparkPlan.execute", "SparkPlan.executeCollect", "SparkContext.runJob")
+"""Frames of a stream thread running its batch rather than planning it."""
 
 
 def start_recording(jvm_pid: int, name: str, path: Path) -> bool:
@@ -179,6 +217,10 @@ def start_recording(jvm_pid: int, name: str, path: Path) -> bool:
     jcmd = shutil.which("jcmd")
     if jcmd is None:
         return False
+    # The depth of the stacks the recording keeps is set before it starts; a JVM that refuses keeps its own.
+    subprocess.run(
+        [jcmd, str(jvm_pid), "JFR.configure", f"stackdepth={STACK_DEPTH}"], capture_output=True, text=True, timeout=60
+    )
     done = subprocess.run(
         [jcmd, str(jvm_pid), "JFR.start", f"name={name}", "settings=profile", f"filename={path}"],
         capture_output=True,
@@ -203,7 +245,7 @@ def summarize_recording(path: Path, top: int = 15) -> dict[str, Any] | None:
     if jfr is None or not path.exists():
         return None
     with subprocess.Popen(
-        [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "96", str(path)],
+        [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", str(STACK_DEPTH), str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

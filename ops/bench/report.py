@@ -256,6 +256,10 @@ def limits(result: Mapping[str, Any], cores: int) -> list[str]:
     if recording and recording.get("samples"):
         charged = ", ".join(f"{a['name']} {a['share']:.0%}" for a in recording["by_area"][:6])
         out.append(f"Flight recording at {rate} ({recording['samples']:,} samples of Java code): {charged}.")
+        stream = recording.get("stream_thread") or {}
+        if stream.get("samples"):
+            phases = ", ".join(f"{p['name']} {p['share']:.0%}" for p in stream["phases"])
+            out.append(f"The driver's stream thread ({stream['samples']:,} samples): {phases}.")
     return out
 
 

@@ -302,6 +302,39 @@ def test_profile_charges_each_sample_to_its_first_specific_area() -> None:
     assert "stream execution thread for billing [...]" in threads
 
 
+def test_the_stream_threads_samples_are_told_apart_by_what_it_was_doing() -> None:
+    runtime = "org.apache.spark.sql.execution.streaming.runtime"
+    under_batch = [f"{runtime}.MicroBatchExecution.runBatch", f"{runtime}.MicroBatchExecution.runActivatedStream"]
+    planning = [
+        "org.apache.spark.sql.catalyst.rules.RuleExecutor.execute",
+        f"{runtime}.IncrementalExecution.optimizedPlan",
+        "org.apache.spark.sql.execution.QueryExecution.executedPlan",
+        *under_batch,
+    ]
+    # The sink plans its own query (a collect) inside addBatch: that is running the batch, not the batch's planning.
+    sink = [
+        "org.apache.spark.sql.execution.QueryExecution.executedPlan",
+        "org.apache.spark.sql.execution.streaming.sources.ForeachBatchSink.addBatch",
+        *under_batch,
+    ]
+    # A data source sink (the textbook join's no-op) runs the batch's plan from runBatch itself.
+    written = ["org.apache.spark.sql.execution.SparkPlan.executeCollect", *under_batch]
+    offsets = [f"{runtime}.MicroBatchExecution.constructNextBatch", *under_batch]
+    assert profile.stream_phase(planning) == "planning"
+    assert profile.stream_phase(sink) == "running the batch"
+    assert profile.stream_phase(written) == "running the batch"
+    assert profile.stream_phase(offsets) == "next batch"
+    assert profile.stream_phase(under_batch) == "other"
+    thread = "stream execution thread for billing [id = 1, runId = 2]"
+    samples = [(thread, planning), (thread, planning), (thread, sink), ("Executor task launch worker", sink)]
+    stream = profile.summarize(samples)["stream_thread"]
+    assert stream["samples"] == 3
+    assert stream["phases"] == [
+        {"name": "planning", "share": pytest.approx(2 / 3, abs=1e-3)},
+        {"name": "running the batch", "share": pytest.approx(1 / 3, abs=1e-3)},
+    ]
+
+
 def test_row_writers_of_the_codegen_package_are_running_code_not_compiling() -> None:
     writer = "org.apache.spark.sql.catalyst.expressions.codegen.UnsafeWriter.writeUnalignedBytes"
     assert profile.area_of(writer) == profile.ROW_WRITING
@@ -417,6 +450,10 @@ def full_step(number: int, offered: int, sustained: int, p99: int, equal: bool |
             "inclusive_by_area": [{"name": "code generation (Janino compiling)", "share": 0.4}],
             "top_methods": [{"name": "org.codehaus.janino.UnitCompiler.compile", "share": 0.1}],
             "threads": [{"name": "Executor task launch worker", "share": 0.6}],
+            "stream_thread": {
+                "samples": 200,
+                "phases": [{"name": "planning", "share": 0.5}, {"name": "running the batch", "share": 0.45}],
+            },
             "file": "pipeline/step1/profile.jfr",
         },
         "latency_by_minute": None,
@@ -519,6 +556,7 @@ def test_report_renders_as_markdown(measured: dict[str, Any]) -> None:
     assert "![Throughput against offered rate](throughput.png)" in text
     assert "exact (2,700 clicks)" in text
     assert "### Where the CPU goes in the pipeline JVM at 10,000 events/s" in text
+    assert "The driver's stream thread (200 samples): planning 50%, running the batch 45%." in text
 
 
 def test_a_ledger_difference_shows_and_fails_the_run(measured: dict[str, Any]) -> None:
