@@ -9,7 +9,7 @@ the samples; `parse_samples` reads them and `summarize` counts them:
   to the first specific area from the top of its stack (`charged_area`; sums to 100 %), and the share of
   samples with an area anywhere in the stack (inclusive: a planning step that calls into code generation counts
   for both);
-- the hottest methods (top frame) and the threads the samples came from.
+- the hottest methods (top frame) and the threads the samples came from;
 - the driver's stream thread by what it was doing (`stream_phase`): planning the batch, running it, finding the next
   batch's offsets.
 
@@ -113,6 +113,9 @@ the driver's stream thread's samples lost the frames that say whether they were 
 STREAM_THREAD = "stream execution thread"
 """How the name of a streaming query's driver thread begins."""
 
+RUNNING = ("Sink.addBatch", "SparkPlan.execute", "SparkPlan.executeCollect", "SparkContext.runJob")
+"""Frames of a stream thread running its batch rather than planning it."""
+
 _FRAME = re.compile(r"^\s+(?P<method>[\w$.<>\-]+)\(")
 _THREAD = re.compile(r'^\s+sampledThread = "(?P<name>.*)" \(')
 
@@ -159,7 +162,8 @@ def charged_area(frames: list[str]) -> str:
 
 
 def summarize(samples: Iterable[tuple[str, list[str]]], top: int = 15) -> dict[str, Any]:
-    """Shares of the samples by area (charged, and anywhere in the stack), hottest methods and threads."""
+    """Shares of the samples by area (charged, and anywhere in the stack), hottest methods and threads, and of the
+    stream thread's samples by `stream_phase`."""
     total = 0
     charged: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -206,10 +210,6 @@ def stream_phase(frames: list[str]) -> str:
     if any(frame.endswith("MicroBatchExecution.constructNextBatch") for frame in frames):
         return "next batch"
     return "other"
-
-
-RUNNING = ("Sink.addBatch", "SparkPlan.execute", "SparkPlan.executeCollect", "SparkContext.runJob")
-"""Frames of a stream thread running its batch rather than planning it."""
 
 
 def start_recording(jvm_pid: int, name: str, path: Path) -> bool:
