@@ -181,8 +181,8 @@ def summarize(samples: Iterable[tuple[str, list[str]]], top: int = 15) -> dict[s
         methods[frames[0]] += 1
         threads[thread_kind(thread)] += 1
 
-    def shares(counter: Counter[str], n: int) -> list[dict[str, Any]]:
-        return [{"name": name, "share": round(count / total, 4)} for name, count in counter.most_common(n)]
+    def shares(counter: Counter[str], n: int | None, of: int = total) -> list[dict[str, Any]]:
+        return [{"name": name, "share": round(count / of, 4)} for name, count in counter.most_common(n)]
 
     return {
         "samples": total,
@@ -190,12 +190,7 @@ def summarize(samples: Iterable[tuple[str, list[str]]], top: int = 15) -> dict[s
         "inclusive_by_area": shares(inclusive, top) if total else [],
         "top_methods": shares(methods, top) if total else [],
         "threads": shares(threads, 8) if total else [],
-        "stream_thread": {
-            "samples": sum(stream.values()),
-            "phases": [
-                {"name": name, "share": round(count / sum(stream.values()), 4)} for name, count in stream.most_common()
-            ],
-        },
+        "stream_thread": {"samples": stream.total(), "phases": shares(stream, None, of=stream.total())},
     }
 
 
