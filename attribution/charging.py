@@ -47,7 +47,7 @@ from attribution.batch_output import constant_column, with_period
 from attribution.pricing import UNBILLED_COLUMNS, price_matches
 from billing.budgets import BudgetLedger, Candidate, day_start, utc_day
 from billing.catalog import Catalog
-from billing.invalid import IvtRules, first_reason, flood_clicks
+from billing.invalid import IvtRules, first_reason
 from billing.layout import DataLayout
 from billing.periods import Periods
 from billing.store.columns import schema
@@ -125,16 +125,20 @@ class RecentClicks:
         return gone
 
     def flood(self, user_id: str, at: int, click_id: str) -> bool:
-        """Whether the click is in a run of more than `flood_clicks` of the user's clicks within the window."""
+        """Whether the click is in a run of more than `flood_clicks` of the user's clicks within the window
+        (`billing.invalid.flood_clicks`): whether some `flood_clicks + 1` of them in a row, by time and id, hold it and
+        span at most the window. A longer run that holds it holds such a one too, so a click costs at most
+        `flood_clicks + 1` comparisons, however many clicks a flooding user has in the window (judging each click
+        over all of them made a flood cost the square of its clicks)."""
         held = self.by_user.get(user_id, [])
-        window = self.rules.flood_window_ms
-        if len(held) <= self.rules.flood_clicks:
+        run = self.rules.flood_clicks + 1
+        index = bisect.bisect_left(held, (at, click_id))
+        if len(held) < run or index == len(held) or held[index][:2] != (at, click_id):
             return False
-        low = bisect.bisect_left(held, (at - window,))
-        high = bisect.bisect_right(held, (at + window, "\U0010ffff"))
-        if high - low <= self.rules.flood_clicks:
-            return False
-        return click_id in flood_clicks([(t, c) for t, c, _ in held[low:high]], self.rules)
+        return any(
+            held[start + run - 1][0] - held[start][0] <= self.rules.flood_window_ms
+            for start in range(max(0, index - run + 1), min(index, len(held) - run) + 1)
+        )
 
     def duplicate(self, user_id: str, ad_id: str, at: int, click_id: str) -> bool:
         """Whether the user's previous click on the ad (by time, then id) is at most the duplicate window before."""

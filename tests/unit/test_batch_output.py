@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -539,6 +540,39 @@ def test_the_stream_finds_a_duplicate_click_however_many_clicks_of_its_user_on_o
         "u-1", "ad-1", T0 + 56_000, "c-late"
     )
     assert ("u-1", "ad-1") in recent.by_user_ad and len(recent.by_user_ad[("u-1", "ad-1")]) == 2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_streams_flood_rule_flags_what_the_plain_rule_flags_click_by_click(seed: int) -> None:
+    """The stream judges a click by the runs of its user's clicks that hold it; the plain rule
+    (`billing.invalid.flood_clicks`) by every run of the user's clicks at once. Users whose clicks come in bursts
+    around the thresholds (three fewer to two more clicks than a flood takes, spread over about the window, ties on
+    the millisecond, bursts that touch), under the product's thresholds and others: the same clicks are floods."""
+    from attribution.charging import RecentClicks
+    from billing.invalid import flood_clicks
+
+    rng = random.Random(seed)
+    rules = rng.choice([IvtRules(), IvtRules(flood_clicks=3, flood_window_ms=2_000), IvtRules(flood_clicks=1)])
+    recent = RecentClicks(rules)
+    clicks: list[tuple[str, str, int]] = []
+    users = ("u-1", "u-2", "u-3")
+    for user in users:
+        at = T0
+        for burst in range(rng.randint(1, 4)):
+            size = rules.flood_clicks + rng.randint(-2, 3)
+            span = rules.flood_window_ms + rng.choice([-1, 0, 1, rules.flood_window_ms // 2])
+            times = sorted(at + rng.randint(0, span) for _ in range(max(size, 1)))
+            if rng.random() < 0.3:
+                times[-1] = times[0] + rules.flood_window_ms  # a run that spans the window exactly
+            clicks += [(f"{user}-{burst}-{n:02d}", user, moment) for n, moment in enumerate(times)]
+            clicks += [(f"{user}-{burst}-tie", user, times[0])]  # the same millisecond as the burst's first
+            at = times[-1] + rng.choice([0, 1, rules.flood_window_ms, 3 * rules.flood_window_ms])
+    rng.shuffle(clicks)
+    recent.add([c for c, _, _ in clicks], ["ad-1"] * len(clicks), [u for _, u, _ in clicks], [t for _, _, t in clicks])
+    stream = {c for c, u, t in clicks if recent.flood(u, t, c)}
+    plain = set().union(*(flood_clicks([(t, c) for c, u, t in clicks if u == user], rules) for user in users))
+    assert stream == plain
+    assert not recent.flood("u-1", T0, "not-received")
 
 
 BOT = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
