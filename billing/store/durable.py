@@ -48,11 +48,6 @@ def make_folder(folder: Path) -> list[Path]:
     return [path.parent for path in reversed(created)]
 
 
-def replace_file(staging: Path, target: Path) -> None:
-    """Flush `staging`, rename it to `target` (same file system, usually the same folder) and flush the folder."""
-    replace_files([(staging, target)])
-
-
 def replace_files(moves: Iterable[tuple[Path, Path]], touched: Iterable[Path] = ()) -> None:
     """Flush every staged file, rename each to its target, then flush the targets' folders and the folders in
     `touched` (those `make_folder` created entries in). The flushes run side by side: each waits on the disk, and

@@ -192,14 +192,6 @@ class Sampler:
         """The largest resident memory of the tree `name` seen between two instants, in bytes."""
         return max((s.trees[name][1] for s in self._inside(name, start, end)), default=0)
 
-    def peak_rss_by_command(self, name: str, start: float = 0.0, end: float = float("inf")) -> dict[str, int]:
-        """The largest resident memory of each command (`java`, `python`) of the tree `name`, in bytes."""
-        peaks: dict[str, int] = {}
-        for s in self._inside(name, start, end):
-            for command, (_, rss) in s.commands[name].items():
-                peaks[command] = max(peaks.get(command, 0), rss)
-        return peaks
-
     def rss_by_command(self, name: str) -> dict[str, list[tuple[float, int]]]:
         """(time, resident bytes) of each command (`java`, `python`) of the tree `name` at every sample."""
         out: dict[str, list[tuple[float, int]]] = {}
