@@ -69,8 +69,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,36 +94,13 @@ from ops.chaos_plan import (
     POISON_FRACTION,
     RECOVERY_DEADLINE_S,
     SCHEMA_DEPLOY_AT_S,
+    FaultRecord,
+    WebReads,
 )
 from ops.chaos_verdict import verdict
 from ops.process import pid_alive, stop_child
 from ops.settings import PROJECT_ROOT, Settings
 from ops.stack import local_cluster_env
-
-
-@dataclass
-class FaultRecord:
-    kind: str
-    pause_s: float
-    """Seeded pause before the fault, after the previous one recovered."""
-    at_s: float = 0.0
-    """When it struck, seconds after the traffic started."""
-    target: str = ""
-    recovered_s: float | None = None
-    """From the fault until the job billed a batch again (None: it did not, within the deadline)."""
-    delayed_events: int = 0
-    """Records that reached Kafka between the fault and the recovery."""
-    note: str = ""
-    failed_step: str = ""
-    """The recovery step that failed (the command and its output's last line); empty when none did."""
-
-
-@dataclass
-class WebReads:
-    ok: int = 0
-    failed: int = 0
-    failed_during: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
 
 
 class Chaos:

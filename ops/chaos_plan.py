@@ -1,8 +1,12 @@
 """What a chaos run (`make chaos`, `ops.chaos`) does and when: its faults in order, the periods and horizon it closes
 with, the traffic's shape (poison, catalog changes, invalid traffic, budgets, a schema deployed mid-run), and how long
-each recovery may take. Shared by the run and its verdict (`ops.chaos_verdict`)."""
+each recovery may take, and the records a run keeps of its faults and its web reads. Shared by the run and its
+verdict (`ops.chaos_verdict`)."""
 
 from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
 
 FAULTS = ["driver"] * 3 + ["worker"] + ["broker"] * 2 + ["redis", "redis-restarted", "outage"]
 FAULTS += ["driver+broker", "redis+reconcile", "worker+closing", "disk", "database"]
@@ -37,3 +41,32 @@ outage sends traffic for some 20 minutes)."""
 SCHEMA_DEPLOY_AT_S = 1200.0
 """When the traffic's producers deploy a new schema version (`adbill produce --deploy-schema-at`), seconds after
 the traffic started: about halfway through a full run."""
+
+
+@dataclass
+class FaultRecord:
+    """One fault of a run: when it struck, what, and how the job came back."""
+
+    kind: str
+    pause_s: float
+    """Seeded pause before the fault, after the previous one recovered."""
+    at_s: float = 0.0
+    """When it struck, seconds after the traffic started."""
+    target: str = ""
+    recovered_s: float | None = None
+    """From the fault until the job billed a batch again (None: it did not, within the deadline)."""
+    delayed_events: int = 0
+    """Records that reached Kafka between the fault and the recovery."""
+    note: str = ""
+    failed_step: str = ""
+    """The recovery step that failed (the command and its output's last line); empty when none did."""
+
+
+@dataclass
+class WebReads:
+    """The web client's reads of the JSON API, one a second: those answered, and those failed with the fault then."""
+
+    ok: int = 0
+    failed: int = 0
+    failed_during: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)

@@ -9,7 +9,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from billing.export import RecordType
 from ops.chaos_books import (
@@ -18,13 +18,51 @@ from ops.chaos_books import (
     exported_books,
     final_ledger,
 )
-from ops.chaos_plan import CATALOG_EVERY_S, FAULTS, NEW_ADS, PERIOD_MS
+from ops.chaos_plan import CATALOG_EVERY_S, FAULTS, NEW_ADS, PERIOD_MS, FaultRecord, WebReads
 
 if TYPE_CHECKING:
-    from ops.chaos import Chaos
+    import subprocess
+
+    from billing.store.catalog_db import CatalogDatabase
+    from ops.settings import Settings
 
 
-def verdict(chaos: Chaos, truth: dict[str, int]) -> dict[str, Any]:
+class ChaosRun(Protocol):
+    """What the verdict reads of a run and asks of it (`ops.chaos.Chaos`)."""
+
+    seed: int
+    rate: int
+    plan: list[str]
+    out: Path
+    home: Path
+    settings: Settings
+    catalog: CatalogDatabase
+    disk: str
+    outage_s: float
+    schema_deploy_at_s: float
+    changes_at_s: float
+    invalid_traffic: bool
+    t0_ms: int
+    traffic_s: float
+    stopped: str
+    faults: list[FaultRecord]
+    web: WebReads
+    poison: list[tuple[str, int, int, str]]
+    poison_failed: int
+    budget_breaches: set[str]
+    budget_reads: int
+    ran_on_empty_redis: int
+    database_changes: dict[str, int]
+
+    def say(self, line: str) -> None: ...
+    def adbill(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]: ...
+    def totals(self) -> Any: ...
+    def records_behind(self) -> int | None: ...
+    def refused_in_truth(self) -> dict[str, str]: ...
+    def check_budgets(self) -> None: ...
+
+
+def verdict(chaos: ChaosRun, truth: dict[str, int]) -> dict[str, Any]:
     """What the run shows: the books against the ground truth, each fault's recovery, the web's reads, budgets and
     invalid traffic; kept as the run's report (`write_report`)."""
     import pyarrow.compute as pc

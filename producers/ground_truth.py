@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from billing.budgets import OVER_BUDGET, Candidate, charge_in_order, parse_day, utc_day
 from billing.catalog import Catalog, Unbillable
@@ -38,9 +38,6 @@ from billing.store.crawler_list import CrawlerList, crawler_list
 from billing.store.durable import write_whole
 from producers.arrivals import Arrival, ArrivalKind, Made, Timing
 from producers.wire import RawRecord
-
-if TYPE_CHECKING:
-    from producers.simulator import SimulationConfig
 
 EVENTS_PER_TRUTH_PARTITION = 500_000
 """Events the ground truth holds in memory at a time; a longer run is partitioned on disk."""
@@ -132,9 +129,10 @@ class GroundTruth:
         self._spill = _Spill(self.workdir / "by-id", partitions) if partitions > 1 else None
 
     @classmethod
-    def for_config(cls, config: SimulationConfig, catalog: Catalog, workdir: str | None = None) -> GroundTruth:
-        """Sized for the run: one partition per `EVENTS_PER_TRUTH_PARTITION` expected arrivals."""
-        partitions = max(1, math.ceil(config.expected_arrivals() / EVENTS_PER_TRUTH_PARTITION))
+    def for_arrivals(cls, expected_arrivals: int, catalog: Catalog, workdir: str | None = None) -> GroundTruth:
+        """Sized for the run (`SimulationConfig.expected_arrivals`): one partition per `EVENTS_PER_TRUTH_PARTITION`
+        arrivals."""
+        partitions = max(1, math.ceil(expected_arrivals / EVENTS_PER_TRUTH_PARTITION))
         return cls(catalog, partitions, workdir)
 
     def observe(self, arrival: Arrival) -> None:

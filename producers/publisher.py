@@ -443,7 +443,7 @@ def simulate_to_kafka(
     folder.mkdir(parents=True, exist_ok=True)
     save_catalog(simulator.catalog, folder / "catalog.json")
     spill = folder / ".ground-truth-work"
-    truth = GroundTruth.for_config(config, simulator.catalog, str(spill))
+    truth = GroundTruth.for_arrivals(config.expected_arrivals(), simulator.catalog, str(spill))
     publisher = EventPublisher(bootstrap_servers, serializer, topics, extra_config)
     pacer = Pacer(rate)
     bar = _Progress(progress, config.expected_arrivals(), "simulate")

@@ -919,7 +919,7 @@ def simulate(
     `GroundTruth` and `write_run` directly to record a partial run.
     """
     simulator = Simulator(config, clock, rate_per_s)
-    truth = GroundTruth.for_config(config, simulator.catalog)
+    truth = GroundTruth.for_arrivals(config.expected_arrivals(), simulator.catalog)
     try:
         for arrival in simulator.arrivals():
             truth.observe(arrival)

@@ -198,7 +198,7 @@ def generate(folder: Path, name: str, rate: int, events: int, start_ms: int, see
     simulator = Simulator(config)
     serializer = EventSerializer(registry)
     folder.mkdir(parents=True, exist_ok=True)
-    truth = GroundTruth.for_config(config, simulator.catalog, str(folder / ".truth-work"))
+    truth = GroundTruth.for_arrivals(config.expected_arrivals(), simulator.catalog, str(folder / ".truth-work"))
     frames = 0
     try:
         with (folder / "frames.bin").open("wb") as out:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         _rate("simulate", count, lambda: sum(1 for _ in simulator.arrivals()))
 
         def simulate_truth_serialize() -> None:
-            truth = GroundTruth.for_config(config, simulator.catalog)
+            truth = GroundTruth.for_arrivals(config.expected_arrivals(), simulator.catalog)
             for arrival in simulator.arrivals():
                 truth.observe(arrival)
                 if arrival.raw is None:
