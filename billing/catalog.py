@@ -57,6 +57,10 @@ class CatalogError(ValueError):
     """A change the catalog refuses; the message is one line, for a person."""
 
 
+class UnknownAdError(CatalogError):
+    """A change of an ad the catalog does not hold: the ad is what is missing (the API answers 404)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PriceChange:
     """From `effective_from` on, a click costs `cpc_micros`, or the ad is paused (`cpc_micros` None)."""
@@ -483,7 +487,7 @@ class Catalog:
         if ad is None:
             missing = [n for n in ("campaign_id", "advertiser_id", "currency") if not getattr(change, n)]
             if missing:
-                raise CatalogError(f"unknown ad {change.ad_id}: to create it, give its {', '.join(missing)}")
+                raise UnknownAdError(f"unknown ad {change.ad_id}: to create it, give its {', '.join(missing)}")
             owner = self._owners.get(change.campaign_id or "")
             if owner is not None and owner != change.advertiser_id:
                 raise CatalogError(

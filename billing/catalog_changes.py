@@ -12,6 +12,7 @@ an amount nor unlimited.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from billing.budgets import BudgetChange
 from billing.catalog import (
@@ -23,6 +24,7 @@ from billing.catalog import (
     ExclusionSetting,
     MadeBy,
     PriceChange,
+    UnknownAdError,
     format_time,
 )
 from billing.invalid import ExclusionChange
@@ -69,52 +71,56 @@ def parse_price(text: object) -> int:
     return parse_micros(text, "a price", "250000 (0.25 of the currency)")
 
 
-def catalog_change(
-    action: str,
-    ad_id: str,
-    at_ms: int,
-    catalog: Catalog | None,
-    *,
-    cpc_micros: object = None,
-    campaign_id: str | None = None,
-    advertiser_id: str | None = None,
-    currency: str | None = None,
-) -> AdChange:
-    """The change `action` asks for `ad_id` from `at_ms` on, read against `catalog` (None: no catalog yet)."""
-    if action not in ACTIONS:
-        raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
-    ad = catalog.get(ad_id) if catalog is not None else None
-    if action == "create-ad":
-        if ad is not None:
-            raise CatalogError(f"ad {ad_id} exists already (advertiser {ad.advertiser_id}); set its price instead")
-        if cpc_micros is None:
-            raise CatalogError(f"create-ad {ad_id}: give its price in micros")
-        given = (("campaign", campaign_id), ("advertiser", advertiser_id), ("currency", currency))
-        missing = [name for name, value in given if not value]
-        if missing:
-            raise CatalogError(f"create-ad {ad_id}: give its {', '.join(missing)}")
-        return AdChange(ad_id, at_ms, parse_price(cpc_micros), campaign_id, advertiser_id, currency)
-    if ad is None:
-        raise CatalogError(f"unknown ad {ad_id}")
-    owners = AdChange(ad_id, at_ms, None, campaign_id, advertiser_id, currency)  # checked by the catalog
-    if action == "set-price":
-        if cpc_micros is None:
-            raise CatalogError(f"set-price {ad_id}: give the new price in micros")
-        return _with_price(owners, parse_price(cpc_micros))
-    if action == "pause":
+@dataclass(frozen=True, slots=True)
+class AdRequest:
+    """What a person asks of an ad, as typed (a command's options, a form, a JSON body): `action` (one of `ACTIONS`),
+    the ad, its price as given (text or an integer, read by `parse_price`; None: none given), and the campaign,
+    advertiser and currency it names (a new ad's owners; checked against an existing ad's own, which never change)."""
+
+    action: str
+    ad_id: str
+    cpc_micros: object = None
+    campaign_id: str | None = None
+    advertiser_id: str | None = None
+    currency: str | None = None
+
+    def change(self, at_ms: int, catalog: Catalog | None) -> AdChange:
+        """The change asked for from `at_ms` on, read against `catalog` (None: no catalog yet)."""
+        action, ad_id, cpc_micros = self.action, self.ad_id, self.cpc_micros
+        if action not in ACTIONS:
+            raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
+        ad = catalog.get(ad_id) if catalog is not None else None
+        if action == "create-ad":
+            if ad is not None:
+                raise CatalogError(f"ad {ad_id} exists already (advertiser {ad.advertiser_id}); set its price instead")
+            if cpc_micros is None:
+                raise CatalogError(f"create-ad {ad_id}: give its price in micros")
+            given = (("campaign", self.campaign_id), ("advertiser", self.advertiser_id), ("currency", self.currency))
+            missing = [name for name, value in given if not value]
+            if missing:
+                raise CatalogError(f"create-ad {ad_id}: give its {', '.join(missing)}")
+            return AdChange(ad_id, at_ms, parse_price(cpc_micros), self.campaign_id, self.advertiser_id, self.currency)
+        if ad is None:
+            raise UnknownAdError(f"unknown ad {ad_id}")
+        owners = AdChange(ad_id, at_ms, None, self.campaign_id, self.advertiser_id, self.currency)  # the catalog checks
+        if action == "set-price":
+            if cpc_micros is None:
+                raise CatalogError(f"set-price {ad_id}: give the new price in micros")
+            return _with_price(owners, parse_price(cpc_micros))
+        if action == "pause":
+            entry = ad.entry_at(at_ms)
+            if entry is not None and entry.paused:
+                raise CatalogError(f"ad {ad_id} is already paused at {format_time(at_ms)}")
+            return owners
         entry = ad.entry_at(at_ms)
-        if entry is not None and entry.paused:
-            raise CatalogError(f"ad {ad_id} is already paused at {format_time(at_ms)}")
-        return owners
-    entry = ad.entry_at(at_ms)
-    if entry is None or not entry.paused:
-        raise CatalogError(f"ad {ad_id} is not paused at {format_time(at_ms)}: set its price instead")
-    if cpc_micros is not None:
-        return _with_price(owners, parse_price(cpc_micros))
-    before = last_price(ad, at_ms)
-    if before is None:
-        raise CatalogError(f"ad {ad_id} never had a price before {format_time(at_ms)}: give one in micros")
-    return _with_price(owners, before)
+        if entry is None or not entry.paused:
+            raise CatalogError(f"ad {ad_id} is not paused at {format_time(at_ms)}: set its price instead")
+        if cpc_micros is not None:
+            return _with_price(owners, parse_price(cpc_micros))
+        before = last_price(ad, at_ms)
+        if before is None:
+            raise CatalogError(f"ad {ad_id} never had a price before {format_time(at_ms)}: give one in micros")
+        return _with_price(owners, before)
 
 
 def ad_line_change(line: dict[str, object]) -> AdChange:

@@ -128,24 +128,28 @@ class ChangeEntry:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def _made(version: int, made_at: int | None, made_by: MadeBy | None, backfill: bool) -> dict[str, Any]:
-    """The fields of a log entry that say which version a change made, when, by whom, through which door, and
-    whether it was a backfill."""
-    who, door = (made_by.who, made_by.door) if made_by else (None, None)
-    return {"version": version, "made_at": made_at, "who": who, "door": door, "backfill": backfill}
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What the log keeps of a change beside what it did: when it was made (epoch ms UTC, read under the catalog's
+    lock; None: not recorded), who made it and through which door (None: not known), and whether it back-filled
+    recorded history."""
+
+    made_at: int | None = None
+    made_by: MadeBy | None = None
+    backfill: bool = False
+
+    def entry_fields(self, version: int) -> dict[str, Any]:
+        """The fields of the log entry of `version` that say which version a change made, when, by whom, through
+        which door, and whether it was a backfill."""
+        who, door = (self.made_by.who, self.made_by.door) if self.made_by else (None, None)
+        return {"version": version, "made_at": self.made_at, "who": who, "door": door, "backfill": self.backfill}
 
 
-def describe_change(
-    catalog: Catalog,
-    version: int,
-    made_at: int | None = None,
-    made_by: MadeBy | None = None,
-    backfill: bool = False,
-) -> ChangeEntry:
+def describe_change(catalog: Catalog, version: int, provenance: Provenance = Provenance()) -> ChangeEntry:
     """The change that made `version` of the catalog, read from the entry it added (a price, a budget, an exclusion);
     `start` for version 0 (the catalog a deployment started with). It searches the catalog for the version: where
     the change is known, `describe_made` costs the change's size, not the catalog's."""
-    made = _made(version, made_at, made_by, backfill)
+    made = provenance.entry_fields(version)
     if version == 0:  # the ads the catalog started with: those whose history begins at version 0
         started = sum(1 for ad in catalog if ad.prices and min(p.version for p in ad.prices) == 0)
         return ChangeEntry(kind="start", ads=started, **made)
@@ -160,17 +164,11 @@ def describe_change(
     return ChangeEntry(kind="unknown", **made)
 
 
-def describe_made(
-    catalog: Catalog,
-    change: CatalogChange,
-    made_at: int | None = None,
-    made_by: MadeBy | None = None,
-    backfill: bool = False,
-) -> ChangeEntry:
+def describe_made(catalog: Catalog, change: CatalogChange, provenance: Provenance = Provenance()) -> ChangeEntry:
     """The entry of `change`, just made as `catalog`'s version: `describe_change` without searching the catalog for
     the version (the change says which ad, campaign or range it touched), so that its cost is the change's, not the
     catalog's."""
-    made = _made(catalog.version, made_at, made_by, backfill)
+    made = provenance.entry_fields(catalog.version)
     if isinstance(change, AdChange):
         return _price_entry(catalog, change.ad_id, made)
     if isinstance(change, BudgetSetting):

@@ -2,8 +2,8 @@
 issuing.
 
 **When.** A month is invoiced once every period of it is closed: its last period's lateness horizon has passed and
-every period of it that holds data is closed (`month_ready`). Months are invoiced in order: a month waits for the
-one before it (`months_to_issue`), so the numbers follow the months.
+every period of it that holds data is closed (`PeriodClosing.month_ready`). Months are invoiced in order: a month
+waits for the one before it (`PeriodClosing.months_to_issue`), so the numbers follow the months.
 
 **What.** One invoice per advertiser with activity in the month (a row in the exports it covers). The exports it
 covers are the closed periods of the month, and a period of an earlier, already invoiced month that was closed after
@@ -103,47 +103,44 @@ def month_of_ms(at_ms: int) -> str:
     return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m")
 
 
-def month_ready(
-    month: str,
-    periods: Periods,
-    now_ms: int,
-    horizon_ms: int,
-    versions: Mapping[str, int],
-    states: Mapping[str, PeriodState],
-) -> str | None:
-    """None when every period of the month is closed (its last period's horizon passed, and each period that holds
-    data closed); otherwise why not, in words."""
-    start, end = month_bounds(month)
-    last_close = end + horizon_ms
-    if now_ms < last_close:
-        return f"its last period closes after {format_utc(last_close)} (the month's end and the lateness horizon)"
-    keys = {p for p in (*versions, *states) if start <= periods.parse_key(p) < end}
-    still_open = sorted(p for p in keys if not (p in states and states[p].closed))
-    if still_open:
-        listed = ", ".join(still_open[:3]) + (", ..." if len(still_open) > 3 else "")
-        return f"{len(still_open)} period(s) not closed yet: {listed}"
-    return None
+@dataclass(frozen=True, slots=True)
+class PeriodClosing:
+    """Which periods are closed, as invoicing reads it: the period grid, the lateness horizon, each period's data
+    version (a period with data has one) and reconciliation's state of it (a closed period's says when it closed)."""
 
+    periods: Periods
+    horizon_ms: int
+    versions: Mapping[str, int]
+    states: Mapping[str, PeriodState]
 
-def months_to_issue(
-    issued: Iterable[str],
-    periods: Periods,
-    now_ms: int,
-    horizon_ms: int,
-    versions: Mapping[str, int],
-    states: Mapping[str, PeriodState],
-) -> tuple[list[str], dict[str, str]]:
-    """The months to invoice now, oldest first, and the first month that must wait, with why: every month with data
-    that is not invoiced yet, in order, up to the first one that is not ready (a month waits for the one before)."""
-    done = set(issued)
-    months = sorted({month_of(p) for p in (*versions, *states)} - done)
-    ready: list[str] = []
-    for month in months:
-        reason = month_ready(month, periods, now_ms, horizon_ms, versions, states)
-        if reason is not None:
-            return ready, {month: reason}
-        ready.append(month)
-    return ready, {}
+    def month_ready(self, month: str, now_ms: int) -> str | None:
+        """None when every period of the month is closed (its last period's horizon passed, and each period that
+        holds data closed); otherwise why not, in words."""
+        start, end = month_bounds(month)
+        last_close = end + self.horizon_ms
+        if now_ms < last_close:
+            return f"its last period closes after {format_utc(last_close)} (the month's end and the lateness horizon)"
+        states = self.states
+        keys = {p for p in (*self.versions, *states) if start <= self.periods.parse_key(p) < end}
+        still_open = sorted(p for p in keys if not (p in states and states[p].closed))
+        if still_open:
+            listed = ", ".join(still_open[:3]) + (", ..." if len(still_open) > 3 else "")
+            return f"{len(still_open)} period(s) not closed yet: {listed}"
+        return None
+
+    def months_to_issue(self, issued: Iterable[str], now_ms: int) -> tuple[list[str], dict[str, str]]:
+        """The months to invoice now, oldest first, and the first month that must wait, with why: every month with
+        data that is not invoiced yet, in order, up to the first one that is not ready (a month waits for the one
+        before)."""
+        done = set(issued)
+        months = sorted({month_of(p) for p in (*self.versions, *self.states)} - done)
+        ready: list[str] = []
+        for month in months:
+            reason = self.month_ready(month, now_ms)
+            if reason is not None:
+                return ready, {month: reason}
+            ready.append(month)
+        return ready, {}
 
 
 # --- Lines and totals ---------------------------------------------------------------------------------------
@@ -550,94 +547,89 @@ class Issued:
         return out
 
 
-def issue_month(
-    book: InvoiceBook,
-    source: InvoiceSource,
-    profiles: BillingProfiles,
-    month: str,
-    clock: Callable[[], int],
-    terms: InvoiceTerms = InvoiceTerms(),
-    campaign_names: Mapping[str, str] | None = None,
-) -> list[Invoice]:
-    """Issue the month's invoices not issued yet (all of them, the first time), under the book's lock, and return
-    them. The caller has checked that the month is ready (`month_ready`). Idempotent: a month issued is left alone;
-    one stopped half-way is completed from its plan."""
-    parse_month(month)
-    made: list[Invoice] = []
-    with book.lock():
-        if month in book.issued_months():
-            return made
-        plan = book.plan(month)
-        if plan is None:
-            planned = book.planned_periods()
-            earlier = {m for m in book.issued_months() if m < month}
-            covered = sorted(
-                p for p in source.exported() if month_of(p) == month or (month_of(p) in earlier and p not in planned)
-            )
-            advertisers = sorted({f.advertiser_id for f in source.figures(covered)})
-            plan = MonthPlan(month, tuple(covered), tuple(advertisers), clock())
-            book.write_plan(plan)
-        missing = [a for a in plan.advertisers if not book.has(month, a)]
-        if missing:
-            rows = source.figures(plan.periods)
-            fixes = source.corrections(plan.periods)
-            number = book.last_number()
-            for advertiser_id in missing:
-                number += 1
-                invoice = build_invoice(
-                    number,
-                    month,
-                    advertiser_id,
-                    [r for r in rows if r.advertiser_id == advertiser_id],
-                    [c for c in fixes if c.advertiser_id == advertiser_id],
-                    profiles,
-                    plan.periods,
-                    clock(),
-                    terms,
-                    campaign_names,
+@dataclass(frozen=True, slots=True)
+class Issuer:
+    """Issues invoices into `book` from the exports' figures (`source`), with the billing profiles in force, the
+    clock that dates them, the payment terms and the campaigns' names to print."""
+
+    book: InvoiceBook
+    source: InvoiceSource
+    profiles: BillingProfiles
+    clock: Callable[[], int]
+    terms: InvoiceTerms = InvoiceTerms()
+    campaign_names: Mapping[str, str] | None = None
+
+    def issue_month(self, month: str) -> list[Invoice]:
+        """Issue the month's invoices not issued yet (all of them, the first time), under the book's lock, and return
+        them. The caller has checked that the month is ready (`PeriodClosing.month_ready`). Idempotent: a month issued
+        is left alone; one stopped half-way is completed from its plan."""
+        parse_month(month)
+        book, source, clock = self.book, self.source, self.clock
+        made: list[Invoice] = []
+        with book.lock():
+            if month in book.issued_months():
+                return made
+            plan = book.plan(month)
+            if plan is None:
+                planned = book.planned_periods()
+                earlier = {m for m in book.issued_months() if m < month}
+                covered = sorted(
+                    p
+                    for p in source.exported()
+                    if month_of(p) == month or (month_of(p) in earlier and p not in planned)
                 )
-                book.write(invoice)
-                made.append(invoice)
-        book.mark_issued(month)
-    return made
+                advertisers = sorted({f.advertiser_id for f in source.figures(covered)})
+                plan = MonthPlan(month, tuple(covered), tuple(advertisers), clock())
+                book.write_plan(plan)
+            missing = [a for a in plan.advertisers if not book.has(month, a)]
+            if missing:
+                rows = source.figures(plan.periods)
+                fixes = source.corrections(plan.periods)
+                number = book.last_number()
+                for advertiser_id in missing:
+                    number += 1
+                    invoice = build_invoice(
+                        number,
+                        month,
+                        advertiser_id,
+                        [r for r in rows if r.advertiser_id == advertiser_id],
+                        [c for c in fixes if c.advertiser_id == advertiser_id],
+                        self.profiles,
+                        plan.periods,
+                        clock(),
+                        self.terms,
+                        self.campaign_names,
+                    )
+                    book.write(invoice)
+                    made.append(invoice)
+            book.mark_issued(month)
+        return made
 
-
-def issue_ready(
-    book: InvoiceBook,
-    source: InvoiceSource,
-    profiles: BillingProfiles,
-    periods: Periods,
-    horizon_ms: int,
-    versions: Mapping[str, int],
-    states: Mapping[str, PeriodState],
-    clock: Callable[[], int],
-    terms: InvoiceTerms = InvoiceTerms(),
-    only: str | None = None,
-    campaign_names: Mapping[str, str] | None = None,
-) -> Issued:
-    """Issue every month that is ready and not invoiced yet, oldest first (`months_to_issue`); with `only`, that
-    month alone, once every month before it is invoiced (InvoiceError when it is not ready, with why)."""
-    ready, waiting = months_to_issue(book.issued_months(), periods, clock(), horizon_ms, versions, states)
-    done = Issued(waiting=waiting)
-    if only is not None:
-        parse_month(only)
-        if only in book.issued_months():
-            return Issued()
-        if only not in ready:
-            first = next(iter(waiting), None)
-            if first is None or first > only:
-                why = "no period of it holds data"
-            elif first == only:
-                why = waiting[only]
-            else:
-                why = f"{first} comes first and is not ready ({waiting[first]})"
-            raise InvoiceError(f"{only} cannot be invoiced yet: {why}")
-        ready = [m for m in ready if m <= only]
-        done.waiting = {}
-    for month in ready:
-        done.invoices += issue_month(book, source, profiles, month, clock, terms, campaign_names)
-        done.months.append(month)
-    return done
+    def issue_ready(self, closing: PeriodClosing, only: str | None = None) -> Issued:
+        """Issue every month that is ready and not invoiced yet, oldest first (`PeriodClosing.months_to_issue`); with
+        `only`, that month alone, once every month before it is invoiced (InvoiceError when it is not ready, with
+        why)."""
+        ready, waiting = closing.months_to_issue(self.book.issued_months(), self.clock())
+        done = Issued(waiting=waiting)
+        if only is not None:
+            parse_month(only)
+            if only in self.book.issued_months():
+                return Issued()
+            if only not in ready:
+                first = next(iter(waiting), None)
+                if first is None or first > only:
+                    why = "no period of it holds data"
+                elif first == only:
+                    why = waiting[only]
+                else:
+                    why = f"{first} comes first and is not ready ({waiting[first]})"
+                raise InvoiceError(f"{only} cannot be invoiced yet: {why}")
+            ready = [m for m in ready if m <= only]
+            done.waiting = {}
+        for month in ready:
+            done.invoices += self.issue_month(month)
+            done.months.append(month)
+        return done
 
 
 def _ms(day: date) -> int:

@@ -357,8 +357,8 @@ class ReconcilePorts:
     invoices: Callable[[Mapping[str, int], Mapping[str, PeriodState], int], list[str]] = (
         lambda versions, states, now_ms: []
     )
-    """Issue the monthly invoices of every month whose periods are all closed now (`billing.invoices.issue_ready`,
-    from the periods' data versions and states); what it did, in words."""
+    """Issue the monthly invoices of every month whose periods are all closed now
+    (`billing.invoices.Issuer.issue_ready`, from the periods' data versions and states); what it did, in words."""
 
 
 def reconcile_periods(

@@ -594,23 +594,15 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
         for entry in found.prices:
             print(describe_entry(entry, found.currency))
         return 0
-    from billing.catalog_changes import catalog_change
+    from billing.catalog_changes import AdRequest
     from billing.store.catalog_db import Scope
 
     at_ms = parse_time(args.at, "--at") if args.at else None
+    asked = AdRequest(args.action, args.ad_id, args.cpc_micros, args.campaign, args.advertiser, args.currency)
 
     def request(current: Catalog | None, now: int) -> AdChange:
         # Read against the catalog as the lock holds it, and "now" read under the lock (an absent --at).
-        return catalog_change(
-            args.action,
-            args.ad_id,
-            now if at_ms is None else at_ms,
-            current,
-            cpc_micros=args.cpc_micros,
-            campaign_id=args.campaign,
-            advertiser_id=args.advertiser,
-            currency=args.currency,
-        )
+        return asked.change(now if at_ms is None else at_ms, current)
 
     # One change and the process ends: only what it is about is read, not the whole catalog.
     about = Scope(

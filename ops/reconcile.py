@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from billing.catalog import Catalog
 from billing.invalid import DEFAULT_RULES, IvtRules
-from billing.invoices import InvoiceError, InvoiceTerms, issue_ready
+from billing.invoices import InvoiceError, InvoiceTerms, Issuer, PeriodClosing
 from billing.layout import DataLayout
 from billing.money import Amounts
 from billing.periods import Periods
@@ -504,13 +504,13 @@ def issue_invoices(
     clock: Callable[[], int],
     only: str | None = None,
 ) -> list[str]:
-    """Issue the monthly invoices of every month whose periods are all closed (`billing.invoices.issue_ready`) from
-    the exports and the corrections of the data folder, and the billing profiles and campaign names of the database
+    """Issue the monthly invoices of every month whose periods are all closed (`billing.invoices.Issuer.issue_ready`)
+    from the exports and the corrections of the data folder, and the billing profiles and campaign names of the database
     (`config.database_url`); what was done, in words. A failure is said, not raised: the reconciliation run's work
-    stands, and the next run (or `adbill invoices issue`) tries again. While the database cannot be reached no
-    invoice is issued: an invoice keeps the profile and the names it was issued with, never none for want of them.
-    The invoices and their numbers are the database's (`billing.store.invoice_db`); a file an issuer did not write
-    (it stopped after its commit) is written from the database here."""
+    stands, and the next run (or `adbill invoices issue`) tries again. While the database cannot be reached no invoice
+    is issued: an invoice keeps the profile and the names it was issued with, never none for want of them. The invoices
+    and their numbers are the database's (`billing.store.invoice_db`); a file an issuer did not write (it stopped after
+    its commit) is written from the database here."""
     layout = config.layout
     if not config.database_url:
         if only is not None:
@@ -518,19 +518,15 @@ def issue_invoices(
         return ["invoices not issued: no database holds the billing profiles (ReconcileConfig.database_url)"]
     book = InvoiceDatabase(config.database_url, layout)
     try:
-        done = issue_ready(
+        issuer = Issuer(
             book,
             ExportInvoiceSource(layout),
             ProfileDatabase(config.database_url, imports=layout.billing_profiles_file).current(),
-            Periods(config.period_ms),
-            config.horizon_ms,
-            versions,
-            states,
             clock,
             config.invoice_terms,
-            only,
             NamesDatabase(config.database_url, imports=layout.names_file).named("campaign"),
         )
+        done = issuer.issue_ready(PeriodClosing(Periods(config.period_ms), config.horizon_ms, versions, states), only)
         written = book.write_files()  # those an issuer committed and stopped before it wrote
     except (InvoiceError, InvoiceStoreError, OSError, ValueError, DatabaseUnavailable) as exc:
         if only is not None:

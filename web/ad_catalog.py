@@ -17,13 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from functools import partial
 
 from flask import Flask, abort, current_app, g, request
 
 from billing.budgets import BudgetChange
 from billing.catalog import Ad, Catalog, CatalogChange, CatalogError, MadeBy, PriceChange
-from billing.catalog_changes import ACTIONS, budget_change, catalog_change, exclusion_change
+from billing.catalog_changes import ACTIONS, AdRequest, budget_change, exclusion_change
 from billing.invalid import ExclusionChange, IpExclusions
 from billing.money import minor_digits, parse_amount
 from billing.store.catalog_db import CatalogDatabase, LogEntries
@@ -182,7 +181,7 @@ def amount_rule(currency: str, minor_unit: bool) -> str:
 def form_micros(
     form: dict[str, str], units_field: str, micros_field: str, what: str, currency: str = "", minor_unit: bool = False
 ) -> str | None:
-    """The amount a form asks for, in micros as text (`catalog_change` and `budget_change` read it as the command
+    """The amount a form asks for, in micros as text (`AdRequest.change` and `budget_change` read it as the command
     reads its micros): typed in currency units in `units_field` (`0.50`, converted exactly: the digits are moved, no
     float), or in micros in `micros_field` (scripts, older forms); None when neither is given. Typed in units, it is
     checked here, before the catalog, with a message in the currency as typed (FieldError): a number, not negative,
@@ -285,34 +284,16 @@ class Made:
     entry: PriceChange
 
 
-def make_change(
-    action: str,
-    ad_id: str,
-    at_ms: int | None,
-    *,
-    cpc_micros: object = None,
-    campaign_id: str | None = None,
-    advertiser_id: str | None = None,
-    currency: str | None = None,
-) -> Made:
-    """Read the request (`catalog_change`) against the catalog as the database holds it, make it
+def make_change(asked: AdRequest, at_ms: int | None) -> Made:
+    """Read the request (`AdRequest.change`) against the catalog as the database holds it, make it
     (`Catalog.with_change`) and write it, all under the catalog's lock (`CatalogDatabase.change`), so a request
     is judged against the catalog it changes, and "now" (the effective time when `at_ms` is None) is read under the
     lock too, so a change that waited for the lock never takes effect in the past; CatalogError, with the command
     line's one-line message, when it is refused."""
-    if action not in ACTIONS:
-        raise CatalogError(f"unknown catalog action {action!r}; one of {', '.join(ACTIONS)}")
-    asked = partial(
-        catalog_change,
-        action,
-        ad_id,
-        cpc_micros=cpc_micros,
-        campaign_id=campaign_id,
-        advertiser_id=advertiser_id,
-        currency=currency,
-    )
-    changed = _change_from(at_ms, asked, made_by())
-    ad = changed[ad_id]
+    if asked.action not in ACTIONS:
+        raise CatalogError(f"unknown catalog action {asked.action!r}; one of {', '.join(ACTIONS)}")
+    changed = _change_from(at_ms, asked.change, made_by())
+    ad = changed[asked.ad_id]
     entry = next(p for p in ad.prices if p.version == changed.version)
     return Made(changed, ad, entry)
 

@@ -19,7 +19,8 @@
 Prices and budgets are micros written as JSON strings (`"cpc_micros": "250000"`, as every amount of the API,
 `web.api`); a request may send one as a string or a number. Each budget and exclusion entry says who made it,
 through which door (`page`, `api`, `api token TOKEN_ID`, `command`) and when. A refused change answers 400
-`{"error": MESSAGE, "status": 400}` with the command line's one-line message; a change made answers 201 with the ad,
+`{"error": MESSAGE, "status": 400}` with the command line's one-line message (`refused`, the blueprint's handler of
+`CatalogError`: 404 for an ad the catalog does not know); a change made answers 201 with the ad,
 the campaign's budget or the list. Access as the pages
 (`web.ad_catalog.catalog_or_404`, `web.guards`); the login and token checks are the API blueprint's
 (`web.guards.api_login`), and a request with a token needs no CSRF token.
@@ -32,8 +33,8 @@ from typing import Any
 from flask import Blueprint, Response, abort, jsonify, request, url_for
 
 from billing.budgets import utc_day
-from billing.catalog import Ad, CatalogError, PriceChange
-from billing.catalog_changes import change_action
+from billing.catalog import Ad, CatalogError, PriceChange, UnknownAdError
+from billing.catalog_changes import AdRequest, change_action
 from billing.invalid import ExclusionChange, IpExclusions
 from web.ad_catalog import (
     ADS_PAGE,
@@ -118,44 +119,27 @@ def catalog_ad_prices(ad_id: str) -> Response:
 @bp.post("/catalog/ads")
 def create_ad() -> Response:
     catalog_or_404(change=True)
-    try:
-        body = _body(_CREATE_FIELDS)
-        ad_id = _text(body, "ad_id") or ""
-        owners = _owners(body)
-        check_ids(ad_id=ad_id, campaign_id=owners["campaign_id"], advertiser_id=owners["advertiser_id"])
-        made = make_change(
-            "create-ad",
-            ad_id,
-            effective_from_json(body.get("effective_from")),
-            cpc_micros=body.get("cpc_micros"),
-            **owners,
-        )
-    except CatalogError as refused:
-        return _refused(refused)
+    body = _body(_CREATE_FIELDS)
+    ad_id = _text(body, "ad_id") or ""
+    owners = _owners(body)
+    check_ids(ad_id=ad_id, campaign_id=owners["campaign_id"], advertiser_id=owners["advertiser_id"])
+    asked = AdRequest("create-ad", ad_id, body.get("cpc_micros"), **owners)
+    made = make_change(asked, effective_from_json(body.get("effective_from")))
     return _made(made, services().clock())
 
 
 @bp.post("/catalog/ads/<ad_id>/prices")
 def change_ad(ad_id: str) -> Response:
     change_or_404(ad_id)
-    try:
-        body = _body(_CHANGE_FIELDS)
-        action = body.get("action")
-        if action is None:
-            action = "pause" if "cpc_micros" in body and body["cpc_micros"] is None else "set-price"
-        action = change_action(action)
-        if action == "pause" and body.get("cpc_micros") is not None:
-            raise CatalogError(f"pause {ad_id}: a pause has no price (cpc_micros null or absent)")
-        made = make_change(
-            action,
-            ad_id,
-            effective_from_json(body.get("effective_from")),
-            cpc_micros=body.get("cpc_micros"),
-            **_owners(body),
-        )
-    except CatalogError as refused:
-        # A change of an ad the catalog does not know: the ad is what is missing (404), with the command's words.
-        return _refused(refused, 404 if services().catalog.get().get(ad_id) is None else 400)
+    body = _body(_CHANGE_FIELDS)
+    action = body.get("action")
+    if action is None:
+        action = "pause" if "cpc_micros" in body and body["cpc_micros"] is None else "set-price"
+    action = change_action(action)
+    if action == "pause" and body.get("cpc_micros") is not None:
+        raise CatalogError(f"pause {ad_id}: a pause has no price (cpc_micros null or absent)")
+    asked = AdRequest(action, ad_id, body.get("cpc_micros"), **_owners(body))
+    made = make_change(asked, effective_from_json(body.get("effective_from")))
     return _made(made, services().clock())
 
 
@@ -223,7 +207,11 @@ def _owners(body: dict[str, Any]) -> dict[str, str | None]:
     return {name: _text(body, name) for name in ("campaign_id", "advertiser_id", "currency")}
 
 
-def _refused(error: CatalogError, status: int = 400) -> Response:
+@bp.errorhandler(CatalogError)
+def refused(error: CatalogError) -> Response:
+    """A change refused, with the command line's one-line message: 400, or 404 when the ad to change is what is
+    missing (`UnknownAdError`)."""
+    status = 404 if isinstance(error, UnknownAdError) else 400
     response = jsonify({"error": str(error), "status": status})
     response.status_code = status
     return response
@@ -284,17 +272,14 @@ def campaign_budgets(campaign_id: str) -> Response:
 def set_budget(campaign_id: str) -> Response:
     """`{"daily_budget_micros": "50000000" | 50000000 | null, "effective_from": ms?}`: null is unlimited."""
     change_or_404(campaign_id)
-    try:
-        body = _body(_BUDGET_FIELDS)
-        given = body.get("daily_budget_micros")
-        made = make_budget_change(
-            campaign_id,
-            effective_from_json(body.get("effective_from")),
-            daily_micros=given,
-            unlimited="daily_budget_micros" in body and given is None,
-        )
-    except CatalogError as refused:
-        return _refused(refused)
+    body = _body(_BUDGET_FIELDS)
+    given = body.get("daily_budget_micros")
+    made = make_budget_change(
+        campaign_id,
+        effective_from_json(body.get("effective_from")),
+        daily_micros=given,
+        unlimited="daily_budget_micros" in body and given is None,
+    )
     document = {
         **budget_document(BudgetStatus.of(made.catalog, campaign_id, services().clock())),
         "catalog_version": made.catalog.version,
@@ -320,19 +305,16 @@ def change_ip_exclusions() -> Response:
     """`{"cidr": "203.0.113.0/24", "excluded": true | false, "effective_from": ms?}`: exclude the range, or include
     it again, from then on."""
     exclusions_or_404()
-    try:
-        body = _body(_EXCLUSION_FIELDS)
-        excluded = body.get("excluded")
-        if not isinstance(excluded, bool):
-            raise CatalogError("give excluded: true to exclude the range, or false to include it again")
-        cidr = body.get("cidr")
-        if not isinstance(cidr, str):
-            raise CatalogError(f"cidr is an IP range such as 203.0.113.0/24 or 2001:db8::/32, got {cidr!r}")
-        changed, entry = make_exclusion_change(
-            "exclude" if excluded else "include", cidr, effective_from_json(body.get("effective_from"))
-        )
-    except CatalogError as refused:
-        return _refused(refused)
+    body = _body(_EXCLUSION_FIELDS)
+    excluded = body.get("excluded")
+    if not isinstance(excluded, bool):
+        raise CatalogError("give excluded: true to exclude the range, or false to include it again")
+    cidr = body.get("cidr")
+    if not isinstance(cidr, str):
+        raise CatalogError(f"cidr is an IP range such as 203.0.113.0/24 or 2001:db8::/32, got {cidr!r}")
+    changed, entry = make_exclusion_change(
+        "exclude" if excluded else "include", cidr, effective_from_json(body.get("effective_from"))
+    )
     document = {
         **_exclusions_document(changed.exclusions, changed.version, services().clock()),
         "made": _exclusion(entry),

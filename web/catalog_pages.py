@@ -18,7 +18,7 @@ from werkzeug.wrappers import Response
 
 from billing.budgets import utc_day
 from billing.catalog import CatalogError
-from billing.catalog_changes import change_action
+from billing.catalog_changes import AdRequest, change_action
 from web.ad_catalog import (
     ADS_PAGE,
     UNTYPED,
@@ -87,12 +87,9 @@ def create_ad() -> Response | str | tuple[str, int]:
             ad_id=form["ad_id"], campaign_id=form["campaign_id"] or None, advertiser_id=form["advertiser_id"] or None
         )
         currency = form["currency"].upper() or services().catalog.get().currency_of(form["advertiser_id"]) or ""
+        price = form_micros(form, "price", "cpc_micros", "a price", currency)
         made = make_change(
-            "create-ad",
-            form["ad_id"],
-            typed_time(form["effective_from"]),
-            cpc_micros=form_micros(form, "price", "cpc_micros", "a price", currency),
-            **_owners(form),
+            AdRequest("create-ad", form["ad_id"], price, **_owners(form)), typed_time(form["effective_from"])
         )
     except CatalogError as refused:
         return catalog(Typed.refused(form, refused))
@@ -123,13 +120,8 @@ def change_ad(ad_id: str) -> Response | str | tuple[str, int]:
     try:
         action = change_action(form["action"])
         known = services().catalog.get().get(ad_id)
-        made = make_change(
-            action,
-            ad_id,
-            typed_time(form["effective_from"]),
-            cpc_micros=form_micros(form, "price", "cpc_micros", "a price", known.currency if known else ""),
-            **_owners(form),
-        )
+        price = form_micros(form, "price", "cpc_micros", "a price", known.currency if known else "")
+        made = make_change(AdRequest(action, ad_id, price, **_owners(form)), typed_time(form["effective_from"]))
     except CatalogError as refused:
         return ad(ad_id, Typed.refused(form, refused))
     return redirect(url_for(".ad", ad_id=made.ad.ad_id, made=made.entry.version), code=303)

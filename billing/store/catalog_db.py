@@ -50,7 +50,7 @@ from billing.catalog import (
     MadeBy,
     PriceChange,
 )
-from billing.change_log import ChangeEntry, describe_change, describe_made, merge_log, read_lines
+from billing.change_log import ChangeEntry, Provenance, describe_change, describe_made, merge_log, read_lines
 from billing.invalid import ExclusionChange, IpExclusions
 from billing.store import database
 from billing.store.catalog_file import (
@@ -350,7 +350,7 @@ class CatalogDatabase(database.HeldReader):
                     changed = (current if current is not None else Catalog([])).apply(asked, now_ms, backfill)
                     _write_change(connection, current if current is not None else Catalog([]), changed, asked)
                     who = made_by or getattr(asked, "made_by", None)
-                    _log(connection, describe_made(changed, asked, now_ms, who, backfill))
+                    _log(connection, describe_made(changed, asked, Provenance(now_ms, who, backfill)))
                     generation = held.generation if held is not None else 1
                     _set_head(connection, changed.version, generation)
             except integrity_errors() as exc:
@@ -389,7 +389,7 @@ class CatalogDatabase(database.HeldReader):
                 _clear(connection)
                 generation += 1
             _write_whole(connection, catalog)
-            _log(connection, describe_change(catalog, catalog.version, wall_clock_ms(), made_by))
+            _log(connection, describe_change(catalog, catalog.version, Provenance(wall_clock_ms(), made_by)))
             _set_head(connection, catalog.version, generation)
             self._held = Held(catalog, generation)
 

@@ -11,8 +11,8 @@ Tables (docs/catalog-database.md, "Invoices"):
 
 **Issuing.** `lock()` is one transaction that first takes the invoices' advisory lock (`pg_advisory_xact_lock`): one
 issuer at a time on any host, the second waits for the first to commit and then finds the month issued. Under it
-the issuer (`billing.invoices.issue_month`) reads the highest number, writes the month's plan, each invoice with the
-next number and the month's mark; all of it commits together when the block ends, or none of it.
+the issuer (`billing.invoices.Issuer.issue_month`) reads the highest number, writes the month's plan, each invoice with
+the next number and the month's mark; all of it commits together when the block ends, or none of it.
 
 **The files.** Finance reads each invoice as a file, `ROOT/invoices/MONTH/ADVERTISER.json` (read-only, as before).
 A file is written from its row only once the row is committed, right after the commit; a missing file is written

@@ -14,7 +14,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from billing.invoices import issue_month, month_of_ms
+from billing.invoices import Issuer, month_of_ms
 from billing.store.invoice_files import ExportInvoiceSource
 from tests.e2e.test_browser import (  # noqa: F401
     WIDTHS,
@@ -46,7 +46,7 @@ def invoiced(served: Served) -> Served:  # noqa: F811
         settings = served.seeded.settings
         write_closed_month(layout, served.seeded.catalog, OWN, OTHER, settings.database_url)
         profiles = settings.profile_store().current()
-        issue_month(book, ExportInvoiceSource(layout), profiles, MONTH, lambda: 1_767_250_000_000)
+        Issuer(book, ExportInvoiceSource(layout), profiles, lambda: 1_767_250_000_000).issue_month(MONTH)
     return served
 
 

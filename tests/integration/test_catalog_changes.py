@@ -21,7 +21,7 @@ from attribution.audit import audit
 from attribution.job import BatchSink, start
 from attribution.restore import restore_redis
 from billing.catalog import Ad, AdChange, Catalog
-from billing.catalog_changes import catalog_change
+from billing.catalog_changes import AdRequest
 from billing.events import Click, Event, Impression
 from billing.periods import Periods
 from billing.store.export_files import export_folder
@@ -110,7 +110,7 @@ def test_a_catalog_changed_under_the_running_job_prices_every_click_by_its_histo
 
     def backfill(action: str, ad_id: str, at_ms: int, **given: object) -> None:
         # Effective times in the past of the machine's clock: the traffic's times are 2026-01-01's.
-        store.change(catalog_change(action, ad_id, at_ms, store.current(), **given), lambda: now_ms, backfill=True)
+        store.change(AdRequest(action, ad_id, **given).change(at_ms, store.current()), lambda: now_ms, backfill=True)
 
     queries = start(spark, stream_config(settings))
     stream = Feed(settings, queries)

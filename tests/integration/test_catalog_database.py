@@ -24,7 +24,7 @@ from billing.catalog import (
     MadeBy,
     generate_catalog,
 )
-from billing.change_log import describe_change
+from billing.change_log import Provenance, describe_change
 from billing.store.catalog_db import CatalogDatabase, Scope
 from billing.store.catalog_file import save_catalog
 from billing.store.database import CONNECT_TIMEOUT_S
@@ -149,7 +149,10 @@ def test_a_data_folders_catalog_file_is_taken_in_once_with_its_change_log(tmp_pa
     v1 = _catalog().with_change(AdChange("ad-2", NOW + 5, 800_000), NOW)
     v2 = v1.with_budget("c-1", NOW + 6, 2_000_000, NOW, made_by=bo)
     save_catalog(v2, path)
-    lines = [describe_change(v1, 1, NOW, ana).to_json(), describe_change(v2, 2, NOW, bo).to_json()]
+    lines = [
+        describe_change(v1, 1, Provenance(NOW, ana)).to_json(),
+        describe_change(v2, 2, Provenance(NOW, bo)).to_json(),
+    ]
     (tmp_path / "catalog-changes.jsonl").write_text("\n".join(lines) + "\n")
 
     store = CatalogDatabase(database, imports=path)

@@ -19,9 +19,9 @@ from billing.invoices import (
     ExportFigures,
     Invoice,
     InvoiceError,
+    Issuer,
     MonthPlan,
-    issue_month,
-    issue_ready,
+    PeriodClosing,
 )
 from billing.layout import DataLayout
 from billing.periods import Periods
@@ -103,12 +103,14 @@ def test_a_crash_at_any_step_leaves_no_gap_and_no_duplicate(tmp_path: Path, data
                 raise Crash(name)
 
     with pytest.raises(Crash):
-        issue_month(InvoiceDatabase(database, layout, crash), source, BillingProfiles(), "2026-01", lambda: FEB + HOUR)
+        Issuer(InvoiceDatabase(database, layout, crash), source, BillingProfiles(), lambda: FEB + HOUR).issue_month(
+            "2026-01"
+        )
     book = InvoiceDatabase(database, layout)
     committed = step == "file"
     assert sorted(book.numbers()) == (list(range(1, len(ADVERTISERS) + 1)) if committed else [])
     assert len(files_of(tmp_path)) == (at - 1 if committed else 0), "a file only for a number committed"
-    again = issue_month(book, source, BillingProfiles(), "2026-01", lambda: FEB + 2 * HOUR)
+    again = Issuer(book, source, BillingProfiles(), lambda: FEB + 2 * HOUR).issue_month("2026-01")
     assert len(again) == (0 if committed else len(ADVERTISERS))
     numbers = book.numbers()
     assert sorted(numbers) == list(range(1, len(ADVERTISERS) + 1))
@@ -120,14 +122,14 @@ def test_a_crash_at_any_step_leaves_no_gap_and_no_duplicate(tmp_path: Path, data
         assert path.read_text() == invoice.to_json()
     # February continues the sequence.
     source.periods.append("20260203T0000Z")
-    issue_month(book, source, BillingProfiles(), "2026-02", lambda: FEB + 40 * 24 * HOUR)
+    Issuer(book, source, BillingProfiles(), lambda: FEB + 40 * 24 * HOUR).issue_month("2026-02")
     assert sorted(book.numbers()) == list(range(1, 2 * len(ADVERTISERS) + 1)) == sorted(files_of(tmp_path))
 
 
 def _issue_in_process(url: str, root: str, start: int) -> int:
     source = FakeSource(["20260105T1000Z"], [f"adv-{n:03d}" for n in range(40)])
     book = InvoiceDatabase(url, DataLayout(Path(root)))
-    return len(issue_month(book, source, BillingProfiles(), "2026-01", lambda: FEB + start))
+    return len(Issuer(book, source, BillingProfiles(), lambda: FEB + start).issue_month("2026-01"))
 
 
 def test_two_issuers_at_once_issue_each_invoice_once_with_consecutive_numbers(tmp_path: Path, database: str) -> None:
@@ -146,14 +148,14 @@ def test_an_issued_invoice_never_changes(tmp_path: Path, database: str) -> None:
     book = InvoiceDatabase(database, layout)
     source = FakeSource(["20260105T1000Z"], ["adv-1"])
     profiles = BillingProfiles([BillingProfile("adv-1", "Acme", "Paris", "FR1", "20", 0, 1)], 1)
-    first = issue_month(book, source, profiles, "2026-01", lambda: FEB + HOUR)
+    first = Issuer(book, source, profiles, lambda: FEB + HOUR).issue_month("2026-01")
     path = tmp_path / "invoices" / "2026-01" / "adv-1.json"
     kept = path.read_bytes()
     assert not os.access(path, os.W_OK) or os.geteuid() == 0, "the file is read-only"
     # New data for January's period, a new profile, an issue again: nothing is re-issued or rewritten.
     source.advertisers.append("adv-2")
     changed = BillingProfiles([BillingProfile("adv-1", "Other", "Rome", "IT1", "22", 0, 1)], 1)
-    assert issue_month(book, source, changed, "2026-01", lambda: FEB + 5 * HOUR) == []
+    assert Issuer(book, source, changed, lambda: FEB + 5 * HOUR).issue_month("2026-01") == []
     assert path.read_bytes() == kept and book.invoice("2026-01", "adv-1") == first[0]
     assert book.invoice("2026-01", "adv-2") is None, "the month's plan is kept: a late advertiser is not added"
     with pytest.raises(InvoiceStoreError, match="issued once"):
@@ -176,9 +178,9 @@ def test_an_issued_invoice_never_changes(tmp_path: Path, database: str) -> None:
 def test_a_period_closed_after_its_month_was_invoiced_goes_on_the_next_invoice(tmp_path: Path, database: str) -> None:
     book = InvoiceDatabase(database, DataLayout(tmp_path))
     source = FakeSource(["20260105T1000Z"], ["adv-1"])
-    issue_month(book, source, BillingProfiles(), "2026-01", lambda: FEB + HOUR)
+    Issuer(book, source, BillingProfiles(), lambda: FEB + HOUR).issue_month("2026-01")
     source.periods += ["20260110T0300Z", "20260201T0000Z"]  # a January hour that had no data closes late
-    [february] = issue_month(book, source, BillingProfiles(), "2026-02", lambda: FEB + 40 * 24 * HOUR)
+    [february] = Issuer(book, source, BillingProfiles(), lambda: FEB + 40 * 24 * HOUR).issue_month("2026-02")
     assert february.periods == ("20260110T0300Z", "20260201T0000Z")
     late = [ln for ln in february.lines if ln.corrects == ("20260110T0300Z",)]
     assert late and late[0].kind == CHARGES and "closed after its month" in late[0].description
@@ -192,22 +194,13 @@ def test_issue_ready_issues_in_order_and_says_why_a_month_waits(tmp_path: Path, 
     source = FakeSource(["20260105T1000Z"], ["adv-1"])
     states = {"20260105T1000Z": closed(), "20260203T0000Z": PeriodState(version=2)}
     versions = {"20260105T1000Z": 1, "20260203T0000Z": 2}
+    closing = PeriodClosing(Periods(), HORIZON, versions, states)
     with pytest.raises(InvoiceError, match="2026-02 cannot be invoiced yet"):
-        issue_ready(
-            book,
-            source,
-            BillingProfiles(),
-            Periods(),
-            HORIZON,
-            versions,
-            states,
-            lambda: FEB + 40 * 24 * HOUR,
-            only="2026-02",
-        )
-    done = issue_ready(book, source, BillingProfiles(), Periods(), HORIZON, versions, states, lambda: FEB + HOUR)
+        Issuer(book, source, BillingProfiles(), lambda: FEB + 40 * 24 * HOUR).issue_ready(closing, only="2026-02")
+    done = Issuer(book, source, BillingProfiles(), lambda: FEB + HOUR).issue_ready(closing)
     assert done.months == ["2026-01"] and [i.number for i in done.invoices] == [1]
     assert any("2026-02" in line and "wait" in line for line in done.describe())
-    again = issue_ready(book, source, BillingProfiles(), Periods(), HORIZON, versions, states, lambda: FEB + HOUR)
+    again = Issuer(book, source, BillingProfiles(), lambda: FEB + HOUR).issue_ready(closing)
     assert again.invoices == [] and again.months == []
 
 
@@ -281,9 +274,9 @@ def test_a_data_folder_of_an_earlier_release_is_taken_in_once(tmp_path: Path, da
     assert not (folder / "lock").exists()
     # The next issuer completes February from its plan with the next number; March goes on from there.
     source = FakeSource(["20260105T1000Z", "20260203T0000Z", "20260302T0000Z"], ["adv-a", "adv-b", "adv-c", "adv-d"])
-    [third] = issue_month(book, source, BillingProfiles(), "2026-02", lambda: FEB + 40 * 24 * HOUR)
+    [third] = Issuer(book, source, BillingProfiles(), lambda: FEB + 40 * 24 * HOUR).issue_month("2026-02")
     assert (third.number, third.advertiser_id) == (5, "adv-c")
-    march = issue_month(book, source, BillingProfiles(), "2026-03", lambda: FEB + 70 * 24 * HOUR)
+    march = Issuer(book, source, BillingProfiles(), lambda: FEB + 70 * 24 * HOUR).issue_month("2026-03")
     assert [i.number for i in march] == [6, 7, 8, 9]
     assert book.issued_months() == ["2026-01", "2026-02", "2026-03"]
     assert sorted(files_of(tmp_path)) == list(range(1, 10))

@@ -40,7 +40,7 @@ from flask.testing import FlaskClient
 from billing.budgets import day_start, utc_day
 from billing.catalog import FORMAT, Ad, AdChange, BudgetSetting, Catalog, CatalogError, MadeBy
 from billing.corrections import Correction, CorrectionKind
-from billing.invoices import issue_month
+from billing.invoices import Issuer
 from billing.periods import Periods
 from billing.store.database import connection_pool
 from billing.store.invoice_files import ExportInvoiceSource
@@ -165,13 +165,12 @@ def world(
         ids[advertiser]["click"] = plant_exported_click(settings.root, exports[-1], advertiser)
     # December closed on files and invoiced: adv-0000's and adv-0001's invoices (adv-0002 has none).
     write_closed_month(settings.layout, seeded.catalog, OWN, OTHER, settings.database_url)
-    issue_month(
+    Issuer(
         settings.invoice_store(),
         ExportInvoiceSource(settings.layout),
         settings.profile_store().current(),
-        INVOICED,
         lambda: 1_767_250_000_000,
-    )
+    ).issue_month(INVOICED)
     store = settings.tokens_store()
     tokens = {name: store.create(name)[0] for name in ACCOUNTS}
     yield World(app, seeded, clients, ids, exports[-1], tokens)

@@ -234,20 +234,16 @@ def test_campaigns_and_ads_have_names_an_admin_gives_them(seeded: Seeded) -> Non
     assert {c["campaign_id"]: c["name"] for c in doc["campaigns"]}[ad.campaign_id] == "Winter sale"
     assert {a["ad_id"]: a["name"] for a in doc["ads"]}[ad.ad_id] == "Winter banner"
     # An invoice keeps the campaign's name it was issued with.
-    from billing.invoices import issue_month
+    from billing.invoices import Issuer
     from billing.store.invoice_files import ExportInvoiceSource
 
     layout = seeded.settings.layout
     write_closed_month(layout, seeded.catalog, OWN, OTHER, seeded.settings.database_url)
     names = seeded.settings.names_store().named("campaign")
     profiles = seeded.settings.profile_store().current()
-    [own, _] = issue_month(
-        seeded.settings.invoice_store(),
-        ExportInvoiceSource(layout),
-        profiles,
-        "2025-12",
-        lambda: NOW_MS,
-        campaign_names=names,
+    issuer = Issuer(
+        seeded.settings.invoice_store(), ExportInvoiceSource(layout), profiles, lambda: NOW_MS, campaign_names=names
     )
+    [own, _] = issuer.issue_month("2025-12")
     assert own.lines[0].campaign_name == "Winter sale"
     assert "Winter sale" in alice.get(f"/advertisers/{OWN}/invoices/2025-12").text

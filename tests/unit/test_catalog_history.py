@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from billing.catalog import END_OF_TIME, Ad, AdChange, Catalog, CatalogError, PriceChange, Unbillable
-from billing.catalog_changes import ad_line_change, catalog_change, parse_price
+from billing.catalog_changes import AdRequest, ad_line_change, parse_price
 from billing.store.catalog_file import load_catalog, save_catalog
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
@@ -21,7 +21,7 @@ BASE = Catalog([Ad("ad-1", "cmp-1", "adv-1", 250_000, "EUR"), Ad("ad-2", "cmp-2"
 
 
 def change(action: str, ad_id: str, at_ms: int, catalog: Catalog = BASE, **given: object) -> Catalog:
-    return catalog.with_change(catalog_change(action, ad_id, at_ms, catalog, **given), NOW)  # type: ignore[arg-type]
+    return catalog.with_change(AdRequest(action, ad_id, **given).change(at_ms, catalog), NOW)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

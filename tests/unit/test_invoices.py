@@ -18,11 +18,10 @@ from billing.invoices import (
     Invoice,
     InvoiceError,
     InvoiceTerms,
+    PeriodClosing,
     build_invoice,
     invoice_lines,
     invoice_totals,
-    month_ready,
-    months_to_issue,
 )
 from billing.money import minor_digits, round_half_away, rounding_rule
 from billing.periods import Periods
@@ -236,22 +235,19 @@ def closed(at: int = FEB + HORIZON) -> PeriodState:
 
 
 def test_a_month_is_ready_once_every_period_of_it_is_closed() -> None:
-    periods = Periods()
     last = "20260131T2300Z"
     states = {"20260105T1000Z": closed(), last: PeriodState(version=3)}  # the last hour is not closed yet
     versions = {"20260105T1000Z": 1, last: 3, "20260201T0000Z": 4}
-    assert "after 2026-02-01T00:15:00.000Z" in (month_ready("2026-01", periods, FEB, HORIZON, versions, states) or "")
-    assert (
-        month_ready("2026-01", periods, FEB + HORIZON, HORIZON, versions, states)
-        == "1 period(s) not closed yet: 20260131T2300Z"
-    )
+    closing = PeriodClosing(Periods(), HORIZON, versions, states)  # reads the states as they are changed below
+    assert "after 2026-02-01T00:15:00.000Z" in (closing.month_ready("2026-01", FEB) or "")
+    assert closing.month_ready("2026-01", FEB + HORIZON) == "1 period(s) not closed yet: 20260131T2300Z"
     states[last] = closed()
-    assert month_ready("2026-01", periods, FEB + HORIZON, HORIZON, versions, states) is None
+    assert closing.month_ready("2026-01", FEB + HORIZON) is None
     # February is not over: January alone; and a month waits for the one before it.
-    ready, waiting = months_to_issue([], periods, FEB + HORIZON, HORIZON, versions, states)
+    ready, waiting = closing.months_to_issue([], FEB + HORIZON)
     assert ready == ["2026-01"] and list(waiting) == ["2026-02"]
     states["20251231T2300Z"] = PeriodState(version=1)  # December still has an open period
-    ready, waiting = months_to_issue([], periods, FEB + HORIZON, HORIZON, versions, states)
+    ready, waiting = closing.months_to_issue([], FEB + HORIZON)
     assert ready == [] and list(waiting) == ["2025-12"]
-    ready, _ = months_to_issue(["2025-12"], periods, FEB + HORIZON, HORIZON, versions, states)
+    ready, _ = closing.months_to_issue(["2025-12"], FEB + HORIZON)
     assert ready == ["2026-01"]
