@@ -49,7 +49,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from billing.budgets import (
@@ -152,25 +152,10 @@ class RunReport:
         return self.finished_at_ms - self.started_at_ms
 
     def record(self) -> dict[str, object]:
-        return {
-            "run_id": self.run_id,
-            "started_at_ms": self.started_at_ms,
-            "finished_at_ms": self.finished_at_ms,
-            "duration_ms": self.duration_ms,
-            "periods": self.periods,
-            "closed": self.closed,
-            "additions": self.additions,
-            "retractions": self.retractions,
-            "net_micros_by_currency": dict(sorted(self.net_micros_by_currency.items())),
-            "conflicts": self.conflicts,
-            "conflicts_sent": self.conflicts_sent,
-            "conflicts_unsent": self.conflicts_unsent,
-            "final_clicks": self.final_clicks,
-            "events": self.events,
-            "released": self.released,
-            "held": self.held,
-            "invoices": self.invoices,
-        }
+        """The run as its record keeps it (the runs log, Redis' last run): every field, the duration, and the net
+        per currency in the currencies' order."""
+        net = dict(sorted(self.net_micros_by_currency.items()))
+        return {**asdict(self), "net_micros_by_currency": net, "duration_ms": self.duration_ms}
 
 
 class FinalBills(Protocol):

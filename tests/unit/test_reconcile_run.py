@@ -26,6 +26,7 @@ from billing.reconcile_run import (
     DaysUnsettledError,
     HeldError,
     ReconcilePorts,
+    RunReport,
     reconcile_periods,
 )
 from billing.rule import BillableClick, charge
@@ -399,6 +400,17 @@ def test_the_run_that_closes_a_months_last_period_has_its_invoices_issued() -> N
     assert report.record()["invoices"] == report.invoices
     reconcile_periods(ports, Periods(H), 15 * 60_000)  # nothing due: asked again all the same (an earlier one failed)
     assert len(asked) == 2
+
+
+def test_a_runs_record_keeps_every_field_of_its_report() -> None:
+    report = RunReport("r1", 1_000, periods=["p"], closed=["p"], additions=2, held={"q": "why"}, finished_at_ms=4_000)
+    report.net_micros_by_currency.update({"USD": 7, "EUR": -3})
+    record = report.record()
+    assert set(record) == {f.name for f in dataclasses.fields(RunReport)} | {"duration_ms"}
+    assert record["duration_ms"] == 3_000 and list(record["net_micros_by_currency"]) == ["EUR", "USD"]
+    assert {k: v for k, v in record.items() if k not in ("duration_ms", "net_micros_by_currency")} == {
+        f.name: getattr(report, f.name) for f in dataclasses.fields(RunReport) if f.name != "net_micros_by_currency"
+    }
 
 
 # --- A late click inside a budget: the room it needs is taken back in the same run --------------------------------
