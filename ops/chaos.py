@@ -94,6 +94,7 @@ from ops.chaos_plan import (
     POISON_FRACTION,
     RECOVERY_DEADLINE_S,
     SCHEMA_DEPLOY_AT_S,
+    ChaosOptions,
     FaultRecord,
     WebReads,
 )
@@ -104,26 +105,10 @@ from ops.stack import local_cluster_env
 
 
 class Chaos:
-    def __init__(
-        self,
-        out: Path,
-        seed: int,
-        rate: int,
-        faults: list[str] | None = None,
-        outage_s: float = OUTAGE_S,
-        schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S,
-        invalid_traffic: bool = True,
-        changes_at_s: float = CHANGES_AT_S,
-    ) -> None:
+    def __init__(self, out: Path, options: ChaosOptions) -> None:
         self.out = out.resolve()  # the services' folders are links from the data disk: absolute ones
-        self.seed = seed
-        self.rate = rate
-        self.outage_s = outage_s
-        self.schema_deploy_at_s = schema_deploy_at_s
-        self.invalid_traffic = invalid_traffic
-        self.changes_at_s = changes_at_s
-        self.plan = list(faults or FAULTS)
-        self.rng = random.Random(seed)
+        self.options = options
+        self.rng = random.Random(options.seed)
         self.home = self.out / "home"
         self.env = cluster_env(self.home)
         self.settings = Settings.from_env(self.env)
@@ -147,9 +132,9 @@ class Chaos:
         """Each campaign's day seen charged past every budget the campaign had (`check_budgets`)."""
         self.budget_reads = 0
         self.ran_on_empty_redis = 0
+        """`redis-restarted` faults under which the job went on running on the empty Redis."""
         self.database_changes: dict[str, int] = {"confirmed": 0, "lost": 0, "twice": 0}
         """The `database` faults' changes: confirmed by a door while the database died, and of those, lost or twice."""
-        """`redis-restarted` faults under which the job went on running on the empty Redis."""
         self.catalog = self.settings.catalog_store()
         self.budget_totals = self.totals()
         """One client for the budget reads of every second (it connects again by itself after a Redis fault)."""
@@ -218,14 +203,14 @@ class Chaos:
     def run(self) -> dict[str, Any]:
         from producers.simulator import SimulationConfig
 
-        config = SimulationConfig(seed=self.seed, duration_s=1)
+        config = SimulationConfig(seed=self.options.seed, duration_s=1)
         self.home.mkdir(parents=True)
         self.mount_data_disk()
         save_catalog(config.catalog(), self.settings.catalog_file)
-        plan = list(self.plan)
+        plan = list(self.options.plan)
         self.rng.shuffle(plan)
         self.faults = [FaultRecord(kind, round(self.rng.uniform(5, 30), 1)) for kind in plan]
-        self.say(f"chaos: seed {self.seed}, {self.rate} events/s, home {self.home}; {self.disk}")
+        self.say(f"chaos: seed {self.options.seed}, {self.options.rate} events/s, home {self.home}; {self.disk}")
         self.say("chaos: plan " + ", ".join(f"{f.kind} after {f.pause_s} s" for f in self.faults))
         started = time.monotonic()
         try:
@@ -274,9 +259,9 @@ class Chaos:
             "--duration",
             "7200",
             "--rate",
-            str(self.rate),
+            str(self.options.rate),
             "--seed",
-            str(self.seed),
+            str(self.options.seed),
             "--late",
             "0",
             "--bad",
@@ -286,11 +271,11 @@ class Chaos:
             "--new-ads",
             str(NEW_ADS),
             "--deploy-schema-at",
-            str(self.schema_deploy_at_s),
+            str(self.options.schema_deploy_at_s),
             "--run-dir",
             str(run_dir),
             "--no-progress",
-            *(self.invalid_traffic_args() if self.invalid_traffic else ()),
+            *(self.invalid_traffic_args() if self.options.invalid_traffic else ()),
         ]
         log = (self.out / "traffic.log").open("ab")
         self.traffic = subprocess.Popen([sys.executable, "-m", "ops.cli", *args], env=self.env, stdout=log, stderr=log)
@@ -306,7 +291,7 @@ class Chaos:
 
         args = list(STACK_INVALID_TRAFFIC)
         args[args.index("--budget-share") + 1] = INVALID_TRAFFIC_BUDGET_SHARE
-        return [*args, "--changes-at", str(self.changes_at_s)]
+        return [*args, "--changes-at", str(self.options.changes_at_s)]
 
     def stop_traffic(self) -> dict[str, int]:
         assert self.traffic is not None
@@ -664,16 +649,16 @@ class Chaos:
 
     def fault_outage(self, fault: FaultRecord, before: int) -> None:
         pid = self.pid("stream")
-        fault.target = f"stream stopped (pid {pid}) for {self.outage_s:.0f} s under live traffic"
+        fault.target = f"stream stopped (pid {pid}) for {self.options.outage_s:.0f} s under live traffic"
         log_file = self.settings.layout.logs / "reconcile.log"
         seen = log_file.stat().st_size
         os.kill(pid, signal.SIGTERM)
-        time.sleep(self.outage_s)
+        time.sleep(self.options.outage_s)
         with log_file.open(errors="replace") as log:
             log.seek(seen)
             held = dict(re.findall(r"period (\S+) held: ([^\n]+)", log.read()))  # the last reason of each
         self.up()
-        fault.note = f"recovery includes the {self.outage_s:.0f} s outage; held while down: " + (
+        fault.note = f"recovery includes the {self.options.outage_s:.0f} s outage; held while down: " + (
             "; ".join(f"{p} ({why})" for p, why in sorted(held.items())) or "none"
         )
 
@@ -722,8 +707,8 @@ class Chaos:
             }
         )
         kinds = ["garbage", "schema", "empty"]
-        rng = random.Random(self.seed + 1)  # its own: the faults' draws stay the seed's whatever this thread does
-        interval = 1 / (self.rate * POISON_FRACTION)
+        rng = random.Random(self.options.seed + 1)  # its own: the faults' draws stay the seed's, whatever it draws
+        interval = 1 / (self.options.rate * POISON_FRACTION)
         n = 0
 
         def delivered(err: Any, msg: Any, kind: str) -> None:
@@ -878,16 +863,16 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or PROJECT_ROOT / "var" / "chaos" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     try:
-        report = Chaos(
-            out,
+        options = ChaosOptions(
             seed,
             args.rate,
-            faults,
+            faults or list(FAULTS),
             args.outage_minutes * 60,
             args.deploy_schema_at,
             args.invalid_traffic,
             args.changes_at,
-        ).run()
+        )
+        report = Chaos(out, options).run()
     except RuntimeError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 1

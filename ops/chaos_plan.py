@@ -43,6 +43,22 @@ SCHEMA_DEPLOY_AT_S = 1200.0
 the traffic started: about halfway through a full run."""
 
 
+@dataclass(frozen=True)
+class ChaosOptions:
+    """What a run is asked to do: its seed, the traffic's rate in events a second, the faults in order, how long the
+    `outage` fault keeps the job down, when the producers deploy a new schema version, whether the traffic carries
+    invalid clicks and budgets, and when the budgets and the IP exclusion list change (seconds after the traffic
+    started)."""
+
+    seed: int
+    rate: int
+    plan: list[str] = field(default_factory=lambda: list(FAULTS))
+    outage_s: float = OUTAGE_S
+    schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S
+    invalid_traffic: bool = True
+    changes_at_s: float = CHANGES_AT_S
+
+
 @dataclass
 class FaultRecord:
     """One fault of a run: when it struck, what, and how the job came back."""

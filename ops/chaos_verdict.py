@@ -18,7 +18,7 @@ from ops.chaos_books import (
     exported_books,
     final_ledger,
 )
-from ops.chaos_plan import CATALOG_EVERY_S, FAULTS, NEW_ADS, PERIOD_MS, FaultRecord, WebReads
+from ops.chaos_plan import CATALOG_EVERY_S, FAULTS, NEW_ADS, PERIOD_MS, ChaosOptions, FaultRecord, WebReads
 
 if TYPE_CHECKING:
     import subprocess
@@ -30,18 +30,12 @@ if TYPE_CHECKING:
 class ChaosRun(Protocol):
     """What the verdict reads of a run and asks of it (`ops.chaos.Chaos`)."""
 
-    seed: int
-    rate: int
-    plan: list[str]
+    options: ChaosOptions
     out: Path
     home: Path
     settings: Settings
     catalog: CatalogDatabase
     disk: str
-    outage_s: float
-    schema_deploy_at_s: float
-    changes_at_s: float
-    invalid_traffic: bool
     t0_ms: int
     traffic_s: float
     stopped: str
@@ -76,6 +70,7 @@ def verdict(chaos: ChaosRun, truth: dict[str, int]) -> dict[str, Any]:
     from billing.store.period_states import closed_periods
 
     layout = chaos.settings.layout
+    asked = chaos.options
     # The job catches up with everything sent: a committed batch read every record the event topics hold.
     caught = None
     start = time.monotonic()
@@ -149,7 +144,7 @@ def verdict(chaos: ChaosRun, truth: dict[str, int]) -> dict[str, Any]:
     reads_failed_outside_redis = chaos.web.failed - sum(
         n for kind, n in chaos.web.failed_during.items() if kind.startswith("redis")
     )
-    if chaos.invalid_traffic:
+    if asked.invalid_traffic:
         # The stream judges invalid traffic and budgets with what it has read so far (a flood's first clicks,
         # the order it reads a day's clicks in): reconciliation's corrections make the books exact.
         books = {
@@ -180,30 +175,30 @@ def verdict(chaos: ChaosRun, truth: dict[str, int]) -> dict[str, Any]:
         checks["the job stopped by itself on a Redis restarted empty"] = chaos.ran_on_empty_redis == 0
     publish_file = chaos.out / "traffic" / "publish.json"
     deployed = json.loads(publish_file.read_text()).get("schema_deployed") if publish_file.exists() else None
-    if chaos.traffic_s > chaos.schema_deploy_at_s:
+    if chaos.traffic_s > asked.schema_deploy_at_s:
         # The ledger holds the clicks of both versions (it equals the ground truth): the version came in use.
         checks["the producers deployed a schema version mid-run"] = bool(deployed)
     # The catalog's change log: the budget and range changes made after the traffic's first minute (those of
     # its start come at once), and the clicks the stream charged after each raise.
     log = chaos.catalog.changes()
-    changed = budget_and_range_changes(log, after_ms=chaos.t0_ms + 60_000) if chaos.invalid_traffic else Counter()
+    changed = budget_and_range_changes(log, after_ms=chaos.t0_ms + 60_000) if asked.invalid_traffic else Counter()
     raised = charged_after_raises(log, chaos.catalog.current(), rows)
-    if chaos.invalid_traffic and chaos.traffic_s > chaos.changes_at_s + 60:
+    if asked.invalid_traffic and chaos.traffic_s > asked.changes_at_s + 60:
         # Three budgets changed and one range excluded while the job ran; the books above were judged with them.
         checks["budgets and the IP exclusion list changed mid-run"] = (
             changed["set-budget"] >= 3 and changed["exclude-ip"] >= 1
         )
         checks["the stream charged again where a budget was raised or lifted"] = bool(raised) and all(raised.values())
     report = {
-        "seed": chaos.seed,
-        "rate": chaos.rate,
+        "seed": asked.seed,
+        "rate": asked.rate,
         "home": str(chaos.home),
-        "plan": chaos.plan,
-        "outage_s": chaos.outage_s,
+        "plan": asked.plan,
+        "outage_s": asked.outage_s,
         "traffic_s": round(chaos.traffic_s, 1),
-        "schema_deployed": {"at_s": chaos.schema_deploy_at_s, "ids": deployed},
+        "schema_deployed": {"at_s": asked.schema_deploy_at_s, "ids": deployed},
         "changed_mid_run": {
-            "at_s": chaos.changes_at_s if chaos.invalid_traffic else None,
+            "at_s": asked.changes_at_s if asked.invalid_traffic else None,
             "kinds": dict(changed),
             "charged_after_raises": raised,
         },
