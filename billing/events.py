@@ -82,25 +82,17 @@ Event = Impression | Click
 
 def event_from_record(event_type: EventType, record: dict[str, Any]) -> Event:
     """Build an event from a decoded record; raises KeyError/TypeError on a missing or wrong field."""
-    if event_type == "impression":
-        return Impression(
-            impression_id=_str(record, "impression_id"),
-            ad_id=_str(record, "ad_id"),
-            user_id=_str(record, "user_id"),
-            event_time=_int(record, "event_time"),
-            user_agent=_optional_str(record, "user_agent"),
-            ip=_optional_str(record, "ip"),
-        )
-    if event_type == "click":
-        return Click(
-            click_id=_str(record, "click_id"),
-            ad_id=_str(record, "ad_id"),
-            user_id=_str(record, "user_id"),
-            event_time=_int(record, "event_time"),
-            user_agent=_optional_str(record, "user_agent"),
-            ip=_optional_str(record, "ip"),
-        )
-    raise ValueError(f"unknown event type {event_type!r}")
+    if event_type not in TOPIC_OF:
+        raise ValueError(f"unknown event type {event_type!r}")
+    kind = Impression if event_type == "impression" else Click
+    return kind(
+        _str(record, f"{event_type}_id"),
+        _str(record, "ad_id"),
+        _str(record, "user_id"),
+        _int(record, "event_time"),
+        _optional_str(record, "user_agent"),
+        _optional_str(record, "ip"),
+    )
 
 
 def _str(record: dict[str, Any], name: str) -> str:

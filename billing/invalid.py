@@ -248,11 +248,6 @@ class IpExclusions:
             (c for c in self.changes if str(parse_cidr(c.cidr)) == key), key=lambda c: (c.effective_from, c.version)
         )
 
-    @property
-    def cidrs(self) -> list[str]:
-        """Every range the list ever named."""
-        return [name for _n, name, _s, _f in self._ranges]
-
 
 def _text_or_none(value: object) -> str | None:
     return None if value is None else str(value)
