@@ -583,8 +583,9 @@ def _invoice(
 def _finish(ports: ReconcilePorts, totals: Totals, report: RunReport) -> None:
     """The run's record, for the health page, in Redis and beside the state (for `adbill restore-redis`)."""
     report.finished_at_ms = ports.clock()
-    ports.states.record_run(report.record())
-    totals.record_reconciliation(report.record())
+    record = report.record()
+    ports.states.record_run(record)
+    totals.record_reconciliation(record)
 
 
 def budget_room(

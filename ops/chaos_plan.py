@@ -52,7 +52,7 @@ class ChaosOptions:
 
     seed: int
     rate: int
-    plan: list[str] = field(default_factory=lambda: list(FAULTS))
+    plan: list[str]
     outage_s: float = OUTAGE_S
     schema_deploy_at_s: float = SCHEMA_DEPLOY_AT_S
     invalid_traffic: bool = True
